@@ -1,0 +1,38 @@
+# Two commands on a fresh machine: `make run` and `make test`. `make setup` is their shared,
+# idempotent first step.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+STAMP   := $(VENV)/.stoker-installed
+# torch first, pinned to the CPU wheel this machine carries; GPU users install their own CUDA
+# build of torch>=2.4 before `pip install stoker`, and pip then leaves it alone.
+TORCH_SPEC ?= torch==2.13.0
+
+.PHONY: setup run test test-slow lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+run: setup
+	$(BIN)/stoker --version
+	$(BIN)/python examples/quickstart.py
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+test-slow: setup
+	$(BIN)/python -m pytest -q -m slow
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks examples
+
+bench: setup
+	$(BIN)/python benchmarks/overhead.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info src/*.egg-info

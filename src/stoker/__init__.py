@@ -1,0 +1,31 @@
+"""stoker: a PyTorch-native Estimator.
+
+Train, evaluate, predict and benchmark a ``model_fn`` at the speed of a hand-written loop,
+and resume a killed run bitwise exactly from its ``model_dir``.
+"""
+
+__version__ = "0.1.0"
+
+from . import data, hooks, metrics
+from .checkpoint import WarmStartSettings
+from .config import RunConfig
+from .errors import CheckpointError, CorruptCheckpointError, ModelFnError, NanLossError, StokerError
+from .estimator import Estimator
+from .spec import EstimatorSpec, ModeKeys
+
+__all__ = [
+    "CheckpointError",
+    "CorruptCheckpointError",
+    "Estimator",
+    "EstimatorSpec",
+    "ModeKeys",
+    "ModelFnError",
+    "NanLossError",
+    "RunConfig",
+    "StokerError",
+    "WarmStartSettings",
+    "__version__",
+    "data",
+    "hooks",
+    "metrics",
+]

@@ -1,0 +1,440 @@
+"""Checkpoints: atomic writes, an index with sha256 per file, retention, best-by-metric, warm start.
+
+Layout (a user-facing format, documented in docs/checkpoints.md)::
+
+    model_dir/
+      checkpoint.json              index: latest, retained checkpoints, best, sha256 of each file
+      ckpt-<step>/model.safetensors   weights, readable without stoker
+      ckpt-<step>/train_state.pt      optimizer, schedule, scaler, RNGs, step, cache, hook state
+      ckpt-<step>/input-<rank>.json   input pipeline position of each replica (.pt if not JSON)
+
+A checkpoint is written into a hidden temporary directory, every file fsynced, then renamed
+into place; only after that is the index replaced (again temp + rename). A crash at any
+moment therefore leaves the index pointing at a complete, earlier checkpoint. Loading
+verifies every file against the index and refuses a mismatch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+from torch import nn
+
+from .errors import CheckpointError, CorruptCheckpointError
+
+log = logging.getLogger("stoker")
+
+INDEX_NAME = "checkpoint.json"
+INDEX_FORMAT = "stoker-checkpoint-index/1"
+MODEL_FILE = "model.safetensors"
+TRAIN_STATE_FILE = "train_state.pt"
+_CKPT_RE = re.compile(r"^ckpt-(\d+)$")
+
+
+@dataclass
+class LoadedCheckpoint:
+    """What a checkpoint holds, read and verified."""
+
+    path: Path
+    step: int
+    model_state: dict[str, torch.Tensor]
+    train_state: dict[str, Any]
+    input_states: dict[int, Any] = field(default_factory=dict)
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # some filesystems do not allow opening directories
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durably(path: Path, data: bytes) -> str:
+    """Write ``data`` to ``path`` and fsync it; return its sha256."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return hashlib.sha256(data).hexdigest()
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
+    _write_durably(tmp, text.encode())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def model_state_to_bytes(state: Mapping[str, torch.Tensor]) -> bytes:
+    """Serialise weights as safetensors (tied tensors are stored once per name, as copies)."""
+    tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
+    return safetensors.torch.save(tensors, metadata={"format": "pt", "writer": "stoker"})
+
+
+def serialize_input_state(state: Any) -> tuple[str, bytes]:
+    """Input state as JSON when it is plain data (readable, tiny), else as a torch file."""
+    try:
+        return "json", json.dumps(state, sort_keys=True).encode()
+    except (TypeError, ValueError):
+        buf = io.BytesIO()
+        torch.save(state, buf)
+        return "pt", buf.getvalue()
+
+
+class CheckpointManager:
+    """Owns ``model_dir``'s checkpoints and their index. Only the chief process writes."""
+
+    def __init__(
+        self,
+        model_dir: str | os.PathLike[str],
+        *,
+        keep_checkpoint_max: int = 5,
+        keep_best: tuple[str, str] | None = None,
+        writer: bool = True,
+    ) -> None:
+        self.model_dir = Path(model_dir)
+        self.keep_checkpoint_max = keep_checkpoint_max
+        self.keep_best = keep_best
+        self.writer = writer
+        if writer:
+            self.model_dir.mkdir(parents=True, exist_ok=True)
+            self._remove_leftovers()
+
+    # ---------------------------------------------------------------- index
+    def index(self) -> dict[str, Any]:
+        path = self.model_dir / INDEX_NAME
+        if not path.exists():
+            return {"format": INDEX_FORMAT, "latest": None, "best": None, "checkpoints": []}
+        try:
+            index = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise CheckpointError(f"{path} is unreadable ({e}); restore it or remove model_dir") from e
+        if index.get("format") != INDEX_FORMAT:
+            raise CheckpointError(f"{path} has format {index.get('format')!r}; this stoker reads {INDEX_FORMAT!r}")
+        return index
+
+    def records(self) -> list[dict[str, Any]]:
+        return list(self.index()["checkpoints"])
+
+    def latest_path(self) -> Path | None:
+        latest = self.index()["latest"]
+        return None if latest is None else self.model_dir / latest
+
+    def latest_step(self) -> int | None:
+        index = self.index()
+        for rec in index["checkpoints"]:
+            if rec["name"] == index["latest"]:
+                return int(rec["step"])
+        return None
+
+    def best(self) -> dict[str, Any] | None:
+        return self.index()["best"]
+
+    # ---------------------------------------------------------------- save
+    def save(
+        self,
+        step: int,
+        model_state: Mapping[str, torch.Tensor],
+        train_state: Mapping[str, Any],
+        input_states: Mapping[int, Any] | None = None,
+    ) -> Path:
+        """Write ``ckpt-<step>`` atomically, update the index, apply retention. Returns its path."""
+        if not self.writer:
+            raise CheckpointError("only the chief process writes checkpoints")
+        name = f"ckpt-{step}"
+        tmp = self.model_dir / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        files: dict[str, str] = {}
+        size = 0
+        try:
+            blobs: list[tuple[str, bytes]] = [(MODEL_FILE, model_state_to_bytes(model_state))]
+            buf = io.BytesIO()
+            torch.save(dict(train_state), buf)
+            blobs.append((TRAIN_STATE_FILE, buf.getvalue()))
+            for rank, state in sorted((input_states or {}).items()):
+                ext, data = serialize_input_state(state)
+                blobs.append((f"input-{rank}.{ext}", data))
+            for fname, data in blobs:
+                files[fname] = _write_durably(tmp / fname, data)
+                size += len(data)
+            _fsync_dir(tmp)
+            final = self.model_dir / name
+            if final.exists():  # re-saving a step (e.g. after a resume): swap the old one out
+                trash = self.model_dir / f".trash-{name}-{uuid.uuid4().hex[:8]}"
+                os.replace(final, trash)
+                os.replace(tmp, final)
+                shutil.rmtree(trash, ignore_errors=True)
+            else:
+                os.replace(tmp, final)
+            _fsync_dir(self.model_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+        index = self.index()
+        records = [r for r in index["checkpoints"] if r["name"] != name]
+        records.append({"name": name, "step": step, "time": time.time(), "bytes": size, "files": files, "metrics": {}})
+        records.sort(key=lambda r: r["step"])
+        index["checkpoints"] = records
+        index["latest"] = name
+        if index["best"] is not None and index["best"]["name"] == name:
+            index["best"] = None  # the weights under this name changed; its old metric no longer applies
+        self._retain_and_write(index)
+        return final
+
+    def record_eval(self, step: int, metrics: Mapping[str, float]) -> bool:
+        """Attach evaluation results to ``ckpt-<step>``; returns whether it became the best."""
+        if not self.writer:
+            return False
+        index = self.index()
+        name = f"ckpt-{step}"
+        rec = next((r for r in index["checkpoints"] if r["name"] == name), None)
+        if rec is None:
+            return False
+        rec["metrics"] = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+        improved = False
+        if self.keep_best is not None:
+            metric, mode = self.keep_best
+            if metric not in rec["metrics"]:
+                raise CheckpointError(
+                    f"RunConfig.keep_best names metric {metric!r}, but evaluation returned only "
+                    f"{sorted(rec['metrics'])}"
+                )
+            value = rec["metrics"][metric]
+            best = index["best"]
+            if value != value:  # NaN never becomes the best
+                better = False
+            elif best is None:
+                better = True
+            else:
+                better = value < best["value"] if mode == "min" else value > best["value"]
+            if better:
+                index["best"] = {"name": name, "step": step, "metric": metric, "mode": mode, "value": value}
+                improved = True
+        self._retain_and_write(index)
+        return improved
+
+    def _retain_and_write(self, index: dict[str, Any]) -> None:
+        records = index["checkpoints"]
+        keep = {r["name"] for r in records}
+        if self.keep_checkpoint_max > 0:
+            keep = {r["name"] for r in records[-self.keep_checkpoint_max :]}
+        if index["best"] is not None:
+            keep.add(index["best"]["name"])
+        keep.add(index["latest"])
+        removed = [r["name"] for r in records if r["name"] not in keep]
+        index["checkpoints"] = [r for r in records if r["name"] in keep]
+        _atomic_write_text(self.model_dir / INDEX_NAME, json.dumps(index, indent=1, sort_keys=True))
+        # Delete only after the index no longer names them: a crash here leaves a harmless orphan.
+        for name in removed:
+            shutil.rmtree(self.model_dir / name, ignore_errors=True)
+
+    def _remove_leftovers(self) -> None:
+        """Remove temporary directories a crashed save left behind."""
+        for p in self.model_dir.iterdir():
+            if p.name.startswith((".tmp-ckpt-", ".trash-ckpt-")) and p.is_dir():
+                shutil.rmtree(p, ignore_errors=True)
+
+    # ---------------------------------------------------------------- load
+    def resolve(self, checkpoint_path: str | os.PathLike[str] | None) -> Path | None:
+        """A checkpoint directory from ``None`` (latest here), a model_dir, or a ``ckpt-<step>`` dir."""
+        if checkpoint_path is None:
+            return self.latest_path()
+        p = Path(checkpoint_path)
+        if (p / INDEX_NAME).exists():
+            latest = CheckpointManager(p, writer=False).latest_path()
+            if latest is None:
+                raise CheckpointError(f"{p} holds no checkpoint yet")
+            return latest
+        if (p / MODEL_FILE).exists():
+            return p
+        raise CheckpointError(
+            f"checkpoint_path {str(p)!r} is neither a model_dir (with {INDEX_NAME}) nor a "
+            f"checkpoint directory (with {MODEL_FILE})"
+        )
+
+    def load(self, path: Path) -> LoadedCheckpoint:
+        """Read and verify a checkpoint directory (``weights_only`` loading only)."""
+        return load_checkpoint(path)
+
+
+def _index_record(path: Path) -> dict[str, Any] | None:
+    index_path = path.parent / INDEX_NAME
+    if not index_path.exists():
+        return None
+    try:
+        index = json.loads(index_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return next((r for r in index.get("checkpoints", []) if r["name"] == path.name), None)
+
+
+def _previous_retained(path: Path) -> str | None:
+    index_path = path.parent / INDEX_NAME
+    try:
+        records = json.loads(index_path.read_text())["checkpoints"]
+    except (OSError, json.JSONDecodeError, KeyError):
+        return None
+    earlier = [r for r in records if r["name"] != path.name and r["step"] < _step_of(path)]
+    return str(path.parent / earlier[-1]["name"]) if earlier else None
+
+
+def _step_of(path: Path) -> int:
+    m = _CKPT_RE.match(path.name)
+    return int(m.group(1)) if m else -1
+
+
+def _read_verified(path: Path, fname: str, expected: Mapping[str, str] | None) -> bytes:
+    file = path / fname
+    try:
+        data = file.read_bytes()
+    except OSError as e:
+        raise CheckpointError(f"cannot read {file}: {e}") from e
+    if expected is not None:
+        want = expected.get(fname)
+        got = hashlib.sha256(data).hexdigest()
+        if want is None or got != want:
+            prev = _previous_retained(path)
+            offer = (
+                f"; the previous retained checkpoint is {prev!r}: pass checkpoint_path={prev!r}, "
+                f"or delete {str(path)!r} and its index entry to resume from it"
+                if prev
+                else "; no earlier checkpoint is retained"
+            )
+            raise CorruptCheckpointError(
+                f"checkpoint {str(path)!r} is corrupt: {fname} has sha256 {got[:12]}… but the index "
+                f"says {str(want)[:12]}…; refusing to load it{offer}"
+            )
+    return data
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> LoadedCheckpoint:
+    """Read a ``ckpt-<step>`` directory, verifying each file against its index entry."""
+    path = Path(path)
+    record = _index_record(path)
+    expected = record["files"] if record else None
+    if record is None:
+        log.warning("checkpoint %s is not listed in an index: its files cannot be verified", path)
+    model_state = safetensors.torch.load(_read_verified(path, MODEL_FILE, expected))
+    train_state: dict[str, Any] = {}
+    if (path / TRAIN_STATE_FILE).exists():
+        data = _read_verified(path, TRAIN_STATE_FILE, expected)
+        train_state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    input_states: dict[int, Any] = {}
+    for f in sorted(path.glob("input-*.*")):
+        rank = int(f.stem.split("-", 1)[1])
+        data = _read_verified(path, f.name, expected)
+        if f.suffix == ".json":
+            input_states[rank] = json.loads(data)
+        else:
+            input_states[rank] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    step = int(train_state.get("global_step", record["step"] if record else _step_of(path)))
+    return LoadedCheckpoint(path, step, model_state, train_state, input_states)
+
+
+def check_state_fits(model: nn.Module, state: Mapping[str, torch.Tensor], source: str) -> None:
+    """Raise one clear error if ``state`` does not have exactly the model's names and shapes."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state]
+    unexpected = [k for k in state if k not in own]
+    mismatched = [
+        f"{k} is {list(state[k].shape)} in the checkpoint but {list(own[k].shape)} in the model"
+        for k in own
+        if k in state and state[k].shape != own[k].shape
+    ]
+    problems = (
+        mismatched
+        + [f"missing in the checkpoint: {k}" for k in missing]
+        + [f"not in the model: {k}" for k in unexpected]
+    )
+    if problems:
+        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
+        raise CheckpointError(
+            f"{source} does not fit the model: {'; '.join(problems[:3])}{more}. The model built from "
+            "params differs from the one that wrote it: use a new model_dir, or warm_start_from "
+            "with vars_to_warm_start to take only the matching weights"
+        )
+
+
+# ---------------------------------------------------------------------------- warm start
+@dataclass(kw_only=True)
+class WarmStartSettings:
+    """Initialise some weights from another run before training starts (TF's ``WarmStartSettings``).
+
+    Attributes:
+        ckpt_to_initialize_from: a model_dir, a ``ckpt-<step>`` directory or a ``.safetensors`` file.
+        vars_to_warm_start: a regular expression (or list of them) selecting the model's
+            parameter names to take; default all.
+        var_name_to_prev_var_name: the name in the source for a model name, where they differ.
+    """
+
+    ckpt_to_initialize_from: str | os.PathLike[str]
+    vars_to_warm_start: str | list[str] = ".*"
+    var_name_to_prev_var_name: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class WarmStartReport:
+    """Which weights a warm start took, and which it could not find or fit."""
+
+    loaded: list[str]
+    not_found: list[str]
+    shape_mismatch: list[str]
+
+
+def warm_start(model: nn.Module, settings: WarmStartSettings | str | os.PathLike[str]) -> WarmStartReport:
+    """Copy matching weights from a checkpoint or safetensors file into ``model``."""
+    if not isinstance(settings, WarmStartSettings):
+        settings = WarmStartSettings(ckpt_to_initialize_from=settings)
+    src = Path(settings.ckpt_to_initialize_from)
+    if src.is_file() and src.suffix == ".safetensors":
+        source = safetensors.torch.load_file(str(src))
+    else:
+        resolved = CheckpointManager(src, writer=False).resolve(src) if src.exists() else None
+        if resolved is None:
+            raise CheckpointError(f"warm_start_from: {str(src)!r} does not exist")
+        source = load_checkpoint(resolved).model_state
+    patterns = settings.vars_to_warm_start
+    patterns = [patterns] if isinstance(patterns, str) else list(patterns)
+    selected = [re.compile(p) for p in patterns]
+    own = model.state_dict()
+    report = WarmStartReport([], [], [])
+    updates: dict[str, torch.Tensor] = {}
+    for name, tensor in own.items():
+        if not any(p.fullmatch(name) or p.match(name) for p in selected):
+            continue
+        prev = settings.var_name_to_prev_var_name.get(name, name)
+        if prev not in source:
+            report.not_found.append(name)
+        elif source[prev].shape != tensor.shape:
+            report.shape_mismatch.append(f"{name}: {list(source[prev].shape)} vs {list(tensor.shape)}")
+        else:
+            updates[name] = source[prev]
+            report.loaded.append(name)
+    model.load_state_dict(updates, strict=False)
+    if report.not_found or report.shape_mismatch:
+        log.warning(
+            "warm start from %s: %d weights loaded, not found: %s, shape mismatch: %s",
+            src, len(report.loaded), report.not_found or "none", report.shape_mismatch or "none",
+        )
+    else:
+        log.info("warm start from %s: %d weights loaded", src, len(report.loaded))
+    return report

@@ -1,0 +1,45 @@
+"""The ``stoker`` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from . import __version__
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="stoker",
+        description="stoker: a PyTorch-native Estimator. Train, evaluate, predict and benchmark models; "
+        "resume killed runs exactly.",
+    )
+    parser.add_argument("--version", action="version", version=f"stoker {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    info = sub.add_parser("info", help="print versions and the devices torch sees")
+    info.set_defaults(func=_info)
+    return parser
+
+
+def _info(args: argparse.Namespace) -> int:
+    import torch
+
+    print(f"stoker {__version__}")
+    print(f"torch {torch.__version__}")
+    print(f"cuda available: {torch.cuda.is_available()} ({torch.cuda.device_count()} devices)")
+    print(f"cpu threads: {torch.get_num_threads()}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""``RunConfig``: how a run is executed (where, how often to save and log, in what precision).
+
+What the model *is* lives in ``params``; ``RunConfig`` only says how to run it. Every field is
+validated when the config is built, and a bad value raises ``ValueError`` naming the field and
+the values it accepts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+Precision = Literal["fp32", "bf16", "fp16"]
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+STRATEGIES: tuple[str, ...] = ("auto", "single", "replicated", "sharded", "independent")
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    """Execution settings of an ``Estimator``.
+
+    Attributes:
+        model_dir: where checkpoints, TensorBoard events and ``metrics.csv`` go. ``None``
+            keeps everything in memory (no checkpoints, no resume).
+        seed: seeds model initialisation and every RNG stoker manages; resume restores them.
+        iterations_per_loop: training steps per host round trip (the device loop). Loss and
+            ``host_call`` values stay on the device within a loop; hooks run once per loop, so
+            step-based intervals (checkpoints, logging) are honoured at the first loop boundary
+            at or after the step they name.
+        save_checkpoints_steps / save_checkpoints_secs: checkpoint interval (set at most one;
+            with neither, a checkpoint is written every 600 s). A final checkpoint is always
+            written when ``train`` returns.
+        keep_checkpoint_max: how many of the newest checkpoints to retain (0 keeps all).
+        keep_best: ``(metric, "min" | "max")``: also retain the checkpoint with the best
+            evaluation value of ``metric``, apart from the newest ones.
+        log_every_n_steps: interval of the loss / examples-per-second log lines.
+        precision: ``fp32``, ``bf16`` (autocast) or ``fp16`` (autocast + loss scaling); master
+            weights stay fp32.
+        loss_scale: fp16 only: a number for a static scale (e.g. 128) or ``"dynamic"``.
+        loss_scale_init / loss_scale_growth_interval: dynamic scaling starts at
+            ``loss_scale_init``, halves (and skips the update) on inf/NaN gradients and doubles
+            after ``loss_scale_growth_interval`` good steps.
+        gradient_accumulation_steps: micro-batches per optimizer step. The global batch is the
+            batch of one optimizer step, so each micro-batch holds
+            ``train_batch_size / (replicas * gradient_accumulation_steps)`` examples.
+        gradient_clip_norm: clip the global gradient norm to this value before each update.
+        device: ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``.
+        compile: wrap the model in ``torch.compile``.
+        strategy: how replicas are formed: ``auto`` picks from the torchrun environment.
+        prefetch_depth: batches the infeed prepares ahead (0: fetch in the training thread).
+        progress_bar: show a tqdm bar when stderr is a terminal.
+        summaries: write TensorBoard events and ``metrics.csv`` into ``model_dir``.
+        distributed_timeout: seconds a collective may wait for a lost replica.
+        deterministic: ask torch for deterministic kernels (slower on GPU).
+    """
+
+    model_dir: str | os.PathLike[str] | None = None
+    seed: int = 0
+    iterations_per_loop: int = 10
+    save_checkpoints_steps: int | None = None
+    save_checkpoints_secs: float | None = None
+    keep_checkpoint_max: int = 5
+    keep_best: tuple[str, str] | None = None
+    log_every_n_steps: int = 100
+    precision: Precision = "fp32"
+    loss_scale: float | Literal["dynamic"] = "dynamic"
+    loss_scale_init: float = 2.0**15
+    loss_scale_growth_interval: int = 1000
+    gradient_accumulation_steps: int = 1
+    gradient_clip_norm: float | None = None
+    device: str = "auto"
+    compile: bool = False
+    strategy: str = "auto"
+    prefetch_depth: int = 2
+    progress_bar: bool = True
+    summaries: bool = True
+    distributed_timeout: float = 1800.0
+    deterministic: bool = False
+
+    def __post_init__(self) -> None:
+        if self.model_dir is not None:
+            self.model_dir = os.fspath(self.model_dir)
+        _positive_int("iterations_per_loop", self.iterations_per_loop)
+        _positive_int("gradient_accumulation_steps", self.gradient_accumulation_steps)
+        _positive_int("log_every_n_steps", self.log_every_n_steps)
+        _positive_int("loss_scale_growth_interval", self.loss_scale_growth_interval)
+        if self.keep_checkpoint_max < 0:
+            raise ValueError(f"RunConfig.keep_checkpoint_max must be >= 0 (0 keeps all), got {self.keep_checkpoint_max}")
+        if self.save_checkpoints_steps is not None and self.save_checkpoints_secs is not None:
+            raise ValueError(
+                "RunConfig: set at most one of save_checkpoints_steps and save_checkpoints_secs "
+                f"(got {self.save_checkpoints_steps} and {self.save_checkpoints_secs})"
+            )
+        if self.save_checkpoints_steps is not None:
+            _positive_int("save_checkpoints_steps", self.save_checkpoints_steps)
+        if self.save_checkpoints_secs is not None and not self.save_checkpoints_secs > 0:
+            raise ValueError(f"RunConfig.save_checkpoints_secs must be > 0, got {self.save_checkpoints_secs}")
+        if self.save_checkpoints_steps is None and self.save_checkpoints_secs is None:
+            self.save_checkpoints_secs = 600.0
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"RunConfig.precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
+        if self.loss_scale != "dynamic" and not (
+            isinstance(self.loss_scale, (int, float)) and self.loss_scale > 0
+        ):
+            raise ValueError(f"RunConfig.loss_scale must be a positive number or 'dynamic'; got {self.loss_scale!r}")
+        if not self.loss_scale_init > 0:
+            raise ValueError(f"RunConfig.loss_scale_init must be > 0; got {self.loss_scale_init}")
+        if self.keep_best is not None:
+            if (
+                not isinstance(self.keep_best, (tuple, list))
+                or len(self.keep_best) != 2
+                or self.keep_best[1] not in ("min", "max")
+            ):
+                raise ValueError(
+                    f"RunConfig.keep_best must be (metric_name, 'min' | 'max'); got {self.keep_best!r}"
+                )
+            self.keep_best = (str(self.keep_best[0]), str(self.keep_best[1]))
+        if self.gradient_clip_norm is not None and not self.gradient_clip_norm > 0:
+            raise ValueError(f"RunConfig.gradient_clip_norm must be > 0; got {self.gradient_clip_norm}")
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"RunConfig.strategy must be one of {', '.join(STRATEGIES)}; got {self.strategy!r}")
+        if self.prefetch_depth < 0:
+            raise ValueError(f"RunConfig.prefetch_depth must be >= 0; got {self.prefetch_depth}")
+        if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
+            raise ValueError(f"RunConfig.device must be auto, cpu, cuda or cuda:N; got {self.device!r}")
+        if not self.distributed_timeout > 0:
+            raise ValueError(f"RunConfig.distributed_timeout must be > 0; got {self.distributed_timeout}")
+
+    def replace(self, **changes: object) -> RunConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+def _positive_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"RunConfig.{name} must be a positive integer; got {value!r}")

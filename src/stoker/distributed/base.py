@@ -1,0 +1,78 @@
+"""The ``Strategy`` interface: how replicas are formed and talk to each other.
+
+The Estimator asks its strategy for the device, the replica's rank and the number of
+replicas, wraps the model with it, and reduces values through it. It never asks which
+strategy it has: everything that differs between one process and many lives here.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from typing import Any
+
+import torch
+from torch import nn
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` -> the local CUDA device when there is one, else the CPU."""
+    if name == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+        return torch.device("cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"RunConfig.device={name!r}, but torch sees no CUDA device; use 'cpu' or 'auto'")
+    return device
+
+
+class Strategy(ABC):
+    """Where a replica runs and how replicas combine their work."""
+
+    device: torch.device
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_chief(self) -> bool:
+        """The replica that writes checkpoints, summaries and logs."""
+        return self.rank == 0
+
+    @abstractmethod
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        """The module the training step calls (e.g. a DDP wrapper); ``model`` stays the owner of the weights."""
+
+    @abstractmethod
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum of ``tensor`` over replicas (the same on every replica)."""
+
+    @abstractmethod
+    def barrier(self) -> None:
+        """Wait until every replica gets here."""
+
+    @abstractmethod
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        """``obj`` from replica ``src``, on every replica."""
+
+    def teardown(self) -> None:
+        """Release process-group resources."""
+
+
+class SingleDevice(Strategy):
+    """One process on one device: every collective is the identity."""
+
+    def __init__(self, device: str = "auto") -> None:
+        self.device = resolve_device(device)
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor
+
+    def barrier(self) -> None:
+        return None
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        return obj

@@ -1,0 +1,709 @@
+"""The ``Estimator``: train, evaluate and predict a ``model_fn`` on batches from an ``input_fn``.
+
+The facade wires small parts together and keeps the top loop short:
+
+- ``RunConfig`` says how to run, ``params`` what to build; the model is built once from
+  ``params`` and lives as long as the Estimator.
+- the ``Strategy`` says where the replica runs and how replicas combine;
+- the ``Infeed`` turns ``input_fn``'s iterable into device batches and knows its position;
+- the ``DeviceLoop`` runs ``iterations_per_loop`` steps per host round trip;
+- hooks run between loops; the ``CheckpointManager`` writes and reads checkpoints.
+
+``train`` resumes from the newest checkpoint in ``model_dir`` whenever the Estimator's memory
+does not already hold it, so rerunning a killed script continues it exactly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .checkpoint import (
+    CheckpointManager,
+    LoadedCheckpoint,
+    WarmStartSettings,
+    check_state_fits,
+    load_checkpoint,
+    warm_start,
+)
+from .config import RunConfig
+from .distributed import Strategy, make_strategy
+from .errors import CheckpointError, ModelFnError
+from .hooks import (
+    CheckpointSaverHook,
+    Hook,
+    HookRunner,
+    LoggingHook,
+    NanLossHook,
+    PreemptionHook,
+    ProgressBarHook,
+    RunContext,
+    StepCounterHook,
+    StopAtStepHook,
+    SummaryHook,
+)
+from .hooks.base import LoopResult, every_n_steps_due, sorted_hooks
+from .infeed import Infeed
+from .loop import DeviceLoop, TrainStep, check_spec
+from .metrics import MetricAccumulator
+from .precision import autocast_context, make_loss_scaler
+from .rng import rng_state, seed_everything, set_rng_state
+from .spec import EstimatorSpec, ModeKeys
+from .summary import ScalarWriter
+
+log = logging.getLogger("stoker")
+
+ModelArg = nn.Module | Callable[[dict[str, Any]], nn.Module]
+OptimizerFn = Callable[[dict[str, Any], Iterable[nn.Parameter]], torch.optim.Optimizer]
+ScheduleFn = Callable[[dict[str, Any], torch.optim.Optimizer], Any]
+InputFn = Callable[[dict[str, Any]], Iterable[Any]]
+
+_MODEL_FN_ARGS = ("model", "features", "labels", "mode", "params")
+TRAIN_STATE_FORMAT = 1
+
+
+class Estimator:
+    """Trains, evaluates and predicts one model, with checkpoints in ``config.model_dir``.
+
+    Args:
+        model: an ``nn.Module``, or a function ``params -> nn.Module`` called once (after
+            seeding with ``config.seed``, so initial weights are reproducible).
+        model_fn: ``model_fn(model, features, labels, mode, params) -> EstimatorSpec``.
+        optimizer: ``optimizer(params, parameters) -> torch.optim.Optimizer`` (training only).
+        config: a ``RunConfig``; default: in memory, fp32, 10 steps per loop.
+        params: hyper-parameters handed to ``model``, ``model_fn`` and ``input_fn``; stoker adds
+            ``batch_size`` (per replica), ``num_replicas`` and ``replica_index``.
+        train_batch_size / eval_batch_size / predict_batch_size: global batch sizes, divided
+            among replicas (and accumulation steps); eval and predict default to the train one.
+        lr_schedule: ``lr_schedule(params, optimizer) -> LR scheduler``, stepped every step.
+        warm_start_from: a checkpoint, model_dir, safetensors file or ``WarmStartSettings``
+            to initialise weights from when ``model_dir`` has no checkpoint yet.
+    """
+
+    def __init__(
+        self,
+        model: ModelArg,
+        model_fn: Callable[..., EstimatorSpec],
+        optimizer: OptimizerFn | None = None,
+        config: RunConfig | None = None,
+        params: Mapping[str, Any] | None = None,
+        train_batch_size: int | None = None,
+        eval_batch_size: int | None = None,
+        predict_batch_size: int | None = None,
+        lr_schedule: ScheduleFn | None = None,
+        warm_start_from: str | Path | WarmStartSettings | None = None,
+    ) -> None:
+        if config is not None and not isinstance(config, RunConfig):
+            raise TypeError(f"config must be a stoker.RunConfig; got {type(config).__name__}")
+        self.config = config or RunConfig()
+        self.params: dict[str, Any] = dict(params or {})
+        if not (isinstance(model, nn.Module) or callable(model)):
+            raise TypeError(f"model must be an nn.Module or a function params -> nn.Module; got {type(model).__name__}")
+        self._model_arg = model
+        self._model_fn = _bind_model_fn(model_fn)
+        self._optimizer_fn = optimizer
+        self._schedule_fn = lr_schedule
+        self._warm_start_from = warm_start_from
+        self.strategy: Strategy = make_strategy(self.config.strategy, self.config.device)
+        self.train_batch_size = _check_batch("train_batch_size", train_batch_size)
+        self.eval_batch_size = _check_batch("eval_batch_size", eval_batch_size) or self.train_batch_size
+        self.predict_batch_size = _check_batch("predict_batch_size", predict_batch_size) or self.eval_batch_size
+        for name in ("train_batch_size", "eval_batch_size", "predict_batch_size"):
+            if getattr(self, name) is not None:
+                self._per_replica(name, getattr(self, name))  # fail now, not at the first call
+        self._ckpt = (
+            CheckpointManager(
+                self.config.model_dir,
+                keep_checkpoint_max=self.config.keep_checkpoint_max,
+                keep_best=self.config.keep_best,
+                writer=self.strategy.is_chief,
+            )
+            if self.config.model_dir
+            else None
+        )
+        self._model: nn.Module | None = None
+        self._module: nn.Module | None = None
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._schedule: Any = None
+        self._scaler = make_loss_scaler(
+            self.config.precision, self.config.loss_scale, self.config.loss_scale_init, self.config.loss_scale_growth_interval
+        )
+        self.global_step = 0
+        self._cache: Any = None
+        # Which checkpoint's full training state the memory holds ("fresh": newly built,
+        # "memory": trained past any checkpoint, None: unknown, e.g. eval loaded other weights).
+        self._state_of: Path | str | None = "fresh"
+        self._weights_of: Path | None = None  # the checkpoint whose weights are in the model
+        self._pending_input_state: Any = None
+        self._pending_hook_state: dict[str, Any] = {}
+        _ensure_log_handler()
+
+    # ================================================================ public API
+    @property
+    def model(self) -> nn.Module:
+        """The ``nn.Module`` (built on first access)."""
+        self._build_model()
+        assert self._model is not None
+        return self._model
+
+    @property
+    def model_dir(self) -> str | None:
+        return self.config.model_dir  # type: ignore[return-value]
+
+    def latest_checkpoint(self) -> Path | None:
+        """The newest checkpoint in ``model_dir`` (``None`` if there is none)."""
+        return self._ckpt.latest_path() if self._ckpt else None
+
+    def train(
+        self,
+        input_fn: InputFn,
+        steps: int | None = None,
+        max_steps: int | None = None,
+        hooks: Sequence[Hook] = (),
+    ) -> Estimator:
+        """Train until ``steps`` more steps, global step ``max_steps``, or the end of the data.
+
+        Resumes from the newest checkpoint in ``model_dir``: model, optimizer, schedule, loss
+        scale, RNGs, carried cache, hooks and the input position.
+        """
+        if steps is not None and max_steps is not None:
+            raise ValueError("train: give steps or max_steps, not both")
+        for name, value in (("steps", steps), ("max_steps", max_steps)):
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ValueError(f"train: {name} must be a non-negative integer; got {value!r}")
+        if self.train_batch_size is None:
+            raise ValueError("train: the Estimator needs train_batch_size")
+        if self._optimizer_fn is None:
+            raise ValueError("train: the Estimator needs optimizer=lambda params, parameters: torch.optim.X(parameters, ...)")
+        self._build_for_training()
+        self._restore_for_training()
+        if max_steps is not None and self.global_step >= max_steps:
+            log.info("train: global step %d already reaches max_steps=%d; nothing to do", self.global_step, max_steps)
+            return self
+
+        run = self._run_context(max_steps)
+        hook_list = self._default_hooks() + list(hooks)
+        if steps is not None or max_steps is not None:
+            hook_list.append(StopAtStepHook(num_steps=steps, last_step=max_steps))
+        runner = HookRunner(sorted_hooks(hook_list))
+        runner.begin(run)
+        runner.load_state_dict(self._pending_hook_state)
+        runner.after_setup(run)
+
+        iterations = self.config.iterations_per_loop
+        infeed = self._make_infeed(input_fn, ModeKeys.TRAIN, restore=self._pending_input_state)
+        step = self._train_step()
+        run._save = lambda: self._save_checkpoint(run, runner, infeed, step)
+        loop = DeviceLoop(step, run, self.train_batch_size)
+        self._model.train()  # type: ignore[union-attr]
+        self._state_of, self._weights_of = "memory", None
+        try:
+            while not run.stop_requested:
+                n = iterations if run.max_steps is None else min(iterations, run.max_steps - run.global_step)
+                if n <= 0:
+                    break
+                runner.before_loop(run, n)
+                result = loop.run_loop(infeed, n)
+                self.global_step = run.global_step
+                if loop.exhausted:
+                    run.request_stop(f"input_fn's data ended at step {run.global_step}")
+                runner.after_loop(run, result)
+            runner.end(run)
+        except BaseException:
+            self._state_of = None  # memory may be ahead of (or worse than) the newest checkpoint
+            raise
+        finally:
+            self.global_step = run.global_step
+            self._cache = step.params.get("cache")
+            self._pending_input_state = infeed.state_dict()
+            self._pending_hook_state = runner.state_dict()
+            infeed.close()
+        if run.stop_reason:
+            log.info("training stopped at step %d: %s", run.global_step, run.stop_reason)
+        return self
+
+    def evaluate(
+        self,
+        input_fn: InputFn,
+        steps: int | None = None,
+        checkpoint_path: str | Path | None = None,
+        name: str | None = None,
+    ) -> dict[str, float]:
+        """Evaluate on ``input_fn`` (all of it, or ``steps`` batches).
+
+        Uses ``checkpoint_path`` if given, else the newest checkpoint in ``model_dir``, else the
+        weights in memory from training. Returns ``loss``, every metric and ``global_step``.
+        The last partial batch is padded and masked, so the result is exact.
+        """
+        if steps is not None and (not isinstance(steps, int) or steps < 1):
+            raise ValueError(f"evaluate: steps must be a positive integer or None; got {steps!r}")
+        if self.eval_batch_size is None:
+            raise ValueError("evaluate: the Estimator needs eval_batch_size (or train_batch_size)")
+        step, evaluated = self._load_for_inference(checkpoint_path, "evaluate")
+        model = self._model
+        assert model is not None
+        was_training = model.training
+        model.eval()
+        params = self._mode_params(ModeKeys.EVAL, self.eval_batch_size)
+        accumulator = MetricAccumulator()
+        device = self.strategy.device
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        loss_count = torch.zeros((), dtype=torch.float64, device=device)
+        warned = False
+        with _isolated_rng(self.config.seed), torch.no_grad(), self._make_infeed(input_fn, ModeKeys.EVAL, params=params) as infeed:
+            for i, batch in enumerate(infeed):
+                with autocast_context(self.config.precision, device):
+                    spec = self._model_fn(self._module, batch.features, batch.labels, ModeKeys.EVAL, params)
+                spec = check_spec(spec, ModeKeys.EVAL)
+                if spec.cache is not None:
+                    params["cache"] = _detach_cache(spec.cache)
+                mask = batch.mask
+                real = mask.to(torch.float64) if mask is not None else None
+                if spec.loss is not None:
+                    loss = spec.loss.detach().to(torch.float64)
+                    if loss.dim() == 0:
+                        if batch.rows < (mask.shape[0] if mask is not None else batch.rows) and not warned:
+                            log.warning(
+                                "evaluate: model_fn returned a batch-mean loss for a padded batch; return "
+                                "per-example losses (reduction='none') in EVAL mode for an exact eval loss"
+                            )
+                            warned = True
+                        loss_sum += loss * batch.rows
+                        loss_count += batch.rows
+                    else:
+                        loss = loss.reshape(loss.shape[0], -1).mean(1)
+                        loss_sum += (loss * real).sum() if real is not None else loss.sum()
+                        loss_count += real.sum() if real is not None else loss.shape[0]
+                for metric_name, update in (spec.eval_metrics or {}).items():
+                    accumulator.add(metric_name, update, real)
+                if steps is not None and i + 1 >= steps:
+                    break
+        keys, totals = accumulator.flat_totals()
+        packed = torch.cat([torch.stack([loss_sum, loss_count]), totals if totals is not None else loss_sum.new_zeros(0)])
+        values = self.strategy.all_reduce_sum(packed).cpu().tolist()
+        results: dict[str, float] = {}
+        if values[1] > 0:
+            results["loss"] = values[0] / values[1]
+        results.update(accumulator.results(keys, values[2:]))
+        results["global_step"] = step
+        if was_training:
+            model.train()
+        self._after_evaluation(step, evaluated, results, name)
+        return results
+
+    def predict(
+        self,
+        input_fn: InputFn,
+        checkpoint_path: str | Path | None = None,
+        yield_single_examples: bool = True,
+    ) -> Iterator[dict[str, torch.Tensor]]:
+        """Yield predictions for every example of ``input_fn``, in order, padding removed.
+
+        Each item is a dict of CPU tensors: one example (``yield_single_examples=True``) or one
+        batch. The last partial batch is padded to the static batch size for the step and
+        the padded rows are dropped.
+        """
+        if self.predict_batch_size is None:
+            raise ValueError("predict: the Estimator needs predict_batch_size (or train_batch_size)")
+        self._load_for_inference(checkpoint_path, "predict")
+        return self._predict(input_fn, yield_single_examples)
+
+    def train_and_evaluate(
+        self,
+        train_input_fn: InputFn,
+        eval_input_fn: InputFn,
+        max_steps: int,
+        eval_every_n_steps: int = 1000,
+        eval_steps: int | None = None,
+        hooks: Sequence[Hook] = (),
+    ) -> dict[str, float]:
+        """Train to ``max_steps``, evaluating (and checkpointing) every ``eval_every_n_steps``.
+
+        Each evaluation is recorded on its checkpoint, which feeds ``RunConfig.keep_best``.
+        Returns the final evaluation.
+        """
+        if not isinstance(eval_every_n_steps, int) or eval_every_n_steps < 1:
+            raise ValueError(f"train_and_evaluate: eval_every_n_steps must be a positive integer; got {eval_every_n_steps!r}")
+        evaluator = EvaluationHook(self, eval_input_fn, every_n_steps=eval_every_n_steps, steps=eval_steps)
+        self.train(train_input_fn, max_steps=max_steps, hooks=[*hooks, evaluator])
+        if evaluator.last_results is None or evaluator.last_results["global_step"] != self.global_step:
+            return self.evaluate(eval_input_fn, steps=eval_steps)
+        return evaluator.last_results
+
+    # ================================================================ building
+    def _build_model(self) -> None:
+        if self._model is not None:
+            return
+        seed_everything(self.config.seed)
+        if self.config.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        model = self._model_arg if isinstance(self._model_arg, nn.Module) else self._model_arg(self.params)
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model(params) must return an nn.Module; it returned a {type(model).__name__}")
+        self._model = model.to(self.strategy.device)
+        module = self.strategy.wrap_model(self._model)
+        self._module = torch.compile(module) if self.config.compile else module
+        self._maybe_warm_start()
+
+    def _maybe_warm_start(self) -> None:
+        if self._warm_start_from is None or (self._ckpt and self._ckpt.latest_path() is not None):
+            return
+        assert self._model is not None
+        self.warm_start_report = warm_start(self._model, self._warm_start_from)
+
+    def _build_for_training(self) -> None:
+        self._build_model()
+        if self._optimizer is not None:
+            return
+        assert self._model is not None and self._optimizer_fn is not None
+        opt = self._optimizer_fn(self.params, self._model.parameters())
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise TypeError(f"optimizer(params, parameters) must return a torch.optim.Optimizer; got {type(opt).__name__}")
+        self._optimizer = opt
+        if self._schedule_fn is not None:
+            self._schedule = self._schedule_fn(self.params, opt)
+
+    def _train_step(self) -> TrainStep:
+        params = self._mode_params(ModeKeys.TRAIN, self.train_batch_size)
+        if self._cache is not None:
+            params["cache"] = self._cache
+        assert self._module is not None and self._optimizer is not None
+        return TrainStep(
+            module=self._module,
+            model_fn=self._model_fn,
+            optimizer=self._optimizer,
+            schedule=self._schedule,
+            scaler=self._scaler,
+            precision=self.config.precision,
+            device=self.strategy.device,
+            params=params,
+            accumulation=self.config.gradient_accumulation_steps,
+            clip_norm=self.config.gradient_clip_norm,
+        )
+
+    def _run_context(self, max_steps: int | None) -> RunContext:
+        assert self._model is not None and self._optimizer is not None and self.train_batch_size is not None
+        return RunContext(
+            config=self.config,
+            params=self.params,
+            model=self._model,
+            optimizer=self._optimizer,
+            global_step=self.global_step,
+            max_steps=max_steps,
+            global_batch_size=self.train_batch_size,
+            is_chief=self.strategy.is_chief,
+            last_checkpoint=self.latest_checkpoint(),
+            last_checkpoint_step=self._ckpt.latest_step() if self._ckpt else None,
+        )
+
+    def _default_hooks(self) -> list[Hook]:
+        cfg = self.config
+        hooks: list[Hook] = [NanLossHook(), StepCounterHook(cfg.log_every_n_steps), LoggingHook(cfg.log_every_n_steps)]
+        if cfg.progress_bar:
+            hooks.append(ProgressBarHook())
+        if cfg.model_dir:
+            hooks.append(CheckpointSaverHook(save_steps=cfg.save_checkpoints_steps, save_secs=None if cfg.save_checkpoints_steps else cfg.save_checkpoints_secs))
+            hooks.append(PreemptionHook())
+            if cfg.summaries:
+                hooks.append(SummaryHook(cfg.log_every_n_steps))
+        return hooks
+
+    def _per_replica(self, what: str, global_batch: int, accumulation: int = 1) -> int:
+        world = self.strategy.world_size
+        if what == "train_batch_size":
+            accumulation = self.config.gradient_accumulation_steps
+        if global_batch % (world * accumulation):
+            detail = f"{world} replicas" + (f" x {accumulation} accumulation steps" if accumulation > 1 else "")
+            raise ValueError(
+                f"{what}={global_batch} is not divisible by {world * accumulation} ({detail}); "
+                f"use a multiple of {world * accumulation}"
+            )
+        return global_batch // (world * accumulation)
+
+    def _mode_params(self, mode: ModeKeys, global_batch: int | None) -> dict[str, Any]:
+        assert global_batch is not None
+        params = dict(self.params)
+        params["batch_size"] = self._per_replica(f"{mode.value}_batch_size", global_batch)
+        params["num_replicas"] = self.strategy.world_size
+        params["replica_index"] = self.strategy.rank
+        params["cache"] = None
+        return params
+
+    def _make_infeed(
+        self, input_fn: InputFn, mode: ModeKeys, restore: Any = None, params: dict[str, Any] | None = None
+    ) -> Infeed:
+        if not callable(input_fn):
+            raise TypeError(f"input_fn must be a function params -> iterable; got {type(input_fn).__name__}")
+        if params is None:
+            global_batch = {ModeKeys.TRAIN: self.train_batch_size, ModeKeys.EVAL: self.eval_batch_size}.get(mode, self.predict_batch_size)
+            params = self._mode_params(mode, global_batch)
+        cfg = self.config
+        # input_fn and iter() run with freshly seeded global RNGs, so an input pipeline that
+        # draws from them when it is built does so identically in a fresh and a resumed run.
+        with _isolated_rng(cfg.seed):
+            source = input_fn(params)
+            return Infeed(
+                source,
+                device=self.strategy.device,
+                prefetch_depth=0 if getattr(source, "prefers_inline_fetch", False) else cfg.prefetch_depth,
+                snapshot_every=cfg.iterations_per_loop * cfg.gradient_accumulation_steps,
+                pad_to=None if mode is ModeKeys.TRAIN else params["batch_size"],
+                restore=restore,
+                what=f"{mode.value} input_fn",
+            )
+
+    # ================================================================ checkpoints
+    def _train_state(self, runner: HookRunner) -> dict[str, Any]:
+        assert self._optimizer is not None
+        return {
+            "format": TRAIN_STATE_FORMAT,
+            "global_step": self.global_step,
+            "optimizer": self._optimizer.state_dict(),
+            "schedule": self._schedule.state_dict() if self._schedule is not None else None,
+            "scaler": self._scaler.state_dict() if self._scaler is not None else None,
+            "rng": rng_state(),
+            "cache": self._cache,
+            "hooks": runner.state_dict(),
+            "world_size": self.strategy.world_size,
+        }
+
+    def _save_checkpoint(self, run: RunContext, runner: HookRunner, infeed: Infeed, step: TrainStep) -> Path | None:
+        if self._ckpt is None:
+            return None
+        self.global_step = run.global_step
+        self._cache = step.params.get("cache")
+        assert self._model is not None
+        inputs = {self.strategy.rank: infeed.state_dict()}
+        path = self._ckpt.save(self.global_step, self._model.state_dict(), self._train_state(runner), inputs)
+        run.last_checkpoint, run.last_checkpoint_step = path, self.global_step
+        self._state_of = self._weights_of = path
+        log.info("checkpoint %s written", path)
+        return path
+
+    def _restore_for_training(self) -> None:
+        """Load the newest checkpoint unless memory already holds exactly its state."""
+        latest = self.latest_checkpoint()
+        if latest is None or self._state_of == latest:
+            if latest is None and self._state_of is None:
+                raise CheckpointError(
+                    "there is no checkpoint to resume from and the state in memory is not a training state "
+                    "(an error stopped training, or evaluate/predict loaded other weights): build a new Estimator"
+                )
+            return
+        ckpt = load_checkpoint(latest)
+        self._apply_checkpoint(ckpt, full=True)
+        log.info("resumed from %s (step %d)", latest, self.global_step)
+
+    def _apply_checkpoint(self, ckpt: LoadedCheckpoint, full: bool) -> None:
+        assert self._model is not None
+        check_state_fits(self._model, ckpt.model_state, f"checkpoint {str(ckpt.path)!r}")
+        self._model.load_state_dict(ckpt.model_state)
+        self.global_step = ckpt.step
+        self._weights_of = ckpt.path
+        if not full:
+            self._state_of = None  # weights only: the next train() restores the full state
+            return
+        state = ckpt.train_state
+        assert self._optimizer is not None
+        saved_world = state.get("world_size", 1)
+        if saved_world != self.strategy.world_size:
+            raise CheckpointError(
+                f"checkpoint {str(ckpt.path)!r} was written by {saved_world} replicas and this run has "
+                f"{self.strategy.world_size}; resume with the same number of replicas"
+            )
+        try:
+            self._optimizer.load_state_dict(state["optimizer"])
+        except (ValueError, KeyError) as e:
+            raise CheckpointError(f"checkpoint {str(ckpt.path)!r}: the optimizer state does not fit this optimizer ({e})") from e
+        if self._schedule is not None and state.get("schedule") is not None:
+            self._schedule.load_state_dict(state["schedule"])
+        if self._scaler is not None and state.get("scaler") is not None:
+            self._scaler.load_state_dict(state["scaler"])
+        set_rng_state(state["rng"])
+        self._cache = state.get("cache")
+        self._pending_hook_state = state.get("hooks", {})
+        self._pending_input_state = ckpt.input_states.get(self.strategy.rank)
+        self._state_of = ckpt.path
+
+    def _load_for_inference(self, checkpoint_path: str | Path | None, what: str) -> tuple[int, Path | None]:
+        """Put the weights to use in the model; return their step and checkpoint."""
+        self._build_model()
+        if checkpoint_path is None and self._state_of == "memory":
+            return self.global_step, None
+        if self._ckpt is not None:
+            path = self._ckpt.resolve(checkpoint_path)
+        elif checkpoint_path is not None:
+            path = CheckpointManager(checkpoint_path, writer=False).resolve(checkpoint_path)
+        else:
+            path = None
+        if path is None:
+            raise CheckpointError(
+                f"{what}: no checkpoint in model_dir {self.config.model_dir!r} and this Estimator has not "
+                "been trained; call train() first, or pass checkpoint_path="
+            )
+        if self._weights_of != path:
+            self._apply_checkpoint(load_checkpoint(path), full=False)
+        return self.global_step, path
+
+    def _after_evaluation(self, step: int, evaluated: Path | None, results: dict[str, float], name: str | None) -> None:
+        if not self.strategy.is_chief:
+            return
+        label = f"eval_{name}" if name else "eval"
+        log.info("%s at step %d: %s", label, step, ", ".join(f"{k} = {v:.6g}" for k, v in results.items() if k != "global_step"))
+        if self._ckpt is None:
+            return
+        if self.config.summaries:
+            writer = ScalarWriter(self._ckpt.model_dir, tensorboard=True)
+            writer.write(step, {k: v for k, v in results.items() if k != "global_step"}, prefix=f"{label}/")
+            writer.close()
+        if name is None and evaluated is not None and evaluated.parent == self._ckpt.model_dir:
+            if self._ckpt.record_eval(step, results):
+                log.info("ckpt-%d is the best so far by %s", step, self.config.keep_best[0])  # type: ignore[index]
+
+    # ================================================================ predict
+    def _predict(self, input_fn: InputFn, single: bool) -> Iterator[dict[str, torch.Tensor]]:
+        model = self._model
+        assert model is not None
+        was_training = model.training
+        model.eval()
+        params = self._mode_params(ModeKeys.PREDICT, self.predict_batch_size)
+        device = self.strategy.device
+        try:
+            with self._make_infeed(input_fn, ModeKeys.PREDICT, params=params) as infeed:
+                for batch in infeed:
+                    with torch.no_grad(), autocast_context(self.config.precision, device):
+                        spec = self._model_fn(self._module, batch.features, batch.labels, ModeKeys.PREDICT, params)
+                    spec = check_spec(spec, ModeKeys.PREDICT)
+                    if spec.cache is not None:
+                        params["cache"] = _detach_cache(spec.cache)
+                    preds = _check_predictions(spec.predictions, params["batch_size"])
+                    rows = {k: v[: batch.rows].cpu() for k, v in preds.items()}
+                    if single:
+                        for i in range(batch.rows):
+                            yield {k: v[i] for k, v in rows.items()}
+                    else:
+                        yield rows
+        finally:
+            if was_training:
+                model.train()
+
+
+class EvaluationHook(Hook):
+    """Evaluate every ``every_n_steps`` steps during training, on a fresh checkpoint of that step."""
+
+    priority = 35  # after the checkpoint saver, so the evaluation is recorded on its checkpoint
+
+    def __init__(self, estimator: Estimator, input_fn: InputFn, every_n_steps: int, steps: int | None = None) -> None:
+        self.estimator = estimator
+        self.input_fn = input_fn
+        self.every_n_steps = every_n_steps
+        self.steps = steps
+        self._last = 0
+        self.last_results: dict[str, float] | None = None
+
+    def after_setup(self, run: RunContext) -> None:
+        self._last = run.global_step
+
+    def after_loop(self, run: RunContext, result: LoopResult) -> None:
+        if every_n_steps_due(self._last, run.global_step, self.every_n_steps):
+            self._evaluate(run)
+
+    def end(self, run: RunContext) -> None:
+        if self.last_results is None or self.last_results["global_step"] != run.global_step:
+            self._evaluate(run)
+
+    def _evaluate(self, run: RunContext) -> None:
+        run.save_checkpoint()
+        self._last = run.global_step
+        est = self.estimator
+        est.global_step = run.global_step
+        self.last_results = est.evaluate(self.input_fn, steps=self.steps)
+
+
+# ==================================================================== helpers
+def _bind_model_fn(fn: Callable[..., EstimatorSpec]) -> Callable[..., EstimatorSpec]:
+    """Check ``model_fn``'s signature once; return a function called with all five arguments."""
+    if not callable(fn):
+        raise ModelFnError(f"model_fn must be callable; got {type(fn).__name__}")
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return fn
+    kinds = [p.kind for p in sig.parameters.values()]
+    if inspect.Parameter.VAR_POSITIONAL in kinds:
+        return fn
+    names = [p.name for p in sig.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    if len(names) >= 5:
+        return fn
+    if len(names) >= 3 and tuple(names) == _MODEL_FN_ARGS[: len(names)]:
+        n = len(names)
+        return lambda model, features, labels, mode, params: fn(*(model, features, labels, mode, params)[:n])
+    got = ", ".join(names)
+    hint = " (a TensorFlow-style model_fn: stoker passes the built module first)" if names[:1] == ["features"] else ""
+    raise ModelFnError(f"model_fn must take (model, features, labels, mode, params); it takes ({got}){hint}")
+
+
+def _check_batch(name: str, value: int | None) -> int | None:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer; got {value!r}")
+    return value
+
+
+def _check_predictions(preds: Any, batch: int) -> Mapping[str, torch.Tensor]:
+    if preds is None:
+        raise ModelFnError("model_fn returned EstimatorSpec(predictions=None) in PREDICT mode; give a dict of tensors")
+    if isinstance(preds, torch.Tensor):
+        preds = {"predictions": preds}
+    if not isinstance(preds, Mapping):
+        raise ModelFnError(f"EstimatorSpec.predictions must be a dict of tensors; got {type(preds).__name__}")
+    for key, value in preds.items():
+        if not isinstance(value, torch.Tensor):
+            raise ModelFnError(f"EstimatorSpec.predictions[{key!r}] must be a tensor; got {type(value).__name__}")
+        if value.dim() == 0 or value.shape[0] != batch:
+            raise ModelFnError(
+                f"EstimatorSpec.predictions[{key!r}] has shape {list(value.shape)}, but the batch has {batch} "
+                "rows; every prediction needs the batch as its first dimension"
+            )
+    return preds
+
+
+def _detach_cache(cache: Any) -> Any:
+    if isinstance(cache, torch.Tensor):
+        return cache.detach()
+    return tuple(c.detach() for c in cache)
+
+
+@contextlib.contextmanager
+def _isolated_rng(seed: int) -> Iterator[None]:
+    """Run a block with freshly seeded global RNGs, then put the previous states back."""
+    saved = rng_state()
+    seed_everything(seed)
+    try:
+        yield
+    finally:
+        set_rng_state(saved)
+
+
+def _ensure_log_handler() -> None:
+    """Show stoker's INFO lines when the application has not configured logging itself."""
+    root = logging.getLogger()
+    if log.handlers or root.handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s stoker %(levelname)s: %(message)s", "%H:%M:%S"))
+    log.addHandler(handler)
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.INFO)
+    log.propagate = False
+
+
+__all__ = ["Estimator", "EvaluationHook"]

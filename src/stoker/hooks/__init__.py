@@ -1,0 +1,32 @@
+"""Training hooks: the ``Hook`` base class and the built-ins, one module each."""
+
+from .base import Hook, HookRunner, LoopResult, RunContext, every_n_steps_due
+from .checkpoint_saver import CheckpointSaverHook
+from .logging_hook import LoggingHook
+from .nan import NanLossHook
+from .preemption import PreemptionHook
+from .profiler import ProfilerHook
+from .progress import ProgressBarHook
+from .step_counter import StepCounterHook
+from .stop import StopAtStepHook
+from .summary import SummaryHook
+
+ExamplesPerSecondHook = StepCounterHook  # the TPUEstimator name
+
+__all__ = [
+    "CheckpointSaverHook",
+    "ExamplesPerSecondHook",
+    "Hook",
+    "HookRunner",
+    "LoggingHook",
+    "LoopResult",
+    "NanLossHook",
+    "PreemptionHook",
+    "ProfilerHook",
+    "ProgressBarHook",
+    "RunContext",
+    "StepCounterHook",
+    "StopAtStepHook",
+    "SummaryHook",
+    "every_n_steps_due",
+]

@@ -1,0 +1,184 @@
+"""The ``Hook`` base class, what hooks see of a run, and the runner that calls them.
+
+Hooks run on the host once per device loop (``RunConfig.iterations_per_loop`` steps), as in
+TPUEstimator, never inside it. Every method is a no-op; the runner calls only the methods a
+hook overrides. A hook asks training to stop by calling ``run.request_stop(reason)``, which
+sets the flag ``run.stop_requested``; the device loop checks that flag after every step.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from ..config import RunConfig
+
+log = logging.getLogger("stoker")
+
+
+@dataclass
+class LoopResult:
+    """What one device loop did, read on the host once at its end.
+
+    Attributes:
+        first_step: global step before the loop.
+        steps: optimizer steps run (fewer than planned if a stop was requested mid-loop).
+        global_step: global step after the loop.
+        losses: each step's loss.
+        values: each step's ``host_call`` values, by name (plus ``learning_rate``).
+        seconds: wall time of the loop.
+        input_wait_seconds: time the loop waited for the infeed.
+        examples: examples processed by all replicas (global batch x steps).
+    """
+
+    first_step: int
+    steps: int
+    global_step: int
+    losses: list[float]
+    values: dict[str, list[float]]
+    seconds: float
+    input_wait_seconds: float
+    examples: int
+
+
+@dataclass(eq=False)
+class RunContext:
+    """The part of a running ``train`` call that hooks read and act on."""
+
+    config: RunConfig
+    params: dict[str, Any]
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    global_step: int
+    max_steps: int | None
+    global_batch_size: int
+    is_chief: bool = True
+    stop_requested: bool = False
+    stop_reason: str = ""
+    last_checkpoint: Path | None = None
+    last_checkpoint_step: int | None = None
+    # Values hooks share within one loop boundary (e.g. rates from the step counter).
+    logs: dict[str, float] = field(default_factory=dict)
+    _save: Callable[[], Path | None] | None = None
+
+    @property
+    def model_dir(self) -> str | None:
+        return self.config.model_dir  # type: ignore[return-value]
+
+    def request_stop(self, reason: str = "") -> None:
+        """Ask training to stop after the current step."""
+        self.stop_requested = True
+        self.stop_reason = self.stop_reason or reason
+
+    def save_checkpoint(self) -> Path | None:
+        """Write a checkpoint of the current step now (once per step; no-op without model_dir)."""
+        if self._save is None:
+            return None
+        if self.last_checkpoint_step == self.global_step and self.last_checkpoint is not None:
+            return self.last_checkpoint
+        return self._save()
+
+
+class Hook:
+    """Base class of training hooks: override only what you need.
+
+    Order of calls in one ``train``: ``begin`` (before the model is restored), ``after_setup``
+    (model, optimizer and step restored), then for each loop ``before_loop`` /
+    ``after_loop``, and ``end`` when training finishes normally (not after an exception).
+    """
+
+    def begin(self, run: RunContext) -> None:
+        """Training is about to start; the model is built but not yet restored."""
+
+    def after_setup(self, run: RunContext) -> None:
+        """Model, optimizer and global step are restored; ``run.global_step`` is the start step."""
+
+    def before_loop(self, run: RunContext, steps: int) -> None:
+        """A device loop of ``steps`` steps is about to run."""
+
+    def after_loop(self, run: RunContext, result: LoopResult) -> None:
+        """A device loop has finished; its per-step values are in ``result``."""
+
+    def end(self, run: RunContext) -> None:
+        """Training has finished normally."""
+
+    def state_dict(self) -> dict[str, Any] | None:
+        """State to put in checkpoints (``None``: the hook has none)."""
+        return None
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what ``state_dict`` returned."""
+
+    @property
+    def state_key(self) -> str:
+        """Name of this hook's entry in a checkpoint."""
+        return type(self).__name__
+
+
+_EVENTS = ("begin", "after_setup", "before_loop", "after_loop", "end")
+
+
+class HookRunner:
+    """Calls hooks in order, skipping those that did not override an event."""
+
+    def __init__(self, hooks: Iterable[Hook]) -> None:
+        self.hooks: list[Hook] = list(hooks)
+        for h in self.hooks:
+            if not isinstance(h, Hook):
+                raise TypeError(f"hooks must be stoker.hooks.Hook instances; got {type(h).__name__}")
+        self._by_event: dict[str, list[Callable[..., None]]] = {
+            event: [getattr(h, event) for h in self.hooks if getattr(type(h), event) is not getattr(Hook, event)]
+            for event in _EVENTS
+        }
+
+    def _call(self, event: str, *args: Any) -> None:
+        for fn in self._by_event[event]:
+            fn(*args)
+
+    def begin(self, run: RunContext) -> None:
+        self._call("begin", run)
+
+    def after_setup(self, run: RunContext) -> None:
+        self._call("after_setup", run)
+
+    def before_loop(self, run: RunContext, steps: int) -> None:
+        self._call("before_loop", run, steps)
+
+    def after_loop(self, run: RunContext, result: LoopResult) -> None:
+        self._call("after_loop", run, result)
+
+    def end(self, run: RunContext) -> None:
+        self._call("end", run)
+
+    def state_dict(self) -> dict[str, Any]:
+        states: dict[str, Any] = {}
+        for h in self.hooks:
+            s = h.state_dict()
+            if s is not None:
+                states[h.state_key] = s
+        return states
+
+    def load_state_dict(self, states: dict[str, Any]) -> None:
+        for h in self.hooks:
+            if h.state_key in states:
+                h.load_state_dict(states[h.state_key])
+
+
+def every_n_steps_due(last: int, step: int, n: int) -> bool:
+    """Whether an every-``n``-steps action last done at ``last`` is due at ``step``.
+
+    It fires at the first loop boundary at or past each multiple of ``n``: with loops of ``N``
+    steps, an interval of ``n`` is honoured rounded up to a loop boundary.
+    """
+    return step // n > last // n
+
+
+def sorted_hooks(hooks: Sequence[Hook]) -> list[Hook]:
+    """Hooks ordered by their ``priority`` attribute (lower first), stable otherwise."""
+    return sorted(hooks, key=lambda h: getattr(h, "priority", 50))

@@ -1,0 +1,67 @@
+"""``PreemptionHook``: on SIGTERM / SIGINT finish the current step, checkpoint, exit cleanly."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import Any
+
+from .base import Hook, LoopResult, RunContext
+
+log = logging.getLogger("stoker")
+
+
+class PreemptionHook(Hook):
+    """Turn a termination signal into a clean stop with a checkpoint.
+
+    On the first SIGTERM or SIGINT the device loop stops after the step it is running, a
+    checkpoint of that step is written, the remaining hooks' ``end`` run, and then (with
+    ``exit_process=True``) the process exits with code 128 + signal number, the convention
+    schedulers such as SLURM read as "terminated by signal". A second signal during the save
+    is left to the default handler, so a double Ctrl-C still kills at once.
+    Rerunning the same command resumes from that checkpoint.
+    """
+
+    priority = 90
+
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT), exit_process: bool = True) -> None:
+        self.signals = signals
+        self.exit_process = exit_process
+        self.received: int | None = None
+        self._previous: dict[int, Any] = {}
+        self._run: RunContext | None = None
+
+    def begin(self, run: RunContext) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be installed from the main thread
+        self._run = run
+        for sig in self.signals:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        self.received = signum
+        signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
+        if self._run is not None:
+            self._run.request_stop(f"received {signal.Signals(signum).name}")
+
+    def after_loop(self, run: RunContext, result: LoopResult) -> None:
+        if self.received is not None:
+            path = run.save_checkpoint()
+            log.warning(
+                "%s at step %d: checkpoint %s written; rerun the same command to resume",
+                signal.Signals(self.received).name, run.global_step, path or "(no model_dir: nothing saved)",
+            )
+
+    def end(self, run: RunContext) -> None:
+        self._restore()
+        if self.received is not None and self.exit_process:
+            sys.exit(128 + self.received)
+
+    def _restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+        self._run = None

@@ -1,0 +1,260 @@
+"""The infeed: batches from an ``input_fn`` iterable, prepared ahead, on the device.
+
+Iterating (this module) is kept apart from stepping (``loop.py``). The infeed
+
+- normalises each item to ``(features, labels)`` (an item that is not a 2-tuple is features);
+- in eval and predict, pads a short last batch to the static batch size by repeating its
+  first row and returns a mask of the real rows, so the step never sees a new shape
+  (TPUEstimator's padding and stopping signals);
+- copies to the device: on CUDA from pinned memory, on a side stream, ``non_blocking``;
+- with ``prefetch_depth > 0`` does all of that in a background thread, ``prefetch_depth``
+  batches ahead, and measures how long the loop waited for data;
+- tracks the position of the data the *loop has consumed* (not what was prefetched), for
+  checkpoints: the source's own state (``state_dict`` / grain's ``get_state``) snapshotted
+  every ``snapshot_every`` batches, plus the count consumed since that snapshot. A source
+  without state is resumed by replaying the batches it had consumed, with a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .data._tree import batch_rows, tree_map
+
+log = logging.getLogger("stoker")
+
+_END = object()
+
+
+class _Failure:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+@dataclass(slots=True)
+class Batch:
+    """One batch on the device; ``mask`` marks real rows when the batch was padded."""
+
+    features: Any
+    labels: Any
+    mask: torch.Tensor | None
+    rows: int
+
+
+def _state_api(source: Any) -> tuple[str, str] | None:
+    if callable(getattr(source, "state_dict", None)) and callable(getattr(source, "load_state_dict", None)):
+        return "state_dict", "load_state_dict"
+    if callable(getattr(source, "get_state", None)) and callable(getattr(source, "set_state", None)):
+        return "get_state", "set_state"
+    return None
+
+
+class Infeed:
+    """Turns an ``input_fn`` iterable into device batches and knows how far the loop got."""
+
+    def __init__(
+        self,
+        source: Iterable[Any],
+        *,
+        device: torch.device,
+        prefetch_depth: int = 2,
+        snapshot_every: int = 1,
+        pad_to: int | None = None,
+        restore: dict[str, Any] | None = None,
+        what: str = "input_fn",
+    ) -> None:
+        if not isinstance(source, Iterable):
+            raise TypeError(f"{what} must return an iterable of (features, labels) batches; got {type(source).__name__}")
+        self.device = device
+        self.pad_to = pad_to
+        self.what = what
+        self.snapshot_every = max(1, snapshot_every)
+        self.wait_seconds = 0.0
+        self.consumed = 0
+        self._source = source
+        self._api = _state_api(source)
+        self._replayed_before = 0
+        self._cuda = device.type == "cuda"
+        self._stream = torch.cuda.Stream(device) if self._cuda else None
+        if restore is not None:
+            self._restore(restore)
+        self._it = iter(source)
+        if restore is not None:
+            self._skip(int(restore.get("skip", 0)))
+        self._base = self._snapshot()
+        self._base_consumed = 0
+        self._produced = 0
+        self._queue: queue.Queue[Any] | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        if prefetch_depth > 0:
+            self._queue = queue.Queue(maxsize=prefetch_depth)
+            self._thread = threading.Thread(target=self._produce, name="stoker-infeed", daemon=True)
+            self._thread.start()
+
+    # ------------------------------------------------------------------ state
+    def _snapshot(self) -> Any:
+        return getattr(self._source, self._api[0])() if self._api else None
+
+    def _restore(self, state: dict[str, Any]) -> None:
+        if self._api is not None and state.get("source") is not None:
+            getattr(self._source, self._api[1])(state["source"])
+        elif self._api is None:
+            self._replayed_before = int(state.get("skip", 0))
+            if self._replayed_before:
+                log.warning(
+                    "%s's iterable has no state_dict()/load_state_dict(): replaying %d batches to "
+                    "resume its position (give it state, or use stoker.data sources, to resume instantly)",
+                    self.what, self._replayed_before,
+                )
+
+    def _skip(self, n: int) -> None:
+        for i in range(n):
+            try:
+                next(self._it)
+            except StopIteration:
+                raise RuntimeError(
+                    f"{self.what}: the data ended after {i} of the {n} batches needed to resume its "
+                    "position; resume with the same input_fn and data"
+                ) from None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position of the data the loop has consumed, for a checkpoint."""
+        if self._api is None:
+            return {"source": None, "skip": self._replayed_before + self.consumed}
+        return {"source": self._base, "skip": self.consumed - self._base_consumed}
+
+    # ------------------------------------------------------------------ producing
+    def _next_item(self) -> tuple[Batch, Any] | object:
+        try:
+            item = next(self._it)
+        except StopIteration:
+            return _END
+        self._produced += 1
+        snap = self._snapshot() if self._api and self._produced % self.snapshot_every == 0 else None
+        return self._prepare(item), snap
+
+    def _prepare(self, item: Any) -> Batch:
+        if isinstance(item, (tuple, list)) and len(item) == 2 and not hasattr(item, "_fields"):
+            features, labels = item
+        else:
+            features, labels = item, None
+        rows = batch_rows(features)
+        mask = None
+        if self.pad_to is not None:
+            if rows is None:
+                raise ValueError(f"{self.what}: features need a batch dimension to be padded")
+            if rows > self.pad_to:
+                raise ValueError(
+                    f"{self.what} yielded a batch of {rows} rows, more than the per-replica batch of "
+                    f"{self.pad_to}; batch with params['batch_size']"
+                )
+            if rows < self.pad_to:
+                pad = self.pad_to - rows
+                grow = lambda t: torch.cat([t, t[:1].expand(pad, *t.shape[1:])]) if t.dim() > 0 else t  # noqa: E731
+                features, labels = tree_map(grow, features), tree_map(grow, labels)
+            mask = torch.arange(self.pad_to) < rows
+        batch = Batch(features, labels, mask, rows if rows is not None else 0)
+        return self._to_device(batch)
+
+    def _to_device(self, batch: Batch) -> Batch:
+        device = self.device
+        if not self._cuda:
+            move = lambda t: t if t.device == device else t.to(device)  # noqa: E731
+            return Batch(tree_map(move, batch.features), tree_map(move, batch.labels), batch.mask, batch.rows)
+        # Pinned host memory lets the copy run asynchronously on a side stream, overlapping the
+        # step the device is running; the consumer waits on an event, not on the host.
+        with torch.cuda.stream(self._stream):
+            copy = lambda t: t.pin_memory().to(device, non_blocking=True) if t.device.type == "cpu" else t.to(device)  # noqa: E731
+            moved = Batch(tree_map(copy, batch.features), tree_map(copy, batch.labels),
+                          None if batch.mask is None else copy(batch.mask), batch.rows)
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        return _CudaBatch(moved, event)  # type: ignore[return-value]
+
+    def _produce(self) -> None:
+        assert self._queue is not None
+        while not self._stop.is_set():
+            try:
+                entry = self._next_item()
+            except BaseException as e:  # hand any input error to the consumer, with its traceback
+                entry = _Failure(e)
+            while not self._stop.is_set():
+                try:
+                    self._queue.put(entry, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if entry is _END or isinstance(entry, _Failure):
+                return
+
+    # ------------------------------------------------------------------ consuming
+    def __iter__(self) -> Infeed:
+        return self
+
+    def __next__(self) -> Batch:
+        start = time.perf_counter()
+        entry = self._queue.get() if self._queue is not None else self._next_item()
+        self.wait_seconds += time.perf_counter() - start
+        if entry is _END:
+            raise StopIteration
+        if isinstance(entry, _Failure):
+            raise entry.error
+        batch, snap = entry
+        self.consumed += 1
+        if snap is not None:
+            self._base = snap
+            self._base_consumed = self.consumed
+        if isinstance(batch, _CudaBatch):
+            batch = batch.wait()
+        return batch
+
+    def close(self) -> None:
+        """Stop the prefetch thread (batches it prepared are dropped; the position is kept)."""
+        self._stop.set()
+        if self._queue is not None:
+            while True:
+                try:
+                    self._queue.get_nowait()
+                except queue.Empty:
+                    break
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+
+    def __enter__(self) -> Infeed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class _CudaBatch:
+    """A batch whose copy is in flight on the infeed's stream."""
+
+    __slots__ = ("batch", "event")
+
+    def __init__(self, batch: Batch, event: Any) -> None:
+        self.batch = batch
+        self.event = event
+
+    def wait(self) -> Batch:
+        stream = torch.cuda.current_stream()
+        stream.wait_event(self.event)
+
+        def keep(t: torch.Tensor) -> torch.Tensor:
+            # The memory was allocated on the side stream; tell the allocator the compute
+            # stream uses it too, so it is not reused before the step is done with it.
+            t.record_stream(stream)
+            return t
+
+        tree_map(keep, (self.batch.features, self.batch.labels, self.batch.mask))
+        return self.batch

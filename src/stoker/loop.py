@@ -1,0 +1,197 @@
+"""The device loop: N training steps per host round trip, values kept on the device.
+
+Stepping (this module) is kept apart from iterating (``infeed.py``). A *step* is one optimizer
+update: ``gradient_accumulation_steps`` micro-batches of forward + backward, then (fp16)
+unscale and inf check, optional clipping, the update, the LR schedule. A *loop* runs up to
+``iterations_per_loop`` steps. Inside it nothing is read back to the host: each step's loss
+and ``host_call`` values are kept as device tensors (the outfeed) and copied to the host
+once, when the loop ends. The one exception is fp16 with dynamic loss scaling, which must
+read an "inf found" flag each step to decide whether to skip the update.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import ModelFnError
+from .hooks.base import LoopResult, RunContext
+from .infeed import Infeed
+from .precision import LossScaler, autocast_context
+from .spec import EstimatorSpec, ModeKeys
+
+ModelFn = Callable[[nn.Module, Any, Any, ModeKeys, dict[str, Any]], EstimatorSpec]
+
+
+def check_spec(spec: Any, mode: ModeKeys) -> EstimatorSpec:
+    """Validate what ``model_fn`` returned in ``mode``; one-line errors that say what to change."""
+    if not isinstance(spec, EstimatorSpec):
+        raise ModelFnError(f"model_fn must return a stoker.EstimatorSpec; it returned a {type(spec).__name__}")
+    if mode is ModeKeys.TRAIN:
+        if spec.loss is None:
+            raise ModelFnError("model_fn returned EstimatorSpec(loss=None) in TRAIN mode; training needs a scalar loss tensor")
+        if not isinstance(spec.loss, torch.Tensor) or spec.loss.dim() != 0:
+            shape = list(spec.loss.shape) if isinstance(spec.loss, torch.Tensor) else type(spec.loss).__name__
+            raise ModelFnError(f"EstimatorSpec.loss must be a scalar tensor in TRAIN mode; got {shape} (reduce it with .mean())")
+        if not spec.loss.requires_grad:
+            raise ModelFnError("EstimatorSpec.loss does not require grad: it is not computed from the model's trainable parameters")
+    return spec
+
+
+class TrainStep:
+    """One optimizer step over ``accumulation`` micro-batches."""
+
+    def __init__(
+        self,
+        *,
+        module: nn.Module,
+        model_fn: ModelFn,
+        optimizer: torch.optim.Optimizer,
+        schedule: Any,
+        scaler: LossScaler | None,
+        precision: str,
+        device: torch.device,
+        params: dict[str, Any],
+        accumulation: int = 1,
+        clip_norm: float | None = None,
+    ) -> None:
+        self.module = module
+        self.model_fn = model_fn
+        self.optimizer = optimizer
+        self.schedule = schedule
+        self.scaler = scaler
+        self.precision = precision
+        self.device = device
+        self.params = params
+        self.accumulation = accumulation
+        self.clip_norm = clip_norm
+        self.parameters = [p for g in optimizer.param_groups for p in g["params"]]
+        self.carries_cache = False
+        self._checked = False
+
+    def __call__(self, infeed: Infeed) -> tuple[torch.Tensor, Any]:
+        """Run one step; return its loss (a device scalar) and its ``host_call``."""
+        loss_sum: torch.Tensor | None = None
+        host_call = None
+        for _ in range(self.accumulation):
+            batch = next(infeed)
+            with autocast_context(self.precision, self.device):
+                spec = self.model_fn(self.module, batch.features, batch.labels, ModeKeys.TRAIN, self.params)
+            if not self._checked:
+                check_spec(spec, ModeKeys.TRAIN)
+                self._checked = True
+            loss = spec.loss
+            if spec.cache is not None or self.carries_cache:
+                self.params["cache"] = _detach(spec.cache)
+                self.carries_cache = True
+            scaled = loss / self.accumulation if self.accumulation > 1 else loss
+            if self.scaler is not None:
+                scaled = self.scaler.scale_loss(scaled)
+            scaled.backward()
+            detached = loss.detach()
+            loss_sum = detached if loss_sum is None else loss_sum + detached
+            host_call = spec.host_call
+        apply = True
+        if self.scaler is not None:
+            found_inf = self.scaler.unscale_(self.parameters)
+            apply = self.scaler.step_ok(found_inf)
+        if self.clip_norm is not None and apply:
+            torch.nn.utils.clip_grad_norm_(self.parameters, self.clip_norm)
+        if apply:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.schedule is not None:
+            if apply:
+                self.schedule.step()
+            else:  # a skipped fp16 step still counts: the schedule follows the global step
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", UserWarning)
+                    self.schedule.step()
+        assert loss_sum is not None
+        return (loss_sum / self.accumulation if self.accumulation > 1 else loss_sum), host_call
+
+
+def _detach(cache: Any) -> Any:
+    if cache is None:
+        return None
+    if isinstance(cache, torch.Tensor):
+        return cache.detach()
+    return tuple(_detach(c) for c in cache)
+
+
+class DeviceLoop:
+    """Runs loops of steps and reads their outfeed once per loop."""
+
+    def __init__(self, step: TrainStep, run: RunContext, global_batch_size: int) -> None:
+        self.step = step
+        self.run = run
+        self.global_batch_size = global_batch_size
+        self.exhausted = False
+
+    def run_loop(self, infeed: Infeed, steps: int) -> LoopResult:
+        run = self.run
+        first = run.global_step
+        losses: list[torch.Tensor] = []
+        host_calls: list[Any] = []
+        wait_before = infeed.wait_seconds
+        start = time.perf_counter()
+        for _ in range(steps):
+            try:
+                loss, host_call = self.step(infeed)
+            except StopIteration:  # the data ended: drop a half-accumulated step and stop
+                self.step.optimizer.zero_grad(set_to_none=True)
+                self.exhausted = True
+                break
+            losses.append(loss)
+            if host_call is not None:
+                host_calls.append(host_call)
+            run.global_step += 1
+            if run.stop_requested:  # a signal arrived: stop after the step that was running
+                break
+        done = run.global_step - first
+        # The outfeed: one device-to-host copy for every value of every step in the loop.
+        losses_host = torch.stack(losses).float().cpu().tolist() if losses else []
+        values = _read_host_calls(host_calls)
+        seconds = time.perf_counter() - start
+        lr = self.step.optimizer.param_groups[0]["lr"]
+        values["learning_rate"] = [float(lr)] * done
+        return LoopResult(
+            first_step=first,
+            steps=done,
+            global_step=run.global_step,
+            losses=losses_host,
+            values=values,
+            seconds=seconds,
+            input_wait_seconds=infeed.wait_seconds - wait_before,
+            examples=done * self.global_batch_size,
+        )
+
+
+def _read_host_calls(host_calls: list[Any]) -> dict[str, list[float]]:
+    if not host_calls:
+        return {}
+    first = host_calls[0]
+    if isinstance(first, tuple):  # TPUEstimator form: (fn, tensors), fn sees them stacked over steps
+        fn, _ = first
+        tensors = [hc[1] for hc in host_calls]
+        if isinstance(tensors[0], dict):
+            stacked: Any = {k: torch.stack([t[k] for t in tensors]).cpu() for k in tensors[0]}
+            out = fn(**stacked)
+        else:
+            seq = [list(t) if isinstance(t, (list, tuple)) else [t] for t in tensors]
+            out = fn(*[torch.stack([s[i] for s in seq]).cpu() for i in range(len(seq[0]))])
+        return {k: [float(v)] for k, v in (out or {}).items()}
+    if not isinstance(first, dict):
+        raise ModelFnError("EstimatorSpec.host_call must be a dict of scalar tensors or a (fn, tensors) tuple")
+    names = list(first)
+    for name in names:
+        if not isinstance(first[name], torch.Tensor) or first[name].numel() != 1:
+            raise ModelFnError(f"host_call[{name!r}] must be a scalar tensor")
+    table = torch.stack([torch.stack([hc[n].detach().float().reshape(()) for n in names]) for hc in host_calls])
+    rows = table.cpu().T.tolist()
+    return dict(zip(names, rows, strict=True))

@@ -1,0 +1,112 @@
+"""Mixed precision: autocast for bf16/fp16 and loss scaling for fp16.
+
+Master weights always stay fp32; only the forward (and its backward) runs in the lower
+precision. fp16 gradients underflow without loss scaling, so the loss is multiplied by a scale
+before ``backward`` and the gradients divided by it before the update:
+
+- **static** (``loss_scale=128``): a fixed scale, no checks, no host sync.
+- **dynamic** (``loss_scale="dynamic"``, tf_cnn_benchmarks' auto loss scale): on inf/NaN
+  gradients the update is skipped and the scale halved; after ``growth_interval`` good steps
+  in a row it doubles. Deciding to skip needs one host read of an "any inf" flag per step,
+  the same cost as ``torch.amp.GradScaler``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """A context manager running the forward pass in ``precision`` (a no-op for fp32)."""
+    if precision == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=_DTYPES[precision])
+
+
+class LossScaler:
+    """Loss scaling for fp16, static or dynamic; its state is part of every checkpoint."""
+
+    def __init__(
+        self,
+        *,
+        dynamic: bool,
+        init_scale: float,
+        growth_interval: int = 1000,
+        growth_factor: float = 2.0,
+        backoff_factor: float = 0.5,
+    ) -> None:
+        self.dynamic = dynamic
+        self.scale = float(init_scale)
+        self.growth_interval = growth_interval
+        self.growth_factor = growth_factor
+        self.backoff_factor = backoff_factor
+        self.good_steps = 0
+        self.skipped_steps = 0
+
+    def scale_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        return loss * self.scale
+
+    def unscale_(self, parameters: Iterable[torch.Tensor]) -> torch.Tensor | None:
+        """Divide gradients by the scale in place; return a 0-dim "found inf" flag (dynamic only)."""
+        grads = [p.grad for p in parameters if p.grad is not None]
+        if not grads:
+            return None
+        inv = 1.0 / self.scale
+        if not self.dynamic:
+            torch._foreach_mul_(grads, inv)
+            return None
+        found_inf = torch.zeros((), dtype=torch.float32, device=grads[0].device)
+        inv_t = torch.full((), inv, dtype=torch.float32, device=grads[0].device)
+        by_device: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+        for g in grads:
+            by_device.setdefault((g.device, g.dtype), []).append(g)
+        for (device, _), group in by_device.items():
+            flag = found_inf if device == found_inf.device else torch.zeros((), device=device)
+            torch._amp_foreach_non_finite_check_and_unscale_(group, flag, inv_t.to(device))
+            if flag is not found_inf:
+                found_inf += flag.to(found_inf.device)
+        return found_inf
+
+    def step_ok(self, found_inf: torch.Tensor | None) -> bool:
+        """Whether to apply this step's update; adjusts the scale (one host read when dynamic)."""
+        if not self.dynamic or found_inf is None:
+            return True
+        if found_inf.item() > 0:
+            self.scale *= self.backoff_factor
+            self.good_steps = 0
+            self.skipped_steps += 1
+            return False
+        self.good_steps += 1
+        if self.good_steps >= self.growth_interval:
+            self.scale *= self.growth_factor
+            self.good_steps = 0
+        return True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "dynamic": self.dynamic,
+            "scale": self.scale,
+            "good_steps": self.good_steps,
+            "skipped_steps": self.skipped_steps,
+            "growth_interval": self.growth_interval,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.scale = float(state["scale"])
+        self.good_steps = int(state["good_steps"])
+        self.skipped_steps = int(state["skipped_steps"])
+
+
+def make_loss_scaler(precision: str, loss_scale: float | str, init_scale: float, growth_interval: int) -> LossScaler | None:
+    """The loss scaler a precision needs: ``None`` for fp32 and bf16."""
+    if precision != "fp16":
+        return None
+    if loss_scale == "dynamic":
+        return LossScaler(dynamic=True, init_scale=init_scale, growth_interval=growth_interval)
+    return LossScaler(dynamic=False, init_scale=float(loss_scale))

@@ -1,0 +1,51 @@
+"""What a ``model_fn`` returns, and the modes it is called in."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+
+class ModeKeys(str, enum.Enum):
+    """The three modes a ``model_fn`` is called in (string-valued, so ``mode == "train"`` works)."""
+
+    TRAIN = "train"
+    EVAL = "eval"
+    PREDICT = "predict"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+HostCall = Mapping[str, torch.Tensor] | tuple[Callable[..., Any], Any]
+
+
+@dataclass(slots=True)
+class EstimatorSpec:
+    """The result of one ``model_fn`` call.
+
+    Attributes:
+        loss: TRAIN: a scalar tensor to minimise. EVAL: a scalar, or per-example losses of
+            shape ``[batch]`` (needed for an exact loss when the last batch is padded).
+        predictions: PREDICT (and optionally EVAL): a dict of tensors whose first dimension
+            is the batch.
+        eval_metrics: EVAL: a dict ``name -> metric update`` as returned by calling a
+            ``stoker.metrics.Metric`` (e.g. ``Accuracy()(logits, labels)``), or a tensor of
+            per-example values that is averaged.
+        host_call: TRAIN: values to log, read once per device loop. Either a dict
+            ``name -> scalar tensor`` (each step's value is kept), or the TPUEstimator form
+            ``(fn, tensors)``: at the end of each loop ``fn`` is called on the host with every
+            tensor stacked over the loop's steps, and may return a dict of floats to log.
+        cache: state carried to the next step's ``model_fn`` as ``params["cache"]`` (a tensor
+            or a tuple of tensors); stoker detaches it and saves it in checkpoints.
+    """
+
+    loss: torch.Tensor | None = None
+    predictions: Mapping[str, torch.Tensor] | None = None
+    eval_metrics: Mapping[str, Any] = field(default_factory=dict)
+    host_call: HostCall | None = None
+    cache: torch.Tensor | tuple[torch.Tensor, ...] | None = None
