@@ -6,7 +6,7 @@ and resume a killed run bitwise exactly from its ``model_dir``.
 
 __version__ = "0.1.0"
 
-from . import data, hooks, metrics
+from . import data, hooks, metrics, precision
 from .checkpoint import WarmStartSettings
 from .config import RunConfig
 from .errors import CheckpointError, CorruptCheckpointError, ModelFnError, NanLossError, StokerError
@@ -28,4 +28,5 @@ __all__ = [
     "data",
     "hooks",
     "metrics",
+    "precision",
 ]

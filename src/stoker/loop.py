@@ -75,7 +75,7 @@ class TrainStep:
         self._checked = False
 
     def __call__(self, infeed: Infeed) -> tuple[torch.Tensor, Any]:
-        """Run one step; return its loss (a device scalar) and its ``host_call``."""
+        """Run one step; return its loss (a device scalar) and a copy of its ``host_call``."""
         loss_sum: torch.Tensor | None = None
         host_call = None
         for _ in range(self.accumulation):
@@ -95,7 +95,8 @@ class TrainStep:
             scaled.backward()
             detached = loss.detach()
             loss_sum = detached if loss_sum is None else loss_sum + detached
-            host_call = spec.host_call
+            if spec.host_call is not None:
+                host_call = _snapshot_host_call(spec.host_call)
         apply = True
         if self.scaler is not None:
             found_inf = self.scaler.unscale_(self.parameters)
@@ -172,26 +173,34 @@ class DeviceLoop:
         )
 
 
-def _read_host_calls(host_calls: list[Any]) -> dict[str, list[float]]:
-    if not host_calls:
+def _snapshot_host_call(host_call: Any) -> Any:
+    """Copy one step's host_call values on the device (they may be views of weights the
+    update is about to change); no host sync."""
+    if isinstance(host_call, dict):
+        for name, value in host_call.items():
+            if not isinstance(value, torch.Tensor) or value.numel() != 1:
+                raise ModelFnError(f"host_call[{name!r}] must be a scalar tensor")
+        return tuple(host_call), torch.stack([v.detach().float().reshape(()) for v in host_call.values()])
+    if isinstance(host_call, tuple) and len(host_call) == 2 and callable(host_call[0]):
+        fn, tensors = host_call
+        if isinstance(tensors, dict):
+            return fn, {k: v.detach().clone() for k, v in tensors.items()}
+        seq = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
+        return fn, [t.detach().clone() for t in seq]
+    raise ModelFnError("EstimatorSpec.host_call must be a dict of scalar tensors or a (fn, tensors) tuple")
+
+
+def _read_host_calls(snapshots: list[Any]) -> dict[str, list[float]]:
+    """Per-step host_call snapshots of one loop -> host values, with one device-to-host copy."""
+    if not snapshots:
         return {}
-    first = host_calls[0]
-    if isinstance(first, tuple):  # TPUEstimator form: (fn, tensors), fn sees them stacked over steps
-        fn, _ = first
-        tensors = [hc[1] for hc in host_calls]
+    first, _ = snapshots[0]
+    if callable(first):  # TPUEstimator form: fn sees every tensor stacked over the loop's steps
+        tensors = [s[1] for s in snapshots]
         if isinstance(tensors[0], dict):
-            stacked: Any = {k: torch.stack([t[k] for t in tensors]).cpu() for k in tensors[0]}
-            out = fn(**stacked)
+            out = first(**{k: torch.stack([t[k] for t in tensors]).cpu() for k in tensors[0]})
         else:
-            seq = [list(t) if isinstance(t, (list, tuple)) else [t] for t in tensors]
-            out = fn(*[torch.stack([s[i] for s in seq]).cpu() for i in range(len(seq[0]))])
+            out = first(*[torch.stack([t[i] for t in tensors]).cpu() for i in range(len(tensors[0]))])
         return {k: [float(v)] for k, v in (out or {}).items()}
-    if not isinstance(first, dict):
-        raise ModelFnError("EstimatorSpec.host_call must be a dict of scalar tensors or a (fn, tensors) tuple")
-    names = list(first)
-    for name in names:
-        if not isinstance(first[name], torch.Tensor) or first[name].numel() != 1:
-            raise ModelFnError(f"host_call[{name!r}] must be a scalar tensor")
-    table = torch.stack([torch.stack([hc[n].detach().float().reshape(()) for n in names]) for hc in host_calls])
-    rows = table.cpu().T.tolist()
-    return dict(zip(names, rows, strict=True))
+    rows = torch.stack([s[1] for s in snapshots]).cpu().T.tolist()
+    return dict(zip(first, rows, strict=True))
