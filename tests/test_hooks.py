@@ -1,0 +1,148 @@
+"""Built-in hooks: NaN guard, step counter, logging, summaries, progress bar, profiler."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import stoker
+from conftest import classifier_fn, make_data, make_estimator, train_input
+from stoker.hooks import Hook, HookRunner, LoggingHook, ProfilerHook, ProgressBarHook, StepCounterHook
+from stoker.summary import read_metrics_csv
+
+
+def test_runner_calls_only_overridden_methods():
+    class OnlyEnd(Hook):
+        def end(self, run):  # noqa: ANN001
+            pass
+
+    runner = HookRunner([OnlyEnd(), Hook()])
+    assert {e: len(fns) for e, fns in runner._by_event.items()} == {
+        "begin": 0, "after_setup": 0, "before_loop": 0, "after_loop": 0, "end": 1
+    }
+    with pytest.raises(TypeError, match="Hook instances"):
+        HookRunner([object()])  # type: ignore[list-item]
+
+
+def nan_at_17(model, features, labels, mode, params):  # noqa: ANN001, ANN201
+    spec = classifier_fn(model, features, labels, mode, params)
+    params["calls"] = params.get("calls", 0) + 1
+    if params["calls"] == 17:
+        spec.loss = spec.loss * float("nan")
+    return spec
+
+
+def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    x, y = make_data(64)
+    est = make_estimator(tmp_path, iterations_per_loop=5, save_checkpoints_steps=5)
+    est._model_fn = nan_at_17
+    with pytest.raises(stoker.NanLossError, match=r"loss is nan at step 17: training stopped; the last good checkpoint is .*ckpt-15") as err:
+        est.train(train_input(x, y), max_steps=40)
+    assert err.value.step == 17
+    index = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert index["latest"] == "ckpt-15" and not (tmp_path / "ckpt-20").exists()
+    # a new run resumes from the last good checkpoint
+    again = make_estimator(tmp_path, iterations_per_loop=5)
+    again.train(train_input(x, y), max_steps=20)
+    assert again.global_step == 20 and all(torch.isfinite(p).all() for p in again.model.parameters())
+
+
+class Capture(Hook):
+    priority = 99
+
+    def __init__(self) -> None:
+        self.logs: list[dict] = []
+
+    def after_loop(self, run, result):  # noqa: ANN001
+        self.logs.append(dict(run.logs))
+
+
+def test_step_counter_reports_examples_per_second():
+    x, y = make_data(64)
+    cap = Capture()
+    est = make_estimator(batch=16, iterations_per_loop=2)
+    est.train(train_input(x, y), max_steps=8, hooks=[StepCounterHook(every_n_steps=4), cap])
+    logs = [entry for entry in cap.logs if entry]
+    assert logs, "the step counter reported nothing"
+    last = logs[-1]
+    assert last["examples_per_sec"] == pytest.approx(16 * last["steps_per_sec"])
+    assert 0.0 <= last["input_wait_fraction"] <= 1.0
+
+
+def lm_fn(model, features, labels, mode, params):  # noqa: ANN001, ANN201
+    # a loss of exactly ln 2 nats per character: perplexity 2, one bit per character
+    loss = model.fc1.weight.sum() * 0 + math.log(2)
+    return stoker.EstimatorSpec(loss=loss, host_call={"tokens": torch.tensor(float(features.shape[0]))})
+
+
+def test_logging_hook_shows_loss_ppl_bpc_and_named_values():
+    x, y = make_data(64)
+    est = make_estimator(iterations_per_loop=5)
+    est._model_fn = lm_fn
+    hook = LoggingHook(every_n_steps=10, language_model=True)
+    est.train(train_input(x, y), max_steps=10, hooks=[hook])
+    assert hook.last_line.startswith("step 10, loss = 0.6931, ppl = 2.000, bpc = 1.0000, tokens = 16")
+
+
+def test_summaries_reach_metrics_csv_and_tensorboard(tmp_path):
+    x, y = make_data(64)
+    est = make_estimator(tmp_path, iterations_per_loop=5, log_every_n_steps=5)
+    est._model_fn = lm_fn
+    est.train(train_input(x, y), max_steps=10)
+    est.evaluate(lambda p: stoker.data.arrays(x, y, batch_size=p["batch_size"], shuffle=False, num_epochs=1))
+    rows = read_metrics_csv(tmp_path)
+    losses = [(r["step"], r["value"]) for r in rows if r["tag"] == "loss"]
+    assert losses == [(5, pytest.approx(math.log(2))), (10, pytest.approx(math.log(2)))]
+    assert {r["tag"] for r in rows} >= {"tokens", "learning_rate", "steps_per_sec", "examples_per_sec"}
+    assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "events").iterdir())
+
+
+def test_progress_bar_follows_steps(capsys):
+    x, y = make_data(64)
+    bar = ProgressBarHook(force=True)
+    updates = []
+
+    class Spy(Hook):
+        priority = 99
+
+        def after_loop(self, run, result):  # noqa: ANN001
+            updates.append(bar._bar.n)
+
+    make_estimator(iterations_per_loop=3).train(train_input(x, y), max_steps=7, hooks=[bar, Spy()])
+    assert updates == [3, 6, 7]
+    assert bar._bar is None  # closed at the end
+    assert ProgressBarHook()._bar is None  # not a TTY under pytest: nothing is drawn
+
+
+def test_profiler_writes_a_chrome_trace(tmp_path):
+    x, y = make_data(64)
+    hook = ProfilerHook(start_step=2, num_steps=2, trace_file=tmp_path / "trace.json")
+    make_estimator(iterations_per_loop=2).train(train_input(x, y), max_steps=8, hooks=[hook])
+    trace = json.loads((tmp_path / "trace.json").read_text())
+    names = {e.get("name", "") for e in trace["traceEvents"]}
+    assert any("addmm" in n or "linear" in n for n in names)
+
+
+def test_stateful_hook_state_is_checkpointed(tmp_path):
+    class Counter(Hook):
+        def __init__(self) -> None:
+            self.loops = 0
+
+        def after_loop(self, run, result):  # noqa: ANN001
+            self.loops += 1
+
+        def state_dict(self):  # noqa: ANN201
+            return {"loops": self.loops}
+
+        def load_state_dict(self, state):  # noqa: ANN001
+            self.loops = state["loops"]
+
+    x, y = make_data(64)
+    first = Counter()
+    make_estimator(tmp_path, iterations_per_loop=2).train(train_input(x, y), max_steps=6, hooks=[first])
+    second = Counter()
+    make_estimator(tmp_path, iterations_per_loop=2).train(train_input(x, y), max_steps=10, hooks=[second])
+    assert first.loops == 3 and second.loops == 5

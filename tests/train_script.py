@@ -1,0 +1,43 @@
+"""A training job run as a real subprocess by the crash tests (not a test module)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import stoker  # noqa: E402
+from conftest import classifier_fn, make_data, make_estimator, train_input  # noqa: E402
+
+
+def slow_fn(model, features, labels, mode, params):  # noqa: ANN001, ANN201
+    time.sleep(params["sleep"])  # slows the run so a kill lands mid-way; changes no number
+    return classifier_fn(model, features, labels, mode, params)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model_dir", required=True)
+    p.add_argument("--max_steps", type=int, default=60)
+    p.add_argument("--sleep", type=float, default=0.0)
+    p.add_argument("--precision", default="fp32")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    x, y = make_data(100)
+    est = make_estimator(
+        args.model_dir, iterations_per_loop=2, save_checkpoints_steps=3, precision=args.precision,
+        params={"sleep": args.sleep}, log_every_n_steps=5,
+    )
+    est._model_fn = slow_fn
+    est.train(train_input(x, y), max_steps=args.max_steps)
+    print(f"done {est.global_step}", flush=True)
+    assert isinstance(est, stoker.Estimator)
+
+
+if __name__ == "__main__":
+    main()
