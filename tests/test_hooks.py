@@ -21,7 +21,7 @@ def test_runner_calls_only_overridden_methods():
 
     runner = HookRunner([OnlyEnd(), Hook()])
     assert {e: len(fns) for e, fns in runner._by_event.items()} == {
-        "begin": 0, "after_setup": 0, "before_loop": 0, "after_loop": 0, "end": 1
+        "begin": 0, "after_setup": 0, "before_loop": 0, "after_loop": 0, "end": 1, "close": 0
     }
     with pytest.raises(TypeError, match="Hook instances"):
         HookRunner([object()])  # type: ignore[list-item]
@@ -146,3 +146,15 @@ def test_stateful_hook_state_is_checkpointed(tmp_path):
     second = Counter()
     make_estimator(tmp_path, iterations_per_loop=2).train(train_input(x, y), max_steps=10, hooks=[second])
     assert first.loops == 3 and second.loops == 5
+
+
+def test_signal_handlers_are_restored_even_after_an_error(tmp_path):
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    x, y = make_data(64)
+    est = make_estimator(tmp_path, iterations_per_loop=5)
+    est._model_fn = nan_at_17
+    with pytest.raises(stoker.NanLossError):
+        est.train(train_input(x, y), max_steps=40)
+    assert signal.getsignal(signal.SIGINT) is before

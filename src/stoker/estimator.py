@@ -225,6 +225,7 @@ class Estimator:
             self._pending_input_state = infeed.state_dict()
             self._pending_hook_state = runner.state_dict()
             infeed.close()
+            runner.close()
         if run.stop_reason:
             log.info("training stopped at step %d: %s", run.global_step, run.stop_reason)
         return self

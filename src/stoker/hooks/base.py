@@ -90,7 +90,8 @@ class Hook:
 
     Order of calls in one ``train``: ``begin`` (before the model is restored), ``after_setup``
     (model, optimizer and step restored), then for each loop ``before_loop`` /
-    ``after_loop``, and ``end`` when training finishes normally (not after an exception).
+    ``after_loop``, ``end`` when training finishes normally (not after an exception), and
+    ``close`` always, last.
     """
 
     def begin(self, run: RunContext) -> None:
@@ -108,6 +109,9 @@ class Hook:
     def end(self, run: RunContext) -> None:
         """Training has finished normally."""
 
+    def close(self) -> None:
+        """Release resources (signal handlers, files); called last, also after an error."""
+
     def state_dict(self) -> dict[str, Any] | None:
         """State to put in checkpoints (``None``: the hook has none)."""
         return None
@@ -121,7 +125,7 @@ class Hook:
         return type(self).__name__
 
 
-_EVENTS = ("begin", "after_setup", "before_loop", "after_loop", "end")
+_EVENTS = ("begin", "after_setup", "before_loop", "after_loop", "end", "close")
 
 
 class HookRunner:
@@ -155,6 +159,14 @@ class HookRunner:
 
     def end(self, run: RunContext) -> None:
         self._call("end", run)
+
+    def close(self) -> None:
+        """Close every hook, even if one of them fails (the first failure is logged)."""
+        for fn in self._by_event["close"]:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - closing must reach every hook
+                log.exception("closing hook %r failed", fn)
 
     def state_dict(self) -> dict[str, Any]:
         states: dict[str, Any] = {}

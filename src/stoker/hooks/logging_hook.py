@@ -33,27 +33,32 @@ class LoggingHook(Hook):
         self.language_model = language_model
         self.logger = logger or log
         self._last_step = 0
-        self._losses: list[float] = []
-        self._values: dict[str, list[float]] = {}
+        # running sums, not lists: memory stays flat however long the interval
+        self._loss_sum, self._loss_n = 0.0, 0
+        self._values: dict[str, list[float]] = {}  # name -> [sum, count, last]
         self.last_line = ""
 
     def after_setup(self, run: RunContext) -> None:
         self._last_step = run.global_step
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
-        self._losses.extend(result.losses)
+        self._loss_sum += sum(result.losses)
+        self._loss_n += len(result.losses)
         for name, vals in result.values.items():
-            if self.names is None or name in self.names:
-                self._values.setdefault(name, []).extend(vals)
-        if not every_n_steps_due(self._last_step, run.global_step, self.every_n_steps) or not self._losses:
+            if vals and (self.names is None or name in self.names):
+                acc = self._values.setdefault(name, [0.0, 0, 0.0])
+                acc[0] += sum(vals)
+                acc[1] += len(vals)
+                acc[2] = vals[-1]
+        if not every_n_steps_due(self._last_step, run.global_step, self.every_n_steps) or not self._loss_n:
             return
-        loss = sum(self._losses) / len(self._losses)
+        loss = self._loss_sum / self._loss_n
         parts = [f"step {run.global_step}", f"loss = {loss:.4f}"]
         if self.language_model:
             parts.append(f"ppl = {math.exp(min(loss, 700.0)):.3f}")
             parts.append(f"bpc = {loss / math.log(2):.4f}")
-        for name, vals in self._values.items():
-            parts.append(f"{name} = {vals[-1]:.6g}" if name == "learning_rate" else f"{name} = {sum(vals) / len(vals):.4g}")
+        for name, (total, count, last) in self._values.items():
+            parts.append(f"{name} = {last:.6g}" if name == "learning_rate" else f"{name} = {total / count:.4g}")
         if "steps_per_sec" in run.logs:
             parts.append(f"{run.logs['steps_per_sec']:.1f} steps/sec")
             parts.append(f"{run.logs['examples_per_sec']:.1f} examples/sec")
@@ -62,5 +67,5 @@ class LoggingHook(Hook):
         if run.is_chief:
             self.logger.info(self.last_line)
         self._last_step = run.global_step
-        self._losses.clear()
+        self._loss_sum, self._loss_n = 0.0, 0
         self._values.clear()

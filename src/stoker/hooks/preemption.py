@@ -56,11 +56,11 @@ class PreemptionHook(Hook):
             )
 
     def end(self, run: RunContext) -> None:
-        self._restore()
+        self.close()
         if self.received is not None and self.exit_process:
             sys.exit(128 + self.received)
 
-    def _restore(self) -> None:
+    def close(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()

@@ -51,6 +51,11 @@ class ProfilerHook(Hook):
         if self._prof is not None:
             self._finish(run)
 
+    def close(self) -> None:
+        if self._prof is not None:  # training failed mid-profile: stop profiling, write nothing
+            self._prof.__exit__(None, None, None)
+            self._prof = None
+
     def _finish(self, run: RunContext) -> None:
         self._prof.__exit__(None, None, None)
         if self.trace_file is not None:

@@ -32,6 +32,9 @@ class ProgressBarHook(Hook):
             self._bar.set_postfix(loss=f"{result.losses[-1]:.4f}", refresh=False)
 
     def end(self, run: RunContext) -> None:
+        self.close()
+
+    def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
