@@ -73,6 +73,7 @@ def test_kill_9_at_a_random_moment_then_rerun_is_bitwise_equal(tmp_path, precisi
 
 def test_sigterm_finishes_the_step_checkpoints_and_exits_cleanly(tmp_path):
     ref = run_to_end(tmp_path / "ref")
+    assert ref.returncode == 0, ref.stderr
     proc = start(tmp_path / "run")
     wait_for_checkpoint(tmp_path / "run", proc)
     time.sleep(0.3)

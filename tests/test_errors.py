@@ -9,7 +9,16 @@ import torch
 from torch import nn
 
 import stoker
-from conftest import PYTHON, TinyNet, classifier_fn, eval_input, make_data, make_estimator, python_env, train_input
+from conftest import (
+    PYTHON,
+    TinyNet,
+    classifier_fn,
+    eval_input,
+    make_data,
+    make_estimator,
+    python_env,
+    train_input,
+)
 from stoker.errors import ModelFnError
 
 

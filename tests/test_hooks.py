@@ -10,7 +10,14 @@ import torch
 
 import stoker
 from conftest import classifier_fn, make_data, make_estimator, train_input
-from stoker.hooks import Hook, HookRunner, LoggingHook, ProfilerHook, ProgressBarHook, StepCounterHook
+from stoker.hooks import (
+    Hook,
+    HookRunner,
+    LoggingHook,
+    ProfilerHook,
+    ProgressBarHook,
+    StepCounterHook,
+)
 from stoker.summary import read_metrics_csv
 
 
