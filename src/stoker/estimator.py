@@ -19,6 +19,7 @@ import contextlib
 import inspect
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -193,20 +194,22 @@ class Estimator:
         if steps is not None or max_steps is not None:
             hook_list.append(StopAtStepHook(num_steps=steps, last_step=max_steps))
         runner = HookRunner(sorted_hooks(hook_list))
-        runner.begin(run)
-        runner.load_state_dict(self._pending_hook_state)
-        runner.after_setup(run)
-
-        iterations = self.config.iterations_per_loop
-        infeed = self._make_infeed(input_fn, ModeKeys.TRAIN, restore=self._pending_input_state)
         step = self._train_step()
-        run._save = lambda: self._save_checkpoint(run, runner, infeed, step)
-        loop = DeviceLoop(step, run, self.train_batch_size)
-        self._model.train()  # type: ignore[union-attr]
-        self._state_of, self._weights_of = "memory", None
+        infeed: Infeed | None = None
+        started = False
         try:
+            runner.begin(run)
+            runner.load_state_dict(self._pending_hook_state)
+            runner.after_setup(run)
+            infeed = self._make_infeed(input_fn, ModeKeys.TRAIN, restore=self._pending_input_state)
+            run._save = partial(self._save_checkpoint, run, runner, infeed, step)
+            loop = DeviceLoop(step, run, self.train_batch_size)
+            self._model.train()  # type: ignore[union-attr]
+            self._state_of, self._weights_of, started = "memory", None, True
             while not run.stop_requested:
-                n = iterations if run.max_steps is None else min(iterations, run.max_steps - run.global_step)
+                n = self.config.iterations_per_loop
+                if run.max_steps is not None:
+                    n = min(n, run.max_steps - run.global_step)
                 if n <= 0:
                     break
                 runner.before_loop(run, n)
@@ -217,14 +220,16 @@ class Estimator:
                 runner.after_loop(run, result)
             runner.end(run)
         except BaseException:
-            self._state_of = None  # memory may be ahead of (or worse than) the newest checkpoint
+            if started:
+                self._state_of = None  # memory may be ahead of (or worse than) the newest checkpoint
             raise
         finally:
             self.global_step = run.global_step
             self._cache = step.params.get("cache")
-            self._pending_input_state = infeed.state_dict()
+            if infeed is not None:
+                self._pending_input_state = infeed.state_dict()
+                infeed.close()
             self._pending_hook_state = runner.state_dict()
-            infeed.close()
             runner.close()
         if run.stop_reason:
             log.info("training stopped at step %d: %s", run.global_step, run.stop_reason)
