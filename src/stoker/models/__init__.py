@@ -1,0 +1,84 @@
+"""stoker's model zoo: the CNNs of tf_cnn_benchmarks, rebuilt as plain PyTorch modules.
+
+Models are looked up by name and dataset::
+
+    from stoker.models import create_model, list_models
+
+    list_models("cifar10")                      # ['alexnet', 'densenet100_k12', ...]
+    model = create_model("resnet50")            # ImageNet, 1001 logits, 224x224 input
+    model = create_model("resnet56", dataset="cifar10", num_classes=100)
+
+Every model takes ``[B, 3, H, W]`` float images (``get_model_info(name, dataset).image_size``
+says which ``H = W``) in either memory format and returns ``[B, num_classes]`` logits. Adding a
+model is a factory decorated with ``register_model``; see ``registry.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+# Importing the family modules registers their models.
+from . import (  # noqa: F401
+    alexnet,
+    densenet,
+    googlenet,
+    inception,
+    lenet,
+    mobilenet,
+    overfeat,
+    resnet,
+    trivial,
+    vgg,
+)
+from .registry import (
+    DATASETS,
+    DEFAULT_NUM_CLASSES,
+    ModelInfo,
+    create_model,
+    get_model_info,
+    list_models,
+    register_model,
+)
+
+__all__ = [
+    "DATASETS",
+    "DEFAULT_NUM_CLASSES",
+    "ModelInfo",
+    "count_parameters",
+    "create_model",
+    "get_model_info",
+    "list_models",
+    "model_flops",
+    "register_model",
+]
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of parameter elements in ``model`` (batch-norm running statistics are buffers,
+    not parameters, so they are not counted). Works on meta-device models."""
+    return sum(p.numel() for p in model.parameters())
+
+
+def model_flops(model: nn.Module, image_size: int, batch_size: int = 1) -> int:
+    """Forward-pass FLOPs per image for ``[batch_size, 3, image_size, image_size]`` inputs.
+
+    Counted by ``torch.utils.flop_counter.FlopCounterMode``, which counts the matrix
+    multiplications and convolutions, a multiply-add as 2 FLOPs; normalisation, activations,
+    pooling and additions are not counted. The model runs once in eval mode without gradients
+    (its mode is restored) on the device and dtype of its parameters, so a model built on the
+    meta device is counted without doing any arithmetic.
+    """
+    first = next(model.parameters(), None)
+    device = first.device if first is not None else torch.device("cpu")
+    dtype = first.dtype if first is not None and first.is_floating_point() else torch.float32
+    images = torch.zeros(batch_size, 3, image_size, image_size, device=device, dtype=dtype)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            model(images)
+    finally:
+        model.train(was_training)
+    return counter.get_total_flops() // batch_size

@@ -1,0 +1,264 @@
+"""Tests of the model zoo (stoker.models).
+
+Every registered model is built, run forward and backward, and its parameter count is checked
+against ``EXPECTED_PARAMS``, a table written from the reference definitions, so registering a
+model without adding its reference count fails.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from stoker.models import (
+    count_parameters,
+    create_model,
+    get_model_info,
+    list_models,
+    model_flops,
+    register_model,
+)
+
+# Parameter counts (trainable parameters; batch-norm running statistics are buffers and are not
+# counted) with the default number of classes: 1001 for ImageNet (tf_cnn_benchmarks' label set,
+# background included) and 10 for CIFAR-10.
+#
+# Every number was derived by hand from the reference definition (tf_cnn_benchmarks'
+# models/*.py, and tensorflow/models official/r1/resnet for official_resnet*), counting each
+# layer's weights and biases, and a batch norm as 2 parameters per channel when it has a scale
+# and 1 when it only has a shift. Where a published count exists for the same architecture it
+# is cited; "+2049" is the cost of the 1001st class on a 2048-feature layer (2048 weights + 1
+# bias), "+4097" on a 4096-feature one, and so on.
+EXPECTED_PARAMS: dict[tuple[str, str], int] = {
+    # --- ImageNet ---------------------------------------------------------------------------
+    # flatten(227*227*3) -> 1 -> 4096 -> 1001, all with biases.
+    ("imagenet", "trivial"): 4_263_877,
+    # TF MNIST-tutorial LeNet on 28x28x3: conv5x5x32, conv5x5x64, dense 3136->512, 512->1001.
+    ("imagenet", "lenet"): 2_173_353,
+    # torchvision alexnet (61,100,840; 64-192-384-256-256) with tf_cnn's 384-filter 4th conv
+    # (+737,408) and 1001 classes (+4,097).
+    ("imagenet", "alexnet"): 61_842_345,
+    # OverFeat fast: convs 96-256-512-1024-1024 (biased), dense 36864->3072->4096->1001.
+    ("imagenet", "overfeat"): 145_924_969,
+    # Caffe bvlc_googlenet main tower without aux heads: 6,998,552 + 1,025 (1001 classes).
+    ("imagenet", "googlenet"): 6_999_577,
+    # torchvision vgg11/16/19 (132,863,336 / 138,357,544 / 143,667,240) + 4,097.
+    ("imagenet", "vgg11"): 132_867_433,
+    ("imagenet", "vgg16"): 138_361_641,
+    ("imagenet", "vgg19"): 143_671_337,
+    # Keras InceptionV3 (same shift-only batch norm, no aux head): 23,817,352 trainable + 2,049.
+    ("imagenet", "inception3"): 23_819_401,
+    # Derived from tf_cnn's inception_model.py (shift-only batch norm, no aux head); slim's
+    # Inception-v4 is quoted as 42.7M.
+    ("imagenet", "inception4"): 42_649_769,
+    # torchvision resnet50/101/152 (25,557,032 / 44,549,160 / 60,192,808) + 2,049: moving the
+    # stride (v1 vs v1.5) changes no shapes.
+    ("imagenet", "resnet50"): 25_559_081,
+    ("imagenet", "resnet50_v1.5"): 25_559_081,
+    ("imagenet", "resnet101"): 44_551_209,
+    ("imagenet", "resnet152"): 60_194_857,
+    # tf_cnn v2: per block a shift-only pre-activation norm (C_in params) instead of the last
+    # conv's and the projection's scaled norms, plus a final shift-only norm (2048).
+    ("imagenet", "resnet50_v2"): 25_536_361,
+    ("imagenet", "resnet101_v2"): 44_511_081,
+    ("imagenet", "resnet152_v2"): 60_139_369,
+    # official r1: torchvision resnet18/34 (11,689,512 / 21,797,672) + 513 (1001 classes on
+    # 512 features) + 4,224 for the 64->64 projection (1x1 conv + scaled norm) that the
+    # official model puts in the first stage.
+    ("imagenet", "official_resnet18"): 11_694_249,
+    ("imagenet", "official_resnet34"): 21_802_409,
+    # Bottleneck sizes equal torchvision's + 2,049; resnet200 (blocks 3-24-36-3) is the
+    # published 64,673,832 (1000 classes) + 2,049.
+    ("imagenet", "official_resnet50"): 25_559_081,
+    ("imagenet", "official_resnet101"): 44_551_209,
+    ("imagenet", "official_resnet152"): 60_194_857,
+    ("imagenet", "official_resnet200"): 64_675_881,
+    # official v2: the stem loses its norm (-128), the last conv of each block and each
+    # projection lose theirs, and each block gains a scaled pre-activation norm (2 * C_in),
+    # plus a final norm.
+    ("imagenet", "official_resnet18_v2"): 11_692_329,
+    ("imagenet", "official_resnet34_v2"): 21_800_489,
+    ("imagenet", "official_resnet50_v2"): 25_551_401,
+    ("imagenet", "official_resnet101_v2"): 44_543_529,
+    ("imagenet", "official_resnet152_v2"): 60_187_177,
+    ("imagenet", "official_resnet200_v2"): 64_668_201,
+    # Keras MobileNetV2 (1.0, 224): 3,504,872 trainable + 1,281 (1001 classes on 1280 features).
+    ("imagenet", "mobilenet_v2"): 3_506_153,
+    # tf_cnn's 'mobilenet' = the above + its extra 1001 -> 1001 logits layer (1,003,002).
+    ("imagenet", "mobilenet"): 4_509_155,
+    # Keras MobileNet (1.0, 224): 4,231,976 trainable + 1,025.
+    ("imagenet", "mobilenet_v1"): 4_233_001,
+    # --- CIFAR-10 ---------------------------------------------------------------------------
+    # flatten(32*32*3) -> 1 -> 4096 -> 10.
+    ("cifar10", "trivial"): 52_235,
+    # TensorFlow CIFAR-10 tutorial: conv5x5x64 twice, dense 4096->384->192->10.
+    ("cifar10", "alexnet"): 1_756_426,
+    # He et al. 2015, Table 6: 0.27M, 0.46M, 0.66M, 0.85M, 1.7M (option-A shortcuts).
+    ("cifar10", "resnet20"): 269_722,
+    ("cifar10", "resnet32"): 464_154,
+    ("cifar10", "resnet44"): 658_586,
+    ("cifar10", "resnet56"): 853_018,
+    ("cifar10", "resnet110"): 1_727_962,
+    # v2: the second conv of each block loses its scaled norm (-2C), the block gains a
+    # shift-only pre-activation (+C_in), plus a final shift-only norm (+64).
+    ("cifar10", "resnet20_v2"): 269_402,
+    ("cifar10", "resnet32_v2"): 463_610,
+    ("cifar10", "resnet44_v2"): 657_818,
+    ("cifar10", "resnet56_v2"): 852_026,
+    ("cifar10", "resnet110_v2"): 1_725_962,
+    # Huang et al. 2016, Table 2: DenseNet (L=40, k=12) 1.0M, (100, 12) 7.0M, (100, 24) 27.2M.
+    ("cifar10", "densenet40_k12"): 1_020_634,
+    ("cifar10", "densenet100_k12"): 6_981_994,
+    ("cifar10", "densenet100_k24"): 27_253_738,
+}
+
+# Forward + backward of these takes seconds each on a 2-core CPU (fixed 224x224 input and
+# 100M+ parameters); they run with `-m slow`. Their parameter counts are still checked.
+SLOW_FORWARD = {("imagenet", "vgg16"), ("imagenet", "vgg19"), ("imagenet", "overfeat")}
+
+REGISTERED = [(d, n) for d in ("imagenet", "cifar10") for n in list_models(d)]
+
+
+def _id(key: tuple[str, str]) -> str:
+    return f"{key[0]}/{key[1]}"
+
+
+def _forward_params() -> list:
+    return [
+        pytest.param(key, id=_id(key), marks=[pytest.mark.slow] if key in SLOW_FORWARD else [])
+        for key in REGISTERED
+    ]
+
+
+def test_registry_matches_the_reference_list() -> None:
+    """The zoo has exactly the models of the table: tf_cnn_benchmarks' CNNs plus MobileNet v1/v2."""
+    assert set(REGISTERED) == set(EXPECTED_PARAMS)
+
+
+@pytest.mark.parametrize("key", REGISTERED, ids=_id)
+def test_parameter_count_matches_reference(key: tuple[str, str]) -> None:
+    dataset, name = key
+    assert key in EXPECTED_PARAMS, f"add the reference parameter count of {_id(key)}"
+    info = get_model_info(name, dataset)
+    # On the meta device nothing is allocated or computed, so even VGG-19 is instant.
+    with torch.device("meta"):
+        model = create_model(name, dataset=dataset)
+        logits = model(torch.empty(2, 3, info.image_size, info.image_size))
+    assert count_parameters(model) == EXPECTED_PARAMS[key]
+    assert logits.shape == (2, info.num_classes)  # the default image size fits the model
+
+
+@pytest.mark.parametrize("key", _forward_params())
+def test_forward_backward(key: tuple[str, str]) -> None:
+    """Builds, runs a training step's forward and backward; logits and gradients are sane."""
+    dataset, name = key
+    info = get_model_info(name, dataset)
+    torch.manual_seed(0)
+    model = create_model(name, dataset=dataset)
+    model.train()
+    # Fixed-size models need their default size; global-pool ones are tested at their minimum.
+    size = info.min_image_size
+    images = torch.randn(2, 3, size, size)
+    labels = torch.randint(0, info.num_classes, (2,))
+    logits = model(images)
+    assert logits.shape == (2, info.num_classes)
+    assert torch.isfinite(logits).all()
+    F.cross_entropy(logits, labels).backward()
+    for pname, p in model.named_parameters():
+        assert p.grad is not None, f"{pname} got no gradient"
+        assert torch.isfinite(p.grad).all(), f"{pname} has a non-finite gradient"
+
+
+@pytest.mark.parametrize(
+    ("dataset", "name", "size"),
+    [
+        ("cifar10", "resnet20", 32),
+        ("cifar10", "resnet20_v2", 32),
+        ("cifar10", "densenet40_k12", 32),
+        ("cifar10", "alexnet", 32),
+        ("imagenet", "lenet", 28),
+        ("imagenet", "official_resnet18_v2", 64),
+        ("imagenet", "inception3", 75),
+        ("imagenet", "mobilenet_v2", 64),
+        ("imagenet", "googlenet", 64),
+    ],
+)
+def test_channels_last_gives_the_same_logits(dataset: str, name: str, size: int) -> None:
+    torch.manual_seed(0)
+    model = create_model(name, dataset=dataset).eval()
+    images = torch.randn(2, 3, size, size)
+    with torch.no_grad():
+        expected = model(images)
+        model = model.to(memory_format=torch.channels_last)
+        got = model(images.to(memory_format=torch.channels_last))
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_num_classes_override_and_defaults() -> None:
+    model = create_model("resnet20", dataset="cifar10", num_classes=100)
+    assert model(torch.randn(2, 3, 32, 32)).shape == (2, 100)
+    assert get_model_info("resnet50").num_classes == 1001
+    assert get_model_info("trivial", "cifar10").num_classes == 10
+
+
+def test_default_image_sizes_follow_tf_cnn_benchmarks() -> None:
+    sizes = {n: get_model_info(n).image_size for n in list_models("imagenet")}
+    assert sizes["trivial"] == sizes["alexnet"] == 227  # 224 + 3 for the VALID first conv
+    assert sizes["overfeat"] == 231
+    assert sizes["lenet"] == 28
+    assert sizes["inception3"] == sizes["inception4"] == 299
+    assert sizes["resnet50"] == sizes["vgg16"] == sizes["googlenet"] == sizes["mobilenet"] == 224
+    assert all(get_model_info(n, "cifar10").image_size == 32 for n in list_models("cifar10"))
+
+
+def test_same_name_for_two_datasets_gives_two_models() -> None:
+    with torch.device("meta"):
+        imagenet = create_model("alexnet")
+        cifar = create_model("alexnet", dataset="cifar10")
+    assert count_parameters(imagenet) != count_parameters(cifar)
+    assert set(list_models()) == set(list_models("imagenet")) | set(list_models("cifar10"))
+
+
+def test_unknown_model_lists_allowed_names() -> None:
+    with pytest.raises(ValueError) as err:
+        create_model("resnet51")
+    message = str(err.value)
+    assert "'resnet51'" in message
+    for name in ("resnet50", "vgg16", "official_resnet200_v2", "mobilenet"):
+        assert name in message
+    # A CIFAR-only name asked for on ImageNet says where it exists.
+    with pytest.raises(ValueError, match="densenet40_k12.*exists for dataset 'cifar10'"):
+        get_model_info("densenet40_k12", "imagenet")
+
+
+def test_unknown_dataset_is_an_error() -> None:
+    with pytest.raises(ValueError, match="unknown dataset 'mnist'.*imagenet, cifar10"):
+        create_model("lenet", dataset="mnist")
+
+
+def test_registering_a_taken_name_is_an_error() -> None:
+    with pytest.raises(ValueError, match="already registered"):
+        register_model("resnet50", dataset="imagenet", default_image_size=224)(lambda **_: None)
+
+
+def test_model_flops_match_published_numbers() -> None:
+    """FlopCounterMode counts a multiply-add as 2 FLOPs, so published multiply-add counts
+    (often called "FLOPs" in papers) are doubled here."""
+    with torch.device("meta"):
+        v1 = create_model("resnet50")
+        v1_5 = create_model("resnet50_v1.5")
+        mobilenet_v2 = create_model("mobilenet_v2")
+    # He et al. 2015, Table 1: ResNet-50 (stride on the 1x1 convolution) 3.8e9 multiply-adds.
+    assert model_flops(v1, 224) == pytest.approx(2 * 3.8e9, rel=0.05)
+    # torchvision's ResNet50 weights (v1.5, stride on the 3x3): 4.09 GFLOPS (multiply-adds).
+    assert model_flops(v1_5, 224) == pytest.approx(2 * 4.09e9, rel=0.05)
+    # Sandler et al. 2018, Table 4: MobileNetV2 (1.0, 224) 300M multiply-adds.
+    assert model_flops(mobilenet_v2, 224) == pytest.approx(2 * 300e6, rel=0.05)
+
+
+def test_model_flops_is_per_image_and_keeps_the_mode() -> None:
+    model = create_model("resnet20", dataset="cifar10").train()
+    one = model_flops(model, 32)
+    assert model_flops(model, 32, batch_size=4) == one
+    assert model.training
