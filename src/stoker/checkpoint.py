@@ -86,7 +86,9 @@ def _atomic_write_text(path: Path, text: str) -> None:
 def model_state_to_bytes(state: Mapping[str, torch.Tensor]) -> bytes:
     """Serialise weights as safetensors (tied tensors are stored once per name, as copies)."""
     tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
-    return safetensors.torch.save(tensors, metadata={"format": "pt", "writer": "stoker"})
+    # One metadata key only: safetensors writes metadata from a hash map, so the order of
+    # several keys (and so the file bytes) would change from run to run.
+    return safetensors.torch.save(tensors, metadata={"format": "pt"})
 
 
 def serialize_input_state(state: Any) -> tuple[str, bytes]:
