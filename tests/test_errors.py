@@ -113,10 +113,14 @@ def test_oversized_eval_batch_is_named():
         est.evaluate(lambda p: stoker.data.arrays(x, y, batch_size=32, shuffle=False, num_epochs=1))
 
 
-def test_multi_replica_strategy_is_refused_clearly(monkeypatch):
+def test_multi_replica_without_a_launcher_is_refused_clearly(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(ValueError, match="WORLD_SIZE=2: this version of stoker trains in one process only"):
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.delenv("MASTER_PORT", raising=False)
+    with pytest.raises(ValueError, match="WORLD_SIZE=2 but MASTER_ADDR, MASTER_PORT is not set: launch with torchrun"):
         make_estimator()
+    with pytest.raises(ValueError, match="strategy='single' but WORLD_SIZE=2"):
+        make_estimator(strategy="single")
 
 
 def test_cli_version_help_and_usage_error():

@@ -35,6 +35,7 @@ from .checkpoint import (
     warm_start,
 )
 from .config import RunConfig
+from .data._tree import batch_rows
 from .distributed import Strategy, make_strategy
 from .errors import CheckpointError, ModelFnError
 from .hooks import (
@@ -51,7 +52,7 @@ from .hooks import (
     SummaryHook,
 )
 from .hooks.base import LoopResult, every_n_steps_due, sorted_hooks
-from .infeed import Infeed
+from .infeed import Batch, Infeed
 from .loop import DeviceLoop, TrainStep, check_spec
 from .metrics import MetricAccumulator
 from .precision import autocast_context, make_loss_scaler
@@ -112,7 +113,7 @@ class Estimator:
         self._optimizer_fn = optimizer
         self._schedule_fn = lr_schedule
         self._warm_start_from = warm_start_from
-        self.strategy: Strategy = make_strategy(self.config.strategy, self.config.device)
+        self.strategy: Strategy = make_strategy(self.config.strategy, self.config.device, self.config.distributed_timeout)
         self.train_batch_size = _check_batch("train_batch_size", train_batch_size)
         self.eval_batch_size = _check_batch("eval_batch_size", eval_batch_size) or self.train_batch_size
         self.predict_batch_size = _check_batch("predict_batch_size", predict_batch_size) or self.eval_batch_size
@@ -144,7 +145,7 @@ class Estimator:
         self._weights_of: Path | None = None  # the checkpoint whose weights are in the model
         self._pending_input_state: Any = None
         self._pending_hook_state: dict[str, Any] = {}
-        _ensure_log_handler()
+        _ensure_log_handler(self.strategy.is_chief)
 
     # ================================================================ public API
     @property
@@ -203,7 +204,7 @@ class Estimator:
             runner.after_setup(run)
             infeed = self._make_infeed(input_fn, ModeKeys.TRAIN, restore=self._pending_input_state)
             run._save = partial(self._save_checkpoint, run, runner, infeed, step)
-            loop = DeviceLoop(step, run, self.train_batch_size)
+            loop = DeviceLoop(step, run, self.train_batch_size, self.strategy)
             self._model.train()  # type: ignore[union-attr]
             self._state_of, self._weights_of, started = "memory", None, True
             while not run.stop_requested:
@@ -218,6 +219,7 @@ class Estimator:
                 if loop.exhausted:
                     run.request_stop(f"input_fn's data ended at step {run.global_step}")
                 runner.after_loop(run, result)
+                run.stop_requested = run.any_replica(run.stop_requested)
             runner.end(run)
         except BaseException:
             if started:
@@ -264,12 +266,11 @@ class Estimator:
         loss_count = torch.zeros((), dtype=torch.float64, device=device)
         warned = False
         with _isolated_rng(self.config.seed), torch.no_grad(), self._make_infeed(input_fn, ModeKeys.EVAL, params=params) as infeed:
-            for i, batch in enumerate(infeed):
+            for i, batch in enumerate(self._in_lockstep(infeed)):
                 with autocast_context(self.config.precision, device):
                     spec = self._model_fn(self._module, batch.features, batch.labels, ModeKeys.EVAL, params)
                 spec = check_spec(spec, ModeKeys.EVAL)
-                if spec.cache is not None:
-                    params["cache"] = _detach_cache(spec.cache)
+                params["cache"] = _detach_cache(spec.cache)
                 mask = batch.mask
                 real = mask.to(torch.float64) if mask is not None else None
                 if spec.loss is not None:
@@ -354,9 +355,11 @@ class Estimator:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model(params) must return an nn.Module; it returned a {type(model).__name__}")
         self._model = model.to(self.strategy.device)
+        self._maybe_warm_start()  # on every replica, before wrapping (DDP broadcasts rank 0's)
         module = self.strategy.wrap_model(self._model)
         self._module = torch.compile(module) if self.config.compile else module
-        self._maybe_warm_start()
+        if self.strategy.world_size > 1:  # same initial weights, but each replica its own dropout
+            seed_everything(self.config.seed + 1_000_003 * self.strategy.rank)
 
     def _maybe_warm_start(self) -> None:
         if self._warm_start_from is None or (self._ckpt and self._ckpt.latest_path() is not None):
@@ -405,6 +408,7 @@ class Estimator:
             max_steps=max_steps,
             global_batch_size=self.train_batch_size,
             is_chief=self.strategy.is_chief,
+            _any_replica=self.strategy.any_replica,
             last_checkpoint=self.latest_checkpoint(),
             last_checkpoint_step=self._ckpt.latest_step() if self._ckpt else None,
         )
@@ -466,7 +470,7 @@ class Estimator:
             )
 
     # ================================================================ checkpoints
-    def _train_state(self, runner: HookRunner) -> dict[str, Any]:
+    def _train_state(self, runner: HookRunner, rng_per_replica: list[Any]) -> dict[str, Any]:
         assert self._optimizer is not None
         return {
             "format": TRAIN_STATE_FORMAT,
@@ -474,7 +478,7 @@ class Estimator:
             "optimizer": self._optimizer.state_dict(),
             "schedule": self._schedule.state_dict() if self._schedule is not None else None,
             "scaler": self._scaler.state_dict() if self._scaler is not None else None,
-            "rng": rng_state(),
+            "rng": rng_per_replica,
             "cache": self._cache,
             "hooks": runner.state_dict(),
             "world_size": self.strategy.world_size,
@@ -486,8 +490,16 @@ class Estimator:
         self.global_step = run.global_step
         self._cache = step.params.get("cache")
         assert self._model is not None
-        inputs = {self.strategy.rank: infeed.state_dict()}
-        path = self._ckpt.save(self.global_step, self._model.state_dict(), self._train_state(runner), inputs)
+        # Collective: each replica contributes its input position and RNG state; the chief
+        # writes everything, and nobody goes on until the checkpoint and index are complete.
+        mine = {"input": infeed.state_dict(), "rng": rng_state()}
+        everyone = self.strategy.all_gather_object(mine)
+        path = self._ckpt.model_dir / f"ckpt-{self.global_step}"
+        if self.strategy.is_chief:
+            inputs = {rank: r["input"] for rank, r in enumerate(everyone)}
+            state = self._train_state(runner, [r["rng"] for r in everyone])
+            path = self._ckpt.save(self.global_step, self._model.state_dict(), state, inputs)
+        self.strategy.barrier()
         run.last_checkpoint, run.last_checkpoint_step = path, self.global_step
         self._state_of = self._weights_of = path
         log.info("checkpoint %s written", path)
@@ -518,12 +530,6 @@ class Estimator:
             return
         state = ckpt.train_state
         assert self._optimizer is not None
-        saved_world = state.get("world_size", 1)
-        if saved_world != self.strategy.world_size:
-            raise CheckpointError(
-                f"checkpoint {str(ckpt.path)!r} was written by {saved_world} replicas and this run has "
-                f"{self.strategy.world_size}; resume with the same number of replicas"
-            )
         try:
             self._optimizer.load_state_dict(state["optimizer"])
         except (ValueError, KeyError) as e:
@@ -532,10 +538,20 @@ class Estimator:
             self._schedule.load_state_dict(state["schedule"])
         if self._scaler is not None and state.get("scaler") is not None:
             self._scaler.load_state_dict(state["scaler"])
-        set_rng_state(state["rng"])
         self._cache = state.get("cache")
         self._pending_hook_state = state.get("hooks", {})
-        self._pending_input_state = ckpt.input_states.get(self.strategy.rank)
+        saved_world, world = int(state.get("world_size", 1)), self.strategy.world_size
+        if saved_world == world:
+            set_rng_state(state["rng"][self.strategy.rank])
+            self._pending_input_state = ckpt.input_states.get(self.strategy.rank)
+        else:
+            # Weights, optimizer, schedule and step carry over; per-replica streams do not.
+            self._pending_input_state = None
+            log.warning(
+                "checkpoint %s was written by %d replica(s) and this run has %d: weights, optimizer, "
+                "schedule and step are restored, but each replica's RNG and input start afresh "
+                "(bitwise-exact resume needs the same number of replicas)", ckpt.path, saved_world, world,
+            )
         self._state_of = ckpt.path
 
     def _load_for_inference(self, checkpoint_path: str | Path | None, what: str) -> tuple[int, Path | None]:
@@ -583,22 +599,62 @@ class Estimator:
         device = self.strategy.device
         try:
             with self._make_infeed(input_fn, ModeKeys.PREDICT, params=params) as infeed:
-                for batch in infeed:
+                for batch in self._in_lockstep(infeed):
                     with torch.no_grad(), autocast_context(self.config.precision, device):
                         spec = self._model_fn(self._module, batch.features, batch.labels, ModeKeys.PREDICT, params)
                     spec = check_spec(spec, ModeKeys.PREDICT)
-                    if spec.cache is not None:
-                        params["cache"] = _detach_cache(spec.cache)
+                    params["cache"] = _detach_cache(spec.cache)
                     preds = _check_predictions(spec.predictions, params["batch_size"])
                     rows = {k: v[: batch.rows].cpu() for k, v in preds.items()}
+                    if self.strategy.world_size > 1:
+                        rows = self._gather_rows(rows)
+                        if rows is None:
+                            continue
                     if single:
-                        for i in range(batch.rows):
+                        n = next(iter(rows.values())).shape[0] if rows else 0
+                        for i in range(n):
                             yield {k: v[i] for k, v in rows.items()}
-                    else:
+                    elif rows:
                         yield rows
         finally:
             if was_training:
                 model.train()
+
+
+    def _in_lockstep(self, infeed: Infeed) -> Iterator[Batch]:
+        """The infeed's batches; with several replicas, padded out with fully masked copies of
+        the last batch until every replica's data has ended (collectives need all replicas)."""
+        if self.strategy.world_size == 1:
+            yield from infeed
+            return
+        last: Batch | None = None
+        while True:
+            batch = next(infeed, None)
+            if not self.strategy.any_replica(batch is not None):
+                return
+            if batch is None:
+                if last is None:
+                    raise ValueError(
+                        f"replica {self.strategy.rank} got no data at all: shard the input so every "
+                        "replica has at least one batch (params['num_replicas'], params['replica_index'])"
+                    )
+                mask = torch.zeros(batch_rows(last.features) or 0, dtype=torch.bool, device=self.strategy.device)
+                batch = Batch(last.features, last.labels, mask, 0)
+            last = batch
+            yield batch
+
+    def _gather_rows(self, rows: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+        """One batch of predictions from every replica, interleaved into input order on the chief.
+
+        stoker's sources give replica ``r`` the examples ``r, r + K, r + 2K, ...`` of the data,
+        so row ``j`` of replica ``r`` is example ``j * K + r`` of this batch's block.
+        """
+        everyone = self.strategy.all_gather_object(rows)
+        if not self.strategy.is_chief:
+            return None
+        counts = [next(iter(r.values())).shape[0] if r else 0 for r in everyone]
+        order = [(r, j) for j in range(max(counts, default=0)) for r in range(len(everyone)) if j < counts[r]]
+        return {k: torch.stack([everyone[r][k][j] for r, j in order]) if order else everyone[0][k][:0] for k in rows}
 
 
 class EvaluationHook(Hook):
@@ -683,6 +739,8 @@ def _check_predictions(preds: Any, batch: int) -> Mapping[str, torch.Tensor]:
 
 
 def _detach_cache(cache: Any) -> Any:
+    if cache is None:
+        return None
     if isinstance(cache, torch.Tensor):
         return cache.detach()
     return tuple(c.detach() for c in cache)
@@ -699,8 +757,14 @@ def _isolated_rng(seed: int) -> Iterator[None]:
         set_rng_state(saved)
 
 
-def _ensure_log_handler() -> None:
-    """Show stoker's INFO lines when the application has not configured logging itself."""
+def _ensure_log_handler(is_chief: bool = True) -> None:
+    """Show stoker's INFO lines when the application has not configured logging itself.
+
+    Replicas other than the chief log warnings and errors only (set the "stoker" logger's
+    level yourself to see more).
+    """
+    if not is_chief and log.level == logging.NOTSET:
+        log.setLevel(logging.WARNING)
     root = logging.getLogger()
     if log.handlers or root.handlers:
         return

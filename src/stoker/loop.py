@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .distributed import Strategy
 from .errors import ModelFnError
 from .hooks.base import LoopResult, RunContext
 from .infeed import Infeed
@@ -73,12 +74,13 @@ class TrainStep:
         self.parameters = [p for g in optimizer.param_groups for p in g["params"]]
         self.carries_cache = False
         self._checked = False
+        self._no_sync = getattr(module, "no_sync", None) if accumulation > 1 else None
 
     def __call__(self, infeed: Infeed) -> tuple[torch.Tensor, Any]:
         """Run one step; return its loss (a device scalar) and a copy of its ``host_call``."""
         loss_sum: torch.Tensor | None = None
         host_call = None
-        for _ in range(self.accumulation):
+        for micro in range(self.accumulation):
             batch = next(infeed)
             with autocast_context(self.precision, self.device):
                 spec = self.model_fn(self.module, batch.features, batch.labels, ModeKeys.TRAIN, self.params)
@@ -92,7 +94,11 @@ class TrainStep:
             scaled = loss / self.accumulation if self.accumulation > 1 else loss
             if self.scaler is not None:
                 scaled = self.scaler.scale_loss(scaled)
-            scaled.backward()
+            if self._no_sync is not None and micro < self.accumulation - 1:
+                with self._no_sync():  # replicas average gradients once, on the last micro-batch
+                    scaled.backward()
+            else:
+                scaled.backward()
             detached = loss.detach()
             loss_sum = detached if loss_sum is None else loss_sum + detached
             if spec.host_call is not None:
@@ -128,10 +134,13 @@ def _detach(cache: Any) -> Any:
 class DeviceLoop:
     """Runs loops of steps and reads their outfeed once per loop."""
 
-    def __init__(self, step: TrainStep, run: RunContext, global_batch_size: int) -> None:
+    def __init__(self, step: TrainStep, run: RunContext, global_batch_size: int, strategy: Strategy) -> None:
         self.step = step
         self.run = run
         self.global_batch_size = global_batch_size
+        self.strategy = strategy
+        # A replica may leave a loop early only if it is alone: replicas must stay in step.
+        self.may_break_early = strategy.world_size == 1
         self.exhausted = False
 
     def run_loop(self, infeed: Infeed, steps: int) -> LoopResult:
@@ -152,12 +161,15 @@ class DeviceLoop:
             if host_call is not None:
                 host_calls.append(host_call)
             run.global_step += 1
-            if run.stop_requested:  # a signal arrived: stop after the step that was running
+            if run.stop_requested and self.may_break_early:  # a signal: stop after this step
                 break
         done = run.global_step - first
-        # The outfeed: one device-to-host copy for every value of every step in the loop.
-        losses_host = torch.stack(losses).float().cpu().tolist() if losses else []
-        values = _read_host_calls(host_calls)
+        if self.strategy.world_size > 1:  # data ran out on some replica: all stop together
+            self.exhausted = self.strategy.any_replica(self.exhausted)
+        # The outfeed: one device-to-host copy for every value of every step in the loop
+        # (after one all-reduce that averages them over replicas).
+        losses_host = self._mean_over_replicas(torch.stack(losses).float()).tolist() if losses else []
+        values = _read_host_calls(host_calls, self._mean_over_replicas)
         seconds = time.perf_counter() - start
         lr = self.step.optimizer.param_groups[0]["lr"]
         values["learning_rate"] = [float(lr)] * done
@@ -171,6 +183,12 @@ class DeviceLoop:
             input_wait_seconds=infeed.wait_seconds - wait_before,
             examples=done * self.global_batch_size,
         )
+
+
+    def _mean_over_replicas(self, values: torch.Tensor) -> torch.Tensor:
+        if self.strategy.world_size == 1:
+            return values.cpu()
+        return (self.strategy.all_reduce_sum(values) / self.strategy.world_size).cpu()
 
 
 def _snapshot_host_call(host_call: Any) -> Any:
@@ -190,7 +208,7 @@ def _snapshot_host_call(host_call: Any) -> Any:
     raise ModelFnError("EstimatorSpec.host_call must be a dict of scalar tensors or a (fn, tensors) tuple")
 
 
-def _read_host_calls(snapshots: list[Any]) -> dict[str, list[float]]:
+def _read_host_calls(snapshots: list[Any], reduce: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, list[float]]:
     """Per-step host_call snapshots of one loop -> host values, with one device-to-host copy."""
     if not snapshots:
         return {}
@@ -202,5 +220,5 @@ def _read_host_calls(snapshots: list[Any]) -> dict[str, list[float]]:
         else:
             out = first(*[torch.stack([t[i] for t in tensors]).cpu() for i in range(len(tensors[0]))])
         return {k: [float(v)] for k, v in (out or {}).items()}
-    rows = torch.stack([s[1] for s in snapshots]).cpu().T.tolist()
+    rows = reduce(torch.stack([s[1] for s in snapshots])).T.tolist()
     return dict(zip(first, rows, strict=True))

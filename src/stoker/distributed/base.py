@@ -48,6 +48,14 @@ class Strategy(ABC):
         """Sum of ``tensor`` over replicas (the same on every replica)."""
 
     @abstractmethod
+    def any_replica(self, flag: bool) -> bool:
+        """Whether ``flag`` is true on at least one replica (so all replicas decide alike)."""
+
+    @abstractmethod
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        """Every replica's ``obj``, in rank order, on every replica."""
+
+    @abstractmethod
     def barrier(self) -> None:
         """Wait until every replica gets here."""
 
@@ -70,6 +78,12 @@ class SingleDevice(Strategy):
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         return tensor
+
+    def any_replica(self, flag: bool) -> bool:
+        return flag
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        return [obj]
 
     def barrier(self) -> None:
         return None

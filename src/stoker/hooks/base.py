@@ -66,6 +66,7 @@ class RunContext:
     # Values hooks share within one loop boundary (e.g. rates from the step counter).
     logs: dict[str, float] = field(default_factory=dict)
     _save: Callable[[], Path | None] | None = None
+    _any_replica: Callable[[bool], bool] = bool
 
     @property
     def model_dir(self) -> str | None:
@@ -76,8 +77,20 @@ class RunContext:
         self.stop_requested = True
         self.stop_reason = self.stop_reason or reason
 
+    def any_replica(self, flag: bool) -> bool:
+        """``flag`` agreed across replicas (true if true anywhere).
+
+        Hooks that decide from something local to a process (a clock, a signal) must pass the
+        decision through this before acting collectively, e.g. saving a checkpoint; decisions
+        from the global step or from reduced losses are already the same on every replica.
+        """
+        return self._any_replica(flag)
+
     def save_checkpoint(self) -> Path | None:
-        """Write a checkpoint of the current step now (once per step; no-op without model_dir)."""
+        """Write a checkpoint of the current step now (once per step; no-op without model_dir).
+
+        With several replicas this is collective: every replica must call it at the same step.
+        """
         if self._save is None:
             return None
         if self.last_checkpoint_step == self.global_step and self.last_checkpoint is not None:

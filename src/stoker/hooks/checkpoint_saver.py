@@ -27,8 +27,8 @@ class CheckpointSaverHook(Hook):
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
         if self.save_steps is not None:
             due = every_n_steps_due(self._last_step, run.global_step, self.save_steps)
-        else:
-            due = time.monotonic() - self._last_time >= (self.save_secs or 0.0)
+        else:  # clocks differ between replicas: save when any replica's interval is up
+            due = run.any_replica(time.monotonic() - self._last_time >= (self.save_secs or 0.0))
         if due:
             self._save(run)
 

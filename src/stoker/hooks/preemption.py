@@ -17,7 +17,8 @@ log = logging.getLogger("stoker")
 class PreemptionHook(Hook):
     """Turn a termination signal into a clean stop with a checkpoint.
 
-    On the first SIGTERM or SIGINT the device loop stops after the step it is running, a
+    On the first SIGTERM or SIGINT the device loop stops after the step it is running (with
+    several replicas: at the end of the loop, so that all replicas stop at the same step), a
     checkpoint of that step is written, the remaining hooks' ``end`` run, and then (with
     ``exit_process=True``) the process exits with code 128 + signal number, the convention
     schedulers such as SLURM read as "terminated by signal". A second signal during the save
@@ -48,7 +49,11 @@ class PreemptionHook(Hook):
             self._run.request_stop(f"received {signal.Signals(signum).name}")
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
-        if self.received is not None:
+        # Signals reach replicas at slightly different times: act when any replica has one.
+        if run.any_replica(self.received is not None):
+            if self.received is None:
+                self.received = signal.SIGTERM
+            run.request_stop(f"received {signal.Signals(self.received).name}")
             path = run.save_checkpoint()
             log.warning(
                 "%s at step %d: checkpoint %s written; rerun the same command to resume",

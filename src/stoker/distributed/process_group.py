@@ -1,0 +1,166 @@
+"""Strategies over a ``torch.distributed`` process group launched by torchrun.
+
+torchrun (or any launcher that sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``
+and ``MASTER_PORT``) starts one process per replica; these strategies join them into a
+process group (gloo on CPU, nccl on CUDA) with ``RunConfig.distributed_timeout``.
+
+Each replica also writes a heartbeat into the group's key-value store every second. When a
+collective fails or times out because a replica died, the survivors read the heartbeats and
+raise an error that names the replica that went silent, instead of hanging or printing a
+transport error that names only a socket.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..errors import StokerError
+from .base import Strategy, resolve_device
+
+log = logging.getLogger("stoker")
+
+_HEARTBEAT_EVERY = 1.0
+
+
+class ReplicaLostError(StokerError):
+    """A replica stopped responding; the survivors stop instead of hanging."""
+
+
+class ProcessGroupStrategy(Strategy):
+    """Common set-up of the multi-process strategies: process group, collectives, heartbeats."""
+
+    def __init__(self, device: str = "auto", timeout: float = 1800.0) -> None:
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        self.device = resolve_device(device)
+        if self.device.type == "cuda":
+            if self.device.index is None:
+                self.device = torch.device("cuda", self.local_rank % torch.cuda.device_count())
+            torch.cuda.set_device(self.device)
+        backend = "nccl" if self.device.type == "cuda" else "gloo"
+        self._owns_group = not dist.is_initialized()
+        if self._owns_group:
+            missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+            if missing:
+                raise ValueError(
+                    f"WORLD_SIZE={self.world_size} but {', '.join(missing)} is not set: launch with "
+                    "torchrun --nproc_per_node=N (or set the torch.distributed environment variables)"
+                )
+            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout))
+        self.timeout = timeout
+        self._stop = threading.Event()
+        self._store = _group_store()
+        self._heartbeat = threading.Thread(target=self._beat, name="stoker-heartbeat", daemon=True)
+        self._heartbeat.start()
+
+    # ----------------------------------------------------------------- collectives
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        out = tensor.detach().clone()
+        self._guard(dist.all_reduce, out)
+        return out
+
+    def any_replica(self, flag: bool) -> bool:
+        t = torch.tensor([1.0 if flag else 0.0], device=self._collective_device())
+        self._guard(dist.all_reduce, t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def all_gather_object(self, obj: Any) -> list[Any]:
+        out: list[Any] = [None] * self.world_size
+        self._guard(dist.all_gather_object, out, obj)
+        return out
+
+    def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+        box = [obj]
+        self._guard(dist.broadcast_object_list, box, src=src)
+        return box[0]
+
+    def barrier(self) -> None:
+        self._guard(dist.barrier)
+
+    def teardown(self) -> None:
+        self._stop.set()
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()
+            self._owns_group = False
+
+    def _collective_device(self) -> torch.device:
+        return self.device if self.device.type == "cuda" else torch.device("cpu")
+
+    # ----------------------------------------------------------------- lost replicas
+    def _guard(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:  # a transport error or a timeout: find out who is gone
+            raise self.lost_replica_error(e) from e
+
+    def lost_replica_error(self, cause: BaseException) -> BaseException:
+        """An error naming the replicas whose heartbeat stopped (or ``cause`` if all are alive)."""
+        silent = self.silent_replicas()
+        if not silent:
+            return cause
+        names = ", ".join(f"{r} (silent for {age:.0f} s)" for r, age in silent)
+        return ReplicaLostError(
+            f"replica {names} stopped responding; replica {self.rank} stops too. Rerun the same "
+            f"command to resume from the last complete checkpoint ({type(cause).__name__}: {cause})"
+        )
+
+    def silent_replicas(self, grace: float = 3 * _HEARTBEAT_EVERY) -> list[tuple[int, float]]:
+        time.sleep(grace)  # let a slow-but-alive replica beat once more
+        now = time.time()
+        silent = []
+        for r in range(self.world_size):
+            if r == self.rank:
+                continue
+            try:
+                beat = float(self._store.get(f"stoker/heartbeat/{r}").decode())
+            except Exception:  # noqa: BLE001 - no key (never started) or store gone with rank 0
+                silent.append((r, float("inf")))
+                continue
+            if now - beat > grace:
+                silent.append((r, now - beat))
+        return silent
+
+    def _beat(self) -> None:
+        key = f"stoker/heartbeat/{self.rank}"
+        while not self._stop.is_set():
+            try:
+                self._store.set(key, repr(time.time()))
+            except Exception:  # noqa: BLE001 - the store lives in rank 0; if it is gone, stop beating
+                return
+            self._stop.wait(_HEARTBEAT_EVERY)
+
+
+class Replicated(ProcessGroupStrategy):
+    """Data parallel: every replica holds the whole model; gradients are averaged (DDP)."""
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        from torch.nn.parallel import DistributedDataParallel
+
+        # DDP broadcasts rank 0's weights and buffers at construction, so every replica
+        # starts from the same weights (also after a warm start on rank 0).
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids)
+
+
+class Independent(ProcessGroupStrategy):
+    """Replicas train independently (no gradient sync): for benchmarking the step alone."""
+
+    def wrap_model(self, model: nn.Module) -> nn.Module:
+        return model
+
+
+def _group_store() -> Any:
+    """The key-value store behind the default process group (torchrun's, or our own)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    return c10d._get_default_store()
