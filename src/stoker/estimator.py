@@ -221,9 +221,12 @@ class Estimator:
                 runner.after_loop(run, result)
                 run.stop_requested = run.any_replica(run.stop_requested)
             runner.end(run)
-        except BaseException:
+        except BaseException as error:
             if started:
                 self._state_of = None  # memory may be ahead of (or worse than) the newest checkpoint
+            clearer = self.strategy.explain_failure(error)
+            if clearer is not error:
+                raise clearer from error
             raise
         finally:
             self.global_step = run.global_step

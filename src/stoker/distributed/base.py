@@ -63,6 +63,10 @@ class Strategy(ABC):
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """``obj`` from replica ``src``, on every replica."""
 
+    def explain_failure(self, error: BaseException) -> BaseException:
+        """A clearer error for a failure seen during training (e.g. naming a lost replica)."""
+        return error
+
     def teardown(self) -> None:
         """Release process-group resources."""
 

@@ -103,6 +103,13 @@ class ProcessGroupStrategy(Strategy):
         except Exception as e:  # a transport error or a timeout: find out who is gone
             raise self.lost_replica_error(e) from e
 
+    def explain_failure(self, error: BaseException) -> BaseException:
+        # Transport failures and collective timeouts surface as RuntimeErrors (DistBackendError
+        # is one); stoker's own errors and the user's are reported as they are.
+        if isinstance(error, RuntimeError) and not isinstance(error, StokerError):
+            return self.lost_replica_error(error)
+        return error
+
     def lost_replica_error(self, cause: BaseException) -> BaseException:
         """An error naming the replicas whose heartbeat stopped (or ``cause`` if all are alive)."""
         silent = self.silent_replicas()

@@ -1,0 +1,109 @@
+"""Two real processes on CPU (gloo): replicated training equals one process, and survives crashes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import PYTHON, python_env
+
+SCRIPT = Path(__file__).with_name("dist_script.py")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(nproc: int, *args: str) -> list[subprocess.Popen[str]]:
+    """Start ``nproc`` ranks the way torchrun would (RANK, WORLD_SIZE, MASTER_ADDR/PORT)."""
+    port = free_port()
+    procs = []
+    for rank in range(nproc):
+        env = python_env()
+        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        if nproc == 1:
+            for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+                env.pop(k)
+        procs.append(subprocess.Popen([PYTHON, str(SCRIPT), *args], env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    return procs
+
+
+def run(nproc: int, *args: str) -> list[tuple[int, str]]:
+    procs = launch(nproc, *args)
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=240)
+        results.append((p.returncode, err))
+    for code, err in results:
+        assert code == 0, err
+    return results
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("opt", ["sgd", "momentum"])
+def test_replicated_equals_one_process_with_the_same_global_batch(tmp_path, opt):
+    run(1, "--opt", opt, "--out", str(tmp_path / "one.json"))
+    run(2, "--opt", opt, "--out", str(tmp_path / "two.json"))
+    one, two = load(tmp_path / "one.json"), load(tmp_path / "two.json")
+    assert two["world_size"] == 2 and one["world_size"] == 1
+    np.testing.assert_allclose(two["losses"], one["losses"], rtol=1e-5)
+    for k in one["weights"]:
+        np.testing.assert_allclose(two["weights"][k], one["weights"][k], rtol=1e-5, atol=1e-6)
+    # eval on 203 examples (ragged: 101 + 102 per replica, last batches padded and masked)
+    assert two["metrics"]["accuracy"] == pytest.approx(one["metrics"]["accuracy"], abs=1e-12)
+    assert two["metrics"]["loss"] == pytest.approx(one["metrics"]["loss"], rel=1e-5)
+    # predict: every example once, in input order, on the chief
+    assert len(two["predictions"]) == 203
+    assert two["predictions"] == one["predictions"]
+
+
+def test_replicated_resume_is_bitwise_and_one_process_can_resume(tmp_path):
+    run(2, "--model_dir", str(tmp_path / "whole"), "--max_steps", "12", "--out", str(tmp_path / "whole.json"))
+    run(2, "--model_dir", str(tmp_path / "split"), "--max_steps", "6")
+    run(2, "--model_dir", str(tmp_path / "split"), "--max_steps", "12", "--out", str(tmp_path / "split.json"))
+    whole = (tmp_path / "whole" / "ckpt-12" / "model.safetensors").read_bytes()
+    assert (tmp_path / "split" / "ckpt-12" / "model.safetensors").read_bytes() == whole
+    assert sorted(p.name for p in (tmp_path / "whole" / "ckpt-12").iterdir()) == [
+        "input-0.json", "input-1.json", "model.safetensors", "train_state.pt"]
+    # the same checkpoint resumed by a single process: weights, optimizer and step carry over
+    (code, err), = run(1, "--model_dir", str(tmp_path / "split"), "--max_steps", "14", "--out", str(tmp_path / "one.json"))
+    assert "written by 2 replica(s) and this run has 1" in err
+    assert load(tmp_path / "one.json")["world_size"] == 1
+    assert (tmp_path / "split" / "ckpt-14").exists()
+
+
+def test_kill_9_of_one_replica_names_it_and_rerun_resumes(tmp_path):
+    model_dir = tmp_path / "run"
+    procs = launch(2, "--model_dir", str(model_dir), "--max_steps", "400", "--sleep", "0.01", "--timeout", "30")
+    deadline = time.monotonic() + 120
+    while not (model_dir / "checkpoint.json").exists():
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+        time.sleep(0.05)
+    time.sleep(0.5)
+    started = time.monotonic()
+    procs[1].send_signal(signal.SIGKILL)
+    out, err = procs[0].communicate(timeout=90)
+    procs[1].wait()
+    assert procs[0].returncode not in (0, None)
+    assert time.monotonic() - started < 60
+    assert "replica 1 (silent for" in err and "stopped responding" in err, err[-2000:]
+    index = json.loads((model_dir / "checkpoint.json").read_text())
+    last = index["latest"]
+    assert (model_dir / last / "input-1.json").exists()  # the index names only complete checkpoints
+    run(2, "--model_dir", str(model_dir), "--max_steps", str(int(last.split("-")[1]) + 4))
+    assert os.path.exists(model_dir / f"ckpt-{int(last.split('-')[1]) + 4}")
