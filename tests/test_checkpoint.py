@@ -144,3 +144,29 @@ def test_evaluate_without_checkpoint_or_training_is_an_error(tmp_path):
         make_estimator(tmp_path).evaluate(eval_input(x, y))
     with pytest.raises(CheckpointError, match="neither a model_dir .* nor a checkpoint directory"):
         make_estimator(tmp_path).evaluate(eval_input(x, y), checkpoint_path=tmp_path / "nope")
+
+
+def test_incomplete_checkpoint_is_refused_and_deleting_it_falls_back(tmp_path, caplog):
+    import shutil
+
+    x, y = make_data(64)
+    make_estimator(tmp_path, save_checkpoints_steps=4).train(train_input(x, y), max_steps=8)
+    (tmp_path / "ckpt-8" / "train_state.pt").unlink()
+    with pytest.raises(CheckpointError, match=r"ckpt-8' is incomplete: train_state.pt missing; delete the directory .*ckpt-4"):
+        make_estimator(tmp_path).train(train_input(x, y), max_steps=12)
+    shutil.rmtree(tmp_path / "ckpt-8")  # what the message says to do
+    resumed = make_estimator(tmp_path)
+    resumed.train(train_input(x, y), max_steps=12)
+    assert resumed.global_step == 12
+    reference = make_estimator(tmp_path / "ref", save_checkpoints_steps=4)
+    reference.train(train_input(x, y), max_steps=12)
+    assert torch.equal(reference.model.fc1.weight, resumed.model.fc1.weight)
+
+
+def test_eval_metrics_in_the_index_leave_out_the_step(tmp_path):
+    x, y = make_data(64)
+    est = make_estimator(tmp_path)
+    est.train(train_input(x, y), max_steps=2)
+    est.evaluate(eval_input(x, y))
+    rec = json.loads((tmp_path / "checkpoint.json").read_text())["checkpoints"][-1]
+    assert set(rec["metrics"]) == {"loss", "accuracy", "top2"}

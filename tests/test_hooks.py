@@ -165,3 +165,33 @@ def test_signal_handlers_are_restored_even_after_an_error(tmp_path):
     with pytest.raises(stoker.NanLossError):
         est.train(train_input(x, y), max_steps=40)
     assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_two_hooks_of_one_class_keep_separate_state(tmp_path):
+    class Tally(Hook):
+        def __init__(self, by: int) -> None:
+            self.by, self.total = by, 0
+
+        def after_loop(self, run, result):  # noqa: ANN001
+            self.total += self.by
+
+        def state_dict(self):  # noqa: ANN201
+            return {"total": self.total}
+
+        def load_state_dict(self, state):  # noqa: ANN001
+            self.total = state["total"]
+
+    x, y = make_data(64)
+    make_estimator(tmp_path, iterations_per_loop=2).train(train_input(x, y), max_steps=4, hooks=[Tally(1), Tally(10)])
+    a, b = Tally(1), Tally(10)
+    make_estimator(tmp_path, iterations_per_loop=2).train(train_input(x, y), max_steps=6, hooks=[a, b])
+    assert (a.total, b.total) == (3, 30)
+
+
+def test_logging_hook_logs_the_last_partial_interval_at_the_end():
+    x, y = make_data(64)
+    est = make_estimator(iterations_per_loop=5)
+    est._model_fn = lm_fn
+    hook = LoggingHook(every_n_steps=100)
+    est.train(train_input(x, y), max_steps=10, hooks=[hook])
+    assert hook.last_line.startswith("step 10, loss = 0.6931")

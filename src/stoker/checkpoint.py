@@ -137,15 +137,23 @@ class CheckpointManager:
         return list(self.index()["checkpoints"])
 
     def latest_path(self) -> Path | None:
-        latest = self.index()["latest"]
-        return None if latest is None else self.model_dir / latest
+        """The newest indexed checkpoint whose directory exists.
+
+        Deleting a checkpoint's directory by hand (e.g. one refused as corrupt) makes the
+        previous retained one the latest.
+        """
+        index = self.index()
+        for rec in reversed(index["checkpoints"]):
+            path = self.model_dir / rec["name"]
+            if path.is_dir():
+                if rec["name"] != index["latest"]:
+                    log.warning("%s is missing: resuming from the previous retained checkpoint %s", index["latest"], path)
+                return path
+        return None
 
     def latest_step(self) -> int | None:
-        index = self.index()
-        for rec in index["checkpoints"]:
-            if rec["name"] == index["latest"]:
-                return int(rec["step"])
-        return None
+        latest = self.latest_path()
+        return None if latest is None else _step_of(latest)
 
     def best(self) -> dict[str, Any] | None:
         return self.index()["best"]
@@ -211,7 +219,7 @@ class CheckpointManager:
         rec = next((r for r in index["checkpoints"] if r["name"] == name), None)
         if rec is None:
             return False
-        rec["metrics"] = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+        rec["metrics"] = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and k != "global_step"}
         improved = False
         if self.keep_best is not None:
             metric, mode = self.keep_best
@@ -254,6 +262,8 @@ class CheckpointManager:
         for p in self.model_dir.iterdir():
             if p.name.startswith((".tmp-ckpt-", ".trash-ckpt-")) and p.is_dir():
                 shutil.rmtree(p, ignore_errors=True)
+            elif p.name.startswith(f".{INDEX_NAME}.") and p.name.endswith(".tmp"):
+                p.unlink(missing_ok=True)
 
     # ---------------------------------------------------------------- load
     def resolve(self, checkpoint_path: str | os.PathLike[str] | None) -> Path | None:
@@ -316,8 +326,8 @@ def _read_verified(path: Path, fname: str, expected: Mapping[str, str] | None) -
         if want is None or got != want:
             prev = _previous_retained(path)
             offer = (
-                f"; the previous retained checkpoint is {prev!r}: pass checkpoint_path={prev!r}, "
-                f"or delete {str(path)!r} and its index entry to resume from it"
+                f"; the previous retained checkpoint is {prev!r}: delete the directory {str(path)!r} "
+                f"to resume training from it, or pass checkpoint_path={prev!r} to evaluate/predict"
                 if prev
                 else "; no earlier checkpoint is retained"
             )
@@ -335,6 +345,12 @@ def load_checkpoint(path: str | os.PathLike[str]) -> LoadedCheckpoint:
     expected = record["files"] if record else None
     if record is None:
         log.warning("checkpoint %s is not listed in an index: its files cannot be verified", path)
+    else:
+        missing = sorted(f for f in record["files"] if not (path / f).is_file())
+        if missing:
+            prev = _previous_retained(path)
+            hint = f"; delete the directory to resume from the previous retained checkpoint {prev!r}" if prev else ""
+            raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: {', '.join(missing)} missing{hint}")
     model_state = safetensors.torch.load(_read_verified(path, MODEL_FILE, expected))
     train_state: dict[str, Any] = {}
     if (path / TRAIN_STATE_FILE).exists():
@@ -421,7 +437,7 @@ def warm_start(model: nn.Module, settings: WarmStartSettings | str | os.PathLike
     report = WarmStartReport([], [], [])
     updates: dict[str, torch.Tensor] = {}
     for name, tensor in own.items():
-        if not any(p.fullmatch(name) or p.match(name) for p in selected):
+        if not any(p.fullmatch(name) for p in selected):
             continue
         prev = settings.var_name_to_prev_var_name.get(name, name)
         if prev not in source:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
 from pathlib import Path
@@ -37,7 +38,7 @@ from .checkpoint import (
 from .config import RunConfig
 from .data._tree import batch_rows
 from .distributed import Strategy, make_strategy
-from .errors import CheckpointError, ModelFnError
+from .errors import CheckpointError, ModelFnError, NanLossError
 from .hooks import (
     CheckpointSaverHook,
     Hook,
@@ -144,6 +145,7 @@ class Estimator:
         self._state_of: Path | str | None = "fresh"
         self._weights_of: Path | None = None  # the checkpoint whose weights are in the model
         self._pending_input_state: Any = None
+        self._eval_writer: ScalarWriter | None = None
         self._pending_hook_state: dict[str, Any] = {}
         _ensure_log_handler(self.strategy.is_chief)
 
@@ -218,6 +220,7 @@ class Estimator:
                 self.global_step = run.global_step
                 if loop.exhausted:
                     run.request_stop(f"input_fn's data ended at step {run.global_step}")
+                run.logs.clear()  # values hooks share are fresh at every loop boundary
                 runner.after_loop(run, result)
                 run.stop_requested = run.any_replica(run.stop_requested)
             runner.end(run)
@@ -238,6 +241,8 @@ class Estimator:
             runner.close()
         if run.stop_reason:
             log.info("training stopped at step %d: %s", run.global_step, run.stop_reason)
+        if run.exit_code is not None:
+            sys.exit(run.exit_code)
         return self
 
     def evaluate(
@@ -493,6 +498,8 @@ class Estimator:
         self.global_step = run.global_step
         self._cache = step.params.get("cache")
         assert self._model is not None
+        if not all(bool(torch.isfinite(p).all()) for p in self._model.parameters()):
+            raise NanLossError(self.global_step, float("nan"), str(run.last_checkpoint) if run.last_checkpoint else None)
         # Collective: each replica contributes its input position and RNG state; the chief
         # writes everything, and nobody goes on until the checkpoint and index are complete.
         mine = {"input": infeed.state_dict(), "rng": rng_state()}
@@ -562,6 +569,8 @@ class Estimator:
         self._build_model()
         if checkpoint_path is None and self._state_of == "memory":
             return self.global_step, None
+        if checkpoint_path is None and self._state_of == "fresh" and self._warm_start_from is not None and self.latest_checkpoint() is None:
+            return self.global_step, None  # warm-started weights, not trained yet
         if self._ckpt is not None:
             path = self._ckpt.resolve(checkpoint_path)
         elif checkpoint_path is not None:
@@ -585,9 +594,10 @@ class Estimator:
         if self._ckpt is None:
             return
         if self.config.summaries:
-            writer = ScalarWriter(self._ckpt.model_dir, tensorboard=True)
-            writer.write(step, {k: v for k, v in results.items() if k != "global_step"}, prefix=f"{label}/")
-            writer.close()
+            if self._eval_writer is None:  # one events file per Estimator, not one per evaluation
+                self._eval_writer = ScalarWriter(self._ckpt.model_dir, tensorboard=True)
+            self._eval_writer.write(step, {k: v for k, v in results.items() if k != "global_step"}, prefix=f"{label}/")
+            self._eval_writer.flush()
         if name is None and evaluated is not None and evaluated.parent == self._ckpt.model_dir:
             if self._ckpt.record_eval(step, results):
                 log.info("ckpt-%d is the best so far by %s", step, self.config.keep_best[0])  # type: ignore[index]

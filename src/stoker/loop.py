@@ -11,6 +11,7 @@ read an "inf found" flag each step to decide whether to skip the update.
 
 from __future__ import annotations
 
+import logging
 import time
 import warnings
 from collections.abc import Callable
@@ -25,6 +26,8 @@ from .hooks.base import LoopResult, RunContext
 from .infeed import Infeed
 from .precision import LossScaler, autocast_context
 from .spec import EstimatorSpec, ModeKeys
+
+log = logging.getLogger("stoker")
 
 ModelFn = Callable[[nn.Module, Any, Any, ModeKeys, dict[str, Any]], EstimatorSpec]
 
@@ -86,6 +89,7 @@ class TrainStep:
                 spec = self.model_fn(self.module, batch.features, batch.labels, ModeKeys.TRAIN, self.params)
             if not self._checked:
                 check_spec(spec, ModeKeys.TRAIN)
+                _check_train_batch(batch.rows, self.params["batch_size"])
                 self._checked = True
             loss = spec.loss
             if spec.cache is not None or self.carries_cache:
@@ -121,6 +125,14 @@ class TrainStep:
                     self.schedule.step()
         assert loss_sum is not None
         return (loss_sum / self.accumulation if self.accumulation > 1 else loss_sum), host_call
+
+
+def _check_train_batch(rows: int, expected: int) -> None:
+    if rows != expected:
+        log.warning(
+            "the train input_fn yields batches of %d rows but params['batch_size'] is %d: build batches "
+            "with params['batch_size'] (the per-replica batch), or examples/sec will be wrong", rows, expected,
+        )
 
 
 def _detach(cache: Any) -> Any:

@@ -63,6 +63,8 @@ class RunContext:
     stop_reason: str = ""
     last_checkpoint: Path | None = None
     last_checkpoint_step: int | None = None
+    # Set by a hook that wants the process to exit once training has shut down cleanly.
+    exit_code: int | None = None
     # Values hooks share within one loop boundary (e.g. rates from the step counter).
     logs: dict[str, float] = field(default_factory=dict)
     _save: Callable[[], Path | None] | None = None
@@ -101,14 +103,15 @@ class RunContext:
 class Hook:
     """Base class of training hooks: override only what you need.
 
-    Order of calls in one ``train``: ``begin`` (before the model is restored), ``after_setup``
-    (model, optimizer and step restored), then for each loop ``before_loop`` /
+    Order of calls in one ``train``: ``begin``, ``after_setup`` (hook states restored from the
+    checkpoint, ``run.global_step`` is the start step), then for each loop ``before_loop`` /
     ``after_loop``, ``end`` when training finishes normally (not after an exception), and
     ``close`` always, last.
     """
 
     def begin(self, run: RunContext) -> None:
-        """Training is about to start; the model is built but not yet restored."""
+        """Training is about to start: the model and optimizer are built and restored, the
+        hooks' own checkpointed state is not yet loaded, and the input is not yet built."""
 
     def after_setup(self, run: RunContext) -> None:
         """Model, optimizer and global step are restored; ``run.global_step`` is the start step."""
@@ -149,6 +152,14 @@ class HookRunner:
         for h in self.hooks:
             if not isinstance(h, Hook):
                 raise TypeError(f"hooks must be stoker.hooks.Hook instances; got {type(h).__name__}")
+        # Checkpoint keys: the hook's state_key, numbered when two hooks share one.
+        self._keys: list[str] = []
+        for h in self.hooks:
+            key, n = h.state_key, 1
+            while key in self._keys:
+                n += 1
+                key = f"{h.state_key}#{n}"
+            self._keys.append(key)
         self._by_event: dict[str, list[Callable[..., None]]] = {
             event: [getattr(h, event) for h in self.hooks if getattr(type(h), event) is not getattr(Hook, event)]
             for event in _EVENTS
@@ -183,16 +194,16 @@ class HookRunner:
 
     def state_dict(self) -> dict[str, Any]:
         states: dict[str, Any] = {}
-        for h in self.hooks:
+        for key, h in zip(self._keys, self.hooks, strict=True):
             s = h.state_dict()
             if s is not None:
-                states[h.state_key] = s
+                states[key] = s
         return states
 
     def load_state_dict(self, states: dict[str, Any]) -> None:
-        for h in self.hooks:
-            if h.state_key in states:
-                h.load_state_dict(states[h.state_key])
+        for key, h in zip(self._keys, self.hooks, strict=True):
+            if key in states:
+                h.load_state_dict(states[key])
 
 
 def every_n_steps_due(last: int, step: int, n: int) -> bool:

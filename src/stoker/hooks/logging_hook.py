@@ -50,7 +50,15 @@ class LoggingHook(Hook):
                 acc[0] += sum(vals)
                 acc[1] += len(vals)
                 acc[2] = vals[-1]
-        if not every_n_steps_due(self._last_step, run.global_step, self.every_n_steps) or not self._loss_n:
+        if every_n_steps_due(self._last_step, run.global_step, self.every_n_steps):
+            self._log(run)
+
+    def end(self, run: RunContext) -> None:
+        if self._loss_n:  # the steps after the last interval boundary
+            self._log(run)
+
+    def _log(self, run: RunContext) -> None:
+        if not self._loss_n:
             return
         loss = self._loss_sum / self._loss_n
         parts = [f"step {run.global_step}", f"loss = {loss:.4f}"]

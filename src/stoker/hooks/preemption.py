@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import sys
 import threading
 from types import FrameType
 from typing import Any
@@ -61,9 +60,8 @@ class PreemptionHook(Hook):
             )
 
     def end(self, run: RunContext) -> None:
-        self.close()
         if self.received is not None and self.exit_process:
-            sys.exit(128 + self.received)
+            run.exit_code = 128 + self.received  # the Estimator exits after every hook has ended
 
     def close(self) -> None:
         for sig, handler in self._previous.items():
