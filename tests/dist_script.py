@@ -70,8 +70,9 @@ def main() -> None:
     est.train(train_input, max_steps=args.max_steps, hooks=[losses])
     metrics = est.evaluate(eval_input)
     preds = [int(r["classes"]) for r in est.predict(eval_input)]
+    full = est.model_state_dict()  # collective when sharded
     if est.strategy.is_chief and args.out:
-        weights = {k: v.tolist() for k, v in est.model.state_dict().items()}
+        weights = {k: v.tolist() for k, v in full.items()}
         Path(args.out).write_text(json.dumps({
             "losses": losses.losses, "metrics": metrics, "predictions": preds, "weights": weights,
             "world_size": est.strategy.world_size,

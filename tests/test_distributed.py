@@ -107,3 +107,28 @@ def test_kill_9_of_one_replica_names_it_and_rerun_resumes(tmp_path):
     assert (model_dir / last / "input-1.json").exists()  # the index names only complete checkpoints
     run(2, "--model_dir", str(model_dir), "--max_steps", str(int(last.split("-")[1]) + 4))
     assert os.path.exists(model_dir / f"ckpt-{int(last.split('-')[1]) + 4}")
+
+
+def test_sharded_equals_replicated_and_resumes_from_dcp(tmp_path):
+    run(2, "--opt", "momentum", "--strategy", "replicated", "--out", str(tmp_path / "rep.json"))
+    run(2, "--opt", "momentum", "--strategy", "sharded", "--model_dir", str(tmp_path / "sh"), "--max_steps", "6")
+    run(2, "--opt", "momentum", "--strategy", "sharded", "--model_dir", str(tmp_path / "sh"), "--max_steps", "12",
+        "--out", str(tmp_path / "sh.json"))
+    rep, sh = load(tmp_path / "rep.json"), load(tmp_path / "sh.json")
+    np.testing.assert_allclose(sh["losses"], rep["losses"][6:], rtol=1e-5)
+    for k in rep["weights"]:
+        np.testing.assert_allclose(sh["weights"][k], rep["weights"][k], rtol=1e-5, atol=1e-6)
+    assert sh["predictions"] == rep["predictions"]
+    ckpt = tmp_path / "sh" / "ckpt-12"
+    assert (ckpt / "dcp" / ".metadata").exists() and not (ckpt / "model.safetensors").exists()
+    index = json.loads((tmp_path / "sh" / "checkpoint.json").read_text())
+    assert any(f.startswith("dcp/") for f in index["checkpoints"][-1]["files"])
+    # consolidated weights equal what the run ended with
+    from stoker.distributed.sharded import consolidate
+
+    full = consolidate(ckpt / "dcp")
+    for k, v in full.items():
+        np.testing.assert_allclose(v.numpy(), np.asarray(sh["weights"][k]), rtol=0, atol=0)
+    # and one process resumes from the sharded checkpoint
+    run(1, "--opt", "momentum", "--model_dir", str(tmp_path / "sh"), "--max_steps", "14")
+    assert (tmp_path / "sh" / "ckpt-14" / "model.safetensors").exists()

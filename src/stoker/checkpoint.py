@@ -7,6 +7,8 @@ Layout (a user-facing format, documented in docs/checkpoints.md)::
       ckpt-<step>/model.safetensors   weights, readable without stoker
       ckpt-<step>/train_state.pt      optimizer, schedule, scaler, RNGs, step, cache, hook state
       ckpt-<step>/input-<rank>.json   input pipeline position of each replica (.pt if not JSON)
+      ckpt-<step>/dcp/                sharded runs: model and optimizer slices of every replica
+                                      (torch.distributed.checkpoint) instead of model.safetensors
 
 A checkpoint is written into a hidden temporary directory, every file fsynced, then renamed
 into place; only after that is the index replaced (again temp + rename). A crash at any
@@ -51,9 +53,10 @@ class LoadedCheckpoint:
 
     path: Path
     step: int
-    model_state: dict[str, torch.Tensor]
+    model_state: dict[str, torch.Tensor] | None  # None: the weights are in ``dcp_dir``
     train_state: dict[str, Any]
     input_states: dict[int, Any] = field(default_factory=dict)
+    dcp_dir: Path | None = None
 
 
 def _fsync_dir(path: Path) -> None:
@@ -159,23 +162,39 @@ class CheckpointManager:
         return self.index()["best"]
 
     # ---------------------------------------------------------------- save
+    def begin(self, step: int) -> Path:
+        """A fresh temporary directory for ``ckpt-<step>`` that other replicas may write into."""
+        tmp = self.model_dir / f".tmp-ckpt-{step}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        return tmp
+
     def save(
         self,
         step: int,
-        model_state: Mapping[str, torch.Tensor],
+        model_state: Mapping[str, torch.Tensor] | None,
         train_state: Mapping[str, Any],
         input_states: Mapping[int, Any] | None = None,
+        tmp_dir: Path | None = None,
     ) -> Path:
-        """Write ``ckpt-<step>`` atomically, update the index, apply retention. Returns its path."""
+        """Write ``ckpt-<step>`` atomically, update the index, apply retention. Returns its path.
+
+        ``tmp_dir`` (from :meth:`begin`) may already hold files other replicas wrote (a sharded
+        ``dcp/`` directory); they are hashed into the index like the chief's own files.
+        """
         if not self.writer:
             raise CheckpointError("only the chief process writes checkpoints")
         name = f"ckpt-{step}"
-        tmp = self.model_dir / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
+        tmp = tmp_dir if tmp_dir is not None else self.begin(step)
         files: dict[str, str] = {}
         size = 0
         try:
-            blobs: list[tuple[str, bytes]] = [(MODEL_FILE, model_state_to_bytes(model_state))]
+            for extra in sorted(p for p in tmp.rglob("*") if p.is_file()):
+                data = extra.read_bytes()
+                files[extra.relative_to(tmp).as_posix()] = hashlib.sha256(data).hexdigest()
+                size += len(data)
+            blobs: list[tuple[str, bytes]] = []
+            if model_state is not None:
+                blobs.append((MODEL_FILE, model_state_to_bytes(model_state)))
             buf = io.BytesIO()
             torch.save(dict(train_state), buf)
             blobs.append((TRAIN_STATE_FILE, buf.getvalue()))
@@ -276,7 +295,7 @@ class CheckpointManager:
             if latest is None:
                 raise CheckpointError(f"{p} holds no checkpoint yet")
             return latest
-        if (p / MODEL_FILE).exists():
+        if (p / MODEL_FILE).exists() or (p / "dcp").is_dir():
             return p
         raise CheckpointError(
             f"checkpoint_path {str(p)!r} is neither a model_dir (with {INDEX_NAME}) nor a "
@@ -351,7 +370,13 @@ def load_checkpoint(path: str | os.PathLike[str]) -> LoadedCheckpoint:
             prev = _previous_retained(path)
             hint = f"; delete the directory to resume from the previous retained checkpoint {prev!r}" if prev else ""
             raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: {', '.join(missing)} missing{hint}")
-    model_state = safetensors.torch.load(_read_verified(path, MODEL_FILE, expected))
+    dcp_dir = path / "dcp"
+    model_state = None
+    if dcp_dir.is_dir():
+        for f in sorted(p for p in dcp_dir.rglob("*") if p.is_file()):
+            _read_verified(path, f.relative_to(path).as_posix(), expected)
+    else:
+        model_state = safetensors.torch.load(_read_verified(path, MODEL_FILE, expected))
     train_state: dict[str, Any] = {}
     if (path / TRAIN_STATE_FILE).exists():
         data = _read_verified(path, TRAIN_STATE_FILE, expected)
@@ -365,7 +390,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> LoadedCheckpoint:
         else:
             input_states[rank] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     step = int(train_state.get("global_step", record["step"] if record else _step_of(path)))
-    return LoadedCheckpoint(path, step, model_state, train_state, input_states)
+    return LoadedCheckpoint(path, step, model_state, train_state, input_states, dcp_dir if model_state is None else None)
 
 
 def check_state_fits(model: nn.Module, state: Mapping[str, torch.Tensor], source: str) -> None:
@@ -429,7 +454,13 @@ def warm_start(model: nn.Module, settings: WarmStartSettings | str | os.PathLike
         resolved = CheckpointManager(src, writer=False).resolve(src) if src.exists() else None
         if resolved is None:
             raise CheckpointError(f"warm_start_from: {str(src)!r} does not exist")
-        source = load_checkpoint(resolved).model_state
+        loaded = load_checkpoint(resolved)
+        if loaded.model_state is not None:
+            source = loaded.model_state
+        else:
+            from .distributed.sharded import consolidate
+
+            source = consolidate(loaded.dcp_dir)  # type: ignore[arg-type]
     patterns = settings.vars_to_warm_start
     patterns = [patterns] if isinstance(patterns, str) else list(patterns)
     selected = [re.compile(p) for p in patterns]

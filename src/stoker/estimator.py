@@ -38,6 +38,7 @@ from .checkpoint import (
 from .config import RunConfig
 from .data._tree import batch_rows
 from .distributed import Strategy, make_strategy
+from .distributed.sharded import DCP_DIR, load_sharded, save_sharded
 from .errors import CheckpointError, ModelFnError, NanLossError
 from .hooks import (
     CheckpointSaverHook,
@@ -160,6 +161,13 @@ class Estimator:
     @property
     def model_dir(self) -> str | None:
         return self.config.model_dir  # type: ignore[return-value]
+
+    def model_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's complete weights as CPU tensors, also when they are sharded over
+        replicas (then every replica must call this)."""
+        self._build_model()
+        assert self._model is not None
+        return self.strategy.full_state_dict(self._model)
 
     def latest_checkpoint(self) -> Path | None:
         """The newest checkpoint in ``model_dir`` (``None`` if there is none)."""
@@ -483,7 +491,8 @@ class Estimator:
         return {
             "format": TRAIN_STATE_FORMAT,
             "global_step": self.global_step,
-            "optimizer": self._optimizer.state_dict(),
+            # sharded: the optimizer's slices are in dcp/ with the model's
+            "optimizer": None if self.strategy.shards_state else self._optimizer.state_dict(),
             "schedule": self._schedule.state_dict() if self._schedule is not None else None,
             "scaler": self._scaler.state_dict() if self._scaler is not None else None,
             "rng": rng_per_replica,
@@ -505,10 +514,16 @@ class Estimator:
         mine = {"input": infeed.state_dict(), "rng": rng_state()}
         everyone = self.strategy.all_gather_object(mine)
         path = self._ckpt.model_dir / f"ckpt-{self.global_step}"
+        tmp: Path | None = None
+        if self.strategy.shards_state:  # every replica writes its slices into the chief's tmp dir
+            tmp = Path(self.strategy.broadcast_object(str(self._ckpt.begin(self.global_step)) if self.strategy.is_chief else None))
+            assert self._optimizer is not None
+            save_sharded(tmp / DCP_DIR, self._model, self._optimizer)
         if self.strategy.is_chief:
             inputs = {rank: r["input"] for rank, r in enumerate(everyone)}
             state = self._train_state(runner, [r["rng"] for r in everyone])
-            path = self._ckpt.save(self.global_step, self._model.state_dict(), state, inputs)
+            weights = None if self.strategy.shards_state else self._model.state_dict()
+            path = self._ckpt.save(self.global_step, weights, state, inputs, tmp_dir=tmp)
         self.strategy.barrier()
         run.last_checkpoint, run.last_checkpoint_step = path, self.global_step
         self._state_of = self._weights_of = path
@@ -531,19 +546,28 @@ class Estimator:
 
     def _apply_checkpoint(self, ckpt: LoadedCheckpoint, full: bool) -> None:
         assert self._model is not None
-        check_state_fits(self._model, ckpt.model_state, f"checkpoint {str(ckpt.path)!r}")
-        self._model.load_state_dict(ckpt.model_state)
+        state = ckpt.train_state
+        if ckpt.dcp_dir is not None:  # a sharded checkpoint: weights (and optimizer) in slices
+            try:
+                load_sharded(ckpt.dcp_dir, self._model, self._optimizer if full else None)
+            except Exception as e:  # noqa: BLE001 - DCP reports mismatches in many shapes
+                raise CheckpointError(f"checkpoint {str(ckpt.path)!r} does not fit the model or optimizer: {e}") from e
+        else:
+            check_state_fits(self._model, ckpt.model_state or {}, f"checkpoint {str(ckpt.path)!r}")
+            self._model.load_state_dict(ckpt.model_state or {})
         self.global_step = ckpt.step
         self._weights_of = ckpt.path
         if not full:
             self._state_of = None  # weights only: the next train() restores the full state
             return
-        state = ckpt.train_state
         assert self._optimizer is not None
-        try:
-            self._optimizer.load_state_dict(state["optimizer"])
-        except (ValueError, KeyError) as e:
-            raise CheckpointError(f"checkpoint {str(ckpt.path)!r}: the optimizer state does not fit this optimizer ({e})") from e
+        if ckpt.dcp_dir is None:
+            if state.get("optimizer") is None:
+                raise CheckpointError(f"checkpoint {str(ckpt.path)!r} has no optimizer state")
+            try:
+                self._optimizer.load_state_dict(state["optimizer"])
+            except (ValueError, KeyError) as e:
+                raise CheckpointError(f"checkpoint {str(ckpt.path)!r}: the optimizer state does not fit this optimizer ({e})") from e
         if self._schedule is not None and state.get("schedule") is not None:
             self._schedule.load_state_dict(state["schedule"])
         if self._scaler is not None and state.get("scaler") is not None:

@@ -6,6 +6,9 @@ strategy       what it is for
 single         one process, one device (what ``auto`` picks without torchrun)
 replicated     data parallel with DDP: the whole model on every replica, gradients
                averaged; what ``auto`` picks under torchrun
+sharded        FSDP2 (``fully_shard``): parameters, gradients and optimizer state sliced
+               over replicas, for models whose training state does not fit one device;
+               checkpoints go to ``ckpt-<step>/dcp/`` (torch.distributed.checkpoint)
 independent    replicas train without syncing gradients: to benchmark the step alone
 =============  ==========================================================================
 """
@@ -17,12 +20,14 @@ import os
 
 from .base import SingleDevice, Strategy, resolve_device
 from .process_group import Independent, ProcessGroupStrategy, ReplicaLostError, Replicated
+from .sharded import Sharded
 
 __all__ = [
     "Independent",
     "ProcessGroupStrategy",
     "ReplicaLostError",
     "Replicated",
+    "Sharded",
     "SingleDevice",
     "Strategy",
     "make_strategy",
@@ -39,10 +44,7 @@ def make_strategy(name: str, device: str, timeout: float = 1800.0) -> Strategy:
         raise ValueError(
             f"RunConfig.strategy='single' but WORLD_SIZE={world}: use 'auto' or 'replicated' under torchrun"
         )
-    if name == "sharded":
-        raise ValueError(
-            "RunConfig.strategy='sharded' (FSDP2) is not available in this version; use 'replicated'"
-        )
-    strategy: Strategy = Independent(device, timeout) if name == "independent" else Replicated(device, timeout)
+    kinds = {"independent": Independent, "sharded": Sharded}
+    strategy: Strategy = kinds.get(name, Replicated)(device, timeout)
     atexit.register(strategy.teardown)
     return strategy

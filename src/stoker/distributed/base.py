@@ -33,6 +33,9 @@ class Strategy(ABC):
     device: torch.device
     rank: int = 0
     world_size: int = 1
+    # Whether each replica holds only a slice of the model (checkpoints are then written by
+    # every replica with torch.distributed.checkpoint).
+    shards_state: bool = False
 
     @property
     def is_chief(self) -> bool:
@@ -62,6 +65,10 @@ class Strategy(ABC):
     @abstractmethod
     def broadcast_object(self, obj: Any, src: int = 0) -> Any:
         """``obj`` from replica ``src``, on every replica."""
+
+    def full_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The model's complete weights as CPU tensors (collective when the state is sharded)."""
+        return {k: v.detach().cpu() for k, v in model.state_dict().items()}
 
     def explain_failure(self, error: BaseException) -> BaseException:
         """A clearer error for a failure seen during training (e.g. naming a lost replica)."""
