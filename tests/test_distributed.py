@@ -55,7 +55,7 @@ def load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
-@pytest.mark.parametrize("opt", ["sgd", "momentum"])
+@pytest.mark.parametrize("opt", ["sgd", pytest.param("momentum", marks=pytest.mark.slow)])
 def test_replicated_equals_one_process_with_the_same_global_batch(tmp_path, opt):
     run(1, "--opt", opt, "--out", str(tmp_path / "one.json"))
     run(2, "--opt", opt, "--out", str(tmp_path / "two.json"))

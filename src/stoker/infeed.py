@@ -84,11 +84,14 @@ class Infeed:
         self._replayed_before = 0
         self._cuda = device.type == "cuda"
         self._stream = torch.cuda.Stream(device) if self._cuda else None
+        skip = int(restore.get("skip", 0)) if restore is not None else 0
         if restore is not None:
             self._restore(restore)
+            if skip and callable(getattr(source, "advance", None)):
+                source.advance(skip)  # jump (stoker's sources): nothing is decoded to be thrown away
+                skip = 0
         self._it = iter(source)
-        if restore is not None:
-            self._skip(int(restore.get("skip", 0)))
+        self._skip(skip)
         self._base = self._snapshot()
         self._base_consumed = 0
         self._produced = 0
@@ -229,6 +232,9 @@ class Infeed:
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
+        close = getattr(self._source, "close", None)
+        if callable(close):  # e.g. stop a source's worker processes now, not at garbage collection
+            close()
 
     def __enter__(self) -> Infeed:
         return self

@@ -1,5 +1,38 @@
-"""Built-in input sources: deterministic given a seed, checkpointable with ``state_dict``."""
+"""Built-in input sources: deterministic given a seed, checkpointable with ``state_dict``.
 
-from .arrays import ArraySource, arrays, epoch_generator
+Every source but :func:`synthetic_images` is index-based (:mod:`stoker.data.base`): the
+position ``(epoch, batch)`` is its whole state, so resuming is a jump, exact with or without
+worker processes.
 
-__all__ = ["ArraySource", "arrays", "epoch_generator"]
+- :func:`arrays`: in-memory tensors / numpy arrays.
+- :func:`image_folder`: a class-per-folder tree of JPEG/PNG files (ImageNet layout).
+- :func:`cifar_binary`: CIFAR-10's binary files.
+- :func:`text_chars`: byte-level language-model streams (:func:`stdlib_corpus`: a corpus
+  on every machine).
+- :func:`synthetic_images`: one random batch on the device, for benchmarks.
+"""
+
+from .arrays import ArraySource, arrays
+from .base import DataError, IndexedSource, epoch_generator, example_uniforms
+from .cifar import CifarSource, cifar_binary
+from .images import ImageFolderSource, image_folder
+from .synthetic import SyntheticImages, synthetic_images
+from .text import TextSource, stdlib_corpus, text_chars
+
+__all__ = [
+    "ArraySource",
+    "CifarSource",
+    "DataError",
+    "ImageFolderSource",
+    "IndexedSource",
+    "SyntheticImages",
+    "TextSource",
+    "arrays",
+    "cifar_binary",
+    "epoch_generator",
+    "example_uniforms",
+    "image_folder",
+    "stdlib_corpus",
+    "synthetic_images",
+    "text_chars",
+]

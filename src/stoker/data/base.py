@@ -1,0 +1,470 @@
+"""Index-based input sources: the position ``(epoch, batch)`` is the whole state.
+
+Every built-in source (as in grain) is a pure function from a position to a batch:
+
+- epoch ``e``'s order of examples is a permutation drawn from a generator seeded by
+  ``(seed, e)`` (the identity when not shuffling);
+- replica ``r`` of ``n`` reads ``order[r::n]``; every replica gets the same number of
+  batches per epoch when batches are full (replicas step in lockstep);
+- batch ``b`` of epoch ``e`` is ``load_batch(order[r::n][b*B:(b+1)*B], e)``, and any randomness
+  in it (augmentation) comes from :func:`example_uniforms`, keyed by
+  ``(seed, e, example index)``, never from a global, per-thread or per-worker RNG.
+
+So the state saved in a checkpoint is a handful of integers (the position, plus the seed,
+the data size and the sharding, checked on resume so a changed dataset is refused, not
+silently misread). Resuming is a jump, not a replay: no RNG has to be fast-forwarded and no
+batch re-read, whatever the augmentation, and a resumed run sees bitwise the batches an
+uninterrupted one would have seen.
+
+Workers. With ``num_workers > 0`` batches are built in worker processes by a
+``torch.utils.data.DataLoader(batch_size=None)`` over :class:`_BatchPlan`, a map-style
+dataset whose item ``g`` is "batch number ``g`` counted from the start of epoch 0". Its
+sampler counts up from the current position (through epoch boundaries: one plan spans all
+epochs, so no worker is ever restarted at an epoch boundary), each worker builds whole
+batches (one inter-process transfer per batch, none per example), and the loader returns
+them in order. Because item ``g`` depends only on ``g``, which worker built it and how far
+the workers had prefetched do not matter: resume with workers is exact by construction.
+
+The workers start when the source is iterated (``iter()``) or, after a ``load_state_dict``
+or ``advance`` that moved the position, at the next ``next()``. stoker's Infeed calls
+``load_state_dict`` and then ``iter()`` on the training thread *before* it starts its
+prefetch thread, so the workers are forked from the training thread, not from the
+prefetch thread while the training thread is inside a step.
+
+Start method. On Linux the workers are forked (elsewhere the platform default is used;
+``start_method`` overrides). Measured on the 2-core development machine for a 2-worker
+``image_folder`` (seconds from ``iter()`` to the first batch, median of 3;
+``benchmarks/input_pipeline.py --startup``): fork 0.11 s, forkserver 3.0 s, spawn 3.2 s
+(every spawned worker imports torch again). ``forkserver`` and ``spawn`` also re-import
+``__main__`` in the workers (a training script without an ``if __name__ == "__main__":``
+guard would start training again in them), pickle the dataset (an ImageNet file list is
+~100 MB) into every worker, and a ``spawn`` worker stopped in the middle of a batch can
+abort in its interpreter's shutdown ("terminate called without an active exception"). Fork is safe here because
+(a) it happens on the thread that iterates the source, before the Infeed's prefetch thread
+exists, and one plan spans all epochs, so no fork happens later from the prefetch thread;
+(b) a worker runs only this package's batch code, Pillow and numpy, with torch set to one
+intra-op thread by the DataLoader, so it never uses a lock or OpenMP pool inherited from
+another thread of the parent; (c) nothing in a worker touches CUDA (sources that put data
+on the GPU, such as :func:`~stoker.data.synthetic_images`, never use workers). It is also
+what ``torch.utils.data.DataLoader`` does by default on Linux.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import logging
+import sys
+import weakref
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import numpy as np
+import torch
+
+from ..errors import StokerError
+
+log = logging.getLogger("stoker")
+
+T = TypeVar("T")
+
+
+class DataError(StokerError, ValueError):
+    """Input data that cannot be used as it is: a missing folder, a corrupt file, a bad label."""
+
+
+def epoch_generator(seed: int, epoch: int) -> torch.Generator:
+    """A torch generator whose stream depends only on ``(seed, epoch)``."""
+    mixed = np.random.SeedSequence([seed % 2**63, epoch]).generate_state(2, dtype=np.uint64)[0]
+    return torch.Generator().manual_seed(int(mixed % 2**63))
+
+
+# splitmix64 constants (Steele, Lea and Flood, 2014): a fast, well-mixed 64-bit bijection.
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MIX1 = np.uint64(0xBF58476D1CE4E5B9)
+_MIX2 = np.uint64(0x94D049BB133111EB)
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    x = x + _GOLDEN
+    x = (x ^ (x >> np.uint64(30))) * _MIX1
+    x = (x ^ (x >> np.uint64(27))) * _MIX2
+    return x ^ (x >> np.uint64(31))
+
+
+def example_uniforms(seed: int, epoch: int, indices: torch.Tensor | np.ndarray, count: int) -> np.ndarray:
+    """``count`` uniform floats in [0, 1) for each example: float64 array ``[len(indices), count]``.
+
+    Value ``k`` of example ``i`` depends only on ``(seed, epoch, i, k)``: a counter-based
+    generator (splitmix64 over the key), vectorised over the batch. So an example is augmented
+    the same way whichever batch, replica or worker builds it, and a resumed run needs no RNG
+    state. Draw all the numbers an example may need up front (unused ones cost nothing).
+    """
+    idx = np.asarray(indices, dtype=np.int64).astype(np.uint64)
+    with np.errstate(over="ignore"):
+        key = _splitmix64(_splitmix64(np.array([seed % 2**64], dtype=np.uint64)) ^ np.uint64(epoch % 2**64))
+        base = _splitmix64(key ^ _splitmix64(idx))  # one stream per example
+        counters = np.arange(count, dtype=np.uint64) * _GOLDEN
+        bits = _splitmix64(base[:, None] + counters[None, :])
+    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
+
+
+def _start_method(requested: str | None) -> str | None:
+    if requested is not None:
+        return requested
+    return "fork" if sys.platform.startswith("linux") else None  # see the module docstring
+
+
+def _as_is(item: T) -> T:
+    return item
+
+
+def _stop_loader(loader_iter: Any) -> None:
+    shutdown = getattr(loader_iter, "_shutdown_workers", None)  # the DataLoader iterator's own clean stop
+    if shutdown is None:
+        return
+    try:
+        shutdown()
+    except RuntimeError as e:
+        # A worker that dies while being stopped loses only batches nobody wants. (A spawned
+        # worker stopped mid-batch can abort in interpreter shutdown while torch's queue thread
+        # is still sending a tensor: "terminate called without an active exception".)
+        log.debug("input workers stopped with an error, ignored: %s", e)
+
+
+class _BatchPlan(torch.utils.data.Dataset):
+    """Map-style view for workers: item ``g`` is batch ``g`` counted from the start of epoch 0."""
+
+    def __init__(self, source: IndexedSource) -> None:
+        self.source = source
+
+    def __getitem__(self, g: int) -> tuple[int, Any, list[str], str | None]:
+        src = self.source
+        epoch, b = divmod(g, src.batches_per_epoch)
+        try:
+            out = src._build(epoch, b)
+        except DataError as e:
+            # Sent back as text and raised by the training process as the same DataError, so the
+            # message names the file without a worker traceback around it.
+            return g, None, [], str(e)
+        bad, src._bad = src._bad, []
+        return g, out, bad, None
+
+
+class IndexedSource(ABC):
+    """A checkpointable source that builds batch ``b`` of epoch ``e`` from example indices.
+
+    Subclasses set up their data, then call ``super().__init__``, and implement
+    :attr:`num_examples` and :meth:`load_batch`. The rest (order, sharding, epochs, workers,
+    state, bad-example replacement) is here.
+
+    Args:
+        batch_size: examples per batch (give ``params["batch_size"]``: the per-replica batch).
+        shuffle: reshuffle every epoch from ``(seed, epoch)``.
+        seed: seeds the order and the augmentation.
+        num_epochs: ``None`` repeats forever (training); ``1`` is one pass (evaluation).
+        drop_remainder: drop the last partial batch; default True when repeating forever.
+        num_shards, shard_index: read one disjoint shard (give ``params["num_replicas"]`` and
+            ``params["replica_index"]``).
+        num_workers: build batches in this many worker processes (0: in the calling thread).
+        skip_bad_examples: replace an unreadable example by the next readable one in the
+            epoch's order, and log it, instead of raising.
+        start_method: multiprocessing start method for the workers (default: ``fork`` on
+            Linux, the platform default elsewhere).
+    """
+
+    name = "source"
+    #: Ask the Infeed to call ``next()`` on the training thread (no prefetch thread).
+    prefers_inline_fetch = False
+
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_epochs: int | None = None,
+        drop_remainder: bool | None = None,
+        num_shards: int = 1,
+        shard_index: int = 0,
+        num_workers: int = 0,
+        skip_bad_examples: bool = False,
+        start_method: str | None = None,
+    ) -> None:
+        name = self.name
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"{name}: batch_size must be a positive integer; got {batch_size!r}")
+        if num_epochs is not None and num_epochs < 1:
+            raise ValueError(f"{name}: num_epochs must be None (repeat forever) or >= 1; got {num_epochs}")
+        if not isinstance(num_shards, int) or num_shards < 1:
+            raise ValueError(f"{name}: num_shards must be a positive integer; got {num_shards!r}")
+        if not 0 <= shard_index < num_shards:
+            raise ValueError(f"{name}: shard_index must be in [0, {num_shards}); got {shard_index}")
+        if not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"{name}: num_workers must be an integer >= 0; got {num_workers!r}")
+        self.batch_size = batch_size
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.num_epochs = num_epochs
+        # Training repeats forever and wants full batches; a single pass (eval) keeps them all.
+        self.drop_remainder = (num_epochs is None) if drop_remainder is None else bool(drop_remainder)
+        self.num_shards = num_shards
+        self.shard_index = shard_index
+        self.num_workers = num_workers
+        self.skip_bad_examples = bool(skip_bad_examples)
+        self.start_method = start_method
+        if self.num_examples < 1:
+            raise DataError(f"{name}: the data holds no examples")
+        self.batches_per_epoch = self._count_batches()
+        if self.batches_per_epoch < 1:
+            raise ValueError(
+                f"{name}: {self.num_examples} examples over {num_shards} shard(s) do not fill one batch "
+                f"of {batch_size} with drop_remainder=True; use a smaller batch or drop_remainder=False"
+            )
+        self.epoch = 0
+        self.batch = 0
+        #: Examples replaced because they could not be read (``skip_bad_examples=True``).
+        self.bad_examples_skipped = 0
+        self._bad: list[str] = []
+        self._order_epoch: int | None = None
+        self._order: torch.Tensor | None = None
+        self._inverse: torch.Tensor | None = None
+        self._loader_it: Any = None
+        self._loader_next = -1
+        self._loader_finalizer: weakref.finalize | None = None
+
+    # ------------------------------------------------------------------ to implement
+    @property
+    @abstractmethod
+    def num_examples(self) -> int:
+        """Examples in the whole data set (all shards)."""
+
+    @abstractmethod
+    def load_batch(self, indices: torch.Tensor, epoch: int) -> Any:
+        """The batch of the examples ``indices`` (int64, in batch order) in epoch ``epoch``.
+
+        Randomness must come from :func:`example_uniforms` (``self.seed``, ``epoch``, index).
+        To read one example that may be unreadable, use :meth:`load_or_replace`.
+        """
+
+    def _identity(self) -> dict[str, int]:
+        """Extra integers that must match on resume (besides seed, data size and sharding)."""
+        return {}
+
+    # ------------------------------------------------------------------ the plan
+    def _count_batches(self) -> int:
+        per_shard = len(range(self.shard_index, self.num_examples, self.num_shards))
+        if self.drop_remainder:
+            # Every shard gets the same number of batches (replicas step in lockstep).
+            return (self.num_examples // self.num_shards) // self.batch_size
+        return -(-per_shard // self.batch_size)
+
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        """All example indices (every shard) in epoch ``epoch``'s order."""
+        if self._order_epoch != epoch or self._order is None:
+            if self.shuffle:
+                self._order = torch.randperm(self.num_examples, generator=epoch_generator(self.seed, epoch))
+            else:
+                self._order = torch.arange(self.num_examples)
+            self._order_epoch = epoch
+            self._inverse = None
+        return self._order
+
+    def batch_indices(self, epoch: int, batch: int) -> torch.Tensor:
+        """Example indices of this shard's batch ``batch`` of epoch ``epoch``."""
+        order = self.epoch_order(epoch)[self.shard_index :: self.num_shards]
+        return order[batch * self.batch_size : (batch + 1) * self.batch_size]
+
+    def following_examples(self, epoch: int, index: int) -> Iterator[int]:
+        """The examples after ``index`` in epoch ``epoch``'s order (all shards), wrapping around."""
+        order = self.epoch_order(epoch)
+        if self._inverse is None:
+            inverse = torch.empty_like(order)
+            inverse[order] = torch.arange(order.numel())
+            self._inverse = inverse
+        start = int(self._inverse[index])
+        n = order.numel()
+        for k in range(1, n):
+            yield int(order[(start + k) % n])
+
+    def load_or_replace(self, epoch: int, index: int, load_one: Callable[[int], T]) -> T:
+        """``load_one(index)``; if it raises :class:`DataError` and bad examples are skipped,
+        the first following example (:meth:`following_examples`) that loads, else the error.
+
+        Deterministic: the replacement depends only on ``(seed, epoch, index)`` and the data.
+        """
+        try:
+            return load_one(index)
+        except DataError as e:
+            if not self.skip_bad_examples:
+                raise
+            first = e
+        failed = [str(first)]
+        for candidate in self.following_examples(epoch, index):
+            try:
+                value = load_one(candidate)
+            except DataError as e:
+                failed.append(str(e))
+                continue
+            self._bad.append("; ".join(failed))
+            return value
+        raise DataError(f"{self.name}: no readable example is left to replace a bad one; first error: {first}")
+
+    def _build(self, epoch: int, batch: int) -> Any:
+        return self.load_batch(self.batch_indices(epoch, batch), epoch)
+
+    # ------------------------------------------------------------------ iterating
+    def __len__(self) -> int:
+        """Batches per epoch for this shard."""
+        return self.batches_per_epoch
+
+    def _position(self) -> int:
+        return self.epoch * self.batches_per_epoch + self.batch
+
+    def _end(self) -> int | None:
+        return None if self.num_epochs is None else self.num_epochs * self.batches_per_epoch
+
+    def __iter__(self) -> IndexedSource:
+        # Start the workers now, on the thread that iterates (see the module docstring).
+        if self.num_workers > 0:
+            end = self._end()
+            if (end is None or self._position() < end) and (self._loader_it is None or self._loader_next != self._position()):
+                self._start_workers()
+        return self
+
+    def __next__(self) -> Any:
+        if self.batch >= self.batches_per_epoch:
+            if self.num_epochs is not None and self.epoch + 1 >= self.num_epochs:
+                self.close()
+                raise StopIteration
+            self.epoch += 1
+            self.batch = 0
+        if self.num_workers > 0:
+            out, bad = self._next_from_workers()
+        else:
+            out = self._build(self.epoch, self.batch)
+            bad, self._bad = self._bad, []
+        self.batch += 1
+        if bad:
+            self._report_bad(bad)
+        return out
+
+    def advance(self, batches: int) -> None:
+        """Move the position ``batches`` ahead without building them (as many ``next()`` calls
+        would, minus the work): resuming "``n`` batches after a saved state" is a jump."""
+        if batches < 0:
+            raise ValueError(f"{self.name}: cannot advance by {batches} batches")
+        if batches == 0:
+            return
+        target = self._position() + batches
+        end = self._end()
+        if end is not None and target > end:
+            raise ValueError(f"{self.name}: cannot advance {batches} batches: the data ends {end - self._position()} batches from here")
+        epoch, batch = divmod(target, self.batches_per_epoch)
+        if batch == 0:  # the end of an epoch reads as (epoch, batches_per_epoch), as after next()
+            epoch, batch = epoch - 1, self.batches_per_epoch
+        self.epoch, self.batch = epoch, batch
+
+    def _report_bad(self, bad: list[str]) -> None:
+        self.bad_examples_skipped += len(bad)
+        for reason in bad:
+            log.warning(
+                "%s: skipped a bad example (%s) and used the next readable one of the epoch; "
+                "%d skipped so far", self.name, reason, self.bad_examples_skipped,
+            )
+
+    # ------------------------------------------------------------------ workers
+    def _start_workers(self) -> None:
+        self.close()
+        start = self._position()
+        end = self._end()
+        sampler = itertools.count(start) if end is None else range(start, end)
+        loader = torch.utils.data.DataLoader(
+            _BatchPlan(copy.copy(self)),  # a copy without the loader: no reference cycle
+            batch_size=None,
+            sampler=sampler,
+            num_workers=self.num_workers,
+            collate_fn=_as_is,
+            multiprocessing_context=_start_method(self.start_method),
+            # The loader draws its workers' base seed from this generator, not from torch's
+            # global RNG, which belongs to the training step (dropout) and must not move.
+            generator=torch.Generator().manual_seed(self.seed % 2**63),
+            prefetch_factor=2,
+        )
+        self._loader_it = iter(loader)
+        self._loader_next = start
+        # Stop the workers when this source is freed. A source often dies in a reference cycle
+        # (the Estimator's run state holds the Infeed that holds it); the garbage collector then
+        # clears the loader's queues before the loader's own __del__ runs, and that __del__ waits
+        # 5 s per worker for a goodbye that can no longer be sent. The finalizer keeps the
+        # loader out of the cycle and stops it while its queues still work.
+        self._loader_finalizer = weakref.finalize(self, _stop_loader, self._loader_it)
+        self._loader_finalizer.atexit = False  # at exit, multiprocessing ends daemonic workers
+
+    def _next_from_workers(self) -> tuple[Any, list[str]]:
+        g = self._position()
+        if self._loader_it is None or self._loader_next != g:
+            self._start_workers()
+        got, out, bad, error = next(self._loader_it)
+        if got != g:  # the loader returns items in sampler order; this cannot happen
+            raise RuntimeError(f"{self.name}: workers returned batch {got}, expected {g}")
+        self._loader_next = g + 1
+        if error is not None:
+            self.close()
+            raise DataError(error)
+        return out, bad
+
+    def close(self) -> None:
+        """Stop the worker processes, if any (they restart at the next ``next()``)."""
+        finalizer, self._loader_finalizer = self._loader_finalizer, None
+        self._loader_it = None
+        self._loader_next = -1
+        if finalizer is not None:
+            finalizer()  # runs _stop_loader once
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Copies (for workers; pickled for forkserver/spawn) carry the data, not the loader.
+        state = self.__dict__.copy()
+        state["_loader_it"] = None
+        state["_loader_next"] = -1
+        state["_loader_finalizer"] = None
+        state["_bad"] = []
+        return state
+
+    # ------------------------------------------------------------------ checkpoint state
+    def state_dict(self) -> dict[str, Any]:
+        """The position and what it is a position in: a few integers, JSON-serialisable."""
+        state = {
+            "epoch": self.epoch,
+            "batch": self.batch,
+            "seed": self.seed,
+            "num_examples": self.num_examples,
+            "num_shards": self.num_shards,
+            "shard_index": self.shard_index,
+        }
+        state.update(self._identity())
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Jump to a saved position; refuses a state saved for other data, seed or sharding."""
+        expected = {"seed": self.seed, "num_examples": self.num_examples, "num_shards": self.num_shards,
+                    "shard_index": self.shard_index, **self._identity()}
+        for key, mine in expected.items():
+            if key in state and state[key] != mine:
+                raise ValueError(
+                    f"{self.name}: the saved input state has {key}={state[key]} but this source has "
+                    f"{key}={mine}; resume with the same data, seed, batch size and number of replicas"
+                )
+        epoch, batch = int(state["epoch"]), int(state["batch"])
+        if epoch < 0 or not 0 <= batch <= self.batches_per_epoch:
+            raise ValueError(
+                f"{self.name}: the saved position (epoch {epoch}, batch {batch}) does not fit this source's "
+                f"{self.batches_per_epoch} batches per epoch; resume with the same data and batch size"
+            )
+        self.close()
+        self.epoch, self.batch = epoch, batch
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.num_examples} examples, batch_size={self.batch_size}, "
+                f"shard {self.shard_index}/{self.num_shards}, epoch={self.epoch}, batch={self.batch})")
