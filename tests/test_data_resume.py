@@ -190,9 +190,9 @@ def test_state_is_tiny_json_and_refuses_other_data(image_tree: Path) -> None:
         stoker.data.arrays(x, batch_size=5).load_state_dict(state)
 
 
-def test_arrays_state_keys_are_unchanged() -> None:
+def test_arrays_state_keys() -> None:
     src = stoker.data.arrays(torch.zeros(10, 2), batch_size=3)
-    assert set(src.state_dict()) == {"epoch", "batch", "seed", "num_examples", "num_shards", "shard_index"}
+    assert set(src.state_dict()) == {"epoch", "batch", "seed", "num_examples", "num_shards", "shard_index", "batch_size"}
 
 
 # ---------------------------------------------------------------------------------- order
@@ -321,3 +321,28 @@ def test_workers_stop_at_once_when_a_source_in_a_reference_cycle_is_collected(im
     gc.collect()
     assert time.perf_counter() - start < 2.5  # not torch's 5 s join timeout per worker
     assert not any(w.is_alive() for w in workers)
+
+
+def test_resharding_keeps_the_examples_consumed():
+    """Two replicas' saved positions become one replica's position with the same global batch."""
+    import torch as _torch
+
+    from stoker.data import arrays as _arrays
+
+    x = _torch.arange(40.0).reshape(40, 1)
+    two = [_arrays(x, batch_size=4, seed=3, num_shards=2, shard_index=r) for r in range(2)]
+    seen = [next(two[r])[:, 0].tolist() for r in range(2) for _ in range(1)]
+    seen += [next(two[r])[:, 0].tolist() for r in range(2)]
+    one = _arrays(x, batch_size=8, seed=3)
+    one.load_state_dict(one.reshard_state_dict([s.state_dict() for s in two]))
+    rest = [v for _ in range(3) for v in next(one)[:, 0].tolist()]
+    consumed = sorted(v for batch in seen for v in batch)
+    assert sorted(consumed + rest) == sorted(set(consumed + rest))  # nothing seen twice
+    whole = _arrays(x, batch_size=8, seed=3)
+    first_two = sorted(v for _ in range(2) for v in next(whole)[:, 0].tolist())
+    assert consumed == first_two  # 2 replica steps = the same examples as 2 global steps
+    assert rest == [v for _ in range(3) for v in next(whole)[:, 0].tolist()]
+    import pytest as _pytest
+
+    with _pytest.raises(ValueError, match="global batch changed"):
+        _arrays(x, batch_size=4, seed=3).reshard_state_dict([s.state_dict() for s in two])

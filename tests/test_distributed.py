@@ -83,8 +83,13 @@ def test_replicated_resume_is_bitwise_and_one_process_can_resume(tmp_path):
     # the same checkpoint resumed by a single process: weights, optimizer and step carry over
     (code, err), = run(1, "--model_dir", str(tmp_path / "split"), "--max_steps", "14", "--out", str(tmp_path / "one.json"))
     assert "written by 2 replica(s) and this run has 1" in err
+    assert "re-shard" not in err and "replaying" not in err  # the input position carried over
     assert load(tmp_path / "one.json")["world_size"] == 1
-    assert (tmp_path / "split" / "ckpt-14").exists()
+    # the input was re-sharded, not restarted: one process continues on the same examples
+    run(2, "--model_dir", str(tmp_path / "whole"), "--max_steps", "14", "--out", str(tmp_path / "two.json"))
+    one, two = load(tmp_path / "one.json"), load(tmp_path / "two.json")
+    for k in two["weights"]:
+        np.testing.assert_allclose(one["weights"][k], two["weights"][k], rtol=1e-5, atol=1e-6)
 
 
 def test_kill_9_of_one_replica_names_it_and_rerun_resumes(tmp_path):

@@ -117,7 +117,8 @@ def test_input_state_is_the_consumed_position_not_the_prefetched_one(tmp_path):
 
     state = json.loads((tmp_path / "ckpt-6" / "input-0.json").read_text())
     # snapshot after batch 4 (epoch 0, batch 4) plus 2 consumed since: position 6 of 6 batches/epoch
-    assert state == {"skip": 2, "source": {"batch": 4, "epoch": 0, "num_examples": 100, "num_shards": 1, "seed": 0, "shard_index": 0}}
+    assert state == {"skip": 2, "source": {"batch": 4, "batch_size": 16, "epoch": 0, "num_examples": 100,
+                                           "num_shards": 1, "seed": 0, "shard_index": 0}}
 
 
 def cache_fn(model, features, labels, mode, params):  # noqa: ANN001, ANN201

@@ -579,11 +579,13 @@ class Estimator:
             set_rng_state(state["rng"][self.strategy.rank])
             self._pending_input_state = ckpt.input_states.get(self.strategy.rank)
         else:
-            # Weights, optimizer, schedule and step carry over; per-replica streams do not.
-            self._pending_input_state = None
+            # Weights, optimizer, schedule and step carry over; the input is re-sharded where
+            # the source can do it; per-replica RNG streams cannot be carried over.
+            saved = [ckpt.input_states.get(r) for r in range(saved_world)]
+            self._pending_input_state = {"reshard": saved} if all(s is not None for s in saved) else None
             log.warning(
                 "checkpoint %s was written by %d replica(s) and this run has %d: weights, optimizer, "
-                "schedule and step are restored, but each replica's RNG and input start afresh "
+                "schedule, step and input position are restored, but each replica's RNG starts afresh "
                 "(bitwise-exact resume needs the same number of replicas)", ckpt.path, saved_world, world,
             )
         self._state_of = ckpt.path

@@ -108,6 +108,16 @@ class Infeed:
         return getattr(self._source, self._api[0])() if self._api else None
 
     def _restore(self, state: dict[str, Any]) -> None:
+        if "reshard" in state:  # saved by a run with another number of replicas
+            saved = state["reshard"]
+            reshard = getattr(self._source, "reshard_state_dict", None)
+            if not callable(reshard):
+                raise ValueError(
+                    f"{self.what}: the checkpoint was written by {len(saved)} replicas and this source cannot be "
+                    "re-sharded to a different number (stoker.data sources can, with the same global batch); "
+                    f"resume with {len(saved)} replicas"
+                )
+            state.update(source=reshard([s["source"] for s in saved]), skip=saved[0]["skip"])
         if self._api is not None and state.get("source") is not None:
             getattr(self._source, self._api[1])(state["source"])
         elif self._api is None:

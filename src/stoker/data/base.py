@@ -442,9 +442,34 @@ class IndexedSource(ABC):
             "num_examples": self.num_examples,
             "num_shards": self.num_shards,
             "shard_index": self.shard_index,
+            "batch_size": self.batch_size,
         }
         state.update(self._identity())
         return state
+
+    def reshard_state_dict(self, states: list[dict[str, Any]]) -> dict[str, Any]:
+        """This shard's state, from the states every replica of a run with another number of
+        replicas saved (re-sharding on resume).
+
+        Possible when the global batch (``batch_size x num_shards``) is unchanged: shards
+        stripe each epoch's order, so position ``(epoch, batch)`` then stands for the same
+        examples consumed (the first ``batch x global batch`` of the epoch) in any layout.
+        """
+        first = states[0]
+        if "batch_size" not in first:
+            raise ValueError(f"{self.name}: the saved input state does not record its batch size; resume with "
+                             f"{first['num_shards']} replicas")
+        old_global = int(first["batch_size"]) * int(first["num_shards"])
+        if old_global != self.batch_size * self.num_shards:
+            raise ValueError(
+                f"{self.name}: cannot re-shard the input from {first['num_shards']} to {self.num_shards} replicas: "
+                f"the global batch changed ({old_global} -> {self.batch_size * self.num_shards}); keep the global batch"
+            )
+        if len({(int(s["epoch"]), int(s["batch"])) for s in states}) != 1:
+            raise ValueError(f"{self.name}: the replicas' saved positions differ; cannot re-shard them")
+        moved = dict(first, num_shards=self.num_shards, shard_index=self.shard_index, batch_size=self.batch_size)
+        moved.update({k: v for k, v in self._identity().items() if k == "batch_size"})
+        return moved
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Jump to a saved position; refuses a state saved for other data, seed or sharding."""
