@@ -195,3 +195,32 @@ def test_logging_hook_logs_the_last_partial_interval_at_the_end():
     hook = LoggingHook(every_n_steps=100)
     est.train(train_input(x, y), max_steps=10, hooks=[hook])
     assert hook.last_line.startswith("step 10, loss = 0.6931")
+
+
+def test_a_hook_you_pass_replaces_the_default_of_its_class():
+    x, y = make_data(64)
+    est = make_estimator(iterations_per_loop=5, log_every_n_steps=5)
+    est._model_fn = lm_fn
+    mine = LoggingHook(every_n_steps=5, language_model=True)
+    seen = []
+
+    class Spy(Hook):
+        priority = 99
+
+        def after_setup(self, run):  # noqa: ANN001
+            seen.extend(type(h).__name__ for h in runner_hooks)
+
+    runner_hooks: list = []
+    original = stoker.hooks.HookRunner.__init__
+
+    def capture(self, hooks):  # noqa: ANN001, ANN202
+        original(self, hooks)
+        runner_hooks.extend(self.hooks)
+
+    stoker.hooks.HookRunner.__init__ = capture
+    try:
+        est.train(train_input(x, y), max_steps=5, hooks=[mine, Spy()])
+    finally:
+        stoker.hooks.HookRunner.__init__ = original
+    assert seen.count("LoggingHook") == 1 and mine in runner_hooks
+    assert "bpc = 1.0000" in mine.last_line

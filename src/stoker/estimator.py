@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from functools import partial
@@ -169,6 +170,22 @@ class Estimator:
         assert self._model is not None
         return self.strategy.full_state_dict(self._model)
 
+    def export(
+        self,
+        export_dir: str | os.PathLike[str],
+        example_features: Any,
+        dynamic_batch: bool = True,
+        formats: Sequence[str] = ("pt2",),
+        *,
+        checkpoint_path: str | os.PathLike[str] | None = None,
+    ) -> Path:
+        """Export the PREDICT computation as a ``torch.export`` program (``model.pt2``), plus
+        ``model.safetensors`` and ``signature.json`` (and ``model.onnx`` if asked). Uses the
+        best checkpoint when ``keep_best`` recorded one, else the newest. See docs/export.md."""
+        from .export import export
+
+        return export(self, export_dir, example_features, dynamic_batch, formats, checkpoint_path=checkpoint_path)
+
     def latest_checkpoint(self) -> Path | None:
         """The newest checkpoint in ``model_dir`` (``None`` if there is none)."""
         return self._ckpt.latest_path() if self._ckpt else None
@@ -201,7 +218,10 @@ class Estimator:
             return self
 
         run = self._run_context(max_steps)
-        hook_list = self._default_hooks() + list(hooks)
+        # A hook the caller passes replaces the default hook of the same class (e.g. a
+        # LoggingHook(language_model=True) instead of the plain one).
+        given = {type(h) for h in hooks}
+        hook_list = [h for h in self._default_hooks() if type(h) not in given] + list(hooks)
         if steps is not None or max_steps is not None:
             hook_list.append(StopAtStepHook(num_steps=steps, last_step=max_steps))
         runner = HookRunner(sorted_hooks(hook_list))

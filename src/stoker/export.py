@@ -1,0 +1,499 @@
+"""Export a trained model for serving: a ``torch.export`` program, safetensors weights, a signature.
+
+What is exported is the PREDICT-mode computation of ``model_fn``: the module
+``features -> model_fn(model, features, None, PREDICT, params).predictions``, with the weights
+of one checkpoint baked in. An export directory holds::
+
+    export_dir/
+      model.pt2          torch.export program; torch.export.load("model.pt2").module()(*inputs) -> dict
+      model.safetensors  the model's weights (the same tensors as the checkpoint's), readable without stoker
+      signature.json     input / output names, dtypes and shapes ("batch" marks the dynamic dimension),
+                         the checkpoint, versions, and the largest difference from eager seen when exporting
+      model.onnx         only with formats=("pt2", "onnx") and the onnx + onnxscript packages installed
+
+Which weights: the ``checkpoint_path`` given; else the best checkpoint of ``model_dir`` when
+``RunConfig.keep_best`` has chosen one; else the newest; else (no checkpoint at all) the
+weights in the Estimator's memory.
+
+This module also owns the ``run_spec.json`` convention: a recipe or harness that writes a
+``model_dir`` records there how to rebuild its model, so ``stoker export MODEL_DIR`` (and
+``stoker inspect``) can work from the directory alone. See docs/export.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from . import __version__
+from .checkpoint import INDEX_NAME, CheckpointManager, model_state_to_bytes
+from .errors import StokerError
+from .spec import EstimatorSpec, ModeKeys
+
+if TYPE_CHECKING:
+    from .estimator import Estimator
+
+log = logging.getLogger("stoker")
+
+EXPORT_FORMAT = "stoker-export/1"
+PROGRAM_FILE = "model.pt2"
+WEIGHTS_FILE = "model.safetensors"
+SIGNATURE_FILE = "signature.json"
+ONNX_FILE = "model.onnx"
+FORMATS: tuple[str, ...] = ("pt2", "onnx")
+BATCH = "batch"  # the name of the dynamic first dimension in signature.json shapes
+
+RUN_SPEC_FILE = "run_spec.json"
+RUN_SPEC_FORMAT = "stoker-run-spec/1"
+
+
+class ExportError(StokerError):
+    """A model that cannot be exported as asked (missing packages, a shape torch.export cannot
+    keep dynamic, an export directory that holds something else)."""
+
+
+# ==================================================================== the exported module
+class PredictModule(nn.Module):
+    """``model_fn`` in PREDICT mode as a module: flat input tensors -> dict of predictions.
+
+    ``structure`` says how the flat tensors form ``features``: ``None`` for one tensor, a
+    tuple of keys for a dict, or an int (the length) for a tuple.
+    """
+
+    def __init__(self, model: nn.Module, model_fn: Callable[..., EstimatorSpec], params: dict[str, Any],
+                 structure: tuple[str, ...] | int | None) -> None:
+        super().__init__()
+        self.model = model
+        self.model_fn = model_fn
+        self.params = params
+        self.structure = structure
+
+    def forward(self, *inputs: torch.Tensor) -> dict[str, torch.Tensor]:
+        if self.structure is None:
+            features: Any = inputs[0]
+        elif isinstance(self.structure, int):
+            features = tuple(inputs)
+        else:
+            features = dict(zip(self.structure, inputs, strict=True))
+        # a fresh dict per call: model_fn may write into params (the cache), the export must not keep it
+        spec = self.model_fn(self.model, features, None, ModeKeys.PREDICT, dict(self.params))
+        preds = spec.predictions
+        if isinstance(preds, torch.Tensor):
+            return {"predictions": preds}
+        if not isinstance(preds, Mapping) or not preds:
+            raise ExportError("model_fn returned no predictions dict in PREDICT mode; there is nothing to export")
+        return dict(preds)
+
+
+def _flatten_features(features: Any) -> tuple[list[str], list[torch.Tensor], tuple[str, ...] | int | None]:
+    """Input names, tensors and structure of ``example_features`` (a tensor, a flat dict or a tuple)."""
+    if isinstance(features, torch.Tensor):
+        return ["features"], [features], None
+    if isinstance(features, Mapping):
+        names = [str(k) for k in features]
+        tensors = list(features.values())
+        structure: tuple[str, ...] | int | None = tuple(names)
+    elif isinstance(features, (tuple, list)):
+        names = [f"features_{i}" for i in range(len(features))]
+        tensors = list(features)
+        structure = len(tensors)
+    else:
+        raise ExportError(f"example_features must be a tensor, a dict of tensors or a tuple of tensors; got {type(features).__name__}")
+    bad = [n for n, t in zip(names, tensors, strict=True) if not isinstance(t, torch.Tensor)]
+    if bad or not tensors:
+        raise ExportError(f"example_features must hold tensors only; not tensors: {bad or 'no inputs at all'}")
+    return names, tensors, structure
+
+
+# ==================================================================== export
+def export(
+    estimator: Estimator,
+    export_dir: str | os.PathLike[str],
+    example_features: Any,
+    dynamic_batch: bool = True,
+    formats: Sequence[str] = ("pt2",),
+    *,
+    checkpoint_path: str | os.PathLike[str] | None = None,
+) -> Path:
+    """Export ``estimator``'s PREDICT computation to ``export_dir``; return its path.
+
+    Args:
+        estimator: the trained ``Estimator``.
+        export_dir: the directory to create. An existing one is replaced only if it is empty or
+            holds an earlier export (a ``signature.json``); the new export is written beside it
+            and renamed into place, so a crash never leaves a half export.
+        example_features: one batch of features as ``predict``'s ``input_fn`` would give them
+            (a tensor, a flat dict of tensors, or a tuple of tensors); the batch's values do not
+            matter, only shapes and dtypes.
+        dynamic_batch: export the first dimension of every input as dynamic (any batch >= 1);
+            ``False`` fixes it to the example's batch size.
+        formats: ``"pt2"`` (always written) and optionally ``"onnx"`` (needs ``onnx`` and ``onnxscript``).
+        checkpoint_path: the checkpoint to export (a ``ckpt-<step>`` dir or a model_dir);
+            default: the best checkpoint, else the newest, else the weights in memory.
+    """
+    formats = tuple(dict.fromkeys(("pt2", *formats)))
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown:
+        raise ValueError(f"export: unknown format(s) {unknown}; choose from {', '.join(FORMATS)}")
+    if "onnx" in formats:
+        _require_onnx()
+    export_dir = Path(export_dir)
+    _check_target(export_dir)
+    names, tensors, structure = _flatten_features(example_features)
+    rows = {t.shape[0] if t.dim() else None for t in tensors}
+    if len(rows) != 1 or None in rows:
+        raise ExportError(f"every example input needs the same batch size as its first dimension; got shapes {[list(t.shape) for t in tensors]}")
+    if dynamic_batch and next(iter(rows)) < 2:
+        # torch.export specialises a dimension of size 1 (broadcasting could depend on it), so
+        # trace with two rows: the program still accepts a batch of one.
+        tensors = [t.repeat(2, *([1] * (t.dim() - 1))) for t in tensors]
+    tensors = [t.detach().cpu() for t in tensors]
+
+    source, step, which = _load_weights(estimator, checkpoint_path)
+    # A CPU copy: the export does not depend on where the Estimator trains, and leaves it alone.
+    model = copy.deepcopy(estimator.model).to("cpu").eval()
+    params = dict(estimator.params)
+    params.update(batch_size=int(tensors[0].shape[0]), num_replicas=1, replica_index=0, cache=None)
+    module = PredictModule(model, estimator._model_fn, params, structure).eval()
+
+    with torch.no_grad():
+        eager = module(*tensors)
+    batch = torch.export.Dim(BATCH, min=1) if dynamic_batch else None
+    # forward(*inputs): the varargs parameter is one entry of dynamic_shapes, a tuple per input
+    dynamic_shapes = (tuple({0: batch} for _ in tensors),) if dynamic_batch else None
+    try:
+        program = torch.export.export(module, tuple(tensors), dynamic_shapes=dynamic_shapes)
+    except Exception as e:  # noqa: BLE001 - torch.export reports many kinds of failure
+        specialised = dynamic_batch and ("specialized" in str(e) or "Constraints violated" in str(e))
+        hint = (" The model fixes the batch size somewhere (a reshape with a literal, params['batch_size']);"
+                " use the batch of the input tensor, or export with dynamic_batch=False." if specialised else "")
+        raise ExportError(f"torch.export could not trace model_fn's PREDICT computation: {type(e).__name__}: {e}.{hint}") from e
+    tmp = export_dir.parent / f".tmp-export-{export_dir.name}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir(parents=True)
+    try:
+        torch.export.save(program, str(tmp / PROGRAM_FILE))
+        # Check what serving will see: the program as torch.export.load reads it back.
+        try:
+            with torch.no_grad():
+                exported = torch.export.load(str(tmp / PROGRAM_FILE)).module()(*tensors)
+        except Exception as e:  # noqa: BLE001 - a program that does not load back is not an export
+            raise ExportError(f"the saved program does not load back with torch.export.load: {type(e).__name__}: {e}") from e
+        max_diff = _max_difference(eager, exported)
+        (tmp / WEIGHTS_FILE).write_bytes(model_state_to_bytes(model.state_dict()))
+        files = [PROGRAM_FILE, WEIGHTS_FILE]
+        if "onnx" in formats:
+            _write_onnx(program, tmp / ONNX_FILE, names, list(exported))
+            files.append(ONNX_FILE)
+        signature = {
+            "format": EXPORT_FORMAT,
+            "inputs": [_describe(n, t, dynamic_batch) for n, t in zip(names, tensors, strict=True)],
+            "outputs": [_describe(n, t, dynamic_batch) for n, t in exported.items()],
+            "dynamic_batch": dynamic_batch,
+            "files": files,
+            "checkpoint": str(source) if source is not None else None,
+            "checkpoint_choice": which,
+            "global_step": step,
+            "max_abs_difference_from_eager": max_diff,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "stoker_version": __version__,
+            "torch_version": torch.__version__,
+        }
+        (tmp / SIGNATURE_FILE).write_text(json.dumps(signature, indent=1) + "\n")
+        _move_into_place(tmp, export_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    log.info("exported %s (step %d, %s) to %s: %s", source or "the weights in memory", step, which, export_dir, ", ".join(files))
+    return export_dir
+
+
+def _load_weights(estimator: Estimator, checkpoint_path: str | os.PathLike[str] | None) -> tuple[Path | None, int, str]:
+    """Put the weights to export into ``estimator.model``; return ``(checkpoint, step, choice)``."""
+    path: Path | None = None
+    which = "given"
+    if checkpoint_path is not None:
+        path = Path(checkpoint_path)
+    elif estimator.model_dir and (Path(estimator.model_dir) / INDEX_NAME).exists():
+        manager = CheckpointManager(estimator.model_dir, writer=False)
+        best = manager.best()
+        if best is not None and (manager.model_dir / best["name"]).is_dir():
+            path, which = manager.model_dir / best["name"], f"best by {best['metric']} ({best['value']:.6g})"
+        else:
+            path, which = manager.latest_path(), "latest"
+    if path is None:
+        estimator.model  # noqa: B018 - builds the model (and warm-starts it) if not built yet
+        if estimator._state_of == "fresh" and estimator._warm_start_from is None:
+            log.warning("export: no checkpoint and no training: exporting the initial (untrained) weights")
+        return None, estimator.global_step, "memory"
+    step, loaded = estimator._load_for_inference(path, "export")
+    return loaded, step, which
+
+
+def _describe(name: str, tensor: torch.Tensor, dynamic_batch: bool) -> dict[str, Any]:
+    shape: list[Any] = list(tensor.shape)
+    if dynamic_batch and shape:
+        shape[0] = BATCH
+    return {"name": name, "dtype": str(tensor.dtype).removeprefix("torch."), "shape": shape}
+
+
+def _max_difference(eager: Mapping[str, torch.Tensor], exported: Mapping[str, torch.Tensor]) -> float:
+    """Largest absolute difference between the eager and exported outputs; raise if they disagree."""
+    if list(eager) != list(exported):
+        raise ExportError(f"the exported program returns {list(exported)}, the eager model_fn {list(eager)}")
+    worst = 0.0
+    for name, a in eager.items():
+        b = exported[name]
+        if a.shape != b.shape or a.dtype != b.dtype:
+            raise ExportError(f"output {name!r}: eager {a.dtype}{list(a.shape)} but exported {b.dtype}{list(b.shape)}")
+        if a.is_floating_point():
+            if not torch.allclose(a, b, rtol=1e-4, atol=1e-5, equal_nan=True):
+                raise ExportError(f"output {name!r} of the exported program differs from eager by {(a - b).abs().max().item():.3g}")
+            worst = max(worst, float((a - b).abs().max()) if a.numel() else 0.0)
+        elif not torch.equal(a, b):
+            raise ExportError(f"output {name!r} of the exported program differs from eager")
+    return worst
+
+
+def _check_target(export_dir: Path) -> None:
+    if export_dir.exists() and (not export_dir.is_dir() or (any(export_dir.iterdir()) and not (export_dir / SIGNATURE_FILE).exists())):
+        raise ExportError(f"{export_dir} exists and is not an earlier export (no {SIGNATURE_FILE}); choose a new directory")
+
+
+def _move_into_place(tmp: Path, export_dir: Path) -> None:
+    if export_dir.exists():
+        trash = export_dir.parent / f".trash-export-{export_dir.name}-{uuid.uuid4().hex[:8]}"
+        os.replace(export_dir, trash)
+        os.replace(tmp, export_dir)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(tmp, export_dir)
+
+
+def onnx_available() -> bool:
+    """Whether the packages ONNX export needs (``onnx``, ``onnxscript``) are importable."""
+    return all(importlib.util.find_spec(m) is not None for m in ("onnx", "onnxscript"))
+
+
+def _require_onnx() -> None:
+    missing = [m for m in ("onnx", "onnxscript") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ExportError(
+            f"ONNX export needs the {' and '.join(missing)} package(s), which are not installed: "
+            "pip install onnx onnxscript, or export formats=('pt2',) only"
+        )
+
+
+def _write_onnx(program: torch.export.ExportedProgram, path: Path, input_names: list[str], output_names: list[str]) -> None:
+    try:
+        torch.onnx.export(program, f=str(path), input_names=input_names, output_names=output_names,
+                          dynamo=True, external_data=False)
+    except Exception as e:  # noqa: BLE001 - the ONNX exporter raises many kinds of errors
+        raise ExportError(f"ONNX export failed (the model.pt2 export worked): {type(e).__name__}: {e}") from e
+
+
+# ==================================================================== loading an export
+@dataclass
+class ExportedModel:
+    """An export directory loaded for inference: call it with a dict of input tensors."""
+
+    path: Path
+    signature: dict[str, Any]
+    module: nn.Module
+
+    @property
+    def input_names(self) -> list[str]:
+        return [i["name"] for i in self.signature["inputs"]]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o["name"] for o in self.signature["outputs"]]
+
+    def __call__(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        with torch.inference_mode():
+            return dict(self.module(*[inputs[n] for n in self.input_names]))
+
+
+def load_exported(export_dir: str | os.PathLike[str]) -> ExportedModel:
+    """Load ``model.pt2`` and ``signature.json`` of an export directory (no model code needed)."""
+    path = Path(export_dir)
+    sig_path = path / SIGNATURE_FILE
+    if not sig_path.exists() or not (path / PROGRAM_FILE).exists():
+        raise ExportError(f"{path} is not a stoker export: it needs {SIGNATURE_FILE} and {PROGRAM_FILE} (run stoker export)")
+    signature = json.loads(sig_path.read_text())
+    if signature.get("format") != EXPORT_FORMAT:
+        raise ExportError(f"{sig_path} has format {signature.get('format')!r}; this stoker reads {EXPORT_FORMAT!r}")
+    program = torch.export.load(str(path / PROGRAM_FILE))
+    return ExportedModel(path, signature, program.module())
+
+
+# ==================================================================== run_spec.json
+def write_run_spec(model_dir: str | os.PathLike[str], *, kind: str, params: Mapping[str, Any] | None = None,
+                   **fields: Any) -> Path:
+    """Record in ``model_dir/run_spec.json`` how the run's model is built.
+
+    ``kind`` names the builder (``"zoo"``: ``model``, ``dataset`` and optional ``num_classes``
+    fields; ``"charlm"``: the recipe's config). Other fields are kept as given (JSON values).
+    """
+    spec = {"format": RUN_SPEC_FORMAT, "kind": kind, **fields, "params": dict(params or {}),
+            "stoker_version": __version__, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    path = Path(model_dir) / RUN_SPEC_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{RUN_SPEC_FILE}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_text(json.dumps(spec, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_run_spec(model_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """``model_dir/run_spec.json`` as a dict, or ``None`` when there is none."""
+    path = Path(model_dir) / RUN_SPEC_FILE
+    if not path.exists():
+        return None
+    try:
+        spec = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ExportError(f"{path} is unreadable: {e}") from e
+    if not isinstance(spec, dict) or "kind" not in spec:
+        raise ExportError(f"{path} has no 'kind'; see docs/export.md for the run_spec.json format")
+    return spec
+
+
+def zoo_predict_model_fn(model: nn.Module, features: torch.Tensor, labels: Any, mode: ModeKeys,
+                         params: dict[str, Any]) -> EstimatorSpec:
+    """PREDICT for a zoo classifier: ``logits`` and ``classes`` (TRAIN/EVAL are the harness's job)."""
+    logits = model(features)
+    return EstimatorSpec(predictions={"logits": logits, "classes": logits.argmax(-1)})
+
+
+def _zoo_from_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> tuple[Estimator, torch.Tensor]:
+    from .config import RunConfig
+    from .estimator import Estimator
+    from .models import create_model, get_model_info
+
+    for key in ("model", "dataset"):
+        if key not in spec:
+            raise ExportError(f"run_spec.json of kind 'zoo' needs a {key!r} field")
+    params = dict(spec.get("params") or {})
+    info = get_model_info(spec["model"], spec["dataset"])
+    size = int(params.get("image_size", info.image_size))
+    num_classes = params.get("num_classes", spec.get("num_classes"))
+    est = Estimator(
+        model=lambda p: create_model(spec["model"], dataset=spec["dataset"], num_classes=num_classes),
+        model_fn=zoo_predict_model_fn,
+        config=RunConfig(model_dir=os.fspath(model_dir), device="cpu", progress_bar=False, summaries=False),
+        predict_batch_size=2,
+    )
+    return est, torch.zeros(2, 3, size, size)
+
+
+def _charlm_from_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> tuple[Estimator, torch.Tensor]:
+    from .recipes.charlm import estimator_from_run_spec
+
+    return estimator_from_run_spec(spec, model_dir)
+
+
+#: run_spec kind -> builder of ``(Estimator reading model_dir, example features)``
+RUN_SPEC_BUILDERS: dict[str, Callable[[Mapping[str, Any], str | os.PathLike[str]], tuple[Any, Any]]] = {
+    "zoo": _zoo_from_spec,
+    "charlm": _charlm_from_spec,
+}
+
+
+def estimator_from_model_dir(model_dir: str | os.PathLike[str]) -> tuple[Estimator, Any, dict[str, Any]]:
+    """Rebuild the Estimator of a ``model_dir`` from its ``run_spec.json``; also return example
+    features for export and the spec."""
+    spec = read_run_spec(model_dir)
+    if spec is None:
+        raise ExportError(
+            f"{model_dir} has no {RUN_SPEC_FILE}, so stoker does not know how its model is built; "
+            "export from Python with stoker.export.export(estimator, ...) (see docs/export.md)"
+        )
+    builder = RUN_SPEC_BUILDERS.get(spec["kind"])
+    if builder is None:
+        raise ExportError(f"{RUN_SPEC_FILE} kind {spec['kind']!r} is unknown; known kinds: {', '.join(RUN_SPEC_BUILDERS)}")
+    est, example = builder(spec, model_dir)
+    return est, example, spec
+
+
+# ==================================================================== command line
+def add_parser(subparsers: Any) -> None:
+    """Register ``stoker export MODEL_DIR --out DIR``."""
+    p = subparsers.add_parser(
+        "export",
+        help="export a model_dir's best (else newest) checkpoint as torch.export program + safetensors",
+        description="Export the PREDICT computation of a model_dir made by a stoker recipe or harness "
+        f"(it needs {RUN_SPEC_FILE}, see docs/export.md) to --out: model.pt2, model.safetensors, "
+        "signature.json and optionally model.onnx.",
+    )
+    p.add_argument("model_dir", help=f"a model_dir with checkpoints and {RUN_SPEC_FILE}")
+    p.add_argument("--out", required=True, help="the export directory to create (an earlier export there is replaced)")
+    p.add_argument("--checkpoint", default=None, help="a ckpt-<step> directory to export (default: best, else newest)")
+    p.add_argument("--format", dest="formats", action="append", choices=FORMATS, default=None,
+                   help="pt2 (always) and/or onnx; repeat the flag for both")
+    p.add_argument("--static_batch", type=int, default=None, metavar="N",
+                   help="fix the batch dimension to N instead of exporting it as dynamic")
+    p.set_defaults(func=_export_command)
+
+
+def _export_command(args: argparse.Namespace) -> int:
+    if args.static_batch is not None and args.static_batch < 1:
+        print(f"stoker export: --static_batch must be >= 1; got {args.static_batch}", file=sys.stderr)
+        return 2
+    logging.getLogger("stoker").setLevel(logging.WARNING)  # the summary below says what the INFO lines would
+    try:
+        est, example, spec = estimator_from_model_dir(args.model_dir)
+        if args.static_batch is not None:
+            example = _with_batch(example, args.static_batch)
+        out = export(est, args.out, example, dynamic_batch=args.static_batch is None,
+                     formats=tuple(args.formats or ("pt2",)), checkpoint_path=args.checkpoint)
+    except (StokerError, ValueError) as e:
+        print(f"stoker export: {e}", file=sys.stderr)
+        return 1
+    signature = json.loads((out / SIGNATURE_FILE).read_text())
+    print(f"exported {signature['checkpoint'] or 'weights in memory'} (step {signature['global_step']}, "
+          f"{signature['checkpoint_choice']}) of a {spec['kind']} run to {out}")
+    for kind in ("inputs", "outputs"):
+        for item in signature[kind]:
+            print(f"  {kind[:-1]:6s} {item['name']}: {item['dtype']}{item['shape']}")
+    print(f"  files: {', '.join(signature['files'])}")
+    return 0
+
+
+def _with_batch(example: Any, n: int) -> Any:
+    def resize(t: torch.Tensor) -> torch.Tensor:
+        return t[:1].expand(n, *t.shape[1:]).clone()
+
+    if isinstance(example, torch.Tensor):
+        return resize(example)
+    if isinstance(example, Mapping):
+        return {k: resize(v) for k, v in example.items()}
+    return tuple(resize(v) for v in example)
+
+
+__all__ = [
+    "ExportError",
+    "ExportedModel",
+    "PredictModule",
+    "estimator_from_model_dir",
+    "export",
+    "load_exported",
+    "onnx_available",
+    "read_run_spec",
+    "write_run_spec",
+    "zoo_predict_model_fn",
+]

@@ -1,0 +1,465 @@
+"""``charlm``: a small Transformer-XL-style character language model trained with stoker.
+
+What makes it Transformer-XL (Dai et al., 2019) is *segment-level recurrence*: the text is
+read as ``batch_size`` contiguous streams (``stoker.data.text_chars``), each step sees the next
+``seq_len`` bytes of every stream, and every layer attends over its own hidden states of the
+previous ``mem_len`` bytes (the *memory*) as well as the current segment. The memory is
+computed without gradient (it is a constant to the current step), so training costs one
+segment of backward pass while the model sees ``seq_len + mem_len`` bytes of context.
+Positions are relative (sinusoidal encodings of the query-key distance, with the two learned
+biases ``u`` and ``v`` of the paper), which is what lets a query use keys from the previous
+segment whose absolute positions it never saw.
+
+In stoker the memory is the ``EstimatorSpec.cache``: ``model_fn`` returns the new memory, the
+engine detaches it, hands it back as ``params["cache"]`` at the next step, saves it in every
+checkpoint (so a killed run resumes with the exact memory) and starts it afresh (``None``) at
+every ``evaluate`` call. ``mem_len=0`` turns the memory off (then ``cache`` is always ``None``).
+
+Entry points: :func:`train_charlm` (Python), ``stoker train charlm`` (command line; see
+:func:`add_arguments`), and :func:`estimator_from_run_spec` (used by ``stoker export``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import math
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import RunConfig
+from ..data import stdlib_corpus, text_chars
+from ..data.text import _collect as collect_text_files  # same expansion rule as text_chars
+from ..errors import StokerError
+from ..estimator import Estimator
+from ..hooks import Hook, LoggingHook
+from ..metrics import Metric
+from ..spec import EstimatorSpec, ModeKeys
+
+log = logging.getLogger("stoker")
+
+VOCAB = 256  # bytes
+RUN_SPEC_KIND = "charlm"
+HELP = "Transformer-XL-style character LM with segment memory carried in EstimatorSpec.cache"
+DESCRIPTION = (
+    "Train a small Transformer-XL-style byte-level language model on Python's standard-library "
+    "sources (or --text files), logging loss, perplexity and bits per character, and evaluating "
+    "bpc on a held-out slice. --mem_len 0 turns the segment memory off."
+)
+Cache = tuple[torch.Tensor, ...]
+
+
+# ==================================================================== the model
+class RelativeAttention(nn.Module):
+    """Multi-head causal attention over ``[memory; segment]`` with relative positions.
+
+    Scores are ``(q + u) . k`` (content) plus ``(q + v) . W_r r(i - j)`` (position), where
+    ``r(d)`` is the sinusoidal encoding of the distance ``d`` between query ``i`` and key ``j``.
+    """
+
+    def __init__(self, d_model: int, n_head: int, d_head: int, dropout: float) -> None:
+        super().__init__()
+        self.n_head, self.d_head = n_head, d_head
+        self.q = nn.Linear(d_model, n_head * d_head, bias=False)
+        self.kv = nn.Linear(d_model, 2 * n_head * d_head, bias=False)
+        self.r = nn.Linear(d_model, n_head * d_head, bias=False)
+        self.out = nn.Linear(n_head * d_head, d_model, bias=False)
+        self.u = nn.Parameter(torch.zeros(n_head, d_head))  # content bias
+        self.v = nn.Parameter(torch.zeros(n_head, d_head))  # position bias
+        self.drop = nn.Dropout(dropout)
+        self.scale = d_head**-0.5
+
+    def forward(self, x: torch.Tensor, context: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``x`` ``[B, T, D]`` (queries), ``context`` ``[B, K, D]`` (memory then ``x``), ``pos``
+        ``[K, D]`` encodings of distances ``K-1 .. 0``, ``mask`` ``[T, K]`` True where masked."""
+        b, t, _ = x.shape
+        k_len = context.shape[1]
+        h, dh = self.n_head, self.d_head
+        q = self.q(x).view(b, t, h, dh)
+        k, v = self.kv(context).view(b, k_len, 2, h, dh).unbind(2)
+        r = self.r(pos).view(k_len, h, dh)
+        content = torch.einsum("bthd,bkhd->bhtk", q + self.u, k)
+        position = _rel_shift(torch.einsum("bthd,khd->bhtk", q + self.v, r))
+        scores = ((content + position) * self.scale).masked_fill(mask, float("-inf"))
+        weights = self.drop(scores.softmax(-1))
+        return self.out(torch.einsum("bhtk,bkhd->bthd", weights, v).reshape(b, t, h * dh))
+
+
+def _rel_shift(x: torch.Tensor) -> torch.Tensor:
+    """Turn scores against positions ``K-1 .. 0`` into scores against each query's distances.
+
+    Input ``[B, H, T, K]``: column ``p`` holds the score of distance ``K-1-p``. Output: column
+    ``j`` of row ``i`` holds the score of distance ``(K - T) + i - j`` (entries with a negative
+    distance are garbage and must be masked). Done with one pad and two views (no gather), as
+    in Transformer-XL.
+    """
+    b, h, t, k = x.shape
+    padded = torch.cat([x.new_zeros(b, h, t, 1), x], dim=-1).view(b, h, k + 1, t)
+    return padded[:, :, 1:].reshape(b, h, t, k)
+
+
+class Block(nn.Module):
+    """Pre-norm Transformer block: relative attention over memory + segment, then an MLP."""
+
+    def __init__(self, d_model: int, n_head: int, d_head: int, d_inner: int, dropout: float) -> None:
+        super().__init__()
+        self.norm1 = nn.LayerNorm(d_model)
+        self.attn = RelativeAttention(d_model, n_head, d_head, dropout)
+        self.norm2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, d_inner), nn.GELU(), nn.Linear(d_inner, d_model))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, h: torch.Tensor, memory: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        x = self.norm1(h)
+        context = x if memory is None else torch.cat([self.norm1(memory), x], dim=1)
+        h = h + self.drop(self.attn(x, context, pos, mask))
+        return h + self.drop(self.mlp(self.norm2(h)))
+
+
+class CharTransformerXL(nn.Module):
+    """A byte-level Transformer-XL: ``tokens [B, T] int64`` -> ``(logits [B, T, 256], memory)``.
+
+    ``memory`` is a tuple of one ``[B, M, d_model]`` tensor per layer: the hidden states that
+    entered that layer over the last ``M <= mem_len`` bytes. Pass it back with the next segment
+    of the same streams. It is returned detached, and ``None`` when ``mem_len == 0``.
+    """
+
+    def __init__(self, *, d_model: int = 128, n_layer: int = 3, n_head: int = 4, d_head: int = 32,
+                 d_inner: int = 512, dropout: float = 0.1, mem_len: int = 64) -> None:
+        super().__init__()
+        if d_model % 2:
+            raise ValueError(f"charlm: d_model must be even (sinusoidal encodings); got {d_model}")
+        self.mem_len = mem_len
+        self.d_model = d_model
+        self.embed = nn.Embedding(VOCAB, d_model)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(Block(d_model, n_head, d_head, d_inner, dropout) for _ in range(n_layer))
+        self.norm = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, VOCAB)
+        inv_freq = 1.0 / (10000 ** (torch.arange(0, d_model, 2, dtype=torch.float32) / d_model))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)  # derived: not in checkpoints
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> CharTransformerXL:
+        """Build from an Estimator's ``params`` (the keys of :data:`MODEL_KEYS`)."""
+        return cls(**{k: params[k] for k in MODEL_KEYS})
+
+    def forward(self, tokens: torch.Tensor, memory: Cache | None = None) -> tuple[torch.Tensor, Cache | None]:
+        if memory is not None and len(memory) != len(self.blocks):
+            raise ValueError(f"charlm: memory has {len(memory)} layers, the model {len(self.blocks)}")
+        t = tokens.shape[1]
+        m = 0 if memory is None else memory[0].shape[1]
+        k = m + t
+        distances = torch.arange(k - 1, -1, -1, device=tokens.device, dtype=self.inv_freq.dtype)
+        angles = distances[:, None] * self.inv_freq[None, :]
+        pos = torch.cat([angles.sin(), angles.cos()], dim=-1)
+        # query i sits at position m + i of the keys and sees keys 0 .. m + i
+        mask = torch.ones(t, k, dtype=torch.bool, device=tokens.device).triu(1 + m)
+        h = self.drop(self.embed(tokens))
+        inputs: list[torch.Tensor] = []
+        for i, block in enumerate(self.blocks):
+            inputs.append(h)
+            h = block(h, None if memory is None else memory[i], pos, mask)
+        logits = self.head(self.norm(h))
+        return logits, self._next_memory(inputs, memory)
+
+    def _next_memory(self, inputs: list[torch.Tensor], memory: Cache | None) -> Cache | None:
+        if self.mem_len == 0:
+            return None
+        # Detached here (not only by the engine): the next segment must not backpropagate into
+        # this one. Detaching the inputs of the cat (rather than a no_grad block, which
+        # torch.export records as a node that torch.export.load then rejects) builds no graph.
+        if memory is None:
+            return tuple(x[:, -self.mem_len :].detach() for x in inputs)
+        return tuple(torch.cat([old.detach(), x.detach()], dim=1)[:, -self.mem_len :] for old, x in zip(memory, inputs, strict=True))
+
+
+MODEL_KEYS: tuple[str, ...] = ("d_model", "n_layer", "n_head", "d_head", "d_inner", "dropout", "mem_len")
+
+
+# ==================================================================== model_fn
+class BitsPerCharacter(Metric):
+    """Mean negative log-likelihood in bits: per-example mean loss (nats) summed, / count / ln 2."""
+
+    def update(self, nats: torch.Tensor) -> dict[str, torch.Tensor]:  # type: ignore[override]
+        return {"total": nats.detach().to(torch.float64), "count": torch.ones_like(nats, dtype=torch.float64)}
+
+    def compute(self, totals: Mapping[str, float]) -> float:
+        return totals["total"] / totals["count"] / math.log(2) if totals["count"] else float("nan")
+
+
+class Perplexity(BitsPerCharacter):
+    """``exp`` of the mean loss over all characters (not the mean of per-row perplexities)."""
+
+    def compute(self, totals: Mapping[str, float]) -> float:
+        return math.exp(min(totals["total"] / totals["count"], 700.0)) if totals["count"] else float("nan")
+
+
+def charlm_model_fn(model: nn.Module, features: torch.Tensor, labels: torch.Tensor | None, mode: ModeKeys,
+                    params: dict[str, Any]) -> EstimatorSpec:
+    """Next-byte cross-entropy with the segment memory carried in ``EstimatorSpec.cache``.
+
+    TRAIN: mean loss over every byte of the batch; the new memory as ``cache``. EVAL:
+    per-row mean losses (nats), ``bpc`` and ``ppl``, and the memory as ``cache`` (stoker
+    starts it at ``None`` in every ``evaluate`` call). PREDICT is stateless (rows of a
+    prediction batch need not continue each other): ``next_byte_logits [B, 256]`` and
+    ``next_byte [B]`` for the byte after each row.
+    """
+    memory = None if mode == ModeKeys.PREDICT else params.get("cache")
+    if memory is not None and memory[0].shape[0] != features.shape[0]:
+        memory = None  # a batch of other streams (e.g. a different batch size): start afresh
+    logits, new_memory = model(features, memory)
+    if mode == ModeKeys.PREDICT:
+        last = logits[:, -1]
+        return EstimatorSpec(predictions={"next_byte_logits": last, "next_byte": last.argmax(-1)})
+    assert labels is not None, "charlm: TRAIN and EVAL need target bytes"
+    nats = F.cross_entropy(logits.reshape(-1, VOCAB).float(), labels.reshape(-1), reduction="none").view(labels.shape)
+    if mode == ModeKeys.TRAIN:
+        return EstimatorSpec(loss=nats.mean(), cache=new_memory)
+    per_row = nats.mean(1)
+    return EstimatorSpec(
+        loss=per_row,
+        eval_metrics={"bpc": BitsPerCharacter()(per_row), "ppl": Perplexity()(per_row)},
+        cache=new_memory,
+    )
+
+
+# ==================================================================== config and data
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+@dataclass(kw_only=True)
+class CharLMConfig:
+    """Everything the ``charlm`` recipe needs; each field is also a ``stoker train charlm`` flag."""
+
+    model_dir: str | None = field(default=None, metadata=_help("checkpoints, metrics.csv and run_spec.json (required on the command line)"))
+    text: list[str] | None = field(default=None, metadata=_help("text files or folders to train on (default: Python's standard-library sources)"))
+    eval_text: list[str] | None = field(default=None, metadata=_help("held-out text (default: the last files of the corpus, --eval_fraction of its bytes)"))
+    corpus_bytes: int = field(default=4 * 2**20, metadata=_help("size of the standard-library corpus (bytes)"))
+    eval_fraction: float = field(default=0.05, metadata=_help("fraction of the corpus bytes held out for evaluation (whole files)"))
+    seq_len: int = field(default=32, metadata=_help("bytes per segment (one step reads one segment of every stream)"))
+    mem_len: int = field(default=64, metadata=_help("bytes of memory each layer attends to; 0 turns the memory off"))
+    d_model: int = field(default=128, metadata=_help("model width"))
+    n_layer: int = field(default=3, metadata=_help("Transformer blocks"))
+    n_head: int = field(default=4, metadata=_help("attention heads"))
+    d_head: int = field(default=32, metadata=_help("width of each head"))
+    d_inner: int = field(default=512, metadata=_help("hidden width of the MLPs"))
+    dropout: float = field(default=0.1, metadata=_help("dropout rate"))
+    batch_size: int = field(default=16, metadata=_help("global batch: parallel streams of text"))
+    eval_batch_size: int = field(default=16, metadata=_help("streams of the held-out text"))
+    max_steps: int = field(default=500, metadata=_help("train to this global step"))
+    lr: float = field(default=2e-3, metadata=_help("peak Adam learning rate"))
+    warmup_steps: int = field(default=50, metadata=_help("linear warm-up steps, then cosine decay to lr/10 at max_steps"))
+    clip_norm: float = field(default=0.25, metadata=_help("gradient norm clipping"))
+    eval_every_n_steps: int = field(default=250, metadata=_help("evaluate (and checkpoint) every N steps"))
+    eval_steps: int | None = field(default=None, metadata=_help("batches per evaluation (default: all of the held-out text)"))
+    save_checkpoints_steps: int = field(default=100, metadata=_help("checkpoint every N steps"))
+    keep_checkpoint_max: int = field(default=3, metadata=_help("newest checkpoints kept (the best by bpc is kept too)"))
+    iterations_per_loop: int = field(default=10, metadata=_help("steps per device loop"))
+    log_every_n_steps: int = field(default=50, metadata=_help("log loss / ppl / bpc every N steps"))
+    seed: int = field(default=0, metadata=_help("seed of the initial weights and dropout"))
+    device: str = field(default="auto", metadata=_help("auto, cpu, cuda or cuda:N"))
+
+    def model_params(self) -> dict[str, Any]:
+        """The ``params`` that define the model and its data shape (saved in ``run_spec.json``)."""
+        return {k: getattr(self, k) for k in (*MODEL_KEYS, "seq_len")}
+
+
+def split_corpus(config: CharLMConfig) -> tuple[list[Path], list[Path]]:
+    """Training and held-out files: ``eval_text`` if given, else the corpus's last whole files
+    holding at least ``eval_fraction`` of its bytes (held-out text the model never trained on)."""
+    files = collect_text_files(config.text, None) if config.text else stdlib_corpus(config.corpus_bytes)
+    if config.eval_text:
+        return files, collect_text_files(config.eval_text, None)
+    if len(files) < 2:
+        raise ValueError(
+            f"charlm: {len(files)} text file(s) cannot be split into training and held-out text; "
+            "give more files or --eval_text"
+        )
+    sizes = [f.stat().st_size for f in files]
+    want = config.eval_fraction * sum(sizes)
+    held, cut = 0, len(files)
+    while cut > 1 and held < want:
+        cut -= 1
+        held += sizes[cut]
+    return files[:cut], files[cut:]
+
+
+def input_fns(config: CharLMConfig) -> tuple[Callable[[dict[str, Any]], Iterable[Any]], Callable[[dict[str, Any]], Iterable[Any]]]:
+    """``(train_input_fn, eval_input_fn)``: contiguous byte streams, in order (Transformer-XL
+    batching: row ``i`` of each batch continues row ``i`` of the previous one)."""
+    train_files, eval_files = split_corpus(config)
+
+    def train_input_fn(params: dict[str, Any]) -> Iterable[Any]:
+        return text_chars(train_files, seq_len=params["seq_len"], batch_size=params["batch_size"],
+                          num_shards=params["num_replicas"], shard_index=params["replica_index"])
+
+    def eval_input_fn(params: dict[str, Any]) -> Iterable[Any]:
+        return text_chars(eval_files, seq_len=params["seq_len"], batch_size=params["batch_size"], num_epochs=1,
+                          num_shards=params["num_replicas"], shard_index=params["replica_index"])
+
+    return train_input_fn, eval_input_fn
+
+
+# ==================================================================== the Estimator
+class CharLMEstimator(Estimator):
+    """An Estimator whose default log line is a language model's: loss, ppl and bpc."""
+
+    def _default_hooks(self) -> list[Hook]:
+        # Swap the built-in LoggingHook for one with language_model=True (adding a second
+        # LoggingHook would print every line twice).
+        return [
+            LoggingHook(h.every_n_steps, language_model=True) if type(h) is LoggingHook else h
+            for h in super()._default_hooks()
+        ]
+
+
+def _schedule(params: dict[str, Any], optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+    warmup, total = max(int(params["warmup_steps"]), 1), max(int(params["max_steps"]), 1)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def build_estimator(config: CharLMConfig, *, warm_start_from: str | os.PathLike[str] | None = None) -> Estimator:
+    """The Estimator of ``config`` (checkpoints in ``config.model_dir``, best kept by ``bpc``;
+    ``warm_start_from``: initial weights, as ``Estimator(warm_start_from=...)``)."""
+    params = {**config.model_params(), "lr": config.lr, "warmup_steps": config.warmup_steps, "max_steps": config.max_steps}
+    run = RunConfig(
+        model_dir=config.model_dir,
+        seed=config.seed,
+        iterations_per_loop=config.iterations_per_loop,
+        save_checkpoints_steps=config.save_checkpoints_steps,
+        keep_checkpoint_max=config.keep_checkpoint_max,
+        keep_best=("bpc", "min"),
+        log_every_n_steps=config.log_every_n_steps,
+        gradient_clip_norm=config.clip_norm or None,
+        device=config.device,
+        progress_bar=False,
+    )
+    return CharLMEstimator(
+        model=CharTransformerXL.from_params,
+        model_fn=charlm_model_fn,
+        optimizer=lambda p, parameters: torch.optim.Adam(parameters, lr=p["lr"]),
+        lr_schedule=_schedule,
+        config=run,
+        params=params,
+        train_batch_size=config.batch_size,
+        eval_batch_size=config.eval_batch_size,
+        predict_batch_size=config.eval_batch_size,
+        warm_start_from=warm_start_from,
+    )
+
+
+def train_charlm(config: CharLMConfig | None = None, *, hooks: Sequence[Hook] = (), **overrides: Any) -> dict[str, float]:
+    """Train (or resume) the character LM to ``max_steps``, evaluating every
+    ``eval_every_n_steps``; return the last evaluation (``loss``, ``bpc``, ``ppl``, ``global_step``).
+
+    ``overrides`` replace fields of ``config`` (``train_charlm(model_dir="runs/c", mem_len=0)``).
+    Writes ``run_spec.json`` into ``model_dir`` so ``stoker export`` / ``stoker inspect`` know
+    how the run was made.
+    """
+    config = dataclasses.replace(config or CharLMConfig(), **overrides)
+    train_fn, eval_fn = input_fns(config)
+    est = build_estimator(config)
+    if config.model_dir:
+        from ..export import write_run_spec
+
+        write_run_spec(config.model_dir, kind=RUN_SPEC_KIND, params=config.model_params(),
+                       config=dataclasses.asdict(config))
+    return est.train_and_evaluate(train_fn, eval_fn, max_steps=config.max_steps,
+                                  eval_every_n_steps=config.eval_every_n_steps, eval_steps=config.eval_steps,
+                                  hooks=hooks)
+
+
+def estimator_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> tuple[Estimator, torch.Tensor]:
+    """An Estimator that reads ``model_dir``'s checkpoints, and example features for export
+    (``[2, seq_len]`` int64 bytes), from a ``run_spec.json`` written by :func:`train_charlm`."""
+    saved = dict(spec.get("config") or {})
+    known = {f.name for f in dataclasses.fields(CharLMConfig)}
+    config = CharLMConfig(**{k: v for k, v in saved.items() if k in known})
+    config = dataclasses.replace(config, model_dir=os.fspath(model_dir), **{k: v for k, v in spec["params"].items() if k in known})
+    return build_estimator(config), torch.zeros(2, config.seq_len, dtype=torch.int64)
+
+
+# ==================================================================== command line
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per :class:`CharLMConfig` field (``--model_dir`` required)."""
+    for f in dataclasses.fields(CharLMConfig):
+        flag = f"--{f.name}"
+        helptext = f.metadata.get("help", "")
+        if f.name == "model_dir":
+            parser.add_argument(flag, required=True, help=helptext)
+        elif f.name in ("text", "eval_text"):
+            parser.add_argument(flag, nargs="+", metavar="PATH", default=None, help=helptext)
+        elif f.name == "eval_steps":
+            parser.add_argument(flag, type=int, default=None, help=helptext)
+        else:
+            parser.add_argument(flag, type=type(f.default), default=f.default, help=helptext)
+
+
+def run(args: argparse.Namespace) -> int:
+    """``stoker train charlm``: train, then print the held-out result."""
+    config = CharLMConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(CharLMConfig)})
+    for name in ("seq_len", "batch_size", "eval_batch_size", "max_steps", "d_model", "n_layer", "n_head", "d_head", "d_inner"):
+        if getattr(config, name) < 1:
+            print(f"stoker train charlm: --{name} must be >= 1; got {getattr(config, name)}", file=sys.stderr)
+            return 2
+    if config.mem_len < 0:
+        print(f"stoker train charlm: --mem_len must be >= 0; got {config.mem_len}", file=sys.stderr)
+        return 2
+    try:
+        results = train_charlm(config)
+    except (StokerError, ValueError) as e:  # bad paths, too little text, a bad device name ...
+        print(f"stoker train charlm: {e}", file=sys.stderr)
+        return 1
+    print(
+        f"held-out at step {results['global_step']}: bpc = {results['bpc']:.4f}, ppl = {results['ppl']:.3f}, "
+        f"loss = {results['loss']:.4f} nats/char (mem_len {config.mem_len}, model_dir {config.model_dir})"
+    )
+    return 0
+
+
+__all__ = [
+    "BitsPerCharacter",
+    "CharLMConfig",
+    "CharLMEstimator",
+    "CharTransformerXL",
+    "Perplexity",
+    "add_arguments",
+    "build_estimator",
+    "charlm_model_fn",
+    "estimator_from_run_spec",
+    "input_fns",
+    "main",
+    "run",
+    "split_corpus",
+    "train_charlm",
+]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m stoker.recipes.charlm --model_dir DIR ...`` (the same flags as ``stoker train charlm``)."""
+    parser = argparse.ArgumentParser(prog="python -m stoker.recipes.charlm", description=DESCRIPTION,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
