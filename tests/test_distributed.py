@@ -134,6 +134,16 @@ def test_sharded_equals_replicated_and_resumes_from_dcp(tmp_path):
     full = consolidate(ckpt / "dcp")
     for k, v in full.items():
         np.testing.assert_allclose(v.numpy(), np.asarray(sh["weights"][k]), rtol=0, atol=0)
+    # the command line writes the same consolidated weights as one safetensors file
+    import subprocess as _sp
+
+    import safetensors.torch
+
+    out = _sp.run([PYTHON, "-m", "stoker", "checkpoint", "consolidate", str(tmp_path / "sh"), "--out",
+                   str(tmp_path / "full.safetensors")], env=python_env(), capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    cli_full = safetensors.torch.load_file(str(tmp_path / "full.safetensors"))
+    assert set(cli_full) == set(full) and all((cli_full[k] == full[k]).all() for k in full)
     # and one process resumes from the sharded checkpoint
     run(1, "--opt", "momentum", "--model_dir", str(tmp_path / "sh"), "--max_steps", "14")
     assert (tmp_path / "sh" / "ckpt-14" / "model.safetensors").exists()

@@ -270,3 +270,21 @@ def test_dynamic_loss_scale_halves_and_grows():
     scaler = stoker.precision.LossScaler(dynamic=True, init_scale=4.0, growth_interval=2)
     assert [scaler.step_ok(torch.tensor(0.0)) for _ in range(2)] == [True, True] and scaler.scale == 8.0
     assert scaler.step_ok(torch.tensor(1.0)) is False and scaler.scale == 4.0
+
+
+def test_initialize_lets_a_never_trained_estimator_predict(tmp_path):
+    x, _ = make_data(5)
+    est = make_estimator(tmp_path)
+    with pytest.raises(stoker.CheckpointError, match="has not been trained"):
+        list(est.predict(eval_input(x)))
+    est.initialize()
+    with torch.no_grad():
+        expected = est.model.eval()(x)
+    torch.testing.assert_close(torch.stack([r["logits"] for r in est.predict(eval_input(x))]), expected)
+
+
+def test_log_every_n_steps_none_turns_the_log_lines_off():
+    x, y = make_data(64)
+    est = make_estimator(log_every_n_steps=None)
+    assert not any(type(h).__name__ in ("LoggingHook", "StepCounterHook") for h in est._default_hooks())
+    est.train(train_input(x, y), max_steps=3)

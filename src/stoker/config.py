@@ -35,7 +35,8 @@ class RunConfig:
         keep_checkpoint_max: how many of the newest checkpoints to retain (0 keeps all).
         keep_best: ``(metric, "min" | "max")``: also retain the checkpoint with the best
             evaluation value of ``metric``, apart from the newest ones.
-        log_every_n_steps: interval of the loss / examples-per-second log lines.
+        log_every_n_steps: interval of the loss / examples-per-second log lines (``None``: no
+            log lines and no step counter, e.g. for a harness that prints its own).
         precision: ``fp32``, ``bf16`` (autocast) or ``fp16`` (autocast + loss scaling); master
             weights stay fp32.
         loss_scale: fp16 only: a number for a static scale (e.g. 128) or ``"dynamic"``.
@@ -63,7 +64,7 @@ class RunConfig:
     save_checkpoints_secs: float | None = None
     keep_checkpoint_max: int = 5
     keep_best: tuple[str, str] | None = None
-    log_every_n_steps: int = 100
+    log_every_n_steps: int | None = 100
     precision: Precision = "fp32"
     loss_scale: float | Literal["dynamic"] = "dynamic"
     loss_scale_init: float = 2.0**15
@@ -84,7 +85,8 @@ class RunConfig:
             self.model_dir = os.fspath(self.model_dir)
         _positive_int("iterations_per_loop", self.iterations_per_loop)
         _positive_int("gradient_accumulation_steps", self.gradient_accumulation_steps)
-        _positive_int("log_every_n_steps", self.log_every_n_steps)
+        if self.log_every_n_steps is not None:
+            _positive_int("log_every_n_steps", self.log_every_n_steps)
         _positive_int("loss_scale_growth_interval", self.loss_scale_growth_interval)
         if self.keep_checkpoint_max < 0:
             raise ValueError(f"RunConfig.keep_checkpoint_max must be >= 0 (0 keeps all), got {self.keep_checkpoint_max}")

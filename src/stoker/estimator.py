@@ -170,6 +170,25 @@ class Estimator:
         assert self._model is not None
         return self.strategy.full_state_dict(self._model)
 
+    def initialize(self) -> Estimator:
+        """Build the model (and optimizer) now and restore the newest checkpoint if there is one.
+
+        Afterwards ``evaluate``, ``predict`` and ``export`` also work on an Estimator that was
+        never trained: they use its initial (or warm-started) weights. Training from here is
+        the same as training without calling this.
+        """
+        if self._optimizer_fn is not None:
+            self._build_for_training()
+            self._restore_for_training()
+        else:
+            self._build_model()
+            latest = self.latest_checkpoint()
+            if latest is not None and self._weights_of != latest:
+                self._apply_checkpoint(load_checkpoint(latest), full=False)
+        if self._state_of == "fresh":
+            self._state_of = "memory"
+        return self
+
     def export(
         self,
         export_dir: str | os.PathLike[str],
@@ -451,14 +470,16 @@ class Estimator:
 
     def _default_hooks(self) -> list[Hook]:
         cfg = self.config
-        hooks: list[Hook] = [NanLossHook(), StepCounterHook(cfg.log_every_n_steps), LoggingHook(cfg.log_every_n_steps)]
+        hooks: list[Hook] = [NanLossHook()]
+        if cfg.log_every_n_steps is not None:
+            hooks += [StepCounterHook(cfg.log_every_n_steps), LoggingHook(cfg.log_every_n_steps)]
         if cfg.progress_bar:
             hooks.append(ProgressBarHook())
         if cfg.model_dir:
             hooks.append(CheckpointSaverHook(save_steps=cfg.save_checkpoints_steps, save_secs=None if cfg.save_checkpoints_steps else cfg.save_checkpoints_secs))
             hooks.append(PreemptionHook())
             if cfg.summaries:
-                hooks.append(SummaryHook(cfg.log_every_n_steps))
+                hooks.append(SummaryHook(cfg.log_every_n_steps or 100))
         return hooks
 
     def _per_replica(self, what: str, global_batch: int, accumulation: int = 1) -> int:

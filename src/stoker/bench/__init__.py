@@ -1,0 +1,56 @@
+"""``stoker bench``: a tf_cnn_benchmarks-compatible benchmark harness built on the Estimator.
+
+Same flags, modes and output as tf_cnn_benchmarks' ``benchmark_cnn.py`` (training,
+forward-only, evaluation, training + evaluation), plus an inference latency benchmark, FLOP
+counts and MFU. The pieces:
+
+- ``config``: :class:`BenchConfig`, the validated settings of one run;
+- ``workload``: what the settings mean on this machine (data, device, step counts) and the
+  ``input_fn`` s;
+- ``optim``: tf_cnn_benchmarks' optimizers and learning-rate schedules;
+- ``train`` / ``inference``: the runners; they return dicts and stream progress lines;
+- ``stats``: speed and latency statistics and their text lines;
+- ``report``: header, summary, MFU, results files, the model table;
+- ``cli``: the ``stoker bench`` flags.
+
+In Python::
+
+    from stoker.bench import BenchConfig, run_benchmark, summary_lines
+
+    result = run_benchmark(BenchConfig(model="resnet20", data_name="cifar10", num_batches=20))
+    print("\\n".join(summary_lines(result)))
+"""
+
+from .config import BenchConfig, BenchFlagError
+from .inference import run_inference
+from .report import (
+    add_efficiency,
+    header_lines,
+    measure_matmul_peak,
+    model_table,
+    summary_lines,
+    write_results,
+)
+from .stats import LatencyStats, PerfTiming, latency_stats, perf_timing
+from .train import bench_model_fn, run_benchmark
+from .workload import Workload, resolve_workload
+
+__all__ = [
+    "BenchConfig",
+    "BenchFlagError",
+    "LatencyStats",
+    "PerfTiming",
+    "Workload",
+    "add_efficiency",
+    "bench_model_fn",
+    "header_lines",
+    "latency_stats",
+    "measure_matmul_peak",
+    "model_table",
+    "perf_timing",
+    "resolve_workload",
+    "run_benchmark",
+    "run_inference",
+    "summary_lines",
+    "write_results",
+]

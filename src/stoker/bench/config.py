@@ -1,0 +1,287 @@
+"""``BenchConfig``: every setting of one ``stoker bench`` run, validated once.
+
+Field names are tf_cnn_benchmarks' flag names, so ``--batch_size=32`` becomes
+``BenchConfig(batch_size=32)``. ``__post_init__`` checks values and combinations and raises
+:class:`BenchFlagError`, which names the flags involved (the command line turns it into an
+argparse error, exit status 2). Checks that need the model registry, the data folder or the
+devices live in :func:`stoker.bench.workload.resolve_workload`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+DATA_NAMES: tuple[str, ...] = ("imagenet", "cifar10")
+DATA_FORMATS: tuple[str, ...] = ("NCHW", "NHWC")
+DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "gpu")
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+OPTIMIZERS: tuple[str, ...] = ("sgd", "momentum", "rmsprop", "adam")
+VARIABLE_UPDATES: tuple[str, ...] = ("independent", "replicated", "sharded", "parameter_server")
+RUN_MODES: tuple[str, ...] = ("training", "inference")
+_MULTI_PROCESS_UPDATES = ("distributed_replicated", "distributed_all_reduce", "collective_all_reduce", "horovod")
+
+# tf_cnn_benchmarks' BenchmarkMode values, printed on the ``Mode:`` line.
+MODE_TRAIN = "training"
+MODE_EVAL = "evaluation"
+MODE_TRAIN_AND_EVAL = "training + evaluation"
+MODE_FORWARD_ONLY = "forward-only"
+MODE_INFERENCE = "inference"
+
+DEFAULT_NUM_BATCHES = 100
+DEFAULT_BATCH_SIZE = 32
+DEFAULT_LEARNING_RATE = 0.005
+DEFAULT_FP16_LOSS_SCALE = 128.0
+DEFAULT_INFERENCE_ITERATIONS = 100
+
+
+class BenchFlagError(ValueError):
+    """A bad flag value or combination; ``flags`` names the flags involved."""
+
+    def __init__(self, flags: tuple[str, ...], message: str) -> None:
+        super().__init__(message)
+        self.flags = flags
+
+
+def _fail(message: str, *flags: str) -> BenchFlagError:
+    return BenchFlagError(tuple(flags), message)
+
+
+@dataclass(kw_only=True)
+class BenchConfig:
+    """Settings of a benchmark run (see ``docs/bench.md`` for each flag).
+
+    ``None`` means "not given" where the default depends on other settings (``num_batches``,
+    ``init_learning_rate``, the fp16 flags, the inference flags), so that a flag given in the
+    wrong mode can be refused rather than silently ignored.
+    """
+
+    # what to run
+    model: str = "trivial"
+    data_name: str | None = None
+    data_dir: str | None = None
+    mode: str = "training"
+    forward_only: bool = False
+    eval: bool = False
+    # how much
+    batch_size: int = DEFAULT_BATCH_SIZE
+    num_batches: int | None = None
+    num_epochs: float | None = None
+    num_eval_batches: int | None = None
+    num_warmup_batches: int = 10
+    display_every: int = 10
+    iterations_per_loop: int = 1
+    # where and how
+    device: str = "auto"
+    data_format: str = "NCHW"
+    precision: str = "fp32"
+    fp16_loss_scale: float | None = None
+    fp16_enable_auto_loss_scale: bool = False
+    fp16_inc_loss_scale_every_n: int | None = None
+    variable_update: str = "replicated"
+    compile: bool = False
+    tf_random_seed: int = 1234
+    num_intra_threads: int | None = None
+    num_inter_threads: int | None = None
+    # optimizer and learning rate
+    optimizer: str = "sgd"
+    init_learning_rate: float | None = None
+    piecewise_learning_rate_schedule: str | None = None
+    num_epochs_per_decay: float = 0.0
+    learning_rate_decay_factor: float = 0.0
+    num_learning_rate_warmup_epochs: float = 0.0
+    minimum_learning_rate: float = 0.0
+    momentum: float = 0.9
+    rmsprop_decay: float = 0.9
+    rmsprop_momentum: float = 0.9
+    rmsprop_epsilon: float = 1.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_epsilon: float = 1e-8
+    weight_decay: float = 4e-5
+    gradient_clip: float | None = None
+    # evaluation during training
+    eval_during_training_every_n_steps: int | None = None
+    stop_at_top_1_accuracy: float | None = None
+    print_training_accuracy: bool = False
+    # checkpoints, traces, results
+    train_dir: str | None = None
+    save_model_steps: int | None = None
+    save_model_secs: float | None = None
+    max_ckpts_to_keep: int = 5
+    trace_file: str | None = None
+    results_file: str | None = None
+    peak_tflops: float | None = None
+    # inference latency benchmark
+    num_inference_threads: int | None = None
+    iterations: int | None = None
+    exported: str | None = None
+
+    def __post_init__(self) -> None:
+        self._check_values()
+        self._check_combinations()
+        self._check_learning_rate()
+
+    # ------------------------------------------------------------------ checks
+    def _check_values(self) -> None:
+        for name, allowed in (
+            ("data_format", DATA_FORMATS),
+            ("device", DEVICES),
+            ("precision", PRECISIONS),
+            ("optimizer", OPTIMIZERS),
+            ("variable_update", VARIABLE_UPDATES),
+            ("mode", RUN_MODES),
+        ):
+            value = getattr(self, name)
+            if value not in allowed:
+                hint = ""
+                if name == "variable_update" and value in _MULTI_PROCESS_UPDATES:
+                    hint = " (multi-process training is not available in the engine yet)"
+                raise _fail(f"--{name}={value!r} is not allowed{hint}; allowed values: {', '.join(allowed)}", name)
+        if self.data_name is not None and self.data_name not in DATA_NAMES:
+            raise _fail(f"--data_name={self.data_name!r} is not allowed; allowed values: {', '.join(DATA_NAMES)}", "data_name")
+        for name in ("batch_size", "display_every", "iterations_per_loop", "max_ckpts_to_keep"):
+            _require_int(name, getattr(self, name), minimum=0 if name == "max_ckpts_to_keep" else 1)
+        _require_int("num_warmup_batches", self.num_warmup_batches, minimum=0)
+        for name in (
+            "num_batches", "num_eval_batches", "eval_during_training_every_n_steps", "save_model_steps",
+            "fp16_inc_loss_scale_every_n", "num_inference_threads", "iterations", "num_intra_threads",
+            "num_inter_threads",
+        ):
+            if getattr(self, name) is not None:
+                _require_int(name, getattr(self, name), minimum=1)
+        for name in (
+            "num_epochs", "fp16_loss_scale", "gradient_clip", "save_model_secs", "peak_tflops",
+            "init_learning_rate",
+        ):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise _fail(f"--{name} must be > 0; got {value}", name)
+        for name in (
+            "num_epochs_per_decay", "learning_rate_decay_factor", "num_learning_rate_warmup_epochs",
+            "minimum_learning_rate", "weight_decay", "momentum", "rmsprop_decay", "rmsprop_momentum",
+            "rmsprop_epsilon", "adam_beta1", "adam_beta2", "adam_epsilon",
+        ):
+            if getattr(self, name) < 0:
+                raise _fail(f"--{name} must be >= 0; got {getattr(self, name)}", name)
+        if self.stop_at_top_1_accuracy is not None and not 0 < self.stop_at_top_1_accuracy <= 1:
+            raise _fail(f"--stop_at_top_1_accuracy must be in (0, 1]; got {self.stop_at_top_1_accuracy}", "stop_at_top_1_accuracy")
+
+    def _check_combinations(self) -> None:
+        if self.forward_only and self.eval:
+            raise _fail("--forward_only and --eval cannot both be set: forward-only times the forward pass "
+                        "of training, --eval evaluates a checkpoint", "forward_only", "eval")
+        if self.num_batches is not None and self.num_epochs is not None:
+            raise _fail("at most one of --num_batches and --num_epochs may be given", "num_batches", "num_epochs")
+        if self.eval_during_training_every_n_steps is not None:
+            for other in ("eval", "forward_only"):
+                if getattr(self, other):
+                    raise _fail(f"--eval_during_training_every_n_steps cannot be used with --{other}",
+                                "eval_during_training_every_n_steps", other)
+        if self.stop_at_top_1_accuracy is not None and self.eval_during_training_every_n_steps is None:
+            raise _fail("--stop_at_top_1_accuracy needs --eval_during_training_every_n_steps",
+                        "stop_at_top_1_accuracy", "eval_during_training_every_n_steps")
+        if self.num_eval_batches is not None and not (self.eval or self.eval_during_training_every_n_steps):
+            raise _fail("--num_eval_batches applies only with --eval or --eval_during_training_every_n_steps",
+                        "num_eval_batches")
+        fp16_flags = [n for n in ("fp16_loss_scale", "fp16_inc_loss_scale_every_n") if getattr(self, n) is not None]
+        if self.fp16_enable_auto_loss_scale:
+            fp16_flags.append("fp16_enable_auto_loss_scale")
+        if fp16_flags and self.precision != "fp16":
+            raise _fail(f"--{fp16_flags[0]} applies only to fp16 training (--use_fp16 or --precision=fp16); "
+                        f"the precision is {self.precision}", fp16_flags[0], "precision")
+        if self.fp16_inc_loss_scale_every_n is not None and not self.fp16_enable_auto_loss_scale:
+            raise _fail("--fp16_inc_loss_scale_every_n needs --fp16_enable_auto_loss_scale",
+                        "fp16_inc_loss_scale_every_n", "fp16_enable_auto_loss_scale")
+        if self.save_model_steps is not None and self.save_model_secs is not None:
+            raise _fail("at most one of --save_model_steps and --save_model_secs may be given",
+                        "save_model_steps", "save_model_secs")
+        for name in ("save_model_steps", "save_model_secs"):
+            if getattr(self, name) is not None and self.train_dir is None:
+                raise _fail(f"--{name} needs --train_dir (where checkpoints go)", name, "train_dir")
+        if self.eval and self.train_dir is None:
+            raise _fail("--eval evaluates the newest checkpoint in --train_dir; give --train_dir", "eval", "train_dir")
+        if self.mode == "inference":
+            if self.data_dir is not None:
+                raise _fail("--data_dir: the inference benchmark runs on synthetic batches only", "data_dir", "mode")
+            for name in ("eval", "forward_only", "print_training_accuracy"):
+                if getattr(self, name):
+                    raise _fail(f"--{name} does not apply to --mode=inference", name, "mode")
+            for name in ("eval_during_training_every_n_steps", "num_batches", "num_epochs", "save_model_steps",
+                         "save_model_secs", "trace_file"):
+                if getattr(self, name) is not None:
+                    raise _fail(f"--{name} does not apply to --mode=inference (use --iterations)", name, "mode")
+        else:
+            for name in ("num_inference_threads", "iterations", "exported"):
+                if getattr(self, name) is not None:
+                    raise _fail(f"--{name} applies only to --mode=inference", name, "mode")
+        if self.exported is not None:
+            # The export fixes the model, its weights and its arithmetic.
+            for name, given in (("compile", self.compile), ("train_dir", self.train_dir is not None),
+                                ("precision", self.precision != "fp32")):
+                if given:
+                    raise _fail(f"--{name} does not apply to --exported: the exported program fixes the model, "
+                                "its weights and its precision", name, "exported")
+
+    def _check_learning_rate(self) -> None:
+        decay = self.num_epochs_per_decay > 0 or self.learning_rate_decay_factor > 0
+        if self.piecewise_learning_rate_schedule is not None:
+            others = [n for n in ("init_learning_rate",) if getattr(self, n) is not None]
+            others += [n for n in ("learning_rate_decay_factor", "minimum_learning_rate", "num_epochs_per_decay")
+                       if getattr(self, n)]
+            if others:
+                raise _fail(f"--piecewise_learning_rate_schedule cannot be combined with --{others[0]}",
+                            "piecewise_learning_rate_schedule", others[0])
+            from .optim import parse_piecewise_schedule
+
+            try:
+                parse_piecewise_schedule(self.piecewise_learning_rate_schedule)
+            except ValueError as e:
+                raise _fail(f"--piecewise_learning_rate_schedule: {e}", "piecewise_learning_rate_schedule") from None
+        if decay and not (self.init_learning_rate is not None and self.num_epochs_per_decay > 0
+                          and self.learning_rate_decay_factor > 0):
+            raise _fail("--num_epochs_per_decay and --learning_rate_decay_factor must be given together, "
+                        "with --init_learning_rate", "num_epochs_per_decay", "learning_rate_decay_factor",
+                        "init_learning_rate")
+        if self.minimum_learning_rate and not decay:
+            raise _fail("--minimum_learning_rate needs --init_learning_rate, --num_epochs_per_decay and "
+                        "--learning_rate_decay_factor", "minimum_learning_rate")
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def benchmark_mode(self) -> str:
+        """tf_cnn_benchmarks' name of what runs: training, evaluation, forward-only, ... ."""
+        if self.mode == "inference":
+            return MODE_INFERENCE
+        if self.eval:
+            return MODE_EVAL
+        if self.forward_only:
+            return MODE_FORWARD_ONLY
+        if self.eval_during_training_every_n_steps is not None:
+            return MODE_TRAIN_AND_EVAL
+        return MODE_TRAIN
+
+    @property
+    def channels_last(self) -> bool:
+        return self.data_format == "NHWC"
+
+    @property
+    def learning_rate(self) -> float:
+        """The initial learning rate (the first piece of a piecewise schedule, else the flag or default)."""
+        if self.piecewise_learning_rate_schedule is not None:
+            from .optim import parse_piecewise_schedule
+
+            return parse_piecewise_schedule(self.piecewise_learning_rate_schedule)[1][0]
+        return DEFAULT_LEARNING_RATE if self.init_learning_rate is None else self.init_learning_rate
+
+    def replace(self, **changes: object) -> BenchConfig:
+        """A copy with some fields changed (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, object]:
+        return dataclasses.asdict(self)
+
+
+def _require_int(name: str, value: object, *, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise _fail(f"--{name} must be an integer >= {minimum}; got {value!r}", name)

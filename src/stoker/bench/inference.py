@@ -1,0 +1,150 @@
+"""The inference latency benchmark (``stoker bench --mode=inference``).
+
+As the IPU applications' ``inference_run``: one untimed first call (it pays for lazy
+initialisation and, with ``--compile``, for compilation), then ``--num_inference_threads``
+threads each call the model ``--iterations`` times on the same batch and time every call.
+The latencies of all threads are pooled; throughput is ``iterations x threads x batch`` over
+the wall time from starting the first thread to joining the last.
+
+One call is the forward pass plus reading the predicted classes back to the host, so on
+CUDA a call's latency includes waiting for its kernels (the seed's call also returns its
+predictions). The model is built by an Estimator (seeded; weights from ``--train_dir`` when
+given) and called directly: a latency benchmark measures one call, not a loop. With
+``--exported DIR`` the call is the exported program of ``stoker export`` (``model.pt2``, its
+input shape from ``signature.json``), every output read back to the host.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..config import RunConfig
+from ..data import synthetic_images
+from ..estimator import Estimator
+from ..precision import autocast_context
+from .config import BenchConfig, BenchFlagError
+from .report import flops_per_image, header_lines
+from .stats import format_latencies, latency_stats
+from .train import base_result, bench_model_fn, zoo_model
+from .workload import Workload
+
+LogFn = Callable[[str], None]
+
+
+def run_inference(cfg: BenchConfig, workload: Workload, *, model: Callable[[dict[str, Any]], nn.Module] | None = None,
+                  log: LogFn = print) -> dict[str, Any]:
+    """Time single forward calls from ``--num_inference_threads`` threads; return the statistics."""
+    cfg = cfg.replace(num_inference_threads=cfg.num_inference_threads or 1, iterations=cfg.iterations or 100)
+    threads, iterations = int(cfg.num_inference_threads or 1), int(cfg.iterations or 100)
+    if cfg.exported is not None:
+        model_name = f"exported program {cfg.exported}"
+        call, image_size = _exported_call(cfg, workload)
+    else:
+        model_name = cfg.model if model is None else f"{cfg.model} (custom)"
+        call, image_size = _eager_call(cfg, workload, model), workload.image_size
+    for line in header_lines(cfg, workload, model_name):
+        log(line)
+
+    log("Running warm up")
+    start = time.perf_counter()
+    with torch.inference_mode(), autocast_context(cfg.precision, workload.device):
+        call()
+    log(f"Done warm up (first call: {time.perf_counter() - start:.3f} s)")
+
+    per_thread: list[list[float]] = [[] for _ in range(threads)]
+
+    def runner(index: int) -> None:
+        # Autocast and inference mode are thread-local: each thread enters them itself.
+        latencies = per_thread[index]
+        with torch.inference_mode(), autocast_context(cfg.precision, workload.device):
+            for _ in range(iterations):
+                t0 = time.perf_counter()
+                call()
+                latencies.append(time.perf_counter() - t0)
+
+    workers = [threading.Thread(target=runner, args=(i,), name=f"stoker-bench-{i}") for i in range(threads)]
+    start = time.perf_counter()
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    wall = time.perf_counter() - start
+    pooled = [t for lat in per_thread for t in lat]
+    stats = latency_stats(pooled)
+    log(f"Latencies in ms, {stats.count} calls pooled over {threads} thread(s):")
+    log(format_latencies(stats))
+    result = base_result(cfg, workload, model_name)
+    result.update(
+        num_steps=len(pooled),
+        elapsed_seconds=wall,
+        average_wall_time=wall / max(1, iterations),
+        images_per_sec=len(pooled) * workload.batch_size / wall if wall > 0 else 0.0,
+        num_inference_threads=threads,
+        iterations=iterations,
+        latency_avg_ms=stats.mean_ms,
+        latency_p99_ms=stats.p99_ms,
+        latency_p999_ms=stats.p999_ms,
+        latency_max_ms=stats.max_ms,
+        latencies_ms=[1000.0 * t for t in pooled],
+    )
+    if model is None and cfg.exported is None:
+        forward = flops_per_image(cfg.model, workload.dataset, workload.num_classes)
+        result.update(gflop_per_image_forward=forward, gflop_per_image=forward)
+    result["image_size"] = image_size
+    return result
+
+
+def _eager_call(cfg: BenchConfig, workload: Workload, model: Callable[[dict[str, Any]], nn.Module] | None) -> Callable[[], Any]:
+    """One forward call of the zoo (or given) model, eager or compiled, returning the classes."""
+    est = Estimator(
+        model=model or zoo_model(cfg, workload),
+        model_fn=bench_model_fn,
+        config=RunConfig(seed=cfg.tf_random_seed, device=str(workload.device), strategy="single",
+                         progress_bar=False, summaries=False),
+        warm_start_from=cfg.train_dir,
+    )
+    module = est.model.eval()
+    call_model = torch.compile(module) if cfg.compile else module
+    images = _images(cfg, workload, workload.image_size)
+
+    def call() -> torch.Tensor:
+        return call_model(images).argmax(-1).cpu()
+
+    return call
+
+
+def _exported_call(cfg: BenchConfig, workload: Workload) -> tuple[Callable[[], Any], int]:
+    """One call of an exported program (``stoker export``) on a synthetic batch of its input shape."""
+    from ..export import load_exported  # only this mode needs the export format
+
+    exported = load_exported(cfg.exported)  # type: ignore[arg-type]
+    inputs = exported.signature["inputs"]
+    shape = inputs[0]["shape"] if len(inputs) == 1 else []
+    if len(shape) != 4 or shape[1] != 3 or shape[2] != shape[3]:
+        raise BenchFlagError(("exported",), f"--exported={cfg.exported}: the program's inputs are {inputs}; the "
+                             "benchmark feeds one image batch [batch, 3, S, S]")
+    if not exported.signature.get("dynamic_batch", True) and shape[0] != workload.batch_size:
+        raise BenchFlagError(("batch_size", "exported"), f"--batch_size={workload.batch_size}, but the program was "
+                             f"exported for batches of {shape[0]} only")
+    if workload.device.type != "cpu":
+        exported.module.to(workload.device)
+    images = _images(cfg, workload, int(shape[2]))
+    name = inputs[0]["name"]
+
+    def call() -> dict[str, torch.Tensor]:
+        return {k: v.cpu() for k, v in exported({name: images}).items()}
+
+    return call, int(shape[2])
+
+
+def _images(cfg: BenchConfig, workload: Workload, image_size: int) -> torch.Tensor:
+    return synthetic_images(
+        (3, image_size, image_size), workload.num_classes, batch_size=workload.batch_size,
+        device=workload.device, seed=cfg.tf_random_seed, channels_last=cfg.channels_last,
+    ).images

@@ -1,0 +1,187 @@
+"""Optimizers and learning-rate schedules with tf_cnn_benchmarks' semantics.
+
+- ``sgd``: plain gradient descent.
+- ``momentum``: TensorFlow's ``MomentumOptimizer(use_nesterov=True)``, which is
+  ``torch.optim.SGD(momentum=m, nesterov=True)`` (both start the accumulator at the first
+  gradient).
+- ``rmsprop``: TensorFlow's ``RMSPropOptimizer``, which differs from ``torch.optim.RMSprop``
+  in three ways that matter with tf_cnn_benchmarks' default ``epsilon = 1.0``: the mean
+  square starts at 1 (not 0), epsilon is added inside the square root, and the learning rate
+  is applied inside the momentum accumulator. :class:`TFRMSProp` implements it.
+- ``adam``: ``torch.optim.Adam``. TensorFlow applies epsilon after the bias correction of the
+  learning rate (``eps_tf = eps_torch * sqrt(1 - beta2^t)``); with ``1e-8`` the difference is
+  below fp32 rounding for any realistic gradient.
+
+The learning rate follows ``get_learning_rate``: a piecewise-constant schedule over epochs,
+or an initial rate with optional staircase exponential decay and a floor, then optional
+linear warm-up from 0.
+
+Weight decay: tf_cnn_benchmarks adds ``weight_decay * sum(w^2) / 2`` to the loss, whose
+gradient is ``weight_decay * w``. Differentiating it through autograd costs a norm backward
+per parameter (it halved the speed of the ``trivial`` model); adding ``weight_decay * w`` to
+the gradients in one fused operation is the same update. It runs in an optimizer pre-step
+hook, so the order is TensorFlow's: the gradients are unscaled (fp16), the decay is added,
+``--gradient_clip`` clips every element to ``[-c, c]``, then the optimizer updates. The
+reported loss still includes the L2 value (``train.py``).
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+from .config import BenchConfig
+
+OptimizerFn = Callable[[dict[str, Any], Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
+ScheduleFn = Callable[[dict[str, Any], torch.optim.Optimizer], Any]
+
+
+class TFRMSProp(torch.optim.Optimizer):
+    """RMSProp as TensorFlow 1 computes it::
+
+        ms  = decay * ms + (1 - decay) * g^2          # ms starts at 1
+        mom = momentum * mom + lr * g / sqrt(ms + eps)
+        w  -= mom
+    """
+
+    def __init__(
+        self, params: Iterable[torch.nn.Parameter], lr: float, decay: float = 0.9, momentum: float = 0.0, eps: float = 1e-10
+    ) -> None:
+        if lr < 0 or not 0 <= decay <= 1 or momentum < 0 or eps < 0:
+            raise ValueError(f"TFRMSProp: bad hyper-parameters lr={lr}, decay={decay}, momentum={momentum}, eps={eps}")
+        super().__init__(params, {"lr": lr, "decay": decay, "momentum": momentum, "eps": eps})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            grads = [p.grad for p in params]
+            for p in params:
+                state = self.state[p]
+                if not state:
+                    state["ms"] = torch.ones_like(p, memory_format=torch.preserve_format)
+                    state["mom"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            ms = [self.state[p]["ms"] for p in params]
+            mom = [self.state[p]["mom"] for p in params]
+            torch._foreach_mul_(ms, group["decay"])
+            torch._foreach_addcmul_(ms, grads, grads, value=1.0 - group["decay"])
+            denom = torch._foreach_add(ms, group["eps"])
+            torch._foreach_sqrt_(denom)
+            torch._foreach_mul_(mom, group["momentum"])
+            torch._foreach_addcdiv_(mom, grads, denom, value=float(group["lr"]))
+            torch._foreach_sub_(params, mom)
+        return loss
+
+
+def parse_piecewise_schedule(text: str) -> tuple[list[int], list[float]]:
+    """``"LR0;E1;LR1;...;En;LRn"`` -> (epoch boundaries ``[E1..En]``, rates ``[LR0..LRn]``)."""
+    pieces = [p.strip() for p in text.split(";")]
+    if len(pieces) % 2 == 0:
+        raise ValueError(f"{text!r} must have an odd number of ';'-separated parts (LR0;E1;LR1;...;En;LRn)")
+    rates: list[float] = []
+    epochs: list[int] = []
+    for i, piece in enumerate(pieces):
+        try:
+            if i % 2 == 0:
+                rates.append(float(piece))
+            else:
+                epochs.append(int(piece))
+        except ValueError:
+            what = "learning rate" if i % 2 == 0 else "epoch (an integer)"
+            raise ValueError(f"invalid {what} {piece!r} in {text!r}") from None
+    if any(b <= a for a, b in zip(epochs, epochs[1:], strict=False)):
+        raise ValueError(f"the epochs of {text!r} must increase")
+    return epochs, rates
+
+
+def learning_rate_fn(cfg: BenchConfig, batches_per_epoch: float) -> Callable[[int], float] | None:
+    """The learning rate of global step ``step`` (0-based), or ``None`` when it is constant."""
+    warmup_steps = int(batches_per_epoch * cfg.num_learning_rate_warmup_epochs)
+    init_lr = cfg.learning_rate
+    if cfg.piecewise_learning_rate_schedule is not None:
+        epochs, rates = parse_piecewise_schedule(cfg.piecewise_learning_rate_schedule)
+        # Rate i applies while step <= boundary i (TensorFlow's piecewise_constant).
+        boundaries = [int(e * batches_per_epoch) - 1 for e in epochs]
+
+        def base(step: int) -> float:
+            return rates[bisect.bisect_left(boundaries, step)]
+    elif cfg.num_epochs_per_decay > 0 and cfg.learning_rate_decay_factor > 0:
+        decay_steps = max(1, int(batches_per_epoch * cfg.num_epochs_per_decay))
+        factor, floor = cfg.learning_rate_decay_factor, cfg.minimum_learning_rate
+
+        def base(step: int) -> float:
+            return max(init_lr * factor ** (step // decay_steps), floor)
+    elif warmup_steps > 0:
+
+        def base(step: int) -> float:
+            return init_lr
+    else:
+        return None
+    if warmup_steps <= 0:
+        return base
+
+    def with_warmup(step: int) -> float:
+        return init_lr * step / warmup_steps if step < warmup_steps else base(step)
+
+    return with_warmup
+
+
+def make_optimizer(cfg: BenchConfig, parameters: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    """The optimizer ``--optimizer`` names, with its hyper-parameter flags, at rate ``lr``."""
+    opt: torch.optim.Optimizer
+    if cfg.optimizer == "sgd":
+        opt = torch.optim.SGD(parameters, lr=lr)
+    elif cfg.optimizer == "momentum":
+        opt = torch.optim.SGD(parameters, lr=lr, momentum=cfg.momentum, nesterov=True)
+    elif cfg.optimizer == "rmsprop":
+        opt = TFRMSProp(parameters, lr=lr, decay=cfg.rmsprop_decay, momentum=cfg.rmsprop_momentum, eps=cfg.rmsprop_epsilon)
+    else:
+        opt = torch.optim.Adam(parameters, lr=lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_epsilon)
+    if cfg.weight_decay or cfg.gradient_clip is not None:
+        opt.register_step_pre_hook(_decay_and_clip(cfg.weight_decay, cfg.gradient_clip))
+    return opt
+
+
+def _decay_and_clip(weight_decay: float, clip: float | None) -> Callable[..., None]:
+    """An optimizer pre-step hook: ``g += weight_decay * w``, then clip ``g`` to ``[-clip, clip]``.
+
+    It runs inside ``optimizer.step()``, after the engine has unscaled fp16 gradients (and not
+    at all for a step the loss scaler skips), so both apply to true gradients.
+    """
+
+    def hook(optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        params = [p for g in optimizer.param_groups for p in g["params"] if p.grad is not None]
+        if not params:
+            return
+        grads = [p.grad for p in params]
+        if weight_decay:
+            torch._foreach_add_(grads, params, alpha=weight_decay)
+        if clip is not None:
+            torch._foreach_clamp_min_(grads, -clip)
+            torch._foreach_clamp_max_(grads, clip)
+
+    return hook
+
+
+def optimizer_and_schedule(cfg: BenchConfig, batches_per_epoch: float) -> tuple[OptimizerFn, ScheduleFn | None]:
+    """The Estimator's ``optimizer`` and ``lr_schedule`` arguments for this configuration."""
+    schedule = learning_rate_fn(cfg, batches_per_epoch)
+    if schedule is None:
+        lr = cfg.learning_rate
+        return (lambda params, parameters: make_optimizer(cfg, parameters, lr)), None
+    # LambdaLR multiplies the optimizer's rate by the function's value: with a base rate of 1
+    # the function gives the rate itself. It is stepped after every update, so step t runs at
+    # schedule(t), as TensorFlow reads the rate from the global step before incrementing it.
+    return (
+        (lambda params, parameters: make_optimizer(cfg, parameters, 1.0)),
+        (lambda params, optimizer: torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)),
+    )

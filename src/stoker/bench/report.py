@@ -1,0 +1,235 @@
+"""Turning benchmark results into text and files: the header block, the closing summary,
+FLOPs and MFU, the results file and the model table. Nothing here runs a model.
+
+MFU (model FLOPs utilisation) is ``achieved / peak``: achieved GFLOP/s is images/sec times
+the model's GFLOP per image (forward from ``stoker.models.model_flops``; a training image
+costs about 3x forward: the backward pass computes gradients for activations and for
+weights, each about as costly as the forward), and the peak is ``--peak_tflops`` or a
+measured dense matmul rate (the practical peak of the machine for that dtype).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import __version__
+from ..models import (
+    DATASETS,
+    count_parameters,
+    create_model,
+    get_model_info,
+    list_models,
+    model_flops,
+)
+from .config import (
+    DEFAULT_FP16_LOSS_SCALE,
+    MODE_INFERENCE,
+    MODE_TRAIN,
+    MODE_TRAIN_AND_EVAL,
+    BenchConfig,
+)
+from .stats import DASHES, format_total
+from .workload import Workload
+
+TRAINING_FLOPS_FACTOR = 3.0
+PEAK_MATMUL_SIZE = 2048
+_LABEL_WIDTH = 13  # tf_cnn_benchmarks aligns its header values after "Num batches: "
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+# Scalar fields of a result, in the order of the CSV columns.
+CSV_FIELDS: tuple[str, ...] = (
+    "date", "model", "dataset", "mode", "device", "num_devices", "batch_size", "batch_size_per_device", "num_batches",
+    "num_warmup_batches", "data_format", "precision", "optimizer", "variable_update", "compile",
+    "iterations_per_loop", "num_threads", "num_steps", "elapsed_seconds", "average_wall_time",
+    "images_per_sec", "step_images_per_sec", "uncertainty", "jitter", "last_average_loss",
+    "top_1_accuracy", "top_5_accuracy", "latency_avg_ms", "latency_p99_ms", "latency_p999_ms",
+    "latency_max_ms", "gflop_per_image", "achieved_gflops", "peak_gflops", "peak_source", "mfu",
+    "global_step", "torch_version", "stoker_version",
+)
+
+
+def _line(label: str, value: object) -> str:
+    return f"{label + ':':<{_LABEL_WIDTH}}{value}"
+
+
+def header_lines(cfg: BenchConfig, workload: Workload, model_name: str | None = None) -> list[str]:
+    """The block printed before a run, in tf_cnn_benchmarks' layout (only lines that apply)."""
+    mode = cfg.benchmark_mode
+    lines = [
+        _line("PyTorch", f"{torch.__version__} (stoker {__version__})"),
+        _line("Model", model_name or cfg.model),
+        _line("Dataset", workload.dataset_label),
+        _line("Mode", mode),
+        _line("Batch size", f"{workload.batch_size} global"),
+        " " * _LABEL_WIDTH + f"{workload.per_device_batch_size} per device",
+    ]
+    if mode == MODE_INFERENCE:
+        lines.append(_line("Iterations", f"{cfg.iterations} per thread"))
+        lines.append(_line("Callers", f"{cfg.num_inference_threads} thread(s) calling the model"))
+    else:
+        lines.append(_line("Num batches", workload.num_batches))
+        lines.append(_line("Num epochs", f"{workload.num_epochs:.2f}"))
+    lines.append(_line("Devices", workload.device_names))
+    lines.append(_line("Data format", cfg.data_format))
+    if mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL):
+        lines.append(_line("Optimizer", cfg.optimizer))
+        lines.append(_line("Variables", effective_variable_update(cfg)))
+    lines.append(_line("Precision", cfg.precision + (" (loss scale: " + loss_scale_label(cfg) + ")" if cfg.precision == "fp16" else "")))
+    lines.append(_line("Compile", cfg.compile))
+    lines.append(_line("Threads", f"{torch.get_num_threads()} intra-op"))
+    if mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL):
+        lines.append(_line("Loop", f"{cfg.iterations_per_loop} step(s) per host round trip"))
+    lines.append("==========")
+    return lines
+
+
+def effective_variable_update(cfg: BenchConfig) -> str:
+    """``parameter_server`` runs as ``replicated``: one process has no parameter server."""
+    return "replicated" if cfg.variable_update == "parameter_server" else cfg.variable_update
+
+
+def loss_scale_label(cfg: BenchConfig) -> str:
+    init = cfg.fp16_loss_scale or DEFAULT_FP16_LOSS_SCALE
+    if cfg.fp16_enable_auto_loss_scale:
+        return f"dynamic from {init:g}, x2 every {cfg.fp16_inc_loss_scale_every_n or 1000} good steps"
+    return f"{init:g}"
+
+
+def summary_lines(result: Mapping[str, Any]) -> list[str]:
+    """The closing block: ``total images/sec`` (between dashes) and stoker's FLOP/MFU lines."""
+    mode = result.get("mode")
+    lines: list[str] = []
+    if mode != MODE_TRAIN_AND_EVAL and result.get("num_steps"):
+        lines += format_total(result["images_per_sec"])
+    gflop = result.get("gflop_per_image")
+    if gflop:
+        forward = result["gflop_per_image_forward"]
+        kind = "training, 3 x forward" if mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL) else "forward"
+        lines.append(f"GFLOP per image: {gflop:.4g} ({kind}; forward {forward:.4g})")
+    if result.get("achieved_gflops") is not None and mode != MODE_TRAIN_AND_EVAL:
+        lines.append(f"achieved GFLOP/s: {result['achieved_gflops']:.1f}")
+        lines.append(f"peak GFLOP/s: {result['peak_gflops']:.1f} ({result['peak_source']})")
+        lines.append(f"MFU: {100 * result['mfu']:.1f} %")
+    return lines
+
+
+def flops_per_image(model_name: str, dataset: str, num_classes: int | None = None) -> float:
+    """Forward GFLOP per image of a zoo model, counted on the meta device (no arithmetic)."""
+    info = get_model_info(model_name, dataset)
+    with torch.device("meta"):
+        model = create_model(model_name, dataset=dataset, num_classes=num_classes)
+    return model_flops(model, info.image_size) / 1e9
+
+
+def measure_matmul_peak(device: torch.device, precision: str = "fp32", size: int = PEAK_MATMUL_SIZE,
+                        repeats: int = 5) -> float:
+    """GFLOP/s of the fastest of ``repeats`` ``size x size`` matmuls in the compute dtype.
+
+    The fastest, not the mean: the peak is what the machine can do, and noise only slows.
+    """
+    dtype = _DTYPES[precision]
+    a = torch.randn(size, size, device=device).to(dtype)
+    b = torch.randn(size, size, device=device).to(dtype)
+    flop = 2.0 * size**3
+    best = math.inf
+    torch.matmul(a, b)  # warm-up: thread pool, kernel selection
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        torch.matmul(a, b)
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return flop / best / 1e9
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def add_efficiency(result: dict[str, Any], *, peak_tflops: float | None, device: torch.device, precision: str) -> None:
+    """Add achieved GFLOP/s, the peak (given or measured) and MFU to ``result`` in place."""
+    gflop = result.get("gflop_per_image")
+    if not gflop or not result.get("images_per_sec"):
+        return
+    if peak_tflops is not None:
+        peak, source = peak_tflops * 1000.0, "--peak_tflops"
+    else:
+        peak = measure_matmul_peak(device, precision)
+        source = f"measured: {precision} {PEAK_MATMUL_SIZE}x{PEAK_MATMUL_SIZE} matmul"
+    replicas = int(result.get("num_devices", 1))
+    if replicas > 1:  # the peak is one device's; the images/sec are all replicas'
+        peak *= replicas
+        source += f", x {replicas} replicas"
+    achieved = result["images_per_sec"] * gflop
+    result.update(achieved_gflops=achieved, peak_gflops=peak, peak_source=source, mfu=achieved / peak)
+
+
+def write_results(path: str | Path, result: Mapping[str, Any]) -> Path:
+    """Write ``result`` as JSON (``.json``: the whole dict, replaced) or CSV (``.csv``: one row
+    of :data:`CSV_FIELDS` appended, with a header when the file is new)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix.lower() == ".json":
+        path.write_text(json.dumps(dict(result), indent=2, sort_keys=True, default=str) + "\n")
+        return path
+    new = not path.exists() or path.stat().st_size == 0
+    with path.open("a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        if new:
+            writer.writeheader()
+        writer.writerow({k: result.get(k, "") for k in CSV_FIELDS})
+    return path
+
+
+def model_table(data_name: str | None = None) -> list[dict[str, Any]]:
+    """Every registered model (of one data set, or all): parameters and forward GFLOP per image."""
+    rows = []
+    for dataset in (data_name,) if data_name else DATASETS:
+        for name in list_models(dataset):
+            info = get_model_info(name, dataset)
+            with torch.device("meta"):
+                model = create_model(name, dataset=dataset)
+            rows.append({
+                "model": name,
+                "dataset": dataset,
+                "image_size": info.image_size,
+                "params": count_parameters(model),
+                "gflop_per_image": model_flops(model, info.image_size) / 1e9,
+                "description": info.description,
+            })
+    return rows
+
+
+def format_model_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Aligned text columns: model, data set, input size, parameters, forward GFLOP/image."""
+    width = max([len(r["model"]) for r in rows] + [5])
+    lines = [f"{'model':<{width}}  {'dataset':<8}  {'input':>7}  {'params':>12}  {'GFLOP/img':>9}  description"]
+    lines.append(DASHES)
+    for r in rows:
+        size = f"{r['image_size']}x{r['image_size']}"
+        lines.append(
+            f"{r['model']:<{width}}  {r['dataset']:<8}  {size:>7}  {r['params']:>12,}  {r['gflop_per_image']:>9.4f}  {r['description']}"
+        )
+    return lines
+
+
+__all__ = [
+    "CSV_FIELDS",
+    "add_efficiency",
+    "flops_per_image",
+    "format_model_table",
+    "header_lines",
+    "measure_matmul_peak",
+    "model_table",
+    "summary_lines",
+    "write_results",
+]

@@ -1,0 +1,521 @@
+"""The training, forward-only and evaluation benchmarks: a user of ``stoker.Estimator``.
+
+The harness never runs a step itself. It builds an Estimator from the flags and watches it:
+
+- **training** runs ``Estimator.train`` twice: the warm-up steps, then the timed steps with a
+  :class:`StepTimer` hook. The device loop runs ``--iterations_per_loop`` steps per host round
+  trip (default 1, so every step is timed on its own, as tf_cnn_benchmarks does); the timer
+  reads each loop's wall time and losses from the ``LoopResult`` the loop hands to hooks, so
+  timing adds no host synchronisation and no work inside the loop. The loop's own end (the
+  one read of the losses) is the only synchronisation point on CUDA.
+- **forward-only** and **evaluation** iterate ``Estimator.predict`` one batch at a time and
+  time each batch as it arrives; the predictions are per-example top-1 / top-5 hits, so
+  reading them back costs two small vectors per batch (tf_cnn_benchmarks fetches the logits).
+- **training + evaluation** adds :class:`EvalDuringTraining`, which calls
+  ``Estimator.evaluate`` (exact top-1 / top-5 on the device) every N steps.
+
+``total images/sec`` is images over the wall time of the timed steps, from the start of the
+first timed loop to the end of the last, hooks between loops included.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .. import __version__
+from ..checkpoint import CheckpointManager
+from ..config import RunConfig
+from ..errors import CheckpointError
+from ..estimator import Estimator
+from ..hooks import Hook, LoopResult, ProfilerHook, RunContext, every_n_steps_due
+from ..metrics import Accuracy, TopKAccuracy
+from ..models import create_model
+from ..spec import EstimatorSpec, ModeKeys
+from .config import (
+    DEFAULT_FP16_LOSS_SCALE,
+    MODE_EVAL,
+    MODE_FORWARD_ONLY,
+    MODE_TRAIN,
+    MODE_TRAIN_AND_EVAL,
+    BenchConfig,
+)
+from .optim import optimizer_and_schedule
+from .report import TRAINING_FLOPS_FACTOR, effective_variable_update, flops_per_image, header_lines
+from .stats import display_due, format_accuracy, format_step_line, perf_timing, step_header
+from .workload import InputFn, Workload, make_input_fn, resolve_workload
+
+LogFn = Callable[[str], None]
+ModelFactory = Callable[[dict[str, Any]], nn.Module]
+
+
+# ==================================================================== model_fn
+def bench_model_fn(model: nn.Module, features: torch.Tensor, labels: torch.Tensor | None, mode: ModeKeys,
+                   params: dict[str, Any]) -> EstimatorSpec:
+    """Softmax cross-entropy classification, as tf_cnn_benchmarks' image models.
+
+    TRAIN: the loss reported is tf_cnn_benchmarks' ``total_loss``, cross-entropy +
+    ``weight_decay`` x L2 (``sum(w^2) / 2`` over every trainable parameter), and with
+    ``print_training_accuracy`` the batch's top-1 / top-5 are ``host_call`` values (read once
+    per loop). The L2 term's gradient, ``weight_decay * w``, is added by the optimizer (see
+    ``optim.py``): the same update as differentiating the term, for a fraction of the cost.
+    EVAL: per-example losses and exact top-1 / top-5 metrics. PREDICT: per-example top-1 /
+    top-5 hits (or the classes without labels).
+    """
+    if params["channels_last"] and features.dim() == 4:
+        features = features.contiguous(memory_format=torch.channels_last)  # a no-op when it already is
+    logits = model(features)
+    if mode == ModeKeys.PREDICT:
+        if labels is None:
+            return EstimatorSpec(predictions={"classes": logits.argmax(-1)})
+        top1, top5 = _hits(logits, labels)
+        return EstimatorSpec(predictions={"top_1": top1, "top_5": top5})
+    assert labels is not None
+    if mode == ModeKeys.EVAL:
+        return EstimatorSpec(
+            loss=F.cross_entropy(logits.float(), labels, reduction="none"),
+            eval_metrics={"top_1_accuracy": Accuracy()(logits, labels), "top_5_accuracy": TopKAccuracy(5)(logits, labels)},
+        )
+    loss = F.cross_entropy(logits.float(), labels)
+    if params["weight_decay"]:
+        loss = loss + params["weight_decay"] * l2_loss(model)  # a constant here: reported, not differentiated
+    host_call = None
+    if params["print_training_accuracy"]:
+        with torch.no_grad():
+            top1, top5 = _hits(logits, labels)
+            host_call = {"top_1_accuracy": top1.float().mean(), "top_5_accuracy": top5.float().mean()}
+    return EstimatorSpec(loss=loss, host_call=host_call)
+
+
+@torch.no_grad()
+def l2_loss(model: nn.Module) -> torch.Tensor:
+    """``sum(w^2) / 2`` over the trainable parameters (TensorFlow's ``tf.nn.l2_loss`` summed),
+    as a value without gradient."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    # One fused norm per parameter list instead of a Python loop of small kernels.
+    return 0.5 * torch.stack(torch._foreach_norm(params)).float().square().sum()
+
+
+def _hits(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    top5 = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
+    return top5[:, 0] == labels, (top5 == labels.unsqueeze(-1)).any(-1)
+
+
+# ==================================================================== hooks
+class StepTimer(Hook):
+    """Collects each loop's per-step time, loss and accuracy; prints progress lines.
+
+    Runs first among the hooks (``priority`` 1), so the end time of the timed steps is taken
+    before any other hook's work at the last loop boundary.
+    """
+
+    priority = 1
+
+    def __init__(self, *, batch_size: int, display_every: int, with_accuracy: bool, log: LogFn) -> None:
+        self.batch_size = batch_size
+        self.display_every = display_every
+        self.with_accuracy = with_accuracy
+        self.log = log
+        self.step_times: list[float] = []
+        self.losses: list[float] = []
+        self.accuracy: tuple[float, float] | None = None
+        self.steps = 0
+        self.start: float | None = None
+        self.end_time: float | None = None
+
+    def before_loop(self, run: RunContext, steps: int) -> None:
+        if self.start is None:
+            self.start = time.perf_counter()
+
+    def after_loop(self, run: RunContext, result: LoopResult) -> None:
+        self.end_time = time.perf_counter()
+        if result.steps == 0:
+            return
+        before = self.steps
+        self.steps += result.steps
+        # One sample per loop: with one step per loop, exactly tf_cnn_benchmarks' step times.
+        self.step_times.append(result.seconds / result.steps)
+        self.losses.extend(result.losses)
+        if self.with_accuracy and "top_1_accuracy" in result.values:
+            self.accuracy = (result.values["top_1_accuracy"][-1], result.values["top_5_accuracy"][-1])
+        if display_due(before, self.steps, self.display_every):
+            timing = perf_timing(self.batch_size, self.step_times)
+            self.log(format_step_line(self.steps, timing, result.losses[-1], self.accuracy if self.with_accuracy else None))
+
+    @property
+    def elapsed(self) -> float:
+        return 0.0 if self.start is None or self.end_time is None else self.end_time - self.start
+
+
+class EvalDuringTraining(Hook):
+    """Every ``every_n_steps`` timed steps, evaluate the weights in memory and print the accuracy;
+    request a stop once top-1 reaches ``stop_at`` (``--stop_at_top_1_accuracy``)."""
+
+    priority = 35  # after the timer and the checkpoint saver
+
+    def __init__(self, estimator: Estimator, input_fn: InputFn, *, every_n_steps: int, eval_steps: int | None,
+                 examples: int, stop_at: float | None, log: LogFn) -> None:
+        self.estimator = estimator
+        self.input_fn = input_fn
+        self.every_n_steps = every_n_steps
+        self.eval_steps = eval_steps
+        self.examples = examples
+        self.stop_at = stop_at
+        self.log = log
+        self.first_step = 0
+        self.last_results: dict[str, float] | None = None
+        self.reached_target = False
+
+    def after_setup(self, run: RunContext) -> None:
+        self.first_step = run.global_step
+
+    def after_loop(self, run: RunContext, result: LoopResult) -> None:
+        local_before = result.first_step - self.first_step
+        local_after = run.global_step - self.first_step
+        finished = run.max_steps is not None and run.global_step >= run.max_steps
+        if finished or not every_n_steps_due(local_before, local_after, self.every_n_steps):
+            return  # the final evaluation runs after training, as in tf_cnn_benchmarks
+        self.log(f"Running evaluation at global_step {run.global_step}")
+        self.evaluate(run.global_step)
+        if self.stop_at is not None and self.last_results is not None and self.last_results["top_1_accuracy"] >= self.stop_at:
+            self.log(f"Stopping, as eval accuracy at least {self.stop_at} was reached")
+            self.reached_target = True
+            run.request_stop("eval accuracy target reached")
+        else:
+            self.log("Resuming training")
+
+    def evaluate(self, global_step: int) -> dict[str, float]:
+        est = self.estimator
+        est.global_step = global_step
+        results = est.evaluate(self.input_fn, steps=self.eval_steps)
+        self.last_results = results
+        self.log(format_accuracy(results["top_1_accuracy"], results["top_5_accuracy"], self.examples))
+        return results
+
+
+# ==================================================================== building
+def zoo_model(cfg: BenchConfig, workload: Workload) -> ModelFactory:
+    """A factory of the ``--model`` zoo model, channels-last for ``--data_format=NHWC``."""
+
+    def factory(params: dict[str, Any]) -> nn.Module:
+        model = create_model(cfg.model, dataset=workload.dataset, num_classes=workload.num_classes)
+        return model.to(memory_format=torch.channels_last) if cfg.channels_last else model
+
+    return factory
+
+
+def build_estimator(cfg: BenchConfig, workload: Workload, model: ModelFactory) -> Estimator:
+    """The Estimator the flags describe (checkpoints in ``--train_dir``, nothing logged by it)."""
+    loss_scale: float | str = "dynamic"
+    init_scale = float(cfg.fp16_loss_scale or DEFAULT_FP16_LOSS_SCALE)
+    if not cfg.fp16_enable_auto_loss_scale:
+        loss_scale = init_scale
+    config = RunConfig(
+        model_dir=cfg.train_dir,
+        seed=cfg.tf_random_seed,
+        iterations_per_loop=cfg.iterations_per_loop,
+        save_checkpoints_steps=cfg.save_model_steps,
+        # tf_cnn_benchmarks saves only at the end unless asked; math.inf means "never by time".
+        save_checkpoints_secs=None if cfg.save_model_steps else (cfg.save_model_secs or math.inf),
+        keep_checkpoint_max=cfg.max_ckpts_to_keep,
+        log_every_n_steps=None,  # the harness prints its own progress lines
+        precision=cfg.precision,  # type: ignore[arg-type]
+        loss_scale=loss_scale,  # type: ignore[arg-type]
+        loss_scale_init=init_scale,
+        loss_scale_growth_interval=cfg.fp16_inc_loss_scale_every_n or 1000,
+        device=str(workload.device),
+        compile=cfg.compile,
+        # One process: every strategy is the same single replica. Under torchrun: DDP
+        # (replicated), FSDP2 (sharded) or no gradient exchange (independent).
+        strategy=effective_variable_update(cfg),
+        progress_bar=False,
+        summaries=False,
+    )
+    optimizer_fn, schedule_fn = optimizer_and_schedule(cfg, workload.train_examples / workload.batch_size)
+    return Estimator(
+        model=model,
+        model_fn=bench_model_fn,
+        optimizer=optimizer_fn,
+        lr_schedule=schedule_fn,
+        config=config,
+        params={
+            "weight_decay": cfg.weight_decay,
+            "print_training_accuracy": cfg.print_training_accuracy,
+            "channels_last": cfg.channels_last,
+        },
+        train_batch_size=workload.batch_size,
+        eval_batch_size=workload.batch_size,
+    )
+
+
+def base_result(cfg: BenchConfig, workload: Workload, model_name: str) -> dict[str, Any]:
+    """The fields every result has: what ran, where, and with which settings."""
+    return {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "model": model_name,
+        "dataset": workload.dataset_label,
+        "mode": cfg.benchmark_mode,
+        "device": str(workload.device),
+        "num_devices": workload.num_devices,
+        "batch_size": workload.batch_size,
+        "batch_size_per_device": workload.per_device_batch_size,
+        "num_batches": workload.num_batches,
+        "num_warmup_batches": cfg.num_warmup_batches,
+        "num_epochs": workload.num_epochs,
+        "data_format": cfg.data_format,
+        "precision": cfg.precision,
+        "optimizer": cfg.optimizer,
+        "variable_update": effective_variable_update(cfg),
+        "compile": cfg.compile,
+        "iterations_per_loop": cfg.iterations_per_loop,
+        "num_threads": torch.get_num_threads(),
+        "torch_version": torch.__version__,
+        "stoker_version": __version__,
+    }
+
+
+# ==================================================================== runner
+def run_benchmark(
+    cfg: BenchConfig,
+    *,
+    model: ModelFactory | None = None,
+    num_classes: int | None = None,
+    input_fn: InputFn | None = None,
+    eval_input_fn: InputFn | None = None,
+    log: LogFn = print,
+) -> dict[str, Any]:
+    """Run the benchmark ``cfg`` describes; stream progress lines to ``log``; return the results.
+
+    ``model`` (a factory ``params -> nn.Module`` with ``num_classes`` logits) and the input
+    functions replace the zoo model and the data the flags name (for tests and scripts).
+    The closing summary is not printed: pass the result to :func:`report.summary_lines`.
+    """
+    workload = resolve_workload(cfg, custom_model=model is not None, num_classes=num_classes)
+    if cfg.mode == "inference":
+        from .inference import run_inference
+
+        return run_inference(cfg, workload, model=model, log=log)
+    model_name = cfg.model if model is None else f"{cfg.model} (custom)"
+    factory = model or zoo_model(cfg, workload)
+    train_input = input_fn or make_input_fn(cfg, workload, train=True)
+    # --eval reads --num_batches batches (repeating the data if needed); an evaluation during
+    # training reads --num_eval_batches batches, or one exact pass over real data.
+    repeat = cfg.benchmark_mode == MODE_EVAL or workload.eval_batches is not None
+    eval_input = eval_input_fn or input_fn or make_input_fn(cfg, workload, train=False, repeat=repeat)
+    if cfg.variable_update == "parameter_server":
+        log("Note: --variable_update=parameter_server runs as replicated: one process has no parameter server")
+    for line in header_lines(cfg, workload, model_name):
+        log(line)
+    est = build_estimator(cfg, workload, factory)
+    result = base_result(cfg, workload, model_name)
+    mode = cfg.benchmark_mode
+    if cfg.train_dir and model is None and mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL) and est.strategy.is_chief:
+        _write_run_spec(cfg, workload)
+    if mode == MODE_EVAL:
+        result.update(_evaluate_checkpoint(cfg, workload, est, eval_input, log))
+    elif mode == MODE_FORWARD_ONLY:
+        result.update(_forward_only(cfg, workload, est, train_input, log))
+    else:
+        result.update(_train(cfg, workload, est, train_input, eval_input, log))
+    if model is None:
+        forward = flops_per_image(cfg.model, workload.dataset, workload.num_classes)
+        factor = TRAINING_FLOPS_FACTOR if mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL) else 1.0
+        result.update(gflop_per_image_forward=forward, gflop_per_image=forward * factor)
+    return result
+
+
+def _write_run_spec(cfg: BenchConfig, workload: Workload) -> None:
+    """Record in ``--train_dir`` how to rebuild the model, so ``stoker export TRAIN_DIR`` works."""
+    from ..export import write_run_spec  # the run_spec.json convention is the export module's
+
+    assert cfg.train_dir is not None
+    write_run_spec(cfg.train_dir, kind="zoo", model=cfg.model, dataset=workload.dataset,
+                   num_classes=workload.num_classes, written_by="stoker bench",
+                   params={"image_size": workload.image_size, "num_classes": workload.num_classes})
+
+
+# -------------------------------------------------------------------- training
+def _train(cfg: BenchConfig, workload: Workload, est: Estimator, train_input: InputFn, eval_input: InputFn,
+           log: LogFn) -> dict[str, Any]:
+    start = (CheckpointManager(cfg.train_dir, writer=False).latest_step() or 0) if cfg.train_dir else 0
+    target = cfg.num_warmup_batches + workload.num_batches
+    remaining = max(0, target - start)
+    # A resumed process warms up again (allocator, caches, compilation) before timing.
+    warm = min(cfg.num_warmup_batches, remaining)
+    if start:
+        log(f"Resuming from global step {start} in {cfg.train_dir}: {remaining} steps to global step {target}")
+    if remaining == 0:
+        log(f"Nothing to run: {cfg.train_dir} is already at global step {start} (warm-up + --num_batches = {target})")
+        return {"num_steps": 0, "global_step": start, "images_per_sec": 0.0}
+    trace = _trace_hook(cfg, first_step=start + max(0, warm - 2))
+    log("Running warm up")
+    if warm:
+        est.train(train_input, max_steps=start + warm, hooks=[trace] if trace else [])
+        if trace and trace.written is not None:
+            log(f"Dumping trace to {trace.written}")
+    log("Done warm up")
+    if trace and not warm:
+        log("Note: no warm-up steps, so the traced step is the first timed one")
+    log(step_header(cfg.print_training_accuracy))
+    timer = StepTimer(batch_size=workload.batch_size, display_every=cfg.display_every,
+                      with_accuracy=cfg.print_training_accuracy, log=log)
+    hooks: list[Hook] = [timer]
+    if trace and not warm:
+        hooks.append(trace)
+    evaluator = _evaluator(cfg, workload, est, eval_input, log)
+    if evaluator is not None:
+        hooks.append(evaluator)
+    est.train(train_input, max_steps=target, hooks=hooks)
+    if trace and not warm and trace.written is not None:
+        log(f"Dumping trace to {trace.written}")
+    out = _timing_fields(timer.steps, timer.elapsed, workload.batch_size, timer.step_times)
+    out.update(global_step=est.global_step, losses=timer.losses,
+               last_average_loss=timer.losses[-1] if timer.losses else None)
+    if timer.accuracy is not None:
+        out.update(top_1_accuracy=timer.accuracy[0], top_5_accuracy=timer.accuracy[1])
+    if evaluator is not None:
+        if not evaluator.reached_target:
+            log(f"Running final evaluation at global_step {est.global_step}")
+            evaluator.evaluate(est.global_step)
+        assert evaluator.last_results is not None
+        out.update(top_1_accuracy=evaluator.last_results["top_1_accuracy"],
+                   top_5_accuracy=evaluator.last_results["top_5_accuracy"])
+    return out
+
+
+def _evaluator(cfg: BenchConfig, workload: Workload, est: Estimator, eval_input: InputFn,
+               log: LogFn) -> EvalDuringTraining | None:
+    if cfg.eval_during_training_every_n_steps is None:
+        return None
+    batches = workload.eval_batches
+    return EvalDuringTraining(
+        est, eval_input, every_n_steps=cfg.eval_during_training_every_n_steps, eval_steps=batches,
+        examples=batches * workload.batch_size if batches else workload.eval_examples,
+        stop_at=cfg.stop_at_top_1_accuracy, log=log,
+    )
+
+
+def _trace_hook(cfg: BenchConfig, first_step: int) -> ProfilerHook | None:
+    # tf_cnn_benchmarks traces the second-to-last warm-up step, so tracing never slows a timed step.
+    return ProfilerHook(start_step=first_step, num_steps=1, trace_file=cfg.trace_file) if cfg.trace_file else None
+
+
+def _timing_fields(steps: int, elapsed: float, batch_size: int, step_times: list[float]) -> dict[str, Any]:
+    timing = perf_timing(batch_size, step_times)
+    return {
+        "num_steps": steps,
+        "elapsed_seconds": elapsed,
+        "average_wall_time": elapsed / steps if steps else 0.0,
+        "images_per_sec": steps * batch_size / elapsed if elapsed > 0 else 0.0,
+        "step_images_per_sec": timing.mean,
+        "uncertainty": timing.uncertainty,
+        "jitter": timing.jitter,
+        "step_times": step_times,
+    }
+
+
+# -------------------------------------------------------------------- forward-only and evaluation
+def _forward_only(cfg: BenchConfig, workload: Workload, est: Estimator, input_fn: InputFn, log: LogFn) -> dict[str, Any]:
+    # predict() on --train_dir's newest checkpoint, or on the initial weights if there is none.
+    est.initialize()
+    log("Running warm up")
+    batches = _timed_batches(est, input_fn, warmup=cfg.num_warmup_batches, steps=workload.num_batches,
+                             trace_file=cfg.trace_file, log=log)
+    step_times: list[float] = []
+    top1 = top5 = 0.0
+    elapsed = 0.0
+    steps = 0
+    for i, seconds, preds, since_start in batches:
+        if i == 0:
+            log("Done warm up")
+            log(step_header(True))
+        step_times.append(seconds)
+        rows = preds["top_1"].numel()
+        top1, top5 = preds["top_1"].float().sum().item() / rows, preds["top_5"].float().sum().item() / rows
+        steps, elapsed = i + 1, since_start
+        if display_due(i, i + 1, cfg.display_every):
+            log(format_step_line(i + 1, perf_timing(workload.batch_size, step_times), 0.0, (top1, top5)))
+    out = _timing_fields(steps, elapsed, workload.batch_size, step_times)
+    out.update(global_step=est.global_step, top_1_accuracy=top1, top_5_accuracy=top5)
+    return out
+
+
+def _evaluate_checkpoint(cfg: BenchConfig, workload: Workload, est: Estimator, input_fn: InputFn, log: LogFn) -> dict[str, Any]:
+    latest = est.latest_checkpoint()
+    if latest is None:
+        raise CheckpointError(f"Checkpoint not found in {cfg.train_dir}: train first with the same --train_dir")
+    log(f"Successfully loaded model from {latest}.")
+    hits1 = hits5 = examples = 0
+    step_times: list[float] = []
+    window_start = 0.0
+    elapsed = 0.0
+    steps = 0
+    for i, seconds, preds, since_start in _timed_batches(est, input_fn, warmup=0, steps=workload.num_batches,
+                                                          trace_file=cfg.trace_file, log=log):
+        step_times.append(seconds)
+        hits1 += int(preds["top_1"].sum())
+        hits5 += int(preds["top_5"].sum())
+        examples += preds["top_1"].numel()
+        steps, elapsed = i + 1, since_start
+        if (i + 1) % cfg.display_every == 0:
+            log(f"{i + 1}\t{workload.batch_size * cfg.display_every / (since_start - window_start):.1f} examples/sec")
+            window_start = since_start
+    top1 = hits1 / examples if examples else 0.0
+    top5 = hits5 / examples if examples else 0.0
+    log(format_accuracy(top1, top5, examples))
+    out = _timing_fields(steps, elapsed, workload.batch_size, step_times)
+    # Images actually evaluated: a padded last batch counts only its real rows.
+    out["images_per_sec"] = examples / elapsed if elapsed > 0 else 0.0
+    out.update(global_step=est.global_step, top_1_accuracy=top1, top_5_accuracy=top5, num_examples=examples)
+    return out
+
+
+def _timed_batches(est: Estimator, input_fn: InputFn, *, warmup: int, steps: int, trace_file: str | None,
+                   log: LogFn) -> Iterator[tuple[int, float, dict[str, torch.Tensor], float]]:
+    """Predict batch by batch: skip ``warmup`` batches, then yield ``(index, seconds, predictions,
+    seconds since the first timed batch started)`` for ``steps`` batches (fewer if the data ends)."""
+    predictions = est.predict(input_fn, yield_single_examples=False)
+    trace_at = max(0, warmup - 2) if warmup else 0
+    try:
+        for i in range(warmup):
+            with _profile(trace_file if i == trace_at else None, log):
+                if next(predictions, None) is None:
+                    return
+        start = last = time.perf_counter()
+        for i in range(steps):
+            with _profile(trace_file if not warmup and i == 0 else None, log):
+                preds = next(predictions, None)
+            if preds is None:
+                return
+            now = time.perf_counter()
+            yield i, now - last, preds, now - start
+            last = time.perf_counter()  # the caller's bookkeeping is not part of the next batch
+    finally:
+        predictions.close()  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def _profile(trace_file: str | None, log: LogFn) -> Iterator[None]:
+    """A Chrome trace of the block when ``trace_file`` is set (forward-only and eval batches)."""
+    if trace_file is None:
+        yield
+        return
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities, record_shapes=True) as prof:
+        yield
+    Path(trace_file).parent.mkdir(parents=True, exist_ok=True)
+    prof.export_chrome_trace(trace_file)
+    log(f"Dumping trace to {trace_file}")
+
+
+__all__ = ["EvalDuringTraining", "StepTimer", "bench_model_fn", "build_estimator", "run_benchmark", "zoo_model"]

@@ -1,0 +1,231 @@
+"""What a ``BenchConfig`` means on this machine: data set, model shape, device, step counts,
+and the ``input_fn`` s that feed the Estimator.
+
+Data:
+
+- **synthetic** (no ``--data_dir``): one random batch generated once on the device and returned
+  every step (``stoker.data.synthetic_images``), as tf_cnn_benchmarks' synthetic GPU inputs:
+  the benchmark measures the model and the loop, not an input pipeline. Already channels-last
+  for ``--data_format=NHWC``.
+- **CIFAR-10 binaries** (``data_batch_*.bin``, ``test_batch.bin``) via ``stoker.data.cifar_binary``.
+- **an image folder** (``root/<class>/<image>``; ``root/train`` and ``root/validation`` or
+  ``root/val`` when present) via ``stoker.data.image_folder``, decoded in worker processes.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..data import cifar_binary, image_folder, synthetic_images
+from ..data.images import IMAGE_EXTENSIONS, scan_image_folder
+from ..models import DEFAULT_NUM_CLASSES, get_model_info
+from .config import DEFAULT_NUM_BATCHES, MODE_EVAL, MODE_INFERENCE, BenchConfig, BenchFlagError
+
+InputFn = Callable[[dict[str, Any]], Iterable[Any]]
+
+# Examples per epoch of the real data sets, for --num_epochs and the "Num epochs" line.
+EXAMPLES_PER_EPOCH: dict[str, dict[str, int]] = {
+    "imagenet": {"train": 1_281_167, "validation": 50_000},
+    "cifar10": {"train": 50_000, "validation": 10_000},
+}
+_CIFAR_RECORD_BYTES = 1 + 32 * 32 * 3
+_CIFAR_MARKERS = ("data_batch_1.bin", "test_batch.bin", "cifar-10-batches-bin")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """A resolved benchmark: what runs, on which data, where, and for how many steps.
+
+    Attributes:
+        dataset: ``imagenet`` or ``cifar10``.
+        synthetic: no ``--data_dir``.
+        image_size / num_classes: the model's input side and number of logits.
+        train_examples / eval_examples: examples per epoch of the training / evaluation data.
+        device: the torch device of this process's replica.
+        num_devices: replicas (``WORLD_SIZE`` under torchrun, else 1).
+        batch_size: the global batch (``--batch_size`` times the replicas).
+        num_batches: timed steps (training) or batches (evaluation, forward-only).
+        num_epochs: ``num_batches`` in epochs of the data the mode reads.
+        eval_batches: batches of an evaluation (``None``: one pass over real evaluation data).
+    """
+
+    dataset: str
+    synthetic: bool
+    image_size: int
+    num_classes: int
+    train_examples: int
+    eval_examples: int
+    device: torch.device
+    num_devices: int
+    batch_size: int
+    num_batches: int
+    num_epochs: float
+    eval_batches: int | None
+
+    @property
+    def per_device_batch_size(self) -> int:
+        return self.batch_size // self.num_devices
+
+    @property
+    def dataset_label(self) -> str:
+        return self.dataset + (" (synthetic)" if self.synthetic else "")
+
+    @property
+    def device_names(self) -> list[str]:
+        if self.num_devices == 1:
+            return [str(self.device)]
+        return [f"{self.device.type}:{i}" for i in range(self.num_devices)]  # one per replica
+
+
+def resolve_device(name: str) -> torch.device:
+    """``--device``: ``auto`` picks CUDA when torch sees it; ``gpu`` is tf_cnn_benchmarks' name for ``cuda``."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name in ("cuda", "gpu"):
+        if not torch.cuda.is_available():
+            raise BenchFlagError(("device",), f"--device={name}, but torch sees no CUDA device; use --device=cpu")
+        local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)  # torchrun: one GPU per process
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+def guess_data_name(data_dir: str | None) -> str:
+    """tf_cnn_benchmarks guesses the data set from ``--data_dir``; CIFAR-10 binaries are recognisable."""
+    if data_dir is not None and any((Path(data_dir) / m).exists() for m in _CIFAR_MARKERS):
+        return "cifar10"
+    return "imagenet"
+
+
+def resolve_workload(cfg: BenchConfig, *, custom_model: bool = False, num_classes: int | None = None,
+                     image_size: int | None = None) -> Workload:
+    """Check what needs the registry, the file system or the devices; count steps and epochs.
+
+    ``custom_model``: the caller supplies the model (tests, scripts), so ``--model`` need not be
+    registered; ``num_classes`` and ``image_size`` then describe it.
+    """
+    dataset = cfg.data_name or guess_data_name(cfg.data_dir)
+    if not custom_model:
+        try:
+            info = get_model_info(cfg.model, dataset)
+        except ValueError as e:
+            raise BenchFlagError(("model",), f"--model: {e}") from None
+        image_size = image_size or info.image_size
+        num_classes = num_classes or info.num_classes
+    device = resolve_device(cfg.device)
+    # Under torchrun every process is one replica (the engine's strategy joins them).
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    synthetic = cfg.data_dir is None
+    train_examples = EXAMPLES_PER_EPOCH[dataset]["train"]
+    eval_examples = EXAMPLES_PER_EPOCH[dataset]["validation"]
+    if not synthetic:
+        assert cfg.data_dir is not None
+        if not Path(cfg.data_dir).is_dir():
+            raise BenchFlagError(("data_dir",), f"--data_dir={cfg.data_dir}: no such directory")
+        train_examples, eval_examples, folder_classes = _count_examples(dataset, Path(cfg.data_dir))
+        if folder_classes is not None and num_classes is not None and folder_classes > num_classes:
+            num_classes = folder_classes  # more class folders than the model's default logits
+    batch = cfg.batch_size * world  # --batch_size is per device, as in tf_cnn_benchmarks
+    evaluating = cfg.benchmark_mode == MODE_EVAL
+    examples = eval_examples if evaluating else train_examples
+    if cfg.num_epochs is not None:
+        num_batches = -(-int(cfg.num_epochs * examples) // batch)
+    elif cfg.num_batches is not None:
+        num_batches = cfg.num_batches
+    elif evaluating and not synthetic:
+        num_batches = -(-eval_examples // batch)  # one pass over the evaluation data
+    else:
+        num_batches = DEFAULT_NUM_BATCHES
+    if cfg.mode == "inference":
+        num_batches = cfg.iterations or 0
+    eval_batches = cfg.num_eval_batches
+    if eval_batches is None and synthetic and cfg.benchmark_mode != MODE_INFERENCE:
+        eval_batches = num_batches  # synthetic data never ends: evaluate as many batches as training runs
+    return Workload(
+        dataset=dataset,
+        synthetic=synthetic,
+        image_size=int(image_size or 0),
+        num_classes=int(num_classes or DEFAULT_NUM_CLASSES[dataset]),
+        train_examples=train_examples,
+        eval_examples=eval_examples,
+        device=device,
+        num_devices=world,
+        batch_size=batch,
+        num_batches=num_batches,
+        num_epochs=num_batches * batch / examples,
+        eval_batches=eval_batches,
+    )
+
+
+def _image_folder_roots(data_dir: Path) -> tuple[Path, Path]:
+    train = data_dir / "train"
+    for name in ("validation", "val"):
+        if (data_dir / name).is_dir():
+            return (train if train.is_dir() else data_dir), data_dir / name
+    return (train if train.is_dir() else data_dir), (train if train.is_dir() else data_dir)
+
+
+def _count_examples(dataset: str, data_dir: Path) -> tuple[int, int, int | None]:
+    """Examples in the training and evaluation data (and the number of class folders)."""
+    if dataset == "cifar10":
+        root = data_dir / "cifar-10-batches-bin" if (data_dir / "cifar-10-batches-bin").is_dir() else data_dir
+        train = sum(f.stat().st_size for f in root.glob("data_batch_*.bin")) // _CIFAR_RECORD_BYTES
+        test = (root / "test_batch.bin").stat().st_size // _CIFAR_RECORD_BYTES if (root / "test_batch.bin").exists() else 0
+        if train == 0:
+            raise BenchFlagError(("data_dir",), f"--data_dir={data_dir}: no CIFAR-10 data_batch_*.bin files")
+        return int(train), int(test or train), None
+    train_root, eval_root = _image_folder_roots(data_dir)
+    try:
+        classes, train_paths, _ = scan_image_folder(train_root, IMAGE_EXTENSIONS)
+        eval_paths = train_paths if eval_root == train_root else scan_image_folder(eval_root, IMAGE_EXTENSIONS)[1]
+    except ValueError as e:
+        raise BenchFlagError(("data_dir",), f"--data_dir={data_dir}: {e}") from None
+    return len(train_paths), len(eval_paths), len(classes)
+
+
+def make_input_fn(cfg: BenchConfig, workload: Workload, *, train: bool, repeat: bool = True) -> InputFn:
+    """The ``input_fn`` of the training (``train=True``) or evaluation data.
+
+    Training data always repeats. Evaluation data repeats when ``repeat`` (``--eval`` reads
+    ``--num_batches`` batches, which may exceed one pass, as in tf_cnn_benchmarks), else it is
+    one pass (an exact evaluation during training).
+    """
+    if workload.synthetic:
+        shape = (3, workload.image_size, workload.image_size)
+        seed = cfg.tf_random_seed
+
+        def synthetic_input_fn(params: dict[str, Any]) -> Iterable[Any]:
+            return synthetic_images(
+                shape, workload.num_classes, batch_size=params["batch_size"], device=workload.device,
+                seed=seed, channels_last=cfg.channels_last,
+            )
+
+        return synthetic_input_fn
+    assert cfg.data_dir is not None
+    data_dir = Path(cfg.data_dir)
+    # A source given a number of epochs keeps a partial last batch, which the Estimator pads.
+    epochs = None if train else (1_000_000 if repeat else 1)
+    if workload.dataset == "cifar10":
+        def cifar_input_fn(params: dict[str, Any]) -> Iterable[Any]:
+            return cifar_binary(
+                data_dir, batch_size=params["batch_size"], train=train, seed=cfg.tf_random_seed,
+                num_epochs=epochs, num_shards=params["num_replicas"], shard_index=params["replica_index"],
+            )
+
+        return cifar_input_fn
+    train_root, eval_root = _image_folder_roots(data_dir)
+    workers = min(8, os.cpu_count() or 1)
+
+    def folder_input_fn(params: dict[str, Any]) -> Iterable[Any]:
+        return image_folder(
+            train_root if train else eval_root, batch_size=params["batch_size"], image_size=workload.image_size,
+            train=train, seed=cfg.tf_random_seed, num_epochs=epochs, num_workers=workers,
+            num_shards=params["num_replicas"], shard_index=params["replica_index"],
+        )
+
+    return folder_input_fn
