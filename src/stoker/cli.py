@@ -20,6 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="print versions and the devices torch sees")
     info.set_defaults(func=_info)
     # Imported here, not at the top: the subcommands pull in the model zoo and matplotlib.
+    from .adanet.cli import add_parser as add_adanet_parser
     from .bench.cli import add_bench_parser
     from .checkpoint_cli import add_parser as add_checkpoint_parser
     from .export import add_parser as add_export_parser
@@ -28,7 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     from .serve import add_parser as add_serve_parser
 
     add_bench_parser(sub)
-    for add in (add_train_parser, add_export_parser, add_serve_parser, add_inspect_parser, add_checkpoint_parser):
+    for add in (add_train_parser, add_adanet_parser, add_export_parser, add_serve_parser, add_inspect_parser,
+                add_checkpoint_parser):
         add(sub)
     return parser
 

@@ -1,0 +1,445 @@
+"""``stoker.adanet.Estimator``: the AdaNet search as an outer loop over plain Estimators.
+
+Each iteration ``t`` is one ``stoker.Estimator`` in ``model_dir/iteration-<t>/`` whose model
+is an ``IterationModel`` (every candidate of the iteration in one module) and which trains
+for ``max_iteration_steps`` steps, continuing the global step of the previous iteration.
+When it ends, the outer loop chooses the best candidate, writes its weights as an ordinary
+stoker checkpoint ``model_dir/final/ckpt-<step>``, its reports, and finally
+``architecture-<t>.json``, the commit point: an iteration whose architecture file exists is
+done, any other is resumed (mid-iteration resume is the engine's own, from
+``iteration-<t>/``), and the bookkeeping after training is deterministic, so it is simply
+redone after a crash.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+import os
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+from torch import nn
+
+from ..checkpoint import CheckpointManager
+from ..config import RunConfig
+from ..data._tree import tree_map
+from ..errors import CheckpointError
+from ..estimator import Estimator as PlainEstimator
+from ..hooks import Hook
+from ..rng import rng_state, seed_everything, set_rng_state
+from ..spec import EstimatorSpec, ModeKeys
+from .architecture import (
+    Architecture,
+    architecture_path,
+    atomic_write_text,
+    read_architecture,
+    write_architecture,
+)
+from .ensemble import ComplexityRegularizedEnsembler, Ensembler
+from .evaluator import Evaluator, Objective, ReportMaterializer, select_best
+from .heads import Head
+from .iteration import DivergedCandidateHook, EnsembleModel, IterationModel
+from .replay import Config as ReplayConfig
+from .search import FINAL_DIR, REPORT_FILE, SearchSpace, final_checkpoint
+from .strategy import GrowStrategy, Strategy
+from .subnetwork import Generator
+
+log = logging.getLogger("stoker")
+
+InputFn = Callable[[dict[str, Any]], Iterable[Any]]
+EXAMPLE_FEATURES = "example_features.pt"
+EXAMPLE_ROWS = 2
+# params[ITERATION_PARAM] tells an input_fn which iteration it feeds (e.g. to reshuffle per
+# iteration, as an unseeded TF input pipeline did); it is 0 for the example batch.
+ITERATION_PARAM = "adanet_iteration"
+
+__all__ = ["Estimator"]
+
+
+def _iteration_model_fn(model: nn.Module, features: Any, labels: Any, mode: ModeKeys, params: dict[str, Any]) -> EstimatorSpec:
+    return model(features, labels, mode)
+
+
+def _first_features(input_fn: InputFn, params: dict[str, Any], seed: int) -> Any:
+    """The features of ``input_fn``'s first batch, with the global RNGs isolated."""
+    saved = rng_state()
+    seed_everything(seed)
+    try:
+        source = input_fn(params)
+        item = next(iter(source))
+        close = getattr(source, "close", None)
+        if callable(close):
+            close()
+    except StopIteration:
+        raise ValueError("input_fn gave no batch: AdaNet needs one to build the subnetworks") from None
+    finally:
+        set_rng_state(saved)
+    is_pair = isinstance(item, (tuple, list)) and len(item) == 2 and not hasattr(item, "_fields")
+    return item[0] if is_pair else item
+
+
+class Estimator:
+    """AdaNet: grow an ensemble of subnetworks, one iteration at a time (Cortes et al., 2017).
+
+    Args:
+        head: the task's ``Head`` (loss, predictions, metrics).
+        subnetwork_generator: proposes each iteration's ``Builder``s; must be deterministic.
+        max_iteration_steps: training steps per iteration.
+        ensemblers: how candidates combine subnetworks (default: one
+            ``ComplexityRegularizedEnsembler()``, whose mixture weights stay at 1/N).
+        ensemble_strategies: which candidate ensembles to form (default ``[GrowStrategy()]``).
+        evaluator: choose by evaluating on data; default: by the bias-corrected moving
+            average of each candidate's training ``adanet_loss``.
+        report_materializer: materialise the builders' reports after each iteration.
+        force_grow: never choose the previous ensemble (candidate 0) at t > 0.
+        replicate_ensemble_in_training: run the previous ensemble's frozen subnetworks in
+            training mode (dropout on) while candidates train.
+        adanet_loss_decay: decay of the moving average of ``adanet_loss``.
+        max_iterations: stop after this many iterations (None: until ``max_steps``).
+        replay_config: a ``replay.Config`` to repeat a recorded search without evaluating.
+        config: a ``RunConfig`` with a ``model_dir`` (required: the search lives there).
+        params: handed to ``input_fn``; stoker adds ``batch_size``, the replica fields and
+            ``adanet_iteration`` (the iteration the data is for: vary the shuffle with it to
+            give each iteration's subnetworks their own order of examples).
+        train_batch_size / eval_batch_size / predict_batch_size: global batch sizes.
+        report_dir: where reports go (default ``model_dir/report``).
+    """
+
+    def __init__(
+        self,
+        head: Head,
+        subnetwork_generator: Generator,
+        max_iteration_steps: int,
+        *,
+        ensemblers: Sequence[Ensembler] | None = None,
+        ensemble_strategies: Sequence[Strategy] | None = None,
+        evaluator: Evaluator | None = None,
+        report_materializer: ReportMaterializer | None = None,
+        force_grow: bool = False,
+        replicate_ensemble_in_training: bool = False,
+        adanet_loss_decay: float = 0.9,
+        max_iterations: int | None = None,
+        replay_config: ReplayConfig | None = None,
+        config: RunConfig | None = None,
+        params: Mapping[str, Any] | None = None,
+        train_batch_size: int | None = None,
+        eval_batch_size: int | None = None,
+        predict_batch_size: int | None = None,
+        report_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        if not isinstance(head, Head):
+            raise TypeError(f"head must be a stoker.adanet Head; got {type(head).__name__}")
+        if subnetwork_generator is None or not isinstance(subnetwork_generator, Generator):
+            raise ValueError("subnetwork_generator must be a stoker.adanet.Generator")
+        if not isinstance(max_iteration_steps, int) or max_iteration_steps < 1:
+            raise ValueError(f"max_iteration_steps must be a positive integer; got {max_iteration_steps!r}")
+        if max_iterations is not None and (not isinstance(max_iterations, int) or max_iterations < 1):
+            raise ValueError(f"max_iterations must be a positive integer or None; got {max_iterations!r}")
+        if not 0.0 <= adanet_loss_decay < 1.0:
+            raise ValueError(f"adanet_loss_decay must be in [0, 1); got {adanet_loss_decay!r}")
+        if config is None or config.model_dir is None:
+            raise ValueError("AdaNet needs RunConfig(model_dir=...): iterations, architectures and the final ensemble live there")
+        if config.gradient_clip_norm is not None:
+            raise ValueError(
+                "RunConfig.gradient_clip_norm would clip all candidates' gradients by one global norm, coupling "
+                "them; clip inside a subnetwork's optimizer instead"
+            )
+        ensemblers = list(ensemblers) if ensemblers else [ComplexityRegularizedEnsembler()]
+        names = [e.name for e in ensemblers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"ensembler names must be unique; got {names}")
+        self.head = head
+        self.subnetwork_generator = subnetwork_generator
+        self.max_iteration_steps = max_iteration_steps
+        self.ensemblers = ensemblers
+        self.ensemble_strategies = list(ensemble_strategies) if ensemble_strategies else [GrowStrategy()]
+        self.evaluator = evaluator
+        self.report_materializer = report_materializer
+        self.force_grow = bool(force_grow)
+        self.replicate_ensemble_in_training = bool(replicate_ensemble_in_training)
+        self.adanet_loss_decay = float(adanet_loss_decay)
+        self.max_iterations = max_iterations
+        self.replay_config = replay_config
+        self.config = config
+        self.params = dict(params or {})
+        self.train_batch_size = train_batch_size
+        self.eval_batch_size = eval_batch_size or train_batch_size
+        self.predict_batch_size = predict_batch_size or self.eval_batch_size
+        self.model_dir = Path(config.model_dir)
+        self.report_dir = Path(report_dir) if report_dir else self.model_dir / "report"
+        self.history: list[dict[str, Any]] = []  # one entry per iteration finished by this object
+        self._space = SearchSpace(
+            head=head,
+            generator=subnetwork_generator,
+            strategies=self.ensemble_strategies,
+            ensemblers=self.ensemblers,
+            seed=config.seed,
+            model_dir=self.model_dir,
+            report_dir=self.report_dir if report_materializer is not None else None,
+        )
+
+    # ================================================================ state on disk
+    @property
+    def iteration_number(self) -> int:
+        """How many iterations have finished (= the number of the next one)."""
+        t = 0
+        while architecture_path(self.model_dir, t).exists():
+            t += 1
+        return t
+
+    def architecture(self, iteration_number: int | None = None) -> Architecture:
+        """The ensemble chosen at ``iteration_number`` (default: the latest finished)."""
+        t = self.iteration_number - 1 if iteration_number is None else iteration_number
+        if t < 0:
+            raise CheckpointError(f"no AdaNet iteration has finished in {self.model_dir} yet: train first")
+        return read_architecture(self.model_dir, t)
+
+    def selection(self, iteration_number: int) -> dict[str, Any]:
+        """What was compared and chosen at ``iteration_number`` (``iteration-<t>/selection.json``)."""
+        return json.loads((self.model_dir / f"iteration-{iteration_number}" / "selection.json").read_text())
+
+    @property
+    def global_step(self) -> int:
+        """The newest global step on disk (finished iterations and the running one)."""
+        t = self.iteration_number
+        step = read_architecture(self.model_dir, t - 1).global_step if t > 0 else 0
+        latest = CheckpointManager(self.model_dir / f"iteration-{t}", writer=False).latest_step()
+        return max(step, latest or 0)
+
+    def _example_features(self, input_fn: InputFn | None) -> Any:
+        """The example batch every build uses (saved once, so every rebuild sees the same)."""
+        path = self.model_dir / EXAMPLE_FEATURES
+        if path.exists():
+            return torch.load(path, map_location="cpu", weights_only=True)
+        if input_fn is None:
+            raise CheckpointError(f"{path} is missing: train first (it is written by the first train call)")
+        params = dict(self.params, batch_size=self.train_batch_size or EXAMPLE_ROWS, num_replicas=1, replica_index=0, cache=None)
+        params[ITERATION_PARAM] = 0
+        features = _first_features(input_fn, params, self.config.seed)
+        example = tree_map(lambda t: t[:EXAMPLE_ROWS].clone(), features)
+        buf = io.BytesIO()
+        torch.save(example, buf)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_bytes(buf.getvalue())
+        os.replace(tmp, path)
+        return example
+
+    # ================================================================ training
+    def iteration_estimator(self, iteration_number: int, input_fn: InputFn | None = None) -> PlainEstimator:
+        """The plain ``stoker.Estimator`` of one iteration (its model: an ``IterationModel``)."""
+        cfg = self.config.replace(
+            model_dir=str(self.model_dir / f"iteration-{iteration_number}"),
+            seed=self.config.seed + iteration_number,
+            keep_best=None,
+        )
+        built: dict[str, IterationModel] = {}
+
+        def build(params: dict[str, Any]) -> IterationModel:
+            device = est.strategy.device
+            features = tree_map(lambda t: t.to(device), self._example_features(input_fn))
+            model = self._space.build_iteration(
+                iteration_number, features, device,
+                adanet_loss_decay=self.adanet_loss_decay,
+                replicate_ensemble_in_training=self.replicate_ensemble_in_training,
+            )
+            built["model"] = model
+            return model
+
+        def optimizer(params: dict[str, Any], parameters: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+            return built["model"].make_optimizer()
+
+        est = PlainEstimator(
+            model=build,
+            model_fn=_iteration_model_fn,
+            optimizer=optimizer,
+            config=cfg,
+            params={**self.params, ITERATION_PARAM: iteration_number},
+            train_batch_size=self.train_batch_size,
+            eval_batch_size=self.eval_batch_size,
+        )
+        return est
+
+    def train(
+        self,
+        input_fn: InputFn,
+        steps: int | None = None,
+        max_steps: int | None = None,
+        hooks: Sequence[Hook] = (),
+    ) -> Estimator:
+        """Run iterations until ``max_iterations``, ``steps`` more steps or global step
+        ``max_steps``. Resumes from ``model_dir``: mid-iteration or between iterations."""
+        if steps is not None and max_steps is not None:
+            raise ValueError("train: give steps or max_steps, not both")
+        for name, value in (("steps", steps), ("max_steps", max_steps)):
+            if value is not None and (not isinstance(value, int) or value < 0):
+                raise ValueError(f"train: {name} must be a non-negative integer; got {value!r}")
+        if self.train_batch_size is None:
+            raise ValueError("train: the AdaNet Estimator needs train_batch_size")
+        if steps is not None:
+            max_steps = self.global_step + steps
+        self._example_features(input_fn)
+        while True:
+            t = self.iteration_number
+            if self.max_iterations is not None and t >= self.max_iterations:
+                log.info("adanet: max_iterations=%d reached", self.max_iterations)
+                break
+            start = read_architecture(self.model_dir, t - 1).global_step if t > 0 else 0
+            if max_steps is not None and start >= max_steps:
+                break
+            end = start + self.max_iteration_steps
+            target = end if max_steps is None else min(end, max_steps)
+            est = self.iteration_estimator(t, input_fn)
+            if est.latest_checkpoint() is None:
+                est.global_step = start  # the global step runs on across iterations, as in the original
+            log.info("adanet: iteration %d, steps %d..%d", t, start, end)
+            est.train(input_fn, max_steps=target, hooks=[*hooks, DivergedCandidateHook()])
+            reached = est.global_step
+            if reached < end and max_steps is not None and reached >= max_steps:
+                break  # stopped by max_steps in the middle of the iteration; a later train continues it
+            if reached <= start:
+                raise ValueError(f"adanet: iteration {t} trained no step: input_fn gave no batch")
+            if reached < end:
+                log.info("adanet: the data ended at step %d, before iteration %d's end at %d: the iteration ends here", reached, t, end)
+            self._finish_iteration(t, est, reached)
+        return self
+
+    # ================================================================ choosing
+    def _select(self, t: int, est: PlainEstimator, model: IterationModel) -> tuple[int, list[float] | None, str]:
+        """(index of the chosen candidate, the values compared, how it was chosen)."""
+        n = len(model.candidates)
+        replayed = self.replay_config.get_best_ensemble_index(t) if self.replay_config is not None else None
+        if replayed is not None:
+            if replayed >= n:
+                raise ValueError(f"replay.Config gives index {replayed} for iteration {t}, which has only {n} candidates")
+            return replayed, None, "replay"
+        if n == 1:
+            return 0, None, "only candidate"
+        grow = self.force_grow and t > 0  # candidate 0 at t > 0 is the previous ensemble
+        if grow and n == 2:
+            return 1, None, "force_grow: the only new candidate"
+        names = [c.name for c in model.candidates]
+        if self.evaluator is not None:
+            values = self.evaluator.evaluate(est, names)
+            objective = self.evaluator.objective
+            how = f"evaluator {self.evaluator.metric_name} ({Objective(objective).value})"
+        else:
+            values = model.moving_average_losses()
+            objective = Objective.MINIMIZE
+            how = "moving average of adanet_loss"
+        return select_best(values, objective, start=1 if grow else 0), values, how
+
+    def _finish_iteration(self, t: int, est: PlainEstimator, step: int) -> None:
+        """Choose, save the chosen ensemble and reports, then commit ``architecture-<t>.json``."""
+        model = est.model
+        assert isinstance(model, IterationModel)
+        model.unpack()  # trained batched mixture weights -> each candidate's own combiner
+        index, values, how = self._select(t, est, model)
+        chosen = model.candidates[index]
+        members = chosen.ensemble.weighted_subnetworks
+        previous = read_architecture(self.model_dir, t - 1) if t > 0 else None
+        if chosen.is_previous:
+            assert previous is not None
+            arch = Architecture(
+                ensemble_candidate_name=previous.ensemble_candidate_name,
+                ensembler_name=previous.ensembler_name,
+                iteration_number=t,
+                global_step=step,
+                subnetworks=list(previous.subnetworks),
+                replay_indices=[*previous.replay_indices, index],
+            )
+        else:
+            arch = Architecture(
+                ensemble_candidate_name=chosen.ensemble.candidate_name,
+                ensembler_name=chosen.ensemble.ensembler_name,
+                iteration_number=t,
+                global_step=step,
+                subnetworks=[(w.iteration_number, w.name) for w in members],
+                replay_indices=[*(previous.replay_indices if previous else []), index],
+            )
+        if self.report_materializer is not None:
+            reports = self.report_materializer.materialize(est, model, t, {w.key for w in members})
+            atomic_write_text(self.report_dir / REPORT_FILE.format(t), json.dumps([r.to_dict() for r in reports], indent=1, sort_keys=True))
+        final = CheckpointManager(self.model_dir / FINAL_DIR, keep_checkpoint_max=0)
+        final.save(step, EnsembleModel(chosen.ensemble).state_dict(), {"global_step": step, "iteration_number": t})
+        ema = model.moving_average_losses()
+        record = {
+            "iteration_number": t,
+            "global_step": step,
+            "candidates": [
+                {"index": i, "name": c.name, "adanet_loss_ema": _json_float(ema[i]), "value": _json_float(values[i]) if values else None}
+                for i, c in enumerate(model.candidates)
+            ],
+            "chosen_index": index,
+            "chosen": chosen.name,
+            "selected_by": how,
+            "subnetworks": [w.key for w in members],
+        }
+        atomic_write_text(self.model_dir / f"iteration-{t}" / "selection.json", json.dumps(record, indent=1, sort_keys=True))
+        write_architecture(self.model_dir, arch)  # the commit point of iteration t
+        self.history.append(record)
+        listing = ", ".join(f"{c['name']}={c['adanet_loss_ema']}" for c in record["candidates"])
+        log.info("adanet: iteration %d chose %r (index %d, by %s); adanet_loss moving averages: %s", t, chosen.name, index, how, listing)
+
+    # ================================================================ the final ensemble
+    def final_ensemble(self, device: str | torch.device = "cpu") -> EnsembleModel:
+        """The latest chosen ensemble as one module, its weights loaded (``weighted_subnetworks``
+        gives each member and its mixture weight)."""
+        arch = self.architecture()
+        device = torch.device(device)
+        features = tree_map(lambda t: t.to(device), self._example_features(None))
+        step = torch.zeros((), dtype=torch.int64, device=device)
+        ensemble = self._space.rebuild(arch.iteration_number, features, step, training=False)
+        return self._space.load(ensemble, arch.global_step).to(device).eval()
+
+    def _final_estimator(self) -> tuple[PlainEstimator, Path]:
+        arch = self.architecture()
+        est = PlainEstimator(
+            model=lambda params: self.final_ensemble(est.strategy.device),
+            model_fn=self.head.model_fn,
+            config=self.config.replace(model_dir=str(self.model_dir / FINAL_DIR), keep_best=None),
+            params=self.params,
+            train_batch_size=self.train_batch_size,
+            eval_batch_size=self.eval_batch_size,
+            predict_batch_size=self.predict_batch_size,
+        )
+        return est, final_checkpoint(self.model_dir, arch.global_step)
+
+    def evaluate(self, input_fn: InputFn, steps: int | None = None, name: str | None = None) -> dict[str, float]:
+        """Evaluate the latest chosen ensemble (loss and the head's metrics)."""
+        est, ckpt = self._final_estimator()
+        return est.evaluate(input_fn, steps=steps, checkpoint_path=ckpt, name=name)
+
+    def predict(self, input_fn: InputFn, yield_single_examples: bool = True) -> Iterator[dict[str, torch.Tensor]]:
+        """The head's predictions of the latest chosen ensemble for every example of ``input_fn``."""
+        est, ckpt = self._final_estimator()
+        return est.predict(input_fn, checkpoint_path=ckpt, yield_single_examples=yield_single_examples)
+
+    def export(self, directory: str | os.PathLike[str], example_features: Any = None) -> Path:
+        """Write the final ensemble as a ``torch.export`` program (``ensemble.pt2``, any batch
+        size), its weights (``model.safetensors``) and its ``architecture.json``; returns
+        ``directory``. ``example_features`` default to the run's saved example batch."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        model = self.final_ensemble()
+        features = example_features if example_features is not None else self._example_features(None)
+        args = features if isinstance(features, tuple) else (features,)
+        batch = torch.export.Dim("batch")  # any batch size, not the example's
+        dynamic = tree_map(lambda t: {0: batch}, args)
+        program = torch.export.export(model, args, dynamic_shapes=dynamic)
+        torch.export.save(program, str(out / "ensemble.pt2"))
+        safetensors.torch.save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
+        atomic_write_text(out / "architecture.json", self.architecture().serialize())
+        return out
+
+
+def _json_float(value: float | None) -> float | None:
+    if value is None or math.isnan(value) or math.isinf(value):
+        return None
+    return float(value)

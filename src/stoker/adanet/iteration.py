@@ -1,0 +1,444 @@
+"""One AdaNet iteration as one ``nn.Module``, and the final ensemble as another.
+
+``IterationModel`` holds everything iteration ``t`` trains and compares: the frozen
+subnetworks of the previous ensemble, the iteration's new subnetworks, the ensemble
+parameters of every candidate, and the selection state as buffers (a moving average of each
+candidate's ``adanet_loss``, the iteration number, the iteration's step counter), so the
+engine's checkpoints carry all of it.
+
+A training step (``forward`` in TRAIN mode) runs every subnetwork once on the batch. Each new
+subnetwork's head loss is a term of the step's loss; every candidate ensemble sees its
+members' outputs *detached*, so its ``adanet_loss`` term reaches only its own mixture
+weights. One backward pass therefore gives every parameter exactly the gradient of its own
+objective, and ``CandidateOptimizers`` steps each subnetwork's optimizer and each
+ensembler's optimizer on its own parameters.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..hooks.base import Hook, LoopResult, RunContext
+from ..spec import EstimatorSpec, ModeKeys
+from .ensemble import BatchedWeightedSum, Combiner, Ensemble, Ensembler
+from .heads import Head
+from .subnetwork import Builder, Report, Subnetwork, as_subnetwork
+
+log = logging.getLogger("stoker")
+
+__all__ = ["CandidateOptimizers", "CandidateRecord", "DivergedCandidateHook", "EnsembleModel", "IterationModel", "bias_corrected_ema"]
+
+
+def bias_corrected_ema(biased: torch.Tensor, updates: int, decay: float) -> torch.Tensor:
+    """The zero-debiased moving average: ``biased / (1 - decay**updates)`` (NaN before any update).
+
+    ``biased`` follows ``biased <- decay * biased + (1 - decay) * value`` from 0, as TF's
+    ``assign_moving_average(zero_debias=True)``.
+    """
+    if updates <= 0:
+        return torch.full_like(biased, float("nan"))
+    return biased / (1.0 - decay**updates)
+
+
+def _detached(s: Subnetwork) -> Subnetwork:
+    c = s.complexity.detach() if isinstance(s.complexity, torch.Tensor) else s.complexity
+    return Subnetwork(last_layer=s.last_layer.detach(), logits=s.logits.detach(), complexity=c, shared=s.shared)
+
+
+def _logits_detached(s: Subnetwork) -> Subnetwork:
+    """Enough for batched weighted sums, which read only logits and complexity (one op less)."""
+    c = s.complexity.detach() if isinstance(s.complexity, torch.Tensor) else s.complexity
+    return Subnetwork(last_layer=s.last_layer, logits=s.logits.detach(), complexity=c, shared=s.shared)
+
+
+@dataclass(eq=False)
+class CandidateRecord:
+    """One candidate ensemble of the iteration (index = position in ``IterationModel.candidates``)."""
+
+    name: str
+    ensemble: Ensemble
+    ensembler: Ensembler
+    is_previous: bool
+
+
+class IterationModel(nn.Module):
+    """All subnetworks and candidate ensembles of one iteration (see the module docstring).
+
+    Module names, which are also the checkpoint's weight names: ``subnetworks.<t>_<name>.*``
+    (frozen and new), ``previous_ensemble.*`` (the previous ensemble's combiner, frozen),
+    ``batched.<ensembler>.*`` (the packed SCALAR/VECTOR mixture weights of an ensembler's
+    candidates, see ``BatchedWeightedSum``) and ``ensembles.<candidate>.*`` (candidates that
+    are not batched, e.g. MATRIX weights).
+    """
+
+    def __init__(
+        self,
+        *,
+        iteration_number: int,
+        head: Head,
+        frozen: Mapping[str, nn.Module],
+        new: Mapping[str, tuple[Builder, nn.Module]],
+        candidates: Sequence[CandidateRecord],
+        adanet_loss_decay: float,
+        replicate_ensemble_in_training: bool,
+        iteration_step: torch.Tensor,
+        reports: Mapping[str, Report] | None = None,
+    ) -> None:
+        super().__init__()
+        self.head = head
+        self.adanet_loss_decay = float(adanet_loss_decay)
+        self.replicate_ensemble_in_training = bool(replicate_ensemble_in_training)
+        self.subnetworks = nn.ModuleDict()
+        for key, module in frozen.items():
+            module.requires_grad_(False)
+            self.subnetworks[key] = module
+        for key, (_, module) in new.items():
+            self.subnetworks[key] = module
+        self.frozen_keys = list(frozen)
+        self.new_keys = list(new)
+        self.builders = {key: b for key, (b, _) in new.items()}
+        self.candidates = list(candidates)
+        self.previous_ensemble: Combiner | None = None
+        self.ensembles = nn.ModuleDict()
+        for c in self.candidates:
+            if c.is_previous:
+                c.ensemble.combiner.requires_grad_(False)
+                self.previous_ensemble = c.ensemble.combiner
+            else:
+                self.ensembles[c.name] = c.ensemble.combiner
+        self.reports = dict(reports or {})
+        n_cand = len(self.candidates)
+        self.register_buffer("iteration_number", torch.tensor(int(iteration_number), dtype=torch.int64))
+        self.register_buffer("iteration_step", iteration_step)
+        self.register_buffer("adanet_loss_ema", torch.zeros(n_cand, device=iteration_step.device))
+        # Candidates of one ensembler with SCALAR/VECTOR weights run as one batched unit;
+        # the rest (the frozen previous ensemble, MATRIX weights, custom combiners) one by one.
+        self.batched = nn.ModuleDict()
+        units: list[tuple[nn.Module, list[str], list[int], bool]] = []  # (module, member keys, candidate indices, batched)
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for i, c in enumerate(self.candidates):
+            sig = None if c.is_previous else BatchedWeightedSum.signature(c.ensemble.combiner)
+            if sig is None:
+                units.append((c.ensemble.combiner, list(c.ensemble.combiner.members), [i], False))
+            else:
+                groups.setdefault((c.ensembler.name, *sig), []).append(i)
+        for indices in groups.values():
+            if len(indices) == 1:
+                c = self.candidates[indices[0]]
+                units.append((c.ensemble.combiner, list(c.ensemble.combiner.members), indices, False))
+                continue
+            batched = BatchedWeightedSum([self.candidates[i].ensemble.combiner for i in indices])
+            self.batched[self.candidates[indices[0]].ensembler.name] = batched
+            for i in indices:  # the packed parameters replace the candidates' own in training
+                del self.ensembles[self.candidates[i].name]
+            units.append((batched, list(batched.keys), indices, True))
+        order = [i for _, _, idx, _ in units for i in idx]
+        self._units = units
+        # Unit outputs come in unit order; this puts them back in candidate order (None: already).
+        self._candidate_order = None if order == list(range(n_cand)) else torch.tensor(
+            sorted(range(n_cand), key=lambda j: order[j]), device=iteration_step.device
+        )
+        self._frozen_list = [(k, self.subnetworks[k]) for k in self.frozen_keys]
+        self._new_list = [(k, self.subnetworks[k]) for k in self.new_keys]
+        # Members' last layers are needed (detached) only by unbatched units, e.g. MATRIX weights.
+        self._detach = _detached if any(not b for _, _, _, b in units) else _logits_detached
+
+    # ------------------------------------------------------------------ modes
+    def train(self, mode: bool = True) -> IterationModel:
+        super().train(mode)
+        # The previous ensemble's subnetworks are frozen: in prediction mode (no dropout) while
+        # candidates train, unless the user asks to replicate them in training mode.
+        frozen_mode = mode and self.replicate_ensemble_in_training
+        for key in self.frozen_keys:
+            self.subnetworks[key].train(frozen_mode)
+        if self.previous_ensemble is not None:
+            self.previous_ensemble.train(frozen_mode)
+        return self
+
+    # ------------------------------------------------------------------ steps
+    def forward(self, features: Any, labels: Any = None, mode: ModeKeys = ModeKeys.TRAIN) -> EstimatorSpec:
+        if mode == ModeKeys.TRAIN:
+            return self._train_step(features, labels)
+        if mode == ModeKeys.EVAL and labels is not None:
+            return self._eval_step(features, labels)
+        return self._predict_step(features)
+
+    def _outputs(self, features: Any) -> dict[str, Subnetwork]:
+        outs: dict[str, Subnetwork] = {}
+        with torch.no_grad():
+            for key, module in self._frozen_list:
+                outs[key] = as_subnetwork(module(features))
+        for key, module in self._new_list:
+            outs[key] = as_subnetwork(module(features))
+        return outs
+
+    def _candidate_logits(self, outs: Mapping[str, Subnetwork], regularize: bool = True) -> Iterator[tuple[list[int], torch.Tensor, torch.Tensor | None, bool]]:
+        """Per unit: (candidate indices, logits, regulariser, batched); batched units give
+        logits ``[C, batch, ..., D]`` and a regulariser ``[C]``."""
+        for module, keys, indices, batched in self._units:
+            logits, reg = module([outs[k] for k in keys], regularize=regularize)
+            yield indices, logits, reg, batched
+
+    def _train_step(self, features: Any, labels: Any) -> EstimatorSpec:
+        head = self.head
+        outs: dict[str, Subnetwork] = {}
+        with torch.no_grad():
+            for key, module in self._frozen_list:
+                outs[key] = as_subnetwork(module(features))
+        losses: list[torch.Tensor] = []
+        for key, module in self._new_list:
+            s = as_subnetwork(module(features))
+            losses.append(head.loss(s.logits, labels))
+            outs[key] = self._detach(s)  # ensembles must not train the subnetworks
+        parts = []
+        for module, keys, _, batched in self._units:
+            logits, reg = module([outs[k] for k in keys])
+            loss = self._batched_loss(logits, labels) if batched else head.loss(logits, labels).reshape(1)
+            parts.append(loss if reg is None else loss + reg)
+        candidates = torch.cat(parts) if len(parts) > 1 else parts[0]
+        if self._candidate_order is not None:
+            candidates = candidates.index_select(0, self._candidate_order)
+        stacked = torch.cat([torch.stack(losses), candidates])
+        with torch.no_grad():
+            # ema <- decay * ema + (1 - decay) * value, from 0 (bias-corrected when read). A NaN
+            # or inf value makes the average NaN or inf for good: such a candidate never wins.
+            self.adanet_loss_ema.lerp_(stacked.detach()[len(losses):], 1.0 - self.adanet_loss_decay)
+            self.iteration_step.add_(1)  # also the number of moving-average updates (add_: no Module.__setattr__)
+        # A non-finite term contributes neither to the reported loss nor to any gradient
+        # (nan_to_num's gradient is zero there), so one diverging candidate cannot stop the
+        # search: the engine stops on a non-finite step loss.
+        total = torch.nan_to_num(stacked, 0.0, 0.0, 0.0).sum()
+        return EstimatorSpec(loss=total)
+
+    def _batched_loss(self, logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        """Head loss of ``C`` candidates' logits ``[C, batch, ...]``: ``[C]`` or ``[C, batch]``."""
+        # One fused head loss per candidate: cheaper than one loss over labels repeated C times.
+        return torch.stack([self.head.loss(logits[c], labels, reduction) for c in range(logits.shape[0])])
+
+    def _eval_step(self, features: Any, labels: Any) -> EstimatorSpec:
+        head = self.head
+        outs = self._outputs(features)
+        metrics: dict[str, Any] = {}
+        for indices, logits, reg, batched in self._candidate_logits(outs):
+            per_example = self._batched_loss(logits, labels, "none") if batched else head.loss(logits, labels, "none").unsqueeze(0)
+            for r, i in enumerate(indices):
+                name = self.candidates[i].name
+                cand_logits = logits[r] if batched else logits
+                loss = per_example[r]
+                metrics[f"{name}/adanet_loss"] = loss if reg is None else loss + (reg[r] if batched else reg)
+                for metric, update in head.metrics(cand_logits, labels).items():
+                    metrics[f"{name}/{metric}"] = update
+        for key in self.new_keys:
+            logits = outs[key].logits
+            metrics[f"subnetwork/{key}/loss"] = head.loss(logits, labels, "none")
+            for name, update in head.metrics(logits, labels).items():
+                metrics[f"subnetwork/{key}/{name}"] = update
+            report = self.reports.get(key)
+            if report is not None:
+                for name, metric in report.metrics.items():
+                    metrics[f"report/{key}/{name}"] = metric(logits, labels)
+        return EstimatorSpec(eval_metrics=metrics)
+
+    def _predict_step(self, features: Any) -> EstimatorSpec:
+        outs = self._outputs(features)
+        preds = {}
+        for indices, logits, _, batched in self._candidate_logits(outs, regularize=False):
+            for r, i in enumerate(indices):
+                preds[self.candidates[i].name] = logits[r] if batched else logits
+        return EstimatorSpec(predictions=preds)
+
+    def unpack(self) -> None:
+        """Copy batched mixture weights into every candidate's own combiner (before saving one)."""
+        for module in self.batched.values():
+            assert isinstance(module, BatchedWeightedSum)
+            module.unpack()
+
+    # ------------------------------------------------------------------ selection state
+    def moving_average_losses(self) -> list[float]:
+        """Each candidate's bias-corrected moving average of ``adanet_loss`` (NaN if diverged)."""
+        values = bias_corrected_ema(self.adanet_loss_ema.detach().cpu().double(), int(self.iteration_step), self.adanet_loss_decay)
+        return [float(v) for v in values]
+
+    # ------------------------------------------------------------------ optimizers
+    def make_optimizer(self) -> CandidateOptimizers:
+        """Each new subnetwork's optimizer (from its builder), and one optimizer per ensembler
+        over the ensemble parameters of all its candidates."""
+        optimizers: dict[str, torch.optim.Optimizer] = {}
+        for key in self.new_keys:
+            params = [p for p in self.subnetworks[key].parameters() if p.requires_grad]
+            if not params:
+                continue
+            opt = self.builders[key].build_subnetwork_optimizer(params)
+            if not isinstance(opt, torch.optim.Optimizer):
+                raise TypeError(
+                    f"{type(self.builders[key]).__name__}.build_subnetwork_optimizer must return a torch.optim.Optimizer; got {type(opt).__name__}"
+                )
+            optimizers[f"subnetwork/{key}"] = opt
+        by_ensembler: dict[str, tuple[Ensembler, list[nn.Parameter]]] = {}
+        for module, _, indices, _ in self._units:
+            c = self.candidates[indices[0]]
+            if c.is_previous:
+                continue
+            entry = by_ensembler.setdefault(c.ensembler.name, (c.ensembler, []))
+            entry[1].extend(p for p in module.parameters() if p.requires_grad)
+        for name, (ensembler, params) in by_ensembler.items():
+            opt = ensembler.build_optimizer(params) if params else None
+            if opt is not None:
+                optimizers[f"ensembler/{name}"] = opt
+        if not optimizers:
+            raise ValueError("nothing to train in this iteration: no subnetwork or ensemble has trainable parameters")
+        return CandidateOptimizers(optimizers)
+
+    def sanitize_diverged(self, optimizer: torch.optim.Optimizer | None) -> list[str]:
+        """Zero the non-finite weights (and optimizer state) of diverged parts.
+
+        A candidate whose loss went NaN is out of the race (its moving average is NaN), but
+        NaN weights would make the engine refuse to write the checkpoint. Returns the names
+        of the parts it cleaned. One host sync (called once per device loop).
+        """
+        params = [p for p in self.parameters() if p.requires_grad]
+        if not params or bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
+            return []
+        state = optimizer.state if isinstance(optimizer, CandidateOptimizers) else {}
+        cleaned = [k for k, m in self._new_list if not _finite(m.parameters())]
+        for module, _, indices, batched in self._units:
+            if self.candidates[indices[0]].is_previous:
+                continue
+            if batched:  # one row of the packed weights per candidate
+                assert isinstance(module, BatchedWeightedSum)
+                rows = [module.weights[r] for r in range(len(indices))]
+                bias = [module.bias[r] for r in range(len(indices))] if module.bias is not None else [None] * len(indices)
+                cleaned += [self.candidates[i].name for i, w, b in zip(indices, rows, bias, strict=True) if not _finite([w] if b is None else [w, b])]
+            elif not _finite(module.parameters()):
+                cleaned.append(self.candidates[indices[0]].name)
+        with torch.no_grad():
+            for p in params:
+                p.nan_to_num_(0.0, 0.0, 0.0)  # touches only the non-finite entries
+                for value in state.get(p, {}).values():
+                    if isinstance(value, torch.Tensor) and value.is_floating_point():
+                        value.nan_to_num_(0.0, 0.0, 0.0)
+        return cleaned
+
+
+def _finite(params: Iterable[torch.Tensor]) -> bool:
+    return all(bool(torch.isfinite(p).all()) for p in params)
+
+
+class CandidateOptimizers(torch.optim.Optimizer):
+    """Several optimizers that step as one, so the engine's single-optimizer step drives them.
+
+    ``param_groups`` is the concatenation of the children's groups (the same dicts, so a
+    learning-rate change is seen by the child), ``state`` maps a parameter to its child's
+    state, and ``state_dict`` holds each child's state dict under its name.
+    """
+
+    def __init__(self, optimizers: Mapping[str, torch.optim.Optimizer]) -> None:
+        # Deliberately not calling Optimizer.__init__: the children own groups and state.
+        self.optimizers = dict(optimizers)
+        self._params = [p for opt in self.optimizers.values() for g in opt.param_groups for p in g["params"]]
+        self.defaults: dict[str, Any] = {}
+        self._optimizer_step_pre_hooks: dict[int, Any] = {}
+        self._optimizer_step_post_hooks: dict[int, Any] = {}
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+        return [g for opt in self.optimizers.values() for g in opt.param_groups]
+
+    @property
+    def state(self) -> dict[Any, Any]:  # type: ignore[override]
+        merged: dict[Any, Any] = {}
+        for opt in self.optimizers.values():
+            merged.update(opt.state)
+        return merged
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        for opt in self.optimizers.values():
+            opt.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        if set_to_none:  # what each child's zero_grad would do, without its per-call overhead
+            for p in self._params:
+                p.grad = None
+            return
+        for opt in self.optimizers.values():
+            opt.zero_grad(set_to_none=False)
+
+    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+        return {"optimizers": {name: opt.state_dict() for name, opt in self.optimizers.items()}}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:  # type: ignore[override]
+        saved = state_dict.get("optimizers")
+        if not isinstance(saved, Mapping) or set(saved) != set(self.optimizers):
+            got = sorted(saved) if isinstance(saved, Mapping) else type(saved).__name__
+            raise ValueError(f"the saved candidate optimizers {got} are not this iteration's {sorted(self.optimizers)}")
+        for name, opt in self.optimizers.items():
+            opt.load_state_dict(saved[name])
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{name}: {type(opt).__name__}" for name, opt in self.optimizers.items())
+        return f"CandidateOptimizers({inner})"
+
+
+class DivergedCandidateHook(Hook):
+    """Before checkpoints are written, clean the weights of candidates whose loss went NaN."""
+
+    priority = 25  # after the NaN check (10), before the checkpoint saver (30)
+
+    def after_loop(self, run: RunContext, result: LoopResult) -> None:
+        self._clean(run)
+
+    def end(self, run: RunContext) -> None:
+        self._clean(run)
+
+    @staticmethod
+    def _clean(run: RunContext) -> None:
+        model = run.model
+        if isinstance(model, IterationModel):
+            cleaned = model.sanitize_diverged(run.optimizer)
+            if cleaned:
+                log.warning(
+                    "adanet: %s diverged (non-finite loss) by step %d: out of this iteration's selection",
+                    ", ".join(cleaned), run.global_step,
+                )
+
+
+class EnsembleModel(nn.Module):
+    """A chosen ensemble as one module: ``forward(features)`` gives the ensemble's logits.
+
+    Weight names: ``subnetworks.<t>_<name>.*`` and ``ensemble.*`` (the combiner: mixture
+    weights, bias). ``weighted_subnetworks`` gives each member's module and mixture weight.
+    """
+
+    def __init__(self, ensemble: Ensemble) -> None:
+        super().__init__()
+        self.subnetworks = nn.ModuleDict({w.key: w.module for w in ensemble.weighted_subnetworks})
+        self.ensemble = ensemble.combiner
+        self.name = ensemble.name
+        self.candidate_name = ensemble.candidate_name
+        self.ensembler_name = ensemble.ensembler_name
+        self.iteration_number = ensemble.iteration_number
+        self._info = ensemble
+        self._members = [(w.key, w.module) for w in ensemble.weighted_subnetworks]
+
+    @property
+    def weighted_subnetworks(self) -> list:
+        """Each member: ``name``, ``iteration_number``, ``module``, ``weight`` (its mixture weight)."""
+        return list(self._info.weighted_subnetworks)
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.ensemble.bias_term()
+
+    def forward(self, features: Any) -> torch.Tensor:
+        outs = [as_subnetwork(module(features)) for _, module in self._members]
+        return self.ensemble(outs, regularize=False)[0]
+
+    def subnetwork_logits(self, features: Any) -> dict[str, torch.Tensor]:
+        """Each member's own logits on ``features``, by key ``t<i>_<name>``."""
+        return {key: as_subnetwork(module(features)).logits for key, module in self._members}
