@@ -83,6 +83,7 @@ class Infeed:
         self._api = _state_api(source)
         self._replayed_before = 0
         self._cuda = device.type == "cuda"
+        self._on_cpu = device.type == "cpu"
         self._stream = torch.cuda.Stream(device) if self._cuda else None
         skip = int(restore.get("skip", 0)) if restore is not None else 0
         if restore is not None:
@@ -160,6 +161,8 @@ class Infeed:
             features, labels = item
         else:
             features, labels = item, None
+        if self.pad_to is None:  # training: no padding, so the row count is not needed here
+            return self._to_device(Batch(features, labels, None, -1))
         rows = batch_rows(features)
         mask = None
         if self.pad_to is not None:
@@ -181,6 +184,9 @@ class Infeed:
     def _to_device(self, batch: Batch) -> Batch:
         device = self.device
         if not self._cuda:
+            if self._on_cpu and type(batch.features) is torch.Tensor and type(batch.labels) in (torch.Tensor, type(None)):
+                if batch.features.device.type == "cpu" and (batch.labels is None or batch.labels.device.type == "cpu"):
+                    return batch  # the common case on a CPU run: nothing to convert or move
             move = lambda t: t if t.device == device else t.to(device)  # noqa: E731
             return Batch(tree_map(move, batch.features), tree_map(move, batch.labels), batch.mask, batch.rows)
         # Pinned host memory lets the copy run asynchronously on a side stream, overlapping the

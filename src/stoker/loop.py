@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .data._tree import batch_rows
 from .distributed import Strategy
 from .errors import ModelFnError
 from .hooks.base import LoopResult, RunContext
@@ -89,7 +90,7 @@ class TrainStep:
                 spec = self.model_fn(self.module, batch.features, batch.labels, ModeKeys.TRAIN, self.params)
             if not self._checked:
                 check_spec(spec, ModeKeys.TRAIN)
-                _check_train_batch(batch.rows, self.params["batch_size"])
+                _check_train_batch(batch_rows(batch.features) or 0, self.params["batch_size"])
                 self._checked = True
             loss = spec.loss
             if spec.cache is not None or self.carries_cache:

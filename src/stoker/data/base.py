@@ -273,8 +273,12 @@ class IndexedSource(ABC):
 
     def batch_indices(self, epoch: int, batch: int) -> torch.Tensor:
         """Example indices of this shard's batch ``batch`` of epoch ``epoch``."""
-        order = self.epoch_order(epoch)[self.shard_index :: self.num_shards]
-        return order[batch * self.batch_size : (batch + 1) * self.batch_size]
+        shard = self.__dict__.get("_shard_order")
+        if shard is None or shard[0] != epoch or shard[1] is not self.epoch_order(epoch):
+            # once per epoch: this shard's part of the order, contiguous, so a batch is one slice
+            shard = (epoch, self.epoch_order(epoch), self.epoch_order(epoch)[self.shard_index :: self.num_shards].contiguous())
+            self.__dict__["_shard_order"] = shard
+        return shard[2][batch * self.batch_size : (batch + 1) * self.batch_size]
 
     def following_examples(self, epoch: int, index: int) -> Iterator[int]:
         """The examples after ``index`` in epoch ``epoch``'s order (all shards), wrapping around."""
