@@ -89,6 +89,8 @@ class ProcessGroupStrategy(Strategy):
 
     def teardown(self) -> None:
         self._stop.set()
+        if self._heartbeat.is_alive() and self._heartbeat is not threading.current_thread():
+            self._heartbeat.join(timeout=5)  # never destroy the store under a beat in flight
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
             self._owns_group = False
