@@ -94,7 +94,7 @@ def test_the_estimator_hands_the_detached_cache_to_the_next_step_and_resets_it_a
         assert isinstance(given, tuple) and len(given) == config.n_layer
         assert all(not g.requires_grad and g.grad_fn is None for g in given)
         assert all(torch.equal(g, p) for g, p in zip(given, previous, strict=True))
-    saved = torch.load(est.latest_checkpoint() / "train_state.pt", weights_only=True)["cache"]
+    saved = torch.load(est.latest_checkpoint() / "train_state.pt", weights_only=True)["cache"][0]  # replica 0's
     assert all(torch.equal(s, r) for s, r in zip(saved, returned[-1], strict=True))  # the cache is checkpointed
 
     calls.clear()
@@ -177,8 +177,8 @@ def test_kill_9_then_rerun_resumes_weights_and_memory_exactly(tmp_path):
     assert f"resumed from {crashed}" in done.stderr
     final = f"ckpt-{MAX_STEPS}"
     assert (crashed / final / "model.safetensors").read_bytes() == (tmp_path / "ref" / final / "model.safetensors").read_bytes()
-    got = torch.load(crashed / final / "train_state.pt", weights_only=True)["cache"]
-    want = torch.load(tmp_path / "ref" / final / "train_state.pt", weights_only=True)["cache"]
+    got = torch.load(crashed / final / "train_state.pt", weights_only=True)["cache"][0]  # replica 0's
+    want = torch.load(tmp_path / "ref" / final / "train_state.pt", weights_only=True)["cache"][0]
     assert len(got) == 2 and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
 
 

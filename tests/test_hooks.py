@@ -224,3 +224,12 @@ def test_a_hook_you_pass_replaces_the_default_of_its_class():
         stoker.hooks.HookRunner.__init__ = original
     assert seen.count("LoggingHook") == 1 and mine in runner_hooks
     assert "bpc = 1.0000" in mine.last_line
+
+
+def test_run_config_mlperf_log_writes_mllog_events(tmp_path):
+    x, y = make_data(64)
+    make_estimator(tmp_path, mlperf_log=True).train(train_input(x, y), max_steps=4)
+    lines = (tmp_path / "mlperf.log").read_text().splitlines()
+    keys = [json.loads(line.split(":::MLLOG ", 1)[1])["key"] for line in lines if ":::MLLOG" in line]
+    order = [k for k in keys if k in ("run_start", "epoch_start", "epoch_stop", "run_stop")]
+    assert order == ["run_start", "epoch_start", "epoch_stop", "run_stop"], keys

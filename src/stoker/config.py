@@ -55,6 +55,8 @@ class RunConfig:
         summaries: write TensorBoard events and ``metrics.csv`` into ``model_dir``.
         distributed_timeout: seconds a collective may wait for a lost replica.
         deterministic: ask torch for deterministic kernels (slower on GPU).
+        mlperf_log: write MLPerf-style ``:::MLLOG`` events to ``model_dir/mlperf.log`` (RUN_START,
+            EPOCH_START/STOP, RUN_STOP; ``stoker.mlperf.MLPerfLogHook`` adds evaluations).
     """
 
     model_dir: str | os.PathLike[str] | None = None
@@ -79,6 +81,7 @@ class RunConfig:
     summaries: bool = True
     distributed_timeout: float = 1800.0
     deterministic: bool = False
+    mlperf_log: bool = False
 
     def __post_init__(self) -> None:
         if self.model_dir is not None:

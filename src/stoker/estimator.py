@@ -475,6 +475,10 @@ class Estimator:
             hooks += [StepCounterHook(cfg.log_every_n_steps), LoggingHook(cfg.log_every_n_steps)]
         if cfg.progress_bar:
             hooks.append(ProgressBarHook())
+        if cfg.model_dir and cfg.mlperf_log:
+            from .mlperf import MLPerfLogHook
+
+            hooks.append(MLPerfLogHook())
         if cfg.model_dir:
             hooks.append(CheckpointSaverHook(save_steps=cfg.save_checkpoints_steps, save_secs=None if cfg.save_checkpoints_steps else cfg.save_checkpoints_secs))
             hooks.append(PreemptionHook())
@@ -527,7 +531,7 @@ class Estimator:
             )
 
     # ================================================================ checkpoints
-    def _train_state(self, runner: HookRunner, rng_per_replica: list[Any]) -> dict[str, Any]:
+    def _train_state(self, runner: HookRunner, rng_per_replica: list[Any], cache_per_replica: list[Any]) -> dict[str, Any]:
         assert self._optimizer is not None
         return {
             "format": TRAIN_STATE_FORMAT,
@@ -537,7 +541,7 @@ class Estimator:
             "schedule": self._schedule.state_dict() if self._schedule is not None else None,
             "scaler": self._scaler.state_dict() if self._scaler is not None else None,
             "rng": rng_per_replica,
-            "cache": self._cache,
+            "cache": cache_per_replica,  # each replica carries its own
             "hooks": runner.state_dict(),
             "world_size": self.strategy.world_size,
         }
@@ -552,7 +556,7 @@ class Estimator:
             raise NanLossError(self.global_step, float("nan"), str(run.last_checkpoint) if run.last_checkpoint else None)
         # Collective: each replica contributes its input position and RNG state; the chief
         # writes everything, and nobody goes on until the checkpoint and index are complete.
-        mine = {"input": infeed.state_dict(), "rng": rng_state()}
+        mine = {"input": infeed.state_dict(), "rng": rng_state(), "cache": _to_cpu(self._cache)}
         everyone = self.strategy.all_gather_object(mine)
         path = self._ckpt.model_dir / f"ckpt-{self.global_step}"
         tmp: Path | None = None
@@ -562,7 +566,7 @@ class Estimator:
             save_sharded(tmp / DCP_DIR, self._model, self._optimizer)
         if self.strategy.is_chief:
             inputs = {rank: r["input"] for rank, r in enumerate(everyone)}
-            state = self._train_state(runner, [r["rng"] for r in everyone])
+            state = self._train_state(runner, [r["rng"] for r in everyone], [r["cache"] for r in everyone])
             weights = None if self.strategy.shards_state else self._model.state_dict()
             path = self._ckpt.save(self.global_step, weights, state, inputs, tmp_dir=tmp)
         self.strategy.barrier()
@@ -613,11 +617,14 @@ class Estimator:
             self._schedule.load_state_dict(state["schedule"])
         if self._scaler is not None and state.get("scaler") is not None:
             self._scaler.load_state_dict(state["scaler"])
-        self._cache = state.get("cache")
         self._pending_hook_state = state.get("hooks", {})
         saved_world, world = int(state.get("world_size", 1)), self.strategy.world_size
+        self._cache = None
         if saved_world == world:
             set_rng_state(state["rng"][self.strategy.rank])
+            caches = state.get("cache")
+            if caches is not None:
+                self._cache = _to_device(caches[self.strategy.rank], self.strategy.device)
             self._pending_input_state = ckpt.input_states.get(self.strategy.rank)
         else:
             # Weights, optimizer, schedule and step carry over; the input is re-sharded where
@@ -626,7 +633,8 @@ class Estimator:
             self._pending_input_state = {"reshard": saved} if all(s is not None for s in saved) else None
             log.warning(
                 "checkpoint %s was written by %d replica(s) and this run has %d: weights, optimizer, "
-                "schedule, step and input position are restored, but each replica's RNG starts afresh "
+                "schedule, step and input position are restored, but each replica's RNG and carried cache "
+                "start afresh "
                 "(bitwise-exact resume needs the same number of replicas)", ckpt.path, saved_world, world,
             )
         self._state_of = ckpt.path
@@ -816,6 +824,22 @@ def _check_predictions(preds: Any, batch: int) -> Mapping[str, torch.Tensor]:
                 "rows; every prediction needs the batch as its first dimension"
             )
     return preds
+
+
+def _to_cpu(cache: Any) -> Any:
+    if cache is None:
+        return None
+    if isinstance(cache, torch.Tensor):
+        return cache.detach().cpu()
+    return tuple(_to_cpu(c) for c in cache)
+
+
+def _to_device(cache: Any, device: torch.device) -> Any:
+    if cache is None:
+        return None
+    if isinstance(cache, torch.Tensor):
+        return cache.to(device)
+    return tuple(_to_device(c, device) for c in cache)
 
 
 def _detach_cache(cache: Any) -> Any:
