@@ -221,11 +221,7 @@ class Estimator:
         Resumes from the newest checkpoint in ``model_dir``: model, optimizer, schedule, loss
         scale, RNGs, carried cache, hooks and the input position.
         """
-        if steps is not None and max_steps is not None:
-            raise ValueError("train: give steps or max_steps, not both")
-        for name, value in (("steps", steps), ("max_steps", max_steps)):
-            if value is not None and (not isinstance(value, int) or value < 0):
-                raise ValueError(f"train: {name} must be a non-negative integer; got {value!r}")
+        check_train_arguments(steps, max_steps)
         if self.train_batch_size is None:
             raise ValueError("train: the Estimator needs train_batch_size")
         if self._optimizer_fn is None:
@@ -778,6 +774,15 @@ class EvaluationHook(Hook):
 
 
 # ==================================================================== helpers
+def check_train_arguments(steps: int | None, max_steps: int | None) -> None:
+    """The rules for ``train(steps=..., max_steps=...)``: at most one, each a non-negative int."""
+    if steps is not None and max_steps is not None:
+        raise ValueError("train: give steps or max_steps, not both")
+    for name, value in (("steps", steps), ("max_steps", max_steps)):
+        if value is not None and (not isinstance(value, int) or value < 0):
+            raise ValueError(f"train: {name} must be a non-negative integer; got {value!r}")
+
+
 def _bind_model_fn(fn: Callable[..., EstimatorSpec]) -> Callable[..., EstimatorSpec]:
     """Check ``model_fn``'s signature once; return a function called with all five arguments."""
     if not callable(fn):
@@ -880,4 +885,4 @@ def _ensure_log_handler(is_chief: bool = True) -> None:
     log.propagate = False
 
 
-__all__ = ["Estimator", "EvaluationHook"]
+__all__ = ["Estimator", "EvaluationHook", "check_train_arguments"]

@@ -31,6 +31,7 @@ from ..config import RunConfig
 from ..data._tree import tree_map
 from ..errors import CheckpointError
 from ..estimator import Estimator as PlainEstimator
+from ..estimator import check_train_arguments
 from ..hooks import Hook
 from ..rng import rng_state, seed_everything, set_rng_state
 from ..spec import EstimatorSpec, ModeKeys
@@ -275,11 +276,7 @@ class Estimator:
     ) -> Estimator:
         """Run iterations until ``max_iterations``, ``steps`` more steps or global step
         ``max_steps``. Resumes from ``model_dir``: mid-iteration or between iterations."""
-        if steps is not None and max_steps is not None:
-            raise ValueError("train: give steps or max_steps, not both")
-        for name, value in (("steps", steps), ("max_steps", max_steps)):
-            if value is not None and (not isinstance(value, int) or value < 0):
-                raise ValueError(f"train: {name} must be a non-negative integer; got {value!r}")
+        check_train_arguments(steps, max_steps)
         if self.train_batch_size is None:
             raise ValueError("train: the AdaNet Estimator needs train_batch_size")
         if steps is not None:

@@ -451,6 +451,11 @@ class IndexedSource(ABC):
         state.update(self._identity())
         return state
 
+    @staticmethod
+    def mode_defaults(train: bool, shuffle: bool | None, num_epochs: int | None) -> tuple[bool, int | None]:
+        """Defaults of file-backed sources: training shuffles and repeats, eval is one pass in order."""
+        return (train if shuffle is None else shuffle), (num_epochs if num_epochs is not None or train else 1)
+
     def reshard_state_dict(self, states: list[dict[str, Any]]) -> dict[str, Any]:
         """This shard's state, from the states every replica of a run with another number of
         replicas saved (re-sharding on resume).

@@ -103,11 +103,12 @@ class CifarSource(IndexedSource):
         self.images = torch.from_numpy(images)
         self.labels = torch.from_numpy(labels)
         self.train = bool(train)
+        shuffle, num_epochs = self.mode_defaults(self.train, shuffle, num_epochs)
         super().__init__(
             batch_size=batch_size,
-            shuffle=self.train if shuffle is None else shuffle,
+            shuffle=shuffle,
             seed=seed,
-            num_epochs=num_epochs if num_epochs is not None or self.train else 1,
+            num_epochs=num_epochs,
             drop_remainder=drop_remainder,
             num_shards=num_shards,
             shard_index=shard_index,
