@@ -20,6 +20,8 @@ $(STAMP): pyproject.toml
 
 run: setup
 	$(BIN)/stoker --version
+	$(BIN)/stoker bench --model=resnet20 --data_name=cifar10 --batch_size=32 --data_format=NHWC \
+		--num_batches=20 --num_warmup_batches=5
 	$(BIN)/python examples/quickstart.py
 
 test: setup
