@@ -164,22 +164,19 @@ class Infeed:
         if self.pad_to is None:  # training: no padding, so the row count is not needed here
             return self._to_device(Batch(features, labels, None, -1))
         rows = batch_rows(features)
-        mask = None
-        if self.pad_to is not None:
-            if rows is None:
-                raise ValueError(f"{self.what}: features need a batch dimension to be padded")
-            if rows > self.pad_to:
-                raise ValueError(
-                    f"{self.what} yielded a batch of {rows} rows, more than the per-replica batch of "
-                    f"{self.pad_to}; batch with params['batch_size']"
-                )
-            if rows < self.pad_to:
-                pad = self.pad_to - rows
-                grow = lambda t: torch.cat([t, t[:1].expand(pad, *t.shape[1:])]) if t.dim() > 0 else t  # noqa: E731
-                features, labels = tree_map(grow, features), tree_map(grow, labels)
-            mask = torch.arange(self.pad_to) < rows
-        batch = Batch(features, labels, mask, rows if rows is not None else 0)
-        return self._to_device(batch)
+        if rows is None:
+            raise ValueError(f"{self.what}: features need a batch dimension to be padded")
+        if rows > self.pad_to:
+            raise ValueError(
+                f"{self.what} yielded a batch of {rows} rows, more than the per-replica batch of "
+                f"{self.pad_to}; batch with params['batch_size']"
+            )
+        if rows < self.pad_to:
+            pad = self.pad_to - rows
+            grow = lambda t: torch.cat([t, t[:1].expand(pad, *t.shape[1:])]) if t.dim() > 0 else t  # noqa: E731
+            features, labels = tree_map(grow, features), tree_map(grow, labels)
+        mask = torch.arange(self.pad_to) < rows
+        return self._to_device(Batch(features, labels, mask, rows))
 
     def _to_device(self, batch: Batch) -> Batch:
         device = self.device

@@ -19,7 +19,7 @@ from torch import nn
 from .ensemble import Ensemble, Ensembler
 from .estimator import Estimator
 from .heads import Head
-from .subnetwork import Builder, Generator, MaterializedReport
+from .subnetwork import Builder, SimpleGenerator
 
 __all__ = ["AutoEnsembleEstimator", "AutoEnsembleSubestimator"]
 
@@ -70,20 +70,6 @@ class _PoolBuilder(Builder):
         return self.entry.optimizer(parameters)
 
 
-class _PoolGenerator(Generator):
-    def __init__(self, builders: Sequence[Builder]) -> None:
-        self._builders = list(builders)
-
-    def generate_candidates(
-        self,
-        previous_ensemble: Ensemble | None,
-        iteration_number: int,
-        previous_ensemble_reports: Sequence[MaterializedReport],
-        all_reports: Sequence[MaterializedReport],
-    ) -> Sequence[Builder]:
-        return list(self._builders)
-
-
 class AutoEnsembleEstimator(Estimator):
     """AdaNet whose candidates are the models of ``candidate_pool``.
 
@@ -119,4 +105,4 @@ class AutoEnsembleEstimator(Estimator):
                     raise ValueError(f"candidate_pool[{name!r}] has no optimizer: wrap it in AutoEnsembleSubestimator(optimizer=...) or pass optimizer=")
                 entry = AutoEnsembleSubestimator(model=entry, optimizer=optimizer)
             builders.append(_PoolBuilder(str(name), entry))
-        super().__init__(head, _PoolGenerator(builders), max_iteration_steps, ensemblers=ensemblers, **kwargs)
+        super().__init__(head, SimpleGenerator(builders), max_iteration_steps, ensemblers=ensemblers, **kwargs)
