@@ -56,6 +56,21 @@ def test_search_persists_the_originals_architecture_and_grows(tmp_path):
     assert ckpt.model_state["iteration_step"].item() == 12
 
 
+def test_previous_ensembles_moving_average_is_carried_over_not_updated(tmp_path):
+    x, y = make_data()
+    est = make_search(tmp_path, steps=12, iterations=3)
+    est.train(train_input(x, y))
+    for t in (1, 2):
+        previous = est.selection(t - 1)
+        carried = previous["candidates"][previous["chosen_index"]]["adanet_loss_ema"]
+        assert carried is not None
+        assert est.selection(t)["candidates"][0]["adanet_loss_ema"] == carried  # the same float: read, not updated
+        state = stoker.checkpoint.load_checkpoint(est.iteration_estimator(t).latest_checkpoint()).model_state
+        assert state["previous_adanet_loss"].item() == carried
+        assert state["adanet_loss_ema"][0].item() == 0.0  # its training-time slot was never written
+        assert (state["adanet_loss_ema"][1:] != 0).all()  # the new candidates' were
+
+
 def test_evaluator_objective_never_increases_across_iterations(tmp_path):
     x, y = make_data()
     evaluator = adanet.Evaluator(eval_input(x, y), metric_name="adanet_loss")  # the training set: AdaNet proper
@@ -80,10 +95,10 @@ def test_evaluator_with_a_head_metric_and_maximize(tmp_path):
         bad.train(train_input(x, y))
 
 
-class ZeroBuilder(adanet.Builder):
-    """A subnetwork that always predicts uniform logits: never better than anything."""
+class HarmfulBuilder(adanet.Builder):
+    """A subnetwork with large random logits that never learn (lr 0): it only hurts an ensemble."""
 
-    def __init__(self, name: str = "zero") -> None:
+    def __init__(self, name: str = "harm") -> None:
         self._name = name
 
     @property
@@ -92,8 +107,8 @@ class ZeroBuilder(adanet.Builder):
 
     def build_subnetwork(self, features, logits_dimension, training, iteration_step, previous_ensemble):  # noqa: ANN001, ANN201
         lin = nn.Linear(IN, logits_dimension)
-        nn.init.zeros_(lin.weight)
-        nn.init.zeros_(lin.bias)
+        with torch.no_grad():
+            lin.weight.normal_(0.0, 10.0)
         return lin
 
     def build_subnetwork_optimizer(self, parameters):  # noqa: ANN001, ANN201
@@ -113,20 +128,20 @@ class Scripted(adanet.Generator):
 @pytest.mark.parametrize("force_grow", [False, True])
 def test_force_grow_never_keeps_the_previous_ensemble(tmp_path, force_grow):
     x, y = make_data()
-    est = make_search(tmp_path, steps=16, iterations=2, generator=Scripted([ZeroBuilder("z1"), ZeroBuilder("z2")]), force_grow=force_grow)
+    est = make_search(tmp_path, steps=16, iterations=2, generator=Scripted([HarmfulBuilder("h1"), HarmfulBuilder("h2")]), force_grow=force_grow)
     est.train(train_input(x, y))
     sel = est.selection(1)
     if force_grow:
         assert sel["chosen_index"] in (1, 2) and len(est.architecture().subnetworks) == 2
     else:
-        assert sel["chosen_index"] == 0  # uniform logits only hurt: keep the previous ensemble
+        assert sel["chosen_index"] == 0  # the new members only hurt: keep the previous ensemble
         assert est.architecture().subnetworks == [(0, "mlp1")] and est.architecture().replay_indices == [0, 0]
 
 
 def test_force_grow_with_one_new_candidate_skips_evaluation(tmp_path):
     x, y = make_data()
     evaluator = adanet.Evaluator(lambda p: (_ for _ in ()).throw(AssertionError("must not evaluate")))
-    est = make_search(tmp_path, steps=8, iterations=2, generator=Scripted([ZeroBuilder()]), force_grow=True, evaluator=evaluator)
+    est = make_search(tmp_path, steps=8, iterations=2, generator=Scripted([HarmfulBuilder()]), force_grow=True, evaluator=evaluator)
     est.train(train_input(x, y))  # iteration 0 has one candidate, iteration 1 one new one: no evaluation
     assert est.selection(0)["selected_by"] == "only candidate"
     assert est.selection(1)["chosen_index"] == 1 and est.selection(1)["selected_by"].startswith("force_grow")
@@ -145,7 +160,7 @@ class NaNAfter(nn.Module):
         return out * float("nan") if self.training and int(self.step) >= 5 else out
 
 
-class NaNBuilder(ZeroBuilder):
+class NaNBuilder(HarmfulBuilder):
     def build_subnetwork(self, features, logits_dimension, training, iteration_step, previous_ensemble):  # noqa: ANN001, ANN201
         return NaNAfter(iteration_step)
 

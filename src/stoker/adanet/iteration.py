@@ -6,6 +6,10 @@ parameters of every candidate, and the selection state as buffers (a moving aver
 candidate's ``adanet_loss``, the iteration number, the iteration's step counter), so the
 engine's checkpoints carry all of it.
 
+Candidate 0 at ``t > 0`` is the previous ensemble. Nothing of it trains, so its moving average
+is *read, not updated*: the value it ended iteration ``t - 1`` with is carried over
+(``previous_adanet_loss``) and its loss is not even computed in training steps.
+
 A training step (``forward`` in TRAIN mode) runs every subnetwork once on the batch. Each new
 subnetwork's head loss is a term of the step's loss; every candidate ensemble sees its
 members' outputs *detached*, so its ``adanet_loss`` term reaches only its own mixture
@@ -89,6 +93,7 @@ class IterationModel(nn.Module):
         replicate_ensemble_in_training: bool,
         iteration_step: torch.Tensor,
         reports: Mapping[str, Report] | None = None,
+        previous_adanet_loss: float | None = None,
     ) -> None:
         super().__init__()
         self.head = head
@@ -117,6 +122,18 @@ class IterationModel(nn.Module):
         self.register_buffer("iteration_number", torch.tensor(int(iteration_number), dtype=torch.int64))
         self.register_buffer("iteration_step", iteration_step)
         self.register_buffer("adanet_loss_ema", torch.zeros(n_cand, device=iteration_step.device))
+        has_previous = self.previous_ensemble is not None
+        if has_previous != (previous_adanet_loss is not None):
+            raise ValueError("previous_adanet_loss is given exactly when there is a previous ensemble (candidate 0 at t > 0)")
+        if has_previous and not self.candidates[0].is_previous:
+            raise ValueError("the previous ensemble must be candidate 0")
+        # The previous ensemble's bias-corrected moving average from iteration t - 1 (read, never
+        # updated); 0 and unused at t = 0.
+        self.register_buffer(
+            "previous_adanet_loss",
+            torch.tensor(float(previous_adanet_loss or 0.0), dtype=torch.float64, device=iteration_step.device),
+        )
+        self._first_trained = 1 if has_previous else 0
         # Candidates of one ensembler with SCALAR/VECTOR weights run as one batched unit;
         # the rest (the frozen previous ensemble, MATRIX weights, custom combiners) one by one.
         self.batched = nn.ModuleDict()
@@ -138,12 +155,11 @@ class IterationModel(nn.Module):
             for i in indices:  # the packed parameters replace the candidates' own in training
                 del self.ensembles[self.candidates[i].name]
             units.append((batched, list(batched.keys), indices, True))
-        order = [i for _, _, idx, _ in units for i in idx]
         self._units = units
-        # Unit outputs come in unit order; this puts them back in candidate order (None: already).
-        self._candidate_order = None if order == list(range(n_cand)) else torch.tensor(
-            sorted(range(n_cand), key=lambda j: order[j]), device=iteration_step.device
-        )
+        # Training steps skip the previous ensemble's unit: it has nothing to train and its
+        # moving average is carried over, not updated.
+        self._train_units = [u for u in units if not self.candidates[u[2][0]].is_previous]
+        self._train_order = _restore_order([i for _, _, idx, _ in self._train_units for i in idx], self._first_trained, iteration_step.device)
         self._frozen_list = [(k, self.subnetworks[k]) for k in self.frozen_keys]
         self._new_list = [(k, self.subnetworks[k]) for k in self.new_keys]
         # Members' last layers are needed (detached) only by unbatched units, e.g. MATRIX weights.
@@ -197,18 +213,19 @@ class IterationModel(nn.Module):
             losses.append(head.loss(s.logits, labels))
             outs[key] = self._detach(s)  # ensembles must not train the subnetworks
         parts = []
-        for module, keys, _, batched in self._units:
+        for module, keys, _, batched in self._train_units:
             logits, reg = module([outs[k] for k in keys])
             loss = self._batched_loss(logits, labels) if batched else head.loss(logits, labels).reshape(1)
             parts.append(loss if reg is None else loss + reg)
         candidates = torch.cat(parts) if len(parts) > 1 else parts[0]
-        if self._candidate_order is not None:
-            candidates = candidates.index_select(0, self._candidate_order)
+        if self._train_order is not None:
+            candidates = candidates.index_select(0, self._train_order)
         stacked = torch.cat([torch.stack(losses), candidates])
         with torch.no_grad():
             # ema <- decay * ema + (1 - decay) * value, from 0 (bias-corrected when read). A NaN
             # or inf value makes the average NaN or inf for good: such a candidate never wins.
-            self.adanet_loss_ema.lerp_(stacked.detach()[len(losses):], 1.0 - self.adanet_loss_decay)
+            # Candidate 0 at t > 0 (the previous ensemble) is skipped: its average is carried over.
+            self.adanet_loss_ema[self._first_trained:].lerp_(stacked.detach()[len(losses):], 1.0 - self.adanet_loss_decay)
             self.iteration_step.add_(1)  # also the number of moving-average updates (add_: no Module.__setattr__)
         # A non-finite term contributes neither to the reported loss nor to any gradient
         # (nan_to_num's gradient is zero there), so one diverging candidate cannot stop the
@@ -261,9 +278,15 @@ class IterationModel(nn.Module):
 
     # ------------------------------------------------------------------ selection state
     def moving_average_losses(self) -> list[float]:
-        """Each candidate's bias-corrected moving average of ``adanet_loss`` (NaN if diverged)."""
-        values = bias_corrected_ema(self.adanet_loss_ema.detach().cpu().double(), int(self.iteration_step), self.adanet_loss_decay)
-        return [float(v) for v in values]
+        """Each candidate's bias-corrected moving average of ``adanet_loss`` (NaN if diverged).
+
+        Candidate 0 at ``t > 0``, the previous ensemble, gives the value carried over from the
+        previous iteration.
+        """
+        values = [float(v) for v in bias_corrected_ema(self.adanet_loss_ema.detach().cpu().double(), int(self.iteration_step), self.adanet_loss_decay)]
+        if self._first_trained:
+            values[0] = float(self.previous_adanet_loss)
+        return values
 
     # ------------------------------------------------------------------ optimizers
     def make_optimizer(self) -> CandidateOptimizers:
@@ -324,6 +347,14 @@ class IterationModel(nn.Module):
                     if isinstance(value, torch.Tensor) and value.is_floating_point():
                         value.nan_to_num_(0.0, 0.0, 0.0)
         return cleaned
+
+
+def _restore_order(order: list[int], first: int, device: torch.device) -> torch.Tensor | None:
+    """The ``index_select`` that puts unit outputs (candidates ``order``, all ``>= first``) back
+    in candidate order; ``None`` where they already are."""
+    if order == list(range(first, first + len(order))):
+        return None
+    return torch.tensor(sorted(range(len(order)), key=lambda j: order[j]), device=device)
 
 
 def _finite(params: Iterable[torch.Tensor]) -> bool:

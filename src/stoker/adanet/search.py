@@ -253,9 +253,11 @@ class SearchSpace:
         and every candidate ensemble."""
         step = torch.zeros((), dtype=torch.int64, device=device)
         previous: Ensemble | None = None
+        previous_adanet_loss: float | None = None
         if iteration_number > 0:
             previous = self.rebuild(iteration_number - 1, features, step, training=True)
             self.load(previous, read_architecture(self.model_dir, iteration_number - 1).global_step)
+            previous_adanet_loss = self.chosen_adanet_loss(iteration_number - 1)
         builders = self.generate(previous, iteration_number)
         if not builders:
             raise ValueError(f"the generator gave no builders for iteration {iteration_number}")
@@ -287,4 +289,16 @@ class SearchSpace:
             replicate_ensemble_in_training=replicate_ensemble_in_training,
             iteration_step=step,
             reports=reports,
+            previous_adanet_loss=previous_adanet_loss,
         )
+
+    def chosen_adanet_loss(self, iteration_number: int) -> float:
+        """The moving average of ``adanet_loss`` that iteration ``t``'s chosen ensemble ended
+        with (``iteration-<t>/selection.json``; NaN if it had diverged)."""
+        path = self.model_dir / f"iteration-{iteration_number}" / "selection.json"
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path} is missing or unreadable ({e}); it is written before architecture-{iteration_number}.json") from e
+        value = record["candidates"][record["chosen_index"]]["adanet_loss_ema"]
+        return float("nan") if value is None else float(value)
