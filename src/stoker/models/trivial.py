@@ -10,14 +10,13 @@ from __future__ import annotations
 
 from torch import nn
 
-from .layers import Classifier, dense
+from .layers import Classifier, FlattenDense, dense
 from .registry import register_model
 
 
 def _trivial(image_size: int, num_classes: int) -> Classifier:
     features = nn.Sequential(
-        nn.Flatten(),
-        dense(3 * image_size * image_size, 1),
+        FlattenDense(3, image_size, image_size, 1),  # flattens channels_last batches without a copy
         dense(1, 4096),
     )
     return Classifier(features, 4096, num_classes)
