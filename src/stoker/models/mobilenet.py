@@ -6,16 +6,18 @@ without bias, batch norm with scale and ``epsilon=1e-3``, ReLU6, truncated-norma
 
 The names need care, because tf_cnn_benchmarks' ``mobilenet`` is *MobileNet v2*:
 
-``mobilenet``
-    Exactly what tf_cnn_benchmarks runs under that name. Its model builds slim's complete
+``mobilenet`` and ``mobilenet_v1``
+    MobileNet v1 as slim defines it (13 depthwise-separable blocks, 1024 features, dropout
+    keep probability 0.999). This project's zoo names v1 ``mobilenet``, as the paper does;
+    ``stoker bench --model=mobilenet`` prints a note pointing tf_cnn_benchmarks users to the
+    next name.
+``mobilenet_v2_tf_cnn``
+    Exactly what tf_cnn_benchmarks runs as ``mobilenet``. Its model builds slim's complete
     MobileNet v2 classifier, 1001-way logits included, and the benchmark then appends its usual
     logits layer on top, so the network has two dense layers in a row (1280 -> 1001 ->
     ``num_classes``). That costs about 1.0M parameters but little compute.
 ``mobilenet_v2``
     The textbook MobileNet v2: the same network with a single 1280 -> ``num_classes`` layer.
-``mobilenet_v1``
-    MobileNet v1 as slim defines it (13 depthwise-separable blocks, 1024 features, dropout
-    keep probability 0.999); tf_cnn_benchmarks has no v1.
 """
 
 from __future__ import annotations
@@ -104,8 +106,8 @@ def _mobilenet_v2_features() -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-@register_model("mobilenet", dataset="imagenet", default_image_size=224, min_image_size=32)
-def mobilenet(num_classes: int) -> nn.Module:
+@register_model("mobilenet_v2_tf_cnn", dataset="imagenet", default_image_size=224, min_image_size=32)
+def mobilenet_v2_tf_cnn(num_classes: int) -> nn.Module:
     """tf_cnn_benchmarks' 'mobilenet': MobileNet v2, slim's 1001-way logits, then the logits layer.
 
     This is tf_cnn_benchmarks' model as it runs, two stacked dense layers included.
@@ -122,6 +124,12 @@ def mobilenet(num_classes: int) -> nn.Module:
 def mobilenet_v2(num_classes: int) -> nn.Module:
     """MobileNet v2, width 1.0 (slim definition, single logits layer)."""
     return Classifier(_mobilenet_v2_features(), 1280, num_classes)
+
+
+@register_model("mobilenet", dataset="imagenet", default_image_size=224, min_image_size=32)
+def mobilenet(num_classes: int) -> nn.Module:
+    """MobileNet v1, width 1.0 (slim definition); tf_cnn_benchmarks' 'mobilenet' is mobilenet_v2_tf_cnn."""
+    return mobilenet_v1(num_classes)
 
 
 @register_model("mobilenet_v1", dataset="imagenet", default_image_size=224, min_image_size=32)
