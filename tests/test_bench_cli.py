@@ -49,7 +49,8 @@ def test_training_output_format_and_results_file(tmp_path: Path) -> None:
     lines = proc.stdout.splitlines()
     for expected in ("Model:       trivial", "Dataset:     cifar10 (synthetic)", "Mode:        training",
                      "Batch size:  8 global", "             8 per device", "Num batches: 12", "Data format: NHWC",
-                     "Optimizer:   sgd", "Variables:   replicated", "==========", "Running warm up", "Done warm up",
+                     "Optimizer:   sgd", "Variables:   replicated", "Host memory: kept for reuse (glibc: no mmap, no trim)",
+                     "==========", "Running warm up", "Done warm up",
                      "Step\tImg/sec\ttotal_loss"):
         assert expected in lines, (expected, proc.stdout)
     steps = [STEP_RE.fullmatch(line) for line in lines if STEP_RE.fullmatch(line)]
@@ -61,8 +62,21 @@ def test_training_output_format_and_results_file(tmp_path: Path) -> None:
     row = next(csv.DictReader(results.open()))
     assert row["model"] == "trivial" and int(row["num_steps"]) == 12 and int(row["global_step"]) == 14
     assert float(row["images_per_sec"]) == pytest.approx(float(TOTAL_RE.fullmatch(lines[total_at]).group(1)), abs=0.01)  # type: ignore[union-attr]
-    assert float(row["peak_gflops"]) == 1000.0
+    assert float(row["peak_gflops"]) == 1000.0 and row["host_memory_kept"] == "True"
     assert f"Dumping trace to {trace}" in lines and json.loads(trace.read_text())["traceEvents"]
+
+
+def test_keep_host_memory_false_leaves_the_c_library_alone() -> None:
+    proc = stoker(*QUICK, "--num_batches=2", "--num_warmup_batches=1", "--keep_host_memory=false")
+    assert proc.returncode == 0, proc.stderr
+    assert "Host memory: C library defaults" in proc.stdout.splitlines()
+
+
+def test_mobilenet_is_v1_with_a_note_for_tf_cnn_users(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_main(capsys, "bench", "--model=mobilenet", "--batch_size=2", "--num_batches=1",
+                            "--num_warmup_batches=0", "--peak_tflops=1", "--device=cpu", "--forward_only")
+    assert code == 0
+    assert "tf_cnn_benchmarks' mobilenet (MobileNet v2 with two logits layers) is --model=mobilenet_v2_tf_cnn" in out
 
 
 def test_device_loops_give_per_loop_lines(capsys: pytest.CaptureFixture[str]) -> None:

@@ -95,6 +95,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--tf_random_seed", type=int, default=d.tf_random_seed, help="seed of weights and synthetic data; default %(default)s")
     g.add_argument("--num_intra_threads", type=int, help="torch intra-op threads (default: torch's, one per core)")
     g.add_argument("--num_inter_threads", type=int, help="torch inter-op threads (default: torch's)")
+    g.add_argument("--keep_host_memory", type=_bool, nargs="?", const=True, default=d.keep_host_memory, metavar="BOOL",
+                   help="keep freed host memory for reuse instead of returning it to the OS every step (glibc; "
+                   "resnet50 on CPU: 1.5x faster, peak memory kept); default %(default)s")
     g = p.add_argument_group("optimizer and learning rate")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer, help="default %(default)s")
     g.add_argument("--init_learning_rate", type=float, help=f"initial learning rate (default {d.learning_rate})")
@@ -123,7 +126,7 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     g = p.add_argument_group("inference latency (--mode=inference)")
     g.add_argument("--num_inference_threads", type=int, help="threads calling the model (default 1)")
     g.add_argument("--iterations", type=int, help="calls per thread (default 100)")
-    g.add_argument("--exported", help="an exported program to benchmark (not available yet)")
+    g.add_argument("--exported", help="a directory written by `stoker export` (or Estimator.export) to benchmark instead of the zoo model")
     p.set_defaults(func=lambda args: run_bench_command(args, p))
     return p
 

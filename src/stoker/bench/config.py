@@ -83,6 +83,7 @@ class BenchConfig:
     tf_random_seed: int = 1234
     num_intra_threads: int | None = None
     num_inter_threads: int | None = None
+    keep_host_memory: bool = True
     # optimizer and learning rate
     optimizer: str = "sgd"
     init_learning_rate: float | None = None

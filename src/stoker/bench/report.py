@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from .. import __version__
+from ..host_memory import host_memory_kept
 from ..models import (
     DATASETS,
     count_parameters,
@@ -48,7 +49,7 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 CSV_FIELDS: tuple[str, ...] = (
     "date", "model", "dataset", "mode", "device", "num_devices", "batch_size", "batch_size_per_device", "num_batches",
     "num_warmup_batches", "data_format", "precision", "optimizer", "variable_update", "compile",
-    "iterations_per_loop", "num_threads", "num_steps", "elapsed_seconds", "average_wall_time",
+    "iterations_per_loop", "num_threads", "host_memory_kept", "num_steps", "elapsed_seconds", "average_wall_time",
     "images_per_sec", "step_images_per_sec", "uncertainty", "jitter", "last_average_loss",
     "top_1_accuracy", "top_5_accuracy", "latency_avg_ms", "latency_p99_ms", "latency_p999_ms",
     "latency_max_ms", "gflop_per_image", "achieved_gflops", "peak_gflops", "peak_source", "mfu",
@@ -85,6 +86,7 @@ def header_lines(cfg: BenchConfig, workload: Workload, model_name: str | None = 
     lines.append(_line("Precision", cfg.precision + (" (loss scale: " + loss_scale_label(cfg) + ")" if cfg.precision == "fp16" else "")))
     lines.append(_line("Compile", cfg.compile))
     lines.append(_line("Threads", f"{torch.get_num_threads()} intra-op"))
+    lines.append(_line("Host memory", "kept for reuse (glibc: no mmap, no trim)" if host_memory_kept() else "C library defaults"))
     if mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL):
         lines.append(_line("Loop", f"{cfg.iterations_per_loop} step(s) per host round trip"))
     lines.append("==========")

@@ -37,6 +37,7 @@ from ..config import RunConfig
 from ..errors import CheckpointError
 from ..estimator import Estimator
 from ..hooks import Hook, LoopResult, ProfilerHook, RunContext, every_n_steps_due
+from ..host_memory import host_memory_kept, keep_freed_host_memory
 from ..metrics import Accuracy, TopKAccuracy
 from ..models import create_model
 from ..spec import EstimatorSpec, ModeKeys
@@ -277,6 +278,7 @@ def base_result(cfg: BenchConfig, workload: Workload, model_name: str) -> dict[s
         "compile": cfg.compile,
         "iterations_per_loop": cfg.iterations_per_loop,
         "num_threads": torch.get_num_threads(),
+        "host_memory_kept": host_memory_kept(),
         "torch_version": torch.__version__,
         "stoker_version": __version__,
     }
@@ -298,6 +300,8 @@ def run_benchmark(
     functions replace the zoo model and the data the flags name (for tests and scripts).
     The closing summary is not printed: pass the result to :func:`report.summary_lines`.
     """
+    if cfg.keep_host_memory:
+        keep_freed_host_memory()  # before the model and data exist: their memory is kept too
     workload = resolve_workload(cfg, custom_model=model is not None, num_classes=num_classes)
     if cfg.mode == "inference":
         from .inference import run_inference
@@ -312,6 +316,9 @@ def run_benchmark(
     eval_input = eval_input_fn or input_fn or make_input_fn(cfg, workload, train=False, repeat=repeat)
     if cfg.variable_update == "parameter_server":
         log("Note: --variable_update=parameter_server runs as replicated: one process has no parameter server")
+    if cfg.model == "mobilenet" and model is None:
+        log("Note: --model=mobilenet is MobileNet v1 here; tf_cnn_benchmarks' mobilenet (MobileNet v2 with two "
+            "logits layers) is --model=mobilenet_v2_tf_cnn")
     for line in header_lines(cfg, workload, model_name):
         log(line)
     est = build_estimator(cfg, workload, factory)
