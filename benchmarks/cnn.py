@@ -1,15 +1,21 @@
-"""``stoker bench`` against tf_cnn_benchmarks' figures, and against a hand-written loop.
+"""``stoker bench`` against a plain PyTorch loop and tf_cnn_benchmarks' figures.
 
-Runs the harness in-process (``stoker.bench.run_benchmark``, the function behind ``stoker
-bench``) for trivial (ImageNet), resnet20 (CIFAR-10) and resnet50 (ImageNet) with batch 32,
-NHWC (channels_last), synthetic data, fp32, SGD, as REFERENCE_NUMBERS.md's TensorFlow runs.
-Next to each, a plain PyTorch loop (same model, optimizer, data and weight decay, no
-framework) is timed in the same process, interleaved round by round, so machine noise hits
-both alike: ``stoker / plain`` is the harness's overhead (target: 1.00x).
+For trivial (ImageNet), resnet20 (CIFAR-10) and resnet50 (ImageNet), batch 32, NHWC
+(channels_last), synthetic data, fp32, SGD with weight decay, as REFERENCE_NUMBERS.md's runs,
+four configurations each run in a fresh process (the host-memory setting is process-wide and
+cannot be undone), interleaved round by round so machine noise hits all alike:
 
-Prints a markdown table (model, stoker images/sec, plain loop images/sec, stoker / plain,
-tf_cnn_benchmarks' figure on the reference machine, stoker / TF) and the load before and
-after (``os.getloadavg``; absolute figures are only comparable on a quiet machine).
+- ``stoker``: ``stoker bench`` as a user runs it (its defaults keep freed host memory);
+- ``plain``: the same step written by hand (same zoo model, optimizer, data, weight decay; no
+  framework) with the C library's malloc defaults: "plain PyTorch" of REFERENCE_NUMBERS.md;
+- ``stoker, C malloc``: ``stoker bench --keep_host_memory=false``;
+- ``plain, kept memory``: the hand-written loop after ``stoker.keep_freed_host_memory()``.
+
+``stoker / plain`` is what the harness gains over plain PyTorch on this machine; the targets
+of issue 4 are stated on REFERENCE_NUMBERS' machine as images/sec, so the table also gives the
+speed-up each target asks of plain PyTorch there (resnet50 11.5 / 7.6, resnet20 710 / 640).
+``stoker, C malloc / plain`` and ``stoker / plain, kept memory`` are the harness's own overhead
+(target 1.00x) with the allocator equal on both sides.
 
     python benchmarks/cnn.py                      # all three models, 2 rounds
     python benchmarks/cnn.py --models resnet20 --rounds 3
@@ -18,10 +24,12 @@ after (``os.getloadavg``; absolute figures are only comparable on a quiet machin
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 
@@ -32,6 +40,7 @@ from stoker.bench import BenchConfig, run_benchmark
 from stoker.bench.cli import busy_cores
 from stoker.bench.train import l2_loss
 from stoker.data import synthetic_images
+from stoker.host_memory import keep_freed_host_memory
 from stoker.models import create_model, get_model_info
 
 
@@ -55,10 +64,10 @@ BATCH = 32
 WEIGHT_DECAY = 4e-5  # tf_cnn_benchmarks' default, also in the plain loop
 
 
-def stoker_images_per_sec(case: Case) -> float:
+def stoker_images_per_sec(case: Case, keep_host_memory: bool = True) -> float:
     cfg = BenchConfig(model=case.model, data_name=case.dataset, batch_size=BATCH, data_format="NHWC",
                       num_batches=case.num_batches, num_warmup_batches=case.num_warmup_batches,
-                      device="cpu", display_every=10**6, weight_decay=WEIGHT_DECAY)
+                      device="cpu", display_every=10**6, weight_decay=WEIGHT_DECAY, keep_host_memory=keep_host_memory)
     return run_benchmark(cfg, log=lambda line: None)["images_per_sec"]
 
 
@@ -93,44 +102,69 @@ def uptime() -> str:
         return "load average: {:.2f}, {:.2f}, {:.2f}".format(*os.getloadavg())
 
 
+CONFIGS = ("stoker", "plain", "stoker_c_malloc", "plain_kept")
+# Images/sec that issue 4's targets ask for, over plain PyTorch on REFERENCE_NUMBERS' machine.
+TARGET_SPEEDUP = {"resnet50": 11.5 / 7.6, "resnet20": 710 / 640}
+
+
+def measure(config: str, case: Case) -> float:
+    """One configuration of one model, in this process (called by ``--one`` in a child)."""
+    if config == "plain_kept":
+        keep_freed_host_memory()
+    if config.startswith("plain"):
+        return plain_images_per_sec(case)
+    return stoker_images_per_sec(case, keep_host_memory=config == "stoker")
+
+
+def measure_in_child(config: str, case: Case, threads: int) -> float:
+    out = subprocess.run(
+        [sys.executable, __file__, "--one", config, case.model, "--threads", str(threads)],
+        capture_output=True, text=True, check=True,
+    ).stdout
+    return float(json.loads(out.strip().splitlines()[-1])["images_per_sec"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", choices=sorted(CASES), default=list(CASES))
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the median is reported")
-    parser.add_argument("--no_plain", action="store_true", help="skip the hand-written loop")
     parser.add_argument("--threads", type=int, help="intra-op threads (default: the idle cores, as stoker bench)")
+    parser.add_argument("--one", nargs=2, metavar=("CONFIG", "MODEL"), help=argparse.SUPPRESS)  # a child's one measurement
     args = parser.parse_args()
     if args.threads is None:
         busy = busy_cores()
         args.threads = max(1, min(torch.get_num_threads(), round(torch.get_num_threads() - (busy or 0.0))))
     torch.set_num_threads(args.threads)
+    if args.one:
+        config, model = args.one
+        print(json.dumps({"images_per_sec": measure(config, CASES[model])}))
+        return
 
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads")
+          f"{args.threads} threads, {time.strftime('%Y-%m-%d')}")
     print(f"before: {uptime()}")
     rows = []
     for name in args.models:
         case = CASES[name]
-        ours: list[float] = []
-        plain: list[float] = []
+        runs: dict[str, list[float]] = {c: [] for c in CONFIGS}
         for r in range(args.rounds):
-            # Alternate which goes first, so a drift in machine load favours neither.
-            if r % 2 and not args.no_plain:
-                plain.append(plain_images_per_sec(case))
-            ours.append(stoker_images_per_sec(case))
-            if not r % 2 and not args.no_plain:
-                plain.append(plain_images_per_sec(case))
-        rows.append((case, statistics.median(ours), statistics.median(plain) if plain else None, ours, plain))
-        print(f"  {name}: stoker {[round(x, 1) for x in ours]}, plain {[round(x, 1) for x in plain]}", flush=True)
+            # Rotate which goes first, so a drift in machine load favours none.
+            for config in CONFIGS[r % len(CONFIGS):] + CONFIGS[: r % len(CONFIGS)]:
+                runs[config].append(measure_in_child(config, case, args.threads))
+        med = {c: statistics.median(v) for c, v in runs.items()}
+        rows.append((case, med))
+        print(f"  {name}: " + ", ".join(f"{c} {[round(x, 1) for x in v]}" for c, v in runs.items()), flush=True)
     print(f"after:  {uptime()}")
     print()
-    print("| model (data set) | stoker bench images/sec | plain loop images/sec | stoker / plain | tf_cnn_benchmarks (reference) | stoker / TF |")
-    print("|---|---|---|---|---|---|")
-    for case, ours_med, plain_med, _, _ in rows:
-        vs_plain = f"{ours_med / plain_med:.2f}x" if plain_med else "-"
-        plain_txt = f"{plain_med:.1f}" if plain_med else "-"
-        print(f"| {case.model} ({case.dataset}) | {ours_med:.1f} | {plain_txt} | {vs_plain} | "
-              f"{case.tf_images_per_sec:g} | {ours_med / case.tf_images_per_sec:.2f}x |")
+    print("| model (data set) | plain loop | stoker bench | stoker / plain | target's speed-up | stoker, C malloc | plain, kept memory "
+          "| overhead (same malloc) | tf_cnn_benchmarks (reference machine) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for case, m in rows:
+        target = TARGET_SPEEDUP.get(case.model)
+        overhead = f"{m['stoker_c_malloc'] / m['plain']:.2f}x / {m['stoker'] / m['plain_kept']:.2f}x"
+        print(f"| {case.model} ({case.dataset}) | {m['plain']:.1f} | {m['stoker']:.1f} | {m['stoker'] / m['plain']:.2f}x | "
+              f"{f'{target:.2f}x' if target else '-'} | {m['stoker_c_malloc']:.1f} | {m['plain_kept']:.1f} | {overhead} | "
+              f"{case.tf_images_per_sec:g} |")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from .checkpoint import WarmStartSettings
 from .config import RunConfig
 from .errors import CheckpointError, CorruptCheckpointError, ModelFnError, NanLossError, StokerError
 from .estimator import Estimator
+from .host_memory import keep_freed_host_memory
 from .spec import EstimatorSpec, ModeKeys
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "__version__",
     "data",
     "hooks",
+    "keep_freed_host_memory",
     "metrics",
     "precision",
 ]
