@@ -2,6 +2,11 @@
 tests run as a real subprocess (not a test module).
 
     python tests/adanet_script.py --model_dir DIR [--sleep 0.01] [--die_before_commit 1]
+                                  [--max_steps N] [--out results.json]
+
+Under torchrun-style variables (RANK, WORLD_SIZE, ...) each process is one replica; ``--out``
+(suffixed with the rank) records what the replica ends with: the architecture, a hash of the
+final ensemble's weights and its evaluation on the training data.
 
 ``--die_before_commit t`` sends SIGKILL to itself right after the chosen ensemble of
 iteration ``t`` is saved and before ``architecture-<t>.json`` is committed: the one moment a
@@ -11,6 +16,8 @@ random kill rarely hits.
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import math
 import os
 import signal
@@ -135,6 +142,8 @@ def main() -> None:
     p.add_argument("--model_dir", required=True)
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--die_before_commit", type=int, default=None)
+    p.add_argument("--max_steps", type=int, default=None)
+    p.add_argument("--out", default=None)
     args = p.parse_args()
     torch.set_num_threads(1)
     if args.die_before_commit is not None:
@@ -151,8 +160,19 @@ def main() -> None:
         adanet_estimator.write_architecture = write_then_maybe_die  # type: ignore[assignment]
     x, y = make_data()
     est = make_search(args.model_dir, sleep=args.sleep)
-    est.train(train_input(x, y))
+    est.train(train_input(x, y), max_steps=args.max_steps)
     print(f"done {est.architecture().global_step}", flush=True)
+    if args.out:
+        weights = est.final_ensemble().state_dict()
+        digest = hashlib.sha256(b"".join(weights[k].numpy().tobytes() for k in sorted(weights))).hexdigest()
+        result = {
+            "rank": int(os.environ.get("RANK", "0")),
+            "architecture": est.architecture().serialize(),
+            "final_weights_sha256": digest,
+            "eval": est.evaluate(eval_input(x, y)),
+            "selections": [est.selection(t) for t in range(est.iteration_number)],
+        }
+        Path(f"{args.out}.{result['rank']}").write_text(json.dumps(result, sort_keys=True))
 
 
 if __name__ == "__main__":

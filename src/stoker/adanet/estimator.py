@@ -227,7 +227,7 @@ class Estimator:
         buf = io.BytesIO()
         torch.save(example, buf)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # replicas write the same bytes; each its own temp file
         tmp.write_bytes(buf.getvalue())
         os.replace(tmp, path)
         return example
@@ -337,7 +337,10 @@ class Estimator:
         model = est.model
         assert isinstance(model, IterationModel)
         model.unpack()  # trained batched mixture weights -> each candidate's own combiner
-        index, values, how = self._select(t, est, model)
+        strategy = est.strategy
+        # Every replica takes part in the selection (an Evaluator's evaluation is collective),
+        # but replicas' moving averages can differ by their last batch: the chief's choice holds.
+        index, values, how = strategy.broadcast_object(self._select(t, est, model))
         chosen = model.candidates[index]
         members = chosen.ensemble.weighted_subnetworks
         previous = read_architecture(self.model_dir, t - 1) if t > 0 else None
@@ -360,12 +363,8 @@ class Estimator:
                 subnetworks=[(w.iteration_number, w.name) for w in members],
                 replay_indices=[*(previous.replay_indices if previous else []), index],
             )
-        if self.report_materializer is not None:
-            reports = self.report_materializer.materialize(est, model, t, {w.key for w in members})
-            atomic_write_text(self.report_dir / REPORT_FILE.format(t), json.dumps([r.to_dict() for r in reports], indent=1, sort_keys=True))
-        final = CheckpointManager(self.model_dir / FINAL_DIR, keep_checkpoint_max=0)
-        final.save(step, EnsembleModel(chosen.ensemble).state_dict(), {"global_step": step, "iteration_number": t})
-        ema = model.moving_average_losses()
+        reports = self.report_materializer.materialize(est, model, t, {w.key for w in members}) if self.report_materializer else None
+        ema = strategy.broadcast_object(model.moving_average_losses())
         record = {
             "iteration_number": t,
             "global_step": step,
@@ -378,8 +377,14 @@ class Estimator:
             "selected_by": how,
             "subnetworks": [w.key for w in members],
         }
-        atomic_write_text(self.model_dir / f"iteration-{t}" / "selection.json", json.dumps(record, indent=1, sort_keys=True))
-        write_architecture(self.model_dir, arch)  # the commit point of iteration t
+        if strategy.is_chief:
+            if reports is not None:
+                atomic_write_text(self.report_dir / REPORT_FILE.format(t), json.dumps([r.to_dict() for r in reports], indent=1, sort_keys=True))
+            final = CheckpointManager(self.model_dir / FINAL_DIR, keep_checkpoint_max=0)
+            final.save(step, EnsembleModel(chosen.ensemble).state_dict(), {"global_step": step, "iteration_number": t})
+            atomic_write_text(self.model_dir / f"iteration-{t}" / "selection.json", json.dumps(record, indent=1, sort_keys=True))
+            write_architecture(self.model_dir, arch)  # the commit point of iteration t
+        strategy.barrier()  # every replica builds the next iteration from the files just written
         self.history.append(record)
         listing = ", ".join(f"{c['name']}={c['adanet_loss_ema']}" for c in record["candidates"])
         log.info("adanet: iteration %d chose %r (index %d, by %s); adanet_loss moving averages: %s", t, chosen.name, index, how, listing)
