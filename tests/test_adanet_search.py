@@ -3,8 +3,10 @@ AutoEnsemble, predict and export."""
 
 from __future__ import annotations
 
+import csv
 import json
 import logging
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -69,6 +71,25 @@ def test_previous_ensembles_moving_average_is_carried_over_not_updated(tmp_path)
         assert state["previous_adanet_loss"].item() == carried
         assert state["adanet_loss_ema"][0].item() == 0.0  # its training-time slot was never written
         assert (state["adanet_loss_ema"][1:] != 0).all()  # the new candidates' were
+
+
+def test_each_candidate_and_subnetwork_loss_is_summarised_per_iteration(tmp_path):
+    x, y = make_data()
+    est = make_search(tmp_path, steps=12, iterations=2, run={"summaries": True, "log_every_n_steps": 4})
+    est.train(train_input(x, y))
+    for t in (0, 1):
+        rows = list(csv.DictReader((tmp_path / f"iteration-{t}" / "metrics.csv").open()))
+        tags = {r["tag"] for r in rows}
+        names = [c["name"] for c in est.selection(t)["candidates"]]
+        trained = names[1:] if t else names  # candidate 0 at t > 0 is read, not trained
+        assert {f"adanet_loss/{n}" for n in trained} <= tags, tags
+        assert f"subnetwork_loss/t{t}_mlp{t + 1}" in tags
+        if t:
+            assert f"adanet_loss/{names[0]}" not in tags
+        # written at the iteration's last step, as finite means of the steps since the previous row
+        last = {r["tag"]: float(r["value"]) for r in rows if int(r["step"]) == 12 * (t + 1)}
+        for n in trained:
+            assert math.isfinite(last[f"adanet_loss/{n}"])
 
 
 def test_evaluator_objective_never_increases_across_iterations(tmp_path):

@@ -159,6 +159,11 @@ class IterationModel(nn.Module):
         # Training steps skip the previous ensemble's unit: it has nothing to train and its
         # moving average is carried over, not updated.
         self._train_units = [u for u in units if not self.candidates[u[2][0]].is_previous]
+        # What each training step reports (TensorBoard, metrics.csv and the log line, averaged
+        # per device loop): every new subnetwork's loss and every trained candidate's adanet_loss.
+        self._summary = _LossSummary(
+            [f"subnetwork_loss/{k}" for k in self.new_keys] + [f"adanet_loss/{c.name}" for c in self.candidates[self._first_trained:]]
+        )
         self._train_order = _restore_order([i for _, _, idx, _ in self._train_units for i in idx], self._first_trained, iteration_step.device)
         self._frozen_list = [(k, self.subnetworks[k]) for k in self.frozen_keys]
         self._new_list = [(k, self.subnetworks[k]) for k in self.new_keys]
@@ -231,7 +236,7 @@ class IterationModel(nn.Module):
         # (nan_to_num's gradient is zero there), so one diverging candidate cannot stop the
         # search: the engine stops on a non-finite step loss.
         total = torch.nan_to_num(stacked, 0.0, 0.0, 0.0).sum()
-        return EstimatorSpec(loss=total)
+        return EstimatorSpec(loss=total, host_call=(self._summary, [stacked.detach()]))
 
     def _batched_loss(self, logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
         """Head loss of ``C`` candidates' logits ``[C, batch, ...]``: ``[C]`` or ``[C, batch]``."""
@@ -347,6 +352,17 @@ class IterationModel(nn.Module):
                     if isinstance(value, torch.Tensor) and value.is_floating_point():
                         value.nan_to_num_(0.0, 0.0, 0.0)
         return cleaned
+
+
+class _LossSummary:
+    """A ``host_call`` function: the loop's per-step losses ``[steps, n]`` -> mean per name."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names = names
+
+    def __call__(self, losses: torch.Tensor) -> dict[str, float]:
+        means = losses.double().mean(0).tolist()  # a diverged term stays NaN
+        return dict(zip(self.names, means, strict=True))
 
 
 def _restore_order(order: list[int], first: int, device: torch.device) -> torch.Tensor | None:
