@@ -116,6 +116,32 @@ def test_evaluator_with_a_head_metric_and_maximize(tmp_path):
         bad.train(train_input(x, y))
 
 
+def test_metric_fn_adds_metrics_to_candidates_subnetworks_and_the_final_ensemble(tmp_path):
+    x, y = make_data()
+
+    def metric_fn(labels, predictions):  # any of predictions, features, labels, by name
+        return {"top2": stoker.metrics.TopKAccuracy(2)(predictions["logits"], labels),
+                "accuracy": (predictions["class_ids"] != labels).double()}  # replaces the head's (here: the error rate)
+
+    evaluator = adanet.Evaluator(eval_input(x, y), metric_name="top2", objective="maximize")
+    est = make_search(tmp_path, steps=8, iterations=2, evaluator=evaluator, metric_fn=metric_fn)
+    est.train(train_input(x, y))
+    sel = est.selection(1)
+    assert sel["selected_by"] == "evaluator top2 (maximize)"
+    values = [c["value"] for c in sel["candidates"]]
+    assert values[sel["chosen_index"]] == max(values) and all(0.0 < v <= 1.0 for v in values)
+    result = est.evaluate(eval_input(x, y))
+    # exact: the final ensemble's metrics by hand
+    model = est.final_ensemble()
+    with torch.no_grad():
+        logits = model(x)
+    top2 = (logits.topk(2, dim=1).indices == y[:, None]).any(1).double().mean().item()
+    accuracy = (logits.argmax(1) == y).double().mean().item()
+    assert result["top2"] == pytest.approx(top2, abs=1e-12) and result["accuracy"] == pytest.approx(1 - accuracy, abs=1e-12)
+    with pytest.raises(ValueError, match=r"metric_fn may take only predictions, features and labels.*\['logits'\]"):
+        make_search(tmp_path / "bad", metric_fn=lambda logits, labels: {})
+
+
 class HarmfulBuilder(adanet.Builder):
     """A subnetwork with large random logits that never learn (lr 0): it only hurts an ensemble."""
 

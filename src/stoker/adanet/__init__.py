@@ -56,7 +56,7 @@ from .ensemble import (
 )
 from .estimator import Estimator
 from .evaluator import Evaluator, Objective, ReportMaterializer, select_best
-from .heads import BinaryClassHead, Head, MultiClassHead, RegressionHead
+from .heads import BinaryClassHead, Head, MetricFn, MultiClassHead, RegressionHead
 from .iteration import CandidateOptimizers, EnsembleModel, IterationModel, bias_corrected_ema
 from .strategy import AllStrategy, Candidate, GrowStrategy, SoloStrategy, Strategy
 from .subnetwork import Builder, Generator, MaterializedReport, Report, SimpleGenerator, Subnetwork
@@ -85,6 +85,7 @@ __all__ = [
     "MeanEnsembler",
     "Member",
     "MixtureWeightType",
+    "MetricFn",
     "MultiClassHead",
     "Objective",
     "RegressionHead",

@@ -44,12 +44,12 @@ from .architecture import (
 )
 from .ensemble import ComplexityRegularizedEnsembler, Ensembler
 from .evaluator import Evaluator, Objective, ReportMaterializer, select_best
-from .heads import Head
+from .heads import Head, MetricFn
 from .iteration import DivergedCandidateHook, EnsembleModel, IterationModel
 from .replay import Config as ReplayConfig
 from .search import FINAL_DIR, REPORT_FILE, SearchSpace, final_checkpoint
 from .strategy import GrowStrategy, Strategy
-from .subnetwork import Generator
+from .subnetwork import Generator, as_subnetwork
 
 log = logging.getLogger("stoker")
 
@@ -97,6 +97,10 @@ class Estimator:
         ensemble_strategies: which candidate ensembles to form (default ``[GrowStrategy()]``).
         evaluator: choose by evaluating on data; default: by the bias-corrected moving
             average of each candidate's training ``adanet_loss``.
+        metric_fn: extra evaluation metrics, ``fn(predictions, features, labels) -> {name:
+            metric update}`` taking any of those arguments by name (see ``MetricFn``); they
+            join the head's metrics for every candidate, every subnetwork (so an
+            ``Evaluator`` may select on them) and the final ensemble, winning name conflicts.
         report_materializer: materialise the builders' reports after each iteration.
         force_grow: never choose the previous ensemble (candidate 0) at t > 0.
         replicate_ensemble_in_training: run the previous ensemble's frozen subnetworks in
@@ -121,6 +125,7 @@ class Estimator:
         ensemblers: Sequence[Ensembler] | None = None,
         ensemble_strategies: Sequence[Strategy] | None = None,
         evaluator: Evaluator | None = None,
+        metric_fn: Callable[..., Mapping[str, Any]] | None = None,
         report_materializer: ReportMaterializer | None = None,
         force_grow: bool = False,
         replicate_ensemble_in_training: bool = False,
@@ -161,6 +166,7 @@ class Estimator:
         self.ensemblers = ensemblers
         self.ensemble_strategies = list(ensemble_strategies) if ensemble_strategies else [GrowStrategy()]
         self.evaluator = evaluator
+        self.metric_fn = MetricFn(metric_fn) if metric_fn is not None else None
         self.report_materializer = report_materializer
         self.force_grow = bool(force_grow)
         self.replicate_ensemble_in_training = bool(replicate_ensemble_in_training)
@@ -249,6 +255,7 @@ class Estimator:
                 iteration_number, features, device,
                 adanet_loss_decay=self.adanet_loss_decay,
                 replicate_ensemble_in_training=self.replicate_ensemble_in_training,
+                metric_fn=self.metric_fn,
             )
             built["model"] = model
             return model
@@ -404,7 +411,7 @@ class Estimator:
         arch = self.architecture()
         est = PlainEstimator(
             model=lambda params: self.final_ensemble(est.strategy.device),
-            model_fn=self.head.model_fn,
+            model_fn=self._final_model_fn,
             config=self.config.replace(model_dir=str(self.model_dir / FINAL_DIR), keep_best=None),
             params=self.params,
             train_batch_size=self.train_batch_size,
@@ -413,8 +420,11 @@ class Estimator:
         )
         return est, final_checkpoint(self.model_dir, arch.global_step)
 
+    def _final_model_fn(self, model: nn.Module, features: Any, labels: Any, mode: ModeKeys, params: dict[str, Any]) -> EstimatorSpec:
+        return self.head.spec(as_subnetwork(model(features)).logits, features, labels, mode, self.metric_fn)
+
     def evaluate(self, input_fn: InputFn, steps: int | None = None, name: str | None = None) -> dict[str, float]:
-        """Evaluate the latest chosen ensemble (loss and the head's metrics)."""
+        """Evaluate the latest chosen ensemble (loss, the head's metrics and ``metric_fn``'s)."""
         est, ckpt = self._final_estimator()
         return est.evaluate(input_fn, steps=steps, checkpoint_path=ckpt, name=name)
 

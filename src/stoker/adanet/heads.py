@@ -10,6 +10,8 @@ plus the complexity regulariser. ``Head.model_fn`` makes a head usable with a pl
 from __future__ import annotations
 
 import abc
+import inspect
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -20,7 +22,9 @@ from ..metrics import Accuracy, MeanSquaredError, MetricUpdate
 from ..spec import EstimatorSpec, ModeKeys
 from .subnetwork import as_subnetwork
 
-__all__ = ["BinaryClassHead", "Head", "MultiClassHead", "RegressionHead"]
+__all__ = ["BinaryClassHead", "Head", "MetricFn", "MultiClassHead", "RegressionHead"]
+
+_METRIC_FN_ARGS = ("predictions", "features", "labels")
 
 
 class Head(abc.ABC):
@@ -42,13 +46,54 @@ class Head(abc.ABC):
 
     def model_fn(self, model: nn.Module, features: Any, labels: Any, mode: ModeKeys, params: dict[str, Any]) -> EstimatorSpec:
         """A ``stoker.Estimator`` model_fn for a module returning logits (or a ``Subnetwork``)."""
-        logits = as_subnetwork(model(features)).logits
+        return self.spec(as_subnetwork(model(features)).logits, features, labels, mode)
+
+    def spec(self, logits: torch.Tensor, features: Any, labels: Any, mode: ModeKeys, metric_fn: MetricFn | None = None) -> EstimatorSpec:
+        """The ``EstimatorSpec`` of ``logits`` in ``mode``; ``metric_fn`` adds evaluation metrics."""
         if mode == ModeKeys.TRAIN:  # the loss only: predictions would cost every step
             return EstimatorSpec(loss=self.loss(logits, labels))
         preds = self.predictions(logits)
         if mode == ModeKeys.PREDICT or labels is None:
             return EstimatorSpec(predictions=preds)
-        return EstimatorSpec(loss=self.loss(logits, labels, "none"), predictions=preds, eval_metrics=self.metrics(logits, labels))
+        return EstimatorSpec(loss=self.loss(logits, labels, "none"), predictions=preds, eval_metrics=self.eval_metrics(logits, features, labels, metric_fn))
+
+    def eval_metrics(self, logits: torch.Tensor, features: Any, labels: torch.Tensor, metric_fn: MetricFn | None = None) -> dict[str, Any]:
+        """The head's metrics, then ``metric_fn``'s (which win a name conflict, as in the original)."""
+        metrics: dict[str, Any] = dict(self.metrics(logits, labels))
+        if metric_fn is not None:
+            metrics.update(metric_fn(self.predictions(logits), features, labels))
+        return metrics
+
+
+class MetricFn:
+    """A user's ``metric_fn`` for the AdaNet Estimator: extra evaluation metrics.
+
+    The function takes any of ``predictions`` (the head's predictions dict), ``features`` and
+    ``labels``, by those names and in any order, and returns a dict ``name -> metric update``
+    (a ``stoker.metrics`` metric called on the batch, e.g. ``TopKAccuracy(3)(logits, labels)``,
+    or a per-example tensor, which is averaged). Padded rows of the last batch are masked out
+    as for the head's own metrics.
+    """
+
+    def __init__(self, fn: Callable[..., Mapping[str, Any]]) -> None:
+        if not callable(fn):
+            raise TypeError(f"metric_fn must be callable; got {type(fn).__name__}")
+        try:
+            names = list(inspect.signature(fn).parameters)
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"metric_fn: cannot read its signature ({e})") from e
+        unknown = [n for n in names if n not in _METRIC_FN_ARGS]
+        if unknown:
+            raise ValueError(f"metric_fn may take only predictions, features and labels (any of them, in any order); got {unknown}")
+        self.fn = fn
+        self.names = names
+
+    def __call__(self, predictions: Mapping[str, torch.Tensor], features: Any, labels: Any) -> dict[str, Any]:
+        given = {"predictions": predictions, "features": features, "labels": labels}
+        out = self.fn(**{n: given[n] for n in self.names})
+        if not isinstance(out, Mapping) or not all(isinstance(k, str) for k in out):
+            raise TypeError(f"metric_fn must return a dict of metric name -> metric update; got {type(out).__name__}")
+        return dict(out)
 
 
 def _reduce(per_example: torch.Tensor, reduction: str) -> torch.Tensor:

@@ -31,7 +31,7 @@ from torch import nn
 from ..hooks.base import Hook, LoopResult, RunContext
 from ..spec import EstimatorSpec, ModeKeys
 from .ensemble import BatchedWeightedSum, Combiner, Ensemble, Ensembler
-from .heads import Head
+from .heads import Head, MetricFn
 from .subnetwork import Builder, Report, Subnetwork, as_subnetwork
 
 log = logging.getLogger("stoker")
@@ -94,9 +94,11 @@ class IterationModel(nn.Module):
         iteration_step: torch.Tensor,
         reports: Mapping[str, Report] | None = None,
         previous_adanet_loss: float | None = None,
+        metric_fn: MetricFn | None = None,
     ) -> None:
         super().__init__()
         self.head = head
+        self.metric_fn = metric_fn  # extra evaluation metrics of every candidate and subnetwork
         self.adanet_loss_decay = float(adanet_loss_decay)
         self.replicate_ensemble_in_training = bool(replicate_ensemble_in_training)
         self.subnetworks = nn.ModuleDict()
@@ -254,12 +256,12 @@ class IterationModel(nn.Module):
                 cand_logits = logits[r] if batched else logits
                 loss = per_example[r]
                 metrics[f"{name}/adanet_loss"] = loss if reg is None else loss + (reg[r] if batched else reg)
-                for metric, update in head.metrics(cand_logits, labels).items():
+                for metric, update in head.eval_metrics(cand_logits, features, labels, self.metric_fn).items():
                     metrics[f"{name}/{metric}"] = update
         for key in self.new_keys:
             logits = outs[key].logits
             metrics[f"subnetwork/{key}/loss"] = head.loss(logits, labels, "none")
-            for name, update in head.metrics(logits, labels).items():
+            for name, update in head.eval_metrics(logits, features, labels, self.metric_fn).items():
                 metrics[f"subnetwork/{key}/{name}"] = update
             report = self.reports.get(key)
             if report is not None:

@@ -29,7 +29,7 @@ from ..checkpoint import check_state_fits, load_checkpoint
 from ..rng import rng_state, seed_everything, set_rng_state
 from .architecture import Architecture, read_architecture
 from .ensemble import Ensemble, Ensembler, Member, WeightedSubnetwork, subnetwork_key
-from .heads import Head
+from .heads import Head, MetricFn
 from .iteration import CandidateRecord, EnsembleModel, IterationModel
 from .strategy import Strategy
 from .subnetwork import (
@@ -247,7 +247,7 @@ class SearchSpace:
     # ------------------------------------------------------------------ one iteration
     def build_iteration(
         self, iteration_number: int, features: Any, device: torch.device, *, adanet_loss_decay: float,
-        replicate_ensemble_in_training: bool,
+        replicate_ensemble_in_training: bool, metric_fn: MetricFn | None = None,
     ) -> IterationModel:
         """The module of iteration ``t``: the previous ensemble (weights loaded), new subnetworks
         and every candidate ensemble."""
@@ -290,6 +290,7 @@ class SearchSpace:
             iteration_step=step,
             reports=reports,
             previous_adanet_loss=previous_adanet_loss,
+            metric_fn=metric_fn,
         )
 
     def chosen_adanet_loss(self, iteration_number: int) -> float:
