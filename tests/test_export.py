@@ -6,6 +6,7 @@ import argparse
 import json
 import subprocess
 
+import numpy as np
 import pytest
 import safetensors.torch
 import torch
@@ -140,6 +141,16 @@ def test_onnx_export_when_installed(trained, tmp_path):
     out = export(est, tmp_path / "exp", x[:2], formats=("pt2", "onnx"))
     assert (out / "model.onnx").stat().st_size > 0
     assert "model.onnx" in json.loads((out / "signature.json").read_text())["files"]
+    ort = pytest.importorskip("onnxruntime")  # the file runs, any batch size, with the exported program's outputs
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    program = load_exported(out)
+    for rows in (1, 7):
+        (name,) = [i.name for i in session.get_inputs()]
+        got = session.run(None, {name: x[:rows].numpy()})
+        want = program({"features": x[:rows]})
+        assert len(got) == len(want)
+        for g, w in zip(got, want.values(), strict=True):
+            np.testing.assert_allclose(g, w.numpy(), rtol=1e-5, atol=1e-6)
 
 
 def _cli(argv: list[str]) -> int:
