@@ -43,6 +43,12 @@ def test_cli_rejects_bad_flags(capsys):
     assert args.func(args) == 2 and "unknown names ['rnn']" in capsys.readouterr().err
 
 
+def test_cli_refuses_fresh_under_torchrun(capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    args = parse("digits", "--fresh", "--model_dir", "unused")
+    assert args.func(args) == 2 and "--fresh deletes --model_dir, which replicas would race to do" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_digits_linear_le_dnn_adanet_le_cnn_adanet_and_ensembles_beat_their_best_subnetwork(tmp_path):
     runs = [run_digits(RecipeConfig(model_dir=str(tmp_path / f"seed{s}"), seed=s, verbose=False)) for s in (0, 1, 2)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from typing import Any
 
@@ -63,6 +64,11 @@ def run(args: argparse.Namespace) -> int:
     from .recipes import RecipeConfig, run_breast_cancer, run_diabetes, run_digits
 
     logging.getLogger("stoker").setLevel(logging.WARNING)  # the recipe prints its own report
+    chief = int(os.environ.get("RANK", "0") or 0) == 0  # under torchrun, replica 0 reports
+    if args.fresh and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+        print("stoker adanet: --fresh deletes --model_dir, which replicas would race to do: delete it before "
+              "launching, and run without --fresh under torchrun", file=sys.stderr)
+        return 2
     torch.manual_seed(args.seed)
     cfg = RecipeConfig(
         model_dir=args.model_dir or f"runs/adanet/{args.recipe}",
@@ -72,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         learning_rate=args.learning_rate,
         seed=args.seed,
         fresh=args.fresh,
-        verbose=not args.quiet,
+        verbose=not args.quiet and chief,
     )
     if args.recipe == "digits":
         which = [g.strip() for g in args.generators.split(",") if g.strip()]
@@ -85,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         results = run_diabetes(cfg, args.lambdas)
     else:
         results = run_breast_cancer(cfg)
-    if args.json:
+    if args.json and chief:
         print(json.dumps(results, indent=1, sort_keys=True))
     return 0
 
