@@ -142,6 +142,38 @@ def test_metric_fn_adds_metrics_to_candidates_subnetworks_and_the_final_ensemble
         make_search(tmp_path / "bad", metric_fn=lambda logits, labels: {})
 
 
+class DecayingBuilder(MLPBuilder):
+    """SGD at 0.1, halved every 4 steps of the iteration (a per-subnetwork LR schedule)."""
+
+    def build_subnetwork_optimizer(self, parameters):  # noqa: ANN001, ANN201
+        return torch.optim.SGD(parameters, lr=0.1)
+
+    def build_subnetwork_lr_schedule(self, optimizer):  # noqa: ANN001, ANN201
+        return torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.5)
+
+
+class DecayingGenerator(adanet.Generator):
+    def generate_candidates(self, previous_ensemble, iteration_number, previous_ensemble_reports, all_reports):  # noqa: ANN001, ANN201
+        return [DecayingBuilder(1), MLPBuilder(2)]  # the second keeps its fixed rate
+
+
+def test_per_subnetwork_lr_schedules_step_per_iteration_and_resume_bitwise(tmp_path):
+    x, y = make_data()
+    est = make_search(tmp_path / "whole", steps=12, iterations=2, generator=DecayingGenerator())
+    est.train(train_input(x, y))
+    for t in (0, 1):  # each iteration's schedule starts afresh with its optimizer: 12 steps -> 0.1 / 2**3
+        state = stoker.checkpoint.load_checkpoint(est.iteration_estimator(t).latest_checkpoint()).train_state
+        schedules = state["schedule"]["schedules"]
+        assert list(schedules) == [f"subnetwork/t{t}_mlp1"]
+        assert schedules[f"subnetwork/t{t}_mlp1"]["last_epoch"] == 12
+        assert schedules[f"subnetwork/t{t}_mlp1"]["_last_lr"] == [pytest.approx(0.1 / 8, rel=1e-12)]
+    split = make_search(tmp_path / "split", steps=12, iterations=2, generator=DecayingGenerator())
+    split.train(train_input(x, y), max_steps=18)  # stops in the middle of iteration 1
+    split = make_search(tmp_path / "split", steps=12, iterations=2, generator=DecayingGenerator())
+    split.train(train_input(x, y))
+    assert final_bytes(tmp_path / "split") == final_bytes(tmp_path / "whole")
+
+
 class HarmfulBuilder(adanet.Builder):
     """A subnetwork with large random logits that never learn (lr 0): it only hurts an ensemble."""
 

@@ -263,10 +263,14 @@ class Estimator:
         def optimizer(params: dict[str, Any], parameters: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
             return built["model"].make_optimizer()
 
+        def lr_schedule(params: dict[str, Any], opt: torch.optim.Optimizer) -> Any:
+            return built["model"].make_schedule(opt)
+
         est = PlainEstimator(
             model=build,
             model_fn=_iteration_model_fn,
             optimizer=optimizer,
+            lr_schedule=lr_schedule,
             config=cfg,
             params={**self.params, ITERATION_PARAM: iteration_number},
             train_batch_size=self.train_batch_size,

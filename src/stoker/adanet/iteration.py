@@ -36,7 +36,7 @@ from .subnetwork import Builder, Report, Subnetwork, as_subnetwork
 
 log = logging.getLogger("stoker")
 
-__all__ = ["CandidateOptimizers", "CandidateRecord", "DivergedCandidateHook", "EnsembleModel", "IterationModel", "bias_corrected_ema"]
+__all__ = ["CandidateOptimizers", "CandidateRecord", "CandidateSchedules", "DivergedCandidateHook", "EnsembleModel", "IterationModel", "bias_corrected_ema"]
 
 
 def bias_corrected_ema(biased: torch.Tensor, updates: int, decay: float) -> torch.Tensor:
@@ -325,6 +325,29 @@ class IterationModel(nn.Module):
             raise ValueError("nothing to train in this iteration: no subnetwork or ensemble has trainable parameters")
         return CandidateOptimizers(optimizers)
 
+    def make_schedule(self, optimizer: torch.optim.Optimizer) -> CandidateSchedules | None:
+        """Each new subnetwork's learning-rate schedule (``Builder.build_subnetwork_lr_schedule``)
+        over its optimizer in ``optimizer`` (a ``CandidateOptimizers``); ``None`` if no builder
+        gives one."""
+        if not isinstance(optimizer, CandidateOptimizers):
+            raise TypeError(f"make_schedule needs the iteration's CandidateOptimizers; got {type(optimizer).__name__}")
+        schedules: dict[str, Any] = {}
+        for key in self.new_keys:
+            name = f"subnetwork/{key}"
+            if name not in optimizer.optimizers:
+                continue
+            schedule = self.builders[key].build_subnetwork_lr_schedule(optimizer.optimizers[name])
+            if schedule is None:
+                continue
+            missing = [m for m in ("step", "state_dict", "load_state_dict") if not callable(getattr(schedule, m, None))]
+            if missing:
+                raise TypeError(
+                    f"{type(self.builders[key]).__name__}.build_subnetwork_lr_schedule must return an LR scheduler "
+                    f"(step, state_dict, load_state_dict); {type(schedule).__name__} lacks {missing}"
+                )
+            schedules[name] = schedule
+        return CandidateSchedules(schedules) if schedules else None
+
     def sanitize_diverged(self, optimizer: torch.optim.Optimizer | None) -> list[str]:
         """Zero the non-finite weights (and optimizer state) of diverged parts.
 
@@ -432,6 +455,28 @@ class CandidateOptimizers(torch.optim.Optimizer):
     def __repr__(self) -> str:
         inner = ", ".join(f"{name}: {type(opt).__name__}" for name, opt in self.optimizers.items())
         return f"CandidateOptimizers({inner})"
+
+
+class CandidateSchedules:
+    """Several subnetworks' LR schedulers that the engine steps and checkpoints as one."""
+
+    def __init__(self, schedules: Mapping[str, Any]) -> None:
+        self.schedules = dict(schedules)
+
+    def step(self) -> None:
+        for schedule in self.schedules.values():
+            schedule.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"schedules": {name: s.state_dict() for name, s in self.schedules.items()}}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        saved = state_dict.get("schedules")
+        if not isinstance(saved, Mapping) or set(saved) != set(self.schedules):
+            got = sorted(saved) if isinstance(saved, Mapping) else type(saved).__name__
+            raise ValueError(f"the saved subnetwork schedules {got} are not this iteration's {sorted(self.schedules)}")
+        for name, schedule in self.schedules.items():
+            schedule.load_state_dict(saved[name])
 
 
 class DivergedCandidateHook(Hook):

@@ -177,6 +177,12 @@ class Builder(abc.ABC):
     def build_subnetwork_optimizer(self, parameters: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
         """The optimizer that trains this subnetwork's parameters on its own head loss."""
 
+    def build_subnetwork_lr_schedule(self, optimizer: torch.optim.Optimizer) -> Any:
+        """An optional learning-rate scheduler of this subnetwork's optimizer (e.g.
+        ``torch.optim.lr_scheduler.StepLR(optimizer, 100)``), stepped once per training step of
+        the iteration and checkpointed with it; ``None`` (the default) keeps the rate fixed."""
+        return None
+
     def build_subnetwork_report(self) -> Report | None:
         """An optional ``Report``, materialised after the iteration by a ``ReportMaterializer``."""
         return None
