@@ -211,6 +211,13 @@ class Estimator:
         """What was compared and chosen at ``iteration_number`` (``iteration-<t>/selection.json``)."""
         return json.loads((self.model_dir / f"iteration-{iteration_number}" / "selection.json").read_text())
 
+    def _chosen_adanet_loss(self, iteration_number: int) -> float:
+        """The moving average of ``adanet_loss`` that iteration ``t``'s chosen ensemble ended
+        with (NaN if it had diverged)."""
+        sel = self.selection(iteration_number)
+        value = sel["candidates"][sel["chosen_index"]]["adanet_loss_ema"]
+        return float("nan") if value is None else float(value)
+
     @property
     def global_step(self) -> int:
         """The newest global step on disk (finished iterations and the running one)."""
@@ -255,6 +262,7 @@ class Estimator:
                 iteration_number, features, device,
                 adanet_loss_decay=self.adanet_loss_decay,
                 replicate_ensemble_in_training=self.replicate_ensemble_in_training,
+                previous_adanet_loss=self._chosen_adanet_loss(iteration_number - 1) if iteration_number > 0 else None,
                 metric_fn=self.metric_fn,
             )
             built["model"] = model
@@ -350,8 +358,9 @@ class Estimator:
         model.unpack()  # trained batched mixture weights -> each candidate's own combiner
         strategy = est.strategy
         # Every replica takes part in the selection (an Evaluator's evaluation is collective),
-        # but replicas' moving averages can differ by their last batch: the chief's choice holds.
-        index, values, how = strategy.broadcast_object(self._select(t, est, model))
+        # but replicas' moving averages can differ by their last batch: the chief's choice and
+        # averages hold (one broadcast for both).
+        index, values, how, ema = strategy.broadcast_object((*self._select(t, est, model), model.moving_average_losses()))
         chosen = model.candidates[index]
         members = chosen.ensemble.weighted_subnetworks
         previous = read_architecture(self.model_dir, t - 1) if t > 0 else None
@@ -375,7 +384,6 @@ class Estimator:
                 replay_indices=[*(previous.replay_indices if previous else []), index],
             )
         reports = self.report_materializer.materialize(est, model, t, {w.key for w in members}) if self.report_materializer else None
-        ema = strategy.broadcast_object(model.moving_average_losses())
         record = {
             "iteration_number": t,
             "global_step": step,

@@ -247,17 +247,16 @@ class SearchSpace:
     # ------------------------------------------------------------------ one iteration
     def build_iteration(
         self, iteration_number: int, features: Any, device: torch.device, *, adanet_loss_decay: float,
-        replicate_ensemble_in_training: bool, metric_fn: MetricFn | None = None,
+        replicate_ensemble_in_training: bool, previous_adanet_loss: float | None = None, metric_fn: MetricFn | None = None,
     ) -> IterationModel:
         """The module of iteration ``t``: the previous ensemble (weights loaded), new subnetworks
-        and every candidate ensemble."""
+        and every candidate ensemble. At ``t > 0``, ``previous_adanet_loss`` is the moving
+        average the previous ensemble ended iteration ``t - 1`` with (carried over, not updated)."""
         step = torch.zeros((), dtype=torch.int64, device=device)
         previous: Ensemble | None = None
-        previous_adanet_loss: float | None = None
         if iteration_number > 0:
             previous = self.rebuild(iteration_number - 1, features, step, training=True)
             self.load(previous, read_architecture(self.model_dir, iteration_number - 1).global_step)
-            previous_adanet_loss = self.chosen_adanet_loss(iteration_number - 1)
         builders = self.generate(previous, iteration_number)
         if not builders:
             raise ValueError(f"the generator gave no builders for iteration {iteration_number}")
@@ -292,14 +291,3 @@ class SearchSpace:
             previous_adanet_loss=previous_adanet_loss,
             metric_fn=metric_fn,
         )
-
-    def chosen_adanet_loss(self, iteration_number: int) -> float:
-        """The moving average of ``adanet_loss`` that iteration ``t``'s chosen ensemble ended
-        with (``iteration-<t>/selection.json``; NaN if it had diverged)."""
-        path = self.model_dir / f"iteration-{iteration_number}" / "selection.json"
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise ValueError(f"{path} is missing or unreadable ({e}); it is written before architecture-{iteration_number}.json") from e
-        value = record["candidates"][record["chosen_index"]]["adanet_loss_ema"]
-        return float("nan") if value is None else float(value)
