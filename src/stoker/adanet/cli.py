@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
 import sys
 from typing import Any
 
@@ -61,11 +60,12 @@ def run(args: argparse.Namespace) -> int:
     """Run the chosen recipe; returns the exit status."""
     import torch
 
+    from ..distributed import torchrun_rank, torchrun_world_size
     from .recipes import RecipeConfig, run_breast_cancer, run_diabetes, run_digits
 
     logging.getLogger("stoker").setLevel(logging.WARNING)  # the recipe prints its own report
-    chief = int(os.environ.get("RANK", "0") or 0) == 0  # under torchrun, replica 0 reports
-    if args.fresh and int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+    chief = torchrun_rank() == 0  # under torchrun, replica 0 reports
+    if args.fresh and torchrun_world_size() > 1:
         print("stoker adanet: --fresh deletes --model_dir, which replicas would race to do: delete it before "
               "launching, and run without --fresh under torchrun", file=sys.stderr)
         return 2

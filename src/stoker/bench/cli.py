@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from ..distributed import torchrun_rank, torchrun_world_size
 from ..errors import StokerError
 from .config import (
     DATA_FORMATS,
@@ -157,8 +158,8 @@ def run_bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser)
         for line in format_model_table(model_table(args.data_name)):
             print(line)
         return 0
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    chief = int(os.environ.get("RANK", "0") or 0) == 0
+    world = torchrun_world_size()
+    chief = torchrun_rank() == 0
     try:
         cfg = config_from_args(args)
         device = resolve_device(cfg.device)

@@ -24,6 +24,7 @@ import torch
 
 from ..data import cifar_binary, image_folder, synthetic_images
 from ..data.images import IMAGE_EXTENSIONS, scan_image_folder
+from ..distributed import torchrun_world_size
 from ..models import DEFAULT_NUM_CLASSES, get_model_info
 from .config import DEFAULT_NUM_BATCHES, MODE_EVAL, MODE_INFERENCE, BenchConfig, BenchFlagError
 
@@ -119,7 +120,7 @@ def resolve_workload(cfg: BenchConfig, *, custom_model: bool = False, num_classe
         num_classes = num_classes or info.num_classes
     device = resolve_device(cfg.device)
     # Under torchrun every process is one replica (the engine's strategy joins them).
-    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    world = torchrun_world_size()
     synthetic = cfg.data_dir is None
     train_examples = EXAMPLES_PER_EPOCH[dataset]["train"]
     eval_examples = EXAMPLES_PER_EPOCH[dataset]["validation"]

@@ -32,7 +32,19 @@ __all__ = [
     "Strategy",
     "make_strategy",
     "resolve_device",
+    "torchrun_rank",
+    "torchrun_world_size",
 ]
+
+
+def torchrun_rank() -> int:
+    """This process's rank as torchrun sets it (``RANK``; 0 without torchrun)."""
+    return int(os.environ.get("RANK", "0") or 0)
+
+
+def torchrun_world_size() -> int:
+    """The number of processes torchrun started (``WORLD_SIZE``; 1 without torchrun)."""
+    return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
 def make_strategy(name: str, device: str, timeout: float = 1800.0) -> Strategy:
