@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -97,3 +99,25 @@ def python_env() -> dict[str, str]:
 
 
 PYTHON = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_replicas(script: Path, nproc: int, *args: str) -> list[subprocess.Popen[str]]:
+    """Start ``nproc`` processes of ``script`` the way torchrun would (RANK, LOCAL_RANK,
+    WORLD_SIZE, MASTER_ADDR/PORT); with ``nproc == 1``, as a plain process without them."""
+    port = free_port()
+    procs = []
+    for rank in range(nproc):
+        env = python_env()
+        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        if nproc == 1:
+            for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+                env.pop(k)
+        procs.append(subprocess.Popen([PYTHON, str(script), *args], env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    return procs

@@ -4,30 +4,16 @@ on the final ensemble, and a search stopped mid-iteration resumes to bitwise the
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
 from pathlib import Path
 
-from conftest import PYTHON, python_env
+from conftest import launch_replicas
 
 SCRIPT = Path(__file__).with_name("adanet_script.py")
 FINAL_STEP = 72  # 3 iterations of 24 steps (adanet_script.make_search)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_replicas(model_dir: Path, *args: str, nproc: int = 2) -> None:
-    port = free_port()
-    procs = []
-    for rank in range(nproc):
-        env = python_env()
-        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        procs.append(subprocess.Popen([PYTHON, str(SCRIPT), "--model_dir", str(model_dir), *args], env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    procs = launch_replicas(SCRIPT, nproc, "--model_dir", str(model_dir), *args)
     outputs = [p.communicate(timeout=300) for p in procs]
     for p, (_, err) in zip(procs, outputs, strict=True):
         assert p.returncode == 0, err

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -13,31 +12,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import PYTHON, python_env
+from conftest import PYTHON, launch_replicas, python_env
 
 SCRIPT = Path(__file__).with_name("dist_script.py")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(nproc: int, *args: str) -> list[subprocess.Popen[str]]:
-    """Start ``nproc`` ranks the way torchrun would (RANK, WORLD_SIZE, MASTER_ADDR/PORT)."""
-    port = free_port()
-    procs = []
-    for rank in range(nproc):
-        env = python_env()
-        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        if nproc == 1:
-            for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-                env.pop(k)
-        procs.append(subprocess.Popen([PYTHON, str(SCRIPT), *args], env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
-    return procs
+    return launch_replicas(SCRIPT, nproc, *args)
 
 
 def run(nproc: int, *args: str) -> list[tuple[int, str]]:
