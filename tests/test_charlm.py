@@ -85,7 +85,7 @@ def test_the_estimator_hands_the_detached_cache_to_the_next_step_and_resets_it_a
     train_fn, eval_fn = input_fns(config)
     est = build_estimator(config)
     calls: list[tuple[str, object]] = []
-    est._model_fn = recording(calls)  # observe what the engine hands model_fn
+    est.model_fn = recording(calls)  # observe what the engine hands model_fn
     est.train(train_fn, max_steps=3)
     train_calls = [c for c in calls if c[0] == "train"]
     returned = [c[1] for c in calls if c[0] == "train-returned"]

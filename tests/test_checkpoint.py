@@ -102,7 +102,7 @@ def test_shape_mismatch_is_one_clear_error(tmp_path):
     x, y = make_data(64)
     make_estimator(tmp_path).train(train_input(x, y), max_steps=2)
     other = stoker.Estimator(
-        model=lambda p: TinyNet(width=32), model_fn=make_estimator()._model_fn,
+        model=lambda p: TinyNet(width=32), model_fn=make_estimator().model_fn,
         optimizer=lambda p, ps: torch.optim.SGD(ps, lr=0.1),
         config=stoker.RunConfig(model_dir=str(tmp_path), progress_bar=False), train_batch_size=16,
     )
@@ -116,7 +116,7 @@ def test_warm_start_with_name_filter_reports_missing(tmp_path):
     src.train(train_input(x, y), max_steps=3)
     settings = stoker.WarmStartSettings(ckpt_to_initialize_from=tmp_path / "src", vars_to_warm_start="fc1\\..*")
     est = stoker.Estimator(
-        model=lambda p: TinyNet(), model_fn=src._model_fn, optimizer=lambda p, ps: torch.optim.SGD(ps, lr=0.1),
+        model=lambda p: TinyNet(), model_fn=src.model_fn, optimizer=lambda p, ps: torch.optim.SGD(ps, lr=0.1),
         config=stoker.RunConfig(model_dir=str(tmp_path / "dst"), progress_bar=False, seed=5), train_batch_size=16,
         warm_start_from=settings,
     )

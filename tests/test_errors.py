@@ -64,11 +64,11 @@ def test_model_fn_must_return_a_spec_and_a_scalar_loss():
 def test_predictions_must_be_batch_major():
     x, _ = make_data(20)
     est = estimator(lambda model, features, labels, mode, params: stoker.EstimatorSpec(predictions={"mean": model(features).mean()}))
-    est._state_of = "memory"
+    est.initialize()
     with pytest.raises(ModelFnError, match=r"predictions\['mean'\] has shape \[\], but the batch has 16 rows"):
         list(est.predict(eval_input(x)))
     est2 = estimator(lambda model, features, labels, mode, params: stoker.EstimatorSpec(predictions=[model(features)]))
-    est2._state_of = "memory"
+    est2.initialize()
     with pytest.raises(ModelFnError, match="predictions must be a dict of tensors; got list"):
         list(est2.predict(eval_input(x)))
 

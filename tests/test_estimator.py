@@ -126,7 +126,7 @@ def test_host_call_tuple_form():
         return spec
 
     est = linear_estimator(iterations_per_loop=2)
-    est._model_fn = fn
+    est.model_fn = fn
     rec = Recorder()
     est.train(whole_batch, max_steps=2, hooks=[rec])
     assert rec.last.values["w_mean"] == [pytest.approx((1.0 + 2.1) / 2)]
@@ -202,8 +202,8 @@ def test_eval_is_exact_on_a_ragged_last_batch():
     assert ragged["accuracy"] == (logits.argmax(-1) == y).double().mean().item()
     assert ragged["top2"] == (logits.topk(2).indices == y[:, None]).any(-1).double().mean().item()
     assert ragged["loss"] == pytest.approx(whole_loss, rel=1e-6)
-    est2 = stoker.Estimator(model=lambda p: est.model, model_fn=est._model_fn, config=stoker.RunConfig(progress_bar=False), eval_batch_size=203)
-    est2._state_of = "memory"
+    est2 = stoker.Estimator(model=lambda p: est.model, model_fn=est.model_fn, config=stoker.RunConfig(progress_bar=False), eval_batch_size=203)
+    est2.initialize()
     assert est2.evaluate(eval_input(x, y))["accuracy"] == ragged["accuracy"]
 
 
@@ -238,7 +238,7 @@ def test_predict_pads_to_a_static_batch():
         return stoker.EstimatorSpec(predictions={"s": features.sum(-1)})
 
     est = stoker.Estimator(model=nn.Identity(), model_fn=fn, config=stoker.RunConfig(progress_bar=False), predict_batch_size=8)
-    est._state_of = "memory"
+    est.initialize()
     out = list(est.predict(lambda p: stoker.data.arrays(torch.arange(20.0).reshape(10, 2), batch_size=p["batch_size"], shuffle=False, num_epochs=1)))
     assert shapes == [(8, 2), (8, 2)]
     assert [float(r["s"]) for r in out] == [float(2 * i + 2 * i + 1) for i in range(10)]
@@ -255,7 +255,7 @@ def test_static_loss_scale_fp16():
     x, y = make_data(64)
     est = make_estimator(precision="fp16", loss_scale=128)
     est.train(train_input(x, y), max_steps=4)
-    assert est._scaler.scale == 128 and not est._scaler.dynamic
+    assert est.state.scaler.scale == 128 and not est.state.scaler.dynamic
     assert all(torch.isfinite(p).all() for p in est.model.parameters())
 
 
@@ -265,7 +265,7 @@ def test_dynamic_loss_scale_halves_and_grows():
     before = {k: v.clone() for k, v in est.model.state_dict().items()}
     est.train(train_input(x, y), max_steps=1)
     # 2**40 overflows fp16 gradients: the update is skipped and the scale halved
-    assert est._scaler.skipped_steps == 1 and est._scaler.scale == 2.0**39
+    assert est.state.scaler.skipped_steps == 1 and est.state.scaler.scale == 2.0**39
     assert all(torch.equal(before[k], v) for k, v in est.model.state_dict().items())
     scaler = stoker.precision.LossScaler(dynamic=True, init_scale=4.0, growth_interval=2)
     assert [scaler.step_ok(torch.tensor(0.0)) for _ in range(2)] == [True, True] and scaler.scale == 8.0
@@ -286,5 +286,5 @@ def test_initialize_lets_a_never_trained_estimator_predict(tmp_path):
 def test_log_every_n_steps_none_turns_the_log_lines_off():
     x, y = make_data(64)
     est = make_estimator(log_every_n_steps=None)
-    assert not any(type(h).__name__ in ("LoggingHook", "StepCounterHook") for h in est._default_hooks())
+    assert not any(type(h).__name__ in ("LoggingHook", "StepCounterHook") for h in est.default_hooks())
     est.train(train_input(x, y), max_steps=3)

@@ -45,7 +45,7 @@ def nan_at_17(model, features, labels, mode, params):  # noqa: ANN001, ANN201
 def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
     x, y = make_data(64)
     est = make_estimator(tmp_path, iterations_per_loop=5, save_checkpoints_steps=5)
-    est._model_fn = nan_at_17
+    est.model_fn = nan_at_17
     with pytest.raises(stoker.NanLossError, match=r"loss is nan at step 17: training stopped; the last good checkpoint is .*ckpt-15") as err:
         est.train(train_input(x, y), max_steps=40)
     assert err.value.step == 17
@@ -88,7 +88,7 @@ def lm_fn(model, features, labels, mode, params):  # noqa: ANN001, ANN201
 def test_logging_hook_shows_loss_ppl_bpc_and_named_values():
     x, y = make_data(64)
     est = make_estimator(iterations_per_loop=5)
-    est._model_fn = lm_fn
+    est.model_fn = lm_fn
     hook = LoggingHook(every_n_steps=10, language_model=True)
     est.train(train_input(x, y), max_steps=10, hooks=[hook])
     assert hook.last_line.startswith("step 10, loss = 0.6931, ppl = 2.000, bpc = 1.0000, tokens = 16")
@@ -97,7 +97,7 @@ def test_logging_hook_shows_loss_ppl_bpc_and_named_values():
 def test_summaries_reach_metrics_csv_and_tensorboard(tmp_path):
     x, y = make_data(64)
     est = make_estimator(tmp_path, iterations_per_loop=5, log_every_n_steps=5)
-    est._model_fn = lm_fn
+    est.model_fn = lm_fn
     est.train(train_input(x, y), max_steps=10)
     est.evaluate(lambda p: stoker.data.arrays(x, y, batch_size=p["batch_size"], shuffle=False, num_epochs=1))
     rows = read_metrics_csv(tmp_path)
@@ -161,7 +161,7 @@ def test_signal_handlers_are_restored_even_after_an_error(tmp_path):
     before = signal.getsignal(signal.SIGINT)
     x, y = make_data(64)
     est = make_estimator(tmp_path, iterations_per_loop=5)
-    est._model_fn = nan_at_17
+    est.model_fn = nan_at_17
     with pytest.raises(stoker.NanLossError):
         est.train(train_input(x, y), max_steps=40)
     assert signal.getsignal(signal.SIGINT) is before
@@ -191,7 +191,7 @@ def test_two_hooks_of_one_class_keep_separate_state(tmp_path):
 def test_logging_hook_logs_the_last_partial_interval_at_the_end():
     x, y = make_data(64)
     est = make_estimator(iterations_per_loop=5)
-    est._model_fn = lm_fn
+    est.model_fn = lm_fn
     hook = LoggingHook(every_n_steps=100)
     est.train(train_input(x, y), max_steps=10, hooks=[hook])
     assert hook.last_line.startswith("step 10, loss = 0.6931")
@@ -200,7 +200,7 @@ def test_logging_hook_logs_the_last_partial_interval_at_the_end():
 def test_a_hook_you_pass_replaces_the_default_of_its_class():
     x, y = make_data(64)
     est = make_estimator(iterations_per_loop=5, log_every_n_steps=5)
-    est._model_fn = lm_fn
+    est.model_fn = lm_fn
     mine = LoggingHook(every_n_steps=5, language_model=True)
     seen = []
 

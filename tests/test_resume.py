@@ -29,13 +29,13 @@ def test_resume_is_bitwise_equal(tmp_path, precision, opt):
 
     assert whole.global_step == second.global_step == 22
     assert state_equal(whole.model, second.model)
-    assert whole._optimizer.state_dict()["state"].keys() == second._optimizer.state_dict()["state"].keys()
-    for k, v in whole._optimizer.state_dict()["state"].items():
+    assert whole.state.optimizer.state_dict()["state"].keys() == second.state.optimizer.state_dict()["state"].keys()
+    for k, v in whole.state.optimizer.state_dict()["state"].items():
         for name, t in v.items():
-            assert torch.equal(torch.as_tensor(t), torch.as_tensor(second._optimizer.state_dict()["state"][k][name]))
+            assert torch.equal(torch.as_tensor(t), torch.as_tensor(second.state.optimizer.state_dict()["state"][k][name]))
     if precision == "fp16":
-        assert whole._scaler.state_dict() == second._scaler.state_dict()
-        assert whole._scaler.skipped_steps > 0  # the dynamic scale really backed off
+        assert whole.state.scaler.state_dict() == second.state.scaler.state_dict()
+        assert whole.state.scaler.skipped_steps > 0  # the dynamic scale really backed off
 
 
 def test_two_train_calls_in_one_process_equal_one(tmp_path):
@@ -148,6 +148,6 @@ def test_carried_cache_is_detached_and_resumed(tmp_path):
     resumed = build(tmp_path / "s")
     resumed.train(train_input(x, y), max_steps=14)
     assert state_equal(whole.model, resumed.model)
-    assert torch.equal(whole._cache, resumed._cache)
-    assert not whole._cache.requires_grad
+    assert torch.equal(whole.state.cache, resumed.state.cache)
+    assert not whole.state.cache.requires_grad
 

@@ -33,7 +33,7 @@ def main() -> None:
         args.model_dir, iterations_per_loop=2, save_checkpoints_steps=3, precision=args.precision,
         params={"sleep": args.sleep}, log_every_n_steps=5,
     )
-    est._model_fn = slow_fn
+    est.model_fn = slow_fn
     est.train(train_input(x, y), max_steps=args.max_steps)
     print(f"done {est.global_step}", flush=True)
     assert isinstance(est, stoker.Estimator)

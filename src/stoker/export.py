@@ -169,7 +169,7 @@ def export(
     model = copy.deepcopy(estimator.model).to("cpu").eval()
     params = dict(estimator.params)
     params.update(batch_size=int(tensors[0].shape[0]), num_replicas=1, replica_index=0, cache=None)
-    module = PredictModule(model, estimator._model_fn, params, structure).eval()
+    module = PredictModule(model, estimator.model_fn, params, structure).eval()
 
     with torch.no_grad():
         eager = module(*tensors)
@@ -237,10 +237,10 @@ def _load_weights(estimator: Estimator, checkpoint_path: str | os.PathLike[str] 
             path, which = manager.latest_path(), "latest"
     if path is None:
         estimator.model  # noqa: B018 - builds the model (and warm-starts it) if not built yet
-        if estimator._state_of == "fresh" and estimator._warm_start_from is None:
+        if estimator.state.holds == "fresh" and estimator.state.warm_start_from is None:
             log.warning("export: no checkpoint and no training: exporting the initial (untrained) weights")
         return None, estimator.global_step, "memory"
-    step, loaded = estimator._load_for_inference(path, "export")
+    step, loaded = estimator.state.weights_for_inference(path, "export")
     return loaded, step, which
 
 

@@ -315,12 +315,12 @@ def input_fns(config: CharLMConfig) -> tuple[Callable[[dict[str, Any]], Iterable
 class CharLMEstimator(Estimator):
     """An Estimator whose default log line is a language model's: loss, ppl and bpc."""
 
-    def _default_hooks(self) -> list[Hook]:
+    def default_hooks(self) -> list[Hook]:
         # Swap the built-in LoggingHook for one with language_model=True (adding a second
         # LoggingHook would print every line twice).
         return [
             LoggingHook(h.every_n_steps, language_model=True) if type(h) is LoggingHook else h
-            for h in super()._default_hooks()
+            for h in super().default_hooks()
         ]
 
 

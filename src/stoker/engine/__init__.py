@@ -1,0 +1,37 @@
+"""The Estimator's components, one job each; ``stoker.Estimator`` wires them together.
+
+- ``ModelState``: builds the model, optimizer, schedule and loss scaler; restores and saves
+  them (checkpoints, warm start); knows which checkpoint memory holds.
+- ``InputPlan``: global batch sizes per mode, per-replica params for ``input_fn`` and
+  ``model_fn``, infeeds, replicas in lockstep.
+- ``TrainingRun``: one ``train`` call: hooks between device loops (``loop.py``).
+- ``EvaluationRun``: exact loss and metrics, reported and recorded on the checkpoint.
+- ``PredictionRun``: predictions in input order, gathered from every replica.
+
+The bench harness, AdaNet and a watching evaluator can use any of them on their own.
+"""
+
+from .evaluation import EvaluationRun
+from .inputs import InputFn, InputPlan, check_batch_size, isolated_rng
+from .model_fn import bind_model_fn
+from .model_state import ModelArg, ModelState, OptimizerFn, ScheduleFn
+from .prediction import PredictionRun, check_predictions
+from .training import TrainingRun, check_train_arguments, default_hooks
+
+__all__ = [
+    "EvaluationRun",
+    "InputFn",
+    "InputPlan",
+    "ModelArg",
+    "ModelState",
+    "OptimizerFn",
+    "PredictionRun",
+    "ScheduleFn",
+    "TrainingRun",
+    "bind_model_fn",
+    "check_batch_size",
+    "check_predictions",
+    "check_train_arguments",
+    "default_hooks",
+    "isolated_rng",
+]

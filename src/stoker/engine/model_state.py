@@ -1,0 +1,302 @@
+"""``ModelState``: the model, its optimizer and everything a training run carries, built and restored.
+
+One object owns what a checkpoint holds: the module (and its wrapped, possibly compiled, form),
+the optimizer, the LR schedule, the loss scaler, the global step, the carried cache and the
+states a resumed run hands back to its hooks and its input. It knows which checkpoint its
+memory holds, so the facade restores only when memory is behind ``model_dir``:
+
+- ``"fresh"``: newly built (initial or warm-started weights), never trained;
+- ``"memory"``: trained past any checkpoint, or declared usable as it is (``initialize``);
+- a ``Path``: exactly the full training state of that checkpoint;
+- ``None``: unknown (training failed mid-way, or only weights were loaded).
+
+Saving is collective: every replica contributes its input position, RNG state and cache; the
+chief writes one checkpoint through the ``CheckpointManager`` (sharded runs: every replica its
+slices through ``torch.distributed.checkpoint``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..checkpoint import CheckpointManager, LoadedCheckpoint, WarmStartSettings, check_state_fits, load_checkpoint, warm_start
+from ..config import RunConfig
+from ..distributed import Strategy
+from ..distributed.sharded import DCP_DIR, load_sharded, save_sharded
+from ..errors import CheckpointError, NanLossError
+from ..precision import make_loss_scaler
+from ..rng import rng_state, seed_everything, set_rng_state
+
+log = logging.getLogger("stoker")
+
+ModelArg = nn.Module | Callable[[dict[str, Any]], nn.Module]
+OptimizerFn = Callable[[dict[str, Any], Iterable[nn.Parameter]], torch.optim.Optimizer]
+ScheduleFn = Callable[[dict[str, Any], torch.optim.Optimizer], Any]
+
+TRAIN_STATE_FORMAT = 1
+
+
+class ModelState:
+    """Builds the model (once) and the optimizer, restores them from checkpoints and saves them.
+
+    Args:
+        model: an ``nn.Module``, or ``params -> nn.Module`` called once after seeding.
+        params: the user's hyper-parameters (handed to ``model``, ``optimizer``, ``lr_schedule``).
+        config: the run's ``RunConfig`` (seed, precision, compile, loss scaling).
+        strategy: where the replica runs and how replicas combine.
+        checkpoints: the ``model_dir``'s manager (``None``: a run kept in memory).
+        optimizer / lr_schedule: factories as ``Estimator`` takes them (``None``: no training).
+        warm_start_from: initial weights when ``model_dir`` has no checkpoint yet.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: ModelArg,
+        params: dict[str, Any],
+        config: RunConfig,
+        strategy: Strategy,
+        checkpoints: CheckpointManager | None,
+        optimizer: OptimizerFn | None = None,
+        lr_schedule: ScheduleFn | None = None,
+        warm_start_from: str | Path | WarmStartSettings | None = None,
+    ) -> None:
+        if not (isinstance(model, nn.Module) or callable(model)):
+            raise TypeError(f"model must be an nn.Module or a function params -> nn.Module; got {type(model).__name__}")
+        self.model_arg = model
+        self.params = params
+        self.config = config
+        self.strategy = strategy
+        self.checkpoints = checkpoints
+        self.optimizer_fn = optimizer
+        self.schedule_fn = lr_schedule
+        self.warm_start_from = warm_start_from
+        self.warm_start_report: Any = None
+        self._model: nn.Module | None = None
+        self.module: nn.Module | None = None  # what model_fn receives: wrapped (DDP/FSDP), maybe compiled
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.schedule: Any = None
+        self.scaler = make_loss_scaler(config.precision, config.loss_scale, config.loss_scale_init, config.loss_scale_growth_interval)
+        self.global_step = 0
+        self.cache: Any = None
+        self.holds: Path | str | None = "fresh"  # see the module docstring
+        self.weights_of: Path | None = None  # the checkpoint whose weights are in the model
+        # Handed from a restored checkpoint (or a finished train()) to the next training run.
+        self.pending_input_state: Any = None
+        self.pending_hook_state: dict[str, Any] = {}
+
+    # ---------------------------------------------------------------- building
+    @property
+    def model(self) -> nn.Module:
+        """The plain ``nn.Module`` (built on first access)."""
+        return self.build_model()
+
+    @property
+    def can_train(self) -> bool:
+        return self.optimizer_fn is not None
+
+    def build_model(self) -> nn.Module:
+        """Build, warm-start and wrap the model once; later calls return it."""
+        if self._model is not None:
+            return self._model
+        seed_everything(self.config.seed)
+        if self.config.deterministic:
+            torch.use_deterministic_algorithms(True, warn_only=True)
+        model = self.model_arg if isinstance(self.model_arg, nn.Module) else self.model_arg(self.params)
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model(params) must return an nn.Module; it returned a {type(model).__name__}")
+        self._model = model.to(self.strategy.device)
+        # On every replica, before wrapping (DDP broadcasts rank 0's weights).
+        if self.warm_start_from is not None and self.latest_checkpoint() is None:
+            self.warm_start_report = warm_start(self._model, self.warm_start_from)
+        module = self.strategy.wrap_model(self._model)
+        self.module = torch.compile(module) if self.config.compile else module
+        if self.strategy.world_size > 1:  # same initial weights, but each replica its own dropout
+            seed_everything(self.config.seed + 1_000_003 * self.strategy.rank)
+        return self._model
+
+    def build_for_training(self) -> None:
+        """The model, then the optimizer and schedule over its parameters (once)."""
+        model = self.build_model()
+        if self.optimizer is not None:
+            return
+        if self.optimizer_fn is None:
+            raise ValueError("train: the Estimator needs optimizer=lambda params, parameters: torch.optim.X(parameters, ...)")
+        opt = self.optimizer_fn(self.params, model.parameters())
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise TypeError(f"optimizer(params, parameters) must return a torch.optim.Optimizer; got {type(opt).__name__}")
+        self.optimizer = opt
+        if self.schedule_fn is not None:
+            self.schedule = self.schedule_fn(self.params, opt)
+
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """The model's complete weights as CPU tensors (collective when they are sharded)."""
+        return self.strategy.full_state_dict(self.build_model())
+
+    # ---------------------------------------------------------------- restoring
+    def latest_checkpoint(self) -> Path | None:
+        return self.checkpoints.latest_path() if self.checkpoints else None
+
+    def restore_for_training(self) -> None:
+        """Build for training and load the newest checkpoint unless memory holds exactly its state."""
+        self.build_for_training()
+        latest = self.latest_checkpoint()
+        if latest is None or self.holds == latest:
+            if latest is None and self.holds is None:
+                raise CheckpointError(
+                    "there is no checkpoint to resume from and the state in memory is not a training state "
+                    "(an error stopped training, or evaluate/predict loaded other weights): build a new Estimator"
+                )
+            return
+        self.apply(load_checkpoint(latest), full=True)
+        log.info("resumed from %s (step %d)", latest, self.global_step)
+
+    def restore_weights(self) -> None:
+        """Build the model and load the newest checkpoint's weights, if memory does not hold them."""
+        self.build_model()
+        latest = self.latest_checkpoint()
+        if latest is not None and self.weights_of != latest:
+            self.apply(load_checkpoint(latest), full=False)
+
+    def weights_for_inference(self, checkpoint_path: str | Path | None, what: str) -> tuple[int, Path | None]:
+        """Put the weights to use in the model; return their step and checkpoint (``None``: memory)."""
+        self.build_model()
+        if checkpoint_path is None and self.holds == "memory":
+            return self.global_step, None
+        if checkpoint_path is None and self.holds == "fresh" and self.warm_start_from is not None and self.latest_checkpoint() is None:
+            return self.global_step, None  # warm-started weights, not trained yet
+        if self.checkpoints is not None:
+            path = self.checkpoints.resolve(checkpoint_path)
+        elif checkpoint_path is not None:
+            path = CheckpointManager(checkpoint_path, writer=False).resolve(checkpoint_path)
+        else:
+            path = None
+        if path is None:
+            raise CheckpointError(
+                f"{what}: no checkpoint in model_dir {self.config.model_dir!r} and this Estimator has not "
+                "been trained; call train() first, or pass checkpoint_path="
+            )
+        if self.weights_of != path:
+            self.apply(load_checkpoint(path), full=False)
+        return self.global_step, path
+
+    def apply(self, ckpt: LoadedCheckpoint, full: bool) -> None:
+        """Load a checkpoint's weights, and with ``full`` everything training resumes from."""
+        model = self.build_model()
+        if ckpt.dcp_dir is not None:  # a sharded checkpoint: weights (and optimizer) in slices
+            try:
+                load_sharded(ckpt.dcp_dir, model, self.optimizer if full else None)
+            except Exception as e:  # noqa: BLE001 - DCP reports mismatches in many shapes
+                raise CheckpointError(f"checkpoint {str(ckpt.path)!r} does not fit the model or optimizer: {e}") from e
+        else:
+            check_state_fits(model, ckpt.model_state or {}, f"checkpoint {str(ckpt.path)!r}")
+            model.load_state_dict(ckpt.model_state or {})
+        self.global_step = ckpt.step
+        self.weights_of = ckpt.path
+        if not full:
+            self.holds = None  # weights only: the next train() restores the full state
+            return
+        self._apply_training_state(ckpt)
+        self.holds = ckpt.path
+
+    def _apply_training_state(self, ckpt: LoadedCheckpoint) -> None:
+        assert self.optimizer is not None
+        state = ckpt.train_state
+        if ckpt.dcp_dir is None:
+            if state.get("optimizer") is None:
+                raise CheckpointError(f"checkpoint {str(ckpt.path)!r} has no optimizer state")
+            try:
+                self.optimizer.load_state_dict(state["optimizer"])
+            except (ValueError, KeyError) as e:
+                raise CheckpointError(f"checkpoint {str(ckpt.path)!r}: the optimizer state does not fit this optimizer ({e})") from e
+        if self.schedule is not None and state.get("schedule") is not None:
+            self.schedule.load_state_dict(state["schedule"])
+        if self.scaler is not None and state.get("scaler") is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        self.pending_hook_state = state.get("hooks", {})
+        saved_world, world = int(state.get("world_size", 1)), self.strategy.world_size
+        self.cache = None
+        if saved_world == world:
+            set_rng_state(state["rng"][self.strategy.rank])
+            caches = state.get("cache")
+            if caches is not None:
+                self.cache = _to_device(caches[self.strategy.rank], self.strategy.device)
+            self.pending_input_state = ckpt.input_states.get(self.strategy.rank)
+            return
+        # Weights, optimizer, schedule and step carry over; the input is re-sharded where the
+        # source can do it; per-replica RNG streams cannot be carried over.
+        saved = [ckpt.input_states.get(r) for r in range(saved_world)]
+        self.pending_input_state = {"reshard": saved} if all(s is not None for s in saved) else None
+        log.warning(
+            "checkpoint %s was written by %d replica(s) and this run has %d: weights, optimizer, "
+            "schedule, step and input position are restored, but each replica's RNG and carried cache "
+            "start afresh (bitwise-exact resume needs the same number of replicas)", ckpt.path, saved_world, world,
+        )
+
+    # ---------------------------------------------------------------- saving
+    def train_state(self, hook_state: Mapping[str, Any], rng_per_replica: list[Any], cache_per_replica: list[Any]) -> dict[str, Any]:
+        """What ``train_state.pt`` holds (sharded runs keep the optimizer in ``dcp/`` instead)."""
+        assert self.optimizer is not None
+        return {
+            "format": TRAIN_STATE_FORMAT,
+            "global_step": self.global_step,
+            "optimizer": None if self.strategy.shards_state else self.optimizer.state_dict(),
+            "schedule": self.schedule.state_dict() if self.schedule is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "rng": rng_per_replica,
+            "cache": cache_per_replica,  # each replica carries its own
+            "hooks": dict(hook_state),
+            "world_size": self.strategy.world_size,
+        }
+
+    def save(self, hook_state: Mapping[str, Any], input_state: Any, last_checkpoint: Path | None) -> Path | None:
+        """Write a checkpoint of ``global_step`` (collective); ``None`` without a model_dir."""
+        if self.checkpoints is None:
+            return None
+        model, strategy = self.build_model(), self.strategy
+        if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+            raise NanLossError(self.global_step, float("nan"), str(last_checkpoint) if last_checkpoint else None)
+        # Each replica contributes its input position and RNG state; the chief writes
+        # everything, and nobody goes on until the checkpoint and index are complete.
+        mine = {"input": input_state, "rng": rng_state(), "cache": _to_cpu(self.cache)}
+        everyone = strategy.all_gather_object(mine)
+        path = self.checkpoints.model_dir / f"ckpt-{self.global_step}"
+        tmp: Path | None = None
+        if strategy.shards_state:  # every replica writes its slices into the chief's tmp dir
+            tmp = Path(strategy.broadcast_object(str(self.checkpoints.begin(self.global_step)) if strategy.is_chief else None))
+            assert self.optimizer is not None
+            save_sharded(tmp / DCP_DIR, model, self.optimizer)
+        if strategy.is_chief:
+            inputs = {rank: r["input"] for rank, r in enumerate(everyone)}
+            state = self.train_state(hook_state, [r["rng"] for r in everyone], [r["cache"] for r in everyone])
+            weights = None if strategy.shards_state else model.state_dict()
+            path = self.checkpoints.save(self.global_step, weights, state, inputs, tmp_dir=tmp)
+        strategy.barrier()
+        self.holds = self.weights_of = path
+        log.info("checkpoint %s written", path)
+        return path
+
+
+def _to_cpu(cache: Any) -> Any:
+    if cache is None:
+        return None
+    if isinstance(cache, torch.Tensor):
+        return cache.detach().cpu()
+    return tuple(_to_cpu(c) for c in cache)
+
+
+def _to_device(cache: Any, device: torch.device) -> Any:
+    if cache is None:
+        return None
+    if isinstance(cache, torch.Tensor):
+        return cache.to(device)
+    return tuple(_to_device(c, device) for c in cache)
+
+
+__all__ = ["TRAIN_STATE_FORMAT", "ModelArg", "ModelState", "OptimizerFn", "ScheduleFn"]

@@ -1,0 +1,188 @@
+"""``TrainingRun``: one ``train`` call, from restoring the state to the last hook.
+
+This is the top loop of stoker, kept short: restore, set up hooks and the infeed, then run
+device loops (``loop.py`` steps, ``infeed.py`` iterates) with the hooks between them until a
+hook or the data asks to stop. Whatever happens, the state a later ``train`` resumes from is
+handed back to the ``ModelState``: global step, carried cache, input position, hook states.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..config import RunConfig
+from ..hooks import (
+    CheckpointSaverHook,
+    Hook,
+    HookRunner,
+    LoggingHook,
+    NanLossHook,
+    PreemptionHook,
+    ProgressBarHook,
+    RunContext,
+    StepCounterHook,
+    StopAtStepHook,
+    SummaryHook,
+)
+from ..hooks.base import sorted_hooks
+from ..infeed import Infeed
+from ..loop import DeviceLoop, ModelFn, TrainStep
+from ..spec import ModeKeys
+from .inputs import InputFn, InputPlan
+from .model_state import ModelState
+
+log = logging.getLogger("stoker")
+
+
+def default_hooks(config: RunConfig) -> list[Hook]:
+    """The hooks every ``train`` runs, from ``config``: NaN guard, logging, progress, and with a
+    ``model_dir`` MLPerf logging (if asked), the checkpoint saver, preemption handling and
+    summaries."""
+    hooks: list[Hook] = [NanLossHook()]
+    if config.log_every_n_steps is not None:
+        hooks += [StepCounterHook(config.log_every_n_steps), LoggingHook(config.log_every_n_steps)]
+    if config.progress_bar:
+        hooks.append(ProgressBarHook())
+    if config.model_dir and config.mlperf_log:
+        from ..mlperf import MLPerfLogHook
+
+        hooks.append(MLPerfLogHook())
+    if config.model_dir:
+        save_secs = None if config.save_checkpoints_steps else config.save_checkpoints_secs
+        hooks.append(CheckpointSaverHook(save_steps=config.save_checkpoints_steps, save_secs=save_secs))
+        hooks.append(PreemptionHook())
+        if config.summaries:
+            hooks.append(SummaryHook(config.log_every_n_steps or 100))
+    return hooks
+
+
+def check_train_arguments(steps: int | None, max_steps: int | None) -> None:
+    """The rules for ``train(steps=..., max_steps=...)``: at most one, each a non-negative int."""
+    if steps is not None and max_steps is not None:
+        raise ValueError("train: give steps or max_steps, not both")
+    for name, value in (("steps", steps), ("max_steps", max_steps)):
+        if value is not None and (not isinstance(value, int) or value < 0):
+            raise ValueError(f"train: {name} must be a non-negative integer; got {value!r}")
+
+
+class TrainingRun:
+    """Trains ``state`` on batches of ``input_fn`` through ``model_fn``, with hooks between loops."""
+
+    def __init__(self, state: ModelState, inputs: InputPlan, model_fn: ModelFn, hooks: Sequence[Hook]) -> None:
+        self.state = state
+        self.inputs = inputs
+        self.model_fn = model_fn
+        self.config = state.config
+        self.strategy = state.strategy
+        self.hooks = list(hooks)
+
+    def run(self, input_fn: InputFn, steps: int | None = None, max_steps: int | None = None) -> None:
+        """Train until ``steps`` more steps, global step ``max_steps``, or the end of the data."""
+        state = self.state
+        state.restore_for_training()
+        if max_steps is not None and state.global_step >= max_steps:
+            log.info("train: global step %d already reaches max_steps=%d; nothing to do", state.global_step, max_steps)
+            return
+        hooks = list(self.hooks)
+        if steps is not None or max_steps is not None:
+            hooks.append(StopAtStepHook(num_steps=steps, last_step=max_steps))
+        runner = HookRunner(sorted_hooks(hooks))
+        run = self._run_context(max_steps)
+        step = self._train_step()
+        infeed: Infeed | None = None
+        started = False
+        try:
+            runner.begin(run)
+            runner.load_state_dict(state.pending_hook_state)
+            runner.after_setup(run)
+            params = self.inputs.mode_params(ModeKeys.TRAIN)
+            infeed = self.inputs.infeed(input_fn, ModeKeys.TRAIN, params, restore=state.pending_input_state)
+            run._save = lambda: self._save(run, runner, infeed, step)  # type: ignore[arg-type]
+            loop = DeviceLoop(step, run, run.global_batch_size, self.strategy)
+            state.build_model().train()
+            state.holds, state.weights_of, started = "memory", None, True
+            while not run.stop_requested:
+                n = self.config.iterations_per_loop
+                if run.max_steps is not None:
+                    n = min(n, run.max_steps - run.global_step)
+                if n <= 0:
+                    break
+                runner.before_loop(run, n)
+                result = loop.run_loop(infeed, n)
+                state.global_step = run.global_step
+                if loop.exhausted:
+                    run.request_stop(f"input_fn's data ended at step {run.global_step}")
+                run.logs.clear()  # values hooks share are fresh at every loop boundary
+                runner.after_loop(run, result)
+                run.stop_requested = run.any_replica(run.stop_requested)
+            runner.end(run)
+        except BaseException as error:
+            if started:
+                state.holds = None  # memory may be ahead of (or worse than) the newest checkpoint
+            clearer = self.strategy.explain_failure(error)
+            if clearer is not error:
+                raise clearer from error
+            raise
+        finally:
+            state.global_step = run.global_step
+            state.cache = step.params.get("cache")
+            if infeed is not None:
+                state.pending_input_state = infeed.state_dict()
+                infeed.close()
+            state.pending_hook_state = runner.state_dict()
+            runner.close()
+        if run.stop_reason:
+            log.info("training stopped at step %d: %s", run.global_step, run.stop_reason)
+        if run.exit_code is not None:
+            sys.exit(run.exit_code)
+
+    def _train_step(self) -> TrainStep:
+        state = self.state
+        params = self.inputs.mode_params(ModeKeys.TRAIN)
+        if state.cache is not None:
+            params["cache"] = state.cache
+        assert state.module is not None and state.optimizer is not None
+        return TrainStep(
+            module=state.module,
+            model_fn=self.model_fn,
+            optimizer=state.optimizer,
+            schedule=state.schedule,
+            scaler=state.scaler,
+            precision=self.config.precision,
+            device=self.strategy.device,
+            params=params,
+            accumulation=self.config.gradient_accumulation_steps,
+            clip_norm=self.config.gradient_clip_norm,
+        )
+
+    def _run_context(self, max_steps: int | None) -> RunContext:
+        state = self.state
+        assert state.optimizer is not None and self.inputs.train_batch_size is not None
+        return RunContext(
+            config=self.config,
+            params=state.params,
+            model=state.build_model(),
+            optimizer=state.optimizer,
+            global_step=state.global_step,
+            max_steps=max_steps,
+            global_batch_size=self.inputs.train_batch_size,
+            is_chief=self.strategy.is_chief,
+            _any_replica=self.strategy.any_replica,
+            last_checkpoint=state.latest_checkpoint(),
+            last_checkpoint_step=state.checkpoints.latest_step() if state.checkpoints else None,
+        )
+
+    def _save(self, run: RunContext, runner: HookRunner, infeed: Infeed, step: TrainStep) -> Path | None:
+        state = self.state
+        state.global_step = run.global_step
+        state.cache = step.params.get("cache")
+        path = state.save(runner.state_dict(), infeed.state_dict(), run.last_checkpoint)
+        if path is not None:
+            run.last_checkpoint, run.last_checkpoint_step = path, run.global_step
+        return path
+
+
+__all__ = ["TrainingRun", "check_train_arguments", "default_hooks"]
