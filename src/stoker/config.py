@@ -15,6 +15,7 @@ from typing import Literal
 Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 STRATEGIES: tuple[str, ...] = ("auto", "single", "replicated", "sharded", "independent")
+COMPILE_MODES: tuple[str, ...] = ("none", "module", "step")  # also True (= "module") and False (= "none")
 
 
 @dataclass(kw_only=True)
@@ -48,7 +49,11 @@ class RunConfig:
             ``train_batch_size / (replicas * gradient_accumulation_steps)`` examples.
         gradient_clip_norm: clip the global gradient norm to this value before each update.
         device: ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``.
-        compile: wrap the model in ``torch.compile``.
+        compile: ``False`` / ``"none"``: eager; ``True`` / ``"module"``: wrap the model in
+            ``torch.compile``; ``"step"``: compile the whole training step (forward, loss
+            scaling, backward, optimizer update; see ``docs/device_loop.md``).
+        cuda_graph: CUDA only: capture the training step once as a CUDA graph and replay it
+            every step (static input buffers, capturable optimizer, loss scale on the device).
         strategy: how replicas are formed: ``auto`` picks from the torchrun environment.
         prefetch_depth: batches the infeed prepares ahead (0: fetch in the training thread).
         progress_bar: show a tqdm bar when stderr is a terminal.
@@ -74,7 +79,8 @@ class RunConfig:
     gradient_accumulation_steps: int = 1
     gradient_clip_norm: float | None = None
     device: str = "auto"
-    compile: bool = False
+    compile: bool | Literal["none", "module", "step"] = False
+    cuda_graph: bool = False
     strategy: str = "auto"
     prefetch_depth: int = 2
     progress_bar: bool = True
@@ -130,8 +136,25 @@ class RunConfig:
             raise ValueError(f"RunConfig.prefetch_depth must be >= 0; got {self.prefetch_depth}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
             raise ValueError(f"RunConfig.device must be auto, cpu, cuda or cuda:N; got {self.device!r}")
+        if not (isinstance(self.compile, bool) or self.compile in COMPILE_MODES):
+            raise ValueError(
+                f"RunConfig.compile must be True, False, {', '.join(map(repr, COMPILE_MODES))}; got {self.compile!r}"
+            )
+        if not isinstance(self.cuda_graph, bool):
+            raise ValueError(f"RunConfig.cuda_graph must be True or False; got {self.cuda_graph!r}")
+        if self.cuda_graph and self.device == "cpu":
+            raise ValueError("RunConfig.cuda_graph=True needs a CUDA device; device is 'cpu' (set device='cuda' or cuda_graph=False)")
+        if self.cuda_graph and self.compile_mode == "step":
+            raise ValueError("RunConfig: cuda_graph=True and compile='step' are two ways to run the step; pick one")
         if not self.distributed_timeout > 0:
             raise ValueError(f"RunConfig.distributed_timeout must be > 0; got {self.distributed_timeout}")
+
+    @property
+    def compile_mode(self) -> str:
+        """``compile`` as one of ``"none"``, ``"module"``, ``"step"``."""
+        if isinstance(self.compile, bool):
+            return "module" if self.compile else "none"
+        return self.compile
 
     def replace(self, **changes: object) -> RunConfig:
         """A copy with some fields changed (validated again)."""

@@ -116,7 +116,8 @@ class ModelState:
         if self.warm_start_from is not None and self.latest_checkpoint() is None:
             self.warm_start_report = warm_start(self._model, self.warm_start_from)
         module = self.strategy.wrap_model(self._model)
-        self.module = torch.compile(module) if self.config.compile else module
+        # compile="step" compiles the training step instead (stoker.compiled_step), not the module.
+        self.module = torch.compile(module) if self.config.compile_mode == "module" else module
         if self.strategy.world_size > 1:  # same initial weights, but each replica its own dropout
             seed_everything(self.config.seed + 1_000_003 * self.strategy.rank)
         return self._model

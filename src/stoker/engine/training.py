@@ -33,6 +33,7 @@ from ..loop import DeviceLoop, ModelFn, TrainStep
 from ..spec import ModeKeys
 from .inputs import InputFn, InputPlan
 from .model_state import ModelState
+from .steps import make_train_step
 
 log = logging.getLogger("stoker")
 
@@ -112,6 +113,9 @@ class TrainingRun:
                     break
                 runner.before_loop(run, n)
                 result = loop.run_loop(infeed, n)
+                end_loop = getattr(step, "end_loop", None)  # a step keeping state on the device hands it back
+                if end_loop is not None:
+                    end_loop()
                 state.global_step = run.global_step
                 if loop.exhausted:
                     run.request_stop(f"input_fn's data ended at step {run.global_step}")
@@ -145,7 +149,7 @@ class TrainingRun:
         if state.cache is not None:
             params["cache"] = state.cache
         assert state.module is not None and state.optimizer is not None
-        return TrainStep(
+        kwargs = dict(
             module=state.module,
             model_fn=self.model_fn,
             optimizer=state.optimizer,
@@ -157,6 +161,7 @@ class TrainingRun:
             accumulation=self.config.gradient_accumulation_steps,
             clip_norm=self.config.gradient_clip_norm,
         )
+        return make_train_step(self.config, self.strategy, kwargs)
 
     def _run_context(self, max_steps: int | None) -> RunContext:
         state = self.state
