@@ -9,7 +9,10 @@ cannot be undone), interleaved round by round so machine noise hits all alike:
 - ``plain``: the same step written by hand (same zoo model, optimizer, data, weight decay; no
   framework) with the C library's malloc defaults: "plain PyTorch" of REFERENCE_NUMBERS.md;
 - ``stoker, C malloc``: ``stoker bench --keep_host_memory=false``;
-- ``plain, kept memory``: the hand-written loop after ``stoker.keep_freed_host_memory()``.
+- ``plain, kept memory``: the hand-written loop after ``stoker.keep_freed_host_memory()``;
+- ``compile=module`` / ``compile=step`` (``--configs`` picks them): ``stoker bench --compile=module``
+  and ``--compile=step`` (the whole training step compiled). Compilation happens in the warm-up
+  batches, which are not timed; their columns are ratios to ``stoker`` (eager) of the same run.
 
 ``stoker / plain`` is what the harness gains over plain PyTorch on this machine; the targets
 of issue 4 are stated on REFERENCE_NUMBERS' machine as images/sec, so the table also gives the
@@ -19,6 +22,7 @@ speed-up each target asks of plain PyTorch there (resnet50 11.5 / 7.6, resnet20 
 
     python benchmarks/cnn.py                      # all three models, 2 rounds
     python benchmarks/cnn.py --models resnet20 --rounds 3
+    python benchmarks/cnn.py --models resnet20 resnet50 --rounds 1 --configs stoker stoker_compile_module stoker_compile_step
 """
 
 from __future__ import annotations
@@ -64,8 +68,8 @@ BATCH = 32
 WEIGHT_DECAY = 4e-5  # tf_cnn_benchmarks' default, also in the plain loop
 
 
-def stoker_images_per_sec(case: Case, keep_host_memory: bool = True) -> float:
-    cfg = BenchConfig(model=case.model, data_name=case.dataset, batch_size=BATCH, data_format="NHWC",
+def stoker_images_per_sec(case: Case, keep_host_memory: bool = True, compile: bool | str = False) -> float:
+    cfg = BenchConfig(compile=compile, model=case.model, data_name=case.dataset, batch_size=BATCH, data_format="NHWC",
                       num_batches=case.num_batches, num_warmup_batches=case.num_warmup_batches,
                       device="cpu", display_every=10**6, weight_decay=WEIGHT_DECAY, keep_host_memory=keep_host_memory)
     return run_benchmark(cfg, log=lambda line: None)["images_per_sec"]
@@ -103,6 +107,7 @@ def uptime() -> str:
 
 
 CONFIGS = ("stoker", "plain", "stoker_c_malloc", "plain_kept")
+COMPILE_CONFIGS = {"stoker_compile_module": "module", "stoker_compile_step": "step"}
 # Images/sec that issue 4's targets ask for, over plain PyTorch on REFERENCE_NUMBERS' machine.
 TARGET_SPEEDUP = {"resnet50": 11.5 / 7.6, "resnet20": 710 / 640}
 
@@ -113,12 +118,15 @@ def measure(config: str, case: Case) -> float:
         keep_freed_host_memory()
     if config.startswith("plain"):
         return plain_images_per_sec(case)
+    if config in COMPILE_CONFIGS:
+        return stoker_images_per_sec(case, compile=COMPILE_CONFIGS[config])
     return stoker_images_per_sec(case, keep_host_memory=config == "stoker")
 
 
-def measure_in_child(config: str, case: Case, threads: int) -> float:
+def measure_in_child(config: str, case: Case, threads: int, num_batches: int | None = None) -> float:
+    extra = ["--num_batches", str(num_batches)] if num_batches else []
     out = subprocess.run(
-        [sys.executable, __file__, "--one", config, case.model, "--threads", str(threads)],
+        [sys.executable, __file__, "--one", config, case.model, "--threads", str(threads), *extra],
         capture_output=True, text=True, check=True,
     ).stdout
     return float(json.loads(out.strip().splitlines()[-1])["images_per_sec"])
@@ -129,6 +137,9 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", choices=sorted(CASES), default=list(CASES))
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the median is reported")
     parser.add_argument("--threads", type=int, help="intra-op threads (default: the idle cores, as stoker bench)")
+    parser.add_argument("--configs", nargs="+", choices=CONFIGS + tuple(COMPILE_CONFIGS), default=list(CONFIGS),
+                        help="which configurations to run (default: the four without compilation)")
+    parser.add_argument("--num_batches", type=int, help="timed steps per model (default: each model's own)")
     parser.add_argument("--one", nargs=2, metavar=("CONFIG", "MODEL"), help=argparse.SUPPRESS)  # a child's one measurement
     args = parser.parse_args()
     if args.threads is None:
@@ -137,7 +148,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.one:
         config, model = args.one
-        print(json.dumps({"images_per_sec": measure(config, CASES[model])}))
+        case = CASES[model]
+        if args.num_batches:
+            case = Case(case.model, case.dataset, args.num_batches, case.num_warmup_batches, case.tf_images_per_sec)
+        print(json.dumps({"images_per_sec": measure(config, case)}))
         return
 
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
@@ -146,16 +160,24 @@ def main() -> None:
     rows = []
     for name in args.models:
         case = CASES[name]
-        runs: dict[str, list[float]] = {c: [] for c in CONFIGS}
+        configs = tuple(args.configs)
+        runs: dict[str, list[float]] = {c: [] for c in configs}
         for r in range(args.rounds):
             # Rotate which goes first, so a drift in machine load favours none.
-            for config in CONFIGS[r % len(CONFIGS):] + CONFIGS[: r % len(CONFIGS)]:
-                runs[config].append(measure_in_child(config, case, args.threads))
+            for config in configs[r % len(configs):] + configs[: r % len(configs)]:
+                runs[config].append(measure_in_child(config, case, args.threads, args.num_batches))
         med = {c: statistics.median(v) for c, v in runs.items()}
         rows.append((case, med))
         print(f"  {name}: " + ", ".join(f"{c} {[round(x, 1) for x in v]}" for c, v in runs.items()), flush=True)
     print(f"after:  {uptime()}")
     print()
+    if set(args.configs) != set(CONFIGS):  # a compile comparison: images/sec and ratios to eager stoker
+        print("| model (data set) | " + " | ".join(args.configs) + " | " + " | ".join(f"{c} / stoker" for c in args.configs if c != "stoker") + " |")
+        print("|---|" + "---|" * (2 * len(args.configs) - ("stoker" in args.configs)))
+        for case, m in rows:
+            ratios = [f"{m[c] / m['stoker']:.2f}x" for c in args.configs if c != "stoker"] if "stoker" in m else []
+            print(f"| {case.model} ({case.dataset}) | " + " | ".join(f"{m[c]:.1f}" for c in args.configs) + " | " + " | ".join(ratios) + " |")
+        return
     print("| model (data set) | plain loop | stoker bench | stoker / plain | target's speed-up | stoker, C malloc | plain, kept memory "
           "| overhead (same malloc) | tf_cnn_benchmarks (reference machine) |")
     print("|---|---|---|---|---|---|---|---|---|")

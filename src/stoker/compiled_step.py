@@ -29,6 +29,7 @@ from __future__ import annotations
 import logging
 import time
 import types
+import weakref
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -86,27 +87,48 @@ def _first_line(reason: str) -> str:
     return " ".join(reason.strip().splitlines()[0].split())
 
 
-class CompiledTrainStep(TrainStep):
-    """A ``TrainStep`` whose forward+loss(+backward) and update run as compiled graphs."""
+class _Compiled:
+    """The two compiled regions of one optimizer's step and the graphs compiled for them."""
 
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.compilations = 0  # graphs compiled (a step with graph breaks has several)
-        self.recompiles = 0  # later steps that compiled again
-        self._first_shapes: str | None = None
-        self._compiled_once = False
-        self._warm = False  # past step 2: any compilation from now on is a recompile
-        self._forward = torch.compile(_fresh(_forward), backend=self._backend, dynamic=False)
-        self._update = torch.compile(_fresh(_update), backend=self._backend, dynamic=False)
-        self._lr = [torch.zeros((), dtype=torch.float64, device=self.device) for _ in self.optimizer.param_groups]
-        self._scale: torch.Tensor | None = None
-        self._scale_value: float | None = None
+    def __init__(self, optimizer: torch.optim.Optimizer, device: torch.device) -> None:
+        self.compilations = 0
+        self.forward = torch.compile(_fresh(_forward), backend=self._backend, dynamic=False)
+        self.update = torch.compile(_fresh(_update), backend=self._backend, dynamic=False)
+        self.lr = [torch.zeros((), dtype=torch.float64, device=device) for _ in optimizer.param_groups]
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         from torch._inductor.compile_fx import compile_fx
 
         self.compilations += 1
         return compile_fx(gm, example_inputs)
+
+
+_COMPILED: weakref.WeakKeyDictionary[torch.optim.Optimizer, _Compiled] = weakref.WeakKeyDictionary()
+
+
+class CompiledTrainStep(TrainStep):
+    """A ``TrainStep`` whose forward+loss(+backward) and update run as compiled graphs."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # One compiled pair per optimizer, kept across train() calls (train_and_evaluate trains
+        # in pieces): a later call reuses the graphs instead of compiling again.
+        compiled = _COMPILED.get(self.optimizer)
+        if compiled is None:
+            compiled = _COMPILED[self.optimizer] = _Compiled(self.optimizer, self.device)
+        self._compiled = compiled
+        self._forward, self._update, self._lr = compiled.forward, compiled.update, compiled.lr
+        self.recompiles = 0  # later steps that compiled again
+        self._first_shapes: str | None = None
+        self._compiled_once = compiled.compilations > 0
+        self._warm = self._compiled_once  # past step 2: any compilation from now on is a recompile
+        self._scale: torch.Tensor | None = None
+        self._scale_value: float | None = None
+
+    @property
+    def compilations(self) -> int:
+        """Graphs compiled so far for this optimizer's step (a step with graph breaks has several)."""
+        return self._compiled.compilations
 
     def __call__(self, infeed: Infeed) -> tuple[torch.Tensor, Any]:
         if not self._compiled_once:

@@ -38,6 +38,16 @@ _TRUE = ("1", "true", "t", "yes", "y")
 _FALSE = ("0", "false", "f", "no", "n")
 
 
+def _compile_mode(text: str) -> bool | str:
+    value = text.strip().lower()
+    if value in ("module", "step", "none"):
+        return value
+    try:
+        return _bool(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected true, false, module or step, got {text!r}") from None
+
+
 def _bool(text: str) -> bool:
     value = text.strip().lower()
     if value in _TRUE:
@@ -92,7 +102,10 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--fp16_inc_loss_scale_every_n", type=int, help="double the dynamic loss scale after N good steps (default 1000)")
     g.add_argument("--variable_update", default=d.variable_update,
                    help="independent, replicated, sharded, or parameter_server (runs as replicated); default %(default)s")
-    g.add_argument("--compile", type=_bool, nargs="?", const=True, default=False, metavar="BOOL", help="torch.compile the model")
+    g.add_argument("--compile", type=_compile_mode, nargs="?", const=True, default=False, metavar="MODE",
+                   help="true/module: torch.compile the model; step: compile the whole training step; false (default)")
+    g.add_argument("--cuda_graph", type=_bool, nargs="?", const=True, default=False, metavar="BOOL",
+                   help="CUDA only: capture the training step once as a CUDA graph and replay it")
     g.add_argument("--tf_random_seed", type=int, default=d.tf_random_seed, help="seed of weights and synthetic data; default %(default)s")
     g.add_argument("--num_intra_threads", type=int, help="torch intra-op threads (default: torch's, one per core)")
     g.add_argument("--num_inter_threads", type=int, help="torch inter-op threads (default: torch's)")

@@ -79,7 +79,8 @@ class BenchConfig:
     fp16_enable_auto_loss_scale: bool = False
     fp16_inc_loss_scale_every_n: int | None = None
     variable_update: str = "replicated"
-    compile: bool = False
+    compile: bool | str = False  # True/"module": the model; "step": the whole training step
+    cuda_graph: bool = False  # replay the training step as a captured CUDA graph (CUDA only)
     tf_random_seed: int = 1234
     num_intra_threads: int | None = None
     num_inter_threads: int | None = None
@@ -119,6 +120,8 @@ class BenchConfig:
     exported: str | None = None
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.compile, bool) or self.compile in ("none", "module", "step")):
+            raise _fail(f"--compile={self.compile!r} is not allowed; allowed values: true, false, module, step", "compile")
         self._check_values()
         self._check_combinations()
         self._check_learning_rate()

@@ -233,7 +233,8 @@ def build_estimator(cfg: BenchConfig, workload: Workload, model: ModelFactory) -
         loss_scale_init=init_scale,
         loss_scale_growth_interval=cfg.fp16_inc_loss_scale_every_n or 1000,
         device=str(workload.device),
-        compile=cfg.compile,
+        compile=cfg.compile,  # type: ignore[arg-type]
+        cuda_graph=cfg.cuda_graph,
         # One process: every strategy is the same single replica. Under torchrun: DDP
         # (replicated), FSDP2 (sharded) or no gradient exchange (independent).
         strategy=effective_variable_update(cfg),
@@ -276,6 +277,7 @@ def base_result(cfg: BenchConfig, workload: Workload, model_name: str) -> dict[s
         "optimizer": cfg.optimizer,
         "variable_update": effective_variable_update(cfg),
         "compile": cfg.compile,
+        "cuda_graph": cfg.cuda_graph,
         "iterations_per_loop": cfg.iterations_per_loop,
         "num_threads": torch.get_num_threads(),
         "host_memory_kept": host_memory_kept(),
