@@ -134,6 +134,8 @@ def test_two_processes_report_the_global_batch(tmp_path: Path) -> None:
         (["--num_batches=3", "--num_epochs=1"], ["--num_batches", "--num_epochs"]),
         (["--mode=inference", "--exported=exp", "--compile"], ["--compile", "--exported"]),
         (["--exported=exp"], ["--exported", "--mode=inference"]),
+        (["--compile=graph"], ["--compile", "module", "step"]),
+        (["--device=cpu", "--cuda_graph"], ["--cuda_graph", "--device=cpu"]),
         (["--mode=inference", "--eval_during_training_every_n_steps=2"], ["--eval_during_training_every_n_steps"]),
         (["--num_inference_threads=2"], ["--num_inference_threads", "--mode=inference"]),
         (["--save_model_steps=5"], ["--save_model_steps", "--train_dir"]),

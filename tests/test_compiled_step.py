@@ -166,3 +166,36 @@ def test_graph_breaks_in_model_fn_are_reported_with_their_cause():
 def test_sharded_strategy_is_refused_by_name():
     with pytest.raises(ValueError, match="compile='step' is not supported with strategy"):
         compiled_step.check_compiled_step_supported(strategy_name="ShardedStrategy", shards_state=True)
+
+
+def test_cuda_graph_refusals_name_the_cause():
+    """The checks deciding when the CUDA-graph step falls back to eager (pure Python, run on CPU)."""
+    from types import SimpleNamespace
+
+    from stoker.cuda_graph_step import cuda_graph_refusal
+    from stoker.precision import LossScaler
+
+    net = torch.nn.Linear(2, 2)
+    one = SimpleNamespace(world_size=1)
+    cfg = stoker.RunConfig()
+
+    def why(opt, scaler=None, params=None, config=cfg, strategy=one):  # noqa: ANN001, ANN202
+        return cuda_graph_refusal(config, strategy, {"optimizer": opt, "scaler": scaler, "params": params or {}})
+
+    assert why(torch.optim.Adam(net.parameters(), capturable=True)) is None
+    assert "optimizer SGD is not capturable" in why(torch.optim.SGD(net.parameters(), lr=0.1))
+    dynamic = LossScaler(dynamic=True, init_scale=2.0**15)
+    assert "fused=True" in why(torch.optim.Adam(net.parameters(), capturable=True), scaler=dynamic)
+    assert "gradient_accumulation_steps" in why(torch.optim.Adam(net.parameters(), capturable=True),
+                                                config=stoker.RunConfig(gradient_accumulation_steps=2))
+    assert "2 replicas" in why(torch.optim.Adam(net.parameters(), capturable=True), strategy=SimpleNamespace(world_size=2))
+    assert "cache" in why(torch.optim.Adam(net.parameters(), capturable=True), params={"cache": torch.zeros(1)})
+
+
+def test_stoker_bench_runs_the_compiled_step():
+    from stoker.bench import BenchConfig, run_benchmark
+
+    cfg = BenchConfig(model="trivial", data_name="cifar10", batch_size=8, num_batches=3, num_warmup_batches=2,
+                      device="cpu", compile="step", display_every=10**6)
+    result = run_benchmark(cfg, log=lambda line: None)
+    assert result["compile"] == "step" and result["images_per_sec"] > 0

@@ -122,6 +122,8 @@ class BenchConfig:
     def __post_init__(self) -> None:
         if not (isinstance(self.compile, bool) or self.compile in ("none", "module", "step")):
             raise _fail(f"--compile={self.compile!r} is not allowed; allowed values: true, false, module, step", "compile")
+        if self.cuda_graph and self.device == "cpu":
+            raise _fail("--cuda_graph needs a CUDA device; --device=cpu (use --device=cuda or drop --cuda_graph)", "cuda_graph", "device")
         self._check_values()
         self._check_combinations()
         self._check_learning_rate()

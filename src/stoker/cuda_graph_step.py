@@ -1,0 +1,257 @@
+"""``RunConfig(cuda_graph=True)``: the training step captured once as a CUDA graph and replayed.
+
+On a GPU, an eager step of a small model is bound by the host launching kernels one by one; a
+CUDA graph replays the whole step (forward, backward, unscale, clipping, the update, the loss
+scale update) with a single launch. What a graph needs, and how this step provides it:
+
+- **static inputs**: every batch is copied (device to device, on the compute stream, after the
+  infeed's side-stream copy) into buffers allocated from the first batch. A batch with other
+  shapes or dtypes cannot be replayed: the step falls back to eager, with a warning naming them.
+- **no host syncs**: the LR of each param group is a device tensor (refilled when the schedule
+  changes it), and fp16 dynamic loss scaling keeps the scale, its growth counter and the
+  skipped-step count on the device (``torch._amp_update_scale_``, as ``GradScaler``); the
+  update is skipped on the device through the fused optimizer's ``found_inf``. The host copy in
+  ``LossScaler`` is refreshed once per loop (``end_loop``), before hooks and checkpoints read it.
+  A host sync in ``model_fn`` (``.item()``, ``print``, ``if tensor:``) makes the capture fail:
+  the step falls back to eager, with a warning naming the error.
+- **capturable optimizer state**: the optimizer must be built with ``capturable=True`` (Adam,
+  AdamW, ...) or ``fused=True`` (SGD, Adam, AdamW); fp16 with dynamic scaling needs
+  ``fused=True`` (the fused kernels skip the update when ``found_inf`` is set).
+
+The first ``WARMUP_STEPS`` steps run eagerly on a side stream (real steps on real batches:
+they initialise the optimizer state and let autograd and cuDNN pick their kernels); the next
+step is captured and then replayed, and every later step is a replay. Unsupported settings
+(gradient accumulation, a carried ``cache``, several replicas) run the eager ``TrainStep``
+with a warning (``cuda_graph_refusal``).
+
+Written against torch's documented whole-network capture; **not yet run on a GPU** (its tests
+in ``tests/test_cuda.py`` skip without CUDA).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+from .config import RunConfig
+from .data._tree import batch_rows
+from .infeed import Infeed
+from .loop import TrainStep, _check_train_batch, _snapshot_host_call, check_spec
+from .precision import autocast_context
+from .spec import ModeKeys
+
+log = logging.getLogger("stoker")
+
+WARMUP_STEPS = 3
+
+
+def cuda_graph_refusal(config: RunConfig, strategy: Any, kwargs: dict[str, Any]) -> str | None:
+    """Why this run cannot use the CUDA-graph step (``None``: it can)."""
+    opt: torch.optim.Optimizer = kwargs["optimizer"]
+    name = type(opt).__name__
+    if config.gradient_accumulation_steps > 1:
+        return "gradient_accumulation_steps > 1 is not captured (one micro-batch per step); set it to 1"
+    if strategy.world_size > 1:
+        return f"{strategy.world_size} replicas: gradient all-reduce is not captured by this loop; use one replica"
+    if kwargs["params"].get("cache") is not None:
+        return "a carried cache (EstimatorSpec.cache) is not captured"
+    if not (opt.defaults.get("capturable") or opt.defaults.get("fused")):
+        return (f"optimizer {name} is not capturable: build it with capturable=True (Adam, AdamW, ...) "
+                "or fused=True (SGD, Adam, AdamW)")
+    scaler = kwargs["scaler"]
+    if scaler is not None and scaler.dynamic and not getattr(opt, "_step_supports_amp_scaling", False):
+        return (f"fp16 dynamic loss scaling skips updates on the device only with a fused optimizer; build {name} "
+                "with fused=True, or use a static loss_scale")
+    return None
+
+
+def _flat(tree: Any) -> tuple[list[Any], Any]:
+    return pytree.tree_flatten(tree)
+
+
+def _meta(leaves: list[Any]) -> list[Any]:
+    return [(tuple(x.shape), x.dtype, x.device) if isinstance(x, torch.Tensor) else x for x in leaves]
+
+
+class CudaGraphTrainStep(TrainStep):
+    """A ``TrainStep`` that warms up eagerly, captures itself as a CUDA graph, then replays."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        device = self.device
+        self.steps_run = 0
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.eager_reason: str | None = None  # set when the step fell back to eager for good
+        self._side = torch.cuda.Stream(device=device)
+        self._static: tuple[Any, Any] | None = None  # (features, labels) buffers
+        self._static_meta: Any = None
+        self._out: tuple[torch.Tensor, Any] | None = None  # the captured loss and host_call snapshot
+        self._lr = [torch.zeros((), dtype=torch.float32, device=device) for _ in self.optimizer.param_groups]
+        self._lr_values: list[float | None] = [None] * len(self._lr)
+        scaler = self.scaler
+        self._dynamic = scaler is not None and scaler.dynamic
+        if self._dynamic:
+            assert scaler is not None
+            self._scale = torch.full((), scaler.scale, dtype=torch.float32, device=device)
+            self._growth = torch.full((), scaler.good_steps, dtype=torch.int32, device=device)
+            self._skipped = torch.full((), scaler.skipped_steps, dtype=torch.int64, device=device)
+            self._found_inf = torch.zeros((), dtype=torch.float32, device=device)
+
+    # ------------------------------------------------------------------ the step's body
+    def _body(self, features: Any, labels: Any) -> tuple[torch.Tensor, Any]:
+        """Forward, backward, unscale, clip, update, scale update: no host sync anywhere."""
+        with autocast_context(self.precision, self.device):
+            spec = self.model_fn(self.module, features, labels, ModeKeys.TRAIN, self.params)
+        if not self._checked:
+            check_spec(spec, ModeKeys.TRAIN)
+            _check_train_batch(batch_rows(features) or 0, self.params["batch_size"])
+            self._checked = True
+        if spec.cache is not None:
+            raise RuntimeError("cuda_graph: model_fn returned a cache, which the CUDA-graph step does not carry")
+        loss = spec.loss
+        scaler = self.scaler
+        if scaler is None:
+            loss.backward()
+        elif self._dynamic:
+            (loss * self._scale).backward()
+        else:
+            scaler.scale_loss(loss).backward()
+        grads = [p.grad for p in self.parameters if p.grad is not None]
+        if self._dynamic:
+            self._found_inf.zero_()
+            torch._amp_foreach_non_finite_check_and_unscale_(grads, self._found_inf, torch.reciprocal(self._scale))
+        elif scaler is not None:
+            torch._foreach_mul_(grads, 1.0 / scaler.scale)
+        if self.clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.parameters, self.clip_norm, foreach=True)
+        if self._dynamic:
+            self.optimizer.found_inf = self._found_inf  # type: ignore[attr-defined]  # read by fused steps, as GradScaler does
+            try:
+                self.optimizer.step()
+            finally:
+                del self.optimizer.found_inf  # type: ignore[attr-defined]
+            assert scaler is not None
+            torch._amp_update_scale_(self._scale, self._growth, self._found_inf, scaler.growth_factor,
+                                     scaler.backoff_factor, scaler.growth_interval)
+            self._skipped += self._found_inf.to(torch.int64)
+        else:
+            self.optimizer.step()
+        host_call = _snapshot_host_call(spec.host_call) if spec.host_call is not None else None
+        return loss.detach().clone(), host_call
+
+    # ------------------------------------------------------------------ stepping
+    def __call__(self, infeed: Infeed) -> tuple[torch.Tensor, Any]:
+        batch = next(infeed)
+        self._with_tensor_lr(True)
+        try:
+            out = self._run(batch.features, batch.labels)
+        finally:
+            self._with_tensor_lr(False)
+        self.steps_run += 1
+        if self.schedule is not None:
+            with warnings.catch_warnings():  # a skipped fp16 step still steps the schedule
+                warnings.simplefilter("ignore", UserWarning)
+                self.schedule.step()
+        return out
+
+    def _run(self, features: Any, labels: Any) -> tuple[torch.Tensor, Any]:
+        if self.eager_reason is not None:
+            return self._eager(features, labels)
+        leaves, spec = _flat((features, labels))
+        if self._static is None:
+            self._static = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, (features, labels))
+            self._static_meta = (spec, _meta(leaves))
+        elif (spec, _meta(leaves)) != self._static_meta:
+            self._fall_back(f"the batch's shapes changed ({_meta(leaves)} after {self._static_meta[1]}); a CUDA graph "
+                            "replays static shapes (batch with drop_remainder, pad sequences to one length)")
+            return self._eager(features, labels)
+        static_leaves, _ = _flat(self._static)
+        for dst, src in zip(static_leaves, leaves, strict=True):
+            if isinstance(dst, torch.Tensor):
+                dst.copy_(src, non_blocking=True)
+        if self.steps_run < WARMUP_STEPS:
+            return self._warm_up()
+        if self.graph is None:
+            try:
+                self._capture()
+            except Exception as e:  # noqa: BLE001 - any capture failure: fall back with its message
+                self.graph = None
+                self._out = None
+                torch.cuda.synchronize(self.device)
+                self._fall_back(f"the step cannot be captured ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                                "host syncs in model_fn (.item(), print, data-dependent if) prevent capture")
+                return self._eager(*self._static)
+        assert self.graph is not None and self._out is not None
+        self.graph.replay()
+        loss, host_call = self._out
+        return loss.clone(), _copy_snapshot(host_call)
+
+    def _warm_up(self) -> tuple[torch.Tensor, Any]:
+        assert self._static is not None
+        current = torch.cuda.current_stream(self.device)
+        self._side.wait_stream(current)
+        with torch.cuda.stream(self._side):
+            self.optimizer.zero_grad(set_to_none=True)
+            out = self._body(*self._static)
+        current.wait_stream(self._side)
+        return out
+
+    def _capture(self) -> None:
+        assert self._static is not None
+        self.optimizer.zero_grad(set_to_none=True)  # the graph allocates the gradients from its pool
+        graph = torch.cuda.CUDAGraph()
+        # thread_local: the infeed's thread keeps copying the next batches while we capture.
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            self._out = self._body(*self._static)
+        self.graph = graph
+        log.info("cuda_graph: captured the training step at step %d; replaying it from now on", self.steps_run)
+
+    def _eager(self, features: Any, labels: Any) -> tuple[torch.Tensor, Any]:
+        self.optimizer.zero_grad(set_to_none=True)
+        return self._body(features, labels)
+
+    def _fall_back(self, reason: str) -> None:
+        self.eager_reason = reason
+        self.graph = None
+        self._out = None
+        self.optimizer.zero_grad(set_to_none=True)
+        log.warning("cuda_graph: running the step eagerly from now on: %s", reason)
+
+    def _with_tensor_lr(self, on: bool) -> None:
+        """Hand the optimizer device-tensor LRs for the step (the graph reads them), floats otherwise."""
+        for i, (group, t) in enumerate(zip(self.optimizer.param_groups, self._lr, strict=True)):
+            if on:
+                value = group["lr"]
+                if isinstance(value, torch.Tensor):
+                    continue
+                if value != self._lr_values[i]:
+                    t.fill_(value)
+                    self._lr_values[i] = value
+                group["lr"] = t
+            elif group["lr"] is t:
+                group["lr"] = self._lr_values[i]
+
+    def end_loop(self) -> None:
+        """Copy the device-side loss-scale state into ``LossScaler`` (one read per loop)."""
+        if self._dynamic and self.scaler is not None:
+            scale, good, skipped = torch.stack([self._scale.double(), self._growth.double(), self._skipped.double()]).tolist()
+            self.scaler.scale, self.scaler.good_steps, self.scaler.skipped_steps = scale, int(good), int(skipped)
+
+
+def _copy_snapshot(host_call: Any) -> Any:
+    """Copies of the graph's static host_call outputs (the next replay overwrites them)."""
+    if host_call is None:
+        return None
+    first, values = host_call
+    if isinstance(values, torch.Tensor):
+        return first, values.clone()
+    if isinstance(values, dict):
+        return first, {k: v.clone() for k, v in values.items()}
+    return first, [v.clone() for v in values]
+
+
+__all__ = ["WARMUP_STEPS", "CudaGraphTrainStep", "cuda_graph_refusal"]
