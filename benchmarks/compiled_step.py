@@ -3,8 +3,10 @@
 The MLP (32 -> 64 -> 10, batch 64, SGD with momentum, in-memory data) is host-bound: a step is
 a few dozen tiny kernels, so what compilation removes (Python and dispatch per op, one update
 kernel per parameter) is most of the step. Each variant trains ``--steps`` steps after a
-warm-up ``train`` call that compiles (timed apart and reported as compile time), in one
-process, interleaved round by round; prints the median steps/sec and the ratio to eager.
+warm-up ``train`` call of 20 steps that compiles (timed apart and reported), each run in a
+fresh process (dynamo's caches are per process: a second compiled Estimator in one process
+recompiles against the first one's guards), interleaved round by round; prints the median
+steps/sec and the ratio to eager.
 
     python benchmarks/compiled_step.py --steps 500 --rounds 3
 """
@@ -12,11 +14,13 @@ process, interleaved round by round; prints the median steps/sec and the ratio t
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 
 import torch
@@ -67,9 +71,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--one", choices=MODES, help=argparse.SUPPRESS)  # a child's one measurement
     args = parser.parse_args()
     logging.getLogger("stoker").setLevel(logging.WARNING)
     x, y = make_data()
+    if args.one:
+        print(json.dumps(run(args.one, x, y, args.steps)))
+        return
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
           f"{torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')}")
     print(f"before: {uptime()}")
@@ -77,7 +85,9 @@ def main() -> None:
     first: dict[str, list[float]] = {m: [] for m in MODES}
     for r in range(args.rounds):
         for mode in MODES[r % 3:] + MODES[: r % 3]:
-            c, s = run(mode, x, y, args.steps)
+            out = subprocess.run([sys.executable, __file__, "--one", mode, "--steps", str(args.steps)],
+                                 capture_output=True, text=True, check=True).stdout
+            c, s = json.loads(out.strip().splitlines()[-1])
             first[mode].append(c)
             speed[mode].append(s)
     print(f"after:  {uptime()}")

@@ -117,6 +117,7 @@ def test_cuda_graph_fp16_dynamic_scaling_stays_on_the_device(tmp_path):
 
 def test_cuda_graph_falls_back_for_host_syncs_and_unsupported_settings(caplog):
     import logging
+
     import torch.nn.functional as F
 
     import stoker

@@ -9,14 +9,19 @@ a Python loop of small kernels per parameter. ``CompiledTrainStep`` compiles two
    changing dynamic scale does not recompile). AOTAutograd compiles its backward with it, and
    ``loss.backward()`` runs that compiled backward.
 2. **the update**: gradient clipping and ``optimizer.step()`` in one graph (PyTorch's
-   "compiled optimizer"). The learning rate of every param group is handed in as a 0-dim tensor
+   "compiled optimizer"), called without ``Optimizer.step``'s wrappers: their deliberate
+   graph breaks (for ``no_grad``) would compile the optimizer class's ``step`` as a frame of
+   its own, cached per optimizer *instance* on the class's code object, which runs out of
+   dynamo's recompile limit after a few Estimators in one process. The step's hooks run
+   eagerly around it and ``no_grad`` is set outside the compiled region. The learning rate of every param group is handed in as a 0-dim tensor
    for the duration of the call, so an LR schedule changes a tensor's value instead of a
    Python float the graph would specialise on (no recompiles), and the optimizer's
    ``state_dict`` keeps its plain float ``lr``: checkpoints are the eager format.
 
-Measured on torch 2.13 CPU (``benchmarks/compiled_step.py``), this split was as fast as tracing
-``backward()`` inside one region (``torch._dynamo.config.trace_autograd_ops``) and 5x faster than
-compiled autograd, compiled in half the time, and matched eager within 1e-7 after 20 steps.
+Measured on torch 2.13 CPU (the MLP of ``benchmarks/overhead.py``), this split was as fast as
+tracing ``backward()`` inside one region (``torch._dynamo.config.trace_autograd_ops``, which
+still broke the graph) and 5x faster than compiled autograd, compiled in half the time, and
+matched eager within 1e-7 after 20 steps (SGD).
 
 Unscaling and the fp16 "found inf" check stay eager (one fused foreach kernel); with dynamic
 loss scaling the step still reads that flag on the host, as the eager step does. The module is
@@ -26,15 +31,17 @@ resume each other's checkpoints.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 import types
-import weakref
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.optim.optimizer as _optim
 
 from .data._tree import batch_rows
 from .errors import StokerError
@@ -73,10 +80,10 @@ def _forward(module, model_fn, features, labels, params, precision, device, divi
     return spec, scaled
 
 
-def _update(optimizer, parameters, clip_norm):  # noqa: ANN001, ANN202
+def _update(raw_step, optimizer, parameters, clip_norm):  # noqa: ANN001, ANN202
     if clip_norm is not None:
         torch.nn.utils.clip_grad_norm_(parameters, clip_norm)
-    optimizer.step()
+    raw_step(optimizer)
 
 
 def _graph_break_reasons() -> dict[str, int]:
@@ -95,6 +102,10 @@ class _Compiled:
         self.forward = torch.compile(_fresh(_forward), backend=self._backend, dynamic=False)
         self.update = torch.compile(_fresh(_update), backend=self._backend, dynamic=False)
         self.lr = [torch.zeros((), dtype=torch.float64, device=device) for _ in optimizer.param_groups]
+        # Optimizer.step without its wrappers (hooks, profiling, the no_grad graph breaks);
+        # differentiable optimizers keep their own grad mode, so they call the wrapped step.
+        step = type(optimizer).step
+        self.raw_step = step if optimizer.defaults.get("differentiable") else inspect.unwrap(step)
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         from torch._inductor.compile_fx import compile_fx
@@ -158,8 +169,7 @@ class CompiledTrainStep(TrainStep):
         log.info("compiled the training step in %.1f s (%d graphs; the first step included)",
                  time.perf_counter() - start, self.compilations)
         new = {r: n - breaks.get(r, 0) for r, n in _graph_break_reasons().items() if n > breaks.get(r, 0)}
-        # The optimizer's own breaks (torch marks parts of Optimizer.step as not traceable) are expected.
-        mine = [r for r in new if "graph_break()" not in r and "marked as skipped" not in r]
+        mine = list(new)
         if mine:
             warnings.warn(
                 "compile='step': model_fn does not compile as one graph; graph breaks: "
@@ -243,8 +253,21 @@ class CompiledTrainStep(TrainStep):
                 continue  # the user's optimizer already holds a tensor LR
             t.fill_(g["lr"])
             g["lr"] = t
+        opt = self.optimizer
         try:
-            self._update(self.optimizer, self.parameters, self.clip_norm)
+            # What Optimizer.step's wrappers do, around the undecorated step: its hooks run
+            # eagerly (the bench's weight decay is one), and no_grad is set outside the
+            # compiled region instead of by the wrapper's deliberate graph breaks, so the update
+            # is one graph in this step's own dynamo cache (the breaks would cache the
+            # optimizer class's step per instance: 8 optimizers per process, then eager).
+            for hook in (*_optim._global_optimizer_pre_hooks.values(), *opt._optimizer_step_pre_hooks.values()):
+                if hook(opt, (opt,), {}) is not None:
+                    raise CompileError("compile='step': an optimizer step pre-hook that changes step's arguments is not supported")
+            with torch.no_grad():
+                self._update(self._compiled.raw_step, opt, self.parameters, self.clip_norm)
+            opt._opt_called = True  # type: ignore[attr-defined]  # as the LR scheduler's step tracker does
+            for hook in (*opt._optimizer_step_post_hooks.values(), *_optim._global_optimizer_post_hooks.values()):
+                hook(opt, (opt,), {})
         finally:
             for g, value in zip(groups, saved, strict=True):
                 g["lr"] = value

@@ -39,6 +39,7 @@ from torch.utils import _pytree as pytree
 
 from .config import RunConfig
 from .data._tree import batch_rows
+from .errors import ModelFnError
 from .infeed import Infeed
 from .loop import TrainStep, _check_train_batch, _snapshot_host_call, check_spec
 from .precision import autocast_context
@@ -111,7 +112,8 @@ class CudaGraphTrainStep(TrainStep):
             _check_train_batch(batch_rows(features) or 0, self.params["batch_size"])
             self._checked = True
         if spec.cache is not None:
-            raise RuntimeError("cuda_graph: model_fn returned a cache, which the CUDA-graph step does not carry")
+            raise ModelFnError("model_fn returned EstimatorSpec.cache, which the CUDA-graph step does not carry; "
+                               "set RunConfig(cuda_graph=False)")
         loss = spec.loss
         scaler = self.scaler
         if scaler is None:
