@@ -52,8 +52,9 @@ from .spec import ModeKeys
 
 log = logging.getLogger("stoker")
 
-#: Compilations of the step (first one included) after which training stops with an error:
-#: a step that keeps recompiling is slower than eager.
+#: Recompilations (after the second step, which compiles the update again for the optimizer's
+#: new state) beyond which training stops with a ``CompileError``: a step that keeps
+#: recompiling is slower than eager.
 RECOMPILE_LIMIT = 4
 
 
@@ -102,10 +103,13 @@ class _Compiled:
         self.forward = torch.compile(_fresh(_forward), backend=self._backend, dynamic=False)
         self.update = torch.compile(_fresh(_update), backend=self._backend, dynamic=False)
         self.lr = [torch.zeros((), dtype=torch.float64, device=device) for _ in optimizer.param_groups]
-        # Optimizer.step without its wrappers (hooks, profiling, the no_grad graph breaks);
-        # differentiable optimizers keep their own grad mode, so they call the wrapped step.
-        step = type(optimizer).step
-        self.raw_step = step if optimizer.defaults.get("differentiable") else inspect.unwrap(step)
+        # Optimizer.step without its wrappers (hooks, profiling, the no_grad graph breaks).
+        if optimizer.defaults.get("differentiable"):
+            raise ValueError(
+                f"RunConfig.compile='step' does not support a differentiable optimizer ({type(optimizer).__name__}"
+                "(differentiable=True)); use compile='module' or compile=False"
+            )
+        self.raw_step = inspect.unwrap(type(optimizer).step)
 
     def _backend(self, gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
         from torch._inductor.compile_fx import compile_fx
