@@ -199,3 +199,14 @@ def test_stoker_bench_runs_the_compiled_step():
                       device="cpu", compile="step", display_every=10**6)
     result = run_benchmark(cfg, log=lambda line: None)
     assert result["compile"] == "step" and result["images_per_sec"] > 0
+
+
+def test_a_differentiable_optimizer_is_refused_by_name():
+    x, y = make_data(64)
+    est = stoker.Estimator(
+        model=lambda p: TinyNet(dropout=0.0), model_fn=classifier_fn,
+        optimizer=lambda p, ps: torch.optim.SGD(ps, lr=0.1, differentiable=True),
+        config=stoker.RunConfig(compile="step", progress_bar=False, log_every_n_steps=10**6), train_batch_size=16,
+    )
+    with pytest.raises(ValueError, match=r"compile='step' does not support a differentiable optimizer \(SGD"):
+        est.train(train_input(x, y), max_steps=1)
