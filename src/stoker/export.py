@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from . import __version__
+from ._version import __version__
 from .checkpoint import INDEX_NAME, CheckpointManager, model_state_to_bytes
 from .errors import StokerError
 from .spec import EstimatorSpec, ModeKeys

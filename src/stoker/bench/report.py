@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .. import __version__
+from .._version import __version__
 from ..host_memory import host_memory_kept
 from ..models import (
     DATASETS,

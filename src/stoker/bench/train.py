@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .. import __version__
+from .._version import __version__
 from ..checkpoint import CheckpointManager
 from ..config import RunConfig
 from ..errors import CheckpointError
