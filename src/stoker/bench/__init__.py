@@ -11,6 +11,8 @@ counts and MFU. The pieces:
 - ``train`` / ``inference``: the runners; they return dicts and stream progress lines;
 - ``stats``: speed and latency statistics and their text lines;
 - ``report``: header, summary, MFU, results files, the model table;
+- ``run_spec``: the ``run_spec.json`` kind ``zoo`` that ``--train_dir`` records, and its
+  builder for ``stoker export``;
 - ``cli``: the ``stoker bench`` flags.
 
 In Python::

@@ -51,6 +51,7 @@ from .config import (
 )
 from .optim import optimizer_and_schedule
 from .report import TRAINING_FLOPS_FACTOR, effective_variable_update, flops_per_image, header_lines
+from .run_spec import write_zoo_run_spec  # and, imported, the builder of kind zoo is registered
 from .stats import display_due, format_accuracy, format_step_line, perf_timing, step_header
 from .workload import InputFn, Workload, make_input_fn, resolve_workload
 
@@ -341,12 +342,9 @@ def run_benchmark(
 
 def _write_run_spec(cfg: BenchConfig, workload: Workload) -> None:
     """Record in ``--train_dir`` how to rebuild the model, so ``stoker export TRAIN_DIR`` works."""
-    from ..export import write_run_spec  # the run_spec.json convention is the export module's
-
     assert cfg.train_dir is not None
-    write_run_spec(cfg.train_dir, kind="zoo", model=cfg.model, dataset=workload.dataset,
-                   num_classes=workload.num_classes, written_by="stoker bench",
-                   params={"image_size": workload.image_size, "num_classes": workload.num_classes})
+    write_zoo_run_spec(cfg.train_dir, model=cfg.model, dataset=workload.dataset,
+                       num_classes=workload.num_classes, image_size=workload.image_size)
 
 
 # -------------------------------------------------------------------- training
