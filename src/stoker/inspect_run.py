@@ -22,9 +22,9 @@ from typing import Any
 
 from .checkpoint import INDEX_NAME, CheckpointManager
 from .errors import StokerError
+from .run_spec import RUN_SPEC_FILE  # a light module: no torch.export, no recipe
 from .summary import CSV_NAME, read_metrics_csv
 
-RUN_SPEC_FILE = "run_spec.json"  # the convention of stoker.export (not imported: inspecting needs no torch.export)
 THROUGHPUT_TAGS = ("examples_per_sec", "steps_per_sec")
 _NOT_METRICS = {"learning_rate", "input_wait_fraction", *THROUGHPUT_TAGS}
 

@@ -233,8 +233,6 @@ class BenchConfig:
             if others:
                 raise _fail(f"--piecewise_learning_rate_schedule cannot be combined with --{others[0]}",
                             "piecewise_learning_rate_schedule", others[0])
-            from .optim import parse_piecewise_schedule
-
             try:
                 parse_piecewise_schedule(self.piecewise_learning_rate_schedule)
             except ValueError as e:
@@ -270,8 +268,6 @@ class BenchConfig:
     def learning_rate(self) -> float:
         """The initial learning rate (the first piece of a piecewise schedule, else the flag or default)."""
         if self.piecewise_learning_rate_schedule is not None:
-            from .optim import parse_piecewise_schedule
-
             return parse_piecewise_schedule(self.piecewise_learning_rate_schedule)[1][0]
         return DEFAULT_LEARNING_RATE if self.init_learning_rate is None else self.init_learning_rate
 
@@ -281,6 +277,27 @@ class BenchConfig:
 
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
+
+
+def parse_piecewise_schedule(text: str) -> tuple[list[int], list[float]]:
+    """``"LR0;E1;LR1;...;En;LRn"`` -> (epoch boundaries ``[E1..En]``, rates ``[LR0..LRn]``)."""
+    pieces = [p.strip() for p in text.split(";")]
+    if len(pieces) % 2 == 0:
+        raise ValueError(f"{text!r} must have an odd number of ';'-separated parts (LR0;E1;LR1;...;En;LRn)")
+    rates: list[float] = []
+    epochs: list[int] = []
+    for i, piece in enumerate(pieces):
+        try:
+            if i % 2 == 0:
+                rates.append(float(piece))
+            else:
+                epochs.append(int(piece))
+        except ValueError:
+            what = "learning rate" if i % 2 == 0 else "epoch (an integer)"
+            raise ValueError(f"invalid {what} {piece!r} in {text!r}") from None
+    if any(b <= a for a, b in zip(epochs, epochs[1:], strict=False)):
+        raise ValueError(f"the epochs of {text!r} must increase")
+    return epochs, rates
 
 
 def _require_int(name: str, value: object, *, minimum: int) -> None:
