@@ -7,10 +7,26 @@ import pytest
 import torch
 
 import stoker
-from conftest import TinyNet, classifier_fn, eval_input, make_data, make_estimator, state_equal, train_input
+from conftest import (
+    TinyNet,
+    classifier_fn,
+    eval_input,
+    make_data,
+    make_estimator,
+    state_equal,
+    train_input,
+)
 from stoker.checkpoint import CheckpointManager
 from stoker.distributed import make_strategy
-from stoker.engine import EvaluationRun, InputPlan, ModelState, PredictionRun, TrainingRun, bind_model_fn, default_hooks
+from stoker.engine import (
+    EvaluationRun,
+    InputPlan,
+    ModelState,
+    PredictionRun,
+    TrainingRun,
+    bind_model_fn,
+    default_hooks,
+)
 from stoker.spec import ModeKeys
 
 

@@ -34,14 +34,15 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from ._version import __version__
 from .checkpoint import INDEX_NAME, CheckpointManager, model_state_to_bytes
-from .errors import StokerError
+from .engine.model_state import ModelState
+from .errors import ExportError
 from .run_spec import (  # re-exported: run_spec.json was this module's before stoker.run_spec
     RUN_SPEC_BUILDERS,
     RUN_SPEC_FILE,
@@ -52,9 +53,23 @@ from .run_spec import (  # re-exported: run_spec.json was this module's before s
 )
 from .spec import EstimatorSpec, ModeKeys
 
-#: What ``export`` reads: a ``stoker.Estimator``. Not imported for the annotation: the Estimator
-#: imports this module (``Estimator.export``), and stoker's modules form no import circle.
-_Estimator = Any
+
+class Exportable(Protocol):
+    """What ``export`` reads of a ``stoker.Estimator`` (not imported here: the Estimator imports
+    this module for ``Estimator.export``, and stoker's modules form no import circle)."""
+
+    model_fn: Callable[..., EstimatorSpec]
+    params: dict[str, Any]
+    state: ModelState
+
+    @property
+    def model(self) -> nn.Module: ...
+
+    @property
+    def model_dir(self) -> str | None: ...
+
+    @property
+    def global_step(self) -> int: ...
 
 log = logging.getLogger("stoker")
 
@@ -65,11 +80,6 @@ SIGNATURE_FILE = "signature.json"
 ONNX_FILE = "model.onnx"
 FORMATS: tuple[str, ...] = ("pt2", "onnx")
 BATCH = "batch"  # the name of the dynamic first dimension in signature.json shapes
-
-
-class ExportError(StokerError):
-    """A model that cannot be exported as asked (missing packages, a shape torch.export cannot
-    keep dynamic, an export directory that holds something else)."""
 
 
 # ==================================================================== the exported module
@@ -127,7 +137,7 @@ def _flatten_features(features: Any) -> tuple[list[str], list[torch.Tensor], tup
 
 # ==================================================================== export
 def export(
-    estimator: _Estimator,
+    estimator: Exportable,
     export_dir: str | os.PathLike[str],
     example_features: Any,
     dynamic_batch: bool = True,
@@ -227,7 +237,7 @@ def export(
     return export_dir
 
 
-def _load_weights(estimator: _Estimator, checkpoint_path: str | os.PathLike[str] | None) -> tuple[Path | None, int, str]:
+def _load_weights(estimator: Exportable, checkpoint_path: str | os.PathLike[str] | None) -> tuple[Path | None, int, str]:
     """Put the weights to export into ``estimator.model``; return ``(checkpoint, step, choice)``."""
     path: Path | None = None
     which = "given"

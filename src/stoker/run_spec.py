@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ._version import __version__
-from .errors import StokerError
+from .errors import ExportError
 
 RUN_SPEC_FILE = "run_spec.json"
 RUN_SPEC_FORMAT = "stoker-run-spec/1"
@@ -40,7 +40,7 @@ _B = TypeVar("_B", bound=RunSpecBuilder)
 RUN_SPEC_BUILDERS: dict[str, RunSpecBuilder] = {}
 
 
-class RunSpecError(StokerError):
+class RunSpecError(ExportError):
     """A ``run_spec.json`` that is missing, unreadable, or of a kind no builder is registered for."""
 
 
