@@ -12,15 +12,25 @@ zeroes them (``IterationModel.sanitize_diverged``, called by ``DivergedCandidate
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from .ensemble import BatchedWeightedSum, Ensembler
 
-if TYPE_CHECKING:
-    from .iteration import IterationModel
+
+class IterationModel(Protocol):
+    """What this module reads of an ``adanet.iteration.IterationModel`` (a protocol, so this
+    module does not import the one that imports it)."""
+
+    candidates: list[Any]
+    subnetworks: nn.ModuleDict
+    new_keys: list[str]
+    builders: dict[str, Any]
+    _units: list[Any]
+
+    def parameters(self, recurse: bool = True) -> Iterable[nn.Parameter]: ...
 
 __all__ = ["CandidateOptimizers", "CandidateSchedules", "build_optimizers", "build_schedules", "sanitize_diverged"]
 

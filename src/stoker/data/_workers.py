@@ -40,14 +40,22 @@ import itertools
 import logging
 import sys
 import weakref
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import torch
 
-if TYPE_CHECKING:
-    from .base import IndexedSource
-
 log = logging.getLogger("stoker")
+
+
+class IndexedSource(Protocol):
+    """What the workers read of a ``stoker.data.base.IndexedSource`` (a protocol, so this module
+    does not import the one that imports it)."""
+
+    num_workers: int
+    start_method: str | None
+    seed: int
+
+    def _build_numbered(self, g: int) -> tuple[int, Any, list[str], str | None]: ...
 
 T = TypeVar("T")
 
