@@ -34,7 +34,7 @@ class EventFileWriter:
 
     def __init__(self, logdir: str | os.PathLike[str]) -> None:
         from tensorboard.compat.proto import event_pb2, summary_pb2
-        from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c
+        from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import CRC_TABLE
 
         try:  # the counter TensorBoard's own writers use, so names never collide with theirs
             from tensorboard.summary.writer.event_file_writer import _global_uid
@@ -42,7 +42,8 @@ class EventFileWriter:
             uid = _global_uid.get()
         except (ImportError, AttributeError):
             uid = next(_uids)
-        self._event, self._summary, self._crc = event_pb2.Event, summary_pb2.Summary, masked_crc32c
+        self._event, self._summary, self._table = event_pb2.Event, summary_pb2.Summary, CRC_TABLE
+        self._headers: dict[int, bytes] = {}  # record length -> length + its crc (lengths repeat)
         os.makedirs(logdir, exist_ok=True)
         name = "events.out.tfevents.%010d.%s.%s.%s" % (time.time(), socket.gethostname(), os.getpid(), uid)
         self.path = Path(logdir) / name
@@ -54,11 +55,22 @@ class EventFileWriter:
         ))
         self.flush()
 
+    def _masked_crc32c(self, data: bytes) -> bytes:
+        """TensorFlow's masked CRC-32C, as TensorBoard's pure-Python one computes it."""
+        table, crc = self._table, 0xFFFFFFFF
+        for b in data:
+            crc = table[(crc ^ b) & 0xFF] ^ (crc >> 8)
+        crc ^= 0xFFFFFFFF
+        return struct.pack("<I", (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF)
+
     def _record(self, event: Any) -> None:
         # TFRecord framing: length, masked crc32c of the length, data, masked crc32c of the data
         data = event.SerializeToString()
-        header = struct.pack("<Q", len(data))
-        self._file.write(header + struct.pack("<I", self._crc(header)) + data + struct.pack("<I", self._crc(data)))
+        header = self._headers.get(len(data))
+        if header is None:
+            length = struct.pack("<Q", len(data))
+            header = self._headers[len(data)] = length + self._masked_crc32c(length)
+        self._file.write(header + data + self._masked_crc32c(data))
 
     def add_scalar(self, tag: str, value: float, step: int, walltime: float) -> None:
         summary = self._summary(value=[self._summary.Value(tag=tag, simple_value=value)])
