@@ -39,14 +39,17 @@ log = logging.getLogger("stoker")
 _END = object()
 
 # On a CPU device the prefetch thread can only win what fetching spends outside the GIL
-# (decoding, file reads, torch ops), and every hand-over through the queue costs the training
-# thread a lock round trip plus GIL contention with the producer: ~10-40 us per batch on the
-# 2-core machine of benchmarks/overhead.py, where a generator of in-memory tensor slices takes
-# ~12 us to fetch inline. So a CPU infeed first fetches PROBE_BATCHES batches in the training
-# thread (after one warm-up batch, which may include opening files) and starts the thread only
-# if the median fetch took at least THREAD_PAYS_ABOVE_S.
+# (decoding, file reads, torch kernels), and every hand-over costs the training thread a lock
+# round trip plus GIL contention with the producer, which needs the GIL between the ops it
+# runs just when the step does. In benchmarks/overhead.py (MLP, batch 64, 2-core machine) a
+# generator of in-memory tensor slices takes ~70 us per batch inline during training, and the
+# thread made the run ~120 us per step slower, not faster. So a CPU infeed first fetches
+# PROBE_BATCHES batches in the training thread (after one warm-up batch, which may include
+# opening files or shuffling) and starts the thread only if the median fetch took at least
+# THREAD_PAYS_ABOVE_S, a few times that hand-over cost (decoding a batch of images takes
+# milliseconds).
 PROBE_BATCHES = 16
-THREAD_PAYS_ABOVE_S = 100e-6
+THREAD_PAYS_ABOVE_S = 500e-6
 
 
 class _Failure:
