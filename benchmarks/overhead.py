@@ -25,7 +25,9 @@ noise hits them alike. Variants:
   input, no model_dir, no logging;
 - ``lightning``: ``Trainer.fit`` (no logger, checkpointing or progress bar), if installed.
 
-Prints the median steps/sec of each and its ratio to the hand-written loop.
+Each variant's run is paired with a hand-written run beside it (order alternating by round);
+prints the median steps/sec of each and the median of its paired ratios to the hand-written
+loop, with their min and max.
 Targets (with a model_dir, every input and preds variant except ``eager``, whose extra work
 is the model_fn's own): >= 0.98x with N=100, >= 0.95x with N=1.
 """
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import shutil
 import statistics
 import tempfile
@@ -217,28 +220,46 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     logging.getLogger("stoker").setLevel(logging.WARNING)  # the loss lines would drown the table
     x, y = make_data()
+    load_before = os.getloadavg()
     runs = variants(args)
     for fn in runs.values():  # warm-up: allocator, imports, first-call costs
         fn(x, y, 50)
+    # Each variant is paired with a hand-written run next to it in time (order alternating by
+    # round) and its ratio taken within the pair: the load of a shared machine changes within
+    # seconds, so ratios of medians over a whole round swing far more than paired ratios.
     rates: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(args.rounds):
+    ratios: dict[str, list[float]] = {name: [] for name in runs}
+    base_fn = runs["handwritten"]
+    for r in range(args.rounds):
         for name, fn in runs.items():
-            rates[name].append(fn(x, y, args.steps))
-    base = statistics.median(rates["handwritten"])
+            if name == "handwritten":
+                continue
+            if r % 2:
+                mine, base = fn(x, y, args.steps), base_fn(x, y, args.steps)
+            else:
+                base, mine = base_fn(x, y, args.steps), fn(x, y, args.steps)
+            rates[name].append(mine)
+            rates["handwritten"].append(base)
+            ratios[name].append(mine / base)
+    ratios["handwritten"] = [1.0]
     results = {}
     print(f"MLP 32-64-10, batch {BATCH}, {args.steps} steps x {args.rounds} rounds, {args.threads} thread(s), torch {torch.__version__}")
     width = max(len(n) for n in rates) + 2
-    print(f"{'variant':<{width}}{'steps/sec':>10}{'ratio':>9}{'min':>8}{'max':>8}")
+    print(f"{'variant':<{width}}{'steps/sec':>10}{'ratio':>9}{'min':>8}{'max':>8}   (ratio: median of paired ratios)")
     for name, r in rates.items():
-        med = statistics.median(r)
-        results[name] = {"steps_per_sec": med, "ratio": med / base, "all": r}
-        print(f"{name:<{width}}{med:>10.0f}{med / base:>8.3f}x{min(r) / base:>7.3f}x{max(r) / base:>7.3f}x")
+        med, q = statistics.median(r), ratios[name]
+        results[name] = {"steps_per_sec": med, "ratio": statistics.median(q), "ratios": q, "all": r}
+        print(f"{name:<{width}}{med:>10.0f}{statistics.median(q):>8.3f}x{min(q):>7.3f}x{max(q):>7.3f}x")
+    load_after = os.getloadavg()
+    print(f"load average (1/5/15 min) before {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, "
+          f"after {load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f}")
     if "lightning" not in runs:
         print("(lightning not installed: pip install pytorch-lightning to add it)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"steps": args.steps, "rounds": args.rounds, "threads": args.threads,
-                       "torch": torch.__version__, "results": results}, f, indent=1)
+                       "torch": torch.__version__, "load_before": load_before, "load_after": load_after,
+                       "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -31,8 +31,8 @@ import logging
 import os
 import re
 import shutil
-import time
 import threading
+import time
 import uuid
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor

@@ -45,7 +45,7 @@ class EventFileWriter:
         self._event, self._summary, self._table = event_pb2.Event, summary_pb2.Summary, CRC_TABLE
         self._headers: dict[int, bytes] = {}  # record length -> length + its crc (lengths repeat)
         os.makedirs(logdir, exist_ok=True)
-        name = "events.out.tfevents.%010d.%s.%s.%s" % (time.time(), socket.gethostname(), os.getpid(), uid)
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{uid}"
         self.path = Path(logdir) / name
         self._file = open(self.path, "wb")  # noqa: SIM115 - closed in close()
         self._record(self._event(
