@@ -8,7 +8,7 @@ STAMP   := $(VENV)/.stoker-installed
 # build of torch>=2.4 before `pip install stoker`, and pip then leaves it alone.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup run test test-slow lint bench clean
+.PHONY: setup run test test-slow lint bench gpu-check clean
 
 setup: $(STAMP)
 
@@ -35,6 +35,16 @@ lint: setup
 
 bench: setup
 	$(BIN)/python benchmarks/overhead.py
+
+# On a machine with an NVIDIA GPU and a CUDA build of torch installed for $(PY): the cuda-marked
+# tests, then the GPU benchmark set (benchmarks/gpu_check.py), writing gpu-check.json and
+# gpu-check.md. No venv, no setup, no downloads: `make gpu-check PY=python3`. Without a CUDA
+# device it prints why and make exits 0 (the script's own status is 3); other failures keep
+# their status. GPU_CHECK_ARGS=--quick (fewer batches) or --dry-run (print the plan, run nothing).
+GPU_CHECK_ARGS ?=
+gpu-check:
+	@PYTHONPATH=src $(PY) benchmarks/gpu_check.py --out gpu-check.json $(GPU_CHECK_ARGS); rc=$$?; \
+	if [ $$rc -eq 3 ]; then exit 0; fi; exit $$rc
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

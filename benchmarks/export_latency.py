@@ -33,7 +33,8 @@ import numpy as np
 import torch
 
 import stoker
-from stoker.export import PredictModule, export, load_exported, zoo_predict_model_fn
+from stoker.bench.run_spec import zoo_predict_model_fn
+from stoker.export import PredictModule, export, load_exported
 from stoker.models import create_model
 from stoker.recipes.charlm import CharLMConfig, build_estimator
 

@@ -115,8 +115,8 @@ def test_mem_len_0_carries_nothing():
 
 
 def test_cli_train_then_export_equals_predict(tmp_path, capsys):
-    from stoker.export import add_parser as add_export_parser
     from stoker.export import load_exported
+    from stoker.export_cli import add_parser as add_export_parser
 
     parser = argparse.ArgumentParser(prog="stoker")
     sub = parser.add_subparsers(dest="command")

@@ -170,3 +170,22 @@ def test_eval_metrics_in_the_index_leave_out_the_step(tmp_path):
     est.evaluate(eval_input(x, y))
     rec = json.loads((tmp_path / "checkpoint.json").read_text())["checkpoints"][-1]
     assert set(rec["metrics"]) == {"loss", "accuracy", "top2"}
+
+
+def test_a_failed_index_write_leaves_neither_the_checkpoint_nor_a_temporary_index(tmp_path, monkeypatch):
+    x, y = make_data(64)
+    est = make_estimator(tmp_path, save_checkpoints_steps=4)
+    est.train(train_input(x, y), max_steps=4)
+    real = ckpt_mod._write_durably
+
+    def failing(path, data):  # noqa: ANN001, ANN202
+        if path.name.startswith(".checkpoint.json."):
+            raise OSError("disk full")
+        return real(path, data)
+
+    monkeypatch.setattr(ckpt_mod, "_write_durably", failing)
+    with pytest.raises(OSError, match="disk full"):
+        est.train(train_input(x, y), max_steps=8)
+    index = json.loads((tmp_path / "checkpoint.json").read_text())
+    assert index["latest"] == "ckpt-4"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(("ckpt-", "."))) == ["ckpt-4"]

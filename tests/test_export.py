@@ -16,13 +16,13 @@ import stoker
 from conftest import PYTHON, eval_input, make_data, make_estimator, train_input
 from stoker.export import (
     ExportError,
-    add_parser,
     export,
     load_exported,
     onnx_available,
     read_run_spec,
     write_run_spec,
 )
+from stoker.export_cli import add_parser
 
 
 @pytest.fixture(scope="module")

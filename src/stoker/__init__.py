@@ -4,9 +4,8 @@ Train, evaluate, predict and benchmark a ``model_fn`` at the speed of a hand-wri
 and resume a killed run bitwise exactly from its ``model_dir``.
 """
 
-__version__ = "0.1.0"
-
 from . import data, hooks, metrics, precision
+from ._version import __version__
 from .checkpoint import WarmStartSettings
 from .config import RunConfig
 from .errors import CheckpointError, CorruptCheckpointError, ModelFnError, NanLossError, StokerError

@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from . import __version__
+from ._version import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .adanet.cli import add_parser as add_adanet_parser
     from .bench.cli import add_bench_parser
     from .checkpoint_cli import add_parser as add_checkpoint_parser
-    from .export import add_parser as add_export_parser
+    from .export_cli import add_parser as add_export_parser
     from .inspect_run import add_parser as add_inspect_parser  # inspect and plot
     from .recipes import add_parser as add_train_parser  # train <recipe>
     from .serve import add_parser as add_serve_parser

@@ -61,7 +61,7 @@ class RunConfig:
         distributed_timeout: seconds a collective may wait for a lost replica.
         deterministic: ask torch for deterministic kernels (slower on GPU).
         mlperf_log: write MLPerf-style ``:::MLLOG`` events to ``model_dir/mlperf.log`` (RUN_START,
-            EPOCH_START/STOP, RUN_STOP; ``stoker.mlperf.MLPerfLogHook`` adds evaluations).
+            EPOCH_START/STOP, RUN_STOP; ``stoker.hooks.MLPerfLogHook`` adds evaluations).
     """
 
     model_dir: str | os.PathLike[str] | None = None

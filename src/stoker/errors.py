@@ -28,3 +28,8 @@ class NanLossError(StokerError):
 
 class ModelFnError(StokerError, TypeError):
     """``model_fn`` has the wrong signature or returned something stoker cannot use."""
+
+
+class ExportError(StokerError):
+    """A model that cannot be exported as asked (missing packages, a shape torch.export cannot
+    keep dynamic, an export directory that holds something else)."""

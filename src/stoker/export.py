@@ -15,38 +15,61 @@ Which weights: the ``checkpoint_path`` given; else the best checkpoint of ``mode
 ``RunConfig.keep_best`` has chosen one; else the newest; else (no checkpoint at all) the
 weights in the Estimator's memory.
 
-This module also owns the ``run_spec.json`` convention: a recipe or harness that writes a
-``model_dir`` records there how to rebuild its model, so ``stoker export MODEL_DIR`` (and
-``stoker inspect``) can work from the directory alone. See docs/export.md.
+The ``run_spec.json`` convention (how a recipe or harness records in its ``model_dir`` how to
+rebuild the model) lives in :mod:`stoker.run_spec`, with the registry of builders by kind; its
+names are re-exported here. The ``stoker export MODEL_DIR`` command is :mod:`stoker.export_cli`.
+See docs/export.md.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import importlib.util
 import json
 import logging
 import os
 import shutil
-import sys
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
-from . import __version__
+from ._version import __version__
 from .checkpoint import INDEX_NAME, CheckpointManager, model_state_to_bytes
-from .errors import StokerError
+from .engine.model_state import ModelState
+from .errors import ExportError
+from .run_spec import (  # re-exported: run_spec.json was this module's before stoker.run_spec
+    RUN_SPEC_BUILDERS,
+    RUN_SPEC_FILE,
+    RUN_SPEC_FORMAT,
+    estimator_from_model_dir,
+    read_run_spec,
+    write_run_spec,
+)
 from .spec import EstimatorSpec, ModeKeys
 
-if TYPE_CHECKING:
-    from .estimator import Estimator
+
+class Exportable(Protocol):
+    """What ``export`` reads of a ``stoker.Estimator`` (not imported here: the Estimator imports
+    this module for ``Estimator.export``, and stoker's modules form no import circle)."""
+
+    model_fn: Callable[..., EstimatorSpec]
+    params: dict[str, Any]
+    state: ModelState
+
+    @property
+    def model(self) -> nn.Module: ...
+
+    @property
+    def model_dir(self) -> str | None: ...
+
+    @property
+    def global_step(self) -> int: ...
 
 log = logging.getLogger("stoker")
 
@@ -57,14 +80,6 @@ SIGNATURE_FILE = "signature.json"
 ONNX_FILE = "model.onnx"
 FORMATS: tuple[str, ...] = ("pt2", "onnx")
 BATCH = "batch"  # the name of the dynamic first dimension in signature.json shapes
-
-RUN_SPEC_FILE = "run_spec.json"
-RUN_SPEC_FORMAT = "stoker-run-spec/1"
-
-
-class ExportError(StokerError):
-    """A model that cannot be exported as asked (missing packages, a shape torch.export cannot
-    keep dynamic, an export directory that holds something else)."""
 
 
 # ==================================================================== the exported module
@@ -122,7 +137,7 @@ def _flatten_features(features: Any) -> tuple[list[str], list[torch.Tensor], tup
 
 # ==================================================================== export
 def export(
-    estimator: Estimator,
+    estimator: Exportable,
     export_dir: str | os.PathLike[str],
     example_features: Any,
     dynamic_batch: bool = True,
@@ -222,7 +237,7 @@ def export(
     return export_dir
 
 
-def _load_weights(estimator: Estimator, checkpoint_path: str | os.PathLike[str] | None) -> tuple[Path | None, int, str]:
+def _load_weights(estimator: Exportable, checkpoint_path: str | os.PathLike[str] | None) -> tuple[Path | None, int, str]:
     """Put the weights to export into ``estimator.model``; return ``(checkpoint, step, choice)``."""
     path: Path | None = None
     which = "given"
@@ -341,151 +356,10 @@ def load_exported(export_dir: str | os.PathLike[str]) -> ExportedModel:
     return ExportedModel(path, signature, program.module())
 
 
-# ==================================================================== run_spec.json
-def write_run_spec(model_dir: str | os.PathLike[str], *, kind: str, params: Mapping[str, Any] | None = None,
-                   **fields: Any) -> Path:
-    """Record in ``model_dir/run_spec.json`` how the run's model is built.
-
-    ``kind`` names the builder (``"zoo"``: ``model``, ``dataset`` and optional ``num_classes``
-    fields; ``"charlm"``: the recipe's config). Other fields are kept as given (JSON values).
-    """
-    spec = {"format": RUN_SPEC_FORMAT, "kind": kind, **fields, "params": dict(params or {}),
-            "stoker_version": __version__, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    path = Path(model_dir) / RUN_SPEC_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{RUN_SPEC_FILE}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(json.dumps(spec, indent=1, default=str) + "\n")
-    os.replace(tmp, path)
-    return path
-
-
-def read_run_spec(model_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """``model_dir/run_spec.json`` as a dict, or ``None`` when there is none."""
-    path = Path(model_dir) / RUN_SPEC_FILE
-    if not path.exists():
-        return None
-    try:
-        spec = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ExportError(f"{path} is unreadable: {e}") from e
-    if not isinstance(spec, dict) or "kind" not in spec:
-        raise ExportError(f"{path} has no 'kind'; see docs/export.md for the run_spec.json format")
-    return spec
-
-
-def zoo_predict_model_fn(model: nn.Module, features: torch.Tensor, labels: Any, mode: ModeKeys,
-                         params: dict[str, Any]) -> EstimatorSpec:
-    """PREDICT for a zoo classifier: ``logits`` and ``classes`` (TRAIN/EVAL are the harness's job)."""
-    logits = model(features)
-    return EstimatorSpec(predictions={"logits": logits, "classes": logits.argmax(-1)})
-
-
-def _zoo_from_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> tuple[Estimator, torch.Tensor]:
-    from .config import RunConfig
-    from .estimator import Estimator
-    from .models import create_model, get_model_info
-
-    for key in ("model", "dataset"):
-        if key not in spec:
-            raise ExportError(f"run_spec.json of kind 'zoo' needs a {key!r} field")
-    params = dict(spec.get("params") or {})
-    info = get_model_info(spec["model"], spec["dataset"])
-    size = int(params.get("image_size", info.image_size))
-    num_classes = params.get("num_classes", spec.get("num_classes"))
-    est = Estimator(
-        model=lambda p: create_model(spec["model"], dataset=spec["dataset"], num_classes=num_classes),
-        model_fn=zoo_predict_model_fn,
-        config=RunConfig(model_dir=os.fspath(model_dir), device="cpu", progress_bar=False, summaries=False),
-        predict_batch_size=2,
-    )
-    return est, torch.zeros(2, 3, size, size)
-
-
-def _charlm_from_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> tuple[Estimator, torch.Tensor]:
-    from .recipes.charlm import estimator_from_run_spec
-
-    return estimator_from_run_spec(spec, model_dir)
-
-
-#: run_spec kind -> builder of ``(Estimator reading model_dir, example features)``
-RUN_SPEC_BUILDERS: dict[str, Callable[[Mapping[str, Any], str | os.PathLike[str]], tuple[Any, Any]]] = {
-    "zoo": _zoo_from_spec,
-    "charlm": _charlm_from_spec,
-}
-
-
-def estimator_from_model_dir(model_dir: str | os.PathLike[str]) -> tuple[Estimator, Any, dict[str, Any]]:
-    """Rebuild the Estimator of a ``model_dir`` from its ``run_spec.json``; also return example
-    features for export and the spec."""
-    spec = read_run_spec(model_dir)
-    if spec is None:
-        raise ExportError(
-            f"{model_dir} has no {RUN_SPEC_FILE}, so stoker does not know how its model is built; "
-            "export from Python with stoker.export.export(estimator, ...) (see docs/export.md)"
-        )
-    builder = RUN_SPEC_BUILDERS.get(spec["kind"])
-    if builder is None:
-        raise ExportError(f"{RUN_SPEC_FILE} kind {spec['kind']!r} is unknown; known kinds: {', '.join(RUN_SPEC_BUILDERS)}")
-    est, example = builder(spec, model_dir)
-    return est, example, spec
-
-
-# ==================================================================== command line
-def add_parser(subparsers: Any) -> None:
-    """Register ``stoker export MODEL_DIR --out DIR``."""
-    p = subparsers.add_parser(
-        "export",
-        help="export a model_dir's best (else newest) checkpoint as torch.export program + safetensors",
-        description="Export the PREDICT computation of a model_dir made by a stoker recipe or harness "
-        f"(it needs {RUN_SPEC_FILE}, see docs/export.md) to --out: model.pt2, model.safetensors, "
-        "signature.json and optionally model.onnx.",
-    )
-    p.add_argument("model_dir", help=f"a model_dir with checkpoints and {RUN_SPEC_FILE}")
-    p.add_argument("--out", required=True, help="the export directory to create (an earlier export there is replaced)")
-    p.add_argument("--checkpoint", default=None, help="a ckpt-<step> directory to export (default: best, else newest)")
-    p.add_argument("--format", dest="formats", action="append", choices=FORMATS, default=None,
-                   help="pt2 (always) and/or onnx; repeat the flag for both")
-    p.add_argument("--static_batch", type=int, default=None, metavar="N",
-                   help="fix the batch dimension to N instead of exporting it as dynamic")
-    p.set_defaults(func=_export_command)
-
-
-def _export_command(args: argparse.Namespace) -> int:
-    if args.static_batch is not None and args.static_batch < 1:
-        print(f"stoker export: --static_batch must be >= 1; got {args.static_batch}", file=sys.stderr)
-        return 2
-    logging.getLogger("stoker").setLevel(logging.WARNING)  # the summary below says what the INFO lines would
-    try:
-        est, example, spec = estimator_from_model_dir(args.model_dir)
-        if args.static_batch is not None:
-            example = _with_batch(example, args.static_batch)
-        out = export(est, args.out, example, dynamic_batch=args.static_batch is None,
-                     formats=tuple(args.formats or ("pt2",)), checkpoint_path=args.checkpoint)
-    except (StokerError, ValueError) as e:
-        print(f"stoker export: {e}", file=sys.stderr)
-        return 1
-    signature = json.loads((out / SIGNATURE_FILE).read_text())
-    print(f"exported {signature['checkpoint'] or 'weights in memory'} (step {signature['global_step']}, "
-          f"{signature['checkpoint_choice']}) of a {spec['kind']} run to {out}")
-    for kind in ("inputs", "outputs"):
-        for item in signature[kind]:
-            print(f"  {kind[:-1]:6s} {item['name']}: {item['dtype']}{item['shape']}")
-    print(f"  files: {', '.join(signature['files'])}")
-    return 0
-
-
-def _with_batch(example: Any, n: int) -> Any:
-    def resize(t: torch.Tensor) -> torch.Tensor:
-        return t[:1].expand(n, *t.shape[1:]).clone()
-
-    if isinstance(example, torch.Tensor):
-        return resize(example)
-    if isinstance(example, Mapping):
-        return {k: resize(v) for k, v in example.items()}
-    return tuple(resize(v) for v in example)
-
-
 __all__ = [
+    "RUN_SPEC_BUILDERS",
+    "RUN_SPEC_FILE",
+    "RUN_SPEC_FORMAT",
     "ExportError",
     "ExportedModel",
     "PredictModule",
@@ -495,5 +369,4 @@ __all__ = [
     "onnx_available",
     "read_run_spec",
     "write_run_spec",
-    "zoo_predict_model_fn",
 ]

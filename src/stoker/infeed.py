@@ -8,7 +8,12 @@ Iterating (this module) is kept apart from stepping (``loop.py``). The infeed
   (TPUEstimator's padding and stopping signals);
 - copies to the device: on CUDA from pinned memory, on a side stream, ``non_blocking``;
 - with ``prefetch_depth > 0`` does all of that in a background thread, ``prefetch_depth``
-  batches ahead, and measures how long the loop waited for data;
+  batches ahead, where that thread pays: always when batches are copied to a CUDA device; on
+  the CPU only when fetching a batch takes long enough to be worth overlapping (see
+  ``Infeed.prefetching``), since handing a batch from thread to thread costs the training
+  thread more than taking an in-memory batch itself; a source with
+  ``prefers_inline_fetch = True`` is always fetched in the training thread;
+- measures how long the loop waited for data;
 - tracks the position of the data the *loop has consumed* (not what was prefetched), for
   checkpoints: the source's own state (``state_dict`` / grain's ``get_state``) snapshotted
   every ``snapshot_every`` batches, plus the count consumed since that snapshot. A source
@@ -32,6 +37,19 @@ from .data._tree import batch_rows, tree_map
 log = logging.getLogger("stoker")
 
 _END = object()
+
+# On a CPU device the prefetch thread can only win what fetching spends outside the GIL
+# (decoding, file reads, torch kernels), and every hand-over costs the training thread a lock
+# round trip plus GIL contention with the producer, which needs the GIL between the ops it
+# runs just when the step does. In benchmarks/overhead.py (MLP, batch 64, 2-core machine) a
+# generator of in-memory tensor slices takes ~70 us per batch inline during training, and the
+# thread made the run ~120 us per step slower, not faster. So a CPU infeed first fetches
+# PROBE_BATCHES batches in the training thread (after one warm-up batch, which may include
+# opening files or shuffling) and starts the thread only if the median fetch took at least
+# THREAD_PAYS_ABOVE_S, a few times that hand-over cost (decoding a batch of images takes
+# milliseconds).
+PROBE_BATCHES = 16
+THREAD_PAYS_ABOVE_S = 500e-6
 
 
 class _Failure:
@@ -99,10 +117,40 @@ class Infeed:
         self._queue: queue.Queue[Any] | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        if getattr(source, "prefers_inline_fetch", False):
+            prefetch_depth = 0  # the source says a hand-over would cost more than a fetch
+        self._depth = prefetch_depth
+        self._probe: list[float] | None = None  # inline fetch times while deciding (CPU only)
+        self.prefetching: bool | None = False
+        """Whether a prefetch thread runs: ``None`` while a CPU infeed is still measuring."""
         if prefetch_depth > 0:
-            self._queue = queue.Queue(maxsize=prefetch_depth)
-            self._thread = threading.Thread(target=self._produce, name="stoker-infeed", daemon=True)
-            self._thread.start()
+            if self._cuda:
+                self._start_thread()
+            else:
+                self._probe = []
+                self.prefetching = None
+
+    def _start_thread(self) -> None:
+        self._queue = queue.Queue(maxsize=self._depth)
+        self._thread = threading.Thread(target=self._produce, name="stoker-infeed", daemon=True)
+        self._thread.start()
+        self.prefetching = True
+
+    def _measure(self, seconds: float) -> None:
+        """Record one inline fetch; after the probe, start the thread if fetching is slow."""
+        probe = self._probe
+        assert probe is not None
+        probe.append(seconds)
+        if len(probe) <= PROBE_BATCHES:  # the first is a warm-up, not counted below
+            return
+        self._probe = None
+        median = sorted(probe[1:])[PROBE_BATCHES // 2]
+        if median >= THREAD_PAYS_ABOVE_S:
+            log.debug("%s: %.0f us per batch fetched inline; prefetching in a thread from now on", self.what, 1e6 * median)
+            self._start_thread()
+        else:
+            log.debug("%s: %.0f us per batch; fetching in the training thread", self.what, 1e6 * median)
+            self.prefetching = False
 
     # ------------------------------------------------------------------ state
     def _snapshot(self) -> Any:
@@ -219,11 +267,14 @@ class Infeed:
     def __next__(self) -> Batch:
         start = time.perf_counter()
         entry = self._queue.get() if self._queue is not None else self._next_item()
-        self.wait_seconds += time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        self.wait_seconds += seconds
         if entry is _END:
             raise StopIteration
         if isinstance(entry, _Failure):
             raise entry.error
+        if self._probe is not None:
+            self._measure(seconds)
         batch, snap = entry
         self.consumed += 1
         if snap is not None:

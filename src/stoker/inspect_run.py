@@ -22,9 +22,9 @@ from typing import Any
 
 from .checkpoint import INDEX_NAME, CheckpointManager
 from .errors import StokerError
+from .run_spec import RUN_SPEC_FILE  # a light module: no torch.export, no recipe
 from .summary import CSV_NAME, read_metrics_csv
 
-RUN_SPEC_FILE = "run_spec.json"  # the convention of stoker.export (not imported: inspecting needs no torch.export)
 THROUGHPUT_TAGS = ("examples_per_sec", "steps_per_sec")
 _NOT_METRICS = {"learning_rate", "input_wait_fraction", *THROUGHPUT_TAGS}
 
@@ -167,6 +167,41 @@ def _series(rows: Sequence[Mapping[str, Any]]) -> dict[str, tuple[list[int], lis
     return {tag: (sorted(vals), [vals[s] for s in sorted(vals)]) for tag, vals in by_tag.items()}
 
 
+def _read_run_spec(root: Path) -> dict[str, Any] | None:
+    """``run_spec.json`` of the run, or None (missing or unreadable)."""
+    if (root / RUN_SPEC_FILE).exists():
+        try:
+            return json.loads((root / RUN_SPEC_FILE).read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+    return None
+
+
+def _plan_panels(series: dict[str, Any], spec: dict[str, Any] | None) -> list[tuple[str, str, list[tuple[str, str]]]]:
+    """The plot's panels: (title, y label, [(tag, legend)]), in drawing order."""
+    lm = bool(spec and spec.get("kind") == "charlm")
+    loss_unit = "loss (nats/char)" if lm else "loss"
+    panels: list[tuple[str, str, list[tuple[str, str]]]] = []
+    loss_lines = [(t, label) for t, label in (("loss", "training (mean over the logging interval)"), ("eval/loss", "evaluation")) if t in series]
+    if loss_lines:
+        panels.append(("Loss", loss_unit, loss_lines))
+    eval_metrics = sorted(t for t in series if t.startswith("eval") and "/" in t and not t.endswith("/loss"))
+    for tag in eval_metrics:
+        name = tag.split("/", 1)[1]
+        label = {"bpc": "bits per character", "ppl": "perplexity"}.get(name, name)
+        panels.append((f"Evaluation: {name} ({tag.split('/')[0]})", label, [(tag, tag)]))
+    other = sorted(t for t in series if "/" not in t and t != "loss" and t not in _NOT_METRICS)
+    for tag in other:  # host_call values
+        panels.append((f"Training: {tag}", tag, [(tag, tag)]))
+    if "examples_per_sec" in series:
+        seq_len = (spec.get("params") or {}).get("seq_len") if lm and spec else None
+        unit = f"segments / second ({seq_len} chars each)" if seq_len else "examples / second"
+        panels.append(("Throughput", unit, [("examples_per_sec", "examples/sec (global batch)")]))
+    if "learning_rate" in series:
+        panels.append(("Learning rate", "learning rate", [("learning_rate", "learning rate")]))
+    return panels
+
+
 def plot_run(model_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, width_in: float = 11.0,
              panel_height_in: float = 3.4, dpi: int = 100) -> dict[str, Any]:
     """Draw the run's curves into a PNG: training loss (with evaluation loss), each evaluation
@@ -185,33 +220,8 @@ def plot_run(model_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, 
     if not rows:
         raise InspectError(f"{root / CSV_NAME} is missing or empty: nothing to plot (was RunConfig.summaries off?)")
     series = _series(rows)
-    spec = None
-    if (root / RUN_SPEC_FILE).exists():
-        try:
-            spec = json.loads((root / RUN_SPEC_FILE).read_text())
-        except (OSError, json.JSONDecodeError):
-            spec = None
-    lm = bool(spec and spec.get("kind") == "charlm")
-    loss_unit = "loss (nats/char)" if lm else "loss"
-
-    panels: list[tuple[str, str, list[tuple[str, str]]]] = []  # (title, y label, [(tag, legend)])
-    loss_lines = [(t, label) for t, label in (("loss", "training (mean over the logging interval)"), ("eval/loss", "evaluation")) if t in series]
-    if loss_lines:
-        panels.append(("Loss", loss_unit, loss_lines))
-    eval_metrics = sorted(t for t in series if t.startswith("eval") and "/" in t and not t.endswith("/loss"))
-    for tag in eval_metrics:
-        name = tag.split("/", 1)[1]
-        label = {"bpc": "bits per character", "ppl": "perplexity"}.get(name, name)
-        panels.append((f"Evaluation: {name} ({tag.split('/')[0]})", label, [(tag, tag)]))
-    other = sorted(t for t in series if "/" not in t and t != "loss" and t not in _NOT_METRICS)
-    for tag in other:  # host_call values
-        panels.append((f"Training: {tag}", tag, [(tag, tag)]))
-    if "examples_per_sec" in series:
-        seq_len = (spec.get("params") or {}).get("seq_len") if lm and spec else None
-        unit = f"segments / second ({seq_len} chars each)" if seq_len else "examples / second"
-        panels.append(("Throughput", unit, [("examples_per_sec", "examples/sec (global batch)")]))
-    if "learning_rate" in series:
-        panels.append(("Learning rate", "learning rate", [("learning_rate", "learning rate")]))
+    spec = _read_run_spec(root)
+    panels = _plan_panels(series, spec)
     if not panels:
         raise InspectError(f"{root / CSV_NAME} holds no loss, evaluation or throughput values to plot")
 

@@ -78,6 +78,7 @@ class TrainStep:
         self.parameters = [p for g in optimizer.param_groups for p in g["params"]]
         self.carries_cache = False
         self._checked = False
+        self._autocast = precision != "fp32"  # fp32 needs no context around the forward pass
         self._no_sync = getattr(module, "no_sync", None) if accumulation > 1 else None
 
     def __call__(self, infeed: Infeed) -> tuple[torch.Tensor, Any]:
@@ -86,7 +87,10 @@ class TrainStep:
         host_call = None
         for micro in range(self.accumulation):
             batch = next(infeed)
-            with autocast_context(self.precision, self.device):
+            if self._autocast:
+                with autocast_context(self.precision, self.device):
+                    spec = self.model_fn(self.module, batch.features, batch.labels, ModeKeys.TRAIN, self.params)
+            else:
                 spec = self.model_fn(self.module, batch.features, batch.labels, ModeKeys.TRAIN, self.params)
             if not self._checked:
                 check_spec(spec, ModeKeys.TRAIN)
@@ -181,7 +185,12 @@ class DeviceLoop:
             self.exhausted = self.strategy.any_replica(self.exhausted)
         # The outfeed: one device-to-host copy for every value of every step in the loop
         # (after one all-reduce that averages them over replicas).
-        losses_host = self._mean_over_replicas(torch.stack(losses).float()).tolist() if losses else []
+        if not losses:
+            losses_host = []
+        elif len(losses) == 1 and self.strategy.world_size == 1:  # iterations_per_loop=1: no stack
+            losses_host = [losses[0].float().item()]
+        else:
+            losses_host = self._mean_over_replicas(torch.stack(losses).float()).tolist()
         values = _read_host_calls(host_calls, self._mean_over_replicas)
         seconds = time.perf_counter() - start
         lr = self.step.optimizer.param_groups[0]["lr"]

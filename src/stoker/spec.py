@@ -32,7 +32,10 @@ class EstimatorSpec:
         loss: TRAIN: a scalar tensor to minimise. EVAL: a scalar, or per-example losses of
             shape ``[batch]`` (needed for an exact loss when the last batch is padded).
         predictions: PREDICT (and optionally EVAL): a dict of tensors whose first dimension
-            is the batch.
+            is the batch, or a zero-argument function returning that dict, called the first
+            time ``spec.predictions`` is read. stoker reads predictions only in PREDICT mode
+            (and ``export``), so ``predictions=lambda: {...}`` lets a model_fn that returns
+            them in every mode (TPUEstimator style) skip computing them in TRAIN and EVAL.
         eval_metrics: EVAL: a dict ``name -> metric update`` as returned by calling a
             ``stoker.metrics.Metric`` (e.g. ``Accuracy()(logits, labels)``), or a tensor of
             per-example values that is averaged.
@@ -45,7 +48,26 @@ class EstimatorSpec:
     """
 
     loss: torch.Tensor | None = None
-    predictions: Mapping[str, torch.Tensor] | None = None
+    predictions: Mapping[str, torch.Tensor] | Callable[[], Mapping[str, torch.Tensor]] | None = None
     eval_metrics: Mapping[str, Any] = field(default_factory=dict)
     host_call: HostCall | None = None
     cache: torch.Tensor | tuple[torch.Tensor, ...] | None = None
+
+
+# ``predictions`` given as a function is resolved where it is read: the slot keeps what was
+# given, and a property in front of it calls a function once and keeps its result.
+_predictions_slot = EstimatorSpec.__dict__["predictions"]
+
+
+def _get_predictions(spec: EstimatorSpec) -> Mapping[str, torch.Tensor] | None:
+    value = _predictions_slot.__get__(spec, EstimatorSpec)
+    if callable(value):
+        value = value()
+        _predictions_slot.__set__(spec, value)
+    return value
+
+
+EstimatorSpec.predictions = property(  # type: ignore[assignment]
+    _get_predictions, _predictions_slot.__set__, doc="The predictions dict (a function given is called on first read)."
+)
+

@@ -17,15 +17,16 @@ import abc
 import enum
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
-from .subnetwork import Subnetwork
+from .outputs import Subnetwork
 
-if TYPE_CHECKING:
-    from .subnetwork import Builder
+#: A ``stoker.adanet.subnetwork.Builder``, carried through opaquely (to strategies). Not imported:
+#: a Builder receives the previous ``Ensemble``, so subnetwork.py imports this module.
+_BuilderRef = Any
 
 __all__ = [
     "BatchedWeightedSum",
@@ -78,7 +79,7 @@ class WeightedSubnetwork:
         module: the subnetwork module itself.
         weight: its mixture weight (a live view of the combiner's parameter; ``None`` for
             ensemblers without weights).
-        builder: the builder that built it (strategies receive these).
+        builder: the ``Builder`` that built it (strategies receive these).
     """
 
     name: str
@@ -86,7 +87,7 @@ class WeightedSubnetwork:
     subnetwork: Subnetwork
     module: nn.Module
     weight: torch.Tensor | None
-    builder: Builder | None = None
+    builder: _BuilderRef | None = None
 
     @property
     def key(self) -> str:
@@ -121,7 +122,7 @@ class Ensemble:
         return self.combiner.bias_term()
 
     @property
-    def builders(self) -> list[Builder]:
+    def builders(self) -> list[_BuilderRef]:
         return [w.builder for w in self.weighted_subnetworks if w.builder is not None]
 
     def weight_of(self, key: str) -> torch.Tensor | None:

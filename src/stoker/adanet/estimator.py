@@ -8,7 +8,8 @@ stoker checkpoint ``model_dir/final/ckpt-<step>``, its reports, and finally
 ``architecture-<t>.json``, the commit point: an iteration whose architecture file exists is
 done, any other is resumed (mid-iteration resume is the engine's own, from
 ``iteration-<t>/``), and the bookkeeping after training is deterministic, so it is simply
-redone after a crash.
+redone after a crash. Which candidate wins and what is recorded of it is decided in
+:mod:`stoker.adanet.selection`; this module writes it, in commit order.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import math
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -43,11 +43,12 @@ from .architecture import (
     write_architecture,
 )
 from .ensemble import ComplexityRegularizedEnsembler, Ensembler
-from .evaluator import Evaluator, Objective, ReportMaterializer, select_best
+from .evaluator import Evaluator, ReportMaterializer
 from .heads import Head, MetricFn
 from .iteration import DivergedCandidateHook, EnsembleModel, IterationModel
 from .replay import Config as ReplayConfig
 from .search import FINAL_DIR, REPORT_FILE, SearchSpace, final_checkpoint
+from .selection import choose, chosen_architecture, selection_record
 from .strategy import GrowStrategy, Strategy
 from .subnetwork import Generator, as_subnetwork
 
@@ -83,6 +84,33 @@ def _first_features(input_fn: InputFn, params: dict[str, Any], seed: int) -> Any
         set_rng_state(saved)
     is_pair = isinstance(item, (tuple, list)) and len(item) == 2 and not hasattr(item, "_fields")
     return item[0] if is_pair else item
+
+
+def _check_arguments(
+    head: Head,
+    subnetwork_generator: Generator,
+    max_iteration_steps: int,
+    max_iterations: int | None,
+    adanet_loss_decay: float,
+    config: RunConfig | None,
+) -> None:
+    if not isinstance(head, Head):
+        raise TypeError(f"head must be a stoker.adanet Head; got {type(head).__name__}")
+    if subnetwork_generator is None or not isinstance(subnetwork_generator, Generator):
+        raise ValueError("subnetwork_generator must be a stoker.adanet.Generator")
+    if not isinstance(max_iteration_steps, int) or max_iteration_steps < 1:
+        raise ValueError(f"max_iteration_steps must be a positive integer; got {max_iteration_steps!r}")
+    if max_iterations is not None and (not isinstance(max_iterations, int) or max_iterations < 1):
+        raise ValueError(f"max_iterations must be a positive integer or None; got {max_iterations!r}")
+    if not 0.0 <= adanet_loss_decay < 1.0:
+        raise ValueError(f"adanet_loss_decay must be in [0, 1); got {adanet_loss_decay!r}")
+    if config is None or config.model_dir is None:
+        raise ValueError("AdaNet needs RunConfig(model_dir=...): iterations, architectures and the final ensemble live there")
+    if config.gradient_clip_norm is not None:
+        raise ValueError(
+            "RunConfig.gradient_clip_norm would clip all candidates' gradients by one global norm, coupling "
+            "them; clip inside a subnetwork's optimizer instead"
+        )
 
 
 class Estimator:
@@ -139,23 +167,7 @@ class Estimator:
         predict_batch_size: int | None = None,
         report_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        if not isinstance(head, Head):
-            raise TypeError(f"head must be a stoker.adanet Head; got {type(head).__name__}")
-        if subnetwork_generator is None or not isinstance(subnetwork_generator, Generator):
-            raise ValueError("subnetwork_generator must be a stoker.adanet.Generator")
-        if not isinstance(max_iteration_steps, int) or max_iteration_steps < 1:
-            raise ValueError(f"max_iteration_steps must be a positive integer; got {max_iteration_steps!r}")
-        if max_iterations is not None and (not isinstance(max_iterations, int) or max_iterations < 1):
-            raise ValueError(f"max_iterations must be a positive integer or None; got {max_iterations!r}")
-        if not 0.0 <= adanet_loss_decay < 1.0:
-            raise ValueError(f"adanet_loss_decay must be in [0, 1); got {adanet_loss_decay!r}")
-        if config is None or config.model_dir is None:
-            raise ValueError("AdaNet needs RunConfig(model_dir=...): iterations, architectures and the final ensemble live there")
-        if config.gradient_clip_norm is not None:
-            raise ValueError(
-                "RunConfig.gradient_clip_norm would clip all candidates' gradients by one global norm, coupling "
-                "them; clip inside a subnetwork's optimizer instead"
-            )
+        _check_arguments(head, subnetwork_generator, max_iteration_steps, max_iterations, adanet_loss_decay, config)
         ensemblers = list(ensemblers) if ensemblers else [ComplexityRegularizedEnsembler()]
         names = [e.name for e in ensemblers]
         if len(set(names)) != len(names):
@@ -235,15 +247,7 @@ class Estimator:
             raise CheckpointError(f"{path} is missing: train first (it is written by the first train call)")
         params = dict(self.params, batch_size=self.train_batch_size or EXAMPLE_ROWS, num_replicas=1, replica_index=0, cache=None)
         params[ITERATION_PARAM] = 0
-        features = _first_features(input_fn, params, self.config.seed)
-        example = tree_map(lambda t: t[:EXAMPLE_ROWS].clone(), features)
-        buf = io.BytesIO()
-        torch.save(example, buf)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # replicas write the same bytes; each its own temp file
-        tmp.write_bytes(buf.getvalue())
-        os.replace(tmp, path)
-        return example
+        return _save_example_features(path, _first_features(input_fn, params, self.config.seed))
 
     # ================================================================ training
     def iteration_estimator(self, iteration_number: int, input_fn: InputFn | None = None) -> PlainEstimator:
@@ -327,30 +331,6 @@ class Estimator:
         return self
 
     # ================================================================ choosing
-    def _select(self, t: int, est: PlainEstimator, model: IterationModel) -> tuple[int, list[float] | None, str]:
-        """(index of the chosen candidate, the values compared, how it was chosen)."""
-        n = len(model.candidates)
-        replayed = self.replay_config.get_best_ensemble_index(t) if self.replay_config is not None else None
-        if replayed is not None:
-            if replayed >= n:
-                raise ValueError(f"replay.Config gives index {replayed} for iteration {t}, which has only {n} candidates")
-            return replayed, None, "replay"
-        if n == 1:
-            return 0, None, "only candidate"
-        grow = self.force_grow and t > 0  # candidate 0 at t > 0 is the previous ensemble
-        if grow and n == 2:
-            return 1, None, "force_grow: the only new candidate"
-        names = [c.name for c in model.candidates]
-        if self.evaluator is not None:
-            values = self.evaluator.evaluate(est, names)
-            objective = self.evaluator.objective
-            how = f"evaluator {self.evaluator.metric_name} ({Objective(objective).value})"
-        else:
-            values = model.moving_average_losses()
-            objective = Objective.MINIMIZE
-            how = "moving average of adanet_loss"
-        return select_best(values, objective, start=1 if grow else 0), values, how
-
     def _finish_iteration(self, t: int, est: PlainEstimator, step: int) -> None:
         """Choose, save the chosen ensemble and reports, then commit ``architecture-<t>.json``."""
         model = est.model
@@ -360,42 +340,14 @@ class Estimator:
         # Every replica takes part in the selection (an Evaluator's evaluation is collective),
         # but replicas' moving averages can differ by their last batch: the chief's choice and
         # averages hold (one broadcast for both).
-        index, values, how, ema = strategy.broadcast_object((*self._select(t, est, model), model.moving_average_losses()))
+        chosen_by = choose(t, est, model, replay_config=self.replay_config, force_grow=self.force_grow, evaluator=self.evaluator)
+        index, values, how, ema = strategy.broadcast_object((*chosen_by, model.moving_average_losses()))
         chosen = model.candidates[index]
-        members = chosen.ensemble.weighted_subnetworks
         previous = read_architecture(self.model_dir, t - 1) if t > 0 else None
-        if chosen.is_previous:
-            assert previous is not None
-            arch = Architecture(
-                ensemble_candidate_name=previous.ensemble_candidate_name,
-                ensembler_name=previous.ensembler_name,
-                iteration_number=t,
-                global_step=step,
-                subnetworks=list(previous.subnetworks),
-                replay_indices=[*previous.replay_indices, index],
-            )
-        else:
-            arch = Architecture(
-                ensemble_candidate_name=chosen.ensemble.candidate_name,
-                ensembler_name=chosen.ensemble.ensembler_name,
-                iteration_number=t,
-                global_step=step,
-                subnetworks=[(w.iteration_number, w.name) for w in members],
-                replay_indices=[*(previous.replay_indices if previous else []), index],
-            )
-        reports = self.report_materializer.materialize(est, model, t, {w.key for w in members}) if self.report_materializer else None
-        record = {
-            "iteration_number": t,
-            "global_step": step,
-            "candidates": [
-                {"index": i, "name": c.name, "adanet_loss_ema": _json_float(ema[i]), "value": _json_float(values[i]) if values else None}
-                for i, c in enumerate(model.candidates)
-            ],
-            "chosen_index": index,
-            "chosen": chosen.name,
-            "selected_by": how,
-            "subnetworks": [w.key for w in members],
-        }
+        arch = chosen_architecture(t, step, index, chosen, previous)
+        members = {w.key for w in chosen.ensemble.weighted_subnetworks}
+        reports = self.report_materializer.materialize(est, model, t, members) if self.report_materializer else None
+        record = selection_record(t, step, model, index, values, how, ema)
         if strategy.is_chief:
             if reports is not None:
                 atomic_write_text(self.report_dir / REPORT_FILE.format(t), json.dumps([r.to_dict() for r in reports], indent=1, sort_keys=True))
@@ -453,17 +405,29 @@ class Estimator:
         out.mkdir(parents=True, exist_ok=True)
         model = self.final_ensemble()
         features = example_features if example_features is not None else self._example_features(None)
-        args = features if isinstance(features, tuple) else (features,)
-        batch = torch.export.Dim("batch")  # any batch size, not the example's
-        dynamic = tree_map(lambda t: {0: batch}, args)
-        program = torch.export.export(model, args, dynamic_shapes=dynamic)
-        torch.export.save(program, str(out / "ensemble.pt2"))
-        safetensors.torch.save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
+        _export_ensemble(model, features, out)
         atomic_write_text(out / "architecture.json", self.architecture().serialize())
         return out
 
 
-def _json_float(value: float | None) -> float | None:
-    if value is None or math.isnan(value) or math.isinf(value):
-        return None
-    return float(value)
+def _save_example_features(path: Path, features: Any) -> Any:
+    """The first ``EXAMPLE_ROWS`` rows of ``features``, written to ``path`` (atomically)."""
+    example = tree_map(lambda t: t[:EXAMPLE_ROWS].clone(), features)
+    buf = io.BytesIO()
+    torch.save(example, buf)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # replicas write the same bytes; each its own temp file
+    tmp.write_bytes(buf.getvalue())
+    os.replace(tmp, path)
+    return example
+
+
+def _export_ensemble(model: EnsembleModel, features: Any, out: Path) -> None:
+    """``out/ensemble.pt2`` (a ``torch.export`` program for any batch size) and ``out/model.safetensors``."""
+    args = features if isinstance(features, tuple) else (features,)
+    batch = torch.export.Dim("batch")  # any batch size, not the example's
+    dynamic = tree_map(lambda t: {0: batch}, args)
+    program = torch.export.export(model, args, dynamic_shapes=dynamic)
+    torch.export.save(program, str(out / "ensemble.pt2"))
+    safetensors.torch.save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
+

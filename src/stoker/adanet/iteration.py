@@ -16,14 +16,19 @@ members' outputs *detached*, so its ``adanet_loss`` term reaches only its own mi
 weights. One backward pass therefore gives every parameter exactly the gradient of its own
 objective, and ``CandidateOptimizers`` steps each subnetwork's optimizer and each
 ensembler's optimizer on its own parameters.
+
+The model's jobs are split: its construction (``_add_*`` and ``_plan_units``: which modules,
+which units run the candidates), its steps (``forward``), its selection state (buffers and
+``moving_average_losses``); the optimizers, schedules and the cleaning of diverged weights
+are built by :mod:`stoker.adanet.training`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -33,6 +38,13 @@ from ..spec import EstimatorSpec, ModeKeys
 from .ensemble import BatchedWeightedSum, Combiner, Ensemble, Ensembler
 from .heads import Head, MetricFn
 from .subnetwork import Builder, Report, Subnetwork, as_subnetwork
+from .training import (
+    CandidateOptimizers,
+    CandidateSchedules,
+    build_optimizers,
+    build_schedules,
+    sanitize_diverged,
+)
 
 log = logging.getLogger("stoker")
 
@@ -101,6 +113,22 @@ class IterationModel(nn.Module):
         self.metric_fn = metric_fn  # extra evaluation metrics of every candidate and subnetwork
         self.adanet_loss_decay = float(adanet_loss_decay)
         self.replicate_ensemble_in_training = bool(replicate_ensemble_in_training)
+        self.candidates = list(candidates)
+        self.reports = dict(reports or {})
+        self._add_subnetworks(frozen, new)
+        self._add_ensembles()
+        self._add_selection_state(iteration_number, iteration_step, previous_adanet_loss)
+        # Candidates of one ensembler with SCALAR/VECTOR weights run as one batched unit;
+        # the rest (the frozen previous ensemble, MATRIX weights, custom combiners) one by one.
+        self._units, batched = _plan_units(self.candidates)
+        self.batched = nn.ModuleDict(batched)
+        for unit in self._units:
+            for i in unit.indices if unit.batched else ():  # the packed parameters replace the candidates' own in training
+                del self.ensembles[self.candidates[i].name]
+        self._plan_train_step(iteration_step.device)
+
+    # ------------------------------------------------------------------ construction
+    def _add_subnetworks(self, frozen: Mapping[str, nn.Module], new: Mapping[str, tuple[Builder, nn.Module]]) -> None:
         self.subnetworks = nn.ModuleDict()
         for key, module in frozen.items():
             module.requires_grad_(False)
@@ -110,7 +138,8 @@ class IterationModel(nn.Module):
         self.frozen_keys = list(frozen)
         self.new_keys = list(new)
         self.builders = {key: b for key, (b, _) in new.items()}
-        self.candidates = list(candidates)
+
+    def _add_ensembles(self) -> None:
         self.previous_ensemble: Combiner | None = None
         self.ensembles = nn.ModuleDict()
         for c in self.candidates:
@@ -119,7 +148,8 @@ class IterationModel(nn.Module):
                 self.previous_ensemble = c.ensemble.combiner
             else:
                 self.ensembles[c.name] = c.ensemble.combiner
-        self.reports = dict(reports or {})
+
+    def _add_selection_state(self, iteration_number: int, iteration_step: torch.Tensor, previous_adanet_loss: float | None) -> None:
         n_cand = len(self.candidates)
         self.register_buffer("iteration_number", torch.tensor(int(iteration_number), dtype=torch.int64))
         self.register_buffer("iteration_step", iteration_step)
@@ -136,41 +166,21 @@ class IterationModel(nn.Module):
             torch.tensor(float(previous_adanet_loss or 0.0), dtype=torch.float64, device=iteration_step.device),
         )
         self._first_trained = 1 if has_previous else 0
-        # Candidates of one ensembler with SCALAR/VECTOR weights run as one batched unit;
-        # the rest (the frozen previous ensemble, MATRIX weights, custom combiners) one by one.
-        self.batched = nn.ModuleDict()
-        units: list[tuple[nn.Module, list[str], list[int], bool]] = []  # (module, member keys, candidate indices, batched)
-        groups: dict[tuple[Any, ...], list[int]] = {}
-        for i, c in enumerate(self.candidates):
-            sig = None if c.is_previous else BatchedWeightedSum.signature(c.ensemble.combiner)
-            if sig is None:
-                units.append((c.ensemble.combiner, list(c.ensemble.combiner.members), [i], False))
-            else:
-                groups.setdefault((c.ensembler.name, *sig), []).append(i)
-        for indices in groups.values():
-            if len(indices) == 1:
-                c = self.candidates[indices[0]]
-                units.append((c.ensemble.combiner, list(c.ensemble.combiner.members), indices, False))
-                continue
-            batched = BatchedWeightedSum([self.candidates[i].ensemble.combiner for i in indices])
-            self.batched[self.candidates[indices[0]].ensembler.name] = batched
-            for i in indices:  # the packed parameters replace the candidates' own in training
-                del self.ensembles[self.candidates[i].name]
-            units.append((batched, list(batched.keys), indices, True))
-        self._units = units
+
+    def _plan_train_step(self, device: torch.device) -> None:
         # Training steps skip the previous ensemble's unit: it has nothing to train and its
         # moving average is carried over, not updated.
-        self._train_units = [u for u in units if not self.candidates[u[2][0]].is_previous]
+        self._train_units = [u for u in self._units if not self.candidates[u.indices[0]].is_previous]
         # What each training step reports (TensorBoard, metrics.csv and the log line, averaged
         # per device loop): every new subnetwork's loss and every trained candidate's adanet_loss.
         self._summary = _LossSummary(
             [f"subnetwork_loss/{k}" for k in self.new_keys] + [f"adanet_loss/{c.name}" for c in self.candidates[self._first_trained:]]
         )
-        self._train_order = _restore_order([i for _, _, idx, _ in self._train_units for i in idx], self._first_trained, iteration_step.device)
+        self._train_order = _restore_order([i for u in self._train_units for i in u.indices], self._first_trained, device)
         self._frozen_list = [(k, self.subnetworks[k]) for k in self.frozen_keys]
         self._new_list = [(k, self.subnetworks[k]) for k in self.new_keys]
         # Members' last layers are needed (detached) only by unbatched units, e.g. MATRIX weights.
-        self._detach = _detached if any(not b for _, _, _, b in units) else _logits_detached
+        self._detach = _detached if any(not u.batched for u in self._units) else _logits_detached
 
     # ------------------------------------------------------------------ modes
     def train(self, mode: bool = True) -> IterationModel:
@@ -298,55 +308,14 @@ class IterationModel(nn.Module):
     # ------------------------------------------------------------------ optimizers
     def make_optimizer(self) -> CandidateOptimizers:
         """Each new subnetwork's optimizer (from its builder), and one optimizer per ensembler
-        over the ensemble parameters of all its candidates."""
-        optimizers: dict[str, torch.optim.Optimizer] = {}
-        for key in self.new_keys:
-            params = [p for p in self.subnetworks[key].parameters() if p.requires_grad]
-            if not params:
-                continue
-            opt = self.builders[key].build_subnetwork_optimizer(params)
-            if not isinstance(opt, torch.optim.Optimizer):
-                raise TypeError(
-                    f"{type(self.builders[key]).__name__}.build_subnetwork_optimizer must return a torch.optim.Optimizer; got {type(opt).__name__}"
-                )
-            optimizers[f"subnetwork/{key}"] = opt
-        by_ensembler: dict[str, tuple[Ensembler, list[nn.Parameter]]] = {}
-        for module, _, indices, _ in self._units:
-            c = self.candidates[indices[0]]
-            if c.is_previous:
-                continue
-            entry = by_ensembler.setdefault(c.ensembler.name, (c.ensembler, []))
-            entry[1].extend(p for p in module.parameters() if p.requires_grad)
-        for name, (ensembler, params) in by_ensembler.items():
-            opt = ensembler.build_optimizer(params) if params else None
-            if opt is not None:
-                optimizers[f"ensembler/{name}"] = opt
-        if not optimizers:
-            raise ValueError("nothing to train in this iteration: no subnetwork or ensemble has trainable parameters")
-        return CandidateOptimizers(optimizers)
+        over the ensemble parameters of all its candidates (see ``training.build_optimizers``)."""
+        return build_optimizers(self)
 
     def make_schedule(self, optimizer: torch.optim.Optimizer) -> CandidateSchedules | None:
         """Each new subnetwork's learning-rate schedule (``Builder.build_subnetwork_lr_schedule``)
         over its optimizer in ``optimizer`` (a ``CandidateOptimizers``); ``None`` if no builder
         gives one."""
-        if not isinstance(optimizer, CandidateOptimizers):
-            raise TypeError(f"make_schedule needs the iteration's CandidateOptimizers; got {type(optimizer).__name__}")
-        schedules: dict[str, Any] = {}
-        for key in self.new_keys:
-            name = f"subnetwork/{key}"
-            if name not in optimizer.optimizers:
-                continue
-            schedule = self.builders[key].build_subnetwork_lr_schedule(optimizer.optimizers[name])
-            if schedule is None:
-                continue
-            missing = [m for m in ("step", "state_dict", "load_state_dict") if not callable(getattr(schedule, m, None))]
-            if missing:
-                raise TypeError(
-                    f"{type(self.builders[key]).__name__}.build_subnetwork_lr_schedule must return an LR scheduler "
-                    f"(step, state_dict, load_state_dict); {type(schedule).__name__} lacks {missing}"
-                )
-            schedules[name] = schedule
-        return CandidateSchedules(schedules) if schedules else None
+        return build_schedules(self, optimizer)
 
     def sanitize_diverged(self, optimizer: torch.optim.Optimizer | None) -> list[str]:
         """Zero the non-finite weights (and optimizer state) of diverged parts.
@@ -355,28 +324,40 @@ class IterationModel(nn.Module):
         NaN weights would make the engine refuse to write the checkpoint. Returns the names
         of the parts it cleaned. One host sync (called once per device loop).
         """
-        params = [p for p in self.parameters() if p.requires_grad]
-        if not params or bool(torch.stack([torch.isfinite(p).all() for p in params]).all()):
-            return []
-        state = optimizer.state if isinstance(optimizer, CandidateOptimizers) else {}
-        cleaned = [k for k, m in self._new_list if not _finite(m.parameters())]
-        for module, _, indices, batched in self._units:
-            if self.candidates[indices[0]].is_previous:
-                continue
-            if batched:  # one row of the packed weights per candidate
-                assert isinstance(module, BatchedWeightedSum)
-                rows = [module.weights[r] for r in range(len(indices))]
-                bias = [module.bias[r] for r in range(len(indices))] if module.bias is not None else [None] * len(indices)
-                cleaned += [self.candidates[i].name for i, w, b in zip(indices, rows, bias, strict=True) if not _finite([w] if b is None else [w, b])]
-            elif not _finite(module.parameters()):
-                cleaned.append(self.candidates[indices[0]].name)
-        with torch.no_grad():
-            for p in params:
-                p.nan_to_num_(0.0, 0.0, 0.0)  # touches only the non-finite entries
-                for value in state.get(p, {}).values():
-                    if isinstance(value, torch.Tensor) and value.is_floating_point():
-                        value.nan_to_num_(0.0, 0.0, 0.0)
-        return cleaned
+        return sanitize_diverged(self, optimizer)
+
+
+class _Unit(NamedTuple):
+    """What runs as one in a step: a candidate's combiner, or the packed weights of several
+    candidates (``batched``); the member keys it reads and the candidates it gives."""
+
+    module: nn.Module
+    keys: list[str]
+    indices: list[int]
+    batched: bool
+
+
+def _plan_units(candidates: Sequence[CandidateRecord]) -> tuple[list[_Unit], dict[str, BatchedWeightedSum]]:
+    """The units that run the candidates, and the packed modules by ensembler name: candidates
+    of one ensembler with equal SCALAR/VECTOR signatures are batched into one."""
+    units: list[_Unit] = []
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for i, c in enumerate(candidates):
+        sig = None if c.is_previous else BatchedWeightedSum.signature(c.ensemble.combiner)
+        if sig is None:
+            units.append(_Unit(c.ensemble.combiner, list(c.ensemble.combiner.members), [i], False))
+        else:
+            groups.setdefault((c.ensembler.name, *sig), []).append(i)
+    batched: dict[str, BatchedWeightedSum] = {}
+    for indices in groups.values():
+        if len(indices) == 1:
+            c = candidates[indices[0]]
+            units.append(_Unit(c.ensemble.combiner, list(c.ensemble.combiner.members), indices, False))
+            continue
+        module = BatchedWeightedSum([candidates[i].ensemble.combiner for i in indices])
+        batched[candidates[indices[0]].ensembler.name] = module
+        units.append(_Unit(module, list(module.keys), indices, True))
+    return units, batched
 
 
 class _LossSummary:
@@ -396,87 +377,6 @@ def _restore_order(order: list[int], first: int, device: torch.device) -> torch.
     if order == list(range(first, first + len(order))):
         return None
     return torch.tensor(sorted(range(len(order)), key=lambda j: order[j]), device=device)
-
-
-def _finite(params: Iterable[torch.Tensor]) -> bool:
-    return all(bool(torch.isfinite(p).all()) for p in params)
-
-
-class CandidateOptimizers(torch.optim.Optimizer):
-    """Several optimizers that step as one, so the engine's single-optimizer step drives them.
-
-    ``param_groups`` is the concatenation of the children's groups (the same dicts, so a
-    learning-rate change is seen by the child), ``state`` maps a parameter to its child's
-    state, and ``state_dict`` holds each child's state dict under its name.
-    """
-
-    def __init__(self, optimizers: Mapping[str, torch.optim.Optimizer]) -> None:
-        # Deliberately not calling Optimizer.__init__: the children own groups and state.
-        self.optimizers = dict(optimizers)
-        self._params = [p for opt in self.optimizers.values() for g in opt.param_groups for p in g["params"]]
-        self.defaults: dict[str, Any] = {}
-        self._optimizer_step_pre_hooks: dict[int, Any] = {}
-        self._optimizer_step_post_hooks: dict[int, Any] = {}
-
-    @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
-        return [g for opt in self.optimizers.values() for g in opt.param_groups]
-
-    @property
-    def state(self) -> dict[Any, Any]:  # type: ignore[override]
-        merged: dict[Any, Any] = {}
-        for opt in self.optimizers.values():
-            merged.update(opt.state)
-        return merged
-
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]
-        for opt in self.optimizers.values():
-            opt.step()
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        if set_to_none:  # what each child's zero_grad would do, without its per-call overhead
-            for p in self._params:
-                p.grad = None
-            return
-        for opt in self.optimizers.values():
-            opt.zero_grad(set_to_none=False)
-
-    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
-        return {"optimizers": {name: opt.state_dict() for name, opt in self.optimizers.items()}}
-
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:  # type: ignore[override]
-        saved = state_dict.get("optimizers")
-        if not isinstance(saved, Mapping) or set(saved) != set(self.optimizers):
-            got = sorted(saved) if isinstance(saved, Mapping) else type(saved).__name__
-            raise ValueError(f"the saved candidate optimizers {got} are not this iteration's {sorted(self.optimizers)}")
-        for name, opt in self.optimizers.items():
-            opt.load_state_dict(saved[name])
-
-    def __repr__(self) -> str:
-        inner = ", ".join(f"{name}: {type(opt).__name__}" for name, opt in self.optimizers.items())
-        return f"CandidateOptimizers({inner})"
-
-
-class CandidateSchedules:
-    """Several subnetworks' LR schedulers that the engine steps and checkpoints as one."""
-
-    def __init__(self, schedules: Mapping[str, Any]) -> None:
-        self.schedules = dict(schedules)
-
-    def step(self) -> None:
-        for schedule in self.schedules.values():
-            schedule.step()
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"schedules": {name: s.state_dict() for name, s in self.schedules.items()}}
-
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        saved = state_dict.get("schedules")
-        if not isinstance(saved, Mapping) or set(saved) != set(self.schedules):
-            got = sorted(saved) if isinstance(saved, Mapping) else type(saved).__name__
-            raise ValueError(f"the saved subnetwork schedules {got} are not this iteration's {sorted(self.schedules)}")
-        for name, schedule in self.schedules.items():
-            schedule.load_state_dict(saved[name])
 
 
 class DivergedCandidateHook(Hook):

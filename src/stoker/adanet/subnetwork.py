@@ -11,7 +11,6 @@ with the iteration and frozen once the subnetwork joins the ensemble.
 from __future__ import annotations
 
 import abc
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -20,9 +19,10 @@ import torch
 from torch import nn
 
 from ..metrics import Metric
+from .outputs import Subnetwork, as_subnetwork, complexity_value  # re-exported for users
 
 if TYPE_CHECKING:
-    from .ensemble import Ensemble
+    from .ensemble import Ensemble  # for annotations only; ensemble.py does not import this module
 
 __all__ = [
     "Builder",
@@ -33,47 +33,8 @@ __all__ = [
     "Subnetwork",
     "as_subnetwork",
     "check_builder_name",
+    "complexity_value",
 ]
-
-
-@dataclass
-class Subnetwork:
-    """One forward pass of a subnetwork on a batch.
-
-    Attributes:
-        last_layer: the activations feeding the logits, ``[batch, ..., width]``; a MATRIX
-            mixture weight maps it to the ensemble's logits.
-        logits: ``[batch, ..., logits_dimension]``.
-        complexity: ``r(h)`` in AdaNet's regulariser (a float or a 0-dim tensor), e.g.
-            ``sqrt(depth)``; 0 means "no complexity penalty beyond ``adanet_beta``".
-        shared: anything the generator of the next iteration should see through
-            ``previous_ensemble.weighted_subnetworks[i].subnetwork.shared`` (e.g. a depth).
-    """
-
-    last_layer: torch.Tensor
-    logits: torch.Tensor
-    complexity: float | torch.Tensor = 0.0
-    shared: Any = None
-
-
-def as_subnetwork(output: Any) -> Subnetwork:
-    """A module's output as a ``Subnetwork``: a bare tensor is both logits and last layer."""
-    if isinstance(output, Subnetwork):
-        return output
-    if isinstance(output, torch.Tensor):
-        return Subnetwork(last_layer=output, logits=output, complexity=0.0)
-    raise TypeError(
-        f"a subnetwork module must return a stoker.adanet.Subnetwork or a logits tensor; it returned a {type(output).__name__}"
-    )
-
-
-def complexity_value(subnetwork: Subnetwork) -> float:
-    """The complexity as a Python float (checked once, when the candidate is built)."""
-    c = subnetwork.complexity
-    value = float(c.detach().reshape(()).item()) if isinstance(c, torch.Tensor) else float(c)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"Subnetwork.complexity must be a finite number >= 0; got {value}")
-    return value
 
 
 def check_builder_name(name: Any) -> str:

@@ -8,9 +8,12 @@ counts and MFU. The pieces:
 - ``workload``: what the settings mean on this machine (data, device, step counts) and the
   ``input_fn`` s;
 - ``optim``: tf_cnn_benchmarks' optimizers and learning-rate schedules;
+- ``model``: the zoo model the flags name and tf_cnn_benchmarks' classification ``model_fn``;
 - ``train`` / ``inference``: the runners; they return dicts and stream progress lines;
 - ``stats``: speed and latency statistics and their text lines;
 - ``report``: header, summary, MFU, results files, the model table;
+- ``run_spec``: the ``run_spec.json`` kind ``zoo`` that ``--train_dir`` records, and its
+  builder for ``stoker export``;
 - ``cli``: the ``stoker bench`` flags.
 
 In Python::

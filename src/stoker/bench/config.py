@@ -1,7 +1,8 @@
 """``BenchConfig``: every setting of one ``stoker bench`` run, validated once.
 
 Field names are tf_cnn_benchmarks' flag names, so ``--batch_size=32`` becomes
-``BenchConfig(batch_size=32)``. ``__post_init__`` checks values and combinations and raises
+``BenchConfig(batch_size=32)``. ``__post_init__`` checks values (tables of flags by kind, below
+the class) and combinations (one function per topic) and raises
 :class:`BenchFlagError`, which names the flags involved (the command line turns it into an
 argparse error, exit status 2). Checks that need the model registry, the data folder or the
 devices live in :func:`stoker.bench.workload.resolve_workload`.
@@ -124,134 +125,9 @@ class BenchConfig:
             raise _fail(f"--compile={self.compile!r} is not allowed; allowed values: true, false, module, step", "compile")
         if self.cuda_graph and self.device == "cpu":
             raise _fail("--cuda_graph needs a CUDA device; --device=cpu (use --device=cuda or drop --cuda_graph)", "cuda_graph", "device")
-        self._check_values()
-        self._check_combinations()
-        self._check_learning_rate()
-
-    # ------------------------------------------------------------------ checks
-    def _check_values(self) -> None:
-        for name, allowed in (
-            ("data_format", DATA_FORMATS),
-            ("device", DEVICES),
-            ("precision", PRECISIONS),
-            ("optimizer", OPTIMIZERS),
-            ("variable_update", VARIABLE_UPDATES),
-            ("mode", RUN_MODES),
-        ):
-            value = getattr(self, name)
-            if value not in allowed:
-                hint = ""
-                if name == "variable_update" and value in _MULTI_PROCESS_UPDATES:
-                    hint = " (multi-process training is not available in the engine yet)"
-                raise _fail(f"--{name}={value!r} is not allowed{hint}; allowed values: {', '.join(allowed)}", name)
-        if self.data_name is not None and self.data_name not in DATA_NAMES:
-            raise _fail(f"--data_name={self.data_name!r} is not allowed; allowed values: {', '.join(DATA_NAMES)}", "data_name")
-        for name in ("batch_size", "display_every", "iterations_per_loop", "max_ckpts_to_keep"):
-            _require_int(name, getattr(self, name), minimum=0 if name == "max_ckpts_to_keep" else 1)
-        _require_int("num_warmup_batches", self.num_warmup_batches, minimum=0)
-        for name in (
-            "num_batches", "num_eval_batches", "eval_during_training_every_n_steps", "save_model_steps",
-            "fp16_inc_loss_scale_every_n", "num_inference_threads", "iterations", "num_intra_threads",
-            "num_inter_threads",
-        ):
-            if getattr(self, name) is not None:
-                _require_int(name, getattr(self, name), minimum=1)
-        for name in (
-            "num_epochs", "fp16_loss_scale", "gradient_clip", "save_model_secs", "peak_tflops",
-            "init_learning_rate",
-        ):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise _fail(f"--{name} must be > 0; got {value}", name)
-        for name in (
-            "num_epochs_per_decay", "learning_rate_decay_factor", "num_learning_rate_warmup_epochs",
-            "minimum_learning_rate", "weight_decay", "momentum", "rmsprop_decay", "rmsprop_momentum",
-            "rmsprop_epsilon", "adam_beta1", "adam_beta2", "adam_epsilon",
-        ):
-            if getattr(self, name) < 0:
-                raise _fail(f"--{name} must be >= 0; got {getattr(self, name)}", name)
-        if self.stop_at_top_1_accuracy is not None and not 0 < self.stop_at_top_1_accuracy <= 1:
-            raise _fail(f"--stop_at_top_1_accuracy must be in (0, 1]; got {self.stop_at_top_1_accuracy}", "stop_at_top_1_accuracy")
-
-    def _check_combinations(self) -> None:
-        if self.forward_only and self.eval:
-            raise _fail("--forward_only and --eval cannot both be set: forward-only times the forward pass "
-                        "of training, --eval evaluates a checkpoint", "forward_only", "eval")
-        if self.num_batches is not None and self.num_epochs is not None:
-            raise _fail("at most one of --num_batches and --num_epochs may be given", "num_batches", "num_epochs")
-        if self.eval_during_training_every_n_steps is not None:
-            for other in ("eval", "forward_only"):
-                if getattr(self, other):
-                    raise _fail(f"--eval_during_training_every_n_steps cannot be used with --{other}",
-                                "eval_during_training_every_n_steps", other)
-        if self.stop_at_top_1_accuracy is not None and self.eval_during_training_every_n_steps is None:
-            raise _fail("--stop_at_top_1_accuracy needs --eval_during_training_every_n_steps",
-                        "stop_at_top_1_accuracy", "eval_during_training_every_n_steps")
-        if self.num_eval_batches is not None and not (self.eval or self.eval_during_training_every_n_steps):
-            raise _fail("--num_eval_batches applies only with --eval or --eval_during_training_every_n_steps",
-                        "num_eval_batches")
-        fp16_flags = [n for n in ("fp16_loss_scale", "fp16_inc_loss_scale_every_n") if getattr(self, n) is not None]
-        if self.fp16_enable_auto_loss_scale:
-            fp16_flags.append("fp16_enable_auto_loss_scale")
-        if fp16_flags and self.precision != "fp16":
-            raise _fail(f"--{fp16_flags[0]} applies only to fp16 training (--use_fp16 or --precision=fp16); "
-                        f"the precision is {self.precision}", fp16_flags[0], "precision")
-        if self.fp16_inc_loss_scale_every_n is not None and not self.fp16_enable_auto_loss_scale:
-            raise _fail("--fp16_inc_loss_scale_every_n needs --fp16_enable_auto_loss_scale",
-                        "fp16_inc_loss_scale_every_n", "fp16_enable_auto_loss_scale")
-        if self.save_model_steps is not None and self.save_model_secs is not None:
-            raise _fail("at most one of --save_model_steps and --save_model_secs may be given",
-                        "save_model_steps", "save_model_secs")
-        for name in ("save_model_steps", "save_model_secs"):
-            if getattr(self, name) is not None and self.train_dir is None:
-                raise _fail(f"--{name} needs --train_dir (where checkpoints go)", name, "train_dir")
-        if self.eval and self.train_dir is None:
-            raise _fail("--eval evaluates the newest checkpoint in --train_dir; give --train_dir", "eval", "train_dir")
-        if self.mode == "inference":
-            if self.data_dir is not None:
-                raise _fail("--data_dir: the inference benchmark runs on synthetic batches only", "data_dir", "mode")
-            for name in ("eval", "forward_only", "print_training_accuracy"):
-                if getattr(self, name):
-                    raise _fail(f"--{name} does not apply to --mode=inference", name, "mode")
-            for name in ("eval_during_training_every_n_steps", "num_batches", "num_epochs", "save_model_steps",
-                         "save_model_secs", "trace_file"):
-                if getattr(self, name) is not None:
-                    raise _fail(f"--{name} does not apply to --mode=inference (use --iterations)", name, "mode")
-        else:
-            for name in ("num_inference_threads", "iterations", "exported"):
-                if getattr(self, name) is not None:
-                    raise _fail(f"--{name} applies only to --mode=inference", name, "mode")
-        if self.exported is not None:
-            # The export fixes the model, its weights and its arithmetic.
-            for name, given in (("compile", self.compile), ("train_dir", self.train_dir is not None),
-                                ("precision", self.precision != "fp32")):
-                if given:
-                    raise _fail(f"--{name} does not apply to --exported: the exported program fixes the model, "
-                                "its weights and its precision", name, "exported")
-
-    def _check_learning_rate(self) -> None:
-        decay = self.num_epochs_per_decay > 0 or self.learning_rate_decay_factor > 0
-        if self.piecewise_learning_rate_schedule is not None:
-            others = [n for n in ("init_learning_rate",) if getattr(self, n) is not None]
-            others += [n for n in ("learning_rate_decay_factor", "minimum_learning_rate", "num_epochs_per_decay")
-                       if getattr(self, n)]
-            if others:
-                raise _fail(f"--piecewise_learning_rate_schedule cannot be combined with --{others[0]}",
-                            "piecewise_learning_rate_schedule", others[0])
-            from .optim import parse_piecewise_schedule
-
-            try:
-                parse_piecewise_schedule(self.piecewise_learning_rate_schedule)
-            except ValueError as e:
-                raise _fail(f"--piecewise_learning_rate_schedule: {e}", "piecewise_learning_rate_schedule") from None
-        if decay and not (self.init_learning_rate is not None and self.num_epochs_per_decay > 0
-                          and self.learning_rate_decay_factor > 0):
-            raise _fail("--num_epochs_per_decay and --learning_rate_decay_factor must be given together, "
-                        "with --init_learning_rate", "num_epochs_per_decay", "learning_rate_decay_factor",
-                        "init_learning_rate")
-        if self.minimum_learning_rate and not decay:
-            raise _fail("--minimum_learning_rate needs --init_learning_rate, --num_epochs_per_decay and "
-                        "--learning_rate_decay_factor", "minimum_learning_rate")
+        _check_values(self)
+        _check_combinations(self)
+        _check_learning_rate(self)
 
     # ------------------------------------------------------------------ derived
     @property
@@ -275,8 +151,6 @@ class BenchConfig:
     def learning_rate(self) -> float:
         """The initial learning rate (the first piece of a piecewise schedule, else the flag or default)."""
         if self.piecewise_learning_rate_schedule is not None:
-            from .optim import parse_piecewise_schedule
-
             return parse_piecewise_schedule(self.piecewise_learning_rate_schedule)[1][0]
         return DEFAULT_LEARNING_RATE if self.init_learning_rate is None else self.init_learning_rate
 
@@ -286,6 +160,196 @@ class BenchConfig:
 
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------- validation
+# A new flag usually needs only its field above and, if it is checked on its own, an entry in
+# one of these tables; the functions below hold the checks that involve several flags.
+
+#: Flags whose value must be one of a list (checked in this order).
+_CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("data_format", DATA_FORMATS),
+    ("device", DEVICES),
+    ("precision", PRECISIONS),
+    ("optimizer", OPTIMIZERS),
+    ("variable_update", VARIABLE_UPDATES),
+    ("mode", RUN_MODES),
+)
+#: Integer flags that always have a value, and their minimum.
+_INTS: tuple[tuple[str, int], ...] = (
+    ("batch_size", 1), ("display_every", 1), ("iterations_per_loop", 1), ("max_ckpts_to_keep", 0),
+    ("num_warmup_batches", 0),
+)
+#: Integer flags that may be left out (None); given, they are >= 1.
+_OPTIONAL_POSITIVE_INTS: tuple[str, ...] = (
+    "num_batches", "num_eval_batches", "eval_during_training_every_n_steps", "save_model_steps",
+    "fp16_inc_loss_scale_every_n", "num_inference_threads", "iterations", "num_intra_threads",
+    "num_inter_threads",
+)
+#: Number flags that may be left out (None); given, they are > 0.
+_OPTIONAL_POSITIVE: tuple[str, ...] = (
+    "num_epochs", "fp16_loss_scale", "gradient_clip", "save_model_secs", "peak_tflops",
+    "init_learning_rate",
+)
+#: Number flags that are >= 0.
+_NON_NEGATIVE: tuple[str, ...] = (
+    "num_epochs_per_decay", "learning_rate_decay_factor", "num_learning_rate_warmup_epochs",
+    "minimum_learning_rate", "weight_decay", "momentum", "rmsprop_decay", "rmsprop_momentum",
+    "rmsprop_epsilon", "adam_beta1", "adam_beta2", "adam_epsilon",
+)
+#: What --mode=inference refuses: switches, and flags that are None unless given.
+_TRAINING_SWITCHES: tuple[str, ...] = ("eval", "forward_only", "print_training_accuracy")
+_TRAINING_ONLY: tuple[str, ...] = (
+    "eval_during_training_every_n_steps", "num_batches", "num_epochs", "save_model_steps", "save_model_secs",
+    "trace_file",
+)
+#: What only --mode=inference takes.
+_INFERENCE_ONLY: tuple[str, ...] = ("num_inference_threads", "iterations", "exported")
+
+
+def parse_piecewise_schedule(text: str) -> tuple[list[int], list[float]]:
+    """``"LR0;E1;LR1;...;En;LRn"`` -> (epoch boundaries ``[E1..En]``, rates ``[LR0..LRn]``)."""
+    pieces = [p.strip() for p in text.split(";")]
+    if len(pieces) % 2 == 0:
+        raise ValueError(f"{text!r} must have an odd number of ';'-separated parts (LR0;E1;LR1;...;En;LRn)")
+    rates: list[float] = []
+    epochs: list[int] = []
+    for i, piece in enumerate(pieces):
+        try:
+            if i % 2 == 0:
+                rates.append(float(piece))
+            else:
+                epochs.append(int(piece))
+        except ValueError:
+            what = "learning rate" if i % 2 == 0 else "epoch (an integer)"
+            raise ValueError(f"invalid {what} {piece!r} in {text!r}") from None
+    if any(b <= a for a, b in zip(epochs, epochs[1:], strict=False)):
+        raise ValueError(f"the epochs of {text!r} must increase")
+    return epochs, rates
+
+
+def _check_values(cfg: BenchConfig) -> None:
+    """Each flag on its own: allowed values, integers, signs and ranges."""
+    for name, allowed in _CHOICES:
+        value = getattr(cfg, name)
+        if value not in allowed:
+            hint = ""
+            if name == "variable_update" and value in _MULTI_PROCESS_UPDATES:
+                hint = " (multi-process training is not available in the engine yet)"
+            raise _fail(f"--{name}={value!r} is not allowed{hint}; allowed values: {', '.join(allowed)}", name)
+    if cfg.data_name is not None and cfg.data_name not in DATA_NAMES:
+        raise _fail(f"--data_name={cfg.data_name!r} is not allowed; allowed values: {', '.join(DATA_NAMES)}", "data_name")
+    for name, minimum in _INTS:
+        _require_int(name, getattr(cfg, name), minimum=minimum)
+    for name in _OPTIONAL_POSITIVE_INTS:
+        if getattr(cfg, name) is not None:
+            _require_int(name, getattr(cfg, name), minimum=1)
+    for name in _OPTIONAL_POSITIVE:
+        value = getattr(cfg, name)
+        if value is not None and not value > 0:
+            raise _fail(f"--{name} must be > 0; got {value}", name)
+    for name in _NON_NEGATIVE:
+        if getattr(cfg, name) < 0:
+            raise _fail(f"--{name} must be >= 0; got {getattr(cfg, name)}", name)
+    if cfg.stop_at_top_1_accuracy is not None and not 0 < cfg.stop_at_top_1_accuracy <= 1:
+        raise _fail(f"--stop_at_top_1_accuracy must be in (0, 1]; got {cfg.stop_at_top_1_accuracy}", "stop_at_top_1_accuracy")
+
+
+def _check_combinations(cfg: BenchConfig) -> None:
+    """Flags that need, or exclude, each other."""
+    if cfg.forward_only and cfg.eval:
+        raise _fail("--forward_only and --eval cannot both be set: forward-only times the forward pass "
+                    "of training, --eval evaluates a checkpoint", "forward_only", "eval")
+    if cfg.num_batches is not None and cfg.num_epochs is not None:
+        raise _fail("at most one of --num_batches and --num_epochs may be given", "num_batches", "num_epochs")
+    _check_evaluation(cfg)
+    _check_fp16(cfg)
+    _check_checkpoints(cfg)
+    _check_mode(cfg)
+    if cfg.exported is not None:
+        # The export fixes the model, its weights and its arithmetic.
+        for name, given in (("compile", cfg.compile), ("train_dir", cfg.train_dir is not None),
+                            ("precision", cfg.precision != "fp32")):
+            if given:
+                raise _fail(f"--{name} does not apply to --exported: the exported program fixes the model, "
+                            "its weights and its precision", name, "exported")
+
+
+def _check_evaluation(cfg: BenchConfig) -> None:
+    if cfg.eval_during_training_every_n_steps is not None:
+        for other in ("eval", "forward_only"):
+            if getattr(cfg, other):
+                raise _fail(f"--eval_during_training_every_n_steps cannot be used with --{other}",
+                            "eval_during_training_every_n_steps", other)
+    if cfg.stop_at_top_1_accuracy is not None and cfg.eval_during_training_every_n_steps is None:
+        raise _fail("--stop_at_top_1_accuracy needs --eval_during_training_every_n_steps",
+                    "stop_at_top_1_accuracy", "eval_during_training_every_n_steps")
+    if cfg.num_eval_batches is not None and not (cfg.eval or cfg.eval_during_training_every_n_steps):
+        raise _fail("--num_eval_batches applies only with --eval or --eval_during_training_every_n_steps",
+                    "num_eval_batches")
+
+
+def _check_fp16(cfg: BenchConfig) -> None:
+    fp16_flags = [n for n in ("fp16_loss_scale", "fp16_inc_loss_scale_every_n") if getattr(cfg, n) is not None]
+    if cfg.fp16_enable_auto_loss_scale:
+        fp16_flags.append("fp16_enable_auto_loss_scale")
+    if fp16_flags and cfg.precision != "fp16":
+        raise _fail(f"--{fp16_flags[0]} applies only to fp16 training (--use_fp16 or --precision=fp16); "
+                    f"the precision is {cfg.precision}", fp16_flags[0], "precision")
+    if cfg.fp16_inc_loss_scale_every_n is not None and not cfg.fp16_enable_auto_loss_scale:
+        raise _fail("--fp16_inc_loss_scale_every_n needs --fp16_enable_auto_loss_scale",
+                    "fp16_inc_loss_scale_every_n", "fp16_enable_auto_loss_scale")
+
+
+def _check_checkpoints(cfg: BenchConfig) -> None:
+    if cfg.save_model_steps is not None and cfg.save_model_secs is not None:
+        raise _fail("at most one of --save_model_steps and --save_model_secs may be given",
+                    "save_model_steps", "save_model_secs")
+    for name in ("save_model_steps", "save_model_secs"):
+        if getattr(cfg, name) is not None and cfg.train_dir is None:
+            raise _fail(f"--{name} needs --train_dir (where checkpoints go)", name, "train_dir")
+    if cfg.eval and cfg.train_dir is None:
+        raise _fail("--eval evaluates the newest checkpoint in --train_dir; give --train_dir", "eval", "train_dir")
+
+
+def _check_mode(cfg: BenchConfig) -> None:
+    if cfg.mode == "inference":
+        if cfg.data_dir is not None:
+            raise _fail("--data_dir: the inference benchmark runs on synthetic batches only", "data_dir", "mode")
+        for name in _TRAINING_SWITCHES:
+            if getattr(cfg, name):
+                raise _fail(f"--{name} does not apply to --mode=inference", name, "mode")
+        for name in _TRAINING_ONLY:
+            if getattr(cfg, name) is not None:
+                raise _fail(f"--{name} does not apply to --mode=inference (use --iterations)", name, "mode")
+    else:
+        for name in _INFERENCE_ONLY:
+            if getattr(cfg, name) is not None:
+                raise _fail(f"--{name} applies only to --mode=inference", name, "mode")
+
+
+def _check_learning_rate(cfg: BenchConfig) -> None:
+    """The learning-rate flags: a piecewise schedule, or an initial rate with its decay."""
+    decay = cfg.num_epochs_per_decay > 0 or cfg.learning_rate_decay_factor > 0
+    if cfg.piecewise_learning_rate_schedule is not None:
+        others = [n for n in ("init_learning_rate",) if getattr(cfg, n) is not None]
+        others += [n for n in ("learning_rate_decay_factor", "minimum_learning_rate", "num_epochs_per_decay")
+                   if getattr(cfg, n)]
+        if others:
+            raise _fail(f"--piecewise_learning_rate_schedule cannot be combined with --{others[0]}",
+                        "piecewise_learning_rate_schedule", others[0])
+        try:
+            parse_piecewise_schedule(cfg.piecewise_learning_rate_schedule)
+        except ValueError as e:
+            raise _fail(f"--piecewise_learning_rate_schedule: {e}", "piecewise_learning_rate_schedule") from None
+    if decay and not (cfg.init_learning_rate is not None and cfg.num_epochs_per_decay > 0
+                      and cfg.learning_rate_decay_factor > 0):
+        raise _fail("--num_epochs_per_decay and --learning_rate_decay_factor must be given together, "
+                    "with --init_learning_rate", "num_epochs_per_decay", "learning_rate_decay_factor",
+                    "init_learning_rate")
+    if cfg.minimum_learning_rate and not decay:
+        raise _fail("--minimum_learning_rate needs --init_learning_rate, --num_epochs_per_decay and "
+                    "--learning_rate_decay_factor", "minimum_learning_rate")
 
 
 def _require_int(name: str, value: object, *, minimum: int) -> None:

@@ -29,9 +29,9 @@ from ..data import synthetic_images
 from ..estimator import Estimator
 from ..precision import autocast_context
 from .config import BenchConfig, BenchFlagError
-from .report import flops_per_image, header_lines
+from .model import bench_model_fn, zoo_model
+from .report import base_result, flops_per_image, header_lines
 from .stats import format_latencies, latency_stats
-from .train import base_result, bench_model_fn, zoo_model
 from .workload import Workload
 
 LogFn = Callable[[str], None]

@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from .config import BenchConfig
+from .config import BenchConfig, parse_piecewise_schedule  # parsed where the flag is validated
 
 OptimizerFn = Callable[[dict[str, Any], Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 ScheduleFn = Callable[[dict[str, Any], torch.optim.Optimizer], Any]
@@ -80,27 +80,6 @@ class TFRMSProp(torch.optim.Optimizer):
             torch._foreach_addcdiv_(mom, grads, denom, value=float(group["lr"]))
             torch._foreach_sub_(params, mom)
         return loss
-
-
-def parse_piecewise_schedule(text: str) -> tuple[list[int], list[float]]:
-    """``"LR0;E1;LR1;...;En;LRn"`` -> (epoch boundaries ``[E1..En]``, rates ``[LR0..LRn]``)."""
-    pieces = [p.strip() for p in text.split(";")]
-    if len(pieces) % 2 == 0:
-        raise ValueError(f"{text!r} must have an odd number of ';'-separated parts (LR0;E1;LR1;...;En;LRn)")
-    rates: list[float] = []
-    epochs: list[int] = []
-    for i, piece in enumerate(pieces):
-        try:
-            if i % 2 == 0:
-                rates.append(float(piece))
-            else:
-                epochs.append(int(piece))
-        except ValueError:
-            what = "learning rate" if i % 2 == 0 else "epoch (an integer)"
-            raise ValueError(f"invalid {what} {piece!r} in {text!r}") from None
-    if any(b <= a for a, b in zip(epochs, epochs[1:], strict=False)):
-        raise ValueError(f"the epochs of {text!r} must increase")
-    return epochs, rates
 
 
 def learning_rate_fn(cfg: BenchConfig, batches_per_epoch: float) -> Callable[[int], float] | None:

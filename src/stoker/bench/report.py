@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .. import __version__
+from .._version import __version__
 from ..host_memory import host_memory_kept
 from ..models import (
     DATASETS,
@@ -224,9 +224,38 @@ def format_model_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     return lines
 
 
+def base_result(cfg: BenchConfig, workload: Workload, model_name: str) -> dict[str, Any]:
+    """The fields every result has: what ran, where, and with which settings."""
+    return {
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "model": model_name,
+        "dataset": workload.dataset_label,
+        "mode": cfg.benchmark_mode,
+        "device": str(workload.device),
+        "num_devices": workload.num_devices,
+        "batch_size": workload.batch_size,
+        "batch_size_per_device": workload.per_device_batch_size,
+        "num_batches": workload.num_batches,
+        "num_warmup_batches": cfg.num_warmup_batches,
+        "num_epochs": workload.num_epochs,
+        "data_format": cfg.data_format,
+        "precision": cfg.precision,
+        "optimizer": cfg.optimizer,
+        "variable_update": effective_variable_update(cfg),
+        "compile": cfg.compile,
+        "cuda_graph": cfg.cuda_graph,
+        "iterations_per_loop": cfg.iterations_per_loop,
+        "num_threads": torch.get_num_threads(),
+        "host_memory_kept": host_memory_kept(),
+        "torch_version": torch.__version__,
+        "stoker_version": __version__,
+    }
+
+
 __all__ = [
     "CSV_FIELDS",
     "add_efficiency",
+    "base_result",
     "flops_per_image",
     "format_model_table",
     "header_lines",

@@ -28,19 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
-from .. import __version__
 from ..checkpoint import CheckpointManager
 from ..config import RunConfig
 from ..errors import CheckpointError
 from ..estimator import Estimator
 from ..hooks import Hook, LoopResult, ProfilerHook, RunContext, every_n_steps_due
-from ..host_memory import host_memory_kept, keep_freed_host_memory
-from ..metrics import Accuracy, TopKAccuracy
-from ..models import create_model
-from ..spec import EstimatorSpec, ModeKeys
+from ..host_memory import keep_freed_host_memory
 from .config import (
     DEFAULT_FP16_LOSS_SCALE,
     MODE_EVAL,
@@ -49,65 +43,26 @@ from .config import (
     MODE_TRAIN_AND_EVAL,
     BenchConfig,
 )
+from .inference import run_inference
+from .model import (  # re-exported: they were defined here
+    ModelFactory,
+    bench_model_fn,
+    l2_loss,
+    zoo_model,
+)
 from .optim import optimizer_and_schedule
-from .report import TRAINING_FLOPS_FACTOR, effective_variable_update, flops_per_image, header_lines
+from .report import (
+    TRAINING_FLOPS_FACTOR,
+    base_result,
+    effective_variable_update,
+    flops_per_image,
+    header_lines,
+)
+from .run_spec import write_zoo_run_spec  # and, imported, the builder of kind zoo is registered
 from .stats import display_due, format_accuracy, format_step_line, perf_timing, step_header
 from .workload import InputFn, Workload, make_input_fn, resolve_workload
 
 LogFn = Callable[[str], None]
-ModelFactory = Callable[[dict[str, Any]], nn.Module]
-
-
-# ==================================================================== model_fn
-def bench_model_fn(model: nn.Module, features: torch.Tensor, labels: torch.Tensor | None, mode: ModeKeys,
-                   params: dict[str, Any]) -> EstimatorSpec:
-    """Softmax cross-entropy classification, as tf_cnn_benchmarks' image models.
-
-    TRAIN: the loss reported is tf_cnn_benchmarks' ``total_loss``, cross-entropy +
-    ``weight_decay`` x L2 (``sum(w^2) / 2`` over every trainable parameter), and with
-    ``print_training_accuracy`` the batch's top-1 / top-5 are ``host_call`` values (read once
-    per loop). The L2 term's gradient, ``weight_decay * w``, is added by the optimizer (see
-    ``optim.py``): the same update as differentiating the term, for a fraction of the cost.
-    EVAL: per-example losses and exact top-1 / top-5 metrics. PREDICT: per-example top-1 /
-    top-5 hits (or the classes without labels).
-    """
-    if params["channels_last"] and features.dim() == 4:
-        features = features.contiguous(memory_format=torch.channels_last)  # a no-op when it already is
-    logits = model(features)
-    if mode == ModeKeys.PREDICT:
-        if labels is None:
-            return EstimatorSpec(predictions={"classes": logits.argmax(-1)})
-        top1, top5 = _hits(logits, labels)
-        return EstimatorSpec(predictions={"top_1": top1, "top_5": top5})
-    assert labels is not None
-    if mode == ModeKeys.EVAL:
-        return EstimatorSpec(
-            loss=F.cross_entropy(logits.float(), labels, reduction="none"),
-            eval_metrics={"top_1_accuracy": Accuracy()(logits, labels), "top_5_accuracy": TopKAccuracy(5)(logits, labels)},
-        )
-    loss = F.cross_entropy(logits.float(), labels)
-    if params["weight_decay"]:
-        loss = loss + params["weight_decay"] * l2_loss(model)  # a constant here: reported, not differentiated
-    host_call = None
-    if params["print_training_accuracy"]:
-        with torch.no_grad():
-            top1, top5 = _hits(logits, labels)
-            host_call = {"top_1_accuracy": top1.float().mean(), "top_5_accuracy": top5.float().mean()}
-    return EstimatorSpec(loss=loss, host_call=host_call)
-
-
-@torch.no_grad()
-def l2_loss(model: nn.Module) -> torch.Tensor:
-    """``sum(w^2) / 2`` over the trainable parameters (TensorFlow's ``tf.nn.l2_loss`` summed),
-    as a value without gradient."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    # One fused norm per parameter list instead of a Python loop of small kernels.
-    return 0.5 * torch.stack(torch._foreach_norm(params)).float().square().sum()
-
-
-def _hits(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    top5 = logits.topk(min(5, logits.shape[-1]), dim=-1).indices
-    return top5[:, 0] == labels, (top5 == labels.unsqueeze(-1)).any(-1)
 
 
 # ==================================================================== hooks
@@ -203,16 +158,6 @@ class EvalDuringTraining(Hook):
 
 
 # ==================================================================== building
-def zoo_model(cfg: BenchConfig, workload: Workload) -> ModelFactory:
-    """A factory of the ``--model`` zoo model, channels-last for ``--data_format=NHWC``."""
-
-    def factory(params: dict[str, Any]) -> nn.Module:
-        model = create_model(cfg.model, dataset=workload.dataset, num_classes=workload.num_classes)
-        return model.to(memory_format=torch.channels_last) if cfg.channels_last else model
-
-    return factory
-
-
 def build_estimator(cfg: BenchConfig, workload: Workload, model: ModelFactory) -> Estimator:
     """The Estimator the flags describe (checkpoints in ``--train_dir``, nothing logged by it)."""
     loss_scale: float | str = "dynamic"
@@ -258,34 +203,6 @@ def build_estimator(cfg: BenchConfig, workload: Workload, model: ModelFactory) -
     )
 
 
-def base_result(cfg: BenchConfig, workload: Workload, model_name: str) -> dict[str, Any]:
-    """The fields every result has: what ran, where, and with which settings."""
-    return {
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "model": model_name,
-        "dataset": workload.dataset_label,
-        "mode": cfg.benchmark_mode,
-        "device": str(workload.device),
-        "num_devices": workload.num_devices,
-        "batch_size": workload.batch_size,
-        "batch_size_per_device": workload.per_device_batch_size,
-        "num_batches": workload.num_batches,
-        "num_warmup_batches": cfg.num_warmup_batches,
-        "num_epochs": workload.num_epochs,
-        "data_format": cfg.data_format,
-        "precision": cfg.precision,
-        "optimizer": cfg.optimizer,
-        "variable_update": effective_variable_update(cfg),
-        "compile": cfg.compile,
-        "cuda_graph": cfg.cuda_graph,
-        "iterations_per_loop": cfg.iterations_per_loop,
-        "num_threads": torch.get_num_threads(),
-        "host_memory_kept": host_memory_kept(),
-        "torch_version": torch.__version__,
-        "stoker_version": __version__,
-    }
-
-
 # ==================================================================== runner
 def run_benchmark(
     cfg: BenchConfig,
@@ -306,8 +223,6 @@ def run_benchmark(
         keep_freed_host_memory()  # before the model and data exist: their memory is kept too
     workload = resolve_workload(cfg, custom_model=model is not None, num_classes=num_classes)
     if cfg.mode == "inference":
-        from .inference import run_inference
-
         return run_inference(cfg, workload, model=model, log=log)
     model_name = cfg.model if model is None else f"{cfg.model} (custom)"
     factory = model or zoo_model(cfg, workload)
@@ -343,12 +258,9 @@ def run_benchmark(
 
 def _write_run_spec(cfg: BenchConfig, workload: Workload) -> None:
     """Record in ``--train_dir`` how to rebuild the model, so ``stoker export TRAIN_DIR`` works."""
-    from ..export import write_run_spec  # the run_spec.json convention is the export module's
-
     assert cfg.train_dir is not None
-    write_run_spec(cfg.train_dir, kind="zoo", model=cfg.model, dataset=workload.dataset,
-                   num_classes=workload.num_classes, written_by="stoker bench",
-                   params={"image_size": workload.image_size, "num_classes": workload.num_classes})
+    write_zoo_run_spec(cfg.train_dir, model=cfg.model, dataset=workload.dataset,
+                       num_classes=workload.num_classes, image_size=workload.image_size)
 
 
 # -------------------------------------------------------------------- training
@@ -527,4 +439,4 @@ def _profile(trace_file: str | None, log: LogFn) -> Iterator[None]:
     log(f"Dumping trace to {trace_file}")
 
 
-__all__ = ["EvalDuringTraining", "StepTimer", "bench_model_fn", "build_estimator", "run_benchmark", "zoo_model"]
+__all__ = ["EvalDuringTraining", "StepTimer", "bench_model_fn", "build_estimator", "l2_loss", "run_benchmark", "zoo_model"]

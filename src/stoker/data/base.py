@@ -16,46 +16,21 @@ silently misread). Resuming is a jump, not a replay: no RNG has to be fast-forwa
 batch re-read, whatever the augmentation, and a resumed run sees bitwise the batches an
 uninterrupted one would have seen.
 
-Workers. With ``num_workers > 0`` batches are built in worker processes by a
-``torch.utils.data.DataLoader(batch_size=None)`` over :class:`_BatchPlan`, a map-style
-dataset whose item ``g`` is "batch number ``g`` counted from the start of epoch 0". Its
-sampler counts up from the current position (through epoch boundaries: one plan spans all
-epochs, so no worker is ever restarted at an epoch boundary), each worker builds whole
-batches (one inter-process transfer per batch, none per example), and the loader returns
-them in order. Because item ``g`` depends only on ``g``, which worker built it and how far
-the workers had prefetched do not matter: resume with workers is exact by construction.
+Workers. With ``num_workers > 0`` batches are built in worker processes (a
+``torch.utils.data.DataLoader`` over "batch ``g`` counted from the start of epoch 0", so which
+worker built a batch does not matter); when they start and why they are forked on Linux is in
+:mod:`stoker.data._workers`.
 
-The workers start when the source is iterated (``iter()``) or, after a ``load_state_dict``
-or ``advance`` that moved the position, at the next ``next()``. stoker's Infeed calls
-``load_state_dict`` and then ``iter()`` on the training thread *before* it starts its
-prefetch thread, so the workers are forked from the training thread, not from the
-prefetch thread while the training thread is inside a step.
-
-Start method. On Linux the workers are forked (elsewhere the platform default is used;
-``start_method`` overrides). Measured on the 2-core development machine for a 2-worker
-``image_folder`` (seconds from ``iter()`` to the first batch, median of 3;
-``benchmarks/input_pipeline.py --startup``): fork 0.11 s, forkserver 3.0 s, spawn 3.2 s
-(every spawned worker imports torch again). ``forkserver`` and ``spawn`` also re-import
-``__main__`` in the workers (a training script without an ``if __name__ == "__main__":``
-guard would start training again in them), pickle the dataset (an ImageNet file list is
-~100 MB) into every worker, and a ``spawn`` worker stopped in the middle of a batch can
-abort in its interpreter's shutdown ("terminate called without an active exception"). Fork is safe here because
-(a) it happens on the thread that iterates the source, before the Infeed's prefetch thread
-exists, and one plan spans all epochs, so no fork happens later from the prefetch thread;
-(b) a worker runs only this package's batch code, Pillow and numpy, with torch set to one
-intra-op thread by the DataLoader, so it never uses a lock or OpenMP pool inherited from
-another thread of the parent; (c) nothing in a worker touches CUDA (sources that put data
-on the GPU, such as :func:`~stoker.data.synthetic_images`, never use workers). It is also
-what ``torch.utils.data.DataLoader`` does by default on Linux.
+The jobs are split: :class:`_ShardOrder` is the plan (each epoch's order and this shard's part
+of it), :class:`~stoker.data._workers._BatchWorkers` runs the worker processes, and
+:class:`IndexedSource` is the iterator whose position is its state (``state_dict``,
+``load_state_dict``, re-sharding).
 """
 
 from __future__ import annotations
 
 import copy
-import itertools
 import logging
-import sys
-import weakref
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
@@ -64,6 +39,7 @@ import numpy as np
 import torch
 
 from ..errors import StokerError
+from ._workers import _BatchWorkers
 
 log = logging.getLogger("stoker")
 
@@ -110,46 +86,110 @@ def example_uniforms(seed: int, epoch: int, indices: torch.Tensor | np.ndarray, 
     return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
 
 
-def _start_method(requested: str | None) -> str | None:
-    if requested is not None:
-        return requested
-    return "fork" if sys.platform.startswith("linux") else None  # see the module docstring
+def _check_arguments(name: str, batch_size: Any, num_epochs: int | None, num_shards: Any, shard_index: int, num_workers: Any) -> None:
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise ValueError(f"{name}: batch_size must be a positive integer; got {batch_size!r}")
+    if num_epochs is not None and num_epochs < 1:
+        raise ValueError(f"{name}: num_epochs must be None (repeat forever) or >= 1; got {num_epochs}")
+    if not isinstance(num_shards, int) or num_shards < 1:
+        raise ValueError(f"{name}: num_shards must be a positive integer; got {num_shards!r}")
+    if not 0 <= shard_index < num_shards:
+        raise ValueError(f"{name}: shard_index must be in [0, {num_shards}); got {shard_index}")
+    if not isinstance(num_workers, int) or num_workers < 0:
+        raise ValueError(f"{name}: num_workers must be an integer >= 0; got {num_workers!r}")
 
 
-def _as_is(item: T) -> T:
-    return item
+class _ShardOrder:
+    """The plan: which examples shard ``shard_index`` of ``num_shards`` reads in each epoch, in
+    what order. A pure function of ``(seed, epoch)``, cached for one epoch at a time."""
+
+    def __init__(self, num_examples: int, *, shuffle: bool, seed: int, num_shards: int, shard_index: int) -> None:
+        self.num_examples = num_examples
+        self.shuffle = shuffle
+        self.seed = seed
+        self.num_shards = num_shards
+        self.shard_index = shard_index
+        self._epoch: int | None = None
+        self._order: torch.Tensor | None = None  # every shard's examples, in the epoch's order
+        self._shard: torch.Tensor | None = None  # this shard's part of it, contiguous
+        self._inverse: torch.Tensor | None = None  # example index -> position in the order
+
+    def count_batches(self, batch_size: int, drop_remainder: bool) -> int:
+        """Batches per epoch of this shard."""
+        per_shard = len(range(self.shard_index, self.num_examples, self.num_shards))
+        if drop_remainder:
+            # Every shard gets the same number of batches (replicas step in lockstep).
+            return (self.num_examples // self.num_shards) // batch_size
+        return -(-per_shard // batch_size)
+
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        """All example indices (every shard) in epoch ``epoch``'s order."""
+        if self._epoch != epoch or self._order is None:
+            if self.shuffle:
+                self._order = torch.randperm(self.num_examples, generator=epoch_generator(self.seed, epoch))
+            else:
+                self._order = torch.arange(self.num_examples)
+            self._epoch = epoch
+            self._shard = None
+            self._inverse = None
+        return self._order
+
+    def shard_order(self, epoch: int) -> torch.Tensor:
+        """This shard's examples in epoch ``epoch``'s order (``order[r::n]``), so a batch is one slice."""
+        order = self.epoch_order(epoch)
+        if self._shard is None:
+            self._shard = order[self.shard_index :: self.num_shards].contiguous()  # once per epoch
+        return self._shard
+
+    def following(self, epoch: int, index: int) -> Iterator[int]:
+        """The examples after ``index`` in epoch ``epoch``'s order (all shards), wrapping around."""
+        order = self.epoch_order(epoch)
+        if self._inverse is None:
+            inverse = torch.empty_like(order)
+            inverse[order] = torch.arange(order.numel())
+            self._inverse = inverse
+        start = int(self._inverse[index])
+        n = order.numel()
+        for k in range(1, n):
+            yield int(order[(start + k) % n])
 
 
-def _stop_loader(loader_iter: Any) -> None:
-    shutdown = getattr(loader_iter, "_shutdown_workers", None)  # the DataLoader iterator's own clean stop
-    if shutdown is None:
-        return
-    try:
-        shutdown()
-    except RuntimeError as e:
-        # A worker that dies while being stopped loses only batches nobody wants. (A spawned
-        # worker stopped mid-batch can abort in interpreter shutdown while torch's queue thread
-        # is still sending a tensor: "terminate called without an active exception".)
-        log.debug("input workers stopped with an error, ignored: %s", e)
+def _resharded(name: str, states: list[dict[str, Any]], batch_size: int, num_shards: int, shard_index: int,
+               identity: dict[str, int]) -> dict[str, Any]:
+    """:meth:`IndexedSource.reshard_state_dict` for a shard ``shard_index`` of ``num_shards``."""
+    first = states[0]
+    if "batch_size" not in first:
+        raise ValueError(f"{name}: the saved input state does not record its batch size; resume with "
+                         f"{first['num_shards']} replicas")
+    old_global = int(first["batch_size"]) * int(first["num_shards"])
+    if old_global != batch_size * num_shards:
+        raise ValueError(
+            f"{name}: cannot re-shard the input from {first['num_shards']} to {num_shards} replicas: "
+            f"the global batch changed ({old_global} -> {batch_size * num_shards}); keep the global batch"
+        )
+    if len({(int(s["epoch"]), int(s["batch"])) for s in states}) != 1:
+        raise ValueError(f"{name}: the replicas' saved positions differ; cannot re-shard them")
+    moved = dict(first, num_shards=num_shards, shard_index=shard_index, batch_size=batch_size)
+    moved.update({k: v for k, v in identity.items() if k == "batch_size"})
+    return moved
 
 
-class _BatchPlan(torch.utils.data.Dataset):
-    """Map-style view for workers: item ``g`` is batch ``g`` counted from the start of epoch 0."""
-
-    def __init__(self, source: IndexedSource) -> None:
-        self.source = source
-
-    def __getitem__(self, g: int) -> tuple[int, Any, list[str], str | None]:
-        src = self.source
-        epoch, b = divmod(g, src.batches_per_epoch)
-        try:
-            out = src._build(epoch, b)
-        except DataError as e:
-            # Sent back as text and raised by the training process as the same DataError, so the
-            # message names the file without a worker traceback around it.
-            return g, None, [], str(e)
-        bad, src._bad = src._bad, []
-        return g, out, bad, None
+def _checked_position(name: str, state: dict[str, Any], expected: dict[str, int], batches_per_epoch: int) -> tuple[int, int]:
+    """The saved position ``(epoch, batch)``, once ``state`` is known to be for this source:
+    ``expected`` (seed, data size, sharding, ...) match and the position fits."""
+    for key, mine in expected.items():
+        if key in state and state[key] != mine:
+            raise ValueError(
+                f"{name}: the saved input state has {key}={state[key]} but this source has "
+                f"{key}={mine}; resume with the same data, seed, batch size and number of replicas"
+            )
+    epoch, batch = int(state["epoch"]), int(state["batch"])
+    if epoch < 0 or not 0 <= batch <= batches_per_epoch:
+        raise ValueError(
+            f"{name}: the saved position (epoch {epoch}, batch {batch}) does not fit this source's "
+            f"{batches_per_epoch} batches per epoch; resume with the same data and batch size"
+        )
+    return epoch, batch
 
 
 class IndexedSource(ABC):
@@ -157,7 +197,9 @@ class IndexedSource(ABC):
 
     Subclasses set up their data, then call ``super().__init__``, and implement
     :attr:`num_examples` and :meth:`load_batch`. The rest (order, sharding, epochs, workers,
-    state, bad-example replacement) is here.
+    state, bad-example replacement) is here: the order and sharding are planned by a
+    ``_ShardOrder``, the worker processes run in a ``_BatchWorkers``, and this class is the
+    iterator whose position ``(epoch, batch)`` is its state.
 
     Args:
         batch_size: examples per batch (give ``params["batch_size"]``: the per-replica batch).
@@ -193,16 +235,7 @@ class IndexedSource(ABC):
         start_method: str | None = None,
     ) -> None:
         name = self.name
-        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ValueError(f"{name}: batch_size must be a positive integer; got {batch_size!r}")
-        if num_epochs is not None and num_epochs < 1:
-            raise ValueError(f"{name}: num_epochs must be None (repeat forever) or >= 1; got {num_epochs}")
-        if not isinstance(num_shards, int) or num_shards < 1:
-            raise ValueError(f"{name}: num_shards must be a positive integer; got {num_shards!r}")
-        if not 0 <= shard_index < num_shards:
-            raise ValueError(f"{name}: shard_index must be in [0, {num_shards}); got {shard_index}")
-        if not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"{name}: num_workers must be an integer >= 0; got {num_workers!r}")
+        _check_arguments(name, batch_size, num_epochs, num_shards, shard_index, num_workers)
         self.batch_size = batch_size
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
@@ -216,6 +249,8 @@ class IndexedSource(ABC):
         self.start_method = start_method
         if self.num_examples < 1:
             raise DataError(f"{name}: the data holds no examples")
+        self._plan = _ShardOrder(self.num_examples, shuffle=self.shuffle, seed=self.seed,
+                                 num_shards=num_shards, shard_index=shard_index)
         self.batches_per_epoch = self._count_batches()
         if self.batches_per_epoch < 1:
             raise ValueError(
@@ -227,12 +262,7 @@ class IndexedSource(ABC):
         #: Examples replaced because they could not be read (``skip_bad_examples=True``).
         self.bad_examples_skipped = 0
         self._bad: list[str] = []
-        self._order_epoch: int | None = None
-        self._order: torch.Tensor | None = None
-        self._inverse: torch.Tensor | None = None
-        self._loader_it: Any = None
-        self._loader_next = -1
-        self._loader_finalizer: weakref.finalize | None = None
+        self._workers = _BatchWorkers()
 
     # ------------------------------------------------------------------ to implement
     @property
@@ -254,43 +284,19 @@ class IndexedSource(ABC):
 
     # ------------------------------------------------------------------ the plan
     def _count_batches(self) -> int:
-        per_shard = len(range(self.shard_index, self.num_examples, self.num_shards))
-        if self.drop_remainder:
-            # Every shard gets the same number of batches (replicas step in lockstep).
-            return (self.num_examples // self.num_shards) // self.batch_size
-        return -(-per_shard // self.batch_size)
+        return self._plan.count_batches(self.batch_size, self.drop_remainder)
 
     def epoch_order(self, epoch: int) -> torch.Tensor:
         """All example indices (every shard) in epoch ``epoch``'s order."""
-        if self._order_epoch != epoch or self._order is None:
-            if self.shuffle:
-                self._order = torch.randperm(self.num_examples, generator=epoch_generator(self.seed, epoch))
-            else:
-                self._order = torch.arange(self.num_examples)
-            self._order_epoch = epoch
-            self._inverse = None
-        return self._order
+        return self._plan.epoch_order(epoch)
 
     def batch_indices(self, epoch: int, batch: int) -> torch.Tensor:
         """Example indices of this shard's batch ``batch`` of epoch ``epoch``."""
-        shard = self.__dict__.get("_shard_order")
-        if shard is None or shard[0] != epoch or shard[1] is not self.epoch_order(epoch):
-            # once per epoch: this shard's part of the order, contiguous, so a batch is one slice
-            shard = (epoch, self.epoch_order(epoch), self.epoch_order(epoch)[self.shard_index :: self.num_shards].contiguous())
-            self.__dict__["_shard_order"] = shard
-        return shard[2][batch * self.batch_size : (batch + 1) * self.batch_size]
+        return self._plan.shard_order(epoch)[batch * self.batch_size : (batch + 1) * self.batch_size]
 
     def following_examples(self, epoch: int, index: int) -> Iterator[int]:
         """The examples after ``index`` in epoch ``epoch``'s order (all shards), wrapping around."""
-        order = self.epoch_order(epoch)
-        if self._inverse is None:
-            inverse = torch.empty_like(order)
-            inverse[order] = torch.arange(order.numel())
-            self._inverse = inverse
-        start = int(self._inverse[index])
-        n = order.numel()
-        for k in range(1, n):
-            yield int(order[(start + k) % n])
+        return self._plan.following(epoch, index)
 
     def load_or_replace(self, epoch: int, index: int, load_one: Callable[[int], T]) -> T:
         """``load_one(index)``; if it raises :class:`DataError` and bad examples are skipped,
@@ -318,6 +324,19 @@ class IndexedSource(ABC):
     def _build(self, epoch: int, batch: int) -> Any:
         return self.load_batch(self.batch_indices(epoch, batch), epoch)
 
+    def _build_numbered(self, g: int) -> tuple[int, Any, list[str], str | None]:
+        """Batch ``g`` counted from the start of epoch 0, as a worker sends it back:
+        ``(g, batch, bad-example reasons, error text or None)``."""
+        epoch, b = divmod(g, self.batches_per_epoch)
+        try:
+            out = self._build(epoch, b)
+        except DataError as e:
+            # Sent back as text and raised by the training process as the same DataError, so the
+            # message names the file without a worker traceback around it.
+            return g, None, [], str(e)
+        bad, self._bad = self._bad, []
+        return g, out, bad, None
+
     # ------------------------------------------------------------------ iterating
     def __len__(self) -> int:
         """Batches per epoch for this shard."""
@@ -330,10 +349,10 @@ class IndexedSource(ABC):
         return None if self.num_epochs is None else self.num_epochs * self.batches_per_epoch
 
     def __iter__(self) -> IndexedSource:
-        # Start the workers now, on the thread that iterates (see the module docstring).
+        # Start the workers now, on the thread that iterates (see stoker.data._workers).
         if self.num_workers > 0:
             end = self._end()
-            if (end is None or self._position() < end) and (self._loader_it is None or self._loader_next != self._position()):
+            if (end is None or self._position() < end) and not self._workers.ready_at(self._position()):
                 self._start_workers()
         return self
 
@@ -381,58 +400,32 @@ class IndexedSource(ABC):
     # ------------------------------------------------------------------ workers
     def _start_workers(self) -> None:
         self.close()
-        start = self._position()
-        end = self._end()
-        sampler = itertools.count(start) if end is None else range(start, end)
-        loader = torch.utils.data.DataLoader(
-            _BatchPlan(copy.copy(self)),  # a copy without the loader: no reference cycle
-            batch_size=None,
-            sampler=sampler,
-            num_workers=self.num_workers,
-            collate_fn=_as_is,
-            multiprocessing_context=_start_method(self.start_method),
-            # The loader draws its workers' base seed from this generator, not from torch's
-            # global RNG, which belongs to the training step (dropout) and must not move.
-            generator=torch.Generator().manual_seed(self.seed % 2**63),
-            prefetch_factor=2,
-        )
-        self._loader_it = iter(loader)
-        self._loader_next = start
-        # Stop the workers when this source is freed. A source often dies in a reference cycle
-        # (the Estimator's run state holds the Infeed that holds it); the garbage collector then
-        # clears the loader's queues before the loader's own __del__ runs, and that __del__ waits
-        # 5 s per worker for a goodbye that can no longer be sent. The finalizer keeps the
-        # loader out of the cycle and stops it while its queues still work.
-        self._loader_finalizer = weakref.finalize(self, _stop_loader, self._loader_it)
-        self._loader_finalizer.atexit = False  # at exit, multiprocessing ends daemonic workers
+        self._workers.start(self, self._position(), self._end())
 
     def _next_from_workers(self) -> tuple[Any, list[str]]:
         g = self._position()
-        if self._loader_it is None or self._loader_next != g:
+        if not self._workers.ready_at(g):
             self._start_workers()
-        got, out, bad, error = next(self._loader_it)
-        if got != g:  # the loader returns items in sampler order; this cannot happen
-            raise RuntimeError(f"{self.name}: workers returned batch {got}, expected {g}")
-        self._loader_next = g + 1
+        out, bad, error = self._workers.next(g, self.name)
         if error is not None:
             self.close()
             raise DataError(error)
         return out, bad
 
+    @property
+    def _loader_it(self) -> Any:
+        """The workers' DataLoader iterator while they run, else None."""
+        return self._workers.loader_it
+
     def close(self) -> None:
         """Stop the worker processes, if any (they restart at the next ``next()``)."""
-        finalizer, self._loader_finalizer = self._loader_finalizer, None
-        self._loader_it = None
-        self._loader_next = -1
-        if finalizer is not None:
-            finalizer()  # runs _stop_loader once
+        self._workers.stop()
 
     def __getstate__(self) -> dict[str, Any]:
-        # Copies (for workers; pickled for forkserver/spawn) carry the data, not the loader.
+        # Copies (for workers; pickled for forkserver/spawn) carry the data, not the workers.
         state = self.__dict__.copy()
-        state["_loader_it"] = None
-        state["_loader_next"] = -1
-        state["_loader_finalizer"] = None
+        state["_workers"] = _BatchWorkers()
+        state["_plan"] = copy.copy(self._plan)  # its own cache
         state["_bad"] = []
         return state
 
@@ -464,38 +457,13 @@ class IndexedSource(ABC):
         stripe each epoch's order, so position ``(epoch, batch)`` then stands for the same
         examples consumed (the first ``batch x global batch`` of the epoch) in any layout.
         """
-        first = states[0]
-        if "batch_size" not in first:
-            raise ValueError(f"{self.name}: the saved input state does not record its batch size; resume with "
-                             f"{first['num_shards']} replicas")
-        old_global = int(first["batch_size"]) * int(first["num_shards"])
-        if old_global != self.batch_size * self.num_shards:
-            raise ValueError(
-                f"{self.name}: cannot re-shard the input from {first['num_shards']} to {self.num_shards} replicas: "
-                f"the global batch changed ({old_global} -> {self.batch_size * self.num_shards}); keep the global batch"
-            )
-        if len({(int(s["epoch"]), int(s["batch"])) for s in states}) != 1:
-            raise ValueError(f"{self.name}: the replicas' saved positions differ; cannot re-shard them")
-        moved = dict(first, num_shards=self.num_shards, shard_index=self.shard_index, batch_size=self.batch_size)
-        moved.update({k: v for k, v in self._identity().items() if k == "batch_size"})
-        return moved
+        return _resharded(self.name, states, self.batch_size, self.num_shards, self.shard_index, self._identity())
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Jump to a saved position; refuses a state saved for other data, seed or sharding."""
         expected = {"seed": self.seed, "num_examples": self.num_examples, "num_shards": self.num_shards,
                     "shard_index": self.shard_index, **self._identity()}
-        for key, mine in expected.items():
-            if key in state and state[key] != mine:
-                raise ValueError(
-                    f"{self.name}: the saved input state has {key}={state[key]} but this source has "
-                    f"{key}={mine}; resume with the same data, seed, batch size and number of replicas"
-                )
-        epoch, batch = int(state["epoch"]), int(state["batch"])
-        if epoch < 0 or not 0 <= batch <= self.batches_per_epoch:
-            raise ValueError(
-                f"{self.name}: the saved position (epoch {epoch}, batch {batch}) does not fit this source's "
-                f"{self.batches_per_epoch} batches per epoch; resume with the same data and batch size"
-            )
+        epoch, batch = _checked_position(self.name, state, expected, self.batches_per_epoch)
         self.close()
         self.epoch, self.batch = epoch, batch
 

@@ -88,7 +88,7 @@ class InputPlan:
             return Infeed(
                 source,
                 device=self.strategy.device,
-                prefetch_depth=0 if getattr(source, "prefers_inline_fetch", False) else cfg.prefetch_depth,
+                prefetch_depth=cfg.prefetch_depth,  # the Infeed decides whether a thread pays
                 snapshot_every=cfg.iterations_per_loop * cfg.gradient_accumulation_steps,
                 pad_to=None if mode is ModeKeys.TRAIN else params["batch_size"],
                 restore=restore,

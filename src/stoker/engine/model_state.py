@@ -25,7 +25,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checkpoint import CheckpointManager, LoadedCheckpoint, WarmStartSettings, check_state_fits, load_checkpoint, warm_start
+from ..checkpoint import (
+    CheckpointManager,
+    LoadedCheckpoint,
+    WarmStartSettings,
+    check_state_fits,
+    load_checkpoint,
+    warm_start,
+)
 from ..config import RunConfig
 from ..distributed import Strategy
 from ..distributed.sharded import DCP_DIR, load_sharded, save_sharded

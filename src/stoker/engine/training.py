@@ -19,6 +19,7 @@ from ..hooks import (
     Hook,
     HookRunner,
     LoggingHook,
+    MLPerfLogHook,
     NanLossHook,
     PreemptionHook,
     ProgressBarHook,
@@ -48,8 +49,6 @@ def default_hooks(config: RunConfig) -> list[Hook]:
     if config.progress_bar:
         hooks.append(ProgressBarHook())
     if config.model_dir and config.mlperf_log:
-        from ..mlperf import MLPerfLogHook
-
         hooks.append(MLPerfLogHook())
     if config.model_dir:
         save_secs = None if config.save_checkpoints_steps else config.save_checkpoints_secs

@@ -3,6 +3,7 @@
 from .base import Hook, HookRunner, LoopResult, RunContext, every_n_steps_due
 from .checkpoint_saver import CheckpointSaverHook
 from .logging_hook import LoggingHook
+from .mlperf import MLPerfLogHook
 from .nan import NanLossHook
 from .preemption import PreemptionHook
 from .profiler import ProfilerHook
@@ -20,6 +21,7 @@ __all__ = [
     "HookRunner",
     "LoggingHook",
     "LoopResult",
+    "MLPerfLogHook",
     "NanLossHook",
     "PreemptionHook",
     "ProfilerHook",

@@ -18,6 +18,8 @@ class NanLossHook(Hook):
     priority = 10
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
+        if math.isfinite(sum(result.losses)):  # the sum is finite only if every loss is
+            return
         for i, loss in enumerate(result.losses):
             if not math.isfinite(loss):
                 step = result.first_step + i + 1

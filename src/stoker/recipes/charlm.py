@@ -16,7 +16,8 @@ checkpoint (so a killed run resumes with the exact memory) and starts it afresh 
 every ``evaluate`` call. ``mem_len=0`` turns the memory off (then ``cache`` is always ``None``).
 
 Entry points: :func:`train_charlm` (Python), ``stoker train charlm`` (command line; see
-:func:`add_arguments`), and :func:`estimator_from_run_spec` (used by ``stoker export``).
+:func:`add_arguments`), and :func:`estimator_from_run_spec` (registered as the ``run_spec.json``
+kind ``charlm``, for ``stoker export``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from ..errors import StokerError
 from ..estimator import Estimator
 from ..hooks import Hook, LoggingHook
 from ..metrics import Metric
+from ..run_spec import register_run_spec, write_run_spec
 from ..spec import EstimatorSpec, ModeKeys
 
 log = logging.getLogger("stoker")
@@ -378,8 +380,6 @@ def train_charlm(config: CharLMConfig | None = None, *, hooks: Sequence[Hook] = 
     train_fn, eval_fn = input_fns(config)
     est = build_estimator(config)
     if config.model_dir:
-        from ..export import write_run_spec
-
         write_run_spec(config.model_dir, kind=RUN_SPEC_KIND, params=config.model_params(),
                        config=dataclasses.asdict(config))
     return est.train_and_evaluate(train_fn, eval_fn, max_steps=config.max_steps,
@@ -387,6 +387,7 @@ def train_charlm(config: CharLMConfig | None = None, *, hooks: Sequence[Hook] = 
                                   hooks=hooks)
 
 
+@register_run_spec(RUN_SPEC_KIND)
 def estimator_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> tuple[Estimator, torch.Tensor]:
     """An Estimator that reads ``model_dir``'s checkpoints, and example features for export
     (``[2, seq_len]`` int64 bytes), from a ``run_spec.json`` written by :func:`train_charlm`."""

@@ -1,0 +1,150 @@
+"""Worker processes that build an :class:`~stoker.data.IndexedSource`'s batches.
+
+With ``num_workers > 0`` batches are built in worker processes by a
+``torch.utils.data.DataLoader(batch_size=None)`` over :class:`_BatchPlan`, a map-style
+dataset whose item ``g`` is "batch number ``g`` counted from the start of epoch 0". Its
+sampler counts up from the current position (through epoch boundaries: one plan spans all
+epochs, so no worker is ever restarted at an epoch boundary), each worker builds whole
+batches (one inter-process transfer per batch, none per example), and the loader returns
+them in order. Because item ``g`` depends only on ``g``, which worker built it and how far
+the workers had prefetched do not matter: resume with workers is exact by construction.
+
+The workers start when the source is iterated (``iter()``) or, after a ``load_state_dict``
+or ``advance`` that moved the position, at the next ``next()``. stoker's Infeed calls
+``load_state_dict`` and then ``iter()`` on the training thread *before* it starts its
+prefetch thread, so the workers are forked from the training thread, not from the
+prefetch thread while the training thread is inside a step.
+
+Start method. On Linux the workers are forked (elsewhere the platform default is used;
+``start_method`` overrides). Measured on the 2-core development machine for a 2-worker
+``image_folder`` (seconds from ``iter()`` to the first batch, median of 3;
+``benchmarks/input_pipeline.py --startup``): fork 0.11 s, forkserver 3.0 s, spawn 3.2 s
+(every spawned worker imports torch again). ``forkserver`` and ``spawn`` also re-import
+``__main__`` in the workers (a training script without an ``if __name__ == "__main__":``
+guard would start training again in them), pickle the dataset (an ImageNet file list is
+~100 MB) into every worker, and a ``spawn`` worker stopped in the middle of a batch can
+abort in its interpreter's shutdown ("terminate called without an active exception"). Fork is safe here because
+(a) it happens on the thread that iterates the source, before the Infeed's prefetch thread
+exists, and one plan spans all epochs, so no fork happens later from the prefetch thread;
+(b) a worker runs only this package's batch code, Pillow and numpy, with torch set to one
+intra-op thread by the DataLoader, so it never uses a lock or OpenMP pool inherited from
+another thread of the parent; (c) nothing in a worker touches CUDA (sources that put data
+on the GPU, such as :func:`~stoker.data.synthetic_images`, never use workers). It is also
+what ``torch.utils.data.DataLoader`` does by default on Linux.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import logging
+import sys
+import weakref
+from typing import Any, Protocol, TypeVar
+
+import torch
+
+log = logging.getLogger("stoker")
+
+
+class IndexedSource(Protocol):
+    """What the workers read of a ``stoker.data.base.IndexedSource`` (a protocol, so this module
+    does not import the one that imports it)."""
+
+    num_workers: int
+    start_method: str | None
+    seed: int
+
+    def _build_numbered(self, g: int) -> tuple[int, Any, list[str], str | None]: ...
+
+T = TypeVar("T")
+
+
+def _start_method(requested: str | None) -> str | None:
+    if requested is not None:
+        return requested
+    return "fork" if sys.platform.startswith("linux") else None  # see the module docstring
+
+
+def _as_is(item: T) -> T:
+    return item
+
+
+def _stop_loader(loader_iter: Any) -> None:
+    shutdown = getattr(loader_iter, "_shutdown_workers", None)  # the DataLoader iterator's own clean stop
+    if shutdown is None:
+        return
+    try:
+        shutdown()
+    except RuntimeError as e:
+        # A worker that dies while being stopped loses only batches nobody wants. (A spawned
+        # worker stopped mid-batch can abort in interpreter shutdown while torch's queue thread
+        # is still sending a tensor: "terminate called without an active exception".)
+        log.debug("input workers stopped with an error, ignored: %s", e)
+
+
+class _BatchPlan(torch.utils.data.Dataset):
+    """Map-style view for workers: item ``g`` is batch ``g`` counted from the start of epoch 0."""
+
+    def __init__(self, source: IndexedSource) -> None:
+        self.source = source
+
+    def __getitem__(self, g: int) -> tuple[int, Any, list[str], str | None]:
+        return self.source._build_numbered(g)
+
+
+class _BatchWorkers:
+    """One source's running workers: the loader's iterator and the batch number it gives next.
+
+    Not running until :meth:`start`; :meth:`stop` ends the processes. A copy of the source
+    (for the workers) gets a fresh, stopped ``_BatchWorkers``.
+    """
+
+    def __init__(self) -> None:
+        self.loader_it: Any = None
+        self.next_batch = -1
+        self._finalizer: weakref.finalize | None = None
+
+    def ready_at(self, g: int) -> bool:
+        """Running and about to give batch ``g``."""
+        return self.loader_it is not None and self.next_batch == g
+
+    def start(self, source: IndexedSource, start: int, end: int | None) -> None:
+        """Start ``source.num_workers`` workers building batches ``start``, ``start + 1``, ... (to ``end``)."""
+        sampler = itertools.count(start) if end is None else range(start, end)
+        loader = torch.utils.data.DataLoader(
+            _BatchPlan(copy.copy(source)),  # a copy without the loader: no reference cycle
+            batch_size=None,
+            sampler=sampler,
+            num_workers=source.num_workers,
+            collate_fn=_as_is,
+            multiprocessing_context=_start_method(source.start_method),
+            # The loader draws its workers' base seed from this generator, not from torch's
+            # global RNG, which belongs to the training step (dropout) and must not move.
+            generator=torch.Generator().manual_seed(source.seed % 2**63),
+            prefetch_factor=2,
+        )
+        self.loader_it = iter(loader)
+        self.next_batch = start
+        # Stop the workers when the source is freed. A source often dies in a reference cycle
+        # (the Estimator's run state holds the Infeed that holds it); the garbage collector then
+        # clears the loader's queues before the loader's own __del__ runs, and that __del__ waits
+        # 5 s per worker for a goodbye that can no longer be sent. The finalizer keeps the
+        # loader out of the cycle and stops it while its queues still work.
+        self._finalizer = weakref.finalize(source, _stop_loader, self.loader_it)
+        self._finalizer.atexit = False  # at exit, multiprocessing ends daemonic workers
+
+    def next(self, g: int, name: str) -> tuple[Any, list[str], str | None]:
+        """Batch ``g`` from the workers: (batch, bad-example reasons, error text or None)."""
+        got, out, bad, error = next(self.loader_it)
+        if got != g:  # the loader returns items in sampler order; this cannot happen
+            raise RuntimeError(f"{name}: workers returned batch {got}, expected {g}")
+        self.next_batch = g + 1
+        return out, bad, error
+
+    def stop(self) -> None:
+        finalizer, self._finalizer = self._finalizer, None
+        self.loader_it = None
+        self.next_batch = -1
+        if finalizer is not None:
+            finalizer()  # runs _stop_loader once

@@ -1,0 +1,136 @@
+"""``run_spec.json``: how a ``model_dir``'s model is built, and a registry of builders by kind.
+
+A recipe or harness that writes a ``model_dir`` records in ``run_spec.json`` how to rebuild its
+model (:func:`write_run_spec`), so ``stoker export MODEL_DIR`` can work from the directory alone.
+The module that writes a kind registers the builder of that kind::
+
+    @register_run_spec("charlm")
+    def estimator_from_run_spec(spec, model_dir):
+        ...
+        return estimator, example_features
+
+and :func:`estimator_from_model_dir` looks the kind up. This module is part of the engine: it
+imports no recipe, harness or Estimator. A kind's builder is known once the module that
+registers it has been imported; the ``stoker export`` command (:mod:`stoker.export_cli`)
+imports stoker's own (``stoker.recipes.charlm`` for ``charlm``, ``stoker.bench.run_spec`` for
+``zoo``). See docs/export.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ._version import __version__
+from .errors import ExportError
+
+RUN_SPEC_FILE = "run_spec.json"
+RUN_SPEC_FORMAT = "stoker-run-spec/1"
+
+#: ``builder(spec, model_dir) -> (Estimator reading model_dir, example features for export)``
+RunSpecBuilder = Callable[[Mapping[str, Any], str | os.PathLike[str]], tuple[Any, Any]]
+_B = TypeVar("_B", bound=RunSpecBuilder)
+
+#: run_spec kind -> its builder; filled by :func:`register_run_spec` as the writers are imported
+RUN_SPEC_BUILDERS: dict[str, RunSpecBuilder] = {}
+
+
+class RunSpecError(ExportError):
+    """A ``run_spec.json`` that is missing, unreadable, or of a kind no builder is registered for."""
+
+
+def write_run_spec(model_dir: str | os.PathLike[str], *, kind: str, params: Mapping[str, Any] | None = None,
+                   **fields: Any) -> Path:
+    """Record in ``model_dir/run_spec.json`` how the run's model is built.
+
+    ``kind`` names the builder (``"zoo"``: ``model``, ``dataset`` and optional ``num_classes``
+    fields; ``"charlm"``: the recipe's config). Other fields are kept as given (JSON values).
+    """
+    spec = {"format": RUN_SPEC_FORMAT, "kind": kind, **fields, "params": dict(params or {}),
+            "stoker_version": __version__, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    path = Path(model_dir) / RUN_SPEC_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{RUN_SPEC_FILE}.{uuid.uuid4().hex[:8]}.tmp")
+    tmp.write_text(json.dumps(spec, indent=1, default=str) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def read_run_spec(model_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """``model_dir/run_spec.json`` as a dict, or ``None`` when there is none."""
+    path = Path(model_dir) / RUN_SPEC_FILE
+    if not path.exists():
+        return None
+    try:
+        spec = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise RunSpecError(f"{path} is unreadable: {e}") from e
+    if not isinstance(spec, dict) or "kind" not in spec:
+        raise RunSpecError(f"{path} has no 'kind'; see docs/export.md for the run_spec.json format")
+    return spec
+
+
+def register_run_spec(kind: str) -> Callable[[_B], _B]:
+    """Decorator: register ``builder(spec, model_dir) -> (estimator, example_features)`` for
+    ``kind``. Registering a second, different builder for a kind is an error; registering the
+    same function again (a module imported twice) is not."""
+
+    def register(builder: _B) -> _B:
+        known = RUN_SPEC_BUILDERS.get(kind)
+        if known is not None and _qualified(known) != _qualified(builder):
+            raise ValueError(f"run_spec kind {kind!r} is already registered to {_qualified(known)}; "
+                             f"cannot register {_qualified(builder)} too")
+        RUN_SPEC_BUILDERS[kind] = builder
+        return builder
+
+    return register
+
+
+def run_spec_builder(kind: str) -> RunSpecBuilder:
+    """The builder registered for ``kind``; :class:`RunSpecError` naming the registered kinds if none."""
+    builder = RUN_SPEC_BUILDERS.get(kind)
+    if builder is None:
+        known = ", ".join(sorted(RUN_SPEC_BUILDERS)) or "none"
+        raise RunSpecError(
+            f"{RUN_SPEC_FILE} kind {kind!r} is unknown; registered kinds: {known}. A kind's builder is "
+            "registered (stoker.run_spec.register_run_spec) by the module that writes it, once that module "
+            "is imported: stoker.recipes.charlm for 'charlm', stoker.bench.run_spec for 'zoo' "
+            "(the `stoker export` command imports both)"
+        )
+    return builder
+
+
+def estimator_from_model_dir(model_dir: str | os.PathLike[str]) -> tuple[Any, Any, dict[str, Any]]:
+    """Rebuild the Estimator of a ``model_dir`` from its ``run_spec.json``; also return example
+    features for export and the spec."""
+    spec = read_run_spec(model_dir)
+    if spec is None:
+        raise RunSpecError(
+            f"{model_dir} has no {RUN_SPEC_FILE}, so stoker does not know how its model is built; "
+            "export from Python with stoker.export.export(estimator, ...) (see docs/export.md)"
+        )
+    est, example = run_spec_builder(spec["kind"])(spec, model_dir)
+    return est, example, spec
+
+
+def _qualified(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+__all__ = [
+    "RUN_SPEC_BUILDERS",
+    "RUN_SPEC_FILE",
+    "RUN_SPEC_FORMAT",
+    "RunSpecBuilder",
+    "RunSpecError",
+    "estimator_from_model_dir",
+    "read_run_spec",
+    "register_run_spec",
+    "run_spec_builder",
+    "write_run_spec",
+]

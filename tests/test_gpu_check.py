@@ -1,0 +1,273 @@
+"""``make gpu-check`` (benchmarks/gpu_check.py) on a machine without a GPU: its plan (the dry run),
+the clean exit without CUDA, the peak table, parsing real ``stoker bench`` output, and the
+runner's handling of rows that succeed, fail, time out or cannot run here."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from conftest import PYTHON, ROOT, python_env
+
+_spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
+gc = importlib.util.module_from_spec(_spec)
+sys.modules["gpu_check"] = gc  # dataclasses look their module up by name
+_spec.loader.exec_module(gc)
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behaviour without a CUDA device")
+
+
+def run_gpu_check(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PYTHON, "benchmarks/gpu_check.py", *args], cwd=ROOT, env=python_env(), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def dry_run() -> str:
+    proc = run_gpu_check("--dry-run")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def test_dry_run_lists_the_cuda_marked_tests(dry_run: str) -> None:
+    assert f"tests: PYTHONPATH=src {shlex.join([PYTHON, *gc.PYTEST_ARGS])}" in dry_run
+    listed = [line.strip() for line in dry_run.splitlines() if line.startswith("    tests/")]
+    for case in ("test_cuda_resume_is_bitwise_equal[fp32]", "test_cuda_resume_is_bitwise_equal[bf16]",
+                 "test_cuda_resume_is_bitwise_equal[fp16]", "test_cuda_infeed_copies_on_a_side_stream_and_eval_is_exact"):
+        assert f"tests/test_cuda.py::{case}" in listed
+    # Only cuda-marked tests: every listed file marks tests cuda, and this (unmarked) file is absent.
+    assert all("pytest.mark.cuda" in (ROOT / t.split("::")[0]).read_text() for t in listed)
+    assert not any("test_gpu_check.py" in t for t in listed)
+    assert f"selects {len(listed)} test(s):" in dry_run
+
+
+def _row(rows: list, **want: object):
+    found = [r for r in rows if all(getattr(r, k) == v for k, v in want.items())]
+    assert len(found) == 1, (want, [r.name for r in found])
+    return found[0]
+
+
+def test_dry_run_plans_every_required_row(dry_run: str) -> None:
+    rows = gc.plan(PYTHON)
+    for row in rows:  # the dry run prints each row's name and exact command
+        assert row.name in dry_run and row.command in dry_run
+    flag = {"eager": "--compile=false", "compiled": "--compile=module", "cuda_graph": "--cuda_graph=true"}
+    for precision in ("fp16", "bf16"):
+        for variant in ("eager", "compiled", "cuda_graph"):
+            plain = _row(rows, model="resnet50", batch_size=256, precision=precision, impl="plain", variant=variant)
+            assert plain.argv[1:3] == ["benchmarks/gpu_check.py", "plain"]
+            assert {"--model=resnet50", "--batch_size=256", f"--precision={precision}", f"--variant={variant}"} <= set(plain.argv)
+            st = _row(rows, model="resnet50", batch_size=256, precision=precision, impl="stoker", variant=variant)
+            assert st.argv[1:4] == ["-m", "stoker", "bench"]
+            assert {"--device=cuda", "--model=resnet50", "--batch_size=256", "--data_format=NHWC",
+                    f"--precision={precision}", flag[variant]} <= set(st.argv)
+            assert ("--cuda_graph=true" in st.argv) == (variant == "cuda_graph")
+    for impl in ("plain", "stoker"):
+        _row(rows, model="resnet20", dataset="cifar10", batch_size=128, impl=impl, variant="eager")
+        _row(rows, model="resnet20", dataset="cifar10", batch_size=128, impl=impl, variant="cuda_graph")
+    for batch in (1, 64):
+        inf = _row(rows, variant="inference", batch_size=batch)
+        assert {"--mode=inference", f"--batch_size={batch}", "--device=cuda"} <= set(inf.argv) and not inf.training
+    multi = [r for r in rows if r.nproc > 1]
+    assert {r.variant for r in multi} == {"replicated", "sharded"}
+    for r in multi:
+        assert r.argv[1:5] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+        assert f"{r.name}   [needs 2 CUDA devices, else: skipped: 1 device]" in dry_run
+    assert len({r.slug for r in rows}) == len(rows)  # distinct logs and results files
+
+
+def test_quick_plans_fewer_batches() -> None:
+    full, quick = gc.plan(PYTHON), gc.plan(PYTHON, quick=True)
+    assert [r.name for r in full] == [r.name for r in quick]
+    assert f"--num_batches={gc.FULL.num_batches}" in full[0].argv and f"--num_batches={gc.QUICK.num_batches}" in quick[0].argv
+    assert gc.QUICK.num_batches < gc.FULL.num_batches
+
+
+def test_planned_commands_are_valid_flags() -> None:
+    """Every stoker row parses with the real `stoker bench` parser into a valid BenchConfig, and every
+    plain row with the plain loop's parser. Until `--compile=module|step` and `--cuda_graph` land,
+    those two flags are mapped to today's `--compile=true` / dropped."""
+    from stoker.bench.cli import add_bench_parser, config_from_args
+
+    sub = argparse.ArgumentParser(exit_on_error=False).add_subparsers()
+    parser = add_bench_parser(sub)
+    new_flags = "--cuda_graph" in parser._option_string_actions
+    for row in gc.plan(PYTHON):
+        if row.impl == "plain":
+            args = gc.plain_parser().parse_args(row.argv[3:])
+            assert (args.model, args.batch_size, args.precision, args.variant) == (row.model, row.batch_size, row.precision, row.variant)
+            continue
+        argv = row.argv[row.argv.index("bench") + 1:]
+        if not new_flags:
+            argv = [{"--compile=module": "--compile=true", "--compile=step": "--compile=true"}.get(a, a)
+                    for a in argv if a != "--cuda_graph=true"]
+        cfg = config_from_args(parser.parse_args(argv))
+        assert (cfg.model, cfg.batch_size, cfg.precision, cfg.device) == (row.model, row.batch_size, row.precision, "cuda")
+
+
+@no_cuda
+def test_without_cuda_it_exits_at_once_with_its_message(tmp_path: Path) -> None:
+    out = tmp_path / "gc.json"
+    start = time.perf_counter()
+    proc = run_gpu_check(f"--out={out}", timeout=60)
+    assert time.perf_counter() - start < 30
+    assert proc.returncode == gc.EXIT_NO_CUDA == 3, proc.stdout + proc.stderr
+    assert proc.stdout.strip() == gc.no_cuda_message(torch)
+    assert proc.stdout.startswith(f"gpu-check: no CUDA device visible to this Python (torch {torch.__version__}, built ")
+    assert proc.stdout.strip().endswith("run it on a machine with an NVIDIA GPU: make gpu-check PY=python3")
+    assert list(tmp_path.iterdir()) == []  # ran nothing, wrote nothing
+
+
+@no_cuda
+def test_make_gpu_check_exits_0_with_the_message_without_cuda() -> None:
+    proc = subprocess.run(["make", "-s", "gpu-check", f"PY={PYTHON}"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip() == gc.no_cuda_message(torch)
+    assert not (ROOT / "gpu-check.json").exists()
+
+
+def test_peak_lookup() -> None:
+    assert gc.peak_bf16_tflops("NVIDIA H100 80GB HBM3") == (989.0, "H100 SXM")
+    assert gc.peak_bf16_tflops("NVIDIA H100 PCIe")[0] == 756.0
+    assert gc.peak_bf16_tflops("NVIDIA H100 NVL")[0] == 835.0
+    assert gc.peak_bf16_tflops("NVIDIA H200")[0] == 989.0
+    assert gc.peak_bf16_tflops("NVIDIA A100-SXM4-80GB")[0] == 312.0
+    assert gc.peak_bf16_tflops("NVIDIA A10")[0] == 125.0
+    assert gc.peak_bf16_tflops("NVIDIA L4")[0] == 121.0
+    assert gc.peak_bf16_tflops("NVIDIA L40S")[0] == 362.0
+    assert gc.peak_bf16_tflops("NVIDIA GeForce RTX 4090")[0] == 165.2
+    assert gc.peak_bf16_tflops("Tesla V100-SXM2-16GB")[0] == 125.0
+    assert gc.peak_bf16_tflops("Tesla T4")[0] == 65.0
+    assert gc.peak_bf16_tflops("NVIDIA GeForce GTX 1080") == (None, "unknown peak")
+    row = gc.Row("r", "stoker", "eager", "m", "d", 1, "bf16", [])
+    row.result = {"status": "ok", "images_per_sec": 10.0}
+    assert gc._mfu_text(row) == "n/a (unknown peak)"
+    row.result["mfu"] = 0.4567
+    assert gc._mfu_text(row) == "45.7 %"
+
+
+def _stoker_cpu(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PYTHON, "-m", "stoker", "bench", "--device=cpu", "--model=trivial", "--data_name=cifar10",
+                           "--batch_size=8", "--peak_tflops=1", *args], cwd=ROOT, env=python_env(),
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_parses_real_stoker_bench_training_output(tmp_path: Path) -> None:
+    results = tmp_path / "r.json"
+    proc = _stoker_cpu("--num_batches=2", "--num_warmup_batches=1", f"--results_file={results}")
+    assert proc.returncode == 0, proc.stderr
+    parsed = gc.parse_stoker_output(proc.stdout)
+    full = json.loads(results.read_text())
+    assert parsed["images_per_sec"] == pytest.approx(full["images_per_sec"], abs=0.006)  # printed with 2 decimals
+    assert parsed["stoker_mfu_measured_peak"] == pytest.approx(full["mfu"], abs=0.0006)
+    assert "latency_avg_ms" not in parsed
+    assert gc.parse_stoker_output("stoker bench: error: boom\n") == {}
+
+
+def test_parses_real_stoker_bench_inference_output(tmp_path: Path) -> None:
+    results = tmp_path / "r.json"
+    proc = _stoker_cpu("--mode=inference", "--iterations=5", f"--results_file={results}")
+    assert proc.returncode == 0, proc.stderr
+    parsed = gc.parse_stoker_output(proc.stdout)
+    full = json.loads(results.read_text())
+    assert parsed["images_per_sec"] == pytest.approx(full["images_per_sec"], abs=0.006)
+    assert parsed["latency_avg_ms"] == pytest.approx(full["latency_avg_ms"], abs=0.00006)
+    assert parsed["latency_p99_ms"] == pytest.approx(full["latency_p99_ms"], abs=0.00006)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_plain_loop_runs_eagerly_on_cpu(precision: str) -> None:
+    """The hand-written loop's eager path (its compiled and CUDA-graph paths need a GPU)."""
+    res = gc.plain_loop("trivial", "cifar10", 4, precision, "eager", num_batches=2, num_warmup=1, device="cpu")
+    assert res["images_per_sec"] > 0 and res["loss"] == res["loss"]
+    if precision == "fp16":
+        return  # the command line once is enough
+    out = subprocess.run([PYTHON, "benchmarks/gpu_check.py", "plain", "--device=cpu", "--model=trivial",
+                          "--data_name=cifar10", "--batch_size=4", f"--precision={precision}", "--num_batches=2",
+                          "--num_warmup_batches=1"], cwd=ROOT, env=python_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert gc.parse_plain_output(out.stdout)["images_per_sec"] > 0
+
+
+def _fake_torch(name: str = "NVIDIA H100 80GB HBM3", count: int = 1) -> SimpleNamespace:
+    return SimpleNamespace(
+        __version__="9.9.9+cu999",
+        version=SimpleNamespace(cuda="99.9"),
+        backends=SimpleNamespace(cudnn=SimpleNamespace(version=lambda: 99999)),
+        cuda=SimpleNamespace(get_device_name=lambda i: name, device_count=lambda: count,
+                             get_device_capability=lambda i: (9, 0)),
+    )
+
+
+def _args(**kw: object) -> argparse.Namespace:
+    base = dict(quick=True, budget=600.0, step_timeout=120.0, peak_tflops=None, skip_tests=True, python=PYTHON)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_runner_records_ok_failed_and_skipped_rows(tmp_path: Path) -> None:
+    """The orchestration on CPU commands: a real stoker row (images/sec, MFU against the table's
+    peak), a failing row, a two-device row; the run goes on after each."""
+    rows_dir = tmp_path / "gc.rows"
+    res_file = str(rows_dir / "ok.json")
+    ok = gc.Row("ok row", "stoker", "eager", "trivial", "cifar10", 8, "fp32",
+                [PYTHON, "-m", "stoker", "bench", "--device=cpu", "--model=trivial", "--data_name=cifar10", "--batch_size=8",
+                 "--num_batches=2", "--num_warmup_batches=1", "--peak_tflops=1", f"--results_file={res_file}"],
+                results_file=res_file)
+    bad = gc.Row("bad row", "plain", "eager", "trivial", "cifar10", 8, "fp32", [PYTHON, "-c", "import sys; sys.exit(5)"])
+    multi = gc.Row("multi row", "stoker", "replicated", "trivial", "cifar10", 8, "fp32", [PYTHON, "-c", "raise SystemExit(9)"],
+                   nproc=2)
+    out = tmp_path / "gc.json"
+    rc = gc.run_all(_args(), [ok, bad, multi], out, rows_dir, _fake_torch(), "0.0.0", lambda model, dataset: 0.5)
+    assert rc == gc.EXIT_FAILED
+    report = json.loads(out.read_text())
+    assert (report["device"], report["device_count"], report["torch_version"], report["cuda_version"]) == (
+        "NVIDIA H100 80GB HBM3", 1, "9.9.9+cu999", "99.9")
+    assert report["peak_bf16_tflops"] == 989.0 and report["status"] == "failed" and report["date"]
+    assert report["tests"]["status"] == "skipped: --skip-tests"
+    by_name = {r["name"]: r for r in report["rows"]}
+    assert list(by_name) == ["ok row", "bad row", "multi row"]
+    good = by_name["ok row"]
+    assert good["status"] == "ok" and good["command"] == ok.command
+    assert good["images_per_sec"] == json.loads(Path(res_file).read_text())["images_per_sec"]
+    assert good["gflop_per_image"] == 1.5  # 3 x forward for training
+    assert good["mfu"] == pytest.approx(good["images_per_sec"] * 1.5 / 989_000)
+    assert by_name["bad row"]["status"] == "failed: exit 5"
+    assert by_name["multi row"]["status"] == "skipped: 1 device"
+    table = out.with_suffix(".md").read_text()
+    assert "| multi row | - | - | skipped: 1 device |" in table
+    assert f"| ok row | {good['images_per_sec']:.1f} | {100 * good['mfu']:.1f} % | ok |" in table
+
+
+def test_a_row_past_its_timeout_is_killed_with_its_children(tmp_path: Path) -> None:
+    pid_file = tmp_path / "pid"
+    spawn = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+             f"open({str(pid_file)!r}, 'w').write(str(p.pid)); p.wait()")
+    row = gc.Row("slow row", "plain", "eager", "trivial", "cifar10", 8, "fp32", [PYTHON, "-c", spawn])
+    start = time.perf_counter()
+    res = gc.measure_row(row, 3.0, tmp_path / "slow.log", 1.0, 989.0)
+    assert res["status"] == "timeout after 3 s" and time.perf_counter() - start < 20
+    grandchild = Path(f"/proc/{pid_file.read_text()}/status")
+    time.sleep(0.5)
+    assert not grandchild.exists() or "State:\tZ" in grandchild.read_text()  # gone (or a zombie awaiting init)
+
+
+def test_runner_skips_rows_past_the_budget_and_marks_unknown_peaks(tmp_path: Path) -> None:
+    ran = tmp_path / "ran"
+    row = gc.Row("late row", "plain", "eager", "trivial", "cifar10", 8, "fp32", [PYTHON, "-c", f"open({str(ran)!r}, 'w')"])
+    out = tmp_path / "gc.json"
+    rc = gc.run_all(_args(budget=gc.MIN_ROW_S - 1), [row], out, tmp_path / "rows", _fake_torch("Some GPU"), "0", lambda m, d: 1.0)
+    report = json.loads(out.read_text())
+    assert rc == gc.EXIT_OK and not ran.exists()
+    assert report["rows"][0]["status"].startswith("skipped: time budget")
+    assert report["peak_bf16_tflops"] is None
+    assert "MFU against n/a (unknown peak)" in out.with_suffix(".md").read_text()

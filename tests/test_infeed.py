@@ -1,0 +1,77 @@
+"""The infeed decides where batches are fetched: the training thread or a prefetch thread."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from stoker.infeed import PROBE_BATCHES, Infeed
+
+CPU = torch.device("cpu")
+
+
+def rows(n: int, delay: float = 0.0, fail_at: int | None = None):  # noqa: ANN201
+    x = torch.arange(n, dtype=torch.float32).reshape(n, 1)
+    for i in range(n):
+        if delay:
+            time.sleep(delay)  # releases the GIL, as decoding or file reads do
+        if i == fail_at:
+            raise ValueError(f"bad record {i}")
+        yield x[i : i + 1], x[i : i + 1]
+
+
+def infeed_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "stoker-infeed"]
+
+
+def test_in_memory_batches_on_the_cpu_are_fetched_without_a_thread():
+    with Infeed(rows(60), device=CPU, prefetch_depth=2) as infeed:
+        assert infeed.prefetching is None  # measuring
+        got = [int(b.features) for b in infeed]
+        assert infeed.prefetching is False
+        assert not infeed_threads()
+    assert got == list(range(60))
+    assert infeed.state_dict() == {"source": None, "skip": 60}
+
+
+def test_slow_fetches_start_the_prefetch_thread_after_the_probe_with_the_same_batches_and_position():
+    with Infeed(rows(40, delay=0.001), device=CPU, prefetch_depth=2) as infeed:
+        got = [int(next(infeed).features) for _ in range(PROBE_BATCHES + 1)]
+        assert infeed.prefetching is True and infeed_threads()
+        got += [int(next(infeed).features) for _ in range(5)]
+        assert infeed.state_dict() == {"source": None, "skip": PROBE_BATCHES + 6}  # consumed, not prefetched
+        got += [int(b.features) for b in infeed]
+    assert got == list(range(40))
+    assert not infeed_threads()
+
+
+def test_an_input_error_after_the_switch_reaches_the_training_thread():
+    with Infeed(rows(40, delay=0.001, fail_at=30), device=CPU, prefetch_depth=2) as infeed:
+        with pytest.raises(ValueError, match="bad record 30"):
+            for _ in infeed:
+                pass
+        assert infeed.prefetching is True
+
+
+def test_prefetch_depth_0_and_inline_sources_never_measure_or_start_a_thread():
+    class Inline:
+        prefers_inline_fetch = True
+
+        def __iter__(self):  # noqa: ANN204
+            return rows(40, delay=0.001)
+
+    for source, depth in ((rows(40, delay=0.001), 0), (Inline(), 2)):
+        with Infeed(source, device=CPU, prefetch_depth=depth) as infeed:
+            assert infeed.prefetching is False
+            assert len(list(infeed)) == 40
+            assert infeed.prefetching is False
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_thread_starts_at_once():
+    with Infeed(rows(10), device=torch.device("cuda"), prefetch_depth=2) as infeed:
+        assert infeed.prefetching is True
+        assert [int(b.features) for b in infeed] == list(range(10))
