@@ -47,6 +47,10 @@ class EstimatorSpec:
             or a tuple of tensors); stoker detaches it and saves it in checkpoints.
     """
 
+    # Where ``predictions`` is kept (the property below resolves a function). A plain slot, so
+    # that ``torch.compile`` (``compile="step"``) traces building a spec: it cannot trace a
+    # slot descriptor's ``__set__``. First, because ``__init__`` sets init=False fields in order.
+    _predictions: Any = field(default=None, init=False, repr=False, compare=False)
     loss: torch.Tensor | None = None
     predictions: Mapping[str, torch.Tensor] | Callable[[], Mapping[str, torch.Tensor]] | None = None
     eval_metrics: Mapping[str, Any] = field(default_factory=dict)
@@ -54,20 +58,21 @@ class EstimatorSpec:
     cache: torch.Tensor | tuple[torch.Tensor, ...] | None = None
 
 
-# ``predictions`` given as a function is resolved where it is read: the slot keeps what was
-# given, and a property in front of it calls a function once and keeps its result.
-_predictions_slot = EstimatorSpec.__dict__["predictions"]
-
-
+# ``predictions`` given as a function is resolved where it is read: ``_predictions`` keeps what
+# was given, and a property in front of the ``predictions`` field calls a function once and
+# keeps its result.
 def _get_predictions(spec: EstimatorSpec) -> Mapping[str, torch.Tensor] | None:
-    value = _predictions_slot.__get__(spec, EstimatorSpec)
+    value = spec._predictions
     if callable(value):
         value = value()
-        _predictions_slot.__set__(spec, value)
+        spec._predictions = value
     return value
 
 
-EstimatorSpec.predictions = property(  # type: ignore[assignment]
-    _get_predictions, _predictions_slot.__set__, doc="The predictions dict (a function given is called on first read)."
-)
+def _set_predictions(spec: EstimatorSpec, value: Any) -> None:
+    spec._predictions = value
 
+
+EstimatorSpec.predictions = property(  # type: ignore[assignment]
+    _get_predictions, _set_predictions, doc="The predictions dict (a function given is called on first read)."
+)
