@@ -46,7 +46,7 @@ import torch.optim.optimizer as _optim
 from .data._tree import batch_rows
 from .errors import StokerError
 from .infeed import Infeed
-from .loop import TrainStep, _check_train_batch, _detach, _snapshot_host_call, check_spec
+from .loop import TrainStep, _check_train_batch, _snapshot_host_call, check_spec, detach_cache
 from .precision import autocast_context
 from .spec import ModeKeys
 
@@ -221,7 +221,7 @@ class CompiledTrainStep(TrainStep):
                 _check_train_batch(batch_rows(batch.features) or 0, self.params["batch_size"])
                 self._checked = True
             if spec.cache is not None or self.carries_cache:
-                self.params["cache"] = _detach(spec.cache)
+                self.params["cache"] = detach_cache(spec.cache)
                 self.carries_cache = True
             if self._no_sync is not None and micro < self.accumulation - 1:
                 with self._no_sync():

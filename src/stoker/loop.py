@@ -98,7 +98,7 @@ class TrainStep:
                 self._checked = True
             loss = spec.loss
             if spec.cache is not None or self.carries_cache:
-                self.params["cache"] = _detach(spec.cache)
+                self.params["cache"] = detach_cache(spec.cache)
                 self.carries_cache = True
             scaled = loss / self.accumulation if self.accumulation > 1 else loss
             if self.scaler is not None:
@@ -140,12 +140,13 @@ def _check_train_batch(rows: int, expected: int) -> None:
         )
 
 
-def _detach(cache: Any) -> Any:
+def detach_cache(cache: Any) -> Any:
+    """A carried cache (a tensor or a tuple of them, nested) cut from the autograd graph."""
     if cache is None:
         return None
     if isinstance(cache, torch.Tensor):
         return cache.detach()
-    return tuple(_detach(c) for c in cache)
+    return tuple(detach_cache(c) for c in cache)
 
 
 class DeviceLoop:

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..infeed import Batch
-from ..loop import ModelFn, check_spec
+from ..loop import ModelFn, check_spec, detach_cache
 from ..metrics import MetricAccumulator
 from ..precision import autocast_context
 from ..spec import EstimatorSpec, ModeKeys
@@ -128,13 +128,4 @@ class _EvalSums:
         return results
 
 
-def detach_cache(cache: Any) -> Any:
-    """A carried cache (a tensor or tuple of tensors) cut from the autograd graph."""
-    if cache is None:
-        return None
-    if isinstance(cache, torch.Tensor):
-        return cache.detach()
-    return tuple(c.detach() for c in cache)
-
-
-__all__ = ["EvaluationRun", "detach_cache"]
+__all__ = ["EvaluationRun"]

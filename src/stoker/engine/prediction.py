@@ -13,10 +13,9 @@ from typing import Any
 import torch
 
 from ..errors import ModelFnError
-from ..loop import ModelFn, check_spec
+from ..loop import ModelFn, check_spec, detach_cache
 from ..precision import autocast_context
 from ..spec import ModeKeys
-from .evaluation import detach_cache
 from .inputs import InputFn, InputPlan
 from .model_state import ModelState
 
