@@ -4,6 +4,7 @@ Layout (a user-facing format, documented in docs/checkpoints.md)::
 
     model_dir/
       checkpoint.json              index: latest, retained checkpoints, best, sha256 of each file
+      checkpoint.lock              taken (flock) by every writer of the index: trainer, evaluator
       ckpt-<step>/model.safetensors   weights, readable without stoker
       ckpt-<step>/train_state.pt      optimizer, schedule, scaler, RNGs, step, cache, hook state
       ckpt-<step>/input-<rank>.json   input pipeline position of each replica (.pt if not JSON)
@@ -34,11 +35,17 @@ import shutil
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+try:  # POSIX; elsewhere the index has one writer at a time by convention
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None  # type: ignore[assignment]
 
 import safetensors.torch
 import torch
@@ -49,6 +56,7 @@ from .errors import CheckpointError, CorruptCheckpointError
 log = logging.getLogger("stoker")
 
 INDEX_NAME = "checkpoint.json"
+INDEX_LOCK_NAME = "checkpoint.lock"
 INDEX_FORMAT = "stoker-checkpoint-index/1"
 MODEL_FILE = "model.safetensors"
 TRAIN_STATE_FILE = "train_state.pt"
@@ -207,6 +215,40 @@ class CheckpointManager:
     def best(self) -> dict[str, Any] | None:
         return self.index()["best"]
 
+    @contextmanager
+    def index_lock(self) -> Iterator[None]:
+        """Hold ``model_dir``'s index lock: one read-modify-write of the index at a time.
+
+        Two processes write the index (the trainer saving, an evaluator recording results), so
+        every update reads, changes and replaces it under this lock; neither can lose the
+        other's change. An advisory ``flock`` on a lock file beside the index: released by the
+        kernel when the holder dies, so a kill -9 never leaves it stuck.
+        """
+        self.model_dir.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.model_dir / INDEX_LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if fcntl is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the flock
+
+    def update_index(self, mutate: Callable[[dict[str, Any]], Any]) -> Any:
+        """Apply ``mutate`` to the index under the lock, apply retention, write it atomically.
+
+        Returns what ``mutate`` returned. Checkpoints retention drops are deleted after the new
+        index no longer names them.
+        """
+        if not self.writer:
+            raise CheckpointError("this CheckpointManager was opened read-only (writer=False)")
+        with self.index_lock():
+            index = self.index()
+            result = mutate(index)
+            removed = self._retain(index)
+            _atomic_write_text(self.model_dir / INDEX_NAME, json.dumps(index, indent=1, sort_keys=True))
+        self._remove(removed)
+        return result
+
     # ---------------------------------------------------------------- save
     def begin(self, step: int) -> Path:
         """A fresh temporary directory for ``ckpt-<step>`` that other replicas may write into."""
@@ -234,6 +276,7 @@ class CheckpointManager:
         files: dict[str, str] = {}
         size = 0
         index_tmp: Path | None = None
+        locked = False
         try:
             for extra in sorted(p for p in tmp.rglob("*") if p.is_file()):
                 data = extra.read_bytes()
@@ -253,7 +296,12 @@ class CheckpointManager:
                 size += len(data)
             # The index that will name this checkpoint is known now: its temporary file is
             # written and fsynced together with the checkpoint's files, and renamed into
-            # place only once the checkpoint directory is.
+            # place only once the checkpoint directory is. The index lock is held from this
+            # read to that rename, so another writer's update (an evaluator's result) is
+            # neither lost nor overwritten.
+            lock = self.index_lock()
+            lock.__enter__()
+            locked = True
             index = self.index()
             records = [r for r in index["checkpoints"] if r["name"] != name]
             records.append({"name": name, "step": step, "time": time.time(), "bytes": size, "files": files, "metrics": {}})
@@ -281,47 +329,52 @@ class CheckpointManager:
             else:
                 os.replace(tmp, final)
             _fsync_dir(self.model_dir)  # the checkpoint is in place before the index names it
+            os.replace(index_tmp, index_path)
+            _fsync_dir(self.model_dir)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             if index_tmp is not None:
                 index_tmp.unlink(missing_ok=True)
             raise
-        os.replace(index_tmp, index_path)
-        _fsync_dir(self.model_dir)
+        finally:
+            if locked:
+                lock.__exit__(None, None, None)
         self._remove(removed)
         return final
 
     def record_eval(self, step: int, metrics: Mapping[str, float]) -> bool:
-        """Attach evaluation results to ``ckpt-<step>``; returns whether it became the best."""
+        """Attach evaluation results to ``ckpt-<step>``; returns whether it became the best.
+
+        Returns False (and records nothing) when the index no longer names the checkpoint,
+        e.g. retention removed it before an evaluator got to it.
+        """
         if not self.writer:
             return False
-        index = self.index()
         name = f"ckpt-{step}"
-        rec = next((r for r in index["checkpoints"] if r["name"] == name), None)
-        if rec is None:
-            return False
-        rec["metrics"] = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and k != "global_step"}
-        improved = False
-        if self.keep_best is not None:
+        kept = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and k != "global_step"}
+
+        def attach(index: dict[str, Any]) -> bool:
+            rec = next((r for r in index["checkpoints"] if r["name"] == name), None)
+            if rec is None:
+                return False
+            rec["metrics"] = kept
+            if self.keep_best is None:
+                return False
             metric, mode = self.keep_best
-            if metric not in rec["metrics"]:
+            if metric not in kept:
                 raise CheckpointError(
-                    f"RunConfig.keep_best names metric {metric!r}, but evaluation returned only "
-                    f"{sorted(rec['metrics'])}"
+                    f"RunConfig.keep_best names metric {metric!r}, but evaluation returned only {sorted(kept)}"
                 )
-            value = rec["metrics"][metric]
+            value = kept[metric]
             best = index["best"]
             if value != value:  # NaN never becomes the best
-                better = False
-            elif best is None:
-                better = True
-            else:
-                better = value < best["value"] if mode == "min" else value > best["value"]
-            if better:
+                return False
+            if best is None or (value < best["value"] if mode == "min" else value > best["value"]):
                 index["best"] = {"name": name, "step": step, "metric": metric, "mode": mode, "value": value}
-                improved = True
-        self._retain_and_write(index)
-        return improved
+                return True
+            return False
+
+        return bool(self.update_index(attach))
 
     def _retain(self, index: dict[str, Any]) -> list[str]:
         """Drop from ``index`` the records retention no longer keeps; return their names."""
@@ -340,11 +393,6 @@ class CheckpointManager:
         # Delete only after the index no longer names them: a crash here leaves a harmless orphan.
         for name in names:
             shutil.rmtree(self.model_dir / name, ignore_errors=True)
-
-    def _retain_and_write(self, index: dict[str, Any]) -> None:
-        removed = self._retain(index)
-        _atomic_write_text(self.model_dir / INDEX_NAME, json.dumps(index, indent=1, sort_keys=True))
-        self._remove(removed)
 
     def _remove_leftovers(self) -> None:
         """Remove temporary directories a crashed save left behind."""
