@@ -48,6 +48,49 @@ def test_slow_fetches_start_the_prefetch_thread_after_the_probe_with_the_same_ba
     assert not infeed_threads()
 
 
+class Counted:
+    """A stateful source: row ``i`` is ``i``; its state is the next row to read."""
+
+    def __init__(self, n: int, delay: float = 0.0) -> None:
+        self.n, self.delay, self.pos = n, delay, 0
+        self.x = torch.arange(n, dtype=torch.float32).reshape(n, 1)
+
+    def __iter__(self):  # noqa: ANN204
+        return self
+
+    def __next__(self):  # noqa: ANN204
+        if self.pos >= self.n:
+            raise StopIteration
+        time.sleep(self.delay)
+        i, self.pos = self.pos, self.pos + 1
+        return self.x[i : i + 1], self.x[i : i + 1]
+
+    def state_dict(self) -> dict[str, int]:
+        return {"pos": self.pos}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.pos = state["pos"]
+
+
+def test_the_position_of_a_stateful_source_is_exact_before_during_and_after_the_switch():
+    # Inline, the position is the source's own state read at checkpoint time; once the thread
+    # runs ahead, it is a snapshot the thread took plus the batches consumed since.
+    n = PROBE_BATCHES + 20
+    with Infeed(Counted(n, delay=0.001), device=CPU, prefetch_depth=3, snapshot_every=4) as infeed:
+        got, states, modes = [], [infeed.state_dict()], []
+        for batch in infeed:
+            got.append(int(batch.features))
+            states.append(infeed.state_dict())
+            modes.append(infeed.prefetching)
+    assert got == list(range(n))
+    assert modes[PROBE_BATCHES - 1] is None and modes[PROBE_BATCHES] is True  # switched at batch PROBE_BATCHES + 1
+    assert [s["source"]["pos"] + s["skip"] for s in states] == list(range(n + 1))
+    assert any(s["skip"] for s in states)  # some positions really come from a snapshot plus a count
+    for k in (0, PROBE_BATCHES, PROBE_BATCHES + 1, PROBE_BATCHES + 2, PROBE_BATCHES + 7, n):
+        with Infeed(Counted(n), device=CPU, prefetch_depth=0, restore=dict(states[k])) as resumed:
+            assert [int(b.features) for b in resumed] == list(range(k, n)), k
+
+
 def test_an_input_error_after_the_switch_reaches_the_training_thread():
     with Infeed(rows(40, delay=0.001, fail_at=30), device=CPU, prefetch_depth=2) as infeed:
         with pytest.raises(ValueError, match="bad record 30"):

@@ -109,10 +109,22 @@ def test_user_iterables_resume(tmp_path, kind, caplog):
     assert len(replay_warnings) == (1 if kind == "plain" else 0)
 
 
-def test_input_state_is_the_consumed_position_not_the_prefetched_one(tmp_path):
+def test_input_state_is_the_consumed_position_not_the_prefetched_one(tmp_path, monkeypatch):
+    # In-memory arrays are fetched inline on the CPU; make the infeed start its prefetch thread
+    # after a probe of one batch, so the thread really runs ahead of the loop here.
+    from stoker import infeed as infeed_module
+    from stoker.data.arrays import ArraySource
+
+    monkeypatch.setattr(infeed_module, "PROBE_BATCHES", 1)
+    monkeypatch.setattr(infeed_module, "THREAD_PAYS_ABOVE_S", 0.0)
+    monkeypatch.setattr(ArraySource, "prefers_inline_fetch", False)
+    started = []
+    start_thread = infeed_module.Infeed._start_thread
+    monkeypatch.setattr(infeed_module.Infeed, "_start_thread", lambda self: (started.append(self.consumed), start_thread(self)))
     x, y = make_data(100)
     est = make_estimator(tmp_path, iterations_per_loop=4, prefetch_depth=4)
     est.train(train_input(x, y), max_steps=6)  # loops of 4 and 2: the last is not a snapshot boundary
+    assert started == [2]  # the warm-up batch and the one probed batch were fetched inline
     import json
 
     state = json.loads((tmp_path / "ckpt-6" / "input-0.json").read_text())

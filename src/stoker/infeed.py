@@ -15,9 +15,11 @@ Iterating (this module) is kept apart from stepping (``loop.py``). The infeed
   ``prefers_inline_fetch = True`` is always fetched in the training thread;
 - measures how long the loop waited for data;
 - tracks the position of the data the *loop has consumed* (not what was prefetched), for
-  checkpoints: the source's own state (``state_dict`` / grain's ``get_state``) snapshotted
-  every ``snapshot_every`` batches, plus the count consumed since that snapshot. A source
-  without state is resumed by replaying the batches it had consumed, with a warning.
+  checkpoints: fetching inline, that is the source's own state (``state_dict`` / grain's
+  ``get_state``) read when the checkpoint is taken; with the prefetch thread, which runs
+  ahead, it is that state snapshotted by the thread every ``snapshot_every`` batches, plus
+  the count consumed since the snapshot. A source without state is resumed by replaying the
+  batches it had consumed, with a warning.
 """
 
 from __future__ import annotations
@@ -111,7 +113,9 @@ class Infeed:
                 skip = 0
         self._it = iter(source)
         self._skip(skip)
-        self._base = self._snapshot()
+        # With a prefetch thread (only then): the source's state as of the last snapshot the
+        # loop consumed up to, the consumed count then, and the count the thread produced.
+        self._base: Any = None
         self._base_consumed = 0
         self._produced = 0
         self._queue: queue.Queue[Any] | None = None
@@ -131,6 +135,10 @@ class Infeed:
                 self.prefetching = None
 
     def _start_thread(self) -> None:
+        # Fetched inline so far, the source's position is the consumed one: it becomes the base
+        # the thread's snapshots count from.
+        self._base = self._snapshot()
+        self._base_consumed = self._produced = self.consumed
         self._queue = queue.Queue(maxsize=self._depth)
         self._thread = threading.Thread(target=self._produce, name="stoker-infeed", daemon=True)
         self._thread.start()
@@ -192,10 +200,14 @@ class Infeed:
         """Position of the data the loop has consumed, for a checkpoint."""
         if self._api is None:
             return {"source": None, "skip": self._replayed_before + self.consumed}
+        if self._queue is None:  # fetched inline: the source stands exactly where the loop is
+            return {"source": self._snapshot(), "skip": 0}
         return {"source": self._base, "skip": self.consumed - self._base_consumed}
 
     # ------------------------------------------------------------------ producing
     def _next_item(self) -> tuple[Batch, Any] | object:
+        """The next batch and, every ``snapshot_every`` batches, the source's state after it
+        (the prefetch thread's way: the consumer adopts the snapshot when it takes that batch)."""
         try:
             item = next(self._it)
         except StopIteration:
@@ -203,6 +215,15 @@ class Infeed:
         self._produced += 1
         snap = self._snapshot() if self._api and self._produced % self.snapshot_every == 0 else None
         return self._prepare(item), snap
+
+    def _next_inline(self) -> Batch | object:
+        """The next batch, fetched in the training thread: no snapshot, since ``state_dict``
+        reads the source itself while nothing is fetched ahead."""
+        try:
+            item = next(self._it)
+        except StopIteration:
+            return _END
+        return self._prepare(item)
 
     def _prepare(self, item: Any) -> Batch:
         if isinstance(item, (tuple, list)) and len(item) == 2 and not hasattr(item, "_fields"):
@@ -266,15 +287,24 @@ class Infeed:
 
     def __next__(self) -> Batch:
         start = time.perf_counter()
-        entry = self._queue.get() if self._queue is not None else self._next_item()
-        seconds = time.perf_counter() - start
-        self.wait_seconds += seconds
+        if self._queue is None:  # inline: the common CPU case, kept short
+            batch = self._next_inline()
+            seconds = time.perf_counter() - start
+            self.wait_seconds += seconds
+            if batch is _END:
+                raise StopIteration
+            self.consumed += 1  # before _measure, which may start the thread from this position
+            if self._probe is not None:
+                self._measure(seconds)
+            if self._cuda:  # prefetch_depth=0 on CUDA: the copy was still made on the side stream
+                return batch.wait()  # type: ignore[union-attr]
+            return batch  # type: ignore[return-value]
+        entry = self._queue.get()
+        self.wait_seconds += time.perf_counter() - start
         if entry is _END:
             raise StopIteration
         if isinstance(entry, _Failure):
             raise entry.error
-        if self._probe is not None:
-            self._measure(seconds)
         batch, snap = entry
         self.consumed += 1
         if snap is not None:

@@ -80,9 +80,14 @@ class TrainStep:
         self._checked = False
         self._autocast = precision != "fp32"  # fp32 needs no context around the forward pass
         self._no_sync = getattr(module, "no_sync", None) if accumulation > 1 else None
+        # One micro-batch, fp32, no loss scaling and no clipping: most runs. Its step is written
+        # out without the branches the general one needs (on a host-bound model they show).
+        self._plain = accumulation == 1 and scaler is None and not self._autocast and clip_norm is None
 
     def __call__(self, infeed: Infeed) -> tuple[torch.Tensor, Any]:
         """Run one step; return its loss (a device scalar) and a copy of its ``host_call``."""
+        if self._plain and self._checked:
+            return self._plain_step(infeed)
         loss_sum: torch.Tensor | None = None
         host_call = None
         for micro in range(self.accumulation):
@@ -131,6 +136,25 @@ class TrainStep:
         assert loss_sum is not None
         return (loss_sum / self.accumulation if self.accumulation > 1 else loss_sum), host_call
 
+    def _plain_step(self, infeed: Infeed) -> tuple[torch.Tensor, Any]:
+        """``__call__`` for one fp32 micro-batch without scaling or clipping, after the first
+        step has checked the spec."""
+        batch = next(infeed)
+        spec = self.model_fn(self.module, batch.features, batch.labels, ModeKeys.TRAIN, self.params)
+        loss = spec.loss
+        if spec.cache is not None or self.carries_cache:
+            self.params["cache"] = detach_cache(spec.cache)
+            self.carries_cache = True
+        loss.backward()
+        host_call = spec.host_call
+        if host_call is not None:
+            host_call = _snapshot_host_call(host_call)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.schedule is not None:
+            self.schedule.step()
+        return loss.detach(), host_call
+
 
 def _check_train_batch(rows: int, expected: int) -> None:
     if rows != expected:
@@ -162,7 +186,7 @@ class DeviceLoop:
         self.exhausted = False
 
     def run_loop(self, infeed: Infeed, steps: int) -> LoopResult:
-        run = self.run
+        run, step = self.run, self.step
         first = run.global_step
         losses: list[torch.Tensor] = []
         host_calls: list[Any] = []
@@ -170,9 +194,9 @@ class DeviceLoop:
         start = time.perf_counter()
         for _ in range(steps):
             try:
-                loss, host_call = self.step(infeed)
+                loss, host_call = step(infeed)
             except StopIteration:  # the data ended: drop a half-accumulated step and stop
-                self.step.optimizer.zero_grad(set_to_none=True)
+                step.optimizer.zero_grad(set_to_none=True)
                 self.exhausted = True
                 break
             losses.append(loss)
@@ -182,30 +206,24 @@ class DeviceLoop:
             if run.stop_requested and self.may_break_early:  # a signal: stop after this step
                 break
         done = run.global_step - first
-        if self.strategy.world_size > 1:  # data ran out on some replica: all stop together
+        alone = self.strategy.world_size == 1
+        if not alone:  # data ran out on some replica: all stop together
             self.exhausted = self.strategy.any_replica(self.exhausted)
         # The outfeed: one device-to-host copy for every value of every step in the loop
         # (after one all-reduce that averages them over replicas).
         if not losses:
             losses_host = []
-        elif len(losses) == 1 and self.strategy.world_size == 1:  # iterations_per_loop=1: no stack
-            losses_host = [losses[0].float().item()]
+        elif len(losses) == 1 and alone:  # iterations_per_loop=1: no stack (item() of a half is exact too)
+            losses_host = [losses[0].item()]
         else:
             losses_host = self._mean_over_replicas(torch.stack(losses).float()).tolist()
-        values = _read_host_calls(host_calls, self._mean_over_replicas)
+        values = _read_host_calls(host_calls, self._mean_over_replicas) if host_calls else {}
         seconds = time.perf_counter() - start
-        lr = self.step.optimizer.param_groups[0]["lr"]
-        values["learning_rate"] = [float(lr)] * done
-        return LoopResult(
-            first_step=first,
-            steps=done,
-            global_step=run.global_step,
-            losses=losses_host,
-            values=values,
-            seconds=seconds,
-            input_wait_seconds=infeed.wait_seconds - wait_before,
-            examples=done * self.global_batch_size,
-        )
+        values["learning_rate"] = [float(step.optimizer.param_groups[0]["lr"])] * done
+        # Positional, in LoopResult's field order: first_step, steps, global_step, losses,
+        # values, seconds, input_wait_seconds, examples.
+        return LoopResult(first, done, run.global_step, losses_host, values, seconds,
+                          infeed.wait_seconds - wait_before, done * self.global_batch_size)
 
 
     def _mean_over_replicas(self, values: torch.Tensor) -> torch.Tensor:

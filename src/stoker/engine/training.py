@@ -104,15 +104,17 @@ class TrainingRun:
             loop = DeviceLoop(step, run, run.global_batch_size, self.strategy)
             state.build_model().train()
             state.holds, state.weights_of, started = "memory", None, True
+            end_loop = getattr(step, "end_loop", None)  # a step keeping state on the device hands it back
+            alone = self.strategy.world_size == 1
+            iterations = self.config.iterations_per_loop
             while not run.stop_requested:
-                n = self.config.iterations_per_loop
+                n = iterations
                 if run.max_steps is not None:
                     n = min(n, run.max_steps - run.global_step)
                 if n <= 0:
                     break
                 runner.before_loop(run, n)
                 result = loop.run_loop(infeed, n)
-                end_loop = getattr(step, "end_loop", None)  # a step keeping state on the device hands it back
                 if end_loop is not None:
                     end_loop()
                 state.global_step = run.global_step
@@ -120,7 +122,8 @@ class TrainingRun:
                     run.request_stop(f"input_fn's data ended at step {run.global_step}")
                 run.logs.clear()  # values hooks share are fresh at every loop boundary
                 runner.after_loop(run, result)
-                run.stop_requested = run.any_replica(run.stop_requested)
+                if not alone:  # a stop one replica decided (a signal, its clock) stops them all
+                    run.stop_requested = run.any_replica(run.stop_requested)
             runner.end(run)
         except BaseException as error:
             if started:
