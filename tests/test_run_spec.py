@@ -61,4 +61,4 @@ def test_the_engine_registers_nothing_and_the_providers_register_their_kinds():
         "print(before, sorted(r.RUN_SPEC_BUILDERS))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["[]", "['charlm',", "'zoo']"]
+    assert out.stdout.split() == ["[]", "['bert',", "'charlm',", "'zoo']"]

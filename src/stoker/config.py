@@ -60,6 +60,11 @@ class RunConfig:
         summaries: write TensorBoard events and ``metrics.csv`` into ``model_dir``.
         distributed_timeout: seconds a collective may wait for a lost replica.
         deterministic: ask torch for deterministic kernels (slower on GPU).
+        recompute: activation recompute (``docs/memory.md``): ``None`` (off), ``"all"`` (the
+            whole model, or each pipeline stage), or glob patterns on module names such as
+            ``"layers.*"`` whose modules drop their activations after the forward pass and
+            recompute them in backward (``torch.utils.checkpoint``, non-reentrant; gradients
+            are bitwise the same). A pattern that matches no module is an error listing them.
         mlperf_log: write MLPerf-style ``:::MLLOG`` events to ``model_dir/mlperf.log`` (RUN_START,
             EPOCH_START/STOP, RUN_STOP; ``stoker.hooks.MLPerfLogHook`` adds evaluations).
     """
@@ -88,6 +93,7 @@ class RunConfig:
     distributed_timeout: float = 1800.0
     deterministic: bool = False
     mlperf_log: bool = False
+    recompute: str | tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.model_dir is not None:
@@ -146,6 +152,7 @@ class RunConfig:
             raise ValueError("RunConfig.cuda_graph=True needs a CUDA device; device is 'cpu' (set device='cuda' or cuda_graph=False)")
         if self.cuda_graph and self.compile_mode == "step":
             raise ValueError("RunConfig: cuda_graph=True and compile='step' are two ways to run the step; pick one")
+        self.recompute = _recompute_spec(self.recompute)
         if not self.distributed_timeout > 0:
             raise ValueError(f"RunConfig.distributed_timeout must be > 0; got {self.distributed_timeout}")
 
@@ -162,6 +169,23 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
+
+
+def _recompute_spec(value: object) -> str | tuple[str, ...] | None:
+    """``None``, ``"all"`` or a tuple of non-empty glob patterns (a single pattern or a list is accepted)."""
+    if value is None or value == "all":
+        return value  # type: ignore[return-value]
+    patterns = [value] if isinstance(value, str) else value
+    if (
+        not isinstance(patterns, (list, tuple))
+        or not patterns
+        or not all(isinstance(p, str) and p.strip() for p in patterns)
+    ):
+        raise ValueError(
+            "RunConfig.recompute must be None, 'all', or module-name patterns (a string or a list of "
+            f"strings such as 'layers.*'); got {value!r}"
+        )
+    return tuple(p.strip() for p in patterns)
 
 
 def _positive_int(name: str, value: object) -> None:

@@ -24,6 +24,7 @@ from .run_spec import RUN_SPEC_FILE, estimator_from_model_dir
 def import_run_spec_providers() -> None:
     """Import the modules that register stoker's own run_spec kinds, so their builders are known."""
     from .bench import run_spec as _zoo  # noqa: F401  kind "zoo", written by stoker bench --train_dir
+    from .recipes import bert as _bert  # noqa: F401  kind "bert", written by stoker train bert
     from .recipes import charlm as _charlm  # noqa: F401  kind "charlm", written by stoker train charlm
 
 

@@ -99,7 +99,7 @@ def run_spec_builder(kind: str) -> RunSpecBuilder:
         raise RunSpecError(
             f"{RUN_SPEC_FILE} kind {kind!r} is unknown; registered kinds: {known}. A kind's builder is "
             "registered (stoker.run_spec.register_run_spec) by the module that writes it, once that module "
-            "is imported: stoker.recipes.charlm for 'charlm', stoker.bench.run_spec for 'zoo' "
+            "is imported: stoker.recipes.charlm for 'charlm', stoker.recipes.bert for 'bert', stoker.bench.run_spec for 'zoo' "
             "(the `stoker export` command imports both)"
         )
     return builder

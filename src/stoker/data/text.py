@@ -135,6 +135,24 @@ def text_chars(
                       num_shards=num_shards, shard_index=shard_index, extensions=extensions)
 
 
+def held_out_split(files: Sequence[Path], eval_fraction: float, *, who: str = "held_out_split") -> tuple[list[Path], list[Path]]:
+    """``(training files, held-out files)``: the held-out part is the last whole files holding
+    at least ``eval_fraction`` of the bytes (text the model never trains on); at least one file
+    stays on each side. ``who`` names the caller in the error raised for fewer than 2 files."""
+    if len(files) < 2:
+        raise ValueError(
+            f"{who}: {len(files)} text file(s) cannot be split into training and held-out text; "
+            "give more files or --eval_text"
+        )
+    sizes = [f.stat().st_size for f in files]
+    want = eval_fraction * sum(sizes)
+    held, cut = 0, len(files)
+    while cut > 1 and held < want:
+        cut -= 1
+        held += sizes[cut]
+    return list(files[:cut]), list(files[cut:])
+
+
 def stdlib_corpus(max_bytes: int | None = 4 * 2**20) -> list[Path]:
     """Python standard-library ``.py`` files: a text corpus present on every machine.
 

@@ -38,6 +38,7 @@ from ..distributed import Strategy
 from ..distributed.sharded import DCP_DIR, load_sharded, save_sharded
 from ..errors import CheckpointError, NanLossError
 from ..precision import make_loss_scaler
+from ..recompute import apply_recompute
 from ..rng import rng_state, seed_everything, set_rng_state
 
 log = logging.getLogger("stoker")
@@ -122,6 +123,9 @@ class ModelState:
         # On every replica, before wrapping (DDP broadcasts rank 0's weights).
         if self.warm_start_from is not None and self.latest_checkpoint() is None:
             self.warm_start_report = warm_start(self._model, self.warm_start_from)
+        if self.config.recompute is not None:  # before wrapping: DDP/FSDP/compile see the recomputing forward
+            names = apply_recompute(self._model, self.config.recompute)
+            log.info("recompute: %s", ", ".join(n or "the whole model" for n in names))
         module = self.strategy.wrap_model(self._model)
         # compile="step" compiles the training step instead (stoker.compiled_step), not the module.
         self.module = torch.compile(module) if self.config.compile_mode == "module" else module

@@ -6,6 +6,8 @@ Each recipe module has a keyword-only config dataclass, a ``train_<name>(config)
 
 - ``charlm``: a Transformer-XL-style character language model whose segment memory is carried
   from step to step through ``EstimatorSpec.cache`` (see docs/charlm.md).
+- ``bert``: a small byte-level BERT masked-LM pretraining, the showcase of activation
+  recompute and bf16 weights with stochastic rounding (see docs/bert.md).
 """
 
 from __future__ import annotations
@@ -15,14 +17,14 @@ import importlib
 from typing import Any
 
 #: recipe name -> module (imported only when that recipe runs, so ``stoker --help`` stays fast)
-RECIPES: dict[str, str] = {"charlm": "stoker.recipes.charlm"}
+RECIPES: dict[str, str] = {"charlm": "stoker.recipes.charlm", "bert": "stoker.recipes.bert"}
 
 
 def add_parser(subparsers: Any) -> None:
     """Register ``stoker train <recipe> ...`` on the ``stoker`` command's subparsers."""
     train = subparsers.add_parser(
         "train",
-        help="train a built-in recipe (charlm: Transformer-XL-style character LM)",
+        help="train a built-in recipe (charlm: Transformer-XL-style character LM; bert: masked-LM pretraining)",
         description="Train one of stoker's recipes into --model_dir; rerunning the same command resumes it.",
     )
     recipes = train.add_subparsers(dest="recipe", metavar="RECIPE", required=True)

@@ -40,6 +40,7 @@ from torch import nn
 from ..config import RunConfig
 from ..data import stdlib_corpus, text_chars
 from ..data.text import _collect as collect_text_files  # same expansion rule as text_chars
+from ..data.text import held_out_split
 from ..errors import StokerError
 from ..estimator import Estimator
 from ..hooks import Hook, LoggingHook
@@ -283,18 +284,7 @@ def split_corpus(config: CharLMConfig) -> tuple[list[Path], list[Path]]:
     files = collect_text_files(config.text, None) if config.text else stdlib_corpus(config.corpus_bytes)
     if config.eval_text:
         return files, collect_text_files(config.eval_text, None)
-    if len(files) < 2:
-        raise ValueError(
-            f"charlm: {len(files)} text file(s) cannot be split into training and held-out text; "
-            "give more files or --eval_text"
-        )
-    sizes = [f.stat().st_size for f in files]
-    want = config.eval_fraction * sum(sizes)
-    held, cut = 0, len(files)
-    while cut > 1 and held < want:
-        cut -= 1
-        held += sizes[cut]
-    return files[:cut], files[cut:]
+    return held_out_split(files, config.eval_fraction, who="charlm")
 
 
 def input_fns(config: CharLMConfig) -> tuple[Callable[[dict[str, Any]], Iterable[Any]], Callable[[dict[str, Any]], Iterable[Any]]]:

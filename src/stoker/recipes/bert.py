@@ -1,0 +1,527 @@
+"""``bert``: a small BERT masked-language-model pretraining on byte-level text.
+
+The model (:class:`BertMLM`) is BERT's encoder (Devlin et al., 2019) at a small size: learned
+token and position embeddings, ``num_layers`` post-norm Transformer layers, and an MLM head.
+Tokens are bytes (``0..255``) plus one ``[MASK]`` id, so no vocabulary has to be built and the
+standard-library corpus needs no preprocessing.
+
+Pretraining data (:class:`MaskedTextWindows`): the corpus is cut into non-overlapping windows of
+``seq_len`` bytes (one example each), shuffled every epoch. In every window exactly
+``round(mask_prob * seq_len)`` positions are chosen as prediction targets; each chosen byte is
+replaced by ``[MASK]`` (80%), a random byte (10%) or left as it is (10%). Every random number
+comes from :func:`stoker.data.example_uniforms` keyed by ``(seed, epoch, window)``, so a resumed
+run, any number of replicas or workers, and every evaluation see exactly the same masks.
+
+The model is laid out for splitting (pipeline stages, activation recompute): its children are
+``embeddings``, ``layers.0 .. layers.N-1`` (an ``nn.ModuleList``) and ``head``, each taking and
+giving one tensor, and the loss is its own function (:func:`mlm_loss`) of ``(logits,
+labels)``. Because every row has the same number of targets, the mean over all targets of a
+batch equals the mean of its micro-batches' means: splitting a batch changes nothing.
+
+Entry points: :func:`train_bert` (Python), ``stoker train bert`` (command line; see
+:func:`add_arguments`), and :func:`estimator_from_run_spec` (``run_spec.json`` kind ``bert``,
+for ``stoker export``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..config import RunConfig
+from ..data import IndexedSource, example_uniforms, stdlib_corpus
+from ..data.base import DataError
+from ..data.text import _collect as collect_text_files  # same expansion rule as text_chars
+from ..data.text import held_out_split
+from ..errors import StokerError
+from ..estimator import Estimator
+from ..metrics import Mean
+from ..recompute import select_modules
+from ..run_spec import register_run_spec, write_run_spec
+from ..spec import EstimatorSpec, ModeKeys
+
+MASK_ID = 256  # bytes are 0..255
+VOCAB = 257
+IGNORE = -100  # label of a position that is not a prediction target (F.cross_entropy's ignore_index)
+RUN_SPEC_KIND = "bert"
+HELP = "small BERT masked-LM pretraining on byte-level text (recompute, bf16-sr)"
+DESCRIPTION = (
+    "Pretrain a small byte-level BERT with the masked-language-model objective on Python's "
+    "standard-library sources (or --text files); evaluation reports MLM loss and accuracy on "
+    "held-out text."
+)
+
+
+# ==================================================================== the model
+class BertEmbeddings(nn.Module):
+    """``tokens [B, T] int64`` -> ``LayerNorm(token + position embeddings)`` ``[B, T, H]``."""
+
+    def __init__(self, hidden_size: int, max_positions: int, dropout: float) -> None:
+        super().__init__()
+        self.token = nn.Embedding(VOCAB, hidden_size)
+        self.position = nn.Embedding(max_positions, hidden_size)
+        self.norm = nn.LayerNorm(hidden_size, eps=1e-12)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        t = tokens.shape[1]
+        if t > self.position.num_embeddings:
+            raise ValueError(f"bert: sequences of {t} tokens, longer than the model's {self.position.num_embeddings} positions")
+        positions = torch.arange(t, device=tokens.device)
+        return self.drop(self.norm(self.token(tokens) + self.position(positions)))
+
+
+class SelfAttention(nn.Module):
+    """Bidirectional multi-head self-attention (no mask: every window is full)."""
+
+    def __init__(self, hidden_size: int, num_heads: int, dropout: float) -> None:
+        super().__init__()
+        if hidden_size % num_heads:
+            raise ValueError(f"bert: hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
+        self.num_heads = num_heads
+        self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
+        self.out = nn.Linear(hidden_size, hidden_size)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, h = x.shape
+        heads = self.num_heads
+        q, k, v = self.qkv(x).view(b, t, 3, heads, h // heads).permute(2, 0, 3, 1, 4)  # 3 x [B, heads, T, d]
+        # Written out (not scaled_dot_product_attention) so the attention weights are an
+        # ordinary saved tensor: what recompute saves is then plain to see and to measure.
+        weights = self.drop((q @ k.transpose(-1, -2) * (h // heads) ** -0.5).softmax(-1))
+        return self.out((weights @ v).transpose(1, 2).reshape(b, t, h))
+
+
+class BertLayer(nn.Module):
+    """One post-norm encoder layer: ``x = LN(x + attn(x))``, ``x = LN(x + FFN(x))``."""
+
+    def __init__(self, hidden_size: int, num_heads: int, intermediate_size: int, dropout: float) -> None:
+        super().__init__()
+        self.attention = SelfAttention(hidden_size, num_heads, dropout)
+        self.norm1 = nn.LayerNorm(hidden_size, eps=1e-12)
+        self.ffn = nn.Sequential(nn.Linear(hidden_size, intermediate_size), nn.GELU(), nn.Linear(intermediate_size, hidden_size))
+        self.norm2 = nn.LayerNorm(hidden_size, eps=1e-12)
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.norm1(x + self.drop(self.attention(x)))
+        return self.norm2(x + self.drop(self.ffn(x)))
+
+
+class MLMHead(nn.Module):
+    """``[B, T, H]`` -> logits ``[B, T, VOCAB]``: dense + GELU + LayerNorm, then the decoder.
+
+    The decoder is not tied to the token embedding (BERT ties them): tied weights would have
+    to live on the first and the last pipeline stage at once.
+    """
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, hidden_size)
+        self.norm = nn.LayerNorm(hidden_size, eps=1e-12)
+        self.decoder = nn.Linear(hidden_size, VOCAB)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.norm(F.gelu(self.dense(x))))
+
+
+class BertMLM(nn.Module):
+    """Byte-level BERT for masked-LM: ``tokens [B, T] int64`` -> ``logits [B, T, VOCAB]``.
+
+    Children, in order: ``embeddings``, ``layers`` (``layers.0`` ...) and ``head``; the forward
+    pass is exactly their composition, so a split into consecutive pieces (pipeline stages) or a
+    wrapper around any of them (activation recompute) computes the same function.
+    """
+
+    def __init__(self, *, hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4,
+                 intermediate_size: int = 512, dropout: float = 0.1, max_positions: int = 64) -> None:
+        super().__init__()
+        self.embeddings = BertEmbeddings(hidden_size, max_positions, dropout)
+        self.layers = nn.ModuleList(BertLayer(hidden_size, num_heads, intermediate_size, dropout) for _ in range(num_layers))
+        self.head = MLMHead(hidden_size)
+        self.apply(_init_weights)
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> BertMLM:
+        """Build from an Estimator's ``params`` (the keys of :data:`MODEL_KEYS` and ``seq_len``)."""
+        return cls(**{k: params[k] for k in MODEL_KEYS}, max_positions=params["seq_len"])
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = self.embeddings(tokens)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h)
+
+
+def _init_weights(module: nn.Module) -> None:
+    # BERT's initialisation: N(0, 0.02) weights, zero biases, unit LayerNorm.
+    if isinstance(module, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(module.weight, std=0.02)
+    if isinstance(module, nn.Linear) and module.bias is not None:
+        nn.init.zeros_(module.bias)
+
+
+MODEL_KEYS: tuple[str, ...] = ("hidden_size", "num_layers", "num_heads", "intermediate_size", "dropout")
+
+
+# ==================================================================== loss and model_fn
+def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy (nats) over the prediction targets (labels other than ``-100``).
+
+    Computed in fp32 whatever the logits' dtype. Every row of a batch has the same number of
+    targets, so this mean over a batch is the mean of any equal split's means (micro-batches,
+    pipeline stages' micro-batches, replicas).
+    """
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=IGNORE)
+
+
+def _targets_per_row(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-target losses and hits, ``[B, k]`` each (every row has the same ``k`` targets)."""
+    targets = labels != IGNORE
+    b, k = labels.shape[0], int(targets[0].sum())
+    nats = F.cross_entropy(logits[targets].float(), labels[targets], reduction="none").view(b, k)
+    hits = (logits[targets].argmax(-1) == labels[targets]).view(b, k)
+    return nats, hits
+
+
+def bert_model_fn(model: nn.Module, features: torch.Tensor, labels: torch.Tensor | None, mode: ModeKeys,
+                  params: dict[str, Any]) -> EstimatorSpec:
+    """Masked-LM: TRAIN returns :func:`mlm_loss`; EVAL per-row MLM losses with ``mlm_accuracy``
+    (over every target of the held-out text) and ``mlm_loss``; PREDICT the most likely byte at
+    every position (``token_ids [B, T]``)."""
+    logits = model(features)
+    if mode == ModeKeys.PREDICT:
+        return EstimatorSpec(predictions={"token_ids": logits.argmax(-1)})
+    assert labels is not None, "bert: TRAIN and EVAL need the masked-LM labels"
+    if mode == ModeKeys.TRAIN:
+        return EstimatorSpec(loss=mlm_loss(logits, labels))
+    nats, hits = _targets_per_row(logits, labels)
+    return EstimatorSpec(
+        loss=nats.mean(1),
+        eval_metrics={"mlm_accuracy": Mean()(hits.float()), "mlm_loss": Mean()(nats)},
+        predictions={"token_ids": logits.argmax(-1)},
+    )
+
+
+# ==================================================================== data
+class MaskedTextWindows(IndexedSource):
+    """``(inputs, labels)`` int64 ``[batch_size, seq_len]``: masked byte windows and their targets.
+
+    Example ``i`` is bytes ``[i * seq_len, (i + 1) * seq_len)`` of the files concatenated.
+    ``labels`` holds the original byte at the ``round(mask_prob * seq_len)`` (at least 1) target
+    positions and ``-100`` elsewhere; ``inputs`` has each target replaced by ``[MASK]`` (256) with
+    probability 0.8, by a uniformly random byte with 0.1, and kept with 0.1. The randomness is
+    :func:`example_uniforms` of ``(seed, epoch, i)``: the position is the whole state.
+    """
+
+    name = "masked_text"
+    prefers_inline_fetch = True  # a batch is an index into a tensor in memory
+
+    def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, seq_len: int, batch_size: int,
+                 mask_prob: float = 0.15, shuffle: bool = True, seed: int = 0, num_epochs: int | None = None,
+                 num_shards: int = 1, shard_index: int = 0) -> None:
+        if not isinstance(seq_len, int) or seq_len < 2:
+            raise ValueError(f"masked_text: seq_len must be an integer >= 2; got {seq_len!r}")
+        if not 0.0 < mask_prob < 1.0:
+            raise ValueError(f"masked_text: mask_prob must be in (0, 1); got {mask_prob!r}")
+        self.files = collect_text_files(paths, None)
+        data = np.concatenate([np.fromfile(f, dtype=np.uint8) for f in self.files]) if self.files else np.zeros(0, np.uint8)
+        self.seq_len = seq_len
+        self.num_targets = max(1, round(mask_prob * seq_len))
+        count = data.size // seq_len
+        if count < 1:
+            raise DataError(f"masked_text: {data.size} bytes in {len(self.files)} file(s) do not fill one window of {seq_len}")
+        self.windows = torch.from_numpy(data[: count * seq_len].reshape(count, seq_len).copy())
+        super().__init__(batch_size=batch_size, shuffle=shuffle, seed=seed, num_epochs=num_epochs,
+                         num_shards=num_shards, shard_index=shard_index)
+
+    @property
+    def num_examples(self) -> int:
+        return int(self.windows.shape[0])
+
+    def _identity(self) -> dict[str, int]:
+        return {"seq_len": self.seq_len, "num_targets": self.num_targets}
+
+    def load_batch(self, indices: torch.Tensor, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
+        t, k = self.seq_len, self.num_targets
+        tokens = self.windows[indices].long()
+        u = torch.from_numpy(example_uniforms(self.seed, epoch, indices, t + 2 * k))
+        positions = u[:, :t].argsort(1)[:, :k]  # k distinct positions, every k-subset equally likely
+        choice, random_byte = u[:, t : t + k], (u[:, t + k :] * 256).long()
+        original = tokens.gather(1, positions)
+        replaced = torch.where(choice < 0.8, torch.full_like(original, MASK_ID), torch.where(choice < 0.9, random_byte, original))
+        labels = torch.full_like(tokens, IGNORE).scatter_(1, positions, original)
+        return tokens.scatter(1, positions, replaced), labels
+
+
+# ==================================================================== config
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
+PRECISION_CHOICES: tuple[str, ...] = ("fp32", "bf16")
+
+
+@dataclass(kw_only=True)
+class BertConfig:
+    """Everything the ``bert`` recipe needs; each field is also a ``stoker train bert`` flag."""
+
+    model_dir: str | None = field(default=None, metadata=_help("checkpoints, metrics.csv and run_spec.json (required on the command line)"))
+    text: list[str] | None = field(default=None, metadata=_help("text files or folders to train on (default: Python's standard-library sources)"))
+    eval_text: list[str] | None = field(default=None, metadata=_help("held-out text (default: the last files of the corpus, --eval_fraction of its bytes)"))
+    corpus_bytes: int = field(default=4 * 2**20, metadata=_help("size of the standard-library corpus (bytes)"))
+    eval_fraction: float = field(default=0.05, metadata=_help("fraction of the corpus bytes held out for evaluation (whole files)"))
+    seq_len: int = field(default=64, metadata=_help("bytes per example (window); also the model's positions"))
+    mask_prob: float = field(default=0.15, metadata=_help("fraction of each window's bytes that are prediction targets"))
+    hidden_size: int = field(default=128, metadata=_help("model width"))
+    num_layers: int = field(default=4, metadata=_help("encoder layers"))
+    num_heads: int = field(default=4, metadata=_help("attention heads"))
+    intermediate_size: int = field(default=512, metadata=_help("hidden width of the feed-forward blocks"))
+    dropout: float = field(default=0.1, metadata=_help("dropout rate"))
+    batch_size: int = field(default=32, metadata=_help("global batch (windows per step)"))
+    eval_batch_size: int = field(default=64, metadata=_help("windows per evaluation batch"))
+    max_steps: int = field(default=500, metadata=_help("train to this global step"))
+    lr: float = field(default=1e-3, metadata=_help("peak AdamW learning rate"))
+    weight_decay: float = field(default=0.01, metadata=_help("AdamW weight decay"))
+    warmup_steps: int = field(default=50, metadata=_help("linear warm-up steps, then linear decay to 0 at max_steps"))
+    clip_norm: float = field(default=1.0, metadata=_help("gradient norm clipping (0: none)"))
+    precision: str = field(default="fp32", metadata=_help(f"numeric precision: {', '.join(PRECISION_CHOICES)}"))
+    recompute: list[str] | None = field(default=None, metadata=_help(
+        "recompute activations in backward: 'all', or module-name patterns such as 'layers.*' (docs/memory.md)"))
+    eval_every_n_steps: int = field(default=250, metadata=_help("evaluate (and checkpoint) every N steps"))
+    eval_steps: int | None = field(default=None, metadata=_help("batches per evaluation (default: all of the held-out text)"))
+    save_checkpoints_steps: int = field(default=100, metadata=_help("checkpoint every N steps"))
+    keep_checkpoint_max: int = field(default=3, metadata=_help("newest checkpoints kept (the best by MLM accuracy is kept too)"))
+    iterations_per_loop: int = field(default=10, metadata=_help("steps per device loop"))
+    log_every_n_steps: int = field(default=50, metadata=_help("log the loss every N steps"))
+    seed: int = field(default=0, metadata=_help("seed of the initial weights, data order, masks and dropout"))
+    device: str = field(default="auto", metadata=_help("auto, cpu, cuda or cuda:N"))
+
+    def model_params(self) -> dict[str, Any]:
+        """The ``params`` that define the model and its data shape (saved in ``run_spec.json``)."""
+        return {k: getattr(self, k) for k in (*MODEL_KEYS, "seq_len", "mask_prob")}
+
+    def recompute_spec(self) -> str | tuple[str, ...] | None:
+        """``recompute`` as ``RunConfig.recompute`` takes it (``["all"]`` is ``"all"``)."""
+        if not self.recompute:
+            return None
+        return "all" if list(self.recompute) == ["all"] else tuple(self.recompute)
+
+    def run_config(self) -> RunConfig:
+        """The ``RunConfig`` of the run (checkpoints every ``save_checkpoints_steps``, best kept by accuracy)."""
+        return RunConfig(
+            model_dir=self.model_dir,
+            seed=self.seed,
+            iterations_per_loop=self.iterations_per_loop,
+            save_checkpoints_steps=self.save_checkpoints_steps,
+            keep_checkpoint_max=self.keep_checkpoint_max,
+            keep_best=("mlm_accuracy", "max"),
+            log_every_n_steps=self.log_every_n_steps,
+            gradient_clip_norm=self.clip_norm or None,
+            precision=self.precision,  # type: ignore[arg-type]
+            recompute=self.recompute_spec(),
+            device=self.device,
+            progress_bar=False,
+        )
+
+
+def split_corpus(config: BertConfig) -> tuple[list[Path], list[Path]]:
+    """Training and held-out files: ``eval_text`` if given, else the corpus's last whole files
+    holding at least ``eval_fraction`` of its bytes."""
+    files = collect_text_files(config.text, None) if config.text else stdlib_corpus(config.corpus_bytes)
+    if config.eval_text:
+        return files, collect_text_files(config.eval_text, None)
+    return held_out_split(files, config.eval_fraction, who="bert")
+
+
+def input_fns(config: BertConfig) -> tuple[Callable[[dict[str, Any]], Iterable[Any]], Callable[[dict[str, Any]], Iterable[Any]]]:
+    """``(train_input_fn, eval_input_fn)``: shuffled masked windows of the training files, and
+    one pass over the held-out windows with masks that are the same at every evaluation."""
+    train_files, eval_files = split_corpus(config)
+
+    def train_input_fn(params: dict[str, Any]) -> Iterable[Any]:
+        return MaskedTextWindows(train_files, seq_len=params["seq_len"], batch_size=params["batch_size"],
+                                 mask_prob=params["mask_prob"], seed=config.seed,
+                                 num_shards=params["num_replicas"], shard_index=params["replica_index"])
+
+    def eval_input_fn(params: dict[str, Any]) -> Iterable[Any]:
+        return MaskedTextWindows(eval_files, seq_len=params["seq_len"], batch_size=params["batch_size"],
+                                 mask_prob=params["mask_prob"], shuffle=False, seed=0, num_epochs=1,
+                                 num_shards=params["num_replicas"], shard_index=params["replica_index"])
+
+    return train_input_fn, eval_input_fn
+
+
+# ==================================================================== the Estimator
+def _schedule(params: dict[str, Any], optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+    warmup, total = max(int(params["warmup_steps"]), 1), max(int(params["max_steps"]), 1)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return max(0.0, (total - step) / max(total - warmup, 1))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def make_optimizer(params: dict[str, Any], parameters: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+    """AdamW; biases and LayerNorm weights (1-dim parameters) get no weight decay, as in BERT."""
+    parameters = list(parameters)
+    decay = [p for p in parameters if p.dim() > 1]
+    no_decay = [p for p in parameters if p.dim() <= 1]
+    groups = [{"params": decay, "weight_decay": params["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=params["lr"])
+
+
+def build_estimator(config: BertConfig, *, warm_start_from: str | os.PathLike[str] | None = None) -> Estimator:
+    """The Estimator of ``config`` (checkpoints in ``config.model_dir``, best kept by ``mlm_accuracy``)."""
+    params = {**config.model_params(), "lr": config.lr, "weight_decay": config.weight_decay,
+              "warmup_steps": config.warmup_steps, "max_steps": config.max_steps}
+    return Estimator(
+        model=BertMLM.from_params,
+        model_fn=bert_model_fn,
+        optimizer=make_optimizer,
+        lr_schedule=_schedule,
+        config=config.run_config(),
+        params=params,
+        train_batch_size=config.batch_size,
+        eval_batch_size=config.eval_batch_size,
+        predict_batch_size=config.eval_batch_size,
+        warm_start_from=warm_start_from,
+    )
+
+
+def train_bert(config: BertConfig | None = None, **overrides: Any) -> dict[str, float]:
+    """Train (or resume) to ``max_steps``, evaluating every ``eval_every_n_steps``; return the last
+    evaluation (``loss``, ``mlm_loss``, ``mlm_accuracy``, ``global_step``).
+
+    ``overrides`` replace fields of ``config`` (``train_bert(model_dir="runs/b", max_steps=100)``).
+    Writes ``run_spec.json`` into ``model_dir`` for ``stoker export`` / ``stoker inspect``.
+    """
+    config = dataclasses.replace(config or BertConfig(), **overrides)
+    train_fn, eval_fn = input_fns(config)
+    est = build_estimator(config)
+    if config.model_dir:
+        write_run_spec(config.model_dir, kind=RUN_SPEC_KIND, params=config.model_params(), config=dataclasses.asdict(config))
+    return est.train_and_evaluate(train_fn, eval_fn, max_steps=config.max_steps,
+                                  eval_every_n_steps=config.eval_every_n_steps, eval_steps=config.eval_steps)
+
+
+@register_run_spec(RUN_SPEC_KIND)
+def estimator_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> tuple[Estimator, torch.Tensor]:
+    """An Estimator reading ``model_dir``'s checkpoints, and example features for export
+    (``[2, seq_len]`` int64 tokens), from a ``run_spec.json`` written by :func:`train_bert`."""
+    saved = dict(spec.get("config") or {})
+    known = {f.name for f in dataclasses.fields(BertConfig)}
+    config = BertConfig(**{k: v for k, v in saved.items() if k in known})
+    config = dataclasses.replace(config, model_dir=os.fspath(model_dir), **{k: v for k, v in spec["params"].items() if k in known})
+    return build_estimator(config), torch.zeros(2, config.seq_len, dtype=torch.int64)
+
+
+# ==================================================================== command line
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per :class:`BertConfig` field (``--model_dir`` required)."""
+    for f in dataclasses.fields(BertConfig):
+        flag = f"--{f.name}"
+        helptext = f.metadata.get("help", "")
+        if f.name == "model_dir":
+            parser.add_argument(flag, required=True, help=helptext)
+        elif f.name in ("text", "eval_text"):
+            parser.add_argument(flag, nargs="+", metavar="PATH", default=None, help=helptext)
+        elif f.name == "recompute":
+            parser.add_argument(flag, nargs="+", metavar="MODULES", default=None, help=helptext)
+        elif f.name == "eval_steps":
+            parser.add_argument(flag, type=int, default=None, help=helptext)
+        elif f.name == "precision":
+            parser.add_argument(flag, choices=PRECISION_CHOICES, default=f.default, help=helptext)
+        else:
+            parser.add_argument(flag, type=type(f.default), default=f.default, help=helptext)
+
+
+def config_error(config: BertConfig) -> str | None:
+    """What is wrong with ``config``'s sizes, naming the flag (``None``: nothing)."""
+    for name in ("seq_len", "batch_size", "eval_batch_size", "max_steps", "hidden_size", "num_layers", "num_heads", "intermediate_size"):
+        if getattr(config, name) < 1:
+            return f"--{name} must be >= 1; got {getattr(config, name)}"
+    if config.seq_len < 2:
+        return f"--seq_len must be >= 2; got {config.seq_len}"
+    if config.hidden_size % config.num_heads:
+        return f"--hidden_size ({config.hidden_size}) must be divisible by --num_heads ({config.num_heads})"
+    if not 0.0 < config.mask_prob < 1.0:
+        return f"--mask_prob must be in (0, 1); got {config.mask_prob}"
+    if config.recompute_spec() is not None:
+        with torch.device("meta"):  # names only: no memory, no initialisation
+            model = BertMLM(**{k: getattr(config, k) for k in MODEL_KEYS}, max_positions=config.seq_len)
+        try:
+            select_modules(model, config.recompute_spec())  # type: ignore[arg-type]
+        except ValueError as e:
+            return f"--recompute: {str(e).removeprefix('RunConfig.recompute: ')}"
+    return None
+
+
+def run(args: argparse.Namespace) -> int:
+    """``stoker train bert``: train, then print the held-out result."""
+    config = BertConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(BertConfig)})
+    problem = config_error(config)
+    if problem is not None:
+        print(f"stoker train bert: {problem}", file=sys.stderr)
+        return 2
+    try:
+        results = train_bert(config)
+    except (StokerError, ValueError) as e:  # bad paths, too little text, a bad device name ...
+        print(f"stoker train bert: {e}", file=sys.stderr)
+        return 1
+    print(
+        f"held-out at step {results['global_step']}: mlm_accuracy = {results['mlm_accuracy']:.4f}, "
+        f"mlm_loss = {results['mlm_loss']:.4f} nats (ppl {math.exp(min(results['mlm_loss'], 700.0)):.3f}), "
+        f"precision {config.precision}, recompute {' '.join(config.recompute or ['none'])}, model_dir {config.model_dir}"
+    )
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m stoker.recipes.bert --model_dir DIR ...`` (the same flags as ``stoker train bert``)."""
+    parser = argparse.ArgumentParser(prog="python -m stoker.recipes.bert", description=DESCRIPTION,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+__all__ = [
+    "IGNORE",
+    "MASK_ID",
+    "VOCAB",
+    "BertConfig",
+    "BertLayer",
+    "BertMLM",
+    "MaskedTextWindows",
+    "add_arguments",
+    "bert_model_fn",
+    "build_estimator",
+    "config_error",
+    "estimator_from_run_spec",
+    "input_fns",
+    "main",
+    "make_optimizer",
+    "mlm_loss",
+    "run",
+    "split_corpus",
+    "train_bert",
+]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
