@@ -15,7 +15,6 @@ independent    replicas train without syncing gradients: to benchmark the step a
 
 from __future__ import annotations
 
-import atexit
 import os
 
 from .base import SingleDevice, Strategy, resolve_device
@@ -58,5 +57,4 @@ def make_strategy(name: str, device: str, timeout: float = 1800.0) -> Strategy:
         )
     kinds = {"independent": Independent, "sharded": Sharded}
     strategy: Strategy = kinds.get(name, Replicated)(device, timeout)
-    atexit.register(strategy.teardown)
-    return strategy
+    return strategy  # it tears itself down at exit (ProcessGroupStrategy registers that)
