@@ -179,3 +179,34 @@ def test_unsupported_combinations_are_named(tmp_path):
     make_estimator(tmp_path / "run", iterations_per_loop=2).train(train_input(x, y), max_steps=2)
     with pytest.raises(stoker.errors.CheckpointError, match="no stochastic-rounding generator"):
         make_estimator(tmp_path / "run", precision="bf16-sr", iterations_per_loop=2).train(train_input(x, y), max_steps=4)
+
+
+def test_stoker_train_bert_with_bf16_sr_and_recompute_trains_saves_bf16_and_exports(tmp_path, capsys):
+    import argparse
+
+    from safetensors.torch import load_file
+
+    from stoker.export import load_exported
+    from stoker.export_cli import add_parser as add_export_parser
+    from stoker.recipes import add_parser as add_train_parser
+    from test_bert import tiny_config
+
+    parser = argparse.ArgumentParser(prog="stoker")
+    sub = parser.add_subparsers(dest="command")
+    add_train_parser(sub)
+    add_export_parser(sub)
+    cfg = tiny_config(str(tmp_path / "run"), max_steps=4)
+    argv = ["train", "bert", "--model_dir", cfg.model_dir, "--max_steps", "4", "--text", *cfg.text, "--eval_steps", "2",
+            "--precision", "bf16-sr", "--recompute", "layers.*"]
+    for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "seq_len", "batch_size", "eval_batch_size",
+                 "eval_every_n_steps", "device"):
+        argv += [f"--{name}", str(getattr(cfg, name))]
+    args = parser.parse_args(argv)
+    assert args.func(args) == 0
+    assert "precision bf16-sr, recompute layers.*" in capsys.readouterr().out
+    weights = load_file(tmp_path / "run" / "ckpt-4" / "model.safetensors")
+    assert {t.dtype for t in weights.values()} == {torch.bfloat16}
+    args = parser.parse_args(["export", cfg.model_dir, "--out", str(tmp_path / "exp")])
+    assert args.func(args) == 0
+    tokens = torch.randint(0, 257, (3, cfg.seq_len), generator=torch.Generator().manual_seed(3))
+    assert load_exported(tmp_path / "exp")({"features": tokens})["token_ids"].shape == (3, cfg.seq_len)
