@@ -3,6 +3,8 @@ wrapper, exact resume, evaluation without rounding, and the errors."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -103,13 +105,28 @@ def test_the_update_is_the_inner_optimizers_update_in_fp32_and_the_state_stays_b
         r.grad = p.grad.float()
     opt.step()
     ref_opt.step()
-    for p, r in zip(model.parameters(), reference, strict=True):
+    saved = opt.state_dict()["state"]  # by the parameter's position
+    for i, (p, r) in enumerate(zip(model.parameters(), reference, strict=True)):
         toward, away = neighbours(r.detach())
         assert p.dtype == p.grad.dtype == torch.bfloat16
         assert ((p.float() == toward) | (p.float() == away)).all()  # one of the fp32 result's neighbours
-        state = opt.state[p]
+        state = saved[i]
         assert state["exp_avg"].dtype == state["exp_avg_sq"].dtype == torch.bfloat16
         assert state["step"].dtype == torch.float32
+
+
+def test_schedules_reach_the_inner_optimizer_and_other_dtypes_update_unrounded():
+    w16 = torch.nn.Parameter(torch.ones(4, dtype=torch.bfloat16))
+    w32 = torch.nn.Parameter(torch.ones(4))
+    opt = StochasticRounding(torch.optim.SGD([{"params": [w16]}, {"params": [w32], "lr": 0.5}], lr=0.25), seed=0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0 if step == 0 else 0.0)
+    for _ in range(3):
+        w16.grad, w32.grad = torch.ones(4, dtype=torch.bfloat16), torch.full((4,), 0.1)
+        opt.step()
+        schedule.step()  # lr 0 from the second step on: nothing moves any more
+    assert torch.equal(w16, torch.full((4,), 0.75, dtype=torch.bfloat16))
+    assert torch.equal(w32, torch.ones(4) - 0.5 * torch.full((4,), 0.1))  # fp32, no rounding to bf16
+    assert [g["lr"] for g in opt.state_dict()["param_groups"]] == [0.0, 0.0]
 
 
 def test_estimator_resume_is_bitwise_and_memory_halves(tmp_path):
@@ -210,3 +227,18 @@ def test_stoker_train_bert_with_bf16_sr_and_recompute_trains_saves_bf16_and_expo
     assert args.func(args) == 0
     tokens = torch.randint(0, 257, (3, cfg.seq_len), generator=torch.Generator().manual_seed(3))
     assert load_exported(tmp_path / "exp")({"features": tokens})["token_ids"].shape == (3, cfg.seq_len)
+
+
+def test_replicas_round_alike_and_stay_identical(tmp_path):
+    from pathlib import Path
+
+    from conftest import launch_replicas
+
+    procs = launch_replicas(Path(__file__).with_name("sr_dist_script.py"), 2, "--out", str(tmp_path / "two"))
+    for proc in procs:
+        _, err = proc.communicate(timeout=240)
+        assert proc.returncode == 0, err
+    ranks = [json.loads((tmp_path / f"two.{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["world_size"] == 2 and ranks[0]["dtypes"] == ["torch.bfloat16"]
+    assert ranks[0]["weights"] == ranks[1]["weights"]  # the same averaged gradient, the same rounding
+    assert ranks[0]["generator"] == ranks[1]["generator"]

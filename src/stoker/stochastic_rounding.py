@@ -66,13 +66,16 @@ class StochasticRounding(torch.optim.Optimizer):
     """Wraps ``optimizer`` so bf16 parameters and state are updated in fp32 and rounded back stochastically.
 
     Args:
-        optimizer: any ``torch.optim`` optimizer over the (bf16) parameters, not yet stepped;
-            parameters of another dtype are updated by it as they are, without rounding.
+        optimizer: a fresh (never stepped) ``torch.optim`` optimizer over the (bf16)
+            parameters; parameters of another dtype are updated by it as they are, unrounded.
         seed: seeds the generator of the rounding's random bits.
 
-    The wrapper shares ``param_groups`` and ``state`` with ``optimizer`` (LR schedules and
-    ``zero_grad`` work as usual); ``state_dict`` is the inner optimizer's plus the generator state
-    under ``"stochastic_rounding"``, and ``load_state_dict`` requires that entry.
+    The wrapper's ``param_groups`` hold the model's parameters (LR schedules, ``zero_grad`` and
+    gradient clipping use them as usual). The inner optimizer holds a stand-in parameter for
+    each (empty between steps), because the update must not change the dtype of the model's
+    own parameters even for a moment: that would reset their gradient accumulators, and with
+    them the hooks DDP averages gradients with. ``state_dict`` is the inner optimizer's plus the
+    generator state under ``"stochastic_rounding"``; ``load_state_dict`` requires that entry.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, seed: int) -> None:
@@ -83,65 +86,78 @@ class StochasticRounding(torch.optim.Optimizer):
                 "precision='bf16-sr' does not support torch.optim.LBFGS (its update couples all parameters "
                 "and needs a closure); use fp32 or bf16, or an optimizer that updates each parameter on its own"
             )
+        if optimizer.state:
+            raise ValueError("precision='bf16-sr': wrap the optimizer before its first step (it already has state)")
         self.inner = optimizer
-        # Optimizer.__init__ appends the inner's group dicts themselves (it does not copy them),
-        # so a schedule changing our group's lr changes the inner's.
-        super().__init__(optimizer.param_groups, optimizer.defaults)
-        self.state = optimizer.state
-        device = _device_of(optimizer)
-        self.generator = torch.Generator(device=device)
+        groups = []
+        for g in optimizer.param_groups:
+            groups.append({**g, "params": list(g["params"])})
+            g["params"] = [_stand_in(p) for p in g["params"]]
+        self._building = True
+        super().__init__(groups, optimizer.defaults)
+        self._building = False
+        self.state = optimizer.state  # keyed by the stand-ins; what memory counters read
+        self.generator = torch.Generator(device=_device_of(groups))
         self.generator.manual_seed(seed)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
-        if not hasattr(self, "inner") or any(param_group is g for g in self.inner.param_groups):
-            super().add_param_group(param_group)  # registering the inner's own groups (__init__)
+        if getattr(self, "_building", False):  # Optimizer.__init__ registering our groups
+            super().add_param_group(param_group)
             return
-        self.inner.add_param_group(param_group)
-        self.param_groups.append(self.inner.param_groups[-1])
+        self.inner.add_param_group({**param_group, "params": [_stand_in(p) for p in param_group["params"]]})
+        super().add_param_group({**self.inner.param_groups[-1], "params": list(param_group["params"])})
+
+    def _pairs(self) -> list[tuple[dict[str, Any], list[tuple[nn.Parameter, nn.Parameter]]]]:
+        """Each inner group with its (parameter, stand-in) pairs; hyper-parameters copied in
+        (a schedule changes ours)."""
+        pairs = []
+        for mine, inner in zip(self.param_groups, self.inner.param_groups, strict=True):
+            inner.update((k, v) for k, v in mine.items() if k != "params")
+            pairs.append((inner, list(zip(mine["params"], inner["params"], strict=True))))
+        return pairs
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
         """One update of every parameter that has a gradient, one parameter at a time."""
         if closure is not None:
             raise ValueError("precision='bf16-sr': optimizer.step(closure) is not supported (the step runs once per parameter)")
-        groups = self.inner.param_groups
-        saved = [g["params"] for g in groups]
+        pairs = self._pairs()
+        saved = [inner["params"] for inner, _ in pairs]
         try:
-            for g in groups:  # the inner optimizer sees one parameter of one group at a time
-                g["params"] = []
-            for g, params in zip(groups, saved, strict=True):
-                for p in params:
-                    if p.grad is None:
-                        continue
-                    g["params"] = [p]
-                    self._step_one(p)
-                g["params"] = []
+            for inner, _ in pairs:  # the inner optimizer sees one parameter of one group at a time
+                inner["params"] = []
+            for inner, group in pairs:
+                for p, stand_in in group:
+                    if p.grad is not None:
+                        inner["params"] = [stand_in]
+                        self._step_one(p, stand_in)
+                inner["params"] = []
         finally:
-            for g, params in zip(groups, saved, strict=True):
-                g["params"] = params
+            for (inner, _), params in zip(pairs, saved, strict=True):
+                inner["params"] = params
 
-    def _step_one(self, p: nn.Parameter) -> None:
-        state = self.inner.state[p]
-        if p.dtype != torch.bfloat16:
+    def _step_one(self, p: nn.Parameter, stand_in: nn.Parameter) -> None:
+        state = self.inner.state[stand_in]
+        if p.dtype != torch.bfloat16:  # updated as it is: the stand-in shares its memory
+            stand_in.data, stand_in.grad = p.data, p.grad
             self.inner.step()
+            stand_in.data, stand_in.grad = _empty_like(stand_in), None
             return
-        value, grad = p.data, p.grad
-        p.data = value.float()
-        p.grad = grad.float()  # type: ignore[union-attr]
+        stand_in.data, stand_in.grad = p.float(), p.grad.float()  # type: ignore[union-attr]
         for k, v in state.items():
             if k != "step" and _is_bf16(v):
                 state[k] = v.float()
         self.inner.step()
-        p.data = stochastic_round_bf16(p.data, self.generator)
-        p.grad = grad
+        p.copy_(stochastic_round_bf16(stand_in, self.generator))
+        stand_in.data, stand_in.grad = _empty_like(stand_in), None
         # Every floating-point state tensor but "step" is kept in bf16, the one created by the
-        # first step (from the fp32 copy) too: Optimizer.load_state_dict casts exactly these to
-        # the parameter's dtype, so a resumed run holds what an uninterrupted one holds.
+        # first step (fp32, from the fp32 stand-in) too.
         for k, v in list(state.items()):
             if k != "step" and isinstance(v, torch.Tensor) and v.dtype == torch.float32:
                 state[k] = stochastic_round_bf16(v, self.generator)
 
     def state_dict(self) -> dict[str, Any]:
+        self._pairs()  # the inner groups take the current learning rate etc.
         state = self.inner.state_dict()
         state[STATE_KEY] = {"generator": self.generator.get_state()}
         return state
@@ -155,13 +171,28 @@ class StochasticRounding(torch.optim.Optimizer):
                 "precision='bf16-sr' (resume with the precision that wrote it)"
             )
         self.inner.load_state_dict(state_dict)
-        # load_state_dict replaces the inner's state and group dicts: share the new ones.
-        self.param_groups = self.inner.param_groups
         self.state = self.inner.state
+        for mine_group, inner in zip(self.param_groups, self.inner.param_groups, strict=True):
+            mine_group.update((k, v) for k, v in inner.items() if k != "params")
+            for p, stand_in in zip(mine_group["params"], inner["params"], strict=True):
+                state = self.inner.state.get(stand_in, {})
+                for k, v in state.items():  # cast to the fp32 stand-in's dtype on loading; it was bf16 (exact)
+                    if p.dtype == torch.bfloat16 and k != "step" and isinstance(v, torch.Tensor) and v.dtype == torch.float32:
+                        state[k] = v.to(torch.bfloat16)
         self.generator.set_state(mine["generator"])
 
     def __repr__(self) -> str:
         return f"StochasticRounding({self.inner!r})"
+
+
+def _empty_like(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(0, dtype=t.dtype, device=t.device)
+
+
+def _stand_in(p: torch.Tensor) -> nn.Parameter:
+    """What the inner optimizer holds for ``p``: fp32 for a bf16 parameter, empty between steps."""
+    dtype = torch.float32 if p.dtype == torch.bfloat16 else p.dtype
+    return nn.Parameter(torch.empty(0, dtype=dtype, device=p.device), requires_grad=p.requires_grad)
 
 
 def to_bf16(model: nn.Module) -> nn.Module:
@@ -193,8 +224,8 @@ def _is_bf16(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16
 
 
-def _device_of(optimizer: torch.optim.Optimizer) -> torch.device:
-    for g in optimizer.param_groups:
+def _device_of(groups: list[dict[str, Any]]) -> torch.device:
+    for g in groups:
         for p in g["params"]:
             return p.device
     return torch.device("cpu")
