@@ -141,7 +141,7 @@ def measure(work: Workload, precision: str, recompute: str | None, device: torch
             row["peak"] = torch.cuda.max_memory_allocated(device)
         optimizer.zero_grad(set_to_none=True)
         if step == 0:
-            row["loss"] = float(loss)
+            row["loss"] = float(loss.detach())
     row["state"] = row.pop("total")
     row["total"] = row["activations"] + row["state"]
     return row
