@@ -255,7 +255,7 @@ def test_cuda_peak_memory_of_a_state_heavy_step_falls_by_about_half():
             to_bf16(model)
             opt = StochasticRounding(opt, seed=0)
         x = torch.randn(8, 2048, device="cuda")
-        for step in range(2):  # the second step has the optimizer state from the start
+        for _ in range(2):  # the second step has the optimizer state from the start
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             with torch.autocast("cuda", dtype=torch.bfloat16):
