@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-Precision = Literal["fp32", "bf16", "fp16"]
-PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+Precision = Literal["fp32", "bf16", "fp16", "bf16-sr"]
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "bf16-sr")
 STRATEGIES: tuple[str, ...] = ("auto", "single", "replicated", "sharded", "independent")
 COMPILE_MODES: tuple[str, ...] = ("none", "module", "step")  # also True (= "module") and False (= "none")
 
@@ -38,8 +38,9 @@ class RunConfig:
             evaluation value of ``metric``, apart from the newest ones.
         log_every_n_steps: interval of the loss / examples-per-second log lines (``None``: no
             log lines and no step counter, e.g. for a harness that prints its own).
-        precision: ``fp32``, ``bf16`` (autocast) or ``fp16`` (autocast + loss scaling); master
-            weights stay fp32.
+        precision: ``fp32``, ``bf16`` (autocast) or ``fp16`` (autocast + loss scaling) keep fp32
+            master weights; ``bf16-sr`` keeps the weights and the optimizer state in bf16 and
+            rounds every update stochastically (``stoker.stochastic_rounding``, ``docs/memory.md``).
         loss_scale: fp16 only: a number for a static scale (e.g. 128) or ``"dynamic"``.
         loss_scale_init / loss_scale_growth_interval: dynamic scaling starts at
             ``loss_scale_init``, halves (and skips the update) on inf/NaN gradients and doubles
@@ -118,6 +119,8 @@ class RunConfig:
             self.save_checkpoints_secs = 600.0
         if self.precision not in PRECISIONS:
             raise ValueError(f"RunConfig.precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
+        if self.precision == "bf16-sr":
+            self._check_bf16_sr()
         if self.loss_scale != "dynamic" and not (
             isinstance(self.loss_scale, (int, float)) and self.loss_scale > 0
         ):
@@ -155,6 +158,19 @@ class RunConfig:
         self.recompute = _recompute_spec(self.recompute)
         if not self.distributed_timeout > 0:
             raise ValueError(f"RunConfig.distributed_timeout must be > 0; got {self.distributed_timeout}")
+
+    def _check_bf16_sr(self) -> None:
+        """bf16-sr's update runs eagerly, one parameter at a time, and needs no loss scaling."""
+        if self.loss_scale != "dynamic":
+            raise ValueError(
+                f"RunConfig.loss_scale={self.loss_scale!r} is fp16 loss scaling; precision='bf16-sr' has fp32's "
+                "exponent range and scales no loss (leave loss_scale unset, or use precision='fp16')"
+            )
+        if self.compile == "step" or self.cuda_graph:
+            raise ValueError(
+                "RunConfig: precision='bf16-sr' does not run with compile='step' or cuda_graph=True (its update "
+                "steps one parameter at a time with its own generator); use compile='module' or 'none'"
+            )
 
     @property
     def compile_mode(self) -> str:

@@ -40,6 +40,7 @@ from ..errors import CheckpointError, NanLossError
 from ..precision import make_loss_scaler
 from ..recompute import apply_recompute
 from ..rng import rng_state, seed_everything, set_rng_state
+from ..stochastic_rounding import StochasticRounding, to_bf16
 
 log = logging.getLogger("stoker")
 
@@ -120,6 +121,13 @@ class ModelState:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model(params) must return an nn.Module; it returned a {type(model).__name__}")
         self._model = model.to(self.strategy.device)
+        if self.config.precision == "bf16-sr":
+            if self.strategy.shards_state:
+                raise ValueError(
+                    "RunConfig: precision='bf16-sr' does not support a sharded strategy (FSDP keeps its own "
+                    "parameter dtypes); use strategy='replicated' or another precision"
+                )
+            to_bf16(self._model)  # before warm start: fp32 weights are then rounded to nearest once
         # On every replica, before wrapping (DDP broadcasts rank 0's weights).
         if self.warm_start_from is not None and self.latest_checkpoint() is None:
             self.warm_start_report = warm_start(self._model, self.warm_start_from)
@@ -143,6 +151,10 @@ class ModelState:
         opt = self.optimizer_fn(self.params, model.parameters())
         if not isinstance(opt, torch.optim.Optimizer):
             raise TypeError(f"optimizer(params, parameters) must return a torch.optim.Optimizer; got {type(opt).__name__}")
+        if self.config.precision == "bf16-sr":
+            # One seed on every replica: they apply the same averaged gradient and must round
+            # it the same way, or their weights drift apart.
+            opt = StochasticRounding(opt, seed=self.config.seed)
         self.optimizer = opt
         if self.schedule_fn is not None:
             self.schedule = self.schedule_fn(self.params, opt)

@@ -272,7 +272,7 @@ def _help(text: str) -> dict[str, str]:
     return {"help": text}
 
 
-PRECISION_CHOICES: tuple[str, ...] = ("fp32", "bf16")
+PRECISION_CHOICES: tuple[str, ...] = ("fp32", "bf16", "bf16-sr")
 
 
 @dataclass(kw_only=True)
@@ -298,7 +298,8 @@ class BertConfig:
     weight_decay: float = field(default=0.01, metadata=_help("AdamW weight decay"))
     warmup_steps: int = field(default=50, metadata=_help("linear warm-up steps, then linear decay to 0 at max_steps"))
     clip_norm: float = field(default=1.0, metadata=_help("gradient norm clipping (0: none)"))
-    precision: str = field(default="fp32", metadata=_help(f"numeric precision: {', '.join(PRECISION_CHOICES)}"))
+    precision: str = field(default="fp32", metadata=_help(
+        f"numeric precision: {', '.join(PRECISION_CHOICES)} (bf16-sr: bf16 weights and AdamW state, stochastic rounding)"))
     recompute: list[str] | None = field(default=None, metadata=_help(
         "recompute activations in backward: 'all', or module-name patterns such as 'layers.*' (docs/memory.md)"))
     eval_every_n_steps: int = field(default=250, metadata=_help("evaluate (and checkpoint) every N steps"))
