@@ -38,6 +38,17 @@ class Strategy(ABC):
     shards_state: bool = False
 
     @property
+    def num_replicas(self) -> int:
+        """Data-parallel replicas (each reads its own share of the data); the processes of a
+        pipelined replica count once."""
+        return self.world_size
+
+    @property
+    def replica_index(self) -> int:
+        """This process's replica (what ``params['replica_index']`` says)."""
+        return self.rank
+
+    @property
     def is_chief(self) -> bool:
         """The replica that writes checkpoints, summaries and logs."""
         return self.rank == 0
@@ -48,7 +59,8 @@ class Strategy(ABC):
 
     @abstractmethod
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum of ``tensor`` over replicas (the same on every replica)."""
+        """Sum of ``tensor`` over replicas (the same on every replica; the processes of a
+        pipelined replica hold the same value and count once)."""
 
     @abstractmethod
     def any_replica(self, flag: bool) -> bool:
@@ -57,6 +69,10 @@ class Strategy(ABC):
     @abstractmethod
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every replica's ``obj``, in rank order, on every replica."""
+
+    def gather_over_replicas(self, obj: Any) -> list[Any]:
+        """Every replica's ``obj``, in replica order (processes of one pipelined replica count once)."""
+        return self.all_gather_object(obj)
 
     @abstractmethod
     def barrier(self) -> None:

@@ -35,6 +35,7 @@ from ..checkpoint import (
 )
 from ..config import RunConfig
 from ..distributed import Strategy
+from ..distributed.pipeline import plan_stages
 from ..distributed.sharded import DCP_DIR, load_sharded, save_sharded
 from ..errors import CheckpointError, NanLossError
 from ..precision import make_loss_scaler
@@ -126,6 +127,8 @@ class ModelState:
         if self.config.recompute is not None:  # before wrapping: DDP/FSDP/compile see the recomputing forward
             names = apply_recompute(self._model, self.config.recompute)
             log.info("recompute: %s", ", ".join(n or "the whole model" for n in names))
+        if self.config.pipeline_split is not None and self.strategy.world_size == 1:
+            plan_stages(self._model, self.config.pipeline_split)  # one process runs it unsplit; the names must still fit
         module = self.strategy.wrap_model(self._model)
         # compile="step" compiles the training step instead (stoker.compiled_step), not the module.
         self.module = torch.compile(module) if self.config.compile_mode == "module" else module
@@ -146,6 +149,11 @@ class ModelState:
         self.optimizer = opt
         if self.schedule_fn is not None:
             self.schedule = self.schedule_fn(self.params, opt)
+
+    @property
+    def pipeline_stages(self) -> int:
+        """Stages this run's model is cut into (1 in one process, where a pipeline runs unsplit)."""
+        return self.config.pipeline_stages if self.strategy.world_size > 1 else 1
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's complete weights as CPU tensors (collective when they are sharded)."""
@@ -232,6 +240,14 @@ class ModelState:
         if self.scaler is not None and state.get("scaler") is not None:
             self.scaler.load_state_dict(state["scaler"])
         self.pending_hook_state = state.get("hooks", {})
+        saved_stages = int(state.get("pipeline_stages", 1))
+        if saved_stages != self.pipeline_stages:
+            raise CheckpointError(
+                f"checkpoint {str(ckpt.path)!r} was trained as {saved_stages} pipeline stage(s) and this run has "
+                f"{self.pipeline_stages}: resume training with the same layout (RunConfig.pipeline_split and "
+                "WORLD_SIZE), or start a new run from its weights with warm_start_from (evaluate and predict "
+                "read it in any layout)"
+            )
         saved_world, world = int(state.get("world_size", 1)), self.strategy.world_size
         self.cache = None
         if saved_world == world:
@@ -265,6 +281,7 @@ class ModelState:
             "cache": cache_per_replica,  # each replica carries its own
             "hooks": dict(hook_state),
             "world_size": self.strategy.world_size,
+            "pipeline_stages": self.pipeline_stages,
         }
 
     def save(self, hook_state: Mapping[str, Any], input_state: Any, last_checkpoint: Path | None) -> Path | None:
