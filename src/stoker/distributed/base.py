@@ -36,6 +36,8 @@ class Strategy(ABC):
     # Whether each replica holds only a slice of the model (checkpoints are then written by
     # every replica with torch.distributed.checkpoint).
     shards_state: bool = False
+    # Where this process's optimizer state goes in a torch.distributed.checkpoint (shards_state).
+    optimizer_checkpoint_key: str = "optimizer"
 
     @property
     def num_replicas(self) -> int:

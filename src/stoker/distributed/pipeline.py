@@ -149,6 +149,7 @@ class PipelineStrategy(ProcessGroupStrategy):
         self.dp_rank = self.mesh.get_local_rank("dp")
         self.stage_indices = [self.pp_rank + v * pp for v in range(per_process)]
         self.last_stage_rank = dist.get_global_rank(self.pp_group, pp - 1)
+        self.optimizer_checkpoint_key = f"optimizer_pp{self.pp_rank}"
         self.runtime: PipelineRuntime | None = None  # once the model is wrapped
 
     @property

@@ -209,9 +209,11 @@ class ModelState:
     def apply(self, ckpt: LoadedCheckpoint, full: bool) -> None:
         """Load a checkpoint's weights, and with ``full`` everything training resumes from."""
         model = self.build_model()
+        if full:
+            self._check_layout(ckpt)
         if ckpt.dcp_dir is not None:  # a sharded checkpoint: weights (and optimizer) in slices
             try:
-                load_sharded(ckpt.dcp_dir, model, self.optimizer if full else None)
+                load_sharded(ckpt.dcp_dir, model, self.optimizer if full else None, self.strategy.optimizer_checkpoint_key)
             except Exception as e:  # noqa: BLE001 - DCP reports mismatches in many shapes
                 raise CheckpointError(f"checkpoint {str(ckpt.path)!r} does not fit the model or optimizer: {e}") from e
         else:
@@ -224,6 +226,16 @@ class ModelState:
             return
         self._apply_training_state(ckpt)
         self.holds = ckpt.path
+
+    def _check_layout(self, ckpt: LoadedCheckpoint) -> None:
+        saved_stages = int(ckpt.train_state.get("pipeline_stages", 1))
+        if saved_stages != self.pipeline_stages:
+            raise CheckpointError(
+                f"checkpoint {str(ckpt.path)!r} was trained as {saved_stages} pipeline stage(s) and this run has "
+                f"{self.pipeline_stages}: resume training with the same layout (RunConfig.pipeline_split and "
+                "WORLD_SIZE), or start a new run from its weights with warm_start_from (evaluate and predict "
+                "read it in any layout)"
+            )
 
     def _apply_training_state(self, ckpt: LoadedCheckpoint) -> None:
         assert self.optimizer is not None
@@ -240,14 +252,6 @@ class ModelState:
         if self.scaler is not None and state.get("scaler") is not None:
             self.scaler.load_state_dict(state["scaler"])
         self.pending_hook_state = state.get("hooks", {})
-        saved_stages = int(state.get("pipeline_stages", 1))
-        if saved_stages != self.pipeline_stages:
-            raise CheckpointError(
-                f"checkpoint {str(ckpt.path)!r} was trained as {saved_stages} pipeline stage(s) and this run has "
-                f"{self.pipeline_stages}: resume training with the same layout (RunConfig.pipeline_split and "
-                "WORLD_SIZE), or start a new run from its weights with warm_start_from (evaluate and predict "
-                "read it in any layout)"
-            )
         saved_world, world = int(state.get("world_size", 1)), self.strategy.world_size
         self.cache = None
         if saved_world == world:
@@ -300,7 +304,7 @@ class ModelState:
         if strategy.shards_state:  # every replica writes its slices into the chief's tmp dir
             tmp = Path(strategy.broadcast_object(str(self.checkpoints.begin(self.global_step)) if strategy.is_chief else None))
             assert self.optimizer is not None
-            save_sharded(tmp / DCP_DIR, model, self.optimizer)
+            save_sharded(tmp / DCP_DIR, model, self.optimizer, self.strategy.optimizer_checkpoint_key)
         if strategy.is_chief:
             inputs = {rank: r["input"] for rank, r in enumerate(everyone)}
             state = self.train_state(hook_state, [r["rng"] for r in everyone], [r["cache"] for r in everyone])
