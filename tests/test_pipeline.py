@@ -186,3 +186,35 @@ def test_one_process_runs_a_pipelined_program_unsplit():
     est.train(lambda params: stoker.data.arrays(x, y, batch_size=params["batch_size"]), max_steps=3)
     assert est.global_step == 3 and sorted(est.model.state_dict()) == [
         "0.0.bias", "0.0.weight", "1.0.bias", "1.0.weight", "2.0.bias", "2.0.weight", "3.bias", "3.weight"]
+
+
+# ------------------------------------------------------------------ the bert recipe
+def test_bert_layout_flags():
+    from stoker.recipes.bert import BertConfig, pipeline_error
+
+    config = BertConfig(num_layers=4, hidden_layers_per_stage=2, replicas=2)
+    assert config.pipeline_split() == ("layers.2",) and config.run_config().pipeline_stages == 2
+    assert BertConfig(num_layers=6, hidden_layers_per_stage=2).pipeline_split() == ("layers.2", "layers.4")
+    assert BertConfig(num_layers=4, hidden_layers_per_stage=4).pipeline_split() is None
+    assert pipeline_error(config, 4) is None
+    assert "needs 4 processes; torchrun started 2" in pipeline_error(config, 2)
+    assert "needs torchrun: torchrun --nproc_per_node=4" in pipeline_error(config, 1)
+    assert "more than --num_layers (4)" in pipeline_error(BertConfig(num_layers=4, hidden_layers_per_stage=5), 1)
+    bad_micro = BertConfig(num_layers=4, hidden_layers_per_stage=2, batch_size=8, pipeline_microbatches=3)
+    assert "--pipeline_microbatches (3) must divide the per-replica batch" in pipeline_error(bad_micro, 4)
+
+
+@pytest.mark.slow
+def test_stoker_train_bert_runs_as_two_stages_by_two_replicas_under_torchrun(tmp_path):
+    flags = ["--model_dir", str(tmp_path / "bert"), "--hidden_layers_per_stage", "2", "--replicas", "2", "--max_steps", "4",
+             "--corpus_bytes", "200000", "--eval_steps", "2", "--hidden_size", "32", "--intermediate_size", "64",
+             "--num_heads", "2", "--eval_every_n_steps", "4", "--save_checkpoints_steps", "2", "--device", "cpu"]
+    out = subprocess.run([str(Path(PYTHON).with_name("torchrun")), "--standalone", "--nproc_per_node=4", "-m", "stoker",
+                          "train", "bert", *flags], env=python_env(), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "stages 2" in out.stdout and "held-out at step 4" in out.stdout
+    assert (tmp_path / "bert" / "ckpt-4" / "dcp" / ".metadata").exists()
+    # the wrong number of processes is a usage error naming the flags
+    bad = subprocess.run([str(Path(PYTHON).with_name("torchrun")), "--standalone", "--nproc_per_node=2", "-m", "stoker",
+                          "train", "bert", *flags], env=python_env(), capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "--replicas 2 x 2 stage(s)" in bad.stderr
