@@ -140,6 +140,12 @@ class PipelineStrategy(ProcessGroupStrategy):
                 f"pipeline_stages_per_process={per_process}), but WORLD_SIZE={self.world_size} is not a multiple "
                 f"of {pp}; start replicas x {pp} processes"
             )
+        rounds = max(1, config.microbatches // pp)
+        if config.schedule == "interleaved1f1b" and config.microbatches % rounds:
+            raise ValueError(
+                f"RunConfig.pipeline_microbatches={config.microbatches}: interleaved1f1b runs micro-batches in rounds "
+                f"of {pp} (the processes per pipeline); use a multiple of {pp}"
+            )
         self.mesh = init_device_mesh(self.device.type, (self.world_size // pp, pp), mesh_dim_names=("dp", "pp"))
         self.dp_group = self.mesh.get_group("dp")
         self.pp_group = self.mesh.get_group("pp")
