@@ -56,6 +56,7 @@ def main() -> None:
     p.add_argument("--per_process", type=int, default=1)
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--clip", type=float, default=None)
+    p.add_argument("--recompute", default=None)
     p.add_argument("--out")
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--timeout", type=float, default=60.0)
@@ -70,7 +71,7 @@ def main() -> None:
             model_dir=args.model_dir, iterations_per_loop=2, save_checkpoints_steps=2, progress_bar=False,
             distributed_timeout=args.timeout, log_every_n_steps=10**6, gradient_clip_norm=args.clip,
             pipeline_split=tuple(f"{int(i)}" for i in args.split.split(",")), pipeline_microbatches=args.micro,
-            pipeline_schedule=args.schedule, pipeline_stages_per_process=args.per_process,
+            pipeline_schedule=args.schedule, pipeline_stages_per_process=args.per_process, recompute=args.recompute,
         ),
         params={"sleep": args.sleep}, train_batch_size=args.batch, eval_batch_size=16,
     )
@@ -87,6 +88,10 @@ def main() -> None:
     est.train(train_input, max_steps=args.max_steps, hooks=[losses])
     metrics = est.evaluate(eval_input)
     preds = [r["logits"].tolist() for r in est.predict(eval_input)]
+    if est.strategy.world_size > 1 and args.recompute == "all":  # each stage recomputes its whole forward
+        from stoker.recompute import recomputed_modules
+
+        assert all(recomputed_modules(s) == [""] for s in est.strategy.runtime.stages)
     full = est.model_state_dict()
     if est.strategy.is_chief and args.out:
         Path(args.out).write_text(json.dumps({
