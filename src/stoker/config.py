@@ -14,7 +14,8 @@ from typing import Literal
 
 Precision = Literal["fp32", "bf16", "fp16", "bf16-sr"]
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "bf16-sr")
-STRATEGIES: tuple[str, ...] = ("auto", "single", "replicated", "sharded", "independent")
+STRATEGIES: tuple[str, ...] = ("auto", "single", "replicated", "sharded", "independent", "pipeline")
+PIPELINE_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved1f1b")
 COMPILE_MODES: tuple[str, ...] = ("none", "module", "step")  # also True (= "module") and False (= "none")
 
 
@@ -66,6 +67,19 @@ class RunConfig:
             ``"layers.*"`` whose modules drop their activations after the forward pass and
             recompute them in backward (``torch.utils.checkpoint``, non-reentrant; gradients
             are bitwise the same). A pattern that matches no module is an error listing them.
+        pipeline_split: pipeline parallelism (``docs/model_parallel.md``): the module names to
+            split the model *before*, e.g. ``("layers.2",)`` for two stages. Names are the
+            model's pipeline units: its children in order, with ``nn.ModuleList`` /
+            ``nn.Sequential`` children opened one level (``embeddings``, ``layers.0``, ...,
+            ``head``); the model's forward must be exactly their composition. Under torchrun the
+            processes form ``replicas x stages`` (``WORLD_SIZE / stages`` replicas); in one
+            process the model runs unsplit (the names are still checked).
+        pipeline_microbatches: micro-batches each replica's batch is cut into (must divide it).
+        pipeline_schedule: ``gpipe``, ``1f1b`` or ``interleaved1f1b``
+            (``torch.distributed.pipelining``'s ScheduleGPipe / Schedule1F1B /
+            ScheduleInterleaved1F1B).
+        pipeline_stages_per_process: stages each process holds (the interleaved schedule's
+            virtual stages; 1 for ``gpipe`` and ``1f1b``, at least 2 for ``interleaved1f1b``).
         mlperf_log: write MLPerf-style ``:::MLLOG`` events to ``model_dir/mlperf.log`` (RUN_START,
             EPOCH_START/STOP, RUN_STOP; ``stoker.hooks.MLPerfLogHook`` adds evaluations).
     """
@@ -95,6 +109,10 @@ class RunConfig:
     deterministic: bool = False
     mlperf_log: bool = False
     recompute: str | tuple[str, ...] | None = None
+    pipeline_split: tuple[str, ...] | None = None
+    pipeline_microbatches: int = 1
+    pipeline_schedule: str = "1f1b"
+    pipeline_stages_per_process: int = 1
 
     def __post_init__(self) -> None:
         if self.model_dir is not None:
@@ -156,6 +174,7 @@ class RunConfig:
         if self.cuda_graph and self.compile_mode == "step":
             raise ValueError("RunConfig: cuda_graph=True and compile='step' are two ways to run the step; pick one")
         self.recompute = _recompute_spec(self.recompute)
+        self._check_pipeline()
         if not self.distributed_timeout > 0:
             raise ValueError(f"RunConfig.distributed_timeout must be > 0; got {self.distributed_timeout}")
 
@@ -171,6 +190,59 @@ class RunConfig:
                 "RunConfig: precision='bf16-sr' does not run with compile='step' or cuda_graph=True (its update "
                 "steps one parameter at a time with its own generator); use compile='module' or 'none'"
             )
+
+    def _check_pipeline(self) -> None:
+        split = self.pipeline_split
+        if split is not None:
+            names = [split] if isinstance(split, str) else split
+            if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) and n for n in names):
+                raise ValueError(
+                    "RunConfig.pipeline_split must be None or module names to split before (a string or a "
+                    f"list of strings such as ('layers.2',)); got {split!r}"
+                )
+            if len(set(names)) != len(names):
+                raise ValueError(f"RunConfig.pipeline_split names a module twice: {list(names)!r}")
+            self.pipeline_split = tuple(names)
+        _positive_int("pipeline_microbatches", self.pipeline_microbatches)
+        _positive_int("pipeline_stages_per_process", self.pipeline_stages_per_process)
+        if self.pipeline_schedule not in PIPELINE_SCHEDULES:
+            raise ValueError(
+                f"RunConfig.pipeline_schedule must be one of {', '.join(PIPELINE_SCHEDULES)}; got {self.pipeline_schedule!r}"
+            )
+        interleaved = self.pipeline_schedule == "interleaved1f1b"
+        if interleaved != (self.pipeline_stages_per_process > 1):
+            raise ValueError(
+                "RunConfig: pipeline_schedule='interleaved1f1b' needs pipeline_stages_per_process >= 2, and "
+                f"'gpipe' / '1f1b' need 1; got {self.pipeline_schedule!r} with {self.pipeline_stages_per_process}"
+            )
+        if self.pipeline_split is None:
+            if self.strategy == "pipeline":
+                raise ValueError("RunConfig.strategy='pipeline' needs pipeline_split (the module names to split before)")
+            return
+        stages = len(self.pipeline_split) + 1
+        if stages % self.pipeline_stages_per_process:
+            raise ValueError(
+                f"RunConfig: {stages} pipeline stages (pipeline_split names {stages - 1} modules) cannot be "
+                f"spread evenly at pipeline_stages_per_process={self.pipeline_stages_per_process}"
+            )
+        if self.strategy not in ("auto", "pipeline"):
+            raise ValueError(f"RunConfig.pipeline_split needs strategy 'auto' or 'pipeline'; got {self.strategy!r}")
+        if self.gradient_accumulation_steps != 1:
+            raise ValueError(
+                "RunConfig: with pipeline_split, micro-batches are pipeline_microbatches; set "
+                f"gradient_accumulation_steps=1 (got {self.gradient_accumulation_steps})"
+            )
+        if self.precision in ("fp16", "bf16-sr") or self.compile_mode != "none" or self.cuda_graph:
+            raise ValueError(
+                "RunConfig: pipeline_split runs the eager step in fp32 or bf16; fp16 loss scaling, bf16-sr "
+                f"weights, compile and cuda_graph are not supported with it (got precision={self.precision!r}, "
+                f"compile={self.compile!r}, cuda_graph={self.cuda_graph})"
+            )
+
+    @property
+    def pipeline_stages(self) -> int:
+        """The number of pipeline stages (1: no pipeline)."""
+        return 1 if self.pipeline_split is None else len(self.pipeline_split) + 1
 
     @property
     def compile_mode(self) -> str:

@@ -27,7 +27,7 @@ from torch import nn
 
 from .checkpoint import CheckpointManager, WarmStartSettings
 from .config import RunConfig
-from .distributed import Strategy, make_strategy
+from .distributed import PipelineConfig, Strategy, make_strategy
 from .engine import (
     EvaluationRun,
     InputFn,
@@ -91,7 +91,11 @@ class Estimator:
             raise TypeError(f"model must be an nn.Module or a function params -> nn.Module; got {type(model).__name__}")
         self.model_fn = model_fn
         cfg = self.config
-        self.strategy: Strategy = make_strategy(cfg.strategy, cfg.device, cfg.distributed_timeout)
+        pipeline = None
+        if cfg.pipeline_split is not None:
+            pipeline = PipelineConfig(split=cfg.pipeline_split, microbatches=cfg.pipeline_microbatches,
+                                      schedule=cfg.pipeline_schedule, stages_per_process=cfg.pipeline_stages_per_process)
+        self.strategy: Strategy = make_strategy(cfg.strategy, cfg.device, cfg.distributed_timeout, pipeline)
         self.inputs = InputPlan(
             params=self.params, config=cfg, strategy=self.strategy, train_batch_size=train_batch_size,
             eval_batch_size=eval_batch_size, predict_batch_size=predict_batch_size,

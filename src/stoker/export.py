@@ -161,6 +161,11 @@ def export(
         checkpoint_path: the checkpoint to export (a ``ckpt-<step>`` dir or a model_dir);
             default: the best checkpoint, else the newest, else the weights in memory.
     """
+    if estimator.state.pipeline_stages > 1:
+        raise ExportError(
+            "export: this process holds only some pipeline stages; export from one process (the same program "
+            "without torchrun runs the model unsplit and reads the pipelined checkpoint)"
+        )
     formats = tuple(dict.fromkeys(("pt2", *formats)))
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:

@@ -35,6 +35,7 @@ from ..checkpoint import (
 )
 from ..config import RunConfig
 from ..distributed import Strategy
+from ..distributed.pipeline import plan_stages
 from ..distributed.sharded import DCP_DIR, load_sharded, save_sharded
 from ..errors import CheckpointError, NanLossError
 from ..precision import make_loss_scaler
@@ -134,6 +135,8 @@ class ModelState:
         if self.config.recompute is not None:  # before wrapping: DDP/FSDP/compile see the recomputing forward
             names = apply_recompute(self._model, self.config.recompute)
             log.info("recompute: %s", ", ".join(n or "the whole model" for n in names))
+        if self.config.pipeline_split is not None and self.strategy.world_size == 1:
+            plan_stages(self._model, self.config.pipeline_split)  # one process runs it unsplit; the names must still fit
         module = self.strategy.wrap_model(self._model)
         # compile="step" compiles the training step instead (stoker.compiled_step), not the module.
         self.module = torch.compile(module) if self.config.compile_mode == "module" else module
@@ -158,6 +161,11 @@ class ModelState:
         self.optimizer = opt
         if self.schedule_fn is not None:
             self.schedule = self.schedule_fn(self.params, opt)
+
+    @property
+    def pipeline_stages(self) -> int:
+        """Stages this run's model is cut into (1 in one process, where a pipeline runs unsplit)."""
+        return self.config.pipeline_stages if self.strategy.world_size > 1 else 1
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's complete weights as CPU tensors (collective when they are sharded)."""
@@ -213,9 +221,11 @@ class ModelState:
     def apply(self, ckpt: LoadedCheckpoint, full: bool) -> None:
         """Load a checkpoint's weights, and with ``full`` everything training resumes from."""
         model = self.build_model()
+        if full:
+            self._check_layout(ckpt)
         if ckpt.dcp_dir is not None:  # a sharded checkpoint: weights (and optimizer) in slices
             try:
-                load_sharded(ckpt.dcp_dir, model, self.optimizer if full else None)
+                load_sharded(ckpt.dcp_dir, model, self.optimizer if full else None, self.strategy.optimizer_checkpoint_key)
             except Exception as e:  # noqa: BLE001 - DCP reports mismatches in many shapes
                 raise CheckpointError(f"checkpoint {str(ckpt.path)!r} does not fit the model or optimizer: {e}") from e
         else:
@@ -228,6 +238,16 @@ class ModelState:
             return
         self._apply_training_state(ckpt)
         self.holds = ckpt.path
+
+    def _check_layout(self, ckpt: LoadedCheckpoint) -> None:
+        saved_stages = int(ckpt.train_state.get("pipeline_stages", 1))
+        if saved_stages != self.pipeline_stages:
+            raise CheckpointError(
+                f"checkpoint {str(ckpt.path)!r} was trained as {saved_stages} pipeline stage(s) and this run has "
+                f"{self.pipeline_stages}: resume training with the same layout (RunConfig.pipeline_split and "
+                "WORLD_SIZE), or start a new run from its weights with warm_start_from (evaluate and predict "
+                "read it in any layout)"
+            )
 
     def _apply_training_state(self, ckpt: LoadedCheckpoint) -> None:
         assert self.optimizer is not None
@@ -277,6 +297,7 @@ class ModelState:
             "cache": cache_per_replica,  # each replica carries its own
             "hooks": dict(hook_state),
             "world_size": self.strategy.world_size,
+            "pipeline_stages": self.pipeline_stages,
         }
 
     def save(self, hook_state: Mapping[str, Any], input_state: Any, last_checkpoint: Path | None) -> Path | None:
@@ -295,7 +316,7 @@ class ModelState:
         if strategy.shards_state:  # every replica writes its slices into the chief's tmp dir
             tmp = Path(strategy.broadcast_object(str(self.checkpoints.begin(self.global_step)) if strategy.is_chief else None))
             assert self.optimizer is not None
-            save_sharded(tmp / DCP_DIR, model, self.optimizer)
+            save_sharded(tmp / DCP_DIR, model, self.optimizer, self.strategy.optimizer_checkpoint_key)
         if strategy.is_chief:
             inputs = {rank: r["input"] for rank, r in enumerate(everyone)}
             state = self.train_state(hook_state, [r["rng"] for r in everyone], [r["cache"] for r in everyone])
