@@ -1,0 +1,240 @@
+"""Continuous evaluation: a watching evaluator beside training, both writing the index.
+
+Real processes (tests/continuous_eval_script.py): a trainer with a checkpoint every 2 steps
+and keep-3 retention, and an evaluator watching the same model_dir. Every retained checkpoint
+gets exactly one evaluation, the index always parses, keep_best points at the evaluator's best,
+a kill -9'd evaluator resumes without repeating an evaluation, and without the index lock the
+stress test fails (the mutation check).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from conftest import (
+    PYTHON,
+    classifier_fn,
+    eval_input,
+    make_data,
+    make_estimator,
+    python_env,
+    train_input,
+)
+from stoker.engine import ContinuousEvalResult, ContinuousEvaluation
+
+SCRIPT = Path(__file__).with_name("continuous_eval_script.py")
+
+
+# ============================================================== helpers
+def start(role: str, model_dir: Path, *extra: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([PYTHON, str(SCRIPT), "--role", role, "--model_dir", str(model_dir), *extra],
+                            env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(proc: subprocess.Popen[str], timeout: float = 240) -> str:
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"process did not finish: {out}\n{err}") from None
+    assert proc.returncode == 0, f"{out}\n{err}"
+    return out
+
+
+def read_index(model_dir: Path) -> dict:
+    return json.loads((model_dir / "checkpoint.json").read_text())
+
+
+def evaluations(log: Path) -> list[tuple[int, int, float]]:
+    """``(pid, step, accuracy)`` of every evaluation the evaluator processes reported."""
+    if not log.exists():
+        return []
+    rows = [line.split() for line in log.read_text().splitlines() if line.strip()]
+    return [(int(pid), int(step), float(acc)) for pid, step, acc in rows]
+
+
+class IndexReader(threading.Thread):
+    """Reads the index as fast as it can while the writers run; remembers any failure to parse."""
+
+    def __init__(self, model_dir: Path) -> None:
+        super().__init__(daemon=True)
+        self.path = model_dir / "checkpoint.json"
+        self.reads = 0
+        self.errors: list[str] = []
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                text = self.path.read_text()
+            except FileNotFoundError:
+                time.sleep(0.005)
+                continue
+            try:
+                index = json.loads(text)
+                assert index["format"] == "stoker-checkpoint-index/1"
+                assert [r["step"] for r in index["checkpoints"]] == sorted(r["step"] for r in index["checkpoints"])
+                self.reads += 1
+            except (ValueError, KeyError, AssertionError) as e:
+                self.errors.append(f"{type(e).__name__}: {e}: {text[:200]!r}")
+            time.sleep(0.002)
+
+
+def check_consistent(model_dir: Path, log: Path, keep: int = 3) -> dict:
+    """The end state every run must reach; returns the index."""
+    index = read_index(model_dir)
+    evals = evaluations(log)
+    counts = Counter(step for _, step, _ in evals)
+    assert all(n == 1 for n in counts.values()), f"a checkpoint was evaluated twice: {counts}"
+    retained = {r["name"]: r for r in index["checkpoints"]}
+    # every retained checkpoint has exactly one evaluation, and its record holds that result
+    for rec in retained.values():
+        assert rec["metrics"], f"{rec['name']} is retained but has no evaluation"
+        assert counts[rec["step"]] == 1, rec
+        reported = next(acc for _, step, acc in evals if step == rec["step"])
+        assert rec["metrics"]["accuracy"] == reported
+    # keep_best is the evaluator's best (the first evaluation reaching the maximum), retained
+    best_acc = max(acc for _, _, acc in evals)
+    first_best = next(step for _, step, acc in evals if acc == best_acc)
+    assert index["best"]["value"] == best_acc
+    assert index["best"]["step"] == first_best and index["best"]["name"] in retained
+    # retention: the newest `keep`, the best and the latest, nothing else; no orphan directories
+    by_step = sorted(retained.values(), key=lambda r: r["step"])
+    assert set(retained) <= {r["name"] for r in by_step[-keep:]} | {index["best"]["name"], index["latest"]}
+    on_disk = {p.name for p in model_dir.iterdir() if p.name.startswith("ckpt-")}
+    assert on_disk == set(retained)
+    # scalars: one row per evaluated step and tag in model_dir/eval/metrics.csv
+    with open(model_dir / "eval" / "metrics.csv", newline="") as f:
+        rows = [(int(r["step"]), r["tag"]) for r in csv.DictReader(f)]
+    assert Counter(rows).most_common(1)[0][1] == 1
+    assert {s for s, t in rows if t == "eval/accuracy"} == set(counts)
+    return index
+
+
+# ============================================================== in one process
+def test_evaluates_each_checkpoint_once_in_step_order_and_stops_at_the_marker(tmp_path):
+    x, y = make_data(100)
+    ex, ey = make_data(64, seed=1)
+    trainer = make_estimator(tmp_path, iterations_per_loop=1, save_checkpoints_steps=2, keep_checkpoint_max=0,
+                             keep_best=("accuracy", "max"))
+    trainer.train(train_input(x, y), max_steps=6)
+    assert json.loads((tmp_path / "finished.json").read_text())["step"] == 6
+    evaluator = make_estimator(tmp_path, keep_checkpoint_max=0, keep_best=("accuracy", "max"))
+    seen: list[int] = []
+    result = evaluator.evaluate_continuously(eval_input(ex, ey), timeout_secs=30, poll_secs=0.01,
+                                             on_result=lambda step, r: seen.append(step))
+    assert result.evaluated == seen == [2, 4, 6] and result.skipped == []
+    assert "training finished at step 6" in result.stop_reason
+    # the recorded values are exactly what evaluate() computes for that checkpoint
+    for step in (2, 4, 6):
+        again = evaluator.evaluate(eval_input(ex, ey), checkpoint_path=tmp_path / f"ckpt-{step}", name="check")
+        rec = next(r for r in read_index(tmp_path)["checkpoints"] if r["step"] == step)
+        assert rec["metrics"] == {k: v for k, v in again.items() if k != "global_step"}
+    # a second evaluator finds nothing to do: the index records every result
+    again = make_estimator(tmp_path, keep_checkpoint_max=0, keep_best=("accuracy", "max"))
+    assert again.evaluate_continuously(eval_input(ex, ey), timeout_secs=30, poll_secs=0.01).evaluated == []
+    # training on clears the marker; the evaluator then times out instead of stopping at once
+    trainer.train(train_input(x, y), steps=1)
+    assert not (tmp_path / "finished.json").exists()
+    t0 = time.monotonic()
+    later = make_estimator(tmp_path, keep_checkpoint_max=0, keep_best=("accuracy", "max"))
+    result = later.evaluate_continuously(eval_input(ex, ey), timeout_secs=0.3, poll_secs=0.01)
+    assert result.evaluated == [7] and "no new checkpoint for 0.3 s" in result.stop_reason
+    assert time.monotonic() - t0 >= 0.3
+
+
+def test_a_checkpoint_removed_before_its_evaluation_is_skipped_with_one_line(tmp_path, caplog):
+    x, y = make_data(100)
+    ex, ey = make_data(64, seed=1)
+    make_estimator(tmp_path, iterations_per_loop=1, save_checkpoints_steps=2, keep_checkpoint_max=0).train(
+        train_input(x, y), max_steps=4)
+    evaluator = make_estimator(tmp_path, keep_checkpoint_max=0)
+    calls: list[int] = []
+
+    def remove_ckpt_2(model, features, labels, mode, params):  # noqa: ANN001, ANN202
+        # the trainer's retention removing ckpt-4 while ckpt-2 is being evaluated
+        if not calls:
+            evaluator.state.checkpoints.update_index(
+                lambda index: index.update(checkpoints=[r for r in index["checkpoints"] if r["step"] != 4]))
+            shutil.rmtree(tmp_path / "ckpt-4")
+        calls.append(1)
+        return classifier_fn(model, features, labels, mode, params)
+
+    evaluator.model_fn = remove_ckpt_2
+    with caplog.at_level("INFO", logger="stoker"):
+        result = evaluator.evaluate_continuously(eval_input(ex, ey), timeout_secs=0.2, poll_secs=0.01)
+    assert result.evaluated == [2] and result.skipped == []  # ckpt-4 left the index: never pending
+    # a checkpoint named by a stale read of the index, then removed: skipped with one line
+    evaluator2 = make_estimator(tmp_path, keep_checkpoint_max=0)
+    watcher = ContinuousEvaluation(evaluator2._evaluation, evaluator2.state.checkpoints)
+    res = ContinuousEvalResult()
+    caplog.clear()
+    with caplog.at_level("INFO", logger="stoker"):
+        assert watcher.evaluate_one(eval_input(ex, ey), {"name": "ckpt-4", "step": 4}, res) is None
+    assert res.skipped == [4]
+    lines = [r.getMessage() for r in caplog.records if "ckpt-4" in r.getMessage()]
+    assert lines == ["evaluator: ckpt-4 was removed by retention before it was evaluated; skipped"]
+
+
+def test_arguments_are_checked(tmp_path):
+    est = make_estimator(None)
+    with pytest.raises(ValueError, match="needs RunConfig.model_dir"):
+        est.evaluate_continuously(eval_input(*make_data(8)))
+    est = make_estimator(tmp_path)
+    for kwargs, match in (({"steps": 0}, "steps must be a positive integer"),
+                          ({"timeout_secs": 0}, "timeout_secs must be > 0"),
+                          ({"poll_secs": -1}, "poll_secs must be > 0")):
+        with pytest.raises(ValueError, match=match):
+            est.evaluate_continuously(eval_input(*make_data(8)), **kwargs)
+
+
+# ============================================================== real processes
+def test_trainer_and_watching_evaluator_at_the_same_time(tmp_path):
+    model_dir, log = tmp_path / "run", tmp_path / "evaluated.txt"
+    reader = IndexReader(model_dir)
+    evaluator = start("evaluate", model_dir, "--evaluated_log", str(log), "--sleep", "0.01")
+    trainer = start("train", model_dir, "--max_steps", "40", "--sleep", "0.02")
+    reader.start()
+    try:
+        finish(trainer)
+        out = finish(evaluator)
+    finally:
+        reader.stop.set()
+        reader.join()
+    assert "training finished at step 40" in out
+    assert not reader.errors, reader.errors[:3]
+    assert reader.reads > 0
+    index = check_consistent(model_dir, log)
+    assert index["latest"] == "ckpt-40"
+
+
+def test_kill_9_evaluator_resumes_without_repeating(tmp_path):
+    model_dir, log = tmp_path / "run", tmp_path / "evaluated.txt"
+    trainer = start("train", model_dir, "--max_steps", "40", "--sleep", "0.03")
+    evaluator = start("evaluate", model_dir, "--evaluated_log", str(log), "--sleep", "0.01")
+    deadline = time.monotonic() + 180
+    while len(evaluations(log)) < 3:  # kill it once it has recorded a few results
+        assert evaluator.poll() is None, evaluator.communicate()
+        assert time.monotonic() < deadline, "the evaluator recorded nothing"
+        time.sleep(0.01)
+    evaluator.send_signal(signal.SIGKILL)
+    evaluator.wait()
+    recorded_before = {r["step"] for r in read_index(model_dir)["checkpoints"] if r["metrics"]}
+    first_pid = evaluations(log)[0][0]
+    restarted = start("evaluate", model_dir, "--evaluated_log", str(log), "--sleep", "0.01")
+    finish(trainer)
+    finish(restarted)
+    after = [step for pid, step, _ in evaluations(log) if pid != first_pid]
+    assert after and not set(after) & recorded_before, (after, recorded_before)
+    check_consistent(model_dir, log)
