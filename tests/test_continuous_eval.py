@@ -30,6 +30,7 @@ from conftest import (
     python_env,
     train_input,
 )
+from stoker.cli import main
 from stoker.engine import ContinuousEvalResult, ContinuousEvaluation
 
 SCRIPT = Path(__file__).with_name("continuous_eval_script.py")
@@ -238,3 +239,52 @@ def test_kill_9_evaluator_resumes_without_repeating(tmp_path):
     after = [step for pid, step, _ in evaluations(log) if pid != first_pid]
     assert after and not set(after) & recorded_before, (after, recorded_before)
     check_consistent(model_dir, log)
+
+
+# ============================================================== the command line
+CHARLM_TINY = ("--corpus_bytes", "60000", "--max_steps", "12", "--save_checkpoints_steps", "4", "--keep_checkpoint_max", "2",
+               "--d_model", "16", "--n_layer", "1", "--n_head", "2", "--d_head", "8", "--d_inner", "32", "--batch_size", "4",
+               "--eval_batch_size", "4", "--eval_steps", "3", "--seq_len", "8", "--mem_len", "8", "--iterations_per_loop", "2",
+               "--log_every_n_steps", "100")
+
+
+def test_stoker_evaluate_watch_beside_stoker_train_charlm(tmp_path):
+    model_dir = tmp_path / "run"
+    # the evaluator starts first: it waits for the trainer's run_spec.json
+    watcher = subprocess.Popen([PYTHON, "-m", "stoker", "evaluate", "--watch", str(model_dir), "--device", "cpu",
+                                "--timeout_secs", "120", "--poll_secs", "0.05"],
+                               env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    trainer = subprocess.Popen([PYTHON, "-m", "stoker", "train", "charlm", "--model_dir", str(model_dir),
+                                "--eval_every_n_steps", "0", *CHARLM_TINY],
+                               env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert "without evaluating" in finish(trainer)
+    out = finish(watcher)
+    assert "training finished at step 12" in out
+    index = read_index(model_dir)
+    assert all(r["metrics"] for r in index["checkpoints"])
+    best = min((r for r in index["checkpoints"]), key=lambda r: r["metrics"]["bpc"])
+    assert index["best"]["metric"] == "bpc" and index["best"]["value"] == best["metrics"]["bpc"]
+    assert f"best {index['best']['name']} with bpc" in out
+    with open(model_dir / "eval" / "metrics.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["tag"] for r in rows} == {"eval/loss", "eval/bpc", "eval/ppl"}
+    # once more, in this process: the one-shot evaluation gives the recorded numbers again
+    assert main(["evaluate", str(model_dir), "--checkpoint", str(model_dir / "ckpt-12")]) == 0
+    rec = next(r for r in read_index(model_dir)["checkpoints"] if r["name"] == "ckpt-12")
+    assert rec["metrics"] == next(r for r in index["checkpoints"] if r["name"] == "ckpt-12")["metrics"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--device", "gpu0"], "--device must be auto, cpu, cuda or cuda:N"),
+    (["--steps", "0"], "--steps must be >= 1"),
+    (["--watch", "--timeout_secs", "0"], "--timeout_secs must be > 0"),
+    (["--watch", "--checkpoint", "x"], "--checkpoint evaluates one checkpoint"),
+])
+def test_stoker_evaluate_usage_errors_exit_2(tmp_path, capsys, argv, message):
+    assert main(["evaluate", str(tmp_path), *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_stoker_evaluate_without_run_spec_says_so(tmp_path, capsys):
+    assert main(["evaluate", str(tmp_path)]) == 1
+    assert "has no run_spec.json" in capsys.readouterr().err

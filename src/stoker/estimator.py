@@ -71,7 +71,7 @@ class Estimator:
             to initialise weights from when ``model_dir`` has no checkpoint yet.
 
     Its parts are public for the tools built on it: ``state`` (a ``ModelState``), ``inputs``
-    (an ``InputPlan``) and ``strategy``.
+    (an ``InputPlan``), ``evaluation`` (an ``EvaluationRun``) and ``strategy``.
     """
 
     def __init__(
@@ -123,6 +123,11 @@ class Estimator:
         self._model_fn = bind_model_fn(fn)
         if hasattr(self, "_evaluation"):
             self._evaluation.model_fn = self._model_fn
+
+    @property
+    def evaluation(self) -> EvaluationRun:
+        """The ``EvaluationRun`` component ``evaluate`` uses (for tools that evaluate their own way)."""
+        return self._evaluation
 
     @property
     def model(self) -> nn.Module:

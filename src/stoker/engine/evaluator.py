@@ -253,7 +253,7 @@ def evaluation_on_device(evaluation: EvaluationRun, device: str | None) -> Evalu
     state, inputs = evaluation.state, evaluation.inputs
     if device is None or device == state.config.device:
         return evaluation
-    config = dataclasses.replace(state.config, device=device, strategy="single")
+    config = dataclasses.replace(state.config, device=device, strategy="single", cuda_graph=False)  # graphs: training only
     strategy = make_strategy("single", device, config.distributed_timeout)
     new_state = ModelState(model=state.model_arg, params=state.params, config=config, strategy=strategy,
                            checkpoints=state.checkpoints)
