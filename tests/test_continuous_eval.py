@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import shutil
 import signal
 import subprocess
@@ -30,6 +31,7 @@ from conftest import (
     python_env,
     train_input,
 )
+from stoker.bench import BenchConfig, run_benchmark
 from stoker.cli import main
 from stoker.engine import ContinuousEvalResult, ContinuousEvaluation
 
@@ -343,3 +345,52 @@ def test_mutation_without_the_index_lock_the_stress_test_fails(tmp_path):
             failures.append(str(e))
             break
     assert failures, "removing the index lock went unnoticed: the stress test does not test the lock"
+
+
+# ============================================================== stoker bench --eval --eval_interval_secs
+BENCH = ("bench", "--model=trivial", "--data_name=cifar10", "--batch_size=8", "--peak_tflops=1", "--device=cpu")
+
+
+@pytest.mark.slow
+def test_bench_eval_interval_secs_watches_the_training_process(tmp_path):
+    train_dir = tmp_path / "train"
+    watcher = subprocess.Popen([PYTHON, "-m", "stoker", *BENCH, "--eval", f"--train_dir={train_dir}",
+                                "--eval_interval_secs=0.05", "--num_batches=2"],
+                               env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not train_dir.is_dir():  # the evaluator is up
+        assert watcher.poll() is None and time.monotonic() < deadline, watcher.communicate()
+        time.sleep(0.01)
+    trainer = subprocess.Popen([PYTHON, "-m", "stoker", *BENCH, f"--train_dir={train_dir}", "--num_batches=16",
+                                "--num_warmup_batches=2", "--save_model_steps=2", "--max_ckpts_to_keep=2"],
+                               env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finish(trainer)
+    out = finish(watcher)
+    # the warm-up's end (step 2) did not stop the watcher: only the run's last step did
+    assert "Stopped watching: training finished at step 18 and every checkpoint up to it is evaluated" in out
+    evaluated = [int(m) for m in re.findall(r"^Evaluated checkpoint .*/ckpt-(\d+) ", out, re.M)]
+    assert evaluated == sorted(set(evaluated)) and evaluated[-1] == 18
+    index = read_index(train_dir)
+    assert all(set(r["metrics"]) == {"loss", "top_1_accuracy", "top_5_accuracy"} for r in index["checkpoints"])
+    assert {r["step"] for r in index["checkpoints"]} <= set(evaluated)
+
+
+def test_bench_eval_interval_secs_evaluates_each_retained_checkpoint(tmp_path):
+    # in one process, after training (the two processes at once: the slow test above)
+    train = BenchConfig(model="trivial", data_name="cifar10", batch_size=8, num_batches=8, num_warmup_batches=2,
+                        train_dir=str(tmp_path), save_model_steps=2, max_ckpts_to_keep=3, device="cpu", peak_tflops=1.0)
+    run_benchmark(train, log=lambda line: None)
+    lines: list[str] = []
+    result = run_benchmark(train.replace(eval=True, eval_interval_secs=0.01, num_batches=2, save_model_steps=None),
+                          log=lines.append)
+    assert [e["global_step"] for e in result["evaluations"]] == [6, 8, 10]
+    assert lines[-1] == "Stopped watching: training finished at step 10 and every checkpoint up to it is evaluated"
+    index = read_index(tmp_path)
+    assert [r["metrics"]["top_1_accuracy"] for r in index["checkpoints"]] == [e["top_1_accuracy"] for e in result["evaluations"]]
+    assert result["global_step"] == 10 and result["top_1_accuracy"] == result["evaluations"][-1]["top_1_accuracy"]
+
+
+def test_bench_eval_interval_secs_needs_eval(capsys):
+    with pytest.raises(SystemExit) as e:
+        main([*BENCH, "--eval_interval_secs=5"])
+    assert e.value.code == 2 and "--eval_interval_secs applies only with --eval" in capsys.readouterr().err
