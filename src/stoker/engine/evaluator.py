@@ -222,7 +222,7 @@ class ContinuousEvaluation:
         if self._logged_steps is None:
             self._logged_steps = _logged_steps(logdir / CSV_NAME)
         if step in self._logged_steps:
-            return  # a killed evaluator logged it, but did not record it: the values are the same
+            return  # an earlier evaluator of this model_dir logged it already
         if self._writer is None:
             self._writer = ScalarWriter(logdir, tensorboard=True)
         self._writer.write(step, scalars, prefix="eval/")
