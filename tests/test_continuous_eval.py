@@ -21,6 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+import torch
 
 from conftest import (
     PYTHON,
@@ -167,6 +168,60 @@ def test_evaluates_each_checkpoint_once_in_step_order_and_stops_at_the_marker(tm
     result = later.evaluate_continuously(eval_input(ex, ey), timeout_secs=0.3, poll_secs=0.01)
     assert result.evaluated == [7] and "no new checkpoint for 0.3 s" in result.stop_reason
     assert time.monotonic() - t0 >= 0.3
+
+
+def test_finished_marker_is_written_again_when_there_is_nothing_left_to_train(tmp_path):
+    x, y = make_data(100)
+    make_estimator(tmp_path, iterations_per_loop=2, save_checkpoints_steps=2).train(train_input(x, y), max_steps=4)
+    (tmp_path / "finished.json").unlink()  # as if killed between the last checkpoint and the marker
+    make_estimator(tmp_path).train(train_input(x, y), max_steps=4)
+    assert json.loads((tmp_path / "finished.json").read_text())["step"] == 4
+    make_estimator(tmp_path).train(train_input(x, y), steps=2)  # no max_steps: training went on, no marker
+    assert not (tmp_path / "finished.json").exists()
+
+
+def test_opening_a_model_dir_leaves_an_in_flight_save_alone(tmp_path):
+    # An evaluator opens model_dir (a writing CheckpointManager) while the trainer writes
+    # ckpt-N into a temporary directory: only the trainer's own next save cleans leftovers.
+    in_flight = tmp_path / ".tmp-ckpt-8-abcdef01"
+    in_flight.mkdir(parents=True)
+    (in_flight / "model.safetensors").write_bytes(b"half")
+    make_estimator(tmp_path, keep_best=("accuracy", "max")).evaluate_continuously(
+        eval_input(*make_data(8)), timeout_secs=0.05, poll_secs=0.01)
+    assert in_flight.is_dir()
+    x, y = make_data(100)
+    make_estimator(tmp_path, iterations_per_loop=2, save_checkpoints_steps=2).train(train_input(x, y), max_steps=2)
+    assert not in_flight.exists()
+
+
+def test_evaluating_on_another_device_gives_the_same_results(tmp_path):
+    x, y = make_data(100)
+    ex, ey = make_data(64, seed=1)
+    make_estimator(tmp_path, iterations_per_loop=2, save_checkpoints_steps=2, keep_checkpoint_max=0).train(
+        train_input(x, y), max_steps=4)
+    here = make_estimator(tmp_path / "copy")  # device "auto": its own components
+    shutil.copytree(tmp_path, tmp_path / "copy", dirs_exist_ok=True, ignore=shutil.ignore_patterns("copy"))
+    there = make_estimator(tmp_path, keep_checkpoint_max=0)
+    assert there.config.device == "auto"
+    other = there.evaluate_continuously(eval_input(ex, ey), timeout_secs=5, poll_secs=0.01, device="cpu")
+    same = here.evaluate_continuously(eval_input(ex, ey), timeout_secs=5, poll_secs=0.01)
+    assert other.evaluated == same.evaluated == [2, 4]
+    assert other.results == same.results
+    assert there.state._model is None  # the Estimator's own model was never built: a copy ran on "cpu"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_evaluator_on_cuda_beside_a_cpu_trainer(tmp_path):
+    x, y = make_data(100)
+    ex, ey = make_data(64, seed=1)
+    make_estimator(tmp_path, device="cpu", iterations_per_loop=2, save_checkpoints_steps=2, keep_checkpoint_max=0,
+                   keep_best=("accuracy", "max")).train(train_input(x, y), max_steps=4)
+    cpu = make_estimator(tmp_path, device="cpu").evaluate(eval_input(ex, ey), checkpoint_path=tmp_path / "ckpt-4", name="c")
+    est = make_estimator(tmp_path, device="cpu", keep_checkpoint_max=0, keep_best=("accuracy", "max"))
+    result = est.evaluate_continuously(eval_input(ex, ey), timeout_secs=5, poll_secs=0.01, device="cuda")
+    assert result.evaluated == [2, 4]
+    assert result.results[4]["accuracy"] == cpu["accuracy"]
+    assert result.results[4]["loss"] == pytest.approx(cpu["loss"], rel=1e-5)
 
 
 def test_a_checkpoint_removed_before_its_evaluation_is_skipped_with_one_line(tmp_path, caplog):
