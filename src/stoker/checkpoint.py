@@ -5,6 +5,8 @@ Layout (a user-facing format, documented in docs/checkpoints.md)::
     model_dir/
       checkpoint.json              index: latest, retained checkpoints, best, sha256 of each file
       checkpoint.lock              taken (flock) by every writer of the index: trainer, evaluator
+      finished.json                written when training reaches max_steps: {"step": N}; a watching
+                                   evaluator stops once it has evaluated everything up to it
       ckpt-<step>/model.safetensors   weights, readable without stoker
       ckpt-<step>/train_state.pt      optimizer, schedule, scaler, RNGs, step, cache, hook state
       ckpt-<step>/input-<rank>.json   input pipeline position of each replica (.pt if not JSON)
@@ -58,6 +60,7 @@ log = logging.getLogger("stoker")
 INDEX_NAME = "checkpoint.json"
 INDEX_LOCK_NAME = "checkpoint.lock"
 INDEX_FORMAT = "stoker-checkpoint-index/1"
+FINISHED_NAME = "finished.json"
 MODEL_FILE = "model.safetensors"
 TRAIN_STATE_FILE = "train_state.pt"
 _CKPT_RE = re.compile(r"^ckpt-(\d+)$")
@@ -173,9 +176,11 @@ class CheckpointManager:
         self.keep_checkpoint_max = keep_checkpoint_max
         self.keep_best = keep_best
         self.writer = writer
+        # Leftovers of a crashed save are removed at this manager's first save, not here: an
+        # evaluator opens a writing manager while the trainer may be in the middle of a save.
+        self._leftovers_checked = False
         if writer:
             self.model_dir.mkdir(parents=True, exist_ok=True)
-            self._remove_leftovers()
 
     # ---------------------------------------------------------------- index
     def index(self) -> dict[str, Any]:
@@ -249,9 +254,28 @@ class CheckpointManager:
         self._remove(removed)
         return result
 
+    # ---------------------------------------------------------------- finished marker
+    def mark_finished(self, step: int) -> None:
+        """Record that training reached its last step (``max_steps``): ``finished.json``."""
+        _atomic_write_text(self.model_dir / FINISHED_NAME, json.dumps({"step": int(step), "time": time.time()}))
+
+    def clear_finished(self) -> None:
+        """Training goes on: remove ``finished.json`` (if any)."""
+        (self.model_dir / FINISHED_NAME).unlink(missing_ok=True)
+
+    def finished_step(self) -> int | None:
+        """The step ``finished.json`` names, or ``None`` while training has not finished."""
+        try:
+            return int(json.loads((self.model_dir / FINISHED_NAME).read_text())["step"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
     # ---------------------------------------------------------------- save
     def begin(self, step: int) -> Path:
         """A fresh temporary directory for ``ckpt-<step>`` that other replicas may write into."""
+        if not self._leftovers_checked:
+            self._leftovers_checked = True
+            self._remove_leftovers()
         tmp = self.model_dir / f".tmp-ckpt-{step}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         return tmp

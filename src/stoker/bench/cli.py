@@ -126,6 +126,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--gradient_clip", type=float, help="clip each gradient element to [-c, c]")
     g = p.add_argument_group("evaluation during training")
     g.add_argument("--eval_during_training_every_n_steps", type=int, help="evaluate every N timed steps")
+    g.add_argument("--eval_interval_secs", type=float, default=0.0,
+                   help="with --eval: look for a new checkpoint in --train_dir every N seconds and evaluate each one, "
+                   "beside the training process, until training has finished; 0 (default) evaluates the newest once")
     g.add_argument("--stop_at_top_1_accuracy", type=float, help="stop once an evaluation reaches this top-1")
     g.add_argument("--print_training_accuracy", type=_bool, nargs="?", const=True, default=False, metavar="BOOL",
                    help="print the training batch's top-1 / top-5")

@@ -104,6 +104,7 @@ class BenchConfig:
     weight_decay: float = 4e-5
     gradient_clip: float | None = None
     # evaluation during training
+    eval_interval_secs: float = 0.0  # --eval: > 0 watches --train_dir and evaluates each new checkpoint
     eval_during_training_every_n_steps: int | None = None
     stop_at_top_1_accuracy: float | None = None
     print_training_accuracy: bool = False
@@ -194,7 +195,7 @@ _OPTIONAL_POSITIVE: tuple[str, ...] = (
 #: Number flags that are >= 0.
 _NON_NEGATIVE: tuple[str, ...] = (
     "num_epochs_per_decay", "learning_rate_decay_factor", "num_learning_rate_warmup_epochs",
-    "minimum_learning_rate", "weight_decay", "momentum", "rmsprop_decay", "rmsprop_momentum",
+    "minimum_learning_rate", "eval_interval_secs", "weight_decay", "momentum", "rmsprop_decay", "rmsprop_momentum",
     "rmsprop_epsilon", "adam_beta1", "adam_beta2", "adam_epsilon",
 )
 #: What --mode=inference refuses: switches, and flags that are None unless given.
@@ -284,6 +285,9 @@ def _check_evaluation(cfg: BenchConfig) -> None:
     if cfg.stop_at_top_1_accuracy is not None and cfg.eval_during_training_every_n_steps is None:
         raise _fail("--stop_at_top_1_accuracy needs --eval_during_training_every_n_steps",
                     "stop_at_top_1_accuracy", "eval_during_training_every_n_steps")
+    if cfg.eval_interval_secs and not cfg.eval:
+        raise _fail("--eval_interval_secs applies only with --eval (a second process evaluating the checkpoints "
+                    "training writes into --train_dir)", "eval_interval_secs", "eval")
     if cfg.num_eval_batches is not None and not (cfg.eval or cfg.eval_during_training_every_n_steps):
         raise _fail("--num_eval_batches applies only with --eval or --eval_during_training_every_n_steps",
                     "num_eval_batches")
