@@ -201,3 +201,24 @@ def test_bench_measures_the_package(resnet20_aot, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert f"Model:       AOT package {package}" in out and "total images/sec:" in out
+
+
+def test_stoker_serve_serves_the_package_to_tritonclient(resnet20_aot):
+    httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is a dev dependency")
+    from stoker.serve import make_server
+
+    out = resnet20_aot[1]
+    srv = make_server(out / AOT_FILE, "127.0.0.1", 0, model_name="resnet20").start()
+    client = httpclient.InferenceServerClient(srv.url.removeprefix("http://"), network_timeout=30)
+    try:
+        assert client.get_model_metadata("resnet20")["platform"] == "pytorch_aotinductor"
+        x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(2)).numpy()
+        inp = httpclient.InferInput("features", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x)
+        result = client.infer("resnet20", [inp])
+        want = load_exported(out, aot=True)({"features": torch.from_numpy(x)})
+        assert (result.as_numpy("logits") == want["logits"].numpy()).all()
+        assert (result.as_numpy("classes") == want["classes"].numpy()).all()
+    finally:
+        client.close()
+        srv.stop()
