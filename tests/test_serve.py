@@ -245,3 +245,14 @@ def test_validate_inputs_checks_integer_dtypes_and_batch_agreement():
     small = {"inputs": [{"name": "b", "dtype": "uint8", "shape": [1]}]}
     with pytest.raises(RequestError, match="outside the range of uint8"):
         validate_inputs({"inputs": {"b": [300]}}, small)
+
+
+def test_the_command_refuses_bad_flags_with_2_and_a_non_export_with_1(tmp_path, capsys):
+    from stoker.cli import main
+
+    assert main(["serve", str(tmp_path), "--max_pending", "0"]) == 2
+    assert "--max_pending must be >= 1; got 0" in capsys.readouterr().err
+    assert main(["serve", str(tmp_path), "--batch_window_ms", "-1"]) == 2
+    assert main(["serve", str(tmp_path), "--port", "0"]) == 1
+    assert "is not a stoker export" in capsys.readouterr().err
+    assert main(["serve", str(tmp_path), "--aot", "--port", "0"]) == 1
