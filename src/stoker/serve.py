@@ -33,11 +33,14 @@ import socket
 import sys
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import StokerError
 from .export import ExportedModel, load_exported
 from .serve_protocol import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY_BYTES, RequestError, validate_inputs
+
+if TYPE_CHECKING:
+    from .serve_app import ServeConfig
 
 log = logging.getLogger("stoker")
 
@@ -66,7 +69,7 @@ class Server:
     background thread and returns once it accepts connections, ``stop()`` ends it.
     """
 
-    def __init__(self, model: ExportedModel, host: str, port: int, config: Any) -> None:
+    def __init__(self, model: ExportedModel, host: str, port: int, config: ServeConfig) -> None:
         import uvicorn
 
         from .serve_app import ServeApp
