@@ -315,13 +315,17 @@ class Estimator:
         formats: Sequence[str] = ("pt2",),
         *,
         checkpoint_path: str | os.PathLike[str] | None = None,
+        aot: bool = False,
+        aot_device: str = "cpu",
     ) -> Path:
         """Export the PREDICT computation as a ``torch.export`` program (``model.pt2``), plus
-        ``model.safetensors`` and ``signature.json`` (and ``model.onnx`` if asked). Uses the
+        ``model.safetensors`` and ``signature.json`` (and ``model.onnx`` if asked; with ``aot=True``
+        also ``model.aoti.pt2``, the program compiled by AOTInductor for ``aot_device``). Uses the
         best checkpoint when ``keep_best`` recorded one, else the newest. See docs/export.md."""
         from .export import export
 
-        return export(self, export_dir, example_features, dynamic_batch, formats, checkpoint_path=checkpoint_path)
+        return export(self, export_dir, example_features, dynamic_batch, formats, checkpoint_path=checkpoint_path,
+                      aot=aot, aot_device=aot_device)
 
 
 class EvaluationHook(Hook):

@@ -143,7 +143,7 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     g = p.add_argument_group("inference latency (--mode=inference)")
     g.add_argument("--num_inference_threads", type=int, help="threads calling the model (default 1)")
     g.add_argument("--iterations", type=int, help="calls per thread (default 100)")
-    g.add_argument("--exported", help="a directory written by `stoker export` (or Estimator.export) to benchmark instead of the zoo model")
+    g.add_argument("--exported", help="a directory written by `stoker export` (or Estimator.export) to benchmark instead of the zoo model; DIR/model.aoti.pt2 for its AOT package (stoker export --aot)")
     p.set_defaults(func=lambda args: run_bench_command(args, p))
     return p
 
