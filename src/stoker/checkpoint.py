@@ -51,7 +51,8 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from .errors import CheckpointError, CorruptCheckpointError
+from . import safe_load
+from .errors import CheckpointError
 
 log = logging.getLogger("stoker")
 
@@ -436,7 +437,7 @@ def _index_record(path: Path) -> dict[str, Any] | None:
     return next((r for r in index.get("checkpoints", []) if r["name"] == path.name), None)
 
 
-def _previous_retained(path: Path) -> str | None:
+def previous_retained(path: Path) -> str | None:
     index_path = path.parent / INDEX_NAME
     try:
         records = json.loads(index_path.read_text())["checkpoints"]
@@ -461,18 +462,15 @@ def _read_verified(path: Path, fname: str, expected: Mapping[str, str] | None) -
         want = expected.get(fname)
         got = hashlib.sha256(data).hexdigest()
         if want is None or got != want:
-            prev = _previous_retained(path)
-            offer = (
-                f"; the previous retained checkpoint is {prev!r}: delete the directory {str(path)!r} "
-                f"to resume training from it, or pass checkpoint_path={prev!r} to evaluate/predict"
-                if prev
-                else "; no earlier checkpoint is retained"
-            )
-            raise CorruptCheckpointError(
-                f"checkpoint {str(path)!r} is corrupt: {fname} has sha256 {got[:12]}… but the index "
-                f"says {str(want)[:12]}…; refusing to load it{offer}"
+            raise safe_load.refused(
+                str(path), fname, f"has sha256 {got[:12]}… but the index says {str(want)[:12]}…", previous_retained(path)
             )
     return data
+
+
+def _read_decoded(path: Path, fname: str, expected: Mapping[str, str] | None) -> Any:
+    """Read, verify and safely decode one file of a checkpoint."""
+    return safe_load.decode(_read_verified(path, fname, expected), fname, str(path), previous_retained(path))
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> LoadedCheckpoint:
@@ -485,28 +483,28 @@ def load_checkpoint(path: str | os.PathLike[str]) -> LoadedCheckpoint:
     else:
         missing = sorted(f for f in record["files"] if not (path / f).is_file())
         if missing:
-            prev = _previous_retained(path)
+            prev = previous_retained(path)
             hint = f"; delete the directory to resume from the previous retained checkpoint {prev!r}" if prev else ""
             raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: {', '.join(missing)} missing{hint}")
     dcp_dir = path / "dcp"
     model_state = None
     if dcp_dir.is_dir():
         for f in sorted(p for p in dcp_dir.rglob("*") if p.is_file()):
-            _read_verified(path, f.relative_to(path).as_posix(), expected)
+            fname = f.relative_to(path).as_posix()
+            if f.name == ".metadata":  # DCP itself unpickles it unrestricted: vet it first
+                _read_decoded(path, fname, expected)
+            else:
+                _read_verified(path, fname, expected)
     else:
-        model_state = safetensors.torch.load(_read_verified(path, MODEL_FILE, expected))
+        model_state = _read_decoded(path, MODEL_FILE, expected)
     train_state: dict[str, Any] = {}
     if (path / TRAIN_STATE_FILE).exists():
-        data = _read_verified(path, TRAIN_STATE_FILE, expected)
-        train_state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        train_state = _read_decoded(path, TRAIN_STATE_FILE, expected)
+        if not isinstance(train_state, dict):
+            raise safe_load.refused(str(path), TRAIN_STATE_FILE, f"holds a {type(train_state).__name__}, not a dict", previous_retained(path))
     input_states: dict[int, Any] = {}
     for f in sorted(path.glob("input-*.*")):
-        rank = int(f.stem.split("-", 1)[1])
-        data = _read_verified(path, f.name, expected)
-        if f.suffix == ".json":
-            input_states[rank] = json.loads(data)
-        else:
-            input_states[rank] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        input_states[int(f.stem.split("-", 1)[1])] = _read_decoded(path, f.name, expected)
     step = int(train_state.get("global_step", record["step"] if record else _step_of(path)))
     return LoadedCheckpoint(path, step, model_state, train_state, input_states, dcp_dir if model_state is None else None)
 
@@ -567,7 +565,7 @@ def warm_start(model: nn.Module, settings: WarmStartSettings | str | os.PathLike
         settings = WarmStartSettings(ckpt_to_initialize_from=settings)
     src = Path(settings.ckpt_to_initialize_from)
     if src.is_file() and src.suffix == ".safetensors":
-        source = safetensors.torch.load_file(str(src))
+        source = safe_load.decode(src.read_bytes(), src.name, str(src), None)
     else:
         resolved = CheckpointManager(src, writer=False).resolve(src) if src.exists() else None
         if resolved is None:

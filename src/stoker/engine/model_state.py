@@ -18,6 +18,7 @@ slices through ``torch.distributed.checkpoint``).
 from __future__ import annotations
 
 import logging
+import pickle
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from ..checkpoint import (
     WarmStartSettings,
     check_state_fits,
     load_checkpoint,
+    previous_retained,
     warm_start,
 )
 from ..config import RunConfig
@@ -40,6 +42,7 @@ from ..errors import CheckpointError, NanLossError
 from ..precision import make_loss_scaler
 from ..recompute import apply_recompute
 from ..rng import rng_state, seed_everything, set_rng_state
+from ..safe_load import refused
 
 log = logging.getLogger("stoker")
 
@@ -205,6 +208,9 @@ class ModelState:
             try:
                 load_sharded(ckpt.dcp_dir, model, self.optimizer if full else None)
             except Exception as e:  # noqa: BLE001 - DCP reports mismatches in many shapes
+                if _caused_by(e, pickle.UnpicklingError):  # a slice's pickled bytes that weights_only refuses
+                    raise refused(str(ckpt.path), DCP_DIR, f"holds data torch's weights_only unpickler refuses ({e})",
+                                  previous_retained(ckpt.path)) from e
                 raise CheckpointError(f"checkpoint {str(ckpt.path)!r} does not fit the model or optimizer: {e}") from e
         else:
             check_state_fits(model, ckpt.model_state or {}, f"checkpoint {str(ckpt.path)!r}")
@@ -293,6 +299,18 @@ class ModelState:
         self.holds = self.weights_of = path
         log.info("checkpoint %s written", path)
         return path
+
+
+def _caused_by(error: BaseException | None, kind: type[BaseException]) -> bool:
+    seen = 0
+    while error is not None and seen < 20:  # DCP wraps a rank's failure in its own error types
+        if isinstance(error, kind):
+            return True
+        failures = getattr(error, "failures", None)  # CheckpointException: {rank: WrappedException}
+        if isinstance(failures, dict) and any(_caused_by(getattr(f, "exc", f), kind) for f in failures.values()):
+            return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
 
 
 def _to_cpu(cache: Any) -> Any:
