@@ -67,6 +67,10 @@ class RunConfig:
             are bitwise the same). A pattern that matches no module is an error listing them.
         mlperf_log: write MLPerf-style ``:::MLLOG`` events to ``model_dir/mlperf.log`` (RUN_START,
             EPOCH_START/STOP, RUN_STOP; ``stoker.hooks.MLPerfLogHook`` adds evaluations).
+        async_checkpoints: write checkpoints on a background thread: the loop waits only for a
+            copy of the state (``stoker.async_checkpoint``); a failed write stops training at
+            the next loop boundary with the previous checkpoint still the latest. Sharded
+            (``dcp/``) checkpoints are always written synchronously.
     """
 
     model_dir: str | os.PathLike[str] | None = None
@@ -94,8 +98,11 @@ class RunConfig:
     deterministic: bool = False
     mlperf_log: bool = False
     recompute: str | tuple[str, ...] | None = None
+    async_checkpoints: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.async_checkpoints, bool):
+            raise ValueError(f"RunConfig.async_checkpoints must be True or False; got {self.async_checkpoints!r}")
         if self.model_dir is not None:
             self.model_dir = os.fspath(self.model_dir)
         _positive_int("iterations_per_loop", self.iterations_per_loop)

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..async_checkpoint import AsyncCheckpointWriter, snapshot
 from ..checkpoint import (
     CheckpointManager,
     LoadedCheckpoint,
@@ -101,6 +102,9 @@ class ModelState:
         # Handed from a restored checkpoint (or a finished train()) to the next training run.
         self.pending_input_state: Any = None
         self.pending_hook_state: dict[str, Any] = {}
+        self.writer: AsyncCheckpointWriter | None = None
+        if config.async_checkpoints and checkpoints is not None and checkpoints.writer:
+            self.writer = AsyncCheckpointWriter(checkpoints.latest_path)
 
     # ---------------------------------------------------------------- building
     @property
@@ -156,6 +160,7 @@ class ModelState:
 
     # ---------------------------------------------------------------- restoring
     def latest_checkpoint(self) -> Path | None:
+        self.wait_for_checkpoint()  # the newest checkpoint may still be on its way
         return self.checkpoints.latest_path() if self.checkpoints else None
 
     def restore_for_training(self) -> None:
@@ -258,6 +263,16 @@ class ModelState:
         )
 
     # ---------------------------------------------------------------- saving
+    def check_checkpoint(self) -> None:
+        """Raise, at a loop boundary, the failure of an asynchronous write that has finished."""
+        if self.writer is not None:
+            self.writer.poll()
+
+    def wait_for_checkpoint(self) -> None:
+        """Wait for the asynchronous write in flight (if any); raise its failure."""
+        if self.writer is not None:
+            self.writer.wait()
+
     def train_state(self, hook_state: Mapping[str, Any], rng_per_replica: list[Any], cache_per_replica: list[Any]) -> dict[str, Any]:
         """What ``train_state.pt`` holds (sharded runs keep the optimizer in ``dcp/`` instead)."""
         assert self.optimizer is not None
@@ -294,7 +309,13 @@ class ModelState:
             inputs = {rank: r["input"] for rank, r in enumerate(everyone)}
             state = self.train_state(hook_state, [r["rng"] for r in everyone], [r["cache"] for r in everyone])
             weights = None if strategy.shards_state else model.state_dict()
-            path = self.checkpoints.save(self.global_step, weights, state, inputs, tmp_dir=tmp)
+            if self.writer is not None and tmp is None:  # copy now, write in the background
+                weights, state, inputs = snapshot((weights, state, inputs))
+                save, step = self.checkpoints.save, self.global_step
+                self.writer.submit(path.name, lambda: save(step, weights, state, inputs))
+            else:
+                self.wait_for_checkpoint()  # a sharded save after an asynchronous one: in order
+                path = self.checkpoints.save(self.global_step, weights, state, inputs, tmp_dir=tmp)
         strategy.barrier()
         self.holds = self.weights_of = path
         log.info("checkpoint %s written", path)
