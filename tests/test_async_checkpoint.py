@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import PYTHON, make_data, make_estimator, python_env, train_input
-from stoker import checkpoint as ckpt_mod
+from stoker import storage as storage_mod
 from stoker.async_checkpoint import AsyncCheckpointWriter, snapshot
 from stoker.errors import CheckpointError
 
@@ -43,13 +43,13 @@ def test_snapshot_shares_nothing_with_the_live_state():
 def test_async_run_writes_the_same_checkpoints_and_resumes_bitwise(tmp_path, monkeypatch):
     x, y = make_data(64)
     make_estimator(tmp_path / "sync", save_checkpoints_steps=4).train(train_input(x, y), max_steps=12)
-    real = ckpt_mod._write_durably
+    real = storage_mod._write_durably
 
     def slow(path, data):  # noqa: ANN001, ANN202 - the next steps run while the files are written
         time.sleep(0.05)
         return real(path, data)
 
-    monkeypatch.setattr(ckpt_mod, "_write_durably", slow)
+    monkeypatch.setattr(storage_mod, "_write_durably", slow)
     make_estimator(tmp_path / "async", save_checkpoints_steps=4, async_checkpoints=True).train(train_input(x, y), max_steps=8)
     # a new process-like start resumes from the asynchronously written ckpt-8
     make_estimator(tmp_path / "async", save_checkpoints_steps=4, async_checkpoints=True).train(train_input(x, y), max_steps=12)
@@ -63,23 +63,23 @@ def test_failed_async_save_stops_at_next_boundary_and_previous_stays_latest(tmp_
     x, y = make_data(64)
     ref = tmp_path / "ref"
     make_estimator(ref, save_checkpoints_steps=4).train(train_input(x, y), max_steps=16)
-    real = ckpt_mod._write_durably
+    real = storage_mod._write_durably
 
     def fail_ckpt_8(path, data):  # noqa: ANN001, ANN202
         if ".tmp-ckpt-8-" in str(path):
             raise OSError(28, "No space left on device")
         return real(path, data)
 
-    monkeypatch.setattr(ckpt_mod, "_write_durably", fail_ckpt_8)
+    monkeypatch.setattr(storage_mod, "_write_durably", fail_ckpt_8)
     run = tmp_path / "run"
     est = make_estimator(run, save_checkpoints_steps=4, async_checkpoints=True, iterations_per_loop=2)
-    with pytest.raises(CheckpointError, match=r"asynchronous checkpoint ckpt-8 failed: OSError.*No space left.*ckpt-4' stays the latest"):
+    with pytest.raises(CheckpointError, match=r"asynchronous checkpoint ckpt-8 failed: checkpoint ckpt-8 was not written: cannot write .*model.safetensors: no space left on the device or quota exceeded.*ckpt-4' stays the latest checkpoint; training stopped"):
         est.train(train_input(x, y), max_steps=16)
     # reported at the first loop boundary after the write failed, at the latest by the next save
     assert 8 <= est.global_step <= 12
     assert _latest(run) == "ckpt-4" and not (run / "ckpt-8").exists() and not (run / "ckpt-12").exists()
     assert not [p for p in run.iterdir() if p.name.startswith(".tmp-")]
-    monkeypatch.setattr(ckpt_mod, "_write_durably", real)
+    monkeypatch.setattr(storage_mod, "_write_durably", real)
     make_estimator(run, save_checkpoints_steps=4, async_checkpoints=True).train(train_input(x, y), max_steps=16)
     assert _files(run, 16)["model.safetensors"] == _files(ref, 16)["model.safetensors"]
 

@@ -30,15 +30,15 @@ def main() -> None:
     p.add_argument("--slow_write", type=float, default=0.0, help="seconds each checkpoint file write sleeps first")
     args = p.parse_args()
     if args.slow_write:  # widens the window in which a kill lands inside a checkpoint write
-        from stoker import checkpoint
+        from stoker import storage
 
-        real = checkpoint._write_durably
+        real = storage._write_durably
 
         def slow(path, data):  # noqa: ANN001, ANN202
             time.sleep(args.slow_write)
             return real(path, data)
 
-        checkpoint._write_durably = slow
+        storage._write_durably = slow
     torch.set_num_threads(1)
     x, y = make_data(100)
     est = make_estimator(

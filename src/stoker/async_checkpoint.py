@@ -105,11 +105,14 @@ class AsyncCheckpointWriter:
         error, self._error = self._error, None
         if error is None:
             return
-        latest = self._latest()
-        kept = f"{str(latest)!r} stays the latest checkpoint" if latest else "no earlier checkpoint exists"
+        if "stays the latest" in str(error):  # a StorageError already says what is kept
+            what = str(error)
+        else:
+            latest = self._latest()
+            kept = f"{str(latest)!r} stays the latest checkpoint" if latest else "no earlier checkpoint exists"
+            what = f"{type(error).__name__}: {error}; {kept}"
         raise CheckpointError(
-            f"asynchronous checkpoint {self._name} failed: {type(error).__name__}: {error}; {kept}, and "
-            "training stopped there: rerun the same command to resume from it"
+            f"asynchronous checkpoint {self._name} failed: {what}; training stopped: rerun the same command to resume"
         ) from error
 
 

@@ -44,6 +44,7 @@ from ..precision import make_loss_scaler
 from ..recompute import apply_recompute
 from ..rng import rng_state, seed_everything, set_rng_state
 from ..safe_load import refused
+from ..storage import location
 
 log = logging.getLogger("stoker")
 
@@ -302,7 +303,7 @@ class ModelState:
         path = self.checkpoints.model_dir / f"ckpt-{self.global_step}"
         tmp: Path | None = None
         if strategy.shards_state:  # every replica writes its slices into the chief's tmp dir
-            tmp = Path(strategy.broadcast_object(str(self.checkpoints.begin(self.global_step)) if strategy.is_chief else None))
+            tmp = location(strategy.broadcast_object(str(self.checkpoints.begin(self.global_step)) if strategy.is_chief else None))
             assert self.optimizer is not None
             save_sharded(tmp / DCP_DIR, model, self.optimizer)
         if strategy.is_chief:
