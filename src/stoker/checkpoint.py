@@ -133,6 +133,15 @@ def _attach_eval(index: dict[str, Any], step: int, kept: dict[str, float], keep_
     return False
 
 
+def _remove_leftovers(model_dir: Path) -> None:
+    """Remove temporary directories and index files a crashed local save left behind."""
+    for p in model_dir.iterdir():
+        if p.name.startswith((".tmp-ckpt-", ".trash-ckpt-")) and p.is_dir():
+            storage.remove_tree(p)
+        elif p.name.startswith(f".{INDEX_NAME}.") and p.name.endswith(".tmp"):
+            p.unlink(missing_ok=True)
+
+
 class CheckpointManager:
     """Owns ``model_dir``'s checkpoints and their index. Only the chief process writes.
 
@@ -160,8 +169,8 @@ class CheckpointManager:
             storage.filesystem(self.model_dir)  # a missing extra (s3fs, gcsfs) is named now
         if writer:
             storage.makedirs(self.model_dir, retry)
-            if not self.remote:
-                self._remove_leftovers()
+            if isinstance(self.model_dir, Path):
+                _remove_leftovers(self.model_dir)
 
     # ---------------------------------------------------------------- index
     def index(self) -> dict[str, Any]:
@@ -394,15 +403,6 @@ class CheckpointManager:
         # Delete only after the index no longer names them: a crash here leaves a harmless orphan.
         for d in dirs:
             storage.remove_tree(self.model_dir / d)
-
-    def _remove_leftovers(self) -> None:
-        """Remove temporary directories a crashed local save left behind."""
-        assert isinstance(self.model_dir, Path)
-        for p in self.model_dir.iterdir():
-            if p.name.startswith((".tmp-ckpt-", ".trash-ckpt-")) and p.is_dir():
-                storage.remove_tree(p)
-            elif p.name.startswith(f".{INDEX_NAME}.") and p.name.endswith(".tmp"):
-                p.unlink(missing_ok=True)
 
     def _remove_orphans(self) -> None:
         """Remove the ``ckpt-<step>.<random>`` prefixes of crashed writes no index names."""

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
+
+from .storage import RetryPolicy
 
 Precision = Literal["fp32", "bf16", "fp16"]
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
@@ -71,6 +73,9 @@ class RunConfig:
             copy of the state (``stoker.async_checkpoint``); a failed write stops training at
             the next loop boundary with the previous checkpoint still the latest. Sharded
             (``dcp/``) checkpoints are always written synchronously.
+        storage_retry: how storage faults are retried and how long one storage operation may
+            take (``stoker.storage.RetryPolicy``; default 5 attempts, backoff from 0.2 s,
+            600 s timeout).
     """
 
     model_dir: str | os.PathLike[str] | None = None
@@ -99,6 +104,7 @@ class RunConfig:
     mlperf_log: bool = False
     recompute: str | tuple[str, ...] | None = None
     async_checkpoints: bool = False
+    storage_retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def __post_init__(self) -> None:
         if not isinstance(self.async_checkpoints, bool):

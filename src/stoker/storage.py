@@ -33,6 +33,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import wait
 from dataclasses import dataclass
 from pathlib import Path, PurePath, PurePosixPath
 from typing import Any, TypeVar
@@ -224,20 +225,22 @@ def write_all(jobs: list[tuple[Location, bytes]], retry: RetryPolicy = DEFAULT_R
     """Write (and locally fsync) each ``(path, data)`` concurrently; their sha256s, in order.
 
     fsync releases the GIL and the filesystem commits concurrent fsyncs together; object
-    stores take concurrent uploads. Raises the first error after every write has finished.
+    stores take concurrent uploads. Each write is retried on its own; if they have not all
+    finished within ``retry.timeout`` the store counts as not answering. Raises the first
+    error after every write has finished.
     """
-    if len(jobs) == 1:
+    if len(jobs) == 1 and threading.current_thread().name.startswith("stoker-io"):
         return [_write_one(*jobs[0], retry)]
-    pool = _executor()
-    futures = [pool.submit(_write_one, path, data, retry) for path, data in jobs[1:]]
-    try:
-        first = _write_one(*jobs[0], retry)
-    finally:
-        errors = [f.exception() for f in futures]
-    for e in errors:
+    futures = [_executor().submit(_write_one, path, data, retry) for path, data in jobs]
+    done, pending = wait(futures, timeout=retry.timeout if retry.timeout > 0 else None)
+    if pending:
+        stuck = [str(path) for (path, _), f in zip(jobs, futures) if f in pending]
+        raise StorageError(f"cannot write {stuck[0]}: the store did not answer within {retry.timeout:g} s")
+    for f in futures:
+        e = f.exception()
         if e is not None:
             raise e
-    return [first] + [f.result() for f in futures]
+    return [f.result() for f in futures]
 
 
 # ---------------------------------------------------------------------------- both kinds
