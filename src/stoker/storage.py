@@ -31,9 +31,8 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
-from concurrent.futures import wait
 from dataclasses import dataclass
 from pathlib import Path, PurePath, PurePosixPath
 from typing import Any, TypeVar
@@ -234,7 +233,7 @@ def write_all(jobs: list[tuple[Location, bytes]], retry: RetryPolicy = DEFAULT_R
     futures = [_executor().submit(_write_one, path, data, retry) for path, data in jobs]
     done, pending = wait(futures, timeout=retry.timeout if retry.timeout > 0 else None)
     if pending:
-        stuck = [str(path) for (path, _), f in zip(jobs, futures) if f in pending]
+        stuck = [str(path) for (path, _), f in zip(jobs, futures, strict=True) if f in pending]
         raise StorageError(f"cannot write {stuck[0]}: the store did not answer within {retry.timeout:g} s")
     for f in futures:
         e = f.exception()
