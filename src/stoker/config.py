@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
+
+from .storage import RetryPolicy
 
 Precision = Literal["fp32", "bf16", "fp16", "bf16-sr"]
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "bf16-sr")
@@ -82,6 +84,13 @@ class RunConfig:
             virtual stages; 1 for ``gpipe`` and ``1f1b``, at least 2 for ``interleaved1f1b``).
         mlperf_log: write MLPerf-style ``:::MLLOG`` events to ``model_dir/mlperf.log`` (RUN_START,
             EPOCH_START/STOP, RUN_STOP; ``stoker.hooks.MLPerfLogHook`` adds evaluations).
+        async_checkpoints: write checkpoints on a background thread: the loop waits only for a
+            copy of the state (``stoker.async_checkpoint``); a failed write stops training at
+            the next loop boundary with the previous checkpoint still the latest. Sharded
+            (``dcp/``) checkpoints are always written synchronously.
+        storage_retry: how storage faults are retried and how long one storage operation may
+            take (``stoker.storage.RetryPolicy``; default 5 attempts, backoff from 0.2 s,
+            600 s timeout).
     """
 
     model_dir: str | os.PathLike[str] | None = None
@@ -113,8 +122,12 @@ class RunConfig:
     pipeline_microbatches: int = 1
     pipeline_schedule: str = "1f1b"
     pipeline_stages_per_process: int = 1
+    async_checkpoints: bool = False
+    storage_retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.async_checkpoints, bool):
+            raise ValueError(f"RunConfig.async_checkpoints must be True or False; got {self.async_checkpoints!r}")
         if self.model_dir is not None:
             self.model_dir = os.fspath(self.model_dir)
         _positive_int("iterations_per_loop", self.iterations_per_loop)

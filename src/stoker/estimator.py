@@ -105,7 +105,8 @@ class Estimator:
             eval_batch_size=eval_batch_size, predict_batch_size=predict_batch_size,
         )
         checkpoints = (
-            CheckpointManager(cfg.model_dir, keep_checkpoint_max=cfg.keep_checkpoint_max, keep_best=cfg.keep_best, writer=self.strategy.is_chief)
+            CheckpointManager(cfg.model_dir, keep_checkpoint_max=cfg.keep_checkpoint_max, keep_best=cfg.keep_best,
+                              writer=self.strategy.is_chief, retry=cfg.storage_retry)
             if cfg.model_dir
             else None
         )

@@ -60,7 +60,6 @@ def make_strategy(name: str, device: str, timeout: float = 1800.0, pipeline: Pip
         return SingleDevice(device)  # every strategy is the identity with one replica (a pipeline runs unsplit)
     if pipeline is not None:
         strategy = PipelineStrategy(device, timeout, pipeline)
-        atexit.register(strategy.teardown)
         return strategy
     if name == "single":
         raise ValueError(
