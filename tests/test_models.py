@@ -90,6 +90,11 @@ EXPECTED_PARAMS: dict[tuple[str, str], int] = {
     # Keras MobileNet (1.0, 224): 4,231,976 trainable + 1,025.
     ("imagenet", "mobilenet_v1"): 4_233_001,
     ("imagenet", "mobilenet"): 4_233_001,  # this zoo's 'mobilenet' is v1, as the issue names it
+    # Keras NASNetMobile / NASNetLarge (the slim networks without the auxiliary head, which
+    # tf_cnn_benchmarks does not build either): 5,289,978 / 88,753,150 trainable (5,326,716 /
+    # 88,949,818 with the batch-norm statistics) + 1,057 / 4,033 for the 1001st class.
+    ("imagenet", "nasnet"): 5_291_035,
+    ("imagenet", "nasnetlarge"): 88_757_183,
     # --- CIFAR-10 ---------------------------------------------------------------------------
     # flatten(32*32*3) -> 1 -> 4096 -> 10.
     ("cifar10", "trivial"): 52_235,
@@ -112,11 +117,21 @@ EXPECTED_PARAMS: dict[tuple[str, str], int] = {
     ("cifar10", "densenet40_k12"): 1_020_634,
     ("cifar10", "densenet100_k12"): 6_981_994,
     ("cifar10", "densenet100_k24"): 27_253_738,
+    # Zoph et al. 2017, Table 1: NASNet-A (6 @ 768) 3.3M. No Keras model exists; the cells are
+    # the code checked exactly against Keras above, with the one-convolution CIFAR stem.
+    ("cifar10", "nasnet"): 3_346_538,
+}
+
+# Batch-norm running statistics (mean and variance, 2 per channel) that Keras counts as
+# non-trainable parameters: 36,738 (NASNetMobile) and 196,668 (NASNetLarge).
+EXPECTED_BN_STATISTICS: dict[tuple[str, str], int] = {
+    ("imagenet", "nasnet"): 36_738,
+    ("imagenet", "nasnetlarge"): 196_668,
 }
 
 # Forward + backward of these takes seconds each on a 2-core CPU (fixed 224x224 input and
 # 100M+ parameters); they run with `-m slow`. Their parameter counts are still checked.
-SLOW_FORWARD = {("imagenet", "vgg16"), ("imagenet", "vgg19"), ("imagenet", "overfeat")}
+SLOW_FORWARD = {("imagenet", "vgg16"), ("imagenet", "vgg19"), ("imagenet", "overfeat"), ("imagenet", "nasnetlarge")}
 
 REGISTERED = [(d, n) for d in ("imagenet", "cifar10") for n in list_models(d)]
 
@@ -147,6 +162,9 @@ def test_parameter_count_matches_reference(key: tuple[str, str]) -> None:
         model = create_model(name, dataset=dataset)
         logits = model(torch.empty(2, 3, info.image_size, info.image_size))
     assert count_parameters(model) == EXPECTED_PARAMS[key]
+    if key in EXPECTED_BN_STATISTICS:
+        statistics = sum(b.numel() for n, b in model.named_buffers() if n.endswith(("running_mean", "running_var")))
+        assert statistics == EXPECTED_BN_STATISTICS[key]
     assert logits.shape == (2, info.num_classes)  # the default image size fits the model
 
 
@@ -256,6 +274,35 @@ def test_model_flops_match_published_numbers() -> None:
     assert model_flops(v1_5, 224) == pytest.approx(2 * 4.09e9, rel=0.05)
     # Sandler et al. 2018, Table 4: MobileNetV2 (1.0, 224) 300M multiply-adds.
     assert model_flops(mobilenet_v2, 224) == pytest.approx(2 * 300e6, rel=0.05)
+    # Zoph et al. 2017, Table 2: NASNet-A (4 @ 1056) 564M, NASNet-A (6 @ 4032) at 331x331 23.8B.
+    with torch.device("meta"):
+        nasnet, nasnet_large = create_model("nasnet"), create_model("nasnetlarge")
+    assert model_flops(nasnet, 224) == pytest.approx(2 * 564e6, rel=0.01)
+    assert model_flops(nasnet_large, 331) == pytest.approx(2 * 23.8e9, rel=0.01)
+
+
+def test_nasnet_drop_path_grows_with_training_steps() -> None:
+    """Drop-path keeps everything at step 0, is counted in training mode only, and at the end of
+    training drops whole examples of a branch, scaling the kept ones by 1 / keep_prob."""
+    from stoker.models.nasnet import drop_path
+
+    torch.manual_seed(0)
+    kept = drop_path(torch.ones(1000, 1, 1, 1), torch.tensor(0.75))
+    torch.testing.assert_close(kept.unique(), torch.tensor([0.0, 4.0 / 3.0]))
+    assert 0.70 < (kept > 0).float().mean().item() < 0.80
+    model = create_model("nasnet", dataset="cifar10")
+    features = model.features
+    images = torch.randn(4, 3, 8, 8)
+    model.eval()
+    model(images)
+    assert features.drop_path_steps.item() == 0.0  # eval mode neither counts nor drops
+    model.train()
+    model(images)
+    model(images)
+    assert features.drop_path_steps.item() == 2.0
+    # The last cell's keep probability: 1 - (18 + 2) / 20 * (1 - 0.6) = 0.6 at the end of training.
+    assert features.cells[-1].keep_prob == pytest.approx(0.6)
+    assert features.cells[0].keep_prob == pytest.approx(1 - 1 / 20 * 0.4)
 
 
 def test_model_flops_is_per_image_and_keeps_the_mode() -> None:

@@ -27,6 +27,7 @@ from . import (  # noqa: F401
     inception,
     lenet,
     mobilenet,
+    nasnet,
     overfeat,
     resnet,
     trivial,

@@ -34,6 +34,9 @@ class ModelInfo:
         min_image_size: the smallest input the architecture accepts. Models that flatten a
             fixed-size feature map (VGG, AlexNet, ...) accept only ``image_size``; models that
             end in a global average pool accept anything from this size up.
+        default_batch_size: the per-device batch size tf_cnn_benchmarks' model definition
+            sets (``None``: the reference sets none of its own).
+        default_learning_rate: the learning rate that definition sets (``None``: likewise).
     """
 
     name: str
@@ -43,6 +46,8 @@ class ModelInfo:
     factory: ModelFactory
     description: str
     min_image_size: int
+    default_batch_size: int | None = None
+    default_learning_rate: float | None = None
 
 
 _REGISTRY: dict[tuple[str, str], ModelInfo] = {}
@@ -61,12 +66,16 @@ def register_model(
     num_classes_default: int | None = None,
     min_image_size: int | None = None,
     description: str | None = None,
+    default_batch_size: int | None = None,
+    default_learning_rate: float | None = None,
 ) -> Callable[[ModelFactory], ModelFactory]:
     """Decorator that registers a model factory under ``(dataset, name)``.
 
     ``num_classes_default`` defaults to the dataset's class count (1001 for ImageNet, 10 for
     CIFAR-10); ``min_image_size`` defaults to ``default_image_size`` (a fixed-size model);
-    ``description`` defaults to the first line of the factory's docstring. Registering the same
+    ``description`` defaults to the first line of the factory's docstring;
+    ``default_batch_size`` and ``default_learning_rate`` record the reference's own defaults.
+    Registering the same
     ``(dataset, name)`` twice is an error. The factory is returned unchanged.
     """
     _check_dataset(dataset)
@@ -86,6 +95,8 @@ def register_model(
             factory=factory,
             description=description or (doc.splitlines()[0] if doc else name),
             min_image_size=default_image_size if min_image_size is None else min_image_size,
+            default_batch_size=default_batch_size,
+            default_learning_rate=default_learning_rate,
         )
         return factory
 
