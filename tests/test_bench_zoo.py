@@ -3,11 +3,13 @@ NCF, DeepSpeech2 and SSD300, each on its own synthetic data and loss, two tiny s
 
 from __future__ import annotations
 
+import math
 import re
 
 import pytest
 
 from stoker.cli import main
+from stoker.models import get_model_info
 
 TOTAL_RE = re.compile(r"total images/sec: ([\d.]+)")
 STEP_RE = re.compile(r"^2\timages/sec: [\d.]+ \+/- [\d.]+ \(jitter = [\d.]+\)\t([\d.]+)$", re.M)
@@ -46,3 +48,27 @@ def test_nasnet_cifar10(capsys: pytest.CaptureFixture[str]) -> None:
 def test_nasnet_imagenet(capsys: pytest.CaptureFixture[str], model: str) -> None:
     code, out, err = run_main(capsys, *TINY, f"--model={model}", "--data_name=imagenet")
     assert_ran(code, out, err, model, "imagenet")
+
+
+def test_ncf_with_adam_runs_the_reference_loss_on_synthetic_ids(capsys: pytest.CaptureFixture[str]) -> None:
+    """tf_cnn_benchmarks' NCF command line (scaled down): the data set follows from the model and
+    the first loss is the two-column softmax of the synthetic labels at near-zero initial logits."""
+    code, out, err = run_main(capsys, *TINY, "--model=ncf", "--optimizer=adam", "--weight_decay=0")
+    first = re.search(r"^1\timages/sec: .*\t([\d.]+)$", out, re.M)
+    assert_ran(code, out, err, "ncf", "movielens")
+    assert first
+    info = get_model_info("ncf", "movielens")
+    _, labels = info.example_batch(2, seed=1234)  # the harness's default --tf_random_seed
+    expected = sum(math.log(1 + math.exp(1 if y else -1)) for y in labels.tolist()) / 2
+    assert float(first.group(1)) == pytest.approx(expected, abs=0.02)  # a plain sigmoid would give log 2
+
+
+@pytest.mark.parametrize(("flag", "message"), [
+    ("--forward_only", "--forward_only: --model=ncf (movielens) is benchmarked in training only"),
+    ("--mode=inference", "--mode: --model=ncf (movielens) is benchmarked in training only"),
+    ("--data_dir=.", "--data_dir: --data_name=movielens is synthetic only"),
+])
+def test_training_only_models_refuse_other_modes(capsys: pytest.CaptureFixture[str], flag: str, message: str) -> None:
+    code, _, err = run_main(capsys, "bench", "--model=ncf", "--device=cpu", flag)
+    assert code == 2
+    assert message in err.splitlines()[-1]

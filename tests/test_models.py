@@ -7,11 +7,14 @@ model without adding its reference count fails.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from stoker.models import (
+    DATASETS,
     count_parameters,
     create_model,
     get_model_info,
@@ -120,6 +123,10 @@ EXPECTED_PARAMS: dict[tuple[str, str], int] = {
     # Zoph et al. 2017, Table 1: NASNet-A (6 @ 768) 3.3M. No Keras model exists; the cells are
     # the code checked exactly against Keras above, with the one-convolution CIFAR stem.
     ("cifar10", "nasnet"): 3_346_538,
+    # --- other data sets ----------------------------------------------------------------------
+    # NeuMF: (138,493 users + 26,744 items) x (64 GMF + 128 MLP) embedding values, MLP
+    # 256->256->128->64 (65,792 + 32,896 + 8,256) and the 128->1 logit (129).
+    ("movielens", "ncf"): 31_832_577,
 }
 
 # Batch-norm running statistics (mean and variance, 2 per channel) that Keras counts as
@@ -133,7 +140,7 @@ EXPECTED_BN_STATISTICS: dict[tuple[str, str], int] = {
 # 100M+ parameters); they run with `-m slow`. Their parameter counts are still checked.
 SLOW_FORWARD = {("imagenet", "vgg16"), ("imagenet", "vgg19"), ("imagenet", "overfeat"), ("imagenet", "nasnetlarge")}
 
-REGISTERED = [(d, n) for d in ("imagenet", "cifar10") for n in list_models(d)]
+REGISTERED = [(d, n) for d in DATASETS for n in list_models(d)]
 
 
 def _id(key: tuple[str, str]) -> str:
@@ -160,12 +167,13 @@ def test_parameter_count_matches_reference(key: tuple[str, str]) -> None:
     # On the meta device nothing is allocated or computed, so even VGG-19 is instant.
     with torch.device("meta"):
         model = create_model(name, dataset=dataset)
-        logits = model(torch.empty(2, 3, info.image_size, info.image_size))
+        outputs = model(info.example_batch(2, device="meta")[0])
     assert count_parameters(model) == EXPECTED_PARAMS[key]
     if key in EXPECTED_BN_STATISTICS:
         statistics = sum(b.numel() for n, b in model.named_buffers() if n.endswith(("running_mean", "running_var")))
         assert statistics == EXPECTED_BN_STATISTICS[key]
-    assert logits.shape == (2, info.num_classes)  # the default image size fits the model
+    if info.is_classifier:
+        assert outputs.shape == (2, info.num_classes)  # the default image size fits the model
 
 
 @pytest.mark.parametrize("key", _forward_params())
@@ -176,14 +184,21 @@ def test_forward_backward(key: tuple[str, str]) -> None:
     torch.manual_seed(0)
     model = create_model(name, dataset=dataset)
     model.train()
-    # Fixed-size models need their default size; global-pool ones are tested at their minimum.
-    size = info.min_image_size
-    images = torch.randn(2, 3, size, size)
-    labels = torch.randint(0, info.num_classes, (2,))
-    logits = model(images)
-    assert logits.shape == (2, info.num_classes)
-    assert torch.isfinite(logits).all()
-    F.cross_entropy(logits, labels).backward()
+    if info.is_classifier:
+        # Fixed-size models need their default size; global-pool ones are tested at their minimum.
+        size = info.min_image_size
+        images = torch.randn(2, 3, size, size)
+        labels = torch.randint(0, info.num_classes, (2,))
+        logits = model(images)
+        assert logits.shape == (2, info.num_classes)
+        assert torch.isfinite(logits).all()
+        loss = F.cross_entropy(logits, labels)
+    else:
+        assert info.loss is not None
+        features, labels = info.example_batch(2)
+        loss = info.loss(model(features), labels)
+    assert torch.isfinite(loss)
+    loss.backward()
     for pname, p in model.named_parameters():
         assert p.grad is not None, f"{pname} got no gradient"
         assert torch.isfinite(p.grad).all(), f"{pname} has a non-finite gradient"
@@ -236,7 +251,7 @@ def test_same_name_for_two_datasets_gives_two_models() -> None:
         imagenet = create_model("alexnet")
         cifar = create_model("alexnet", dataset="cifar10")
     assert count_parameters(imagenet) != count_parameters(cifar)
-    assert set(list_models()) == set(list_models("imagenet")) | set(list_models("cifar10"))
+    assert set(list_models()) == {n for d in DATASETS for n in list_models(d)}
 
 
 def test_unknown_model_lists_allowed_names() -> None:
@@ -310,3 +325,26 @@ def test_model_flops_is_per_image_and_keeps_the_mode() -> None:
     one = model_flops(model, 32)
     assert model_flops(model, 32, batch_size=4) == one
     assert model.training
+
+
+def test_ncf_loss_is_the_reference_two_column_softmax() -> None:
+    """Softmax cross-entropy over ``(1, logit)``: label 1 costs ``-log sigmoid(logit - 1)``."""
+    from stoker.models.ncf import ncf_loss
+
+    logits = torch.tensor([[0.0], [0.0], [3.0]])
+    labels = torch.tensor([0, 1, 1])
+    expected = [math.log(1 + math.exp(-1)), math.log(1 + math.exp(1)), math.log(1 + math.exp(-2))]
+    assert ncf_loss(logits, labels).item() == pytest.approx(sum(expected) / 3, rel=1e-6)
+
+
+def test_ncf_reads_user_and_item_rows() -> None:
+    """The logit of (user, item) depends on exactly those two embedding rows."""
+    torch.manual_seed(0)
+    model = create_model("ncf", dataset="movielens")
+    ids = torch.tensor([[5, 7], [138_492, 26_743]])
+    model(ids).sum().backward()
+    user_rows = model.embedding_user.weight.grad.abs().sum(1).nonzero().flatten().tolist()
+    item_rows = model.embedding_item.weight.grad.abs().sum(1).nonzero().flatten().tolist()
+    assert user_rows == [5, 138_492] and item_rows == [7, 26_743]
+    with pytest.raises(ValueError, match="num_classes=3"):
+        create_model("ncf", dataset="movielens", num_classes=3)
