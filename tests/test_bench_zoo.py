@@ -72,3 +72,17 @@ def test_training_only_models_refuse_other_modes(capsys: pytest.CaptureFixture[s
     code, _, err = run_main(capsys, "bench", "--model=ncf", "--device=cpu", flag)
     assert code == 2
     assert message in err.splitlines()[-1]
+
+
+@pytest.mark.slow  # the reference's 3,494-frame utterances: about a teraFLOP per step at batch 2
+def test_deepspeech2_librispeech_ctc(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_main(capsys, *TINY, "--model=deepspeech2", "--data_name=librispeech")
+    loss = assert_ran(code, out, err, "deepspeech2", "librispeech")
+    assert loss > 0
+
+
+@pytest.mark.slow  # 300x300 images through ResNet-34 and the heads: seconds per step on a CPU
+def test_ssd300_coco_multibox_loss(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_main(capsys, *TINY, "--model=ssd300", "--data_name=coco")
+    loss = assert_ran(code, out, err, "ssd300", "coco")
+    assert loss > 0

@@ -17,6 +17,7 @@ from stoker.models import (
     DATASETS,
     count_parameters,
     create_model,
+    example_flops,
     get_model_info,
     list_models,
     model_flops,
@@ -127,6 +128,16 @@ EXPECTED_PARAMS: dict[tuple[str, str], int] = {
     # NeuMF: (138,493 users + 26,744 items) x (64 GMF + 128 MLP) embedding values, MLP
     # 256->256->128->64 (65,792 + 32,896 + 8,256) and the 128->1 logit (129).
     ("movielens", "ncf"): 31_832_577,
+    # DeepSpeech2, from tf_cnn's deepspeech.py: convolutions 41*11*32 + 21*11*32*32 (no bias)
+    # with 2 x 2 x 32 batch norm; bidirectional LSTMs, per direction (in + 800) * 3200 + 3200
+    # (TensorFlow's single bias), in = 2592 then 1600: 21,715,200 + 4 * 15,366,400; batch norm
+    # 4 x 3200 before layers 2-5 and 3200 after; logits 1600 * 29 + 29.
+    ("librispeech", "deepspeech2"): 83_494_333,
+    # SSD300: torchvision resnet34's conv1..layer3 (21,797,672 - 13,114,368 for layer4 - 513,000
+    # for fc = 8,170,304; the reference's stride-1 third stage has the same shapes), the extra
+    # biased convolutions 256-256-512, 512-256-512, 512-128-256, 256-128-256 twice (3,574,400),
+    # and per map n * (4 + 81) * (9 * C + 1) for the box and class heads (8,227,830).
+    ("coco", "ssd300"): 19_972_534,
 }
 
 # Batch-norm running statistics (mean and variance, 2 per channel) that Keras counts as
@@ -138,7 +149,8 @@ EXPECTED_BN_STATISTICS: dict[tuple[str, str], int] = {
 
 # Forward + backward of these takes seconds each on a 2-core CPU (fixed 224x224 input and
 # 100M+ parameters); they run with `-m slow`. Their parameter counts are still checked.
-SLOW_FORWARD = {("imagenet", "vgg16"), ("imagenet", "vgg19"), ("imagenet", "overfeat"), ("imagenet", "nasnetlarge")}
+SLOW_FORWARD = {("imagenet", "vgg16"), ("imagenet", "vgg19"), ("imagenet", "overfeat"), ("imagenet", "nasnetlarge"),
+                ("librispeech", "deepspeech2")}  # 3,494 frames: a teraFLOP per step; see the short tests
 
 REGISTERED = [(d, n) for d in DATASETS for n in list_models(d)]
 
@@ -167,12 +179,13 @@ def test_parameter_count_matches_reference(key: tuple[str, str]) -> None:
     # On the meta device nothing is allocated or computed, so even VGG-19 is instant.
     with torch.device("meta"):
         model = create_model(name, dataset=dataset)
-        outputs = model(info.example_batch(2, device="meta")[0])
+        # (DeepSpeech2's 874 LSTM steps take a minute even on the meta device: not here.)
+        outputs = model(info.example_batch(2, device="meta")[0]) if info.is_classifier else None
     assert count_parameters(model) == EXPECTED_PARAMS[key]
     if key in EXPECTED_BN_STATISTICS:
         statistics = sum(b.numel() for n, b in model.named_buffers() if n.endswith(("running_mean", "running_var")))
         assert statistics == EXPECTED_BN_STATISTICS[key]
-    if info.is_classifier:
+    if outputs is not None:
         assert outputs.shape == (2, info.num_classes)  # the default image size fits the model
 
 
@@ -348,3 +361,103 @@ def test_ncf_reads_user_and_item_rows() -> None:
     assert user_rows == [5, 138_492] and item_rows == [7, 26_743]
     with pytest.raises(ValueError, match="num_classes=3"):
         create_model("ncf", dataset="movielens", num_classes=3)
+
+
+def test_deepspeech2_short_utterances_train_and_count_flops() -> None:
+    """Forward and backward on 120 frames; the per-frame FLOP count is the full trace's exactly;
+    the full-length count is the reference network's 183.0 GFLOP per utterance."""
+    info = get_model_info("deepspeech2", "librispeech")
+    torch.manual_seed(0)
+    model = create_model("deepspeech2", dataset="librispeech")
+    features = {"spectrogram": torch.rand(2, 120, 161), "lengths": torch.tensor([120, 100])}
+    labels = {"labels": torch.randint(0, 28, (2, 12)), "lengths": torch.tensor([12, 7])}
+    logits, lengths = model(features)
+    assert logits.shape == (2, 30, 29)  # 120 frames -> 60 -> 30
+    assert lengths.tolist() == [30, 25]
+    loss = info.loss((logits, lengths), labels)
+    assert torch.isfinite(loss) and loss > 0
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    model.eval()
+    assert model.count_flops(features) == model_flops(model, batch_size=1, features=features)
+    with torch.device("meta"):
+        full = create_model("deepspeech2", dataset="librispeech")
+    # 2 * (conv 41*11*32 * 1747*81 + 21*11*32*32 * 874*81 + 874 * (2 * 2 * 3392*3200
+    #      + 4 * 2 * 2 * 2400*3200 + 1600*29)) multiply-adds.
+    expected = 2 * (41 * 11 * 32 * 1747 * 81 + 21 * 11 * 32 * 32 * 874 * 81
+                    + 874 * (2 * 3392 * 3200 + 4 * 2 * 2400 * 3200 + 1600 * 29))
+    assert example_flops(full, info) == expected
+
+
+def test_ctc_loss_counts_the_alignments() -> None:
+    """Uniform outputs over 29 classes: a 1-character label has 1 alignment in 1 frame and 3 in
+    2 frames ("aa", "a_", "_a"), so the loss is log(29^T / paths); a label that cannot fit costs 0."""
+    from stoker.models.deepspeech import ctc_loss
+
+    def loss(frames: int, label_length: int) -> float:
+        outputs = (torch.zeros(1, frames, 29), torch.tensor([frames]))
+        return ctc_loss(outputs, {"labels": torch.tensor([[3, 4]]), "lengths": torch.tensor([label_length])}).item()
+
+    assert loss(1, 1) == pytest.approx(math.log(29), rel=1e-5)
+    assert loss(2, 1) == pytest.approx(math.log(29**2 / 3), rel=1e-5)
+    assert loss(1, 2) == 0.0
+
+
+def test_deepspeech2_synthetic_utterances_have_variable_lengths_that_fit() -> None:
+    info = get_model_info("deepspeech2", "librispeech")
+    features, labels = info.example_batch(8, seed=3)
+    frames, spectrogram = features["lengths"], features["spectrogram"]
+    assert spectrogram.shape == (8, 3494, 161)
+    assert ((frames >= 1747) & (frames <= 3494)).all() and len(set(frames.tolist())) > 1
+    for i, n in enumerate(frames.tolist()):
+        assert spectrogram[i, n:].abs().sum() == 0 and spectrogram[i, n - 1].abs().sum() > 0
+    assert labels["labels"].shape == (8, 576) and int(labels["labels"].max()) < 28  # 28 is the blank
+    assert ((labels["lengths"] >= 1) & (labels["lengths"] <= frames // 8)).all()
+
+
+def test_ssd_default_boxes_follow_the_reference_grid() -> None:
+    from stoker.models.ssd import default_boxes
+
+    boxes = default_boxes()
+    assert boxes.shape == (8732, 4)
+    assert ((boxes >= 0) & (boxes <= 1)).all()
+    # The first box: the 38x38 map's top-left cell (step 8 of 300), the smallest square (21 px).
+    torch.testing.assert_close(boxes[0], torch.tensor([4 / 300, 4 / 300, 21 / 300, 21 / 300], dtype=torch.float64))
+    # Shape-major order: box 38*38 is the same cell's second shape, sqrt(21 * 45) px square.
+    side = math.sqrt(21 * 45) / 300
+    torch.testing.assert_close(boxes[38 * 38], torch.tensor([4 / 300, 4 / 300, side, side], dtype=torch.float64))
+    # The last: the 1x1 map's centre, the tall 2:1 box clipped to the image height.
+    torch.testing.assert_close(boxes[-1, :2], torch.tensor([0.5, 0.5], dtype=torch.float64))
+
+
+def test_ssd_targets_match_by_iou_and_encode_offsets() -> None:
+    from stoker.models.ssd import _corners, default_boxes, encode_targets
+
+    anchors = default_boxes()
+    # A ground-truth box equal to default box 100, one shifted by a tenth of its size.
+    exact = _corners(anchors[100:101]).float()
+    shifted = _corners(anchors[5000:5001]).float()
+    shifted[:, [0, 2]] += 0.1 * float(anchors[5000, 2])
+    offsets, classes, matches = encode_targets(torch.cat([exact, shifted]), torch.tensor([7, 9]), anchors)
+    assert classes[100] == 7 and classes[5000] == 9
+    torch.testing.assert_close(offsets[100], torch.zeros(4), atol=1e-5, rtol=0)
+    # (cy - cy_a) / h_a * 10 = 0.1 * 10; the size is unchanged.
+    torch.testing.assert_close(offsets[5000], torch.tensor([1.0, 0.0, 0.0, 0.0]), atol=1e-4, rtol=0)
+    assert matches == (classes > 0).sum() >= 2
+    assert (offsets[classes == 0] == 0).all()
+
+
+def test_ssd_loss_mines_three_hard_negatives_per_match() -> None:
+    from stoker.models.ssd import ssd_loss
+
+    locs = torch.zeros(1, 8, 4)
+    confs = torch.zeros(1, 8, 3)
+    confs[0, 1:, 1] = torch.arange(7.0)  # unmatched boxes: the larger class-1 logit, the larger loss
+    gt = torch.zeros(1, 8, 4)
+    gt[0, 0] = torch.tensor([0.5, 2.0, 0.0, 0.0])
+    classes = torch.tensor([[2, 0, 0, 0, 0, 0, 0, 0]])
+    loss = ssd_loss((locs, confs), {"boxes": gt, "classes": classes, "num_matched": torch.tensor([1.0])})
+    box = 0.5 * 0.5**2 + (2.0 - 0.5)  # smooth L1 of the one match
+    ce = [math.log(2 + math.exp(v)) - 0.0 for v in range(7)]  # background target, logits (0, v, 0)
+    expected = box + math.log(3) + sum(sorted(ce)[-3:])  # the match + its 3 hardest negatives
+    assert loss.item() == pytest.approx(expected, rel=1e-6)

@@ -86,12 +86,13 @@ class ModelInfo:
         where = torch.device("cpu") if device.type == "meta" else device
         gen = torch.Generator(device=where).manual_seed(seed)
         classes = self.num_classes if num_classes is None else num_classes
-        if self.synthetic_batch is None:
-            size = self.image_size
-            batch: tuple[Any, Any] = (torch.randn(batch_size, 3, size, size, generator=gen, device=where),
-                                      torch.randint(0, classes, (batch_size,), generator=gen, device=where))
-        else:
-            batch = self.synthetic_batch(batch_size, classes, gen, where)
+        with torch.device(where):  # also inside a caller's `with torch.device("meta")`
+            if self.synthetic_batch is None:
+                size = self.image_size
+                batch: tuple[Any, Any] = (torch.randn(batch_size, 3, size, size, generator=gen, device=where),
+                                          torch.randint(0, classes, (batch_size,), generator=gen, device=where))
+            else:
+                batch = self.synthetic_batch(batch_size, classes, gen, where)
         if where != device:
             return _to_device(batch, device)
         return batch
