@@ -75,7 +75,8 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     d = BenchConfig()  # the defaults, for the help text
     g = p.add_argument_group("what to run")
     flag("model", default=d.model, help="zoo model name (--list_models); default %(default)s")
-    flag("data_name", choices=DATA_NAMES, help="imagenet or cifar10 (default: guessed from --data_dir, else imagenet)")
+    flag("data_name", choices=DATA_NAMES, help="the data set (default: the only one --model exists for, else guessed "
+         "from --data_dir, else imagenet); movielens, librispeech and coco are synthetic only")
     flag("data_dir", help="an image folder or CIFAR-10 binaries; synthetic data when not given")
     flag("mode", choices=RUN_MODES, default=d.mode, help="training (tf_cnn_benchmarks) or inference (latency); default %(default)s")
     switch("forward_only", "time the forward pass only")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-DATA_NAMES: tuple[str, ...] = ("imagenet", "cifar10")
+DATA_NAMES: tuple[str, ...] = ("imagenet", "cifar10", "movielens", "librispeech", "coco")
 DATA_FORMATS: tuple[str, ...] = ("NCHW", "NHWC")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "gpu")
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")

@@ -48,6 +48,7 @@ from .model import (  # re-exported: they were defined here
     ModelFactory,
     bench_model_fn,
     l2_loss,
+    model_fn_for,
     zoo_model,
 )
 from .optim import optimizer_and_schedule
@@ -189,7 +190,7 @@ def build_estimator(cfg: BenchConfig, workload: Workload, model: ModelFactory) -
     optimizer_fn, schedule_fn = optimizer_and_schedule(cfg, workload.train_examples / workload.batch_size)
     return Estimator(
         model=model,
-        model_fn=bench_model_fn,
+        model_fn=model_fn_for(workload),
         optimizer=optimizer_fn,
         lr_schedule=schedule_fn,
         config=config,
@@ -241,7 +242,9 @@ def run_benchmark(
     est = build_estimator(cfg, workload, factory)
     result = base_result(cfg, workload, model_name)
     mode = cfg.benchmark_mode
-    if cfg.train_dir and model is None and mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL) and est.strategy.is_chief:
+    # The run spec rebuilds an image classifier for `stoker export`; the others take other inputs.
+    classifier = workload.model_info is not None and workload.model_info.is_classifier
+    if cfg.train_dir and classifier and mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL) and est.strategy.is_chief:
         _write_run_spec(cfg, workload)
     if mode == MODE_EVAL and cfg.eval_interval_secs > 0:
         result.update(_watch_checkpoints(cfg, workload, est, eval_input, log))
