@@ -33,6 +33,7 @@ from .config import (
     BenchConfig,
     BenchFlagError,
 )
+from .launch import check_num_gpus, launch_replicas, should_launch
 
 _TRUE = ("1", "true", "t", "yes", "y")
 _FALSE = ("0", "false", "f", "no", "n")
@@ -91,6 +92,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--iterations_per_loop", type=int, default=d.iterations_per_loop,
                    help="steps per host round trip; 1 times every step, N > 1 times loops of N steps; default %(default)s")
     g = p.add_argument_group("where and how")
+    g.add_argument("--num_gpus", type=int, default=d.num_gpus,
+                   help="replicas on this machine (one per CUDA device, or CPU processes sharing the cores), "
+                   "launched as torchrun --nproc_per_node=N would; default %(default)s")
     g.add_argument("--device", type=str.lower, choices=DEVICES, default=d.device, help="cpu, cuda (gpu) or auto; default %(default)s")
     g.add_argument("--data_format", type=str.upper, choices=DATA_FORMATS, default=d.data_format,
                    help="NCHW or NHWC (channels_last memory format); default %(default)s")
@@ -176,8 +180,12 @@ def run_bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser)
     try:
         cfg = config_from_args(args)
         device = resolve_device(cfg.device)
+        check_num_gpus(cfg.num_gpus, world, torch.cuda.device_count() if device.type == "cuda" else None)
     except BenchFlagError as e:
         parser.error(str(e))
+    if should_launch(cfg.num_gpus, world):
+        # Each replica parses the same command line again, under the agent's WORLD_SIZE.
+        return launch_replicas(getattr(args, "argv", None) or sys.argv[1:], cfg.num_gpus)
     if world > 1 and cfg.benchmark_mode not in (MODE_TRAIN, MODE_TRAIN_AND_EVAL):
         parser.error(f"WORLD_SIZE={world}: only training runs on several processes; run --{_mode_flag(cfg)} "
                      "in one process (without torchrun)")

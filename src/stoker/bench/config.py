@@ -73,6 +73,7 @@ class BenchConfig:
     display_every: int = 10
     iterations_per_loop: int = 1
     # where and how
+    num_gpus: int = 1  # local replicas (bench.launch); under torchrun, WORLD_SIZE or 1
     device: str = "auto"
     data_format: str = "NCHW"
     precision: str = "fp32"
@@ -177,7 +178,7 @@ _CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 #: Integer flags that always have a value, and their minimum.
 _INTS: tuple[tuple[str, int], ...] = (
-    ("batch_size", 1), ("display_every", 1), ("iterations_per_loop", 1), ("max_ckpts_to_keep", 0),
+    ("batch_size", 1), ("num_gpus", 1), ("display_every", 1), ("iterations_per_loop", 1), ("max_ckpts_to_keep", 0),
     ("num_warmup_batches", 0),
 )
 #: Integer flags that may be left out (None); given, they are >= 1.
