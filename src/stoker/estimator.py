@@ -91,7 +91,8 @@ class Estimator:
             raise TypeError(f"model must be an nn.Module or a function params -> nn.Module; got {type(model).__name__}")
         self.model_fn = model_fn
         cfg = self.config
-        self.strategy: Strategy = make_strategy(cfg.strategy, cfg.device, cfg.distributed_timeout)
+        self.strategy: Strategy = make_strategy(cfg.strategy, cfg.device, cfg.distributed_timeout,
+                                                 bucket_cap_mb=cfg.ddp_bucket_cap_mb)
         self.inputs = InputPlan(
             params=self.params, config=cfg, strategy=self.strategy, train_batch_size=train_batch_size,
             eval_batch_size=eval_batch_size, predict_batch_size=predict_batch_size,

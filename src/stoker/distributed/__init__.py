@@ -47,8 +47,9 @@ def torchrun_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
-def make_strategy(name: str, device: str, timeout: float = 1800.0) -> Strategy:
-    """The strategy ``RunConfig.strategy`` names; ``auto`` reads the torchrun environment."""
+def make_strategy(name: str, device: str, timeout: float = 1800.0, *, bucket_cap_mb: float | None = None) -> Strategy:
+    """The strategy ``RunConfig.strategy`` names; ``auto`` reads the torchrun environment.
+    ``bucket_cap_mb``: DDP's gradient bucket size for ``replicated`` (``None``: DDP's default)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return SingleDevice(device)  # every strategy is the identity with one replica
@@ -58,5 +59,7 @@ def make_strategy(name: str, device: str, timeout: float = 1800.0) -> Strategy:
         )
     kinds = {"independent": Independent, "sharded": Sharded}
     strategy: Strategy = kinds.get(name, Replicated)(device, timeout)
+    if isinstance(strategy, Replicated):
+        strategy.bucket_cap_mb = bucket_cap_mb
     atexit.register(strategy.teardown)
     return strategy
