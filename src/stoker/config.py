@@ -59,6 +59,8 @@ class RunConfig:
         cuda_graph: CUDA only: capture the training step once as a CUDA graph and replay it
             every step (static input buffers, capturable optimizer, loss scale on the device).
         strategy: how replicas are formed: ``auto`` picks from the torchrun environment.
+        ddp_bucket_cap_mb: ``replicated``: the size of DDP's gradient buckets in MiB (``None``:
+            DDP's default of 25); gradients are all-reduced one bucket at a time.
         prefetch_depth: batches the infeed prepares ahead (0: fetch in the training thread).
         progress_bar: show a tqdm bar when stderr is a terminal.
         summaries: write TensorBoard events and ``metrics.csv`` into ``model_dir``.
@@ -111,6 +113,7 @@ class RunConfig:
     compile: bool | Literal["none", "module", "step"] = False
     cuda_graph: bool = False
     strategy: str = "auto"
+    ddp_bucket_cap_mb: float | None = None
     prefetch_depth: int = 2
     progress_bar: bool = True
     summaries: bool = True
@@ -172,6 +175,8 @@ class RunConfig:
             raise ValueError(f"RunConfig.gradient_clip_norm must be > 0; got {self.gradient_clip_norm}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"RunConfig.strategy must be one of {', '.join(STRATEGIES)}; got {self.strategy!r}")
+        if self.ddp_bucket_cap_mb is not None and not self.ddp_bucket_cap_mb > 0:
+            raise ValueError(f"RunConfig.ddp_bucket_cap_mb must be > 0; got {self.ddp_bucket_cap_mb}")
         if self.prefetch_depth < 0:
             raise ValueError(f"RunConfig.prefetch_depth must be >= 0; got {self.prefetch_depth}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):

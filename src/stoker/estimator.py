@@ -99,7 +99,8 @@ class Estimator:
         if cfg.pipeline_split is not None:
             pipeline = PipelineConfig(split=cfg.pipeline_split, microbatches=cfg.pipeline_microbatches,
                                       schedule=cfg.pipeline_schedule, stages_per_process=cfg.pipeline_stages_per_process)
-        self.strategy: Strategy = make_strategy(cfg.strategy, cfg.device, cfg.distributed_timeout, pipeline)
+        self.strategy: Strategy = make_strategy(cfg.strategy, cfg.device, cfg.distributed_timeout, pipeline,
+                                                 bucket_cap_mb=cfg.ddp_bucket_cap_mb)
         self.inputs = InputPlan(
             params=self.params, config=cfg, strategy=self.strategy, train_batch_size=train_batch_size,
             eval_batch_size=eval_batch_size, predict_batch_size=predict_batch_size,

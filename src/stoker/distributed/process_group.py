@@ -173,7 +173,11 @@ class ProcessGroupStrategy(Strategy):
 
 
 class Replicated(ProcessGroupStrategy):
-    """Data parallel: every replica holds the whole model; gradients are averaged (DDP)."""
+    """Data parallel: every replica holds the whole model; gradients are averaged (DDP).
+
+    ``bucket_cap_mb`` sets DDP's gradient bucket size (``None``: DDP's default)."""
+
+    bucket_cap_mb: float | None = None
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel
@@ -181,7 +185,9 @@ class Replicated(ProcessGroupStrategy):
         # DDP broadcasts rank 0's weights and buffers at construction, so every replica
         # starts from the same weights (also after a warm start on rank 0).
         ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids)
+        if self.bucket_cap_mb is None:
+            return DistributedDataParallel(model, device_ids=ids)
+        return DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=self.bucket_cap_mb)
 
 
 class Independent(ProcessGroupStrategy):
