@@ -33,8 +33,9 @@ from conftest import (
     train_input,
 )
 from stoker.bench import BenchConfig, run_benchmark
+from stoker.checkpoint import load_checkpoint
 from stoker.cli import main
-from stoker.engine import ContinuousEvalResult, ContinuousEvaluation
+from stoker.engine import ContinuousEvalConfig, ContinuousEvalResult, ContinuousEvaluation
 
 SCRIPT = Path(__file__).with_name("continuous_eval_script.py")
 
@@ -208,6 +209,24 @@ def test_evaluating_on_another_device_gives_the_same_results(tmp_path):
     assert other.evaluated == same.evaluated == [2, 4]
     assert other.results == same.results
     assert there.state._model is None  # the Estimator's own model was never built: a copy ran on "cpu"
+
+
+def test_a_step_saved_again_is_evaluated_again_with_its_new_weights(tmp_path):
+    x, y = make_data(100)
+    ex, ey = make_data(64, seed=1)
+    make_estimator(tmp_path, iterations_per_loop=2, save_checkpoints_steps=2, keep_checkpoint_max=0).train(
+        train_input(x, y), max_steps=4)
+    est = make_estimator(tmp_path, keep_checkpoint_max=0)
+    watcher = ContinuousEvaluation(est.evaluation, est.state.checkpoints,
+                                   ContinuousEvalConfig(timeout_secs=5, poll_secs=0.01))
+    first = watcher.run(eval_input(ex, ey))
+    assert first.evaluated == [2, 4]
+    old = load_checkpoint(tmp_path / "ckpt-4")  # a resumed trainer writing ckpt-4 again, other weights
+    est.state.checkpoints.save(4, {k: v * 2 for k, v in old.model_state.items()}, old.train_state, old.input_states)
+    again = watcher.run(eval_input(ex, ey))
+    assert again.evaluated == [4]
+    expected = est.evaluate(eval_input(ex, ey), checkpoint_path=tmp_path / "ckpt-4", name="check")
+    assert again.results[4] == expected != first.results[4]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
