@@ -48,7 +48,9 @@ def _info(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(given)
+    args.argv = given  # the command line as given: `stoker bench --num_gpus` relaunches it per replica
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

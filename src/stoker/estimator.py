@@ -27,7 +27,7 @@ from torch import nn
 
 from .checkpoint import CheckpointManager, WarmStartSettings
 from .config import RunConfig
-from .distributed import Strategy, make_strategy
+from .distributed import PipelineConfig, Strategy, make_strategy
 from .engine import (
     ContinuousEvalConfig,
     ContinuousEvalResult,
@@ -95,13 +95,19 @@ class Estimator:
             raise TypeError(f"model must be an nn.Module or a function params -> nn.Module; got {type(model).__name__}")
         self.model_fn = model_fn
         cfg = self.config
-        self.strategy: Strategy = make_strategy(cfg.strategy, cfg.device, cfg.distributed_timeout)
+        pipeline = None
+        if cfg.pipeline_split is not None:
+            pipeline = PipelineConfig(split=cfg.pipeline_split, microbatches=cfg.pipeline_microbatches,
+                                      schedule=cfg.pipeline_schedule, stages_per_process=cfg.pipeline_stages_per_process)
+        self.strategy: Strategy = make_strategy(cfg.strategy, cfg.device, cfg.distributed_timeout, pipeline,
+                                                 bucket_cap_mb=cfg.ddp_bucket_cap_mb)
         self.inputs = InputPlan(
             params=self.params, config=cfg, strategy=self.strategy, train_batch_size=train_batch_size,
             eval_batch_size=eval_batch_size, predict_batch_size=predict_batch_size,
         )
         checkpoints = (
-            CheckpointManager(cfg.model_dir, keep_checkpoint_max=cfg.keep_checkpoint_max, keep_best=cfg.keep_best, writer=self.strategy.is_chief)
+            CheckpointManager(cfg.model_dir, keep_checkpoint_max=cfg.keep_checkpoint_max, keep_best=cfg.keep_best,
+                              writer=self.strategy.is_chief, retry=cfg.storage_retry)
             if cfg.model_dir
             else None
         )
@@ -313,13 +319,17 @@ class Estimator:
         formats: Sequence[str] = ("pt2",),
         *,
         checkpoint_path: str | os.PathLike[str] | None = None,
+        aot: bool = False,
+        aot_device: str = "cpu",
     ) -> Path:
         """Export the PREDICT computation as a ``torch.export`` program (``model.pt2``), plus
-        ``model.safetensors`` and ``signature.json`` (and ``model.onnx`` if asked). Uses the
+        ``model.safetensors`` and ``signature.json`` (and ``model.onnx`` if asked; with ``aot=True``
+        also ``model.aoti.pt2``, the program compiled by AOTInductor for ``aot_device``). Uses the
         best checkpoint when ``keep_best`` recorded one, else the newest. See docs/export.md."""
         from .export import export
 
-        return export(self, export_dir, example_features, dynamic_batch, formats, checkpoint_path=checkpoint_path)
+        return export(self, export_dir, example_features, dynamic_batch, formats, checkpoint_path=checkpoint_path,
+                      aot=aot, aot_device=aot_device)
 
 
 class EvaluationHook(Hook):

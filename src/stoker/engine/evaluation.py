@@ -90,6 +90,7 @@ class EvaluationRun:
             self._writer.write(step, {k: v for k, v in results.items() if k != "global_step"}, prefix=f"{label}/")
             self._writer.flush()
         if name is None and evaluated is not None and evaluated.parent == checkpoints.model_dir:
+            self.state.wait_for_checkpoint()  # the index names an asynchronous save once it is written
             if checkpoints.record_eval(step, results):
                 log.info("ckpt-%d is the best so far by %s", step, self.config.keep_best[0])  # type: ignore[index]
 

@@ -125,11 +125,15 @@ class TrainingRun:
                     run.request_stop(f"input_fn's data ended at step {run.global_step}")
                 run.logs.clear()  # values hooks share are fresh at every loop boundary
                 runner.after_loop(run, result)
+                state.check_checkpoint()  # an asynchronous write that failed stops training here
                 if not alone:  # a stop one replica decided (a signal, its clock) stops them all
                     run.stop_requested = run.any_replica(run.stop_requested)
             runner.end(run)
+            state.wait_for_checkpoint()  # the end of training (and SIGTERM) waits for the write in flight
             self._mark_finished(max_steps)
         except BaseException as error:
+            if state.writer is not None:
+                state.writer.drain()
             if started:
                 state.holds = None  # memory may be ahead of (or worse than) the newest checkpoint
             clearer = self.strategy.explain_failure(error)
