@@ -158,6 +158,13 @@ def test_evaluates_each_checkpoint_once_in_step_order_and_stops_at_the_marker(tm
         again = evaluator.evaluate(eval_input(ex, ey), checkpoint_path=tmp_path / f"ckpt-{step}", name="check")
         rec = next(r for r in read_index(tmp_path)["checkpoints"] if r["step"] == step)
         assert rec["metrics"] == {k: v for k, v in again.items() if k != "global_step"}
+    # TensorBoard: eval/<metric> at each checkpoint's step, the recorded values
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "eval" / "events"), size_guidance={"scalars": 0}).Reload()
+    assert {"eval/loss", "eval/accuracy", "eval/top2"} <= set(events.Tags()["scalars"])
+    recorded = {r["step"]: r["metrics"]["accuracy"] for r in read_index(tmp_path)["checkpoints"]}
+    assert {e.step: e.value for e in events.Scalars("eval/accuracy")} == pytest.approx(recorded, abs=1e-7)  # float32
     # a second evaluator finds nothing to do: the index records every result
     again = make_estimator(tmp_path, keep_checkpoint_max=0, keep_best=("accuracy", "max"))
     assert again.evaluate_continuously(eval_input(ex, ey), timeout_secs=30, poll_secs=0.01).evaluated == []
