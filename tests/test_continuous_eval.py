@@ -188,6 +188,18 @@ def test_finished_marker_is_written_again_when_there_is_nothing_left_to_train(tm
     assert not (tmp_path / "finished.json").exists()
 
 
+def test_last_step_ignores_an_earlier_finished_marker(tmp_path):
+    x, y = make_data(100)
+    ex, ey = make_data(64, seed=1)
+    make_estimator(tmp_path, iterations_per_loop=2, save_checkpoints_steps=2, keep_checkpoint_max=0).train(
+        train_input(x, y), max_steps=4)
+    est = make_estimator(tmp_path, keep_checkpoint_max=0)
+    result = est.evaluate_continuously(eval_input(ex, ey), timeout_secs=0.2, poll_secs=0.01, last_step=6)
+    assert result.evaluated == [2, 4] and result.stop_reason == "no new checkpoint for 0.2 s"
+    result = est.evaluate_continuously(eval_input(ex, ey), timeout_secs=0.2, poll_secs=0.01, last_step=4)
+    assert result.evaluated == [] and result.stop_reason.startswith("training finished at step 4")
+
+
 def test_opening_a_model_dir_leaves_an_in_flight_save_alone(tmp_path):
     # An evaluator opens model_dir (a writing CheckpointManager) while the trainer writes
     # ckpt-N into a temporary directory: only the trainer's own next save cleans leftovers.
@@ -374,6 +386,7 @@ def test_stoker_evaluate_watch_beside_stoker_train_charlm(tmp_path):
     (["--steps", "0"], "--steps must be >= 1"),
     (["--watch", "--timeout_secs", "0"], "--timeout_secs must be > 0"),
     (["--watch", "--checkpoint", "x"], "--checkpoint evaluates one checkpoint"),
+    (["--last_step", "5"], "--last_step applies only with --watch"),
 ])
 def test_stoker_evaluate_usage_errors_exit_2(tmp_path, capsys, argv, message):
     assert main(["evaluate", str(tmp_path), *argv]) == 2
