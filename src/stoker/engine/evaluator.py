@@ -169,6 +169,7 @@ class ContinuousEvaluation:
         name, step = record["name"], int(record["step"])
         self._passed.add((name, record.get("time", 0.0)))
         path = self.checkpoints.model_dir / name
+        self.evaluation.state.weights_of = None  # always read the files: a step saved again has new weights
         try:
             results, _ = self.evaluation.compute(input_fn, self.config.steps, path)
         except CheckpointError as e:
