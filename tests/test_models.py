@@ -461,3 +461,21 @@ def test_ssd_loss_mines_three_hard_negatives_per_match() -> None:
     ce = [math.log(2 + math.exp(v)) - 0.0 for v in range(7)]  # background target, logits (0, v, 0)
     expected = box + math.log(3) + sum(sorted(ce)[-3:])  # the match + its 3 hardest negatives
     assert loss.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_reference_default_batch_sizes_and_learning_rates() -> None:
+    """Every model tf_cnn_benchmarks defines records its model definition's batch size and rate
+    (``--batch_size=0`` uses them); the two MobileNets it does not define record none."""
+    def defaults(name: str, dataset: str = "imagenet") -> tuple[int | None, float | None]:
+        info = get_model_info(name, dataset)
+        return info.default_batch_size, info.default_learning_rate
+
+    assert defaults("resnet50") == (64, 0.128) and defaults("resnet152_v2") == (32, 0.128)
+    assert defaults("official_resnet50") == (128, 0.05) and defaults("official_resnet18_v2") == (32, 0.0125)
+    assert defaults("alexnet") == (512, 0.005) and defaults("alexnet", "cifar10") == (128, 0.1)
+    assert defaults("densenet40_k12", "cifar10") == (64, 0.1) and defaults("resnet110_v2", "cifar10") == (128, 0.1)
+    assert defaults("nasnetlarge") == (16, 0.005) and defaults("nasnet", "cifar10") == (32, 0.025)
+    assert defaults("ncf", "movielens") == (2048, 0.0005) and defaults("deepspeech2", "librispeech") == (128, 0.0005)
+    assert defaults("ssd300", "coco") == (32, 0.001)
+    missing = [key for key in REGISTERED if None in defaults(key[1], key[0])]
+    assert missing == [("imagenet", "mobilenet_v1"), ("imagenet", "mobilenet_v2")]
