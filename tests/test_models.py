@@ -229,6 +229,7 @@ def test_forward_backward(key: tuple[str, str]) -> None:
         ("imagenet", "inception3", 75),
         ("imagenet", "mobilenet_v2", 64),
         ("imagenet", "googlenet", 64),
+        ("cifar10", "nasnet", 8),  # the factorized reductions' strided slices
     ],
 )
 def test_channels_last_gives_the_same_logits(dataset: str, name: str, size: int) -> None:
