@@ -25,7 +25,8 @@ def bench_model_fn(model: nn.Module, features: torch.Tensor, labels: torch.Tenso
     """Softmax cross-entropy classification, as tf_cnn_benchmarks' image models.
 
     TRAIN: the loss reported is tf_cnn_benchmarks' ``total_loss``, cross-entropy +
-    ``weight_decay`` x L2 (``sum(w^2) / 2`` over every trainable parameter), and with
+    ``weight_decay`` x L2 (``sum(w^2) / 2`` over every trainable parameter), or its ``base_loss``
+    (the cross-entropy alone) with ``params["report_base_loss"]``, and with
     ``print_training_accuracy`` the batch's top-1 / top-5 are ``host_call`` values (read once
     per loop). The L2 term's gradient, ``weight_decay * w``, is added by the optimizer (see
     ``optim.py``): the same update as differentiating the term, for a fraction of the cost.
@@ -47,7 +48,7 @@ def bench_model_fn(model: nn.Module, features: torch.Tensor, labels: torch.Tenso
             eval_metrics={"top_1_accuracy": Accuracy()(logits, labels), "top_5_accuracy": TopKAccuracy(5)(logits, labels)},
         )
     loss = F.cross_entropy(logits.float(), labels)
-    if params["weight_decay"]:
+    if params["weight_decay"] and not params.get("report_base_loss"):
         loss = loss + params["weight_decay"] * l2_loss(model)  # a constant here: reported, not differentiated
     host_call = None
     if params["print_training_accuracy"]:

@@ -37,8 +37,10 @@ from .config import (
     MODE_TRAIN_AND_EVAL,
     BenchConfig,
 )
+from .flags import note_lines
+from .outputs import mlperf_log_path
 from .stats import DASHES, format_total
-from .workload import Workload
+from .workload import Workload, data_workers, prefetch_depth
 
 TRAINING_FLOPS_FACTOR = 3.0
 PEAK_MATMUL_SIZE = 2048
@@ -61,10 +63,13 @@ def _line(label: str, value: object) -> str:
     return f"{label + ':':<{_LABEL_WIDTH}}{value}"
 
 
-def header_lines(cfg: BenchConfig, workload: Workload, model_name: str | None = None) -> list[str]:
-    """The block printed before a run, in tf_cnn_benchmarks' layout (only lines that apply)."""
+def header_lines(cfg: BenchConfig, workload: Workload, model_name: str | None = None, *,
+                 bucket_mb: float | None = None) -> list[str]:
+    """The block printed before a run, in tf_cnn_benchmarks' layout (only lines that apply),
+    after a ``Note:`` line per given flag that has no effect here (``flags.py``)."""
     mode = cfg.benchmark_mode
     lines = [
+        *note_lines(cfg.noted_flags),
         _line("PyTorch", f"{torch.__version__} (stoker {__version__})"),
         _line("Model", model_name or cfg.model),
         _line("Dataset", workload.dataset_label),
@@ -83,13 +88,39 @@ def header_lines(cfg: BenchConfig, workload: Workload, model_name: str | None = 
     if mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL):
         lines.append(_line("Optimizer", cfg.optimizer))
         lines.append(_line("Variables", effective_variable_update(cfg)))
-    lines.append(_line("Precision", cfg.precision + (" (loss scale: " + loss_scale_label(cfg) + ")" if cfg.precision == "fp16" else "")))
-    lines.append(_line("Compile", cfg.compile))
+    precision = cfg.precision + (" (loss scale: " + loss_scale_label(cfg) + ")" if cfg.precision == "fp16" else "")
+    lines.append(_line("Precision", precision + (", fp16 weights (--fp16_vars)" if cfg.fp16_vars else "")))
+    xla = " (--xla_compile)" if cfg.xla_compile else (" (--xla)" if cfg.xla else "")
+    lines.append(_line("Compile", f"{cfg.compile_mode}{xla}"))
+    lines.extend(_optional_lines(cfg, workload, bucket_mb))
     lines.append(_line("Threads", f"{torch.get_num_threads()} intra-op"))
     lines.append(_line("Host memory", "kept for reuse (glibc: no mmap, no trim)" if host_memory_kept() else "C library defaults"))
     if mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL):
         lines.append(_line("Loop", f"{cfg.iterations_per_loop} step(s) per host round trip"))
     lines.append("==========")
+    return lines
+
+
+def _optional_lines(cfg: BenchConfig, workload: Workload, bucket_mb: float | None) -> list[str]:
+    """Header lines of flags that are not always relevant: only when they apply."""
+    lines = []
+    training = cfg.benchmark_mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL)
+    if training and cfg.evaluates_during_training:
+        lines.append(_line("Eval batch", f"{workload.eval_batch_size} global"))
+    if not workload.synthetic and cfg.mode != "inference":
+        depth = prefetch_depth(cfg)
+        lines.append(_line("Input", f"{data_workers(cfg)} decoding worker(s), "
+                                    f"{'default' if depth is None else depth} batch(es) prefetched, "
+                                    f"distortions {'on' if cfg.distortions else 'off'}, resize {cfg.resize_method}"
+                                    + (", first batch repeated" if cfg.datasets_repeat_cached_sample else "")))
+    if training and bucket_mb is not None:
+        lines.append(_line("Gradients", f"all-reduced in {cfg.gradient_repacking} DDP buckets of {bucket_mb:.3f} MiB "
+                                        "(--gradient_repacking)"))
+    if training and cfg.summary_verbosity:
+        every = cfg.save_summaries_steps or cfg.display_every
+        lines.append(_line("Summaries", f"level {cfg.summary_verbosity} every {every} steps in {cfg.train_dir}/events"))
+    if training and cfg.ml_perf:
+        lines.append(_line("MLPerf log", mlperf_log_path(cfg)))
     return lines
 
 
@@ -242,8 +273,11 @@ def base_result(cfg: BenchConfig, workload: Workload, model_name: str) -> dict[s
         "precision": cfg.precision,
         "optimizer": cfg.optimizer,
         "variable_update": effective_variable_update(cfg),
-        "compile": cfg.compile,
+        "compile": cfg.compile_mode,
         "cuda_graph": cfg.cuda_graph,
+        "eval_batch_size": workload.eval_batch_size,
+        "loss_type": cfg.loss_type_to_report,
+        "test_id": cfg.benchmark_test_id,
         "iterations_per_loop": cfg.iterations_per_loop,
         "num_threads": torch.get_num_threads(),
         "host_memory_kept": host_memory_kept(),
