@@ -480,3 +480,22 @@ def test_reference_default_batch_sizes_and_learning_rates() -> None:
     assert defaults("ssd300", "coco") == (32, 0.001)
     missing = [key for key in REGISTERED if None in defaults(key[1], key[0])]
     assert missing == [("imagenet", "mobilenet_v1"), ("imagenet", "mobilenet_v2")]
+
+
+def test_ssd300_flops_are_the_reference_layers() -> None:
+    """Forward FLOPs equal 2 x the multiply-adds of the reference's layers, written out: the
+    third ResNet stage at stride 1 (38x38), the extra layers down to 1x1, the six heads."""
+    def conv(k: int, cin: int, cout: int, side: int) -> int:
+        return k * k * cin * cout * side * side
+
+    backbone = (conv(7, 3, 64, 150) + 6 * conv(3, 64, 64, 75)
+                + conv(3, 64, 128, 38) + conv(1, 64, 128, 38) + 7 * conv(3, 128, 128, 38)
+                + conv(3, 128, 256, 38) + conv(1, 128, 256, 38) + 11 * conv(3, 256, 256, 38))
+    extras = (conv(1, 256, 256, 38) + conv(3, 256, 512, 19) + conv(1, 512, 256, 19) + conv(3, 256, 512, 10)
+              + conv(1, 512, 128, 10) + conv(3, 128, 256, 5) + conv(1, 256, 128, 5) + conv(3, 128, 256, 3)
+              + conv(1, 256, 128, 3) + conv(3, 128, 256, 1))
+    heads = sum(conv(3, c, n * (4 + 81), s) for c, n, s in
+                zip((256, 512, 512, 256, 256, 256), (4, 6, 6, 6, 4, 4), (38, 19, 10, 5, 3, 1), strict=True))
+    with torch.device("meta"):
+        model = create_model("ssd300", dataset="coco")
+    assert example_flops(model, get_model_info("ssd300", "coco")) == 2 * (backbone + extras + heads)
