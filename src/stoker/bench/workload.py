@@ -155,8 +155,9 @@ def _check_task(cfg: BenchConfig, info: ModelInfo, synthetic: bool) -> None:
         raise BenchFlagError(("data_dir", "data_name"), f"--data_dir: --data_name={info.dataset} is synthetic "
                              "only (no input pipeline reads it); leave out --data_dir")
     # Its outputs are no class logits: top-1/top-5 (forward-only, --eval, evaluation during
-    # training) and the image-latency benchmark do not apply.
+    # training, training accuracy) and the image-latency benchmark do not apply.
     for name, given in (("forward_only", cfg.forward_only), ("eval", cfg.eval), ("mode", cfg.mode == "inference"),
+                        ("print_training_accuracy", cfg.print_training_accuracy),
                         ("eval_during_training_every_n_steps", cfg.eval_during_training_every_n_steps is not None)):
         if given:
             raise BenchFlagError((name, "model"), f"--{name}: --model={info.name} ({info.dataset}) is benchmarked "
