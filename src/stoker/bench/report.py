@@ -105,6 +105,9 @@ def _optional_lines(cfg: BenchConfig, workload: Workload, bucket_mb: float | Non
     """Header lines of flags that are not always relevant: only when they apply."""
     lines = []
     training = cfg.benchmark_mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL)
+    used = workload.defaults_used if training else [u for u in workload.defaults_used if "learning rate" not in u]
+    for i, phrase in enumerate(used):  # the model's defaults, as tf_cnn_benchmarks applies them
+        lines.append(_line("Defaults", phrase) if i == 0 else " " * _LABEL_WIDTH + phrase)
     if training and cfg.evaluates_during_training:
         lines.append(_line("Eval batch", f"{workload.eval_batch_size} global"))
     if not workload.synthetic and cfg.mode != "inference":
@@ -278,6 +281,7 @@ def base_result(cfg: BenchConfig, workload: Workload, model_name: str) -> dict[s
         "eval_batch_size": workload.eval_batch_size,
         "loss_type": cfg.loss_type_to_report,
         "test_id": cfg.benchmark_test_id,
+        "defaults": list(workload.defaults_used),
         "iterations_per_loop": cfg.iterations_per_loop,
         "num_threads": torch.get_num_threads(),
         "host_memory_kept": host_memory_kept(),

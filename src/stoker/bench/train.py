@@ -209,7 +209,9 @@ def build_estimator(cfg: BenchConfig, workload: Workload, model: ModelFactory, *
         summaries=False,
         **({} if depth is None else {"prefetch_depth": depth}),
     )
-    optimizer_fn, schedule_fn = optimizer_and_schedule(cfg, workload.train_examples / workload.batch_size)
+    optimizer_fn, schedule_fn = optimizer_and_schedule(cfg, workload.train_examples / workload.batch_size,
+                                                       default_lr=workload.default_learning_rate,
+                                                       model_rate=workload.model_rate)
     return Estimator(
         model=model,
         model_fn=bench_model_fn,
