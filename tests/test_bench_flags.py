@@ -132,6 +132,7 @@ def test_lists_and_values_reach_the_config() -> None:
     (["--gpu_indices=0,x"], ["--gpu_indices"]),
     (["--benchmark_test_id=t"], ["--benchmark_test_id", "--benchmark_log_dir"]),
     (["--gpu_memory_frac_for_testing=1.5"], ["--gpu_memory_frac_for_testing"]),
+    (["--gpu_indices=0"], ["--gpu_indices", "CPU"]),
 ])
 def test_bad_values_exit_2_naming_the_flag(capsys: pytest.CaptureFixture[str], args: list[str],
                                            named: list[str]) -> None:
@@ -139,6 +140,15 @@ def test_bad_values_exit_2_naming_the_flag(capsys: pytest.CaptureFixture[str], a
     assert code == 2
     for name in named:
         assert name in err, err
+
+
+def test_implemented_flags_this_run_cannot_use_get_a_note(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_main(capsys, *TINY, "--nodistortions", "--gradient_repacking=4", "--eval_batch_size=3",
+                            "--resize_method=area")
+    assert code == 0
+    assert [line.split(":")[1] for line in out.splitlines() if line.startswith("Note: --")] == [
+        " --distortions has no effect in this run", " --resize_method has no effect in this run",
+        " --gradient_repacking has no effect in this run", " --eval_batch_size has no effect in this run"]
 
 
 def test_noted_flags_are_not_fields() -> None:

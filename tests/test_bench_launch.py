@@ -92,6 +92,12 @@ def test_num_gpus_under_torchrun_must_equal_world_size(monkeypatch: pytest.Monke
         assert "--num_gpus=3 but WORLD_SIZE=2" in err and "must equal WORLD_SIZE (2) or be 1" in err
 
 
+def test_num_gpus_is_for_training_only(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main([*TINY, "--num_gpus=2", "--forward_only"])
+    assert e.value.code == 2 and "--num_gpus=2: only training runs on several processes" in capsys.readouterr().err
+
+
 def test_num_gpus_zero_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         main([*TINY, "--num_gpus=0"])

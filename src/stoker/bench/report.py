@@ -70,6 +70,7 @@ def header_lines(cfg: BenchConfig, workload: Workload, model_name: str | None = 
     mode = cfg.benchmark_mode
     lines = [
         *note_lines(cfg.noted_flags),
+        *unused_flag_notes(cfg, workload),
         _line("PyTorch", f"{torch.__version__} (stoker {__version__})"),
         _line("Model", model_name or cfg.model),
         _line("Dataset", workload.dataset_label),
@@ -99,6 +100,31 @@ def header_lines(cfg: BenchConfig, workload: Workload, model_name: str | None = 
         lines.append(_line("Loop", f"{cfg.iterations_per_loop} step(s) per host round trip"))
     lines.append("==========")
     return lines
+
+
+def unused_flag_notes(cfg: BenchConfig, workload: Workload) -> list[str]:
+    """``Note:`` lines for implemented flags given where this run has no use for them (so that
+    no flag is ignored silently): real-data flags on synthetic data, training-only flags in
+    other modes, CUDA flags on the CPU, gradient repacking without replicas to all-reduce."""
+    unused: list[tuple[str, str]] = []
+    if workload.synthetic:
+        given = [n for n, default in (("distortions", True), ("resize_method", "bilinear"), ("use_datasets", True),
+                                      ("datasets_num_private_threads", None), ("datasets_repeat_cached_sample", False))
+                 if getattr(cfg, n) != default]
+        unused += [(n, "the data is synthetic (give --data_dir for real data)") for n in given]
+    training = cfg.benchmark_mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL)
+    if not training:
+        given = [n for n, default in (("display_perf_ewma", None), ("loss_type_to_report", "total_loss"),
+                                      ("summary_verbosity", 0), ("ml_perf", False), ("gradient_repacking", 0))
+                 if getattr(cfg, n) != default]
+        unused += [(n, f"it applies to training; this run is {cfg.benchmark_mode}") for n in given]
+    elif cfg.gradient_repacking and (workload.num_devices == 1 or effective_variable_update(cfg) != "replicated"):
+        unused.append(("gradient_repacking", "only replicated training over several replicas all-reduces gradients"))
+    if cfg.eval_batch_size and training and not cfg.evaluates_during_training:
+        unused.append(("eval_batch_size", "this run does not evaluate"))
+    if cfg.gpu_memory_frac_for_testing and workload.device.type != "cuda":
+        unused.append(("gpu_memory_frac_for_testing", "the device is the CPU"))
+    return [f"Note: --{name} has no effect in this run: {why}" for name, why in unused]
 
 
 def _optional_lines(cfg: BenchConfig, workload: Workload, bucket_mb: float | None) -> list[str]:

@@ -122,6 +122,9 @@ def resolve_device(name: str, gpu_indices: str = "") -> torch.device:
                                      f"entry, and torch sees {torch.cuda.device_count()} CUDA device(s)")
             return torch.device("cuda", indices[local_rank])
         return torch.device("cuda", local_rank % torch.cuda.device_count())
+    if gpu_indices.strip():
+        raise BenchFlagError(("gpu_indices", "device"), f"--gpu_indices={gpu_indices} names CUDA devices, "
+                             f"but the device is the CPU (--device={name})")
     return torch.device("cpu")
 
 
