@@ -90,7 +90,7 @@ def header_lines(cfg: BenchConfig, workload: Workload, model_name: str | None = 
         lines.append(_line("Optimizer", cfg.optimizer))
         lines.append(_line("Variables", effective_variable_update(cfg)))
     precision = cfg.precision + (" (loss scale: " + loss_scale_label(cfg) + ")" if cfg.precision == "fp16" else "")
-    lines.append(_line("Precision", precision + (", fp16 weights (--fp16_vars)" if cfg.fp16_vars else "")))
+    lines.append(_line("Precision", precision + (", fp16 weights (--fp16_vars)" if cfg.fp16_vars and cfg.precision == "fp16" else "")))
     xla = " (--xla_compile)" if cfg.xla_compile else (" (--xla)" if cfg.xla else "")
     lines.append(_line("Compile", f"{cfg.compile_mode}{xla}"))
     lines.extend(_optional_lines(cfg, workload, bucket_mb))
@@ -124,6 +124,15 @@ def unused_flag_notes(cfg: BenchConfig, workload: Workload) -> list[str]:
         unused.append(("eval_batch_size", "this run does not evaluate"))
     if cfg.gpu_memory_frac_for_testing and workload.device.type != "cuda":
         unused.append(("gpu_memory_frac_for_testing", "the device is the CPU"))
+    # Combinations tf_cnn_benchmarks accepts and ignores: run, and say so.
+    if cfg.fp16_vars and cfg.precision != "fp16":
+        unused.append(("fp16_vars", f"it applies to fp16 (--use_fp16); the precision is {cfg.precision}"))
+    if training and cfg.summary_verbosity and cfg.train_dir is None:
+        unused.append(("summary_verbosity", "summaries are written into --train_dir, which is not given"))
+    if cfg.save_summaries_steps and not cfg.summary_verbosity:
+        unused.append(("save_summaries_steps", "--summary_verbosity is 0 (no summaries)"))
+    if cfg.benchmark_test_id is not None and cfg.benchmark_log_dir is None and cfg.results_file is None:
+        unused.append(("benchmark_test_id", "it is recorded in --benchmark_log_dir's files or --results_file"))
     return [f"Note: --{name} has no effect in this run: {why}" for name, why in unused]
 
 
@@ -145,7 +154,7 @@ def _optional_lines(cfg: BenchConfig, workload: Workload, bucket_mb: float | Non
     if training and bucket_mb is not None:
         lines.append(_line("Gradients", f"all-reduced in {cfg.gradient_repacking} DDP buckets of {bucket_mb:.3f} MiB "
                                         "(--gradient_repacking)"))
-    if training and cfg.summary_verbosity:
+    if training and cfg.summary_verbosity and cfg.train_dir:
         every = cfg.save_summaries_steps or cfg.display_every
         lines.append(_line("Summaries", f"level {cfg.summary_verbosity} every {every} steps in {cfg.train_dir}/events"))
     if training and cfg.ml_perf:
