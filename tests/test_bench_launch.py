@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import PYTHON, ROOT, python_env
+from conftest import PYTHON, ROOT, free_port, python_env
 from stoker.bench.launch import lost_replica_message
 from stoker.cli import main
 
@@ -117,3 +117,24 @@ def test_lost_replica_message_prefers_the_killed_replica() -> None:
 
     msg = str(lost_replica_message(Failed()))
     assert msg.startswith("replica 1 stopped responding (killed by SIGKILL)")
+
+
+def test_ddp_gets_the_repacking_bucket_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One-rank gloo group in this process: enough for DDP to be built with the bucket size.
+    import torch
+
+    from stoker.distributed import Replicated
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    strategy = Replicated("cpu", timeout=30)
+    try:
+        strategy.bucket_cap_mb = 0.5
+        ddp = strategy.wrap_model(torch.nn.Linear(4, 4))
+        assert ddp.bucket_bytes_cap == int(0.5 * 2**20)
+        strategy.bucket_cap_mb = None
+        assert strategy.wrap_model(torch.nn.Linear(4, 4)).bucket_bytes_cap == 25 * 2**20  # DDP's default
+    finally:
+        strategy.teardown()
