@@ -25,10 +25,10 @@ def _run(cmd: list[str], timeout: float = 240) -> subprocess.CompletedProcess[st
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=python_env(), timeout=timeout)
 
 
-def test_num_gpus_2_is_torchrun_nproc_2(tmp_path: Path) -> None:
+def test_num_gpus_2_is_torchrun_nproc_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ours, theirs = tmp_path / "ours.json", tmp_path / "torchrun.json"
     flags = [*TINY, "--num_batches=4"]
-    a = _run([PYTHON, "-m", "stoker", *flags, "--num_gpus=2", f"--results_file={ours}"])
+    a = _run([PYTHON, "-m", "stoker", *flags, "--num_gpus=2", f"--results_file={ours}", f"--train_dir={tmp_path / 'run'}"])
     assert a.returncode == 0, a.stderr[-3000:]
     b = _run([PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "stoker", *flags,
               f"--results_file={theirs}"])
@@ -39,6 +39,11 @@ def test_num_gpus_2_is_torchrun_nproc_2(tmp_path: Path) -> None:
     np.testing.assert_allclose(r1["losses"], r2["losses"], rtol=1e-5)
     assert a.stdout.count("total images/sec") == 1  # rank 0 prints, once
     assert "Devices:     ['cpu:0', 'cpu:1']" in a.stdout.splitlines()
+    # --eval afterwards, in one process, finds the replicas' checkpoint.
+    assert main(["bench", "--model=trivial", "--data_name=cifar10", "--batch_size=4", "--device=cpu", "--eval",
+                 "--num_batches=2", f"--train_dir={tmp_path / 'run'}"]) == 0
+    out = capsys.readouterr().out
+    assert f"Successfully loaded model from {tmp_path / 'run' / 'ckpt-5'}." in out and "Accuracy @ 1 = " in out
 
 
 def test_killed_replica_ends_the_run_with_replica_lost_error(tmp_path: Path) -> None:
