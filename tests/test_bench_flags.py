@@ -377,3 +377,33 @@ def test_header_says_which_defaults_were_used(capsys: pytest.CaptureFixture[str]
     assert code == 0 and "Batch size:  32 global" in lines
     at = lines.index("Defaults:    batch size 32 per device (trivial's default)")
     assert lines[at + 1] == " " * 13 + "trivial's learning rate: 0.005"
+
+
+def test_eval_epochs_and_input_pipeline_flags(tmp_path: Path) -> None:
+    from stoker.bench.workload import data_workers, make_input_fn, prefetch_depth
+
+    # cifar10 has 10000 evaluation images: 0.01 epochs at an evaluation batch of 16 is ceil(100 / 16) = 7 batches.
+    w = _workload("--model=trivial", "--data_name=cifar10", "--batch_size=4", "--eval_batch_size=16",
+                  "--num_eval_epochs=0.01", "--eval_during_training_every_n_steps=5")
+    assert (w.eval_batches, w.eval_batch_size, w.batch_size) == (7, 16, 4)
+    assert prefetch_depth(parse()) is None  # the engine's default
+    assert prefetch_depth(parse("--datasets_prefetch_buffer_size=3", "--batch_group_size=2")) == 6
+    assert prefetch_depth(parse("--nodatasets_use_prefetch")) == 0
+    assert data_workers(parse("--nouse_datasets")) == 0 and data_workers(parse("--datasets_num_private_threads=3")) == 3
+    data = _image_folder(tmp_path / "data", size=232)
+    cfg = parse("--model=trivial", f"--data_dir={data}", "--data_name=imagenet", "--batch_size=2", "--device=cpu",
+                "--nouse_datasets", "--datasets_repeat_cached_sample")
+    batches = iter(make_input_fn(cfg, _workload("--model=trivial", f"--data_dir={data}",
+                                                "--data_name=imagenet", "--batch_size=2"), train=True)(
+        {"batch_size": 2, "num_replicas": 1, "replica_index": 0}))
+    first, second = next(batches), next(batches)
+    assert first[0].equal(second[0]) and first[1].equal(second[1])  # one batch read, then repeated
+
+
+def test_xla_flags_choose_the_engines_compile_mode() -> None:
+    from stoker.bench.train import build_estimator, zoo_model
+
+    for flags, mode in ((("--xla",), "module"), (("--xla_compile",), "step"), ((), False)):
+        cfg = parse("--model=trivial", "--data_name=cifar10", "--batch_size=2", "--device=cpu", *flags)
+        w = _workload("--model=trivial", "--data_name=cifar10", "--batch_size=2", *flags)
+        assert build_estimator(cfg, w, zoo_model(cfg, w)).config.compile == mode
