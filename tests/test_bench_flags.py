@@ -67,11 +67,11 @@ def test_every_seed_flag_is_implemented_or_noted() -> None:
 
 def test_noted_flags_are_reported_once_each_in_the_header(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_main(capsys, *TINY, "--kmp_blocktime=0", "--nomkl", "--local_parameter_device=cpu",
-                            "--variable_consistency=relaxed", "--eval_interval_secs=60", "--forward_only")
+                            "--variable_consistency=relaxed", "--forward_only")
     assert code == 0
     notes = [line for line in out.splitlines() if line.startswith("Note: --")]
     assert [n.split(" has no effect")[0] for n in notes] == [
-        "Note: --local_parameter_device=cpu", "Note: --variable_consistency=relaxed", "Note: --eval_interval_secs=60",
+        "Note: --local_parameter_device=cpu", "Note: --variable_consistency=relaxed",
         "Note: --mkl=false", "Note: --kmp_blocktime=0"]  # in the table's order
     assert all(n.endswith(BY_NAME[n.split("=")[0][8:]].note) for n in notes)  # type: ignore[arg-type]
     assert out.index(notes[-1]) < out.index("PyTorch:")  # part of the header, before the run

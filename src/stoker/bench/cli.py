@@ -78,7 +78,8 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     d = BenchConfig()  # the defaults, for the help text
     g = p.add_argument_group("what to run")
     flag("model", default=d.model, help="zoo model name (--list_models); default %(default)s")
-    flag("data_name", choices=DATA_NAMES, help="imagenet or cifar10 (default: guessed from --data_dir, else imagenet)")
+    flag("data_name", choices=DATA_NAMES, help="the data set (default: the only one --model exists for, else guessed "
+         "from --data_dir, else imagenet); movielens, librispeech and coco are synthetic only")
     flag("data_dir", help="an image folder or CIFAR-10 binaries; synthetic data when not given")
     flag("mode", choices=RUN_MODES, default=d.mode, help="training (tf_cnn_benchmarks) or inference (latency); default %(default)s")
     switch("forward_only", "time the forward pass only")
@@ -132,6 +133,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--gradient_clip", type=float, help="clip each gradient element to [-c, c]")
     g = p.add_argument_group("evaluation during training")
     g.add_argument("--eval_during_training_every_n_steps", type=int, help="evaluate every N timed steps")
+    g.add_argument("--eval_interval_secs", type=float, default=0.0,
+                   help="with --eval: look for a new checkpoint in --train_dir every N seconds and evaluate each one, "
+                   "beside the training process, until training has finished; 0 (default) evaluates the newest once")
     g.add_argument("--stop_at_top_1_accuracy", type=float, help="stop once an evaluation reaches this top-1")
     g.add_argument("--print_training_accuracy", type=_bool, nargs="?", const=True, default=False, metavar="BOOL",
                    help="print the training batch's top-1 / top-5")
@@ -146,7 +150,7 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     g = p.add_argument_group("inference latency (--mode=inference)")
     g.add_argument("--num_inference_threads", type=int, help="threads calling the model (default 1)")
     g.add_argument("--iterations", type=int, help="calls per thread (default 100)")
-    g.add_argument("--exported", help="a directory written by `stoker export` (or Estimator.export) to benchmark instead of the zoo model")
+    g.add_argument("--exported", help="a directory written by `stoker export` (or Estimator.export) to benchmark instead of the zoo model; DIR/model.aoti.pt2 for its AOT package (stoker export --aot)")
     _add_table_flags(p)
     _add_negations(p)
     p.set_defaults(func=lambda args: run_bench_command(args, p))

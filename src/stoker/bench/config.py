@@ -17,7 +17,7 @@ from .errors import BenchFlagError
 from .errors import fail as _fail
 from .tf_checks import EVAL_DURING_TRAINING_FLAGS, check_tf_flags
 
-DATA_NAMES: tuple[str, ...] = ("imagenet", "cifar10")
+DATA_NAMES: tuple[str, ...] = ("imagenet", "cifar10", "movielens", "librispeech", "coco")
 DATA_FORMATS: tuple[str, ...] = ("NCHW", "NHWC")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "gpu")
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
@@ -99,6 +99,7 @@ class BenchConfig:
     weight_decay: float = 4e-5
     gradient_clip: float | None = None
     # evaluation during training
+    eval_interval_secs: float = 0.0  # --eval: > 0 watches --train_dir and evaluates each new checkpoint
     eval_during_training_every_n_steps: int | None = None
     stop_at_top_1_accuracy: float | None = None
     print_training_accuracy: bool = False
@@ -234,7 +235,7 @@ _OPTIONAL_POSITIVE: tuple[str, ...] = (
 #: Number flags that are >= 0.
 _NON_NEGATIVE: tuple[str, ...] = (
     "num_epochs_per_decay", "learning_rate_decay_factor", "num_learning_rate_warmup_epochs",
-    "minimum_learning_rate", "weight_decay", "momentum", "rmsprop_decay", "rmsprop_momentum",
+    "minimum_learning_rate", "eval_interval_secs", "weight_decay", "momentum", "rmsprop_decay", "rmsprop_momentum",
     "rmsprop_epsilon", "adam_beta1", "adam_beta2", "adam_epsilon",
 )
 #: What --mode=inference refuses: switches, and flags that are None unless given.
@@ -324,6 +325,9 @@ def _check_evaluation(cfg: BenchConfig) -> None:
     if cfg.stop_at_top_1_accuracy is not None and not given:
         raise _fail("--stop_at_top_1_accuracy needs --eval_during_training_every_n_steps (or another "
                     "--eval_during_training_* flag)", "stop_at_top_1_accuracy", "eval_during_training_every_n_steps")
+    if cfg.eval_interval_secs and not cfg.eval:
+        raise _fail("--eval_interval_secs applies only with --eval (a second process evaluating the checkpoints "
+                    "training writes into --train_dir)", "eval_interval_secs", "eval")
     for name in ("num_eval_batches", "num_eval_epochs"):
         if getattr(cfg, name) is not None and not (cfg.eval or given):
             raise _fail(f"--{name} applies only with --eval or --eval_during_training_every_n_steps "

@@ -96,8 +96,6 @@ TABLE: tuple[Flag, ...] = (
        note="every replica keeps its own copy of the weights on its device; DDP averages the gradients"),
     _f("variable_consistency", "str", "strong", "strong or relaxed variable updates", choices=("strong", "relaxed"),
        note="updates are always applied before the next step (strong); relaxed staging has no PyTorch counterpart"),
-    _f("eval_interval_secs", "int", 0, "evaluate every N seconds",
-       note="continuous evaluation is not in stoker bench yet: --eval evaluates the newest checkpoint once"),
     _f("freeze_when_forward_only", "bool", False, "freeze the graph in forward-only mode",
        note="forward-only already runs without gradients in inference mode; there is no graph to freeze"),
     _f("collect_eval_results_async", "bool", False, "post-process evaluation results in another process",

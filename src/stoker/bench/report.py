@@ -2,7 +2,7 @@
 FLOPs and MFU, the results file and the model table. Nothing here runs a model.
 
 MFU (model FLOPs utilisation) is ``achieved / peak``: achieved GFLOP/s is images/sec times
-the model's GFLOP per image (forward from ``stoker.models.model_flops``; a training image
+the model's GFLOP per image (forward from ``stoker.models.example_flops``; a training image
 costs about 3x forward: the backward pass computes gradients for activations and for
 weights, each about as costly as the forward), and the peak is ``--peak_tflops`` or a
 measured dense matmul rate (the practical peak of the machine for that dtype).
@@ -26,9 +26,9 @@ from ..models import (
     DATASETS,
     count_parameters,
     create_model,
+    example_flops,
     get_model_info,
     list_models,
-    model_flops,
 )
 from .config import (
     DEFAULT_FP16_LOSS_SCALE,
@@ -197,7 +197,7 @@ def flops_per_image(model_name: str, dataset: str, num_classes: int | None = Non
     info = get_model_info(model_name, dataset)
     with torch.device("meta"):
         model = create_model(model_name, dataset=dataset, num_classes=num_classes)
-    return model_flops(model, info.image_size) / 1e9
+    return example_flops(model, info) / 1e9
 
 
 def measure_matmul_peak(device: torch.device, precision: str = "fp32", size: int = PEAK_MATMUL_SIZE,
@@ -274,7 +274,7 @@ def model_table(data_name: str | None = None) -> list[dict[str, Any]]:
                 "dataset": dataset,
                 "image_size": info.image_size,
                 "params": count_parameters(model),
-                "gflop_per_image": model_flops(model, info.image_size) / 1e9,
+                "gflop_per_image": example_flops(model, info) / 1e9,
                 "description": info.description,
             })
     return rows
@@ -283,12 +283,12 @@ def model_table(data_name: str | None = None) -> list[dict[str, Any]]:
 def format_model_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """Aligned text columns: model, data set, input size, parameters, forward GFLOP/image."""
     width = max([len(r["model"]) for r in rows] + [5])
-    lines = [f"{'model':<{width}}  {'dataset':<8}  {'input':>7}  {'params':>12}  {'GFLOP/img':>9}  description"]
+    lines = [f"{'model':<{width}}  {'dataset':<11}  {'input':>7}  {'params':>12}  {'GFLOP/img':>9}  description"]
     lines.append(DASHES)
     for r in rows:
-        size = f"{r['image_size']}x{r['image_size']}"
+        size = f"{r['image_size']}x{r['image_size']}" if r["image_size"] else "-"  # not an image model
         lines.append(
-            f"{r['model']:<{width}}  {r['dataset']:<8}  {size:>7}  {r['params']:>12,}  {r['gflop_per_image']:>9.4f}  {r['description']}"
+            f"{r['model']:<{width}}  {r['dataset']:<11}  {size:>7}  {r['params']:>12,}  {r['gflop_per_image']:>9.4f}  {r['description']}"
         )
     return lines
 

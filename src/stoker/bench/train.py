@@ -49,6 +49,7 @@ from .model import (  # re-exported: they were defined here
     ModelFactory,
     bench_model_fn,
     l2_loss,
+    model_fn_for,
     zoo_model,
 )
 from .optim import optimizer_and_schedule
@@ -214,7 +215,7 @@ def build_estimator(cfg: BenchConfig, workload: Workload, model: ModelFactory, *
                                                        model_rate=workload.model_rate)
     return Estimator(
         model=model,
-        model_fn=bench_model_fn,
+        model_fn=model_fn_for(workload),
         optimizer=optimizer_fn,
         lr_schedule=schedule_fn,
         config=config,
@@ -291,9 +292,13 @@ def run_benchmark(
     est = build_estimator(cfg, workload, factory, bucket_mb=bucket_mb)
     result = base_result(cfg, workload, model_name)
     mode = cfg.benchmark_mode
-    if cfg.train_dir and model is None and mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL) and est.strategy.is_chief:
+    # The run spec rebuilds an image classifier for `stoker export`; the others take other inputs.
+    classifier = workload.model_info is not None and workload.model_info.is_classifier
+    if cfg.train_dir and classifier and mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL) and est.strategy.is_chief:
         _write_run_spec(cfg, workload)
-    if mode == MODE_EVAL:
+    if mode == MODE_EVAL and cfg.eval_interval_secs > 0:
+        result.update(_watch_checkpoints(cfg, workload, est, eval_input, log))
+    elif mode == MODE_EVAL:
         result.update(_evaluate_checkpoint(cfg, workload, est, eval_input, log))
     elif mode == MODE_FORWARD_ONLY:
         result.update(_forward_only(cfg, workload, est, train_input, log))
@@ -328,8 +333,8 @@ def _train(cfg: BenchConfig, workload: Workload, est: Estimator, train_input: In
         return {"num_steps": 0, "global_step": start, "images_per_sec": 0.0}
     trace = _trace_hook(cfg, first_step=start + max(0, warm - 2))
     log("Running warm up")
-    if warm:
-        est.train(train_input, max_steps=start + warm, hooks=[trace] if trace else [])
+    if warm:  # steps=, not max_steps=: reaching the warm-up's end must not mark training finished
+        est.train(train_input, steps=warm, hooks=[trace] if trace else [])
         if trace and trace.written is not None:
             log(f"Dumping trace to {trace.written}")
     log("Done warm up")
@@ -452,6 +457,30 @@ def _evaluate_checkpoint(cfg: BenchConfig, workload: Workload, est: Estimator, i
     # Images actually evaluated: a padded last batch counts only its real rows.
     out["images_per_sec"] = examples / elapsed if elapsed > 0 else 0.0
     out.update(global_step=est.global_step, top_1_accuracy=top1, top_5_accuracy=top5, num_examples=examples)
+    return out
+
+
+def _watch_checkpoints(cfg: BenchConfig, workload: Workload, est: Estimator, input_fn: InputFn, log: LogFn) -> dict[str, Any]:
+    """``--eval --eval_interval_secs=N``: evaluate each new checkpoint of ``--train_dir`` (exact
+    top-1 / top-5 on ``--num_batches`` batches), looking every N seconds, until the training
+    process has finished (or an hour passes without a new checkpoint)."""
+    evaluations: list[dict[str, float]] = []
+    examples = workload.num_batches * workload.batch_size
+
+    def report(step: int, results: dict[str, float]) -> None:
+        log(f"Evaluated checkpoint {cfg.train_dir}/ckpt-{step} (global step {step})")
+        log(format_accuracy(results["top_1_accuracy"], results["top_5_accuracy"], examples))
+        evaluations.append({"global_step": step, "top_1_accuracy": results["top_1_accuracy"],
+                            "top_5_accuracy": results["top_5_accuracy"]})
+
+    log(f"Watching {cfg.train_dir} for new checkpoints every {cfg.eval_interval_secs:g} s")
+    watched = est.evaluate_continuously(input_fn, steps=workload.num_batches, poll_secs=cfg.eval_interval_secs,
+                                        on_result=report)
+    log(f"Stopped watching: {watched.stop_reason}")
+    out: dict[str, Any] = {"evaluations": evaluations, "skipped_checkpoints": watched.skipped,
+                           "num_examples": examples}
+    if evaluations:
+        out.update(evaluations[-1])
     return out
 
 

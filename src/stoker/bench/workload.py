@@ -6,7 +6,9 @@ Data:
 - **synthetic** (no ``--data_dir``): one random batch generated once on the device and returned
   every step (``stoker.data.synthetic_images``), as tf_cnn_benchmarks' synthetic GPU inputs:
   the benchmark measures the model and the loop, not an input pipeline. Already channels-last
-  for ``--data_format=NHWC``.
+  for ``--data_format=NHWC``. Models of other data sets (MovieLens ids, LibriSpeech
+  spectrograms, COCO images with boxes) make their own batch (``ModelInfo.example_batch``);
+  those data sets are synthetic only.
 - **CIFAR-10 binaries** (``data_batch_*.bin``, ``test_batch.bin``) via ``stoker.data.cifar_binary``.
 - **an image folder** (``root/<class>/<image>``; ``root/train`` and ``root/validation`` or
   ``root/val`` when present) via ``stoker.data.image_folder``, decoded in worker processes.
@@ -23,10 +25,10 @@ from typing import Any
 
 import torch
 
-from ..data import cifar_binary, image_folder, synthetic_images
+from ..data import RepeatedBatch, cifar_binary, image_folder, synthetic_images
 from ..data.images import IMAGE_EXTENSIONS, scan_image_folder
 from ..distributed import torchrun_world_size
-from ..models import DEFAULT_NUM_CLASSES, get_model_info
+from ..models import DATASETS, DEFAULT_NUM_CLASSES, ModelInfo, get_model_info
 from .config import DEFAULT_NUM_BATCHES, MODE_EVAL, MODE_INFERENCE, BenchConfig, BenchFlagError
 from .defaults import (
     FALLBACK_BATCH_SIZE,
@@ -45,6 +47,12 @@ InputFn = Callable[[dict[str, Any]], Iterable[Any]]
 EXAMPLES_PER_EPOCH: dict[str, dict[str, int]] = {
     "imagenet": {"train": 1_281_167, "validation": 50_000},
     "cifar10": {"train": 50_000, "validation": 10_000},
+    # MLPerf NCF: 19,861,770 training positives with 4 sampled negatives each; one held-out
+    # positive per user for evaluation.
+    "movielens": {"train": 99_308_850, "validation": 138_493},
+    # train-clean-100 + train-clean-360, and test-clean (the reference's file patterns).
+    "librispeech": {"train": 132_553, "validation": 2_620},
+    "coco": {"train": 118_287, "validation": 4_952},
 }
 _CIFAR_RECORD_BYTES = 1 + 32 * 32 * 3
 _CIFAR_MARKERS = ("data_batch_1.bin", "test_batch.bin", "cifar-10-batches-bin")
@@ -70,6 +78,7 @@ class Workload:
         default_learning_rate: the model's constant rate (used without a rate flag), or ``None``.
         model_rate: the model's rate schedule by global step (used without a rate flag), or ``None``.
         defaults_used: what came from the model's defaults, one phrase each (the header's ``Defaults:``).
+        model_info: the registry's entry of ``--model`` (``None`` for a caller's own model).
     """
 
     dataset: str
@@ -88,6 +97,12 @@ class Workload:
     default_learning_rate: float | None = None
     model_rate: LearningRate | None = None
     defaults_used: tuple[str, ...] = ()
+    model_info: ModelInfo | None = None
+
+    @property
+    def example(self) -> str:
+        """What one example is ("images", "examples", ...), for throughput lines."""
+        return self.model_info.example if self.model_info is not None else "images"
 
     @property
     def per_device_batch_size(self) -> int:
@@ -128,11 +143,42 @@ def resolve_device(name: str, gpu_indices: str = "") -> torch.device:
     return torch.device("cpu")
 
 
-def guess_data_name(data_dir: str | None) -> str:
-    """tf_cnn_benchmarks guesses the data set from ``--data_dir``; CIFAR-10 binaries are recognisable."""
+def guess_data_name(data_dir: str | None, model: str | None = None) -> str:
+    """tf_cnn_benchmarks guesses the data set from ``--data_dir``; CIFAR-10 binaries are recognisable.
+
+    A ``model`` registered for one data set only (``ncf``, ``deepspeech2``, ``ssd300``) names it.
+    """
+    if model is not None:
+        homes = [d for d in DATASETS if _registered(model, d)]
+        if len(homes) == 1:
+            return homes[0]
     if data_dir is not None and any((Path(data_dir) / m).exists() for m in _CIFAR_MARKERS):
         return "cifar10"
     return "imagenet"
+
+
+def _registered(model: str, dataset: str) -> bool:
+    try:
+        get_model_info(model, dataset)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_task(cfg: BenchConfig, info: ModelInfo, synthetic: bool) -> None:
+    """What a model that is not an image classifier cannot do here."""
+    if info.is_classifier:
+        return
+    if not synthetic:
+        raise BenchFlagError(("data_dir", "data_name"), f"--data_dir: --data_name={info.dataset} is synthetic "
+                             "only (no input pipeline reads it); leave out --data_dir")
+    # Its outputs are no class logits: top-1/top-5 (forward-only, --eval, evaluation during
+    # training) and the image-latency benchmark do not apply.
+    for name, given in (("forward_only", cfg.forward_only), ("eval", cfg.eval), ("mode", cfg.mode == "inference"),
+                        ("eval_during_training_every_n_steps", cfg.eval_during_training_every_n_steps is not None)):
+        if given:
+            raise BenchFlagError((name, "model"), f"--{name}: --model={info.name} ({info.dataset}) is benchmarked "
+                                 "in training only here; its outputs are not class logits")
 
 
 def resolve_workload(cfg: BenchConfig, *, custom_model: bool = False, num_classes: int | None = None,
@@ -142,18 +188,20 @@ def resolve_workload(cfg: BenchConfig, *, custom_model: bool = False, num_classe
     ``custom_model``: the caller supplies the model (tests, scripts), so ``--model`` need not be
     registered; ``num_classes`` and ``image_size`` then describe it.
     """
-    dataset = cfg.data_name or guess_data_name(cfg.data_dir)
+    dataset = cfg.data_name or guess_data_name(cfg.data_dir, None if custom_model else cfg.model)
+    synthetic = cfg.data_dir is None
+    info = None
     if not custom_model:
         try:
             info = get_model_info(cfg.model, dataset)
         except ValueError as e:
             raise BenchFlagError(("model",), f"--model: {e}") from None
+        _check_task(cfg, info, synthetic)
         image_size = image_size or info.image_size
         num_classes = num_classes or info.num_classes
     device = resolve_device(cfg.device, cfg.gpu_indices)
     # Under torchrun every process is one replica (the engine's strategy joins them).
     world = torchrun_world_size()
-    synthetic = cfg.data_dir is None
     train_examples = EXAMPLES_PER_EPOCH[dataset]["train"]
     eval_examples = EXAMPLES_PER_EPOCH[dataset]["validation"]
     if not synthetic:
@@ -208,6 +256,7 @@ def resolve_workload(cfg: BenchConfig, *, custom_model: bool = False, num_classe
         default_learning_rate=default_lr,
         model_rate=model_rate,
         defaults_used=used,
+        model_info=info,
     )
 
 
@@ -267,6 +316,14 @@ def make_input_fn(cfg: BenchConfig, workload: Workload, *, train: bool, repeat: 
     ``--datasets_num_private_threads`` (decoding workers) and ``--datasets_repeat_cached_sample``
     (one batch read, then repeated).
     """
+    info = workload.model_info
+    if workload.synthetic and info is not None and not info.is_classifier:
+        def model_input_fn(params: dict[str, Any]) -> Iterable[Any]:
+            features, labels = info.example_batch(params["batch_size"], num_classes=workload.num_classes,
+                                                  device=workload.device, seed=cfg.tf_random_seed)
+            return RepeatedBatch(features, labels, seed=cfg.tf_random_seed)
+
+        return model_input_fn
     if workload.synthetic:
         shape = (3, workload.image_size, workload.image_size)
         seed = cfg.tf_random_seed
