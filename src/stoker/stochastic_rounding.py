@@ -148,13 +148,17 @@ class StochasticRounding(torch.optim.Optimizer):
             if k != "step" and _is_bf16(v):
                 state[k] = v.float()
         self.inner.step()
-        p.copy_(stochastic_round_bf16(stand_in, self.generator))
+        p.copy_(self.round(stand_in))
         stand_in.data, stand_in.grad = _empty_like(stand_in), None
         # Every floating-point state tensor but "step" is kept in bf16, the one created by the
         # first step (fp32, from the fp32 stand-in) too.
         for k, v in list(state.items()):
             if k != "step" and isinstance(v, torch.Tensor) and v.dtype == torch.float32:
-                state[k] = stochastic_round_bf16(v, self.generator)
+                state[k] = self.round(v)
+
+    def round(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (fp32) as bf16: stochastically, with the wrapper's generator."""
+        return stochastic_round_bf16(x, self.generator)
 
     def state_dict(self) -> dict[str, Any]:
         self._pairs()  # the inner groups take the current learning rate etc.
