@@ -13,6 +13,7 @@ the held-out ``mlm_loss`` and ``mlm_accuracy``; the returned dicts are printed a
 
     python benchmarks/bf16_rounding.py --max_steps 400 --eval_steps 20
     python benchmarks/bf16_rounding.py --variants bf16-nearest --max_steps 400   # one variant per process
+    python benchmarks/bf16_rounding.py --lr 1e-4      # smaller updates: more of them below bf16's resolution
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument("--max_steps", type=int, default=400)
     parser.add_argument("--eval_steps", type=int, default=20)
+    parser.add_argument("--lr", type=float, default=BertConfig.lr, help="peak AdamW learning rate (the recipe's by default)")
     parser.add_argument("--recompute", nargs="+", default=["layers.*"])
     parser.add_argument("--device", default="auto")
     parser.add_argument("--json", help="also write the rows to this file")
@@ -92,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for variant in args.variants:
         with tempfile.TemporaryDirectory() as model_dir:
-            config = BertConfig(model_dir=model_dir, max_steps=args.max_steps, eval_steps=args.eval_steps,
+            config = BertConfig(model_dir=model_dir, max_steps=args.max_steps, eval_steps=args.eval_steps, lr=args.lr,
                                 recompute=args.recompute, device=args.device, log_every_n_steps=10**6,
                                 save_checkpoints_steps=10**6)
             rows.append(train(variant, config))
