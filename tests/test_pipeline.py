@@ -137,7 +137,7 @@ def test_kill_9_of_a_stage_names_it_and_the_rerun_resumes_bitwise(tmp_path):
     _, err = procs[0].communicate(timeout=90)
     procs[1].wait()
     assert procs[0].returncode not in (0, None)
-    assert "replica 1 (silent for" in err and "stopped responding" in err, err[-3000:]
+    assert "process 1 (replica 0, stage 1) (silent for" in err and "stopped responding" in err, err[-3000:]
     latest = json.loads((killed / "checkpoint.json").read_text())["latest"]
     assert int(latest.split("-")[1]) < 60
     run(2, *args, "--model_dir", str(killed))
