@@ -132,7 +132,7 @@ def test_two_stages_in_bf16_follow_one_process(tmp_path):
 
 
 @pytest.mark.slow
-def test_kill_9_of_a_stage_names_it_and_the_rerun_resumes_bitwise(tmp_path):
+def test_kill_9_or_sigterm_of_a_stage_and_the_rerun_resumes_bitwise(tmp_path):
     from stoker.distributed.sharded import consolidate
 
     whole, killed = tmp_path / "whole", tmp_path / "killed"
@@ -154,6 +154,20 @@ def test_kill_9_of_a_stage_names_it_and_the_rerun_resumes_bitwise(tmp_path):
     run(2, *args, "--model_dir", str(whole))
     a, b = consolidate(killed / "ckpt-60" / "dcp"), consolidate(whole / "ckpt-60" / "dcp")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # SIGTERM to the last stage only: both stages agree, checkpoint the same step and exit 143
+    preempted = tmp_path / "preempted"
+    procs = launch_replicas(SCRIPT, 2, *args, "--model_dir", str(preempted), "--sleep", "0.02")
+    while not (preempted / "checkpoint.json").exists():
+        assert time.monotonic() < deadline + 240 and all(p.poll() is None for p in procs)
+        time.sleep(0.05)
+    procs[1].send_signal(signal.SIGTERM)
+    errs = [p.communicate(timeout=90)[1] for p in procs]
+    assert [p.returncode for p in procs] == [128 + signal.SIGTERM] * 2, errs[0][-2000:]
+    step = int(json.loads((preempted / "checkpoint.json").read_text())["latest"].split("-")[1])
+    assert step < 60 and all(f"SIGTERM at step {step}: checkpoint" in e for e in errs)
+    run(2, *args, "--model_dir", str(preempted))
+    c = consolidate(preempted / "ckpt-60" / "dcp")
+    assert all(torch.equal(c[k], b[k]) for k in b)
 
 
 # ------------------------------------------------------------------ clear errors, in one process
