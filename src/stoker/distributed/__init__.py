@@ -18,7 +18,6 @@ pipeline       replicas x pipeline stages (``RunConfig.pipeline_split``): the mo
 
 from __future__ import annotations
 
-import atexit
 import os
 
 from .base import SingleDevice, Strategy, resolve_device
@@ -53,15 +52,18 @@ def torchrun_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
-def make_strategy(name: str, device: str, timeout: float = 1800.0, pipeline: PipelineConfig | None = None) -> Strategy:
+def make_strategy(
+    name: str, device: str, timeout: float = 1800.0, pipeline: PipelineConfig | None = None,
+    *, bucket_cap_mb: float | None = None,
+) -> Strategy:
     """The strategy ``RunConfig.strategy`` names; ``auto`` reads the torchrun environment
-    (and picks ``pipeline`` when ``pipeline`` is given)."""
+    (and picks ``pipeline`` when ``pipeline`` is given).
+    ``bucket_cap_mb``: DDP's gradient bucket size for ``replicated`` (``None``: DDP's default)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
         return SingleDevice(device)  # every strategy is the identity with one replica (a pipeline runs unsplit)
     if pipeline is not None:
         strategy = PipelineStrategy(device, timeout, pipeline)
-        atexit.register(strategy.teardown)
         return strategy
     if name == "single":
         raise ValueError(
@@ -69,5 +71,6 @@ def make_strategy(name: str, device: str, timeout: float = 1800.0, pipeline: Pip
         )
     kinds = {"independent": Independent, "sharded": Sharded}
     strategy: Strategy = kinds.get(name, Replicated)(device, timeout)
-    atexit.register(strategy.teardown)
-    return strategy
+    if isinstance(strategy, Replicated):
+        strategy.bucket_cap_mb = bucket_cap_mb
+    return strategy  # it tears itself down at exit (ProcessGroupStrategy registers that)

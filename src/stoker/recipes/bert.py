@@ -49,7 +49,7 @@ from ..errors import StokerError
 from ..estimator import Estimator
 from ..metrics import Mean
 from ..recompute import select_modules
-from ..run_spec import register_run_spec, write_run_spec
+from ..run_spec import register_eval_input, register_run_spec, write_run_spec
 from ..spec import EstimatorSpec, ModeKeys
 
 MASK_ID = 256  # bytes are 0..255
@@ -272,7 +272,7 @@ def _help(text: str) -> dict[str, str]:
     return {"help": text}
 
 
-PRECISION_CHOICES: tuple[str, ...] = ("fp32", "bf16")
+PRECISION_CHOICES: tuple[str, ...] = ("fp32", "bf16", "bf16-sr")
 
 
 @dataclass(kw_only=True)
@@ -298,7 +298,8 @@ class BertConfig:
     weight_decay: float = field(default=0.01, metadata=_help("AdamW weight decay"))
     warmup_steps: int = field(default=50, metadata=_help("linear warm-up steps, then linear decay to 0 at max_steps"))
     clip_norm: float = field(default=1.0, metadata=_help("gradient norm clipping (0: none)"))
-    precision: str = field(default="fp32", metadata=_help(f"numeric precision: {', '.join(PRECISION_CHOICES)}"))
+    precision: str = field(default="fp32", metadata=_help(
+        f"numeric precision: {', '.join(PRECISION_CHOICES)} (bf16-sr: bf16 weights and AdamW state, stochastic rounding)"))
     recompute: list[str] | None = field(default=None, metadata=_help(
         "recompute activations in backward: 'all', or module-name patterns such as 'layers.*' (docs/memory.md)"))
     hidden_layers_per_stage: int = field(default=0, metadata=_help(
@@ -438,15 +439,27 @@ def train_bert(config: BertConfig | None = None, **overrides: Any) -> dict[str, 
                                   eval_every_n_steps=config.eval_every_n_steps, eval_steps=config.eval_steps)
 
 
+def _config_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> BertConfig:
+    saved = dict(spec.get("config") or {})
+    known = {f.name for f in dataclasses.fields(BertConfig)}
+    config = BertConfig(**{k: v for k, v in saved.items() if k in known})
+    return dataclasses.replace(config, model_dir=os.fspath(model_dir), **{k: v for k, v in spec["params"].items() if k in known})
+
+
 @register_run_spec(RUN_SPEC_KIND)
 def estimator_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> tuple[Estimator, torch.Tensor]:
     """An Estimator reading ``model_dir``'s checkpoints, and example features for export
     (``[2, seq_len]`` int64 tokens), from a ``run_spec.json`` written by :func:`train_bert`."""
-    saved = dict(spec.get("config") or {})
-    known = {f.name for f in dataclasses.fields(BertConfig)}
-    config = BertConfig(**{k: v for k, v in saved.items() if k in known})
-    config = dataclasses.replace(config, model_dir=os.fspath(model_dir), **{k: v for k, v in spec["params"].items() if k in known})
+    config = _config_from_run_spec(spec, model_dir)
     return build_estimator(config), torch.zeros(2, config.seq_len, dtype=torch.int64)
+
+
+@register_eval_input(RUN_SPEC_KIND)
+def eval_input_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> tuple[Callable[[dict[str, Any]], Iterable[Any]], int | None]:
+    """The held-out text and ``eval_steps`` of a ``run_spec.json`` written by :func:`train_bert`
+    (for ``stoker evaluate [--watch]``)."""
+    config = _config_from_run_spec(spec, model_dir)
+    return input_fns(config)[1], config.eval_steps
 
 
 # ==================================================================== command line
