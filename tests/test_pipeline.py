@@ -221,6 +221,8 @@ def test_bert_layout_flags():
     assert BertConfig(num_layers=6, hidden_layers_per_stage=2).pipeline_split() == ("layers.2", "layers.4")
     assert BertConfig(num_layers=4, hidden_layers_per_stage=4).pipeline_split() is None
     assert pipeline_error(config, 4) is None
+    assert pipeline_error(BertConfig(num_layers=4, hidden_layers_per_stage=2), 1) is None  # one process: unsplit
+    assert "need a multiple of 2 processes; torchrun started 3" in pipeline_error(BertConfig(hidden_layers_per_stage=2), 3)
     assert "needs 4 processes; torchrun started 2" in pipeline_error(config, 2)
     assert "needs torchrun: torchrun --nproc_per_node=4" in pipeline_error(config, 1)
     assert "more than --num_layers (4)" in pipeline_error(BertConfig(num_layers=4, hidden_layers_per_stage=5), 1)
