@@ -35,8 +35,6 @@ from torch import nn
 from .pipeline_runtime import PipelinedModule, PipelineRuntime
 from .process_group import ProcessGroupStrategy
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
-
 
 @dataclass(frozen=True, kw_only=True)
 class PipelineConfig:
@@ -206,4 +204,4 @@ class PipelineStrategy(ProcessGroupStrategy):
         return full
 
 
-__all__ = ["SCHEDULES", "PipelineConfig", "PipelineStrategy", "StageModule", "keep_only", "pipeline_units", "plan_stages"]
+__all__ = ["PipelineConfig", "PipelineStrategy", "StageModule", "keep_only", "pipeline_units", "plan_stages"]
