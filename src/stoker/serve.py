@@ -80,6 +80,7 @@ class Server:
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self.socket.bind((host, port))
+            self.socket.listen(2048)  # connections wait in the backlog until uvicorn starts, never refused
         except OSError:
             self.socket.close()
             raise
