@@ -88,7 +88,8 @@ class Server:
         # limit_concurrency: a backstop on connections + tasks far above the app's own bound
         # (max_pending, answered with a JSON 503); uvicorn answers beyond it with a plain 503.
         uv_config = uvicorn.Config(self.app.app, log_level="warning", access_log=False, lifespan="on",
-                                   timeout_keep_alive=5, limit_concurrency=4 * config.batching.max_pending + 64)
+                                   timeout_keep_alive=5, limit_concurrency=4 * config.batching.max_pending + 64,
+                                   timeout_graceful_shutdown=10)
         self.uvicorn = uvicorn.Server(uv_config)
         self._thread: threading.Thread | None = None
 

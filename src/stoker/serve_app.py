@@ -251,6 +251,8 @@ class ServeApp:
                 rows = next(iter(inputs.values())).shape[0] if inputs else 0
                 try:
                     outputs = await self.batcher.infer(inputs, int(rows))
+                except Saturated:  # shutting down: the outer handler answers 503
+                    raise
                 except Exception as e:  # noqa: BLE001 - any model failure is the server's 500
                     raise _error(500, f"the model failed: {type(e).__name__}: {e}") from e
                 answer = encode(decoded, outputs)

@@ -72,6 +72,7 @@ class DynamicBatcher:
         self.admitted = 0
         self._queue: asyncio.Queue[_Item] | None = None
         self._carry: _Item | None = None  # a request that did not fit the last group: first of the next
+        self._running: list[_Item] = []  # the group of the model call in progress
         self._worker: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
 
@@ -82,15 +83,21 @@ class DynamicBatcher:
         self._worker = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        """Stop the worker; requests still queued get ``asyncio.CancelledError``."""
+        """Stop the worker; requests still queued or running get ``Saturated`` (the server answers 503)."""
         if self._worker is not None:
             self._worker.cancel()
             try:
                 await self._worker
             except asyncio.CancelledError:
                 pass
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
+        left = self._running + ([self._carry] if self._carry is not None else [])
+        while self._queue is not None and not self._queue.empty():
+            left.append(self._queue.get_nowait())
+        for item in left:
+            if not item.future.done():
+                item.future.set_exception(Saturated("the server is shutting down; retry on another"))
+        if self._executor is not None:  # waits for a call still running, off the event loop
+            await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown)
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
@@ -115,7 +122,7 @@ class DynamicBatcher:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            group = await self._collect()
+            group = self._running = await self._collect()
             start = time.perf_counter()
             try:
                 results = await loop.run_in_executor(self._executor, self._call, group)
@@ -129,6 +136,7 @@ class DynamicBatcher:
             for item, result in zip(group, results, strict=True):
                 if not item.future.done():  # a client that went away leaves a cancelled future
                     item.future.set_result(result)
+            self._running = []
 
     async def _collect(self) -> list[_Item]:
         assert self._queue is not None
