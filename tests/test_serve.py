@@ -256,3 +256,28 @@ def test_the_command_refuses_bad_flags_with_2_and_a_non_export_with_1(tmp_path, 
     assert main(["serve", str(tmp_path), "--port", "0"]) == 1
     assert "is not a stoker export" in capsys.readouterr().err
     assert main(["serve", str(tmp_path), "--aot", "--port", "0"]) == 1
+
+
+def test_stoker_serve_as_a_process_answers_at_once_and_stops_on_sigterm(exported):
+    import re
+    import signal
+    import subprocess
+
+    from conftest import PYTHON, python_env
+
+    proc = subprocess.Popen([PYTHON, "-m", "stoker", "serve", str(exported[0]), "--port", "0"], env=python_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = proc.stdout.readline()
+        found = re.search(r"as model 'net' on http://127\.0\.0\.1:(\d+)", line)
+        assert found, line
+        conn = http.client.HTTPConnection("127.0.0.1", int(found.group(1)), timeout=TIMEOUT)
+        conn.request("GET", "/v2/health/ready")  # the printed port accepts at once
+        assert conn.getresponse().status == 200
+        conn.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(TIMEOUT) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(TIMEOUT)

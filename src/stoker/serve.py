@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -185,7 +186,13 @@ def _serve_command(args: argparse.Namespace) -> int:
     what = "AOT package" if server.model.kind == "aot" else "torch.export program"
     print(f"serving {args.export_dir} ({what}) as model {server.app.name!r} on {server.url}: "
           f"POST /v2/models/{server.app.name}/infer with inputs {names}; GET /metrics", flush=True)
-    server.serve_forever()
+    # uvicorn shuts down gracefully on SIGINT / SIGTERM, then re-raises the signal to the handler
+    # that was there before it: these make that a clean exit (status 0) instead of a traceback.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
     return 0
 
 
