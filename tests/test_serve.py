@@ -90,8 +90,16 @@ def test_tritonclient_reads_health_and_metadata_and_infers_in_json_and_binary(se
             result = triton_infer(client, x[:3].numpy(), binary)
             np.testing.assert_array_equal(result.as_numpy("logits"), want["logits"].numpy())
             np.testing.assert_array_equal(result.as_numpy("classes"), want["classes"].numpy())
+        inp = httpclient.InferInput("features", [2, 8], "FP32")
+        inp.set_data_from_numpy(x[:2].numpy())
+        result = client.infer("net", [inp], model_version="4", request_id="r-7",
+                              outputs=[httpclient.InferRequestedOutput("classes")])
+        assert result.get_response()["id"] == "r-7" and result.as_numpy("logits") is None
+        np.testing.assert_array_equal(result.as_numpy("classes"), want["classes"][:2].numpy())
         with pytest.raises(Exception, match="no model 'other'"):
             client.get_model_metadata("other")
+        with pytest.raises(Exception, match="has no version '5'"):
+            client.infer("net", [inp], model_version="5")
     finally:
         client.close()
 
