@@ -13,7 +13,8 @@ import torch
 import stoker
 from conftest import TinyNet, eval_input, make_data, make_estimator, train_input
 from stoker import checkpoint as ckpt_mod
-from stoker.errors import CheckpointError, CorruptCheckpointError
+from stoker import storage as storage_mod
+from stoker.errors import CheckpointError, CorruptCheckpointError, StorageError
 
 
 def test_layout_index_and_hashes(tmp_path):
@@ -81,7 +82,7 @@ def test_crash_during_save_leaves_previous_checkpoint_latest(tmp_path, monkeypat
     x, y = make_data(64)
     est = make_estimator(tmp_path, save_checkpoints_steps=4)
     est.train(train_input(x, y), max_steps=4)
-    real = ckpt_mod._write_durably
+    real = storage_mod._write_durably
     calls = {"n": 0}
 
     def failing(path, data):  # noqa: ANN001, ANN202
@@ -90,8 +91,8 @@ def test_crash_during_save_leaves_previous_checkpoint_latest(tmp_path, monkeypat
             raise OSError("disk full")
         return real(path, data)
 
-    monkeypatch.setattr(ckpt_mod, "_write_durably", failing)
-    with pytest.raises(OSError, match="disk full"):
+    monkeypatch.setattr(storage_mod, "_write_durably", failing)
+    with pytest.raises(StorageError, match=r"checkpoint ckpt-8 was not written: cannot write .*: OSError: disk full; .*ckpt-4. stays the latest"):
         est.train(train_input(x, y), max_steps=8)
     index = json.loads((tmp_path / "checkpoint.json").read_text())
     assert index["latest"] == "ckpt-4"
@@ -176,15 +177,15 @@ def test_a_failed_index_write_leaves_neither_the_checkpoint_nor_a_temporary_inde
     x, y = make_data(64)
     est = make_estimator(tmp_path, save_checkpoints_steps=4)
     est.train(train_input(x, y), max_steps=4)
-    real = ckpt_mod._write_durably
+    real = storage_mod._write_durably
 
     def failing(path, data):  # noqa: ANN001, ANN202
         if path.name.startswith(".checkpoint.json."):
             raise OSError("disk full")
         return real(path, data)
 
-    monkeypatch.setattr(ckpt_mod, "_write_durably", failing)
-    with pytest.raises(OSError, match="disk full"):
+    monkeypatch.setattr(storage_mod, "_write_durably", failing)
+    with pytest.raises(StorageError, match=r"checkpoint ckpt-8 was not written: cannot write .*: OSError: disk full; .*ckpt-4. stays the latest"):
         est.train(train_input(x, y), max_steps=8)
     index = json.loads((tmp_path / "checkpoint.json").read_text())
     assert index["latest"] == "ckpt-4"

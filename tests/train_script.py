@@ -26,12 +26,24 @@ def main() -> None:
     p.add_argument("--max_steps", type=int, default=60)
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--precision", default="fp32")
+    p.add_argument("--async_checkpoints", action="store_true")
+    p.add_argument("--slow_write", type=float, default=0.0, help="seconds each checkpoint file write sleeps first")
     args = p.parse_args()
+    if args.slow_write:  # widens the window in which a kill lands inside a checkpoint write
+        from stoker import storage
+
+        real = storage._write_durably
+
+        def slow(path, data):  # noqa: ANN001, ANN202
+            time.sleep(args.slow_write)
+            return real(path, data)
+
+        storage._write_durably = slow
     torch.set_num_threads(1)
     x, y = make_data(100)
     est = make_estimator(
         args.model_dir, iterations_per_loop=2, save_checkpoints_steps=3, precision=args.precision,
-        params={"sleep": args.sleep}, log_every_n_steps=5,
+        params={"sleep": args.sleep}, log_every_n_steps=5, async_checkpoints=args.async_checkpoints,
     )
     est.model_fn = slow_fn
     est.train(train_input(x, y), max_steps=args.max_steps)

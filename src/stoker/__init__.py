@@ -8,7 +8,14 @@ from . import data, hooks, metrics, precision
 from ._version import __version__
 from .checkpoint import WarmStartSettings
 from .config import RunConfig
-from .errors import CheckpointError, CorruptCheckpointError, ModelFnError, NanLossError, StokerError
+from .errors import (
+    CheckpointError,
+    CorruptCheckpointError,
+    ModelFnError,
+    NanLossError,
+    StokerError,
+    StorageError,
+)
 from .estimator import Estimator
 from .host_memory import keep_freed_host_memory
 from .spec import EstimatorSpec, ModeKeys
@@ -16,6 +23,7 @@ from .spec import EstimatorSpec, ModeKeys
 __all__ = [
     "CheckpointError",
     "CorruptCheckpointError",
+    "StorageError",
     "Estimator",
     "EstimatorSpec",
     "ModeKeys",

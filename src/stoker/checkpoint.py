@@ -1,42 +1,51 @@
-"""Checkpoints: atomic writes, an index with sha256 per file, retention, best-by-metric, warm start.
+"""Checkpoints: the commit protocol, the index, retention, best-by-metric, warm start.
 
 Layout (a user-facing format, documented in docs/checkpoints.md)::
 
     model_dir/
       checkpoint.json              index: latest, retained checkpoints, best, sha256 of each file
-      checkpoint.lock              taken (flock) by every writer of the index: trainer, evaluator
+      checkpoint.lock              local model_dir: taken (flock) by every writer of the index
+                                   (trainer, watching evaluator)
+      finished.json                written when training reaches max_steps: {"step": N}; a watching
+                                   evaluator stops once it has evaluated everything up to it
       ckpt-<step>/model.safetensors   weights, readable without stoker
       ckpt-<step>/train_state.pt      optimizer, schedule, scaler, RNGs, step, cache, hook state
       ckpt-<step>/input-<rank>.json   input pipeline position of each replica (.pt if not JSON)
       ckpt-<step>/dcp/                sharded runs: model and optimizer slices of every replica
                                       (torch.distributed.checkpoint) instead of model.safetensors
 
-A checkpoint is written into a hidden temporary directory, every file fsynced, then renamed
-into place; only after that is the index replaced (again temp + rename). A crash at any
-moment therefore leaves the index pointing at a complete, earlier checkpoint. Loading
-verifies every file against the index and refuses a mismatch.
+Two commit protocols, one guarantee: a checkpoint exists once the index names it, and the
+index only ever names complete checkpoints.
 
-The fsyncs that do not depend on each other (every file of the checkpoint and the new
-index's temporary file) run concurrently, so the filesystem commits them together; only the
-ones that order the renames wait for each other. On this project's ext4 disk that took the
-final checkpoint of a small model from 7 fsyncs in a row (5-30 ms, depending on the other
-I/O of the machine) to a few ms.
+* **Local directory** (rename): the files go into a hidden temporary directory, every file
+  fsynced, then it is renamed into place; only after that is the index replaced (temp +
+  rename) under the index lock. The fsyncs that do not depend on each other (every file and
+  the new index's temporary file) run concurrently, so the filesystem commits them together.
+* **Object store** (no rename): the files go under a fresh prefix ``ckpt-<step>.<random>/``,
+  are verified (listed back, sizes compared), and then the index is written, as the commit
+  point, with a conditional write (S3 ``If-Match``/``If-None-Match``; on stores without them,
+  under a process-wide lock). A prefix no index names is an orphan of a crashed write and is
+  removed by the next run's first save.
+
+Leftovers of a crashed write (local temporary directories, object-store orphans) are removed at
+a manager's first save, not when it opens: an evaluator opens a writing manager on a model_dir
+while the trainer may be in the middle of a save.
+
+Storage faults (``stoker.storage``) are retried when transient and otherwise raise
+``StorageError`` naming the path and the cause; the half-written checkpoint is removed and the
+previous one stays the latest.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import logging
 import os
 import re
-import shutil
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,153 +56,145 @@ try:  # POSIX; elsewhere the index has one writer at a time by convention
 except ImportError:  # pragma: no cover
     fcntl = None  # type: ignore[assignment]
 
-import safetensors.torch
 import torch
 from torch import nn
 
-from .errors import CheckpointError, CorruptCheckpointError
+from . import safe_load, storage
+from .checkpoint_files import (
+    CKPT_RE,
+    INDEX_FORMAT,
+    INDEX_LOCK_NAME,
+    INDEX_NAME,
+    MODEL_FILE,
+    TRAIN_STATE_FILE,
+    LoadedCheckpoint,
+    check_state_fits,
+    checkpoint_blobs,
+    load_checkpoint,
+    model_state_to_bytes,
+    previous_retained,
+    record_dir,
+    serialize_input_state,
+    step_of,
+)
+from .errors import CheckpointError, StorageError
+from .storage import DEFAULT_RETRY, Location, RetryPolicy, UrlPath
 
 log = logging.getLogger("stoker")
 
-INDEX_NAME = "checkpoint.json"
-INDEX_LOCK_NAME = "checkpoint.lock"
-INDEX_FORMAT = "stoker-checkpoint-index/1"
-MODEL_FILE = "model.safetensors"
-TRAIN_STATE_FILE = "train_state.pt"
-_CKPT_RE = re.compile(r"^ckpt-(\d+)$")
-
-
-@dataclass
-class LoadedCheckpoint:
-    """What a checkpoint holds, read and verified."""
-
-    path: Path
-    step: int
-    model_state: dict[str, torch.Tensor] | None  # None: the weights are in ``dcp_dir``
-    train_state: dict[str, Any]
-    input_states: dict[int, Any] = field(default_factory=dict)
-    dcp_dir: Path | None = None
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # some filesystems do not allow opening directories
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _write_durably(path: Path, data: bytes) -> str:
-    """Write ``data`` to ``path`` and fsync it; return its sha256."""
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    return hashlib.sha256(data).hexdigest()
+FINISHED_NAME = "finished.json"
 
 
 def _temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = _temp_name(path)
-    _write_durably(tmp, text.encode())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
+def _encode(index: Mapping[str, Any]) -> bytes:
+    return json.dumps(index, indent=1, sort_keys=True).encode()
 
 
-_pool: ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _forget_pool() -> None:
-    global _pool
-    _pool = None  # a forked child has none of its parent's threads
-
-
-os.register_at_fork(after_in_child=_forget_pool)
-
-
-def _write_all_durably(jobs: list[tuple[Path, bytes]]) -> list[str]:
-    """``_write_durably`` each ``(path, data)`` concurrently (fsync releases the GIL, and the
-    filesystem commits concurrent fsyncs together); their sha256s, in order. Raises the first
-    error after every write has finished."""
-    global _pool
-    if len(jobs) == 1:
-        return [_write_durably(*jobs[0])]
-    with _pool_lock:
-        if _pool is None:
-            _pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="stoker-fsync")
-        pool = _pool
-    futures = [pool.submit(_write_durably, path, data) for path, data in jobs[1:]]
+def _parse_index(data: bytes | None, where: Location) -> dict[str, Any]:
+    if data is None:
+        return {"format": INDEX_FORMAT, "latest": None, "best": None, "checkpoints": []}
     try:
-        first = _write_durably(*jobs[0])
-    finally:
-        errors = [f.exception() for f in futures]
-    for e in errors:
-        if e is not None:
-            raise e
-    return [first] + [f.result() for f in futures]
+        index = json.loads(data)
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{where} is unreadable ({e}); restore it or remove model_dir") from e
+    if index.get("format") != INDEX_FORMAT:
+        raise CheckpointError(f"{where} has format {index.get('format')!r}; this stoker reads {INDEX_FORMAT!r}")
+    return index
 
 
-def model_state_to_bytes(state: Mapping[str, torch.Tensor]) -> bytes:
-    """Serialise weights as safetensors (tied tensors are stored once per name, as copies)."""
-    tensors = {k: v.detach().to("cpu", copy=True).contiguous() for k, v in state.items()}
-    # One metadata key only: safetensors writes metadata from a hash map, so the order of
-    # several keys (and so the file bytes) would change from run to run.
-    return safetensors.torch.save(tensors, metadata={"format": "pt"})
+def _adding(record: dict[str, Any]) -> Callable[[dict[str, Any]], list[str]]:
+    """The index change that commits ``record``; it returns the directories it replaced."""
+
+    def mutate(index: dict[str, Any]) -> list[str]:
+        name = record["name"]
+        replaced = [record_dir(r) for r in index["checkpoints"] if r["name"] == name]
+        index["checkpoints"] = sorted([r for r in index["checkpoints"] if r["name"] != name] + [record], key=lambda r: r["step"])
+        index["latest"] = name
+        if index["best"] is not None and index["best"]["name"] == name:
+            index["best"] = None  # the weights under this name changed; its old metric no longer applies
+        return [d for d in replaced if d != record_dir(record)]
+
+    return mutate
 
 
-def serialize_input_state(state: Any) -> tuple[str, bytes]:
-    """Input state as JSON when it is plain data (readable, tiny), else as a torch file."""
-    try:
-        return "json", json.dumps(state, sort_keys=True).encode()
-    except (TypeError, ValueError):
-        buf = io.BytesIO()
-        torch.save(state, buf)
-        return "pt", buf.getvalue()
+def _attach_eval(index: dict[str, Any], step: int, kept: dict[str, float], keep_best: tuple[str, str] | None) -> bool:
+    """Put evaluation results on ``ckpt-<step>``'s record; whether it became the best."""
+    name = f"ckpt-{step}"
+    rec = next((r for r in index["checkpoints"] if r["name"] == name), None)
+    if rec is None:
+        return False
+    rec["metrics"] = kept
+    if keep_best is None:
+        return False
+    metric, mode = keep_best
+    if metric not in kept:
+        raise CheckpointError(f"RunConfig.keep_best names metric {metric!r}, but evaluation returned only {sorted(kept)}")
+    value = kept[metric]
+    best = index["best"]
+    if value != value:  # NaN never becomes the best
+        return False
+    if best is None or (value < best["value"] if mode == "min" else value > best["value"]):
+        index["best"] = {"name": name, "step": step, "metric": metric, "mode": mode, "value": value}
+        return True
+    return False
+
+
+def _remove_leftovers(model_dir: Path) -> None:
+    """Remove temporary directories and index files a crashed local save left behind."""
+    for p in model_dir.iterdir():
+        if p.name.startswith((".tmp-ckpt-", ".trash-ckpt-")) and p.is_dir():
+            storage.remove_tree(p)
+        elif p.name.startswith(f".{INDEX_NAME}.") and p.name.endswith(".tmp"):
+            p.unlink(missing_ok=True)
 
 
 class CheckpointManager:
-    """Owns ``model_dir``'s checkpoints and their index. Only the chief process writes."""
+    """Owns ``model_dir``'s checkpoints and their index. Only the chief process writes.
+
+    ``model_dir`` is a local path or an fsspec URL; ``retry`` says how storage faults are
+    retried and how long one storage operation may take.
+    """
 
     def __init__(
         self,
-        model_dir: str | os.PathLike[str],
+        model_dir: str | os.PathLike[str] | Location,
         *,
         keep_checkpoint_max: int = 5,
         keep_best: tuple[str, str] | None = None,
         writer: bool = True,
+        retry: RetryPolicy = DEFAULT_RETRY,
     ) -> None:
-        self.model_dir = Path(model_dir)
+        self.model_dir: Location = storage.location(model_dir)
+        self.remote = isinstance(self.model_dir, UrlPath)
         self.keep_checkpoint_max = keep_checkpoint_max
         self.keep_best = keep_best
         self.writer = writer
+        self.retry = retry
+        self._leftovers_checked = False  # see the module docstring: at the first save, not here
+        if self.remote:
+            storage.filesystem(self.model_dir)  # a missing extra (s3fs, gcsfs) is named now
         if writer:
-            self.model_dir.mkdir(parents=True, exist_ok=True)
-            self._remove_leftovers()
+            storage.makedirs(self.model_dir, retry)
 
     # ---------------------------------------------------------------- index
     def index(self) -> dict[str, Any]:
         path = self.model_dir / INDEX_NAME
+        if isinstance(path, UrlPath):
+            return _parse_index(storage.read_versioned(path, self.retry)[0], path)
         if not path.exists():
-            return {"format": INDEX_FORMAT, "latest": None, "best": None, "checkpoints": []}
+            return _parse_index(None, path)
         try:
-            index = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
+            return _parse_index(path.read_bytes(), path)
+        except OSError as e:
             raise CheckpointError(f"{path} is unreadable ({e}); restore it or remove model_dir") from e
-        if index.get("format") != INDEX_FORMAT:
-            raise CheckpointError(f"{path} has format {index.get('format')!r}; this stoker reads {INDEX_FORMAT!r}")
-        return index
 
     def records(self) -> list[dict[str, Any]]:
         return list(self.index()["checkpoints"])
 
-    def latest_path(self) -> Path | None:
+    def latest_path(self) -> Location | None:
         """The newest indexed checkpoint whose directory exists.
 
         Deleting a checkpoint's directory by hand (e.g. one refused as corrupt) makes the
@@ -201,8 +202,8 @@ class CheckpointManager:
         """
         index = self.index()
         for rec in reversed(index["checkpoints"]):
-            path = self.model_dir / rec["name"]
-            if path.is_dir():
+            path = self.model_dir / record_dir(rec)
+            if storage.is_dir(path):
                 if rec["name"] != index["latest"]:
                     log.warning("%s is missing: resuming from the previous retained checkpoint %s", index["latest"], path)
                 return path
@@ -210,7 +211,7 @@ class CheckpointManager:
 
     def latest_step(self) -> int | None:
         latest = self.latest_path()
-        return None if latest is None else _step_of(latest)
+        return None if latest is None else step_of(latest)
 
     def best(self) -> dict[str, Any] | None:
         return self.index()["best"]
@@ -221,9 +222,14 @@ class CheckpointManager:
 
         Two processes write the index (the trainer saving, an evaluator recording results), so
         every update reads, changes and replaces it under this lock; neither can lose the
-        other's change. An advisory ``flock`` on a lock file beside the index: released by the
-        kernel when the holder dies, so a kill -9 never leaves it stuck.
+        other's change. Locally an advisory ``flock`` on a lock file beside the index (released
+        by the kernel when the holder dies, so a kill -9 never leaves it stuck); on an object
+        store a process-wide lock, as conditional writes guard against other processes.
         """
+        if isinstance(self.model_dir, UrlPath):
+            with storage.url_lock(self.model_dir):
+                yield
+            return
         self.model_dir.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.model_dir / INDEX_LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -237,23 +243,79 @@ class CheckpointManager:
         """Apply ``mutate`` to the index under the lock, apply retention, write it atomically.
 
         Returns what ``mutate`` returned. Checkpoints retention drops are deleted after the new
-        index no longer names them.
+        index no longer names them. On an object store the write is conditional on the index
+        being unchanged since it was read; if another writer got there first, ``mutate`` is
+        applied again to the newer index.
         """
         if not self.writer:
             raise CheckpointError("this CheckpointManager was opened read-only (writer=False)")
-        with self.index_lock():
-            index = self.index()
-            result = mutate(index)
-            removed = self._retain(index)
-            _atomic_write_text(self.model_dir / INDEX_NAME, json.dumps(index, indent=1, sort_keys=True))
+        path = self.model_dir / INDEX_NAME
+        if isinstance(path, UrlPath):
+            with self.index_lock():
+                for _ in range(50):
+                    data, version = storage.read_versioned(path, self.retry)
+                    index = _parse_index(data, path)
+                    result = mutate(index)
+                    removed = self._retain(index)
+                    if storage.put_if(path, _encode(index), version, self.retry):
+                        break
+                    time.sleep(0.05)  # another writer's update landed first: redo on top of it
+                else:
+                    raise StorageError(f"cannot write {path}: it kept changing under 50 conditional writes")
+        else:
+            with self.index_lock():
+                index = self.index()
+                result = mutate(index)
+                removed = self._retain(index)
+                tmp = _temp_name(path)
+                storage.write_all([(tmp, _encode(index))], self.retry)
+                os.replace(tmp, path)
+                storage.fsync_dir(path.parent)
         self._remove(removed)
         return result
 
+    # ---------------------------------------------------------------- finished marker
+    def mark_finished(self, step: int) -> None:
+        """Record that training reached its last step (``max_steps``): ``finished.json``."""
+        data = json.dumps({"step": int(step), "time": time.time()}).encode()
+        path = self.model_dir / FINISHED_NAME
+        if isinstance(path, Path):  # temp + rename: a reader never sees half a file
+            tmp = _temp_name(path)
+            storage.write_all([(tmp, data)], self.retry)
+            os.replace(tmp, path)
+        else:  # an object store's put is atomic
+            storage.write_all([(path, data)], self.retry)
+
+    def clear_finished(self) -> None:
+        """Training goes on: remove ``finished.json`` (if any)."""
+        path = self.model_dir / FINISHED_NAME
+        if isinstance(path, Path):
+            path.unlink(missing_ok=True)
+        elif storage.exists(path):
+            storage.remove_tree(path)
+
+    def finished_step(self) -> int | None:
+        """The step ``finished.json`` names, or ``None`` while training has not finished."""
+        path = self.model_dir / FINISHED_NAME
+        try:
+            return int(json.loads(storage.read_bytes(path, self.retry))["step"])
+        except (OSError, StorageError, ValueError, KeyError, TypeError):
+            return None
+
     # ---------------------------------------------------------------- save
-    def begin(self, step: int) -> Path:
-        """A fresh temporary directory for ``ckpt-<step>`` that other replicas may write into."""
+    def begin(self, step: int) -> Location:
+        """A fresh directory for ``ckpt-<step>`` that other replicas may write into: locally a
+        hidden temporary directory (renamed at commit), on an object store its unique prefix."""
+        if not self._leftovers_checked:  # before this save's own directory exists
+            self._leftovers_checked = True
+            if isinstance(self.model_dir, Path):
+                _remove_leftovers(self.model_dir)
+            else:
+                self._remove_orphans()
+        if isinstance(self.model_dir, UrlPath):
+            return self.model_dir / f"ckpt-{step}.{uuid.uuid4().hex[:8]}"
         tmp = self.model_dir / f".tmp-ckpt-{step}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
+        self.retry.call("create the directory", tmp, tmp.mkdir)
         return tmp
 
     def save(
@@ -262,85 +324,94 @@ class CheckpointManager:
         model_state: Mapping[str, torch.Tensor] | None,
         train_state: Mapping[str, Any],
         input_states: Mapping[int, Any] | None = None,
-        tmp_dir: Path | None = None,
-    ) -> Path:
-        """Write ``ckpt-<step>`` atomically, update the index, apply retention. Returns its path.
+        tmp_dir: Location | None = None,
+    ) -> Location:
+        """Write ``ckpt-<step>``, commit it in the index, apply retention. Returns its path.
 
         ``tmp_dir`` (from :meth:`begin`) may already hold files other replicas wrote (a sharded
-        ``dcp/`` directory); they are hashed into the index like the chief's own files.
+        ``dcp/`` directory); they are hashed into the index like the chief's own files. A
+        storage fault raises ``StorageError``; nothing of this checkpoint is left behind and
+        the previous one stays the latest.
         """
         if not self.writer:
             raise CheckpointError("only the chief process writes checkpoints")
         name = f"ckpt-{step}"
-        tmp = tmp_dir if tmp_dir is not None else self.begin(step)
-        files: dict[str, str] = {}
-        size = 0
-        index_tmp: Path | None = None
-        locked = False
+        staging = tmp_dir if tmp_dir is not None else self.begin(step)
         try:
-            for extra in sorted(p for p in tmp.rglob("*") if p.is_file()):
-                data = extra.read_bytes()
-                files[extra.relative_to(tmp).as_posix()] = hashlib.sha256(data).hexdigest()
-                size += len(data)
-            blobs: list[tuple[str, bytes]] = []
-            if model_state is not None:
-                blobs.append((MODEL_FILE, model_state_to_bytes(model_state)))
-            buf = io.BytesIO()
-            torch.save(dict(train_state), buf)
-            blobs.append((TRAIN_STATE_FILE, buf.getvalue()))
-            for rank, state in sorted((input_states or {}).items()):
-                ext, data = serialize_input_state(state)
-                blobs.append((f"input-{rank}.{ext}", data))
+            files: dict[str, str] = {}
+            sizes: dict[str, int] = {}
+            for fname in storage.files_under(staging):
+                data = storage.read_bytes(staging / fname, self.retry)
+                files[fname], sizes[fname] = hashlib.sha256(data).hexdigest(), len(data)
+            blobs = checkpoint_blobs(model_state, train_state, input_states)
             for fname, data in blobs:
-                files[fname] = hashlib.sha256(data).hexdigest()
-                size += len(data)
-            # The index that will name this checkpoint is known now: its temporary file is
-            # written and fsynced together with the checkpoint's files, and renamed into
-            # place only once the checkpoint directory is. The index lock is held from this
-            # read to that rename, so another writer's update (an evaluator's result) is
-            # neither lost nor overwritten.
-            lock = self.index_lock()
-            lock.__enter__()
-            locked = True
+                files[fname], sizes[fname] = hashlib.sha256(data).hexdigest(), len(data)
+            record = {"name": name, "step": step, "time": time.time(), "bytes": sum(sizes.values()), "files": files, "metrics": {}}
+            if isinstance(staging, UrlPath):
+                record["dir"] = staging.name
+                final, removed = self._commit_remote(staging, record, blobs, sizes)
+            else:
+                final, removed = self._commit_local(staging, record, blobs)
+        except BaseException as e:
+            storage.remove_tree(staging)
+            if isinstance(e, (OSError, StorageError)):  # a storage fault: say where, why, and what is kept
+                cause = str(e) if isinstance(e, StorageError) else storage.explain(e)
+                raise StorageError(f"checkpoint {name} was not written: {cause}; {self._kept()}") from e
+            raise
+        self._remove(removed)
+        return final
+
+    def _kept(self) -> str:
+        try:
+            latest = self.latest_path()
+        except CheckpointError:
+            return "the previous checkpoint, if any, stays the latest"
+        return f"{str(latest)!r} stays the latest checkpoint" if latest else "no earlier checkpoint exists"
+
+    def _commit_local(self, tmp: Path, record: dict[str, Any], blobs: list[tuple[str, bytes]]) -> tuple[Path, list[str]]:
+        assert isinstance(self.model_dir, Path)
+        name, files = record["name"], record["files"]
+        # The index that will name this checkpoint is known now: its temporary file is written
+        # and fsynced together with the checkpoint's files, and renamed into place only once
+        # the checkpoint directory is. The index lock is held from this read to that rename,
+        # so another writer's update (an evaluator's result) is neither lost nor overwritten.
+        with self.index_lock():
             index = self.index()
-            records = [r for r in index["checkpoints"] if r["name"] != name]
-            records.append({"name": name, "step": step, "time": time.time(), "bytes": size, "files": files, "metrics": {}})
-            records.sort(key=lambda r: r["step"])
-            index["checkpoints"] = records
-            index["latest"] = name
-            if index["best"] is not None and index["best"]["name"] == name:
-                index["best"] = None  # the weights under this name changed; its old metric no longer applies
+            _adding(record)(index)
             removed = self._retain(index)
             index_path = self.model_dir / INDEX_NAME
             index_tmp = _temp_name(index_path)
-            written = _write_all_durably(
-                [(tmp / fname, data) for fname, data in blobs]
-                + [(index_tmp, json.dumps(index, indent=1, sort_keys=True).encode())]
-            )
-            if written[: len(blobs)] != [files[fname] for fname, _ in blobs]:
-                raise CheckpointError(f"ckpt-{step}: a file's sha256 changed while it was written")
-            _fsync_dir(tmp)
-            final = self.model_dir / name
-            if final.exists():  # re-saving a step (e.g. after a resume): swap the old one out
-                trash = self.model_dir / f".trash-{name}-{uuid.uuid4().hex[:8]}"
-                os.replace(final, trash)
-                os.replace(tmp, final)
-                shutil.rmtree(trash, ignore_errors=True)
-            else:
-                os.replace(tmp, final)
-            _fsync_dir(self.model_dir)  # the checkpoint is in place before the index names it
-            os.replace(index_tmp, index_path)
-            _fsync_dir(self.model_dir)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if index_tmp is not None:
+            try:
+                written = storage.write_all([(tmp / f, d) for f, d in blobs] + [(index_tmp, _encode(index))], self.retry)
+                if written[: len(blobs)] != [files[f] for f, _ in blobs]:
+                    raise CheckpointError(f"{name}: a file's sha256 changed while it was written")
+                storage.fsync_dir(tmp)
+                final = self.model_dir / name
+                if final.exists():  # re-saving a step (e.g. after a resume): swap the old one out
+                    trash = self.model_dir / f".trash-{name}-{uuid.uuid4().hex[:8]}"
+                    os.replace(final, trash)
+                    os.replace(tmp, final)
+                    storage.remove_tree(trash)
+                else:
+                    os.replace(tmp, final)
+                storage.fsync_dir(self.model_dir)  # the checkpoint is in place before the index names it
+                os.replace(index_tmp, index_path)
+                storage.fsync_dir(self.model_dir)
+            except BaseException:
                 index_tmp.unlink(missing_ok=True)
-            raise
-        finally:
-            if locked:
-                lock.__exit__(None, None, None)
-        self._remove(removed)
-        return final
+                raise
+        return final, removed
+
+    def _commit_remote(
+        self, prefix: UrlPath, record: dict[str, Any], blobs: list[tuple[str, bytes]], sizes: Mapping[str, int]
+    ) -> tuple[UrlPath, list[str]]:
+        storage.write_all([(prefix / f, d) for f, d in blobs], self.retry)
+        listed = storage.file_sizes(prefix, self.retry)
+        wrong = sorted(f for f, n in sizes.items() if listed.get(f) != n)
+        if wrong:
+            raise StorageError(f"{prefix}: {', '.join(wrong)} did not arrive complete (sizes listed back differ)")
+        replaced = self.update_index(_adding(record))  # the commit point
+        return prefix, replaced
 
     def record_eval(self, step: int, metrics: Mapping[str, float]) -> bool:
         """Attach evaluation results to ``ckpt-<step>``; returns whether it became the best.
@@ -350,34 +421,12 @@ class CheckpointManager:
         """
         if not self.writer:
             return False
-        name = f"ckpt-{step}"
         kept = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and k != "global_step"}
 
-        def attach(index: dict[str, Any]) -> bool:
-            rec = next((r for r in index["checkpoints"] if r["name"] == name), None)
-            if rec is None:
-                return False
-            rec["metrics"] = kept
-            if self.keep_best is None:
-                return False
-            metric, mode = self.keep_best
-            if metric not in kept:
-                raise CheckpointError(
-                    f"RunConfig.keep_best names metric {metric!r}, but evaluation returned only {sorted(kept)}"
-                )
-            value = kept[metric]
-            best = index["best"]
-            if value != value:  # NaN never becomes the best
-                return False
-            if best is None or (value < best["value"] if mode == "min" else value > best["value"]):
-                index["best"] = {"name": name, "step": step, "metric": metric, "mode": mode, "value": value}
-                return True
-            return False
-
-        return bool(self.update_index(attach))
+        return bool(self.update_index(lambda index: _attach_eval(index, step, kept, self.keep_best)))
 
     def _retain(self, index: dict[str, Any]) -> list[str]:
-        """Drop from ``index`` the records retention no longer keeps; return their names."""
+        """Drop from ``index`` the records retention no longer keeps; return their directories."""
         records = index["checkpoints"]
         keep = {r["name"] for r in records}
         if self.keep_checkpoint_max > 0:
@@ -385,154 +434,45 @@ class CheckpointManager:
         if index["best"] is not None:
             keep.add(index["best"]["name"])
         keep.add(index["latest"])
-        removed = [r["name"] for r in records if r["name"] not in keep]
+        removed = [record_dir(r) for r in records if r["name"] not in keep]
         index["checkpoints"] = [r for r in records if r["name"] in keep]
         return removed
 
-    def _remove(self, names: list[str]) -> None:
+    def _remove(self, dirs: list[str]) -> None:
         # Delete only after the index no longer names them: a crash here leaves a harmless orphan.
-        for name in names:
-            shutil.rmtree(self.model_dir / name, ignore_errors=True)
+        for d in dirs:
+            storage.remove_tree(self.model_dir / d)
 
-    def _remove_leftovers(self) -> None:
-        """Remove temporary directories a crashed save left behind."""
-        for p in self.model_dir.iterdir():
-            if p.name.startswith((".tmp-ckpt-", ".trash-ckpt-")) and p.is_dir():
-                shutil.rmtree(p, ignore_errors=True)
-            elif p.name.startswith(f".{INDEX_NAME}.") and p.name.endswith(".tmp"):
-                p.unlink(missing_ok=True)
+    def _remove_orphans(self) -> None:
+        """Remove the ``ckpt-<step>.<random>`` prefixes of crashed writes no index names."""
+        named = {record_dir(r) for r in self.records()}
+        for entry in storage.listdir(self.model_dir):
+            m = CKPT_RE.match(entry)
+            if m and m.group(2) and entry not in named:
+                log.info("removing %s: an unfinished checkpoint write no index names", self.model_dir / entry)
+                storage.remove_tree(self.model_dir / entry)
 
     # ---------------------------------------------------------------- load
-    def resolve(self, checkpoint_path: str | os.PathLike[str] | None) -> Path | None:
+    def resolve(self, checkpoint_path: str | os.PathLike[str] | Location | None) -> Location | None:
         """A checkpoint directory from ``None`` (latest here), a model_dir, or a ``ckpt-<step>`` dir."""
         if checkpoint_path is None:
             return self.latest_path()
-        p = Path(checkpoint_path)
-        if (p / INDEX_NAME).exists():
+        p = storage.location(checkpoint_path)
+        if storage.exists(p / INDEX_NAME):
             latest = CheckpointManager(p, writer=False).latest_path()
             if latest is None:
                 raise CheckpointError(f"{p} holds no checkpoint yet")
             return latest
-        if (p / MODEL_FILE).exists() or (p / "dcp").is_dir():
+        if storage.exists(p / MODEL_FILE) or storage.is_dir(p / "dcp"):
             return p
         raise CheckpointError(
             f"checkpoint_path {str(p)!r} is neither a model_dir (with {INDEX_NAME}) nor a "
             f"checkpoint directory (with {MODEL_FILE})"
         )
 
-    def load(self, path: Path) -> LoadedCheckpoint:
+    def load(self, path: Location) -> LoadedCheckpoint:
         """Read and verify a checkpoint directory (``weights_only`` loading only)."""
         return load_checkpoint(path)
-
-
-def _index_record(path: Path) -> dict[str, Any] | None:
-    index_path = path.parent / INDEX_NAME
-    if not index_path.exists():
-        return None
-    try:
-        index = json.loads(index_path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return next((r for r in index.get("checkpoints", []) if r["name"] == path.name), None)
-
-
-def _previous_retained(path: Path) -> str | None:
-    index_path = path.parent / INDEX_NAME
-    try:
-        records = json.loads(index_path.read_text())["checkpoints"]
-    except (OSError, json.JSONDecodeError, KeyError):
-        return None
-    earlier = [r for r in records if r["name"] != path.name and r["step"] < _step_of(path)]
-    return str(path.parent / earlier[-1]["name"]) if earlier else None
-
-
-def _step_of(path: Path) -> int:
-    m = _CKPT_RE.match(path.name)
-    return int(m.group(1)) if m else -1
-
-
-def _read_verified(path: Path, fname: str, expected: Mapping[str, str] | None) -> bytes:
-    file = path / fname
-    try:
-        data = file.read_bytes()
-    except OSError as e:
-        raise CheckpointError(f"cannot read {file}: {e}") from e
-    if expected is not None:
-        want = expected.get(fname)
-        got = hashlib.sha256(data).hexdigest()
-        if want is None or got != want:
-            prev = _previous_retained(path)
-            offer = (
-                f"; the previous retained checkpoint is {prev!r}: delete the directory {str(path)!r} "
-                f"to resume training from it, or pass checkpoint_path={prev!r} to evaluate/predict"
-                if prev
-                else "; no earlier checkpoint is retained"
-            )
-            raise CorruptCheckpointError(
-                f"checkpoint {str(path)!r} is corrupt: {fname} has sha256 {got[:12]}… but the index "
-                f"says {str(want)[:12]}…; refusing to load it{offer}"
-            )
-    return data
-
-
-def load_checkpoint(path: str | os.PathLike[str]) -> LoadedCheckpoint:
-    """Read a ``ckpt-<step>`` directory, verifying each file against its index entry."""
-    path = Path(path)
-    record = _index_record(path)
-    expected = record["files"] if record else None
-    if record is None:
-        log.warning("checkpoint %s is not listed in an index: its files cannot be verified", path)
-    else:
-        missing = sorted(f for f in record["files"] if not (path / f).is_file())
-        if missing:
-            prev = _previous_retained(path)
-            hint = f"; delete the directory to resume from the previous retained checkpoint {prev!r}" if prev else ""
-            raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: {', '.join(missing)} missing{hint}")
-    dcp_dir = path / "dcp"
-    model_state = None
-    if dcp_dir.is_dir():
-        for f in sorted(p for p in dcp_dir.rglob("*") if p.is_file()):
-            _read_verified(path, f.relative_to(path).as_posix(), expected)
-    else:
-        model_state = safetensors.torch.load(_read_verified(path, MODEL_FILE, expected))
-    train_state: dict[str, Any] = {}
-    if (path / TRAIN_STATE_FILE).exists():
-        data = _read_verified(path, TRAIN_STATE_FILE, expected)
-        train_state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    input_states: dict[int, Any] = {}
-    for f in sorted(path.glob("input-*.*")):
-        rank = int(f.stem.split("-", 1)[1])
-        data = _read_verified(path, f.name, expected)
-        if f.suffix == ".json":
-            input_states[rank] = json.loads(data)
-        else:
-            input_states[rank] = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    step = int(train_state.get("global_step", record["step"] if record else _step_of(path)))
-    return LoadedCheckpoint(path, step, model_state, train_state, input_states, dcp_dir if model_state is None else None)
-
-
-def check_state_fits(model: nn.Module, state: Mapping[str, torch.Tensor], source: str) -> None:
-    """Raise one clear error if ``state`` does not have exactly the model's names and shapes."""
-    own = model.state_dict()
-    missing = [k for k in own if k not in state]
-    unexpected = [k for k in state if k not in own]
-    mismatched = [
-        f"{k} is {list(state[k].shape)} in the checkpoint but {list(own[k].shape)} in the model"
-        for k in own
-        if k in state and state[k].shape != own[k].shape
-    ]
-    problems = (
-        mismatched
-        + [f"missing in the checkpoint: {k}" for k in missing]
-        + [f"not in the model: {k}" for k in unexpected]
-    )
-    if problems:
-        more = f" (and {len(problems) - 3} more)" if len(problems) > 3 else ""
-        raise CheckpointError(
-            f"{source} does not fit the model: {'; '.join(problems[:3])}{more}. The model built from "
-            "params differs from the one that wrote it: use a new model_dir, or warm_start_from "
-            "with vars_to_warm_start to take only the matching weights"
-        )
 
 
 # ---------------------------------------------------------------------------- warm start
@@ -565,11 +505,11 @@ def warm_start(model: nn.Module, settings: WarmStartSettings | str | os.PathLike
     """Copy matching weights from a checkpoint or safetensors file into ``model``."""
     if not isinstance(settings, WarmStartSettings):
         settings = WarmStartSettings(ckpt_to_initialize_from=settings)
-    src = Path(settings.ckpt_to_initialize_from)
-    if src.is_file() and src.suffix == ".safetensors":
-        source = safetensors.torch.load_file(str(src))
+    src = storage.location(settings.ckpt_to_initialize_from)
+    if src.suffix == ".safetensors" and storage.is_file(src):
+        source = safe_load.decode(storage.read_bytes(src), src.name, str(src), None)
     else:
-        resolved = CheckpointManager(src, writer=False).resolve(src) if src.exists() else None
+        resolved = CheckpointManager(src, writer=False).resolve(src) if storage.exists(src) else None
         if resolved is None:
             raise CheckpointError(f"warm_start_from: {str(src)!r} does not exist")
         loaded = load_checkpoint(resolved)
@@ -605,3 +545,10 @@ def warm_start(model: nn.Module, settings: WarmStartSettings | str | os.PathLike
     else:
         log.info("warm start from %s: %d weights loaded", src, len(report.loaded))
     return report
+
+
+__all__ = [
+    "INDEX_FORMAT", "INDEX_LOCK_NAME", "INDEX_NAME", "MODEL_FILE", "TRAIN_STATE_FILE", "CheckpointManager",
+    "LoadedCheckpoint", "WarmStartReport", "WarmStartSettings", "check_state_fits", "load_checkpoint",
+    "model_state_to_bytes", "previous_retained", "serialize_input_state", "warm_start",
+]

@@ -15,6 +15,12 @@ class CorruptCheckpointError(CheckpointError):
     """A checkpoint file's sha256 does not match the index: it is refused, never loaded."""
 
 
+class StorageError(CheckpointError):
+    """Storage refused or lost a write or read (full disk, read-only directory, a store that
+    stopped answering or kept failing); the message names the path and the cause. The
+    checkpoint being written is not committed; the previous one stays the latest."""
+
+
 class NanLossError(StokerError):
     """Training produced a non-finite loss; the last good checkpoint is kept."""
 

@@ -169,6 +169,11 @@ def export(
             compiler; the signature's ``aot`` entry records the device and torch version it runs on).
         aot_device: ``"cpu"`` or ``"cuda"``: the device the package is compiled for.
     """
+    if estimator.state.pipeline_stages > 1:
+        raise ExportError(
+            "export: this process holds only some pipeline stages; export from one process (the same program "
+            "without torchrun runs the model unsplit and reads the pipelined checkpoint)"
+        )
     formats = tuple(dict.fromkeys(("pt2", *formats)))
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:

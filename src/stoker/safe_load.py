@@ -1,0 +1,108 @@
+"""Decoding checkpoint files without ever running code from them.
+
+Every file stoker reads back from a checkpoint is decoded here: weights through safetensors,
+``train_state.pt`` and ``input-<rank>.pt`` through torch's ``weights_only`` unpickler, JSON as
+JSON, and the metadata of a sharded checkpoint (``dcp/.metadata``, which
+``torch.distributed.checkpoint`` itself reads with the plain, unsafe ``pickle.load``) through a
+restricted unpickler that knows only the classes that file holds. A file any of them refuses
+raises :class:`~stoker.errors.CorruptCheckpointError` naming the file, why, and the checkpoint
+to fall back to; it is never loaded.
+
+A sha256 match with the index says the file is the one that was written, not that it is
+safe: someone who can write the file can also write the index.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import safetensors.torch
+import torch
+
+from .errors import CorruptCheckpointError
+
+# Module -> names (``None``: every name) that a DCP ``.metadata`` pickle may refer to.
+_DCP_METADATA_GLOBALS: dict[str, frozenset[str] | None] = {
+    "torch.distributed.checkpoint.metadata": None,
+    "torch.distributed.checkpoint.filesystem": frozenset({"_StorageInfo"}),
+    "torch.serialization": frozenset({"_get_layout"}),
+    "torch": frozenset({"Size"}),  # and dtypes, checked below
+    "pathlib": frozenset({"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath", "Path"}),
+    "collections": frozenset({"OrderedDict"}),
+    "builtins": frozenset({"set", "frozenset", "slice", "tuple", "list", "dict"}),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """``pickle.Unpickler`` that resolves only the globals a DCP metadata file needs."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        allowed = _DCP_METADATA_GLOBALS.get(module, frozenset())
+        is_dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        if not (is_dtype or allowed is None or name in allowed):
+            raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in checkpoint metadata")
+        return super().find_class(module, name)
+
+
+def load_dcp_metadata(data: bytes) -> Any:
+    """Decode a DCP ``.metadata`` file, refusing any global it would not legitimately hold."""
+    return _MetadataUnpickler(io.BytesIO(data)).load()
+
+
+def load_torch(data: bytes) -> Any:
+    """A ``torch.save`` file, through torch's ``weights_only`` unpickler, onto the CPU."""
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
+def load_weights(data: bytes) -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors."""
+    return safetensors.torch.load(data)
+
+
+def decode(data: bytes, fname: str, where: str, fallback: str | None) -> Any:
+    """Decode checkpoint file ``fname`` (of checkpoint ``where``) by its kind.
+
+    Raises ``CorruptCheckpointError`` naming the file, the cause and ``fallback`` (the previous
+    retained checkpoint) when the decoder refuses it.
+    """
+    base = fname.rsplit("/", 1)[-1]
+    decoder: Callable[[bytes], Any]
+    if base.endswith(".safetensors"):
+        decoder = load_weights
+    elif base.endswith(".json"):
+        decoder = json.loads
+    elif base == ".metadata":
+        decoder = load_dcp_metadata
+    else:
+        decoder = load_torch
+    try:
+        return decoder(data)
+    except Exception as e:  # noqa: BLE001 - pickle, safetensors and json refuse with many types
+        raise refused(where, fname, f"{type(e).__name__}: {_first_line(e)}", fallback) from e
+
+
+def refused(where: str, fname: str, cause: str, fallback: str | None) -> CorruptCheckpointError:
+    """The error for a checkpoint file that is refused, offering ``fallback``."""
+    return CorruptCheckpointError(f"checkpoint {where!r} is corrupt: {fname} {cause}; refusing to load it{offer(where, fallback)}")
+
+
+def offer(where: str, fallback: str | None) -> str:
+    """The sentence that names the checkpoint to use instead of a refused one."""
+    if not fallback:
+        return "; no earlier checkpoint is retained"
+    return (
+        f"; the previous retained checkpoint is {fallback!r}: delete the directory {where!r} "
+        f"to resume training from it, or pass checkpoint_path={fallback!r} to evaluate/predict"
+    )
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:200] if text else "refused"
+
+
+__all__ = ["decode", "load_dcp_metadata", "load_torch", "load_weights", "offer", "refused"]

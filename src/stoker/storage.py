@@ -1,0 +1,404 @@
+"""Where checkpoints live: a local directory or any fsspec URL, with faults handled one way.
+
+``model_dir`` may be a local path (today's code path: ``os`` calls, fsyncs, atomic renames) or
+an fsspec URL (``s3://``, ``gs://``, ``file://``, ``memory://``). A remote location is held as
+a :class:`UrlPath`, a pure path that prints as its URL, so ``/``, ``.name`` and ``.parent``
+work on both kinds and the code above this module never asks which kind it holds; the
+functions here (:func:`read_bytes`, :func:`exists`, :func:`listdir`, ...) dispatch on it.
+
+Every operation that touches storage goes through :meth:`RetryPolicy.call`:
+
+* transient faults (``EAGAIN``, ``EBUSY``, ``ETIMEDOUT``, connection resets, HTTP 5xx and
+  throttling from an object store) are retried a bounded number of times, with exponential
+  backoff, each retry logged;
+* an operation that does not finish within ``timeout`` seconds (a store that stops answering)
+  is abandoned;
+* anything else, or the last failed retry, raises :class:`~stoker.errors.StorageError` naming
+  the path and the cause in words (``no space left on the device or quota exceeded``,
+  ``read-only or not writable``, ``did not answer within 30 s``).
+
+The commit protocols built on this (rename locally, index-as-commit-point on object stores)
+are in ``stoker.checkpoint``; see docs/checkpoints.md.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from pathlib import Path, PurePath, PurePosixPath
+from typing import Any, TypeVar
+
+from .errors import StorageError
+
+log = logging.getLogger("stoker")
+T = TypeVar("T")
+
+# Extras that provide a protocol, for the error when one is missing.
+_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
+_TRANSIENT_ERRNOS = {errno.EAGAIN, errno.EBUSY, errno.EINTR, errno.ETIMEDOUT, errno.ECONNRESET,
+                     errno.ECONNABORTED, errno.ECONNREFUSED, errno.EPIPE}
+_TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
+                    "ServiceUnavailable", "RequestLimitExceeded", "500", "502", "503", "504"}
+
+
+class UrlPath(PurePosixPath):
+    """A location in an fsspec filesystem (``s3://bucket/run``), with pure-path arithmetic.
+
+    Stored as ``s3:/bucket/run`` (a pure path keeps one slash), printed as the URL.
+    """
+
+    def __str__(self) -> str:
+        scheme, _, rest = super().__str__().partition(":/")
+        return f"{scheme}://{rest}"
+
+    def __fspath__(self) -> str:  # an fsspec location is not a local file
+        raise TypeError(f"{self} is not a local path")
+
+    @property
+    def protocol(self) -> str:
+        return self.parts[0].rstrip(":")
+
+
+Location = Path | UrlPath
+
+
+def location(path: str | os.PathLike[str] | PurePath) -> Location:
+    """``path`` as a local ``Path``, or a ``UrlPath`` for a URL with a protocol (``file://`` is local)."""
+    if isinstance(path, (Path, UrlPath)):
+        return path
+    text = str(path)
+    scheme, sep, rest = text.partition("://")
+    if not sep or "/" in scheme or len(scheme) < 2:
+        return Path(text)
+    if scheme == "file":
+        return Path("/" + rest.lstrip("/"))
+    return UrlPath(f"{scheme}:/{rest.strip('/')}")
+
+
+def filesystem(path: UrlPath) -> Any:
+    """The fsspec filesystem of ``path``; a missing optional extra is named."""
+    try:
+        import fsspec
+    except ImportError as e:  # pragma: no cover - fsspec comes with torch
+        raise StorageError(f"model_dir {str(path)!r} needs fsspec: pip install fsspec") from e
+    try:
+        return fsspec.filesystem(path.protocol)
+    except (ImportError, ValueError) as e:
+        extra = _EXTRAS.get(path.protocol)
+        hint = f"pip install 'stoker[{extra}]'" if extra else f"install the fsspec implementation of {path.protocol}://"
+        raise StorageError(f"model_dir {str(path)!r}: the {path.protocol}:// protocol is not available ({e}); {hint}") from e
+
+
+def _key(path: UrlPath) -> str:
+    return str(filesystem(path)._strip_protocol(str(path)))
+
+
+@dataclass(kw_only=True, frozen=True)
+class RetryPolicy:
+    """How storage faults are retried.
+
+    Attributes:
+        attempts: tries of one operation before a transient fault becomes an error.
+        backoff: seconds before the first retry; doubled each retry (with jitter), at most
+            ``max_backoff``.
+        timeout: seconds one operation may take before the store counts as not answering.
+    """
+
+    attempts: int = 5
+    backoff: float = 0.2
+    max_backoff: float = 10.0
+    timeout: float = 600.0
+
+    def call(self, what: str, path: Any, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` with retries and a timeout; a failure raises ``StorageError``."""
+        wait = self.backoff
+        for attempt in range(1, self.attempts + 1):
+            try:
+                return _with_timeout(self.timeout, fn, *args)
+            except FutureTimeout as e:
+                raise StorageError(f"cannot {what} {path}: the store did not answer within {self.timeout:g} s") from e
+            except StorageError:
+                raise
+            except Exception as e:  # noqa: BLE001 - classified below
+                if not is_transient(e) or attempt == self.attempts:
+                    tries = f" after {attempt} attempts" if attempt > 1 else ""
+                    raise StorageError(f"cannot {what} {path}{tries}: {explain(e)}") from e
+                log.warning("%s %s failed (%s); retry %d of %d in %.2f s", what, path, explain(e), attempt, self.attempts - 1, wait)
+                time.sleep(wait * random.uniform(0.5, 1.0))
+                wait = min(wait * 2, self.max_backoff)
+        raise AssertionError("unreachable")
+
+
+DEFAULT_RETRY = RetryPolicy()
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _forget_pool() -> None:
+    global _pool
+    _pool = None  # a forked child has none of its parent's threads
+
+
+os.register_at_fork(after_in_child=_forget_pool)
+
+
+def _executor() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="stoker-io")
+        return _pool
+
+
+def _with_timeout(timeout: float, fn: Callable[..., T], *args: Any) -> T:
+    # A hung call cannot be interrupted; it is left on its worker thread and the caller told.
+    if timeout <= 0 or threading.current_thread().name.startswith("stoker-io"):
+        return fn(*args)
+    return _executor().submit(fn, *args).result(timeout=timeout)
+
+
+def is_transient(e: BaseException) -> bool:
+    """Whether a fault may go away by itself (retried) rather than need a person (raised)."""
+    if isinstance(e, (ConnectionError, TimeoutError)):
+        return True
+    if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS:
+        return True
+    response = getattr(e, "response", None) or getattr(e.__cause__, "response", None)
+    if isinstance(response, dict):
+        code = str(response.get("Error", {}).get("Code", ""))
+        status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+        return code in _TRANSIENT_CODES or status >= 500
+    return e.__cause__ is not None and e.__cause__ is not e and is_transient(e.__cause__)
+
+
+def explain(e: BaseException) -> str:
+    """The cause of a storage fault in words, with the system's message."""
+    code = getattr(e, "errno", None)
+    if code in (errno.ENOSPC, errno.EDQUOT):
+        return f"no space left on the device or quota exceeded ({e})"
+    if code in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return f"the location is read-only or not writable ({e})"
+    return f"{type(e).__name__}: {e}"
+
+
+# ---------------------------------------------------------------------------- local files
+def fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:  # some filesystems do not allow opening directories
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_durably(path: Path, data: bytes) -> str:
+    """Write ``data`` to ``path`` and fsync it; return its sha256."""
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return hashlib.sha256(data).hexdigest()
+
+
+def _write_one(path: Location, data: bytes, retry: RetryPolicy) -> str:
+    if isinstance(path, UrlPath):
+        retry.call("write", path, lambda: filesystem(path).pipe_file(_key(path), data))
+        return hashlib.sha256(data).hexdigest()
+    # module lookup at call time: tests wrap _write_durably to inject faults
+    return retry.call("write", path, lambda: _write_durably(path, data))
+
+
+def write_all(jobs: list[tuple[Location, bytes]], retry: RetryPolicy = DEFAULT_RETRY) -> list[str]:
+    """Write (and locally fsync) each ``(path, data)`` concurrently; their sha256s, in order.
+
+    fsync releases the GIL and the filesystem commits concurrent fsyncs together; object
+    stores take concurrent uploads. Each write is retried on its own; if they have not all
+    finished within ``retry.timeout`` the store counts as not answering. Raises the first
+    error after every write has finished.
+    """
+    if len(jobs) == 1 and threading.current_thread().name.startswith("stoker-io"):
+        return [_write_one(*jobs[0], retry)]
+    futures = [_executor().submit(_write_one, path, data, retry) for path, data in jobs]
+    done, pending = wait(futures, timeout=retry.timeout if retry.timeout > 0 else None)
+    if pending:
+        stuck = [str(path) for (path, _), f in zip(jobs, futures, strict=True) if f in pending]
+        raise StorageError(f"cannot write {stuck[0]}: the store did not answer within {retry.timeout:g} s")
+    for f in futures:
+        e = f.exception()
+        if e is not None:
+            raise e
+    return [f.result() for f in futures]
+
+
+# ---------------------------------------------------------------------------- both kinds
+def read_bytes(path: Location, retry: RetryPolicy = DEFAULT_RETRY) -> bytes:
+    if isinstance(path, UrlPath):
+        return retry.call("read", path, lambda: filesystem(path).cat_file(_key(path)))
+    return path.read_bytes()
+
+
+def exists(path: Location) -> bool:
+    if isinstance(path, UrlPath):
+        return bool(DEFAULT_RETRY.call("look up", path, lambda: filesystem(path).exists(_key(path))))
+    return path.exists()
+
+
+def is_dir(path: Location) -> bool:
+    if isinstance(path, UrlPath):
+        return bool(DEFAULT_RETRY.call("look up", path, lambda: filesystem(path).isdir(_key(path))))
+    return path.is_dir()
+
+
+def is_file(path: Location) -> bool:
+    if isinstance(path, UrlPath):
+        return bool(DEFAULT_RETRY.call("look up", path, lambda: filesystem(path).isfile(_key(path))))
+    return path.is_file()
+
+
+def listdir(path: Location) -> list[str]:
+    """Names directly under ``path`` (empty when it does not exist)."""
+    if isinstance(path, UrlPath):
+        fs = filesystem(path)
+        try:
+            entries = DEFAULT_RETRY.call("list", path, lambda: fs.ls(_key(path), detail=False, refresh=True))
+        except StorageError as e:
+            if isinstance(e.__cause__, FileNotFoundError):
+                return []
+            raise
+        return sorted({str(p).rstrip("/").rsplit("/", 1)[-1] for p in entries})
+    return sorted(p.name for p in path.iterdir()) if path.is_dir() else []
+
+
+def files_under(path: Location) -> list[str]:
+    """Every file below ``path``, as sorted relative POSIX names."""
+    if isinstance(path, UrlPath):
+        fs = filesystem(path)
+        base = _key(path).rstrip("/") + "/"
+        found = DEFAULT_RETRY.call("list", path, lambda: fs.find(_key(path)))
+        return sorted(str(p)[len(base):] for p in found if str(p).startswith(base))
+    return sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())
+
+
+def file_sizes(path: Location, retry: RetryPolicy = DEFAULT_RETRY) -> dict[str, int]:
+    """``{relative name: size}`` of every file below ``path``, as the storage lists them."""
+    if isinstance(path, UrlPath):
+        fs = filesystem(path)
+        base = _key(path).rstrip("/") + "/"
+
+        def find() -> dict[str, Any]:
+            fs.invalidate_cache(_key(path))
+            return fs.find(_key(path), detail=True)
+
+        found = retry.call("list", path, find)
+        return {k[len(base):]: int(v.get("size") or 0) for k, v in found.items() if k.startswith(base)}
+    return {p.relative_to(path).as_posix(): p.stat().st_size for p in path.rglob("*") if p.is_file()}
+
+
+def makedirs(path: Location, retry: RetryPolicy = DEFAULT_RETRY) -> None:
+    if isinstance(path, UrlPath):
+        return  # object stores have no directories
+    retry.call("create the directory", path, lambda: path.mkdir(parents=True, exist_ok=True))
+
+
+def remove_tree(path: Location) -> None:
+    """Delete ``path`` and everything below it; errors are logged, not raised (cleanup only)."""
+    try:
+        if isinstance(path, UrlPath):
+            fs = filesystem(path)
+            if fs.exists(_key(path)):
+                fs.rm(_key(path), recursive=True)
+        else:
+            import shutil
+
+            shutil.rmtree(path, ignore_errors=True)
+    except Exception as e:  # noqa: BLE001 - a leftover is harmless and removed next start
+        log.warning("could not remove %s (%s); it is removed at the next start", path, explain(e))
+
+
+# ---------------------------------------------------------------------------- conditional writes
+_url_locks: dict[str, threading.Lock] = {}
+
+
+def url_lock(path: UrlPath) -> threading.Lock:
+    """A process-wide lock for ``path``: the index lock on stores without conditional writes."""
+    with _pool_lock:
+        return _url_locks.setdefault(str(path), threading.Lock())
+
+
+def supports_conditional_writes(path: UrlPath) -> bool:
+    """Whether the store can write an object only if its version is unchanged (S3 If-Match)."""
+    return type(filesystem(path)).__name__ == "S3FileSystem"
+
+
+def read_versioned(path: UrlPath, retry: RetryPolicy = DEFAULT_RETRY) -> tuple[bytes | None, str | None]:
+    """``path``'s content and version (ETag), or ``(None, None)`` when it does not exist."""
+    fs, key = filesystem(path), _key(path)
+
+    def read() -> tuple[bytes | None, str | None]:
+        fs.invalidate_cache(key)
+        try:
+            info = fs.info(key)
+            data = fs.cat_file(key)
+        except FileNotFoundError:
+            return None, None
+        return data, info.get("ETag") or info.get("generation")
+
+    return retry.call("read", path, read)
+
+
+def put_if(path: UrlPath, data: bytes, version: str | None, retry: RetryPolicy = DEFAULT_RETRY) -> bool:
+    """Write ``path`` only if it still has ``version`` (``None``: only if it does not exist).
+
+    Returns False when another writer changed it first. On stores without conditional
+    writes it writes unconditionally (callers hold :func:`url_lock`).
+    """
+    fs, key = filesystem(path), _key(path)
+    conditional = supports_conditional_writes(path)
+
+    def put() -> bool:
+        try:
+            if not conditional:
+                fs.pipe_file(key, data)
+            elif version is None:
+                fs.pipe_file(key, data, mode="create")
+            else:
+                fs.pipe_file(key, data, IfMatch=version)
+        except Exception as e:  # noqa: BLE001 - s3fs maps HTTP 412 to several types
+            text = f"{type(e).__name__} {e} {e.__cause__}"
+            if isinstance(e, FileExistsError) or any(t in text for t in ("PreconditionFailed", "412", "ConditionalRequestConflict")):
+                return False
+            raise
+        finally:
+            fs.invalidate_cache(key)
+        return True
+
+    return retry.call("write", path, put)
+
+
+def local_cache(path: UrlPath) -> Path:
+    """A local directory that mirrors ``path`` for writers that need real files (summaries)."""
+    import tempfile
+
+    digest = hashlib.sha256(str(path).encode()).hexdigest()[:16]
+    cache = Path(tempfile.gettempdir()) / f"stoker-{os.getuid() if hasattr(os, 'getuid') else 0}" / digest
+    cache.mkdir(parents=True, exist_ok=True)
+    return cache
+
+
+__all__ = [
+    "DEFAULT_RETRY", "Location", "RetryPolicy", "UrlPath", "exists", "explain", "file_sizes", "files_under", "filesystem",
+    "fsync_dir", "is_dir", "is_file", "is_transient", "listdir", "local_cache", "location", "makedirs",
+    "put_if", "read_bytes", "read_versioned", "remove_tree", "supports_conditional_writes", "url_lock", "write_all",
+]
