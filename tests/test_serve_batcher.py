@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 import torch
@@ -84,3 +85,23 @@ def test_config_refuses_nonsense():
         BatchingConfig(max_pending=0)
     with pytest.raises(ValueError, match="window_ms must be >= 0"):
         BatchingConfig(window_ms=-1)
+
+
+def test_no_window_is_waited_for_when_no_other_request_is_on_its_way():
+    # request A got its answer and is still being answered (inside its slot); request B alone
+    # must run at once, not after the 1 s window: only requests not yet queued are waited for
+    async def main():
+        calls: list[int] = []
+        batcher = DynamicBatcher(doubling(calls), BatchingConfig(window_ms=1000))
+        await batcher.start()
+        async with batcher.slot():
+            await batcher.infer({"x": torch.ones(1, 2)}, 1)
+            start = time.perf_counter()
+            await _request(batcher, torch.ones(1, 2))
+            elapsed = time.perf_counter() - start
+        arriving = batcher.arriving
+        await batcher.stop()
+        return elapsed, arriving
+
+    elapsed, arriving = asyncio.run(main())
+    assert elapsed < 0.5 and arriving == 0
