@@ -289,3 +289,22 @@ def test_stoker_serve_as_a_process_answers_at_once_and_stops_on_sigterm(exported
         if proc.poll() is None:
             proc.kill()
             proc.wait(TIMEOUT)
+
+
+def test_large_bodies_are_decoded_off_the_event_loop_with_the_same_answers(exported):
+    out_dir, x = exported
+    srv = make_server(out_dir, "127.0.0.1", 0, max_batch=256).start()
+    try:
+        rows = x.repeat(8, 1)  # 256 rows
+        body = json.dumps({"inputs": {"features": rows.tolist()}}, indent=8).encode()
+        assert len(body) > 64 * 2**10  # past OFF_LOOP_BYTES: decoded in a worker thread
+        status, answer = request(srv, "POST", "/predict", body)
+        assert status == 200 and answer["batch"] == 256
+        want = load_exported(out_dir)({"features": rows})
+        assert answer["outputs"]["classes"] == want["classes"].tolist()
+        bad = json.dumps({"inputs": {"features": rows[:, :5].tolist()}}, indent=12).encode()
+        assert len(bad) > 64 * 2**10
+        status, answer = request(srv, "POST", "/predict", bad)
+        assert status == 400 and "dimension 1 must be 8" in answer["error"]
+    finally:
+        srv.stop()
