@@ -196,3 +196,21 @@ def test_s3_kill_9_during_training_and_during_a_write_then_rerun_is_bitwise_equa
     assert fs.cat_file(f"{url.removeprefix('s3://')}/{final['dir']}/model.safetensors") == (tmp_path / "ref" / "ckpt-30" / "model.safetensors").read_bytes()
     named = {r["dir"] for r in index["checkpoints"]}
     assert {p.rsplit("/", 1)[-1] for p in fs.ls(url.removeprefix("s3://"), detail=False) if "/ckpt-" in p} == named  # orphans gone
+
+
+def test_sharded_checkpoint_through_dcp_fsspec_writer_and_reader():
+    import torch.distributed.checkpoint as dcp
+
+    from stoker.distributed.sharded import consolidate
+
+    url = _memory_url()
+    m = CheckpointManager(url)
+    model = torch.nn.Linear(3, 2)
+    prefix = m.begin(4)
+    dcp.save({"model": model.state_dict()}, checkpoint_id=str(prefix / "dcp"), no_dist=True)  # DCP's fsspec writer
+    path = m.save(4, None, {"global_step": 4}, {0: {"skip": 4}}, tmp_dir=prefix)
+    loaded = load_checkpoint(path)  # every dcp/ file verified against the index
+    assert loaded.dcp_dir == path / "dcp" and loaded.step == 4 and loaded.input_states == {0: {"skip": 4}}
+    assert sorted(m.records()[0]["files"]) == ["dcp/.metadata", "dcp/__0_0.distcp", "input-0.json", "train_state.pt"]
+    full = consolidate(loaded.dcp_dir)
+    assert torch.equal(full["weight"], model.weight.detach()) and torch.equal(full["bias"], model.bias.detach())

@@ -295,9 +295,9 @@ class CheckpointManager:
         if not self.writer:
             raise CheckpointError("only the chief process writes checkpoints")
         name = f"ckpt-{step}"
-        if self.remote and not self._orphans_checked:
-            self._remove_orphans()
         staging = tmp_dir if tmp_dir is not None else self.begin(step)
+        if self.remote and not self._orphans_checked:
+            self._remove_orphans(keep=staging.name)
         try:
             files: dict[str, str] = {}
             sizes: dict[str, int] = {}
@@ -404,10 +404,11 @@ class CheckpointManager:
         for d in dirs:
             storage.remove_tree(self.model_dir / d)
 
-    def _remove_orphans(self) -> None:
-        """Remove the ``ckpt-<step>.<random>`` prefixes of crashed writes no index names."""
+    def _remove_orphans(self, keep: str) -> None:
+        """Remove the ``ckpt-<step>.<random>`` prefixes of crashed writes no index names
+        (except ``keep``, the one being written now)."""
         self._orphans_checked = True
-        named = {record_dir(r) for r in self.records()}
+        named = {record_dir(r) for r in self.records()} | {keep}
         for entry in storage.listdir(self.model_dir):
             m = CKPT_RE.match(entry)
             if m and m.group(2) and entry not in named:
