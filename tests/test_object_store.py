@@ -214,3 +214,36 @@ def test_sharded_checkpoint_through_dcp_fsspec_writer_and_reader():
     assert sorted(m.records()[0]["files"]) == ["dcp/.metadata", "dcp/__0_0.distcp", "input-0.json", "train_state.pt"]
     full = consolidate(loaded.dcp_dir)
     assert torch.equal(full["weight"], model.weight.detach()) and torch.equal(full["bias"], model.bias.detach())
+
+
+_EVALUATOR = """
+import sys, json
+from stoker.checkpoint import CheckpointManager
+m = CheckpointManager(sys.argv[1], keep_checkpoint_max=0, keep_best=("loss", "min"))
+done = []
+while len(done) < 15:
+    recs = m.records()
+    fresh = [r["step"] for r in recs if r["step"] not in done]
+    for step in fresh:
+        m.record_eval(step, {"loss": -float(step)})
+        done.append(step)
+print(json.dumps(done))
+"""
+
+
+@pytest.mark.slow
+def test_s3_trainer_and_a_second_index_writer_racing(s3_env):
+    url = f"s3://bucket/{uuid.uuid4().hex[:8]}"
+    trainer = CheckpointManager(url, keep_checkpoint_max=0, keep_best=("loss", "min"))
+    trainer.save(0, {"w": torch.zeros(1)}, {"global_step": 0})
+    env = {**python_env(), **s3_env}
+    proc = subprocess.Popen([PYTHON, "-c", _EVALUATOR, url], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for step in range(1, 15):
+        trainer.save(step, {"w": torch.full((1,), float(step))}, {"global_step": step})
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, err
+    evaluated = json.loads(out)
+    index = trainer.index()
+    assert [r["step"] for r in index["checkpoints"]] == list(range(15))  # no save lost
+    assert all(r["metrics"] == {"loss": -float(r["step"])} for r in index["checkpoints"] if r["step"] in evaluated)
+    assert sorted(evaluated) == list(range(15)) and index["best"]["step"] == 14  # no evaluation lost
