@@ -247,3 +247,11 @@ def test_s3_trainer_and_a_second_index_writer_racing(s3_env):
     assert [r["step"] for r in index["checkpoints"]] == list(range(15))  # no save lost
     assert all(r["metrics"] == {"loss": -float(r["step"])} for r in index["checkpoints"] if r["step"] in evaluated)
     assert sorted(evaluated) == list(range(15)) and index["best"]["step"] == 14  # no evaluation lost
+
+
+def test_run_spec_on_a_memory_store():
+    from stoker.run_spec import read_run_spec, write_run_spec
+
+    url = _memory_url()
+    write_run_spec(url, kind="zoo", model="lenet", dataset="mnist")
+    assert read_run_spec(url)["model"] == "lenet"
