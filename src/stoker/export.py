@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -39,8 +40,10 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from . import storage
 from ._version import __version__
 from .checkpoint import INDEX_NAME, CheckpointManager, model_state_to_bytes
+from .checkpoint_files import record_dir
 from .engine.model_state import ModelState
 from .errors import ExportError
 from .run_spec import (  # re-exported: run_spec.json was this module's before stoker.run_spec
@@ -167,8 +170,11 @@ def export(
         raise ValueError(f"export: unknown format(s) {unknown}; choose from {', '.join(FORMATS)}")
     if "onnx" in formats:
         _require_onnx()
-    export_dir = Path(export_dir)
-    _check_target(export_dir)
+    target = storage.location(export_dir)
+    _check_target(target)
+    # An export to an fsspec URL is built in a local directory, then uploaded (signature last).
+    staging = Path(tempfile.mkdtemp(prefix="stoker-export-")) if isinstance(target, storage.UrlPath) else None
+    export_dir = staging / "export" if staging is not None else target
     names, tensors, structure = _flatten_features(example_features)
     rows = {t.shape[0] if t.dim() else None for t in tensors}
     if len(rows) != 1 or None in rows:
@@ -230,11 +236,17 @@ def export(
         }
         (tmp / SIGNATURE_FILE).write_text(json.dumps(signature, indent=1) + "\n")
         _move_into_place(tmp, export_dir)
+        if isinstance(target, storage.UrlPath):
+            for name in [*files, SIGNATURE_FILE]:  # the signature last: an export is complete once it is there
+                storage.upload(export_dir / name, target / name)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log.info("exported %s (step %d, %s) to %s: %s", source or "the weights in memory", step, which, export_dir, ", ".join(files))
-    return export_dir
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    log.info("exported %s (step %d, %s) to %s: %s", source or "the weights in memory", step, which, target, ", ".join(files))
+    return target  # type: ignore[return-value]
 
 
 def _load_weights(estimator: Exportable, checkpoint_path: str | os.PathLike[str] | None) -> tuple[Path | None, int, str]:
@@ -242,12 +254,14 @@ def _load_weights(estimator: Exportable, checkpoint_path: str | os.PathLike[str]
     path: Path | None = None
     which = "given"
     if checkpoint_path is not None:
-        path = Path(checkpoint_path)
-    elif estimator.model_dir and (Path(estimator.model_dir) / INDEX_NAME).exists():
+        path = storage.location(checkpoint_path)
+    elif estimator.model_dir and storage.exists(storage.location(estimator.model_dir) / INDEX_NAME):
         manager = CheckpointManager(estimator.model_dir, writer=False)
-        best = manager.best()
-        if best is not None and (manager.model_dir / best["name"]).is_dir():
-            path, which = manager.model_dir / best["name"], f"best by {best['metric']} ({best['value']:.6g})"
+        index = manager.index()
+        best = index["best"]
+        best_dir = next((record_dir(r) for r in index["checkpoints"] if best and r["name"] == best["name"]), None)
+        if best is not None and best_dir is not None and storage.is_dir(manager.model_dir / best_dir):
+            path, which = manager.model_dir / best_dir, f"best by {best['metric']} ({best['value']:.6g})"
         else:
             path, which = manager.latest_path(), "latest"
     if path is None:
@@ -284,7 +298,12 @@ def _max_difference(eager: Mapping[str, torch.Tensor], exported: Mapping[str, to
     return worst
 
 
-def _check_target(export_dir: Path) -> None:
+def _check_target(export_dir: storage.Location) -> None:
+    if isinstance(export_dir, storage.UrlPath):
+        names = storage.listdir(export_dir)
+        if names and SIGNATURE_FILE not in names:
+            raise ExportError(f"{export_dir} exists and is not an earlier export (no {SIGNATURE_FILE}); choose a new directory")
+        return
     if export_dir.exists() and (not export_dir.is_dir() or (any(export_dir.iterdir()) and not (export_dir / SIGNATURE_FILE).exists())):
         raise ExportError(f"{export_dir} exists and is not an earlier export (no {SIGNATURE_FILE}); choose a new directory")
 
@@ -345,15 +364,21 @@ class ExportedModel:
 
 def load_exported(export_dir: str | os.PathLike[str]) -> ExportedModel:
     """Load ``model.pt2`` and ``signature.json`` of an export directory (no model code needed)."""
-    path = Path(export_dir)
+    path = storage.location(export_dir)
     sig_path = path / SIGNATURE_FILE
-    if not sig_path.exists() or not (path / PROGRAM_FILE).exists():
+    if not storage.exists(sig_path) or not storage.exists(path / PROGRAM_FILE):
         raise ExportError(f"{path} is not a stoker export: it needs {SIGNATURE_FILE} and {PROGRAM_FILE} (run stoker export)")
-    signature = json.loads(sig_path.read_text())
+    signature = json.loads(storage.read_bytes(sig_path))
     if signature.get("format") != EXPORT_FORMAT:
         raise ExportError(f"{sig_path} has format {signature.get('format')!r}; this stoker reads {EXPORT_FORMAT!r}")
-    program = torch.export.load(str(path / PROGRAM_FILE))
-    return ExportedModel(path, signature, program.module())
+    if isinstance(path, storage.UrlPath):  # torch.export.load reads a local file
+        with tempfile.TemporaryDirectory() as tmp:
+            local = Path(tmp) / PROGRAM_FILE
+            local.write_bytes(storage.read_bytes(path / PROGRAM_FILE))
+            program = torch.export.load(str(local))
+    else:
+        program = torch.export.load(str(path / PROGRAM_FILE))
+    return ExportedModel(path, signature, program.module())  # type: ignore[arg-type]
 
 
 __all__ = [
