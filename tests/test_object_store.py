@@ -269,3 +269,20 @@ def test_export_from_and_to_a_memory_store():
     assert exported.signature["global_step"] == 4 and exported.signature["checkpoint"].startswith(url + "/ckpt-4.")
     names = storage.listdir(location(url + "-export"))
     assert names == ["model.pt2", "model.safetensors", "signature.json"]
+
+
+@pytest.mark.slow  # ~13 s: the harness measures the peak matmul rate first
+def test_bench_train_dir_on_a_memory_store(capsys):
+    from stoker.cli import main
+
+    url = _memory_url()
+    args = ["bench", "--model", "trivial", "--batch_size", "4", "--num_batches", "3", "--num_warmup_batches", "1",
+            "--device", "cpu", "--train_dir", url, "--save_model_steps", "2"]
+    try:
+        rc = main(args)
+    except SystemExit as e:  # the command may exit with its status
+        rc = e.code
+    assert rc in (0, None)
+    names = storage.listdir(location(url))
+    assert "checkpoint.json" in names and "run_spec.json" in names
+    assert CheckpointManager(url, writer=False).latest_step() == 4
