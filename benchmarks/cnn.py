@@ -10,6 +10,10 @@ cannot be undone), interleaved round by round so machine noise hits all alike:
   framework) with the C library's malloc defaults: "plain PyTorch" of REFERENCE_NUMBERS.md;
 - ``stoker, C malloc``: ``stoker bench --keep_host_memory=false``;
 - ``plain, kept memory``: the hand-written loop after ``stoker.keep_freed_host_memory()``;
+- ``tensorflow`` (``--configs`` picks it): TensorFlow's own tf_cnn_benchmarks.py with the same
+  model, data set, batch, threads and step counts, run from the peer install of
+  ``../shared/peers/README.md`` (``$PEERS_DIR``, default ``~/.cache/stoker-peers``), on this
+  machine in the same rounds: the side-by-side column of issue 12;
 - ``compile=module`` / ``compile=step`` (``--configs`` picks them): ``stoker bench --compile=module``
   and ``--compile=step`` (the whole training step compiled). Compilation happens in the warm-up
   batches, which are not timed; their columns are ratios to ``stoker`` (eager) of the same run.
@@ -23,6 +27,7 @@ speed-up each target asks of plain PyTorch there (resnet50 11.5 / 7.6, resnet20 
     python benchmarks/cnn.py                      # all three models, 2 rounds
     python benchmarks/cnn.py --models resnet20 --rounds 3
     python benchmarks/cnn.py --models resnet20 resnet50 --rounds 1 --configs stoker stoker_compile_module stoker_compile_step
+    python benchmarks/cnn.py --configs stoker tensorflow      # against TensorFlow on this machine
 """
 
 from __future__ import annotations
@@ -31,11 +36,13 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -99,6 +106,31 @@ def plain_images_per_sec(case: Case) -> float:
     return case.num_batches * BATCH / (time.perf_counter() - start)
 
 
+PEERS_DIR = Path(os.environ.get("PEERS_DIR", Path.home() / ".cache" / "stoker-peers"))
+
+
+def tensorflow_images_per_sec(case: Case, threads: int) -> float:
+    """tf_cnn_benchmarks.py on the same work (a child process of the peer install's Python)."""
+    python = PEERS_DIR / "tfvenv" / "bin" / "python"
+    script_dir = PEERS_DIR / "benchmarks" / "scripts" / "tf_cnn_benchmarks"
+    if not python.exists() or not script_dir.is_dir():
+        raise SystemExit(f"--configs tensorflow: no TensorFlow peer in {PEERS_DIR}; install it with "
+                         "../shared/peers/setup-tf-cnn.sh (see ../shared/peers/README.md) or set PEERS_DIR")
+    cmd = [str(python), "tf_cnn_benchmarks.py", "--device=cpu", "--data_format=NHWC", f"--model={case.model}",
+           f"--batch_size={BATCH}", f"--num_batches={case.num_batches}",
+           f"--num_warmup_batches={case.num_warmup_batches}", "--variable_update=parameter_server",
+           "--local_parameter_device=cpu", f"--num_intra_threads={threads}", "--num_inter_threads=1",
+           f"--weight_decay={WEIGHT_DECAY}"]
+    if case.dataset != "imagenet":
+        cmd.append(f"--data_name={case.dataset}")
+    env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    out = subprocess.run(cmd, cwd=script_dir, env=env, capture_output=True, text=True, timeout=3600)
+    found = re.search(r"total images/sec:\s*([0-9.]+)", out.stdout)
+    if out.returncode != 0 or found is None:
+        raise RuntimeError(f"tf_cnn_benchmarks failed ({out.returncode}): {(out.stderr or out.stdout)[-2000:]}")
+    return float(found.group(1))
+
+
 def uptime() -> str:
     try:
         return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
@@ -108,6 +140,7 @@ def uptime() -> str:
 
 CONFIGS = ("stoker", "plain", "stoker_c_malloc", "plain_kept")
 COMPILE_CONFIGS = {"stoker_compile_module": "module", "stoker_compile_step": "step"}
+OTHER_CONFIGS = ("tensorflow",)
 # Images/sec that issue 4's targets ask for, over plain PyTorch on REFERENCE_NUMBERS' machine.
 TARGET_SPEEDUP = {"resnet50": 11.5 / 7.6, "resnet20": 710 / 640}
 
@@ -124,6 +157,10 @@ def measure(config: str, case: Case) -> float:
 
 
 def measure_in_child(config: str, case: Case, threads: int, num_batches: int | None = None) -> float:
+    if config == "tensorflow":
+        if num_batches:
+            case = Case(case.model, case.dataset, num_batches, case.num_warmup_batches, case.tf_images_per_sec)
+        return tensorflow_images_per_sec(case, threads)
     extra = ["--num_batches", str(num_batches)] if num_batches else []
     out = subprocess.run(
         [sys.executable, __file__, "--one", config, case.model, "--threads", str(threads), *extra],
@@ -137,7 +174,7 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", choices=sorted(CASES), default=list(CASES))
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the median is reported")
     parser.add_argument("--threads", type=int, help="intra-op threads (default: the idle cores, as stoker bench)")
-    parser.add_argument("--configs", nargs="+", choices=CONFIGS + tuple(COMPILE_CONFIGS), default=list(CONFIGS),
+    parser.add_argument("--configs", nargs="+", choices=CONFIGS + tuple(COMPILE_CONFIGS) + OTHER_CONFIGS, default=list(CONFIGS),
                         help="which configurations to run (default: the four without compilation)")
     parser.add_argument("--num_batches", type=int, help="timed steps per model (default: each model's own)")
     parser.add_argument("--one", nargs=2, metavar=("CONFIG", "MODEL"), help=argparse.SUPPRESS)  # a child's one measurement
@@ -171,11 +208,14 @@ def main() -> None:
         print(f"  {name}: " + ", ".join(f"{c} {[round(x, 1) for x in v]}" for c, v in runs.items()), flush=True)
     print(f"after:  {uptime()}")
     print()
-    if set(args.configs) != set(CONFIGS):  # a compile comparison: images/sec and ratios to eager stoker
-        print("| model (data set) | " + " | ".join(args.configs) + " | " + " | ".join(f"{c} / stoker" for c in args.configs if c != "stoker") + " |")
+    if set(args.configs) != set(CONFIGS):  # a comparison with eager stoker: images/sec and ratios to it
+        # TensorFlow is the baseline stoker is measured against (stoker / tensorflow); the
+        # compiled variants are measured against eager stoker (variant / stoker).
+        pairs = [("stoker", c) if c in OTHER_CONFIGS else (c, "stoker") for c in args.configs if c != "stoker"]
+        print("| model (data set) | " + " | ".join(args.configs) + " | " + " | ".join(f"{a} / {b}" for a, b in pairs) + " |")
         print("|---|" + "---|" * (2 * len(args.configs) - ("stoker" in args.configs)))
         for case, m in rows:
-            ratios = [f"{m[c] / m['stoker']:.2f}x" for c in args.configs if c != "stoker"] if "stoker" in m else []
+            ratios = [f"{m[a] / m[b]:.2f}x" for a, b in pairs] if "stoker" in m else []
             print(f"| {case.model} ({case.dataset}) | " + " | ".join(f"{m[c]:.1f}" for c in args.configs) + " | " + " | ".join(ratios) + " |")
         return
     print("| model (data set) | plain loop | stoker bench | stoker / plain | target's speed-up | stoker, C malloc | plain, kept memory "

@@ -1,19 +1,22 @@
-"""Inference latency: ``Estimator.predict`` vs the eager ``model_fn`` vs the exported program vs torch.compile.
+"""Inference latency: ``Estimator.predict`` vs the eager ``model_fn`` vs the exported program vs torch.compile vs the AOT package.
 
 For each model (``resnet20`` on CIFAR-10 images, the ``charlm`` recipe on byte segments) and
 each batch size, one request is timed ``--iters`` times (after ``--warmup`` untimed calls)
-four ways:
+five ways:
 
 - ``estimator.predict``: ``next(est.predict(input_fn, yield_single_examples=False))`` per
   request: what a Python caller of the Estimator pays (infeed set-up, padding, copies);
 - ``eager``: the PREDICT ``model_fn`` on the module, under ``torch.inference_mode``;
 - ``exported``: ``torch.export.load("model.pt2").module()``, what ``stoker serve`` runs;
 - ``compiled``: ``torch.compile`` of the eager computation (compiled once per batch size; the
-  compile time is reported apart and is not in the latencies).
+  compile time is reported apart and is not in the latencies);
+- ``aot``: the AOTInductor package of ``export(..., aot=True)`` (``model.aoti.pt2``, one package
+  with the dynamic batch for every batch size; its compile time is reported apart).
 
 Weights are the freshly initialised ones (latency does not depend on their values); the
 exported program is checked against eager before timing. Prints a table; ``--json`` also
-writes the rows. Compile is slow on a small CPU: ``--no-compile`` skips it.
+writes the rows. Compile is slow on a small CPU: ``--no-compile`` skips torch.compile and
+``--no-aot`` the AOT package.
 """
 
 from __future__ import annotations
@@ -83,15 +86,17 @@ MODELS: dict[str, Callable[[], tuple[EstimatorFactory, Callable[[int], torch.Ten
 }
 
 
-def bench_model(name: str, batches: list[int], warmup: int, iters: int, compile_: bool, workdir: Path) -> list[dict[str, Any]]:
+def bench_model(name: str, batches: list[int], warmup: int, iters: int, compile_: bool, workdir: Path,
+                aot: bool = True) -> list[dict[str, Any]]:
     """Rows ``{model, batch, path, p50_ms, p99_ms, mean_ms, examples_per_sec, ...}`` for one model."""
     make_estimator, make_input = MODELS[name]()
     fresh = make_estimator(max(batches), None)
     start = time.perf_counter()
-    out_dir = export(fresh, workdir / name, make_input(2))
+    out_dir = export(fresh, workdir / name, make_input(2), aot=aot)
     export_s = time.perf_counter() - start
     weights = out_dir / "model.safetensors"
     program = load_exported(out_dir)
+    package = load_exported(out_dir, aot=True) if aot else None
     module = PredictModule(fresh.model.eval(), fresh._model_fn, {**fresh.params, "cache": None}, None).eval()
     rows: list[dict[str, Any]] = []
     for batch in batches:
@@ -110,6 +115,11 @@ def bench_model(name: str, batches: list[int], warmup: int, iters: int, compile_
             "exported": lambda x=x: program({"features": x}),
         }
         extra: dict[str, dict[str, float]] = {}
+        if package is not None:
+            paths["aot"] = lambda x=x: package({"features": x})
+            extra["aot"] = {"compile_s": float(package.signature["aot"]["compile_s"])}
+            for key, value in eager_out.items():
+                assert torch.allclose(value.float(), package({"features": x})[key].float(), rtol=1e-4, atol=1e-4), f"{name}: aot {key} differs"
         if compile_:
             compiled = torch.compile(module, dynamic=False)
             start = time.perf_counter()
@@ -136,11 +146,14 @@ def _no_grad(module: Callable[..., Any], x: torch.Tensor) -> Any:
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
     """The result table (markdown)."""
-    lines = ["| model | batch | path | p50 ms | p99 ms | examples/s | note |", "|---|---:|---|---:|---:|---:|---|"]
+    eager = {(r["model"], r["batch"]): r["p50_ms"] for r in rows if r["path"] == "eager"}
+    lines = ["| model | batch | path | p50 ms | p99 ms | examples/s | p50 speed-up vs eager | note |",
+             "|---|---:|---|---:|---:|---:|---:|---|"]
     for r in rows:
         note = f"compile {r['compile_s']:.1f} s" if "compile_s" in r else ""
+        speedup = eager.get((r["model"], r["batch"]), float("nan")) / r["p50_ms"]
         lines.append(f"| {r['model']} | {r['batch']} | {r['path']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
-                     f"{r['examples_per_sec']:.0f} | {note} |")
+                     f"{r['examples_per_sec']:.0f} | {speedup:.2f}x | {note} |")
     return "\n".join(lines)
 
 
@@ -152,6 +165,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--no-compile", dest="compile", action="store_false", help="skip torch.compile (slow on small CPUs)")
+    parser.add_argument("--no-aot", dest="aot", action="store_false", help="skip the AOTInductor package (needs a C++ compiler)")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     args = parser.parse_args()
     logging.getLogger("stoker").setLevel(logging.ERROR)  # the fresh-weights export warning is expected here
@@ -161,7 +175,7 @@ def main() -> None:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
-            rows += bench_model(name, args.batches, args.warmup, args.iters, args.compile, Path(tmp))
+            rows += bench_model(name, args.batches, args.warmup, args.iters, args.compile, Path(tmp), args.aot)
             print(f"{name} done", flush=True)
     print(format_rows(rows))
     if args.json:

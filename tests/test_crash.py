@@ -48,7 +48,7 @@ def final_weights(model_dir: Path) -> bytes:
     return (model_dir / f"ckpt-{MAX_STEPS}" / "model.safetensors").read_bytes()
 
 
-@pytest.mark.parametrize("precision", ["fp32", pytest.param("fp16", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16-sr", marks=pytest.mark.slow), pytest.param("fp16", marks=pytest.mark.slow)])
 def test_kill_9_at_a_random_moment_then_rerun_is_bitwise_equal(tmp_path, precision):
     ref = run_to_end(tmp_path / "ref", "--precision", precision)
     assert ref.returncode == 0, ref.stderr

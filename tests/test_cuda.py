@@ -13,7 +13,7 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16", "bf16-sr"])
 def test_cuda_resume_is_bitwise_equal(tmp_path, precision):
     x, y = make_data(100)
     kw = dict(device="cuda", precision=precision, deterministic=True)

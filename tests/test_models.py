@@ -7,13 +7,17 @@ model without adding its reference count fails.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
 
 from stoker.models import (
+    DATASETS,
     count_parameters,
     create_model,
+    example_flops,
     get_model_info,
     list_models,
     model_flops,
@@ -90,6 +94,11 @@ EXPECTED_PARAMS: dict[tuple[str, str], int] = {
     # Keras MobileNet (1.0, 224): 4,231,976 trainable + 1,025.
     ("imagenet", "mobilenet_v1"): 4_233_001,
     ("imagenet", "mobilenet"): 4_233_001,  # this zoo's 'mobilenet' is v1, as the issue names it
+    # Keras NASNetMobile / NASNetLarge (the slim networks without the auxiliary head, which
+    # tf_cnn_benchmarks does not build either): 5,289,978 / 88,753,150 trainable (5,326,716 /
+    # 88,949,818 with the batch-norm statistics) + 1,057 / 4,033 for the 1001st class.
+    ("imagenet", "nasnet"): 5_291_035,
+    ("imagenet", "nasnetlarge"): 88_757_183,
     # --- CIFAR-10 ---------------------------------------------------------------------------
     # flatten(32*32*3) -> 1 -> 4096 -> 10.
     ("cifar10", "trivial"): 52_235,
@@ -112,13 +121,38 @@ EXPECTED_PARAMS: dict[tuple[str, str], int] = {
     ("cifar10", "densenet40_k12"): 1_020_634,
     ("cifar10", "densenet100_k12"): 6_981_994,
     ("cifar10", "densenet100_k24"): 27_253_738,
+    # Zoph et al. 2017, Table 1: NASNet-A (6 @ 768) 3.3M. No Keras model exists; the cells are
+    # the code checked exactly against Keras above, with the one-convolution CIFAR stem.
+    ("cifar10", "nasnet"): 3_346_538,
+    # --- other data sets ----------------------------------------------------------------------
+    # NeuMF: (138,493 users + 26,744 items) x (64 GMF + 128 MLP) embedding values, MLP
+    # 256->256->128->64 (65,792 + 32,896 + 8,256) and the 128->1 logit (129).
+    ("movielens", "ncf"): 31_832_577,
+    # DeepSpeech2, from tf_cnn's deepspeech.py: convolutions 41*11*32 + 21*11*32*32 (no bias)
+    # with 2 x 2 x 32 batch norm; bidirectional LSTMs, per direction (in + 800) * 3200 + 3200
+    # (TensorFlow's single bias), in = 2592 then 1600: 21,715,200 + 4 * 15,366,400; batch norm
+    # 4 x 3200 before layers 2-5 and 3200 after; logits 1600 * 29 + 29.
+    ("librispeech", "deepspeech2"): 83_494_333,
+    # SSD300: torchvision resnet34's conv1..layer3 (21,797,672 - 13,114,368 for layer4 - 513,000
+    # for fc = 8,170,304; the reference's stride-1 third stage has the same shapes), the extra
+    # biased convolutions 256-256-512, 512-256-512, 512-128-256, 256-128-256 twice (3,574,400),
+    # and per map n * (4 + 81) * (9 * C + 1) for the box and class heads (8,227,830).
+    ("coco", "ssd300"): 19_972_534,
+}
+
+# Batch-norm running statistics (mean and variance, 2 per channel) that Keras counts as
+# non-trainable parameters: 36,738 (NASNetMobile) and 196,668 (NASNetLarge).
+EXPECTED_BN_STATISTICS: dict[tuple[str, str], int] = {
+    ("imagenet", "nasnet"): 36_738,
+    ("imagenet", "nasnetlarge"): 196_668,
 }
 
 # Forward + backward of these takes seconds each on a 2-core CPU (fixed 224x224 input and
 # 100M+ parameters); they run with `-m slow`. Their parameter counts are still checked.
-SLOW_FORWARD = {("imagenet", "vgg16"), ("imagenet", "vgg19"), ("imagenet", "overfeat")}
+SLOW_FORWARD = {("imagenet", "vgg16"), ("imagenet", "vgg19"), ("imagenet", "overfeat"), ("imagenet", "nasnetlarge"),
+                ("librispeech", "deepspeech2")}  # 3,494 frames: a teraFLOP per step; see the short tests
 
-REGISTERED = [(d, n) for d in ("imagenet", "cifar10") for n in list_models(d)]
+REGISTERED = [(d, n) for d in DATASETS for n in list_models(d)]
 
 
 def _id(key: tuple[str, str]) -> str:
@@ -145,9 +179,14 @@ def test_parameter_count_matches_reference(key: tuple[str, str]) -> None:
     # On the meta device nothing is allocated or computed, so even VGG-19 is instant.
     with torch.device("meta"):
         model = create_model(name, dataset=dataset)
-        logits = model(torch.empty(2, 3, info.image_size, info.image_size))
+        # (DeepSpeech2's 874 LSTM steps take a minute even on the meta device: not here.)
+        outputs = model(info.example_batch(2, device="meta")[0]) if info.is_classifier else None
     assert count_parameters(model) == EXPECTED_PARAMS[key]
-    assert logits.shape == (2, info.num_classes)  # the default image size fits the model
+    if key in EXPECTED_BN_STATISTICS:
+        statistics = sum(b.numel() for n, b in model.named_buffers() if n.endswith(("running_mean", "running_var")))
+        assert statistics == EXPECTED_BN_STATISTICS[key]
+    if outputs is not None:
+        assert outputs.shape == (2, info.num_classes)  # the default image size fits the model
 
 
 @pytest.mark.parametrize("key", _forward_params())
@@ -158,14 +197,21 @@ def test_forward_backward(key: tuple[str, str]) -> None:
     torch.manual_seed(0)
     model = create_model(name, dataset=dataset)
     model.train()
-    # Fixed-size models need their default size; global-pool ones are tested at their minimum.
-    size = info.min_image_size
-    images = torch.randn(2, 3, size, size)
-    labels = torch.randint(0, info.num_classes, (2,))
-    logits = model(images)
-    assert logits.shape == (2, info.num_classes)
-    assert torch.isfinite(logits).all()
-    F.cross_entropy(logits, labels).backward()
+    if info.is_classifier:
+        # Fixed-size models need their default size; global-pool ones are tested at their minimum.
+        size = info.min_image_size
+        images = torch.randn(2, 3, size, size)
+        labels = torch.randint(0, info.num_classes, (2,))
+        logits = model(images)
+        assert logits.shape == (2, info.num_classes)
+        assert torch.isfinite(logits).all()
+        loss = F.cross_entropy(logits, labels)
+    else:
+        assert info.loss is not None
+        features, labels = info.example_batch(2)
+        loss = info.loss(model(features), labels)
+    assert torch.isfinite(loss)
+    loss.backward()
     for pname, p in model.named_parameters():
         assert p.grad is not None, f"{pname} got no gradient"
         assert torch.isfinite(p.grad).all(), f"{pname} has a non-finite gradient"
@@ -218,7 +264,7 @@ def test_same_name_for_two_datasets_gives_two_models() -> None:
         imagenet = create_model("alexnet")
         cifar = create_model("alexnet", dataset="cifar10")
     assert count_parameters(imagenet) != count_parameters(cifar)
-    assert set(list_models()) == set(list_models("imagenet")) | set(list_models("cifar10"))
+    assert set(list_models()) == {n for d in DATASETS for n in list_models(d)}
 
 
 def test_unknown_model_lists_allowed_names() -> None:
@@ -256,6 +302,35 @@ def test_model_flops_match_published_numbers() -> None:
     assert model_flops(v1_5, 224) == pytest.approx(2 * 4.09e9, rel=0.05)
     # Sandler et al. 2018, Table 4: MobileNetV2 (1.0, 224) 300M multiply-adds.
     assert model_flops(mobilenet_v2, 224) == pytest.approx(2 * 300e6, rel=0.05)
+    # Zoph et al. 2017, Table 2: NASNet-A (4 @ 1056) 564M, NASNet-A (6 @ 4032) at 331x331 23.8B.
+    with torch.device("meta"):
+        nasnet, nasnet_large = create_model("nasnet"), create_model("nasnetlarge")
+    assert model_flops(nasnet, 224) == pytest.approx(2 * 564e6, rel=0.01)
+    assert model_flops(nasnet_large, 331) == pytest.approx(2 * 23.8e9, rel=0.01)
+
+
+def test_nasnet_drop_path_grows_with_training_steps() -> None:
+    """Drop-path keeps everything at step 0, is counted in training mode only, and at the end of
+    training drops whole examples of a branch, scaling the kept ones by 1 / keep_prob."""
+    from stoker.models.nasnet import drop_path
+
+    torch.manual_seed(0)
+    kept = drop_path(torch.ones(1000, 1, 1, 1), torch.tensor(0.75))
+    torch.testing.assert_close(kept.unique(), torch.tensor([0.0, 4.0 / 3.0]))
+    assert 0.70 < (kept > 0).float().mean().item() < 0.80
+    model = create_model("nasnet", dataset="cifar10")
+    features = model.features
+    images = torch.randn(4, 3, 8, 8)
+    model.eval()
+    model(images)
+    assert features.drop_path_steps.item() == 0.0  # eval mode neither counts nor drops
+    model.train()
+    model(images)
+    model(images)
+    assert features.drop_path_steps.item() == 2.0
+    # The last cell's keep probability: 1 - (18 + 2) / 20 * (1 - 0.6) = 0.6 at the end of training.
+    assert features.cells[-1].keep_prob == pytest.approx(0.6)
+    assert features.cells[0].keep_prob == pytest.approx(1 - 1 / 20 * 0.4)
 
 
 def test_model_flops_is_per_image_and_keeps_the_mode() -> None:
@@ -263,3 +338,126 @@ def test_model_flops_is_per_image_and_keeps_the_mode() -> None:
     one = model_flops(model, 32)
     assert model_flops(model, 32, batch_size=4) == one
     assert model.training
+
+
+def test_ncf_loss_is_the_reference_two_column_softmax() -> None:
+    """Softmax cross-entropy over ``(1, logit)``: label 1 costs ``-log sigmoid(logit - 1)``."""
+    from stoker.models.ncf import ncf_loss
+
+    logits = torch.tensor([[0.0], [0.0], [3.0]])
+    labels = torch.tensor([0, 1, 1])
+    expected = [math.log(1 + math.exp(-1)), math.log(1 + math.exp(1)), math.log(1 + math.exp(-2))]
+    assert ncf_loss(logits, labels).item() == pytest.approx(sum(expected) / 3, rel=1e-6)
+
+
+def test_ncf_reads_user_and_item_rows() -> None:
+    """The logit of (user, item) depends on exactly those two embedding rows."""
+    torch.manual_seed(0)
+    model = create_model("ncf", dataset="movielens")
+    ids = torch.tensor([[5, 7], [138_492, 26_743]])
+    model(ids).sum().backward()
+    user_rows = model.embedding_user.weight.grad.abs().sum(1).nonzero().flatten().tolist()
+    item_rows = model.embedding_item.weight.grad.abs().sum(1).nonzero().flatten().tolist()
+    assert user_rows == [5, 138_492] and item_rows == [7, 26_743]
+    with pytest.raises(ValueError, match="num_classes=3"):
+        create_model("ncf", dataset="movielens", num_classes=3)
+
+
+def test_deepspeech2_short_utterances_train_and_count_flops() -> None:
+    """Forward and backward on 120 frames; the per-frame FLOP count is the full trace's exactly;
+    the full-length count is the reference network's 183.0 GFLOP per utterance."""
+    info = get_model_info("deepspeech2", "librispeech")
+    torch.manual_seed(0)
+    model = create_model("deepspeech2", dataset="librispeech")
+    features = {"spectrogram": torch.rand(2, 120, 161), "lengths": torch.tensor([120, 100])}
+    labels = {"labels": torch.randint(0, 28, (2, 12)), "lengths": torch.tensor([12, 7])}
+    logits, lengths = model(features)
+    assert logits.shape == (2, 30, 29)  # 120 frames -> 60 -> 30
+    assert lengths.tolist() == [30, 25]
+    loss = info.loss((logits, lengths), labels)
+    assert torch.isfinite(loss) and loss > 0
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    model.eval()
+    assert model.count_flops(features) == model_flops(model, batch_size=1, features=features)
+    with torch.device("meta"):
+        full = create_model("deepspeech2", dataset="librispeech")
+    # 2 * (conv 41*11*32 * 1747*81 + 21*11*32*32 * 874*81 + 874 * (2 * 2 * 3392*3200
+    #      + 4 * 2 * 2 * 2400*3200 + 1600*29)) multiply-adds.
+    expected = 2 * (41 * 11 * 32 * 1747 * 81 + 21 * 11 * 32 * 32 * 874 * 81
+                    + 874 * (2 * 3392 * 3200 + 4 * 2 * 2400 * 3200 + 1600 * 29))
+    assert example_flops(full, info) == expected
+
+
+def test_ctc_loss_counts_the_alignments() -> None:
+    """Uniform outputs over 29 classes: a 1-character label has 1 alignment in 1 frame and 3 in
+    2 frames ("aa", "a_", "_a"), so the loss is log(29^T / paths); a label that cannot fit costs 0."""
+    from stoker.models.deepspeech import ctc_loss
+
+    def loss(frames: int, label_length: int) -> float:
+        outputs = (torch.zeros(1, frames, 29), torch.tensor([frames]))
+        return ctc_loss(outputs, {"labels": torch.tensor([[3, 4]]), "lengths": torch.tensor([label_length])}).item()
+
+    assert loss(1, 1) == pytest.approx(math.log(29), rel=1e-5)
+    assert loss(2, 1) == pytest.approx(math.log(29**2 / 3), rel=1e-5)
+    assert loss(1, 2) == 0.0
+
+
+def test_deepspeech2_synthetic_utterances_have_variable_lengths_that_fit() -> None:
+    info = get_model_info("deepspeech2", "librispeech")
+    features, labels = info.example_batch(8, seed=3)
+    frames, spectrogram = features["lengths"], features["spectrogram"]
+    assert spectrogram.shape == (8, 3494, 161)
+    assert ((frames >= 1747) & (frames <= 3494)).all() and len(set(frames.tolist())) > 1
+    for i, n in enumerate(frames.tolist()):
+        assert spectrogram[i, n:].abs().sum() == 0 and spectrogram[i, n - 1].abs().sum() > 0
+    assert labels["labels"].shape == (8, 576) and int(labels["labels"].max()) < 28  # 28 is the blank
+    assert ((labels["lengths"] >= 1) & (labels["lengths"] <= frames // 8)).all()
+
+
+def test_ssd_default_boxes_follow_the_reference_grid() -> None:
+    from stoker.models.ssd import default_boxes
+
+    boxes = default_boxes()
+    assert boxes.shape == (8732, 4)
+    assert ((boxes >= 0) & (boxes <= 1)).all()
+    # The first box: the 38x38 map's top-left cell (step 8 of 300), the smallest square (21 px).
+    torch.testing.assert_close(boxes[0], torch.tensor([4 / 300, 4 / 300, 21 / 300, 21 / 300], dtype=torch.float64))
+    # Shape-major order: box 38*38 is the same cell's second shape, sqrt(21 * 45) px square.
+    side = math.sqrt(21 * 45) / 300
+    torch.testing.assert_close(boxes[38 * 38], torch.tensor([4 / 300, 4 / 300, side, side], dtype=torch.float64))
+    # The last: the 1x1 map's centre, the tall 2:1 box clipped to the image height.
+    torch.testing.assert_close(boxes[-1, :2], torch.tensor([0.5, 0.5], dtype=torch.float64))
+
+
+def test_ssd_targets_match_by_iou_and_encode_offsets() -> None:
+    from stoker.models.ssd import _corners, default_boxes, encode_targets
+
+    anchors = default_boxes()
+    # A ground-truth box equal to default box 100, one shifted by a tenth of its size.
+    exact = _corners(anchors[100:101]).float()
+    shifted = _corners(anchors[5000:5001]).float()
+    shifted[:, [0, 2]] += 0.1 * float(anchors[5000, 2])
+    offsets, classes, matches = encode_targets(torch.cat([exact, shifted]), torch.tensor([7, 9]), anchors)
+    assert classes[100] == 7 and classes[5000] == 9
+    torch.testing.assert_close(offsets[100], torch.zeros(4), atol=1e-5, rtol=0)
+    # (cy - cy_a) / h_a * 10 = 0.1 * 10; the size is unchanged.
+    torch.testing.assert_close(offsets[5000], torch.tensor([1.0, 0.0, 0.0, 0.0]), atol=1e-4, rtol=0)
+    assert matches == (classes > 0).sum() >= 2
+    assert (offsets[classes == 0] == 0).all()
+
+
+def test_ssd_loss_mines_three_hard_negatives_per_match() -> None:
+    from stoker.models.ssd import ssd_loss
+
+    locs = torch.zeros(1, 8, 4)
+    confs = torch.zeros(1, 8, 3)
+    confs[0, 1:, 1] = torch.arange(7.0)  # unmatched boxes: the larger class-1 logit, the larger loss
+    gt = torch.zeros(1, 8, 4)
+    gt[0, 0] = torch.tensor([0.5, 2.0, 0.0, 0.0])
+    classes = torch.tensor([[2, 0, 0, 0, 0, 0, 0, 0]])
+    loss = ssd_loss((locs, confs), {"boxes": gt, "classes": classes, "num_matched": torch.tensor([1.0])})
+    box = 0.5 * 0.5**2 + (2.0 - 0.5)  # smooth L1 of the one match
+    ce = [math.log(2 + math.exp(v)) - 0.0 for v in range(7)]  # background target, logits (0, v, 0)
+    expected = box + math.log(3) + sum(sorted(ce)[-3:])  # the match + its 3 hardest negatives
+    assert loss.item() == pytest.approx(expected, rel=1e-6)

@@ -5,6 +5,9 @@ Layout (a user-facing format, documented in docs/checkpoints.md)::
     model_dir/
       checkpoint.json              index: latest, retained checkpoints, best, sha256 of each file
       checkpoint.lock              local model_dir: taken (flock) by every writer of the index
+                                   (trainer, watching evaluator)
+      finished.json                written when training reaches max_steps: {"step": N}; a watching
+                                   evaluator stops once it has evaluated everything up to it
       ckpt-<step>/model.safetensors   weights, readable without stoker
       ckpt-<step>/train_state.pt      optimizer, schedule, scaler, RNGs, step, cache, hook state
       ckpt-<step>/input-<rank>.json   input pipeline position of each replica (.pt if not JSON)
@@ -22,7 +25,11 @@ index only ever names complete checkpoints.
   are verified (listed back, sizes compared), and then the index is written, as the commit
   point, with a conditional write (S3 ``If-Match``/``If-None-Match``; on stores without them,
   under a process-wide lock). A prefix no index names is an orphan of a crashed write and is
-  removed by the next save.
+  removed by the next run's first save.
+
+Leftovers of a crashed write (local temporary directories, object-store orphans) are removed at
+a manager's first save, not when it opens: an evaluator opens a writing manager on a model_dir
+while the trainer may be in the middle of a save.
 
 Storage faults (``stoker.storage``) are retried when transient and otherwise raise
 ``StorageError`` naming the path and the cause; the half-written checkpoint is removed and the
@@ -74,6 +81,8 @@ from .errors import CheckpointError, StorageError
 from .storage import DEFAULT_RETRY, Location, RetryPolicy, UrlPath
 
 log = logging.getLogger("stoker")
+
+FINISHED_NAME = "finished.json"
 
 
 def _temp_name(path: Path) -> Path:
@@ -164,13 +173,11 @@ class CheckpointManager:
         self.keep_best = keep_best
         self.writer = writer
         self.retry = retry
-        self._orphans_checked = False
+        self._leftovers_checked = False  # see the module docstring: at the first save, not here
         if self.remote:
             storage.filesystem(self.model_dir)  # a missing extra (s3fs, gcsfs) is named now
         if writer:
             storage.makedirs(self.model_dir, retry)
-            if isinstance(self.model_dir, Path):
-                _remove_leftovers(self.model_dir)
 
     # ---------------------------------------------------------------- index
     def index(self) -> dict[str, Any]:
@@ -267,10 +274,44 @@ class CheckpointManager:
         self._remove(removed)
         return result
 
+    # ---------------------------------------------------------------- finished marker
+    def mark_finished(self, step: int) -> None:
+        """Record that training reached its last step (``max_steps``): ``finished.json``."""
+        data = json.dumps({"step": int(step), "time": time.time()}).encode()
+        path = self.model_dir / FINISHED_NAME
+        if isinstance(path, Path):  # temp + rename: a reader never sees half a file
+            tmp = _temp_name(path)
+            storage.write_all([(tmp, data)], self.retry)
+            os.replace(tmp, path)
+        else:  # an object store's put is atomic
+            storage.write_all([(path, data)], self.retry)
+
+    def clear_finished(self) -> None:
+        """Training goes on: remove ``finished.json`` (if any)."""
+        path = self.model_dir / FINISHED_NAME
+        if isinstance(path, Path):
+            path.unlink(missing_ok=True)
+        elif storage.exists(path):
+            storage.remove_tree(path)
+
+    def finished_step(self) -> int | None:
+        """The step ``finished.json`` names, or ``None`` while training has not finished."""
+        path = self.model_dir / FINISHED_NAME
+        try:
+            return int(json.loads(storage.read_bytes(path, self.retry))["step"])
+        except (OSError, StorageError, ValueError, KeyError, TypeError):
+            return None
+
     # ---------------------------------------------------------------- save
     def begin(self, step: int) -> Location:
         """A fresh directory for ``ckpt-<step>`` that other replicas may write into: locally a
         hidden temporary directory (renamed at commit), on an object store its unique prefix."""
+        if not self._leftovers_checked:  # before this save's own directory exists
+            self._leftovers_checked = True
+            if isinstance(self.model_dir, Path):
+                _remove_leftovers(self.model_dir)
+            else:
+                self._remove_orphans()
         if isinstance(self.model_dir, UrlPath):
             return self.model_dir / f"ckpt-{step}.{uuid.uuid4().hex[:8]}"
         tmp = self.model_dir / f".tmp-ckpt-{step}-{uuid.uuid4().hex[:8]}"
@@ -296,8 +337,6 @@ class CheckpointManager:
             raise CheckpointError("only the chief process writes checkpoints")
         name = f"ckpt-{step}"
         staging = tmp_dir if tmp_dir is not None else self.begin(step)
-        if self.remote and not self._orphans_checked:
-            self._remove_orphans(keep=staging.name)
         try:
             files: dict[str, str] = {}
             sizes: dict[str, int] = {}
@@ -404,11 +443,9 @@ class CheckpointManager:
         for d in dirs:
             storage.remove_tree(self.model_dir / d)
 
-    def _remove_orphans(self, keep: str) -> None:
-        """Remove the ``ckpt-<step>.<random>`` prefixes of crashed writes no index names
-        (except ``keep``, the one being written now)."""
-        self._orphans_checked = True
-        named = {record_dir(r) for r in self.records()} | {keep}
+    def _remove_orphans(self) -> None:
+        """Remove the ``ckpt-<step>.<random>`` prefixes of crashed writes no index names."""
+        named = {record_dir(r) for r in self.records()}
         for entry in storage.listdir(self.model_dir):
             m = CKPT_RE.match(entry)
             if m and m.group(2) and entry not in named:

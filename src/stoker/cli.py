@@ -23,14 +23,15 @@ def build_parser() -> argparse.ArgumentParser:
     from .adanet.cli import add_parser as add_adanet_parser
     from .bench.cli import add_bench_parser
     from .checkpoint_cli import add_parser as add_checkpoint_parser
+    from .evaluate_cli import add_parser as add_evaluate_parser
     from .export_cli import add_parser as add_export_parser
     from .inspect_run import add_parser as add_inspect_parser  # inspect and plot
     from .recipes import add_parser as add_train_parser  # train <recipe>
     from .serve import add_parser as add_serve_parser
 
     add_bench_parser(sub)
-    for add in (add_train_parser, add_adanet_parser, add_export_parser, add_serve_parser, add_inspect_parser,
-                add_checkpoint_parser):
+    for add in (add_train_parser, add_evaluate_parser, add_adanet_parser, add_export_parser, add_serve_parser,
+                add_inspect_parser, add_checkpoint_parser):
         add(sub)
     return parser
 
@@ -47,7 +48,9 @@ def _info(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(given)
+    args.argv = given  # the command line as given: `stoker bench --num_gpus` relaunches it per replica
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

@@ -14,9 +14,10 @@ from typing import Literal
 
 from .storage import RetryPolicy
 
-Precision = Literal["fp32", "bf16", "fp16"]
-PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
-STRATEGIES: tuple[str, ...] = ("auto", "single", "replicated", "sharded", "independent")
+Precision = Literal["fp32", "bf16", "fp16", "bf16-sr"]
+PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "bf16-sr")
+STRATEGIES: tuple[str, ...] = ("auto", "single", "replicated", "sharded", "independent", "pipeline")
+PIPELINE_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved1f1b")
 COMPILE_MODES: tuple[str, ...] = ("none", "module", "step")  # also True (= "module") and False (= "none")
 
 
@@ -40,8 +41,9 @@ class RunConfig:
             evaluation value of ``metric``, apart from the newest ones.
         log_every_n_steps: interval of the loss / examples-per-second log lines (``None``: no
             log lines and no step counter, e.g. for a harness that prints its own).
-        precision: ``fp32``, ``bf16`` (autocast) or ``fp16`` (autocast + loss scaling); master
-            weights stay fp32.
+        precision: ``fp32``, ``bf16`` (autocast) or ``fp16`` (autocast + loss scaling) keep fp32
+            master weights; ``bf16-sr`` keeps the weights and the optimizer state in bf16 and
+            rounds every update stochastically (``stoker.stochastic_rounding``, ``docs/memory.md``).
         loss_scale: fp16 only: a number for a static scale (e.g. 128) or ``"dynamic"``.
         loss_scale_init / loss_scale_growth_interval: dynamic scaling starts at
             ``loss_scale_init``, halves (and skips the update) on inf/NaN gradients and doubles
@@ -57,6 +59,8 @@ class RunConfig:
         cuda_graph: CUDA only: capture the training step once as a CUDA graph and replay it
             every step (static input buffers, capturable optimizer, loss scale on the device).
         strategy: how replicas are formed: ``auto`` picks from the torchrun environment.
+        ddp_bucket_cap_mb: ``replicated``: the size of DDP's gradient buckets in MiB (``None``:
+            DDP's default of 25); gradients are all-reduced one bucket at a time.
         prefetch_depth: batches the infeed prepares ahead (0: fetch in the training thread).
         progress_bar: show a tqdm bar when stderr is a terminal.
         summaries: write TensorBoard events and ``metrics.csv`` into ``model_dir``.
@@ -67,6 +71,19 @@ class RunConfig:
             ``"layers.*"`` whose modules drop their activations after the forward pass and
             recompute them in backward (``torch.utils.checkpoint``, non-reentrant; gradients
             are bitwise the same). A pattern that matches no module is an error listing them.
+        pipeline_split: pipeline parallelism (``docs/model_parallel.md``): the module names to
+            split the model *before*, e.g. ``("layers.2",)`` for two stages. Names are the
+            model's pipeline units: its children in order, with ``nn.ModuleList`` /
+            ``nn.Sequential`` children opened one level (``embeddings``, ``layers.0``, ...,
+            ``head``); the model's forward must be exactly their composition. Under torchrun the
+            processes form ``replicas x stages`` (``WORLD_SIZE / stages`` replicas); in one
+            process the model runs unsplit (the names are still checked).
+        pipeline_microbatches: micro-batches each replica's batch is cut into (must divide it).
+        pipeline_schedule: ``gpipe``, ``1f1b`` or ``interleaved1f1b``
+            (``torch.distributed.pipelining``'s ScheduleGPipe / Schedule1F1B /
+            ScheduleInterleaved1F1B).
+        pipeline_stages_per_process: stages each process holds (the interleaved schedule's
+            virtual stages; 1 for ``gpipe`` and ``1f1b``, at least 2 for ``interleaved1f1b``).
         mlperf_log: write MLPerf-style ``:::MLLOG`` events to ``model_dir/mlperf.log`` (RUN_START,
             EPOCH_START/STOP, RUN_STOP; ``stoker.hooks.MLPerfLogHook`` adds evaluations).
         async_checkpoints: write checkpoints on a background thread: the loop waits only for a
@@ -96,6 +113,7 @@ class RunConfig:
     compile: bool | Literal["none", "module", "step"] = False
     cuda_graph: bool = False
     strategy: str = "auto"
+    ddp_bucket_cap_mb: float | None = None
     prefetch_depth: int = 2
     progress_bar: bool = True
     summaries: bool = True
@@ -103,6 +121,10 @@ class RunConfig:
     deterministic: bool = False
     mlperf_log: bool = False
     recompute: str | tuple[str, ...] | None = None
+    pipeline_split: tuple[str, ...] | None = None
+    pipeline_microbatches: int = 1
+    pipeline_schedule: str = "1f1b"
+    pipeline_stages_per_process: int = 1
     async_checkpoints: bool = False
     storage_retry: RetryPolicy = field(default_factory=RetryPolicy)
 
@@ -131,6 +153,8 @@ class RunConfig:
             self.save_checkpoints_secs = 600.0
         if self.precision not in PRECISIONS:
             raise ValueError(f"RunConfig.precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
+        if self.precision == "bf16-sr":
+            self._check_bf16_sr()
         if self.loss_scale != "dynamic" and not (
             isinstance(self.loss_scale, (int, float)) and self.loss_scale > 0
         ):
@@ -151,6 +175,8 @@ class RunConfig:
             raise ValueError(f"RunConfig.gradient_clip_norm must be > 0; got {self.gradient_clip_norm}")
         if self.strategy not in STRATEGIES:
             raise ValueError(f"RunConfig.strategy must be one of {', '.join(STRATEGIES)}; got {self.strategy!r}")
+        if self.ddp_bucket_cap_mb is not None and not self.ddp_bucket_cap_mb > 0:
+            raise ValueError(f"RunConfig.ddp_bucket_cap_mb must be > 0; got {self.ddp_bucket_cap_mb}")
         if self.prefetch_depth < 0:
             raise ValueError(f"RunConfig.prefetch_depth must be >= 0; got {self.prefetch_depth}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
@@ -166,8 +192,75 @@ class RunConfig:
         if self.cuda_graph and self.compile_mode == "step":
             raise ValueError("RunConfig: cuda_graph=True and compile='step' are two ways to run the step; pick one")
         self.recompute = _recompute_spec(self.recompute)
+        self._check_pipeline()
         if not self.distributed_timeout > 0:
             raise ValueError(f"RunConfig.distributed_timeout must be > 0; got {self.distributed_timeout}")
+
+    def _check_bf16_sr(self) -> None:
+        """bf16-sr's update runs eagerly, one parameter at a time, and needs no loss scaling."""
+        if self.loss_scale != "dynamic":
+            raise ValueError(
+                f"RunConfig.loss_scale={self.loss_scale!r} is fp16 loss scaling; precision='bf16-sr' has fp32's "
+                "exponent range and scales no loss (leave loss_scale unset, or use precision='fp16')"
+            )
+        if self.compile == "step" or self.cuda_graph:
+            raise ValueError(
+                "RunConfig: precision='bf16-sr' does not run with compile='step' or cuda_graph=True (its update "
+                "steps one parameter at a time with its own generator); use compile='module' or 'none'"
+            )
+
+    def _check_pipeline(self) -> None:
+        split = self.pipeline_split
+        if split is not None:
+            names = [split] if isinstance(split, str) else split
+            if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) and n for n in names):
+                raise ValueError(
+                    "RunConfig.pipeline_split must be None or module names to split before (a string or a "
+                    f"list of strings such as ('layers.2',)); got {split!r}"
+                )
+            if len(set(names)) != len(names):
+                raise ValueError(f"RunConfig.pipeline_split names a module twice: {list(names)!r}")
+            self.pipeline_split = tuple(names)
+        _positive_int("pipeline_microbatches", self.pipeline_microbatches)
+        _positive_int("pipeline_stages_per_process", self.pipeline_stages_per_process)
+        if self.pipeline_schedule not in PIPELINE_SCHEDULES:
+            raise ValueError(
+                f"RunConfig.pipeline_schedule must be one of {', '.join(PIPELINE_SCHEDULES)}; got {self.pipeline_schedule!r}"
+            )
+        interleaved = self.pipeline_schedule == "interleaved1f1b"
+        if interleaved != (self.pipeline_stages_per_process > 1):
+            raise ValueError(
+                "RunConfig: pipeline_schedule='interleaved1f1b' needs pipeline_stages_per_process >= 2, and "
+                f"'gpipe' / '1f1b' need 1; got {self.pipeline_schedule!r} with {self.pipeline_stages_per_process}"
+            )
+        if self.pipeline_split is None:
+            if self.strategy == "pipeline":
+                raise ValueError("RunConfig.strategy='pipeline' needs pipeline_split (the module names to split before)")
+            return
+        stages = len(self.pipeline_split) + 1
+        if stages % self.pipeline_stages_per_process:
+            raise ValueError(
+                f"RunConfig: {stages} pipeline stages (pipeline_split names {stages - 1} modules) cannot be "
+                f"spread evenly at pipeline_stages_per_process={self.pipeline_stages_per_process}"
+            )
+        if self.strategy not in ("auto", "pipeline"):
+            raise ValueError(f"RunConfig.pipeline_split needs strategy 'auto' or 'pipeline'; got {self.strategy!r}")
+        if self.gradient_accumulation_steps != 1:
+            raise ValueError(
+                "RunConfig: with pipeline_split, micro-batches are pipeline_microbatches; set "
+                f"gradient_accumulation_steps=1 (got {self.gradient_accumulation_steps})"
+            )
+        if self.precision in ("fp16", "bf16-sr") or self.compile_mode != "none" or self.cuda_graph:
+            raise ValueError(
+                "RunConfig: pipeline_split runs the eager step in fp32 or bf16; fp16 loss scaling, bf16-sr "
+                f"weights, compile and cuda_graph are not supported with it (got precision={self.precision!r}, "
+                f"compile={self.compile!r}, cuda_graph={self.cuda_graph})"
+            )
+
+    @property
+    def pipeline_stages(self) -> int:
+        """The number of pipeline stages (1: no pipeline)."""
+        return 1 if self.pipeline_split is None else len(self.pipeline_split) + 1
 
     @property
     def compile_mode(self) -> str:

@@ -27,8 +27,11 @@ from torch import nn
 
 from .checkpoint import CheckpointManager, WarmStartSettings
 from .config import RunConfig
-from .distributed import Strategy, make_strategy
+from .distributed import PipelineConfig, Strategy, make_strategy
 from .engine import (
+    ContinuousEvalConfig,
+    ContinuousEvalResult,
+    ContinuousEvaluation,
     EvaluationRun,
     InputFn,
     InputPlan,
@@ -41,6 +44,7 @@ from .engine import (
     bind_model_fn,
     check_train_arguments,
     default_hooks,
+    evaluation_on_device,
 )
 from .hooks import Hook, RunContext
 from .hooks.base import LoopResult, every_n_steps_due
@@ -67,7 +71,7 @@ class Estimator:
             to initialise weights from when ``model_dir`` has no checkpoint yet.
 
     Its parts are public for the tools built on it: ``state`` (a ``ModelState``), ``inputs``
-    (an ``InputPlan``) and ``strategy``.
+    (an ``InputPlan``), ``evaluation`` (an ``EvaluationRun``) and ``strategy``.
     """
 
     def __init__(
@@ -91,7 +95,12 @@ class Estimator:
             raise TypeError(f"model must be an nn.Module or a function params -> nn.Module; got {type(model).__name__}")
         self.model_fn = model_fn
         cfg = self.config
-        self.strategy: Strategy = make_strategy(cfg.strategy, cfg.device, cfg.distributed_timeout)
+        pipeline = None
+        if cfg.pipeline_split is not None:
+            pipeline = PipelineConfig(split=cfg.pipeline_split, microbatches=cfg.pipeline_microbatches,
+                                      schedule=cfg.pipeline_schedule, stages_per_process=cfg.pipeline_stages_per_process)
+        self.strategy: Strategy = make_strategy(cfg.strategy, cfg.device, cfg.distributed_timeout, pipeline,
+                                                 bucket_cap_mb=cfg.ddp_bucket_cap_mb)
         self.inputs = InputPlan(
             params=self.params, config=cfg, strategy=self.strategy, train_batch_size=train_batch_size,
             eval_batch_size=eval_batch_size, predict_batch_size=predict_batch_size,
@@ -120,6 +129,11 @@ class Estimator:
         self._model_fn = bind_model_fn(fn)
         if hasattr(self, "_evaluation"):
             self._evaluation.model_fn = self._model_fn
+
+    @property
+    def evaluation(self) -> EvaluationRun:
+        """The ``EvaluationRun`` component ``evaluate`` uses (for tools that evaluate their own way)."""
+        return self._evaluation
 
     @property
     def model(self) -> nn.Module:
@@ -225,6 +239,37 @@ class Estimator:
         """
         return self._evaluation.run(input_fn, steps, checkpoint_path, name)
 
+    def evaluate_continuously(
+        self,
+        input_fn: InputFn,
+        steps: int | None = None,
+        timeout_secs: float | None = 3600.0,
+        *,
+        poll_secs: float = 1.0,
+        last_step: int | None = None,
+        device: str | None = None,
+        on_result: Callable[[int, dict[str, float]], None] | None = None,
+    ) -> ContinuousEvalResult:
+        """Evaluate every new checkpoint in ``model_dir`` once, in step order, as training writes
+        them (run this in its own process, beside the trainer); see docs/evaluation.md.
+
+        Each result is recorded on its checkpoint in the index (so ``keep_best`` chooses from
+        it) and logged at the checkpoint's step in ``model_dir/eval``. Stops when training has
+        finished (it reached ``max_steps``) and everything up to it is evaluated, once the
+        checkpoint of ``last_step`` is evaluated, or after ``timeout_secs`` without a new
+        checkpoint (``None``: no timeout). Checkpoints the index already holds results for are
+        not evaluated again, so a killed evaluator restarted carries on. ``device`` evaluates
+        on another device than ``config.device`` (e.g. ``"cuda:1"`` beside a trainer on
+        ``"cuda:0"``); ``on_result(step, results)`` is called after each evaluation.
+        """
+        checkpoints = self.state.checkpoints
+        if checkpoints is None:
+            raise ValueError("evaluate_continuously: the Estimator needs RunConfig.model_dir (the directory to watch)")
+        config = ContinuousEvalConfig(steps=steps, timeout_secs=timeout_secs, poll_secs=poll_secs, last_step=last_step,
+                                      summaries=self.config.summaries)
+        evaluation = evaluation_on_device(self._evaluation, device)
+        return ContinuousEvaluation(evaluation, checkpoints, config, on_result=on_result).run(input_fn)
+
     def predict(
         self,
         input_fn: InputFn,
@@ -272,13 +317,17 @@ class Estimator:
         formats: Sequence[str] = ("pt2",),
         *,
         checkpoint_path: str | os.PathLike[str] | None = None,
+        aot: bool = False,
+        aot_device: str = "cpu",
     ) -> Path:
         """Export the PREDICT computation as a ``torch.export`` program (``model.pt2``), plus
-        ``model.safetensors`` and ``signature.json`` (and ``model.onnx`` if asked). Uses the
+        ``model.safetensors`` and ``signature.json`` (and ``model.onnx`` if asked; with ``aot=True``
+        also ``model.aoti.pt2``, the program compiled by AOTInductor for ``aot_device``). Uses the
         best checkpoint when ``keep_best`` recorded one, else the newest. See docs/export.md."""
         from .export import export
 
-        return export(self, export_dir, example_features, dynamic_batch, formats, checkpoint_path=checkpoint_path)
+        return export(self, export_dir, example_features, dynamic_batch, formats, checkpoint_path=checkpoint_path,
+                      aot=aot, aot_device=aot_device)
 
 
 class EvaluationHook(Hook):

@@ -10,6 +10,8 @@ of one checkpoint baked in. An export directory holds::
       signature.json     input / output names, dtypes and shapes ("batch" marks the dynamic dimension),
                          the checkpoint, versions, and the largest difference from eager seen when exporting
       model.onnx         only with formats=("pt2", "onnx") and the onnx + onnxscript packages installed
+      model.aoti.pt2     only with aot=True: the program compiled by AOTInductor (see stoker.export_aot);
+                         torch._inductor.aoti_load_package("model.aoti.pt2")(*inputs) -> dict
 
 Which weights: the ``checkpoint_path`` given; else the best checkpoint of ``model_dir`` when
 ``RunConfig.keep_best`` has chosen one; else the newest; else (no checkpoint at all) the
@@ -46,6 +48,7 @@ from .checkpoint import INDEX_NAME, CheckpointManager, model_state_to_bytes
 from .checkpoint_files import record_dir
 from .engine.model_state import ModelState
 from .errors import ExportError
+from .export_aot import AOT_FILE, check_device, compile_package, load_package, require_cxx
 from .run_spec import (  # re-exported: run_spec.json was this module's before stoker.run_spec
     RUN_SPEC_BUILDERS,
     RUN_SPEC_FILE,
@@ -147,6 +150,8 @@ def export(
     formats: Sequence[str] = ("pt2",),
     *,
     checkpoint_path: str | os.PathLike[str] | None = None,
+    aot: bool = False,
+    aot_device: str = "cpu",
 ) -> Path:
     """Export ``estimator``'s PREDICT computation to ``export_dir``; return its path.
 
@@ -163,13 +168,24 @@ def export(
         formats: ``"pt2"`` (always written) and optionally ``"onnx"`` (needs ``onnx`` and ``onnxscript``).
         checkpoint_path: the checkpoint to export (a ``ckpt-<step>`` dir or a model_dir);
             default: the best checkpoint, else the newest, else the weights in memory.
+        aot: also compile the program with AOTInductor into ``model.aoti.pt2`` (needs a C++
+            compiler; the signature's ``aot`` entry records the device and torch version it runs on).
+        aot_device: ``"cpu"`` or ``"cuda"``: the device the package is compiled for.
     """
+    if estimator.state.pipeline_stages > 1:
+        raise ExportError(
+            "export: this process holds only some pipeline stages; export from one process (the same program "
+            "without torchrun runs the model unsplit and reads the pipelined checkpoint)"
+        )
     formats = tuple(dict.fromkeys(("pt2", *formats)))
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
         raise ValueError(f"export: unknown format(s) {unknown}; choose from {', '.join(FORMATS)}")
     if "onnx" in formats:
         _require_onnx()
+    if aot:  # before any work: a missing compiler or device should not cost a trace first
+        require_cxx()
+        check_device(aot_device)
     target = storage.location(export_dir)
     _check_target(target)
     # An export to an fsspec URL is built in a local directory, then uploaded (signature last).
@@ -220,6 +236,9 @@ def export(
         if "onnx" in formats:
             _write_onnx(program, tmp / ONNX_FILE, names, list(exported))
             files.append(ONNX_FILE)
+        aot_info = _write_aot(module, program, tensors, dynamic_shapes, eager, tmp / AOT_FILE, aot_device) if aot else None
+        if aot_info is not None:
+            files.append(AOT_FILE)
         signature = {
             "format": EXPORT_FORMAT,
             "inputs": [_describe(n, t, dynamic_batch) for n, t in zip(names, tensors, strict=True)],
@@ -233,6 +252,7 @@ def export(
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "stoker_version": __version__,
             "torch_version": torch.__version__,
+            **({"aot": aot_info} if aot_info is not None else {}),
         }
         (tmp / SIGNATURE_FILE).write_text(json.dumps(signature, indent=1) + "\n")
         _move_into_place(tmp, export_dir)
@@ -247,6 +267,23 @@ def export(
             shutil.rmtree(staging, ignore_errors=True)
     log.info("exported %s (step %d, %s) to %s: %s", source or "the weights in memory", step, which, target, ", ".join(files))
     return target  # type: ignore[return-value]
+
+
+def _write_aot(module: nn.Module, program: torch.export.ExportedProgram, tensors: list[torch.Tensor],
+               dynamic_shapes: Any, eager: Mapping[str, torch.Tensor], path: Path, device: str) -> dict[str, Any]:
+    """Compile the AOT package at ``path``, load it back and check it against eager; return its signature entry."""
+    if device != "cpu":  # the program was traced on CPU; a CUDA package needs the computation traced on CUDA
+        on_device = copy.deepcopy(module).to(device)
+        tensors = [t.to(device) for t in tensors]
+        program = torch.export.export(on_device, tuple(tensors), dynamic_shapes=dynamic_shapes)
+    info = compile_package(program, path, device)
+    try:
+        with torch.no_grad():
+            got = {k: v.cpu() for k, v in load_package(path, info)(*tensors).items()}
+    except Exception as e:  # noqa: BLE001 - a package that does not load and run is not an export
+        raise ExportError(f"the AOT package does not load back with aoti_load_package: {type(e).__name__}: {e}") from e
+    info["max_abs_difference_from_eager"] = _max_difference(eager, got)
+    return info
 
 
 def _load_weights(estimator: Exportable, checkpoint_path: str | os.PathLike[str] | None) -> tuple[Path | None, int, str]:
@@ -343,11 +380,17 @@ def _write_onnx(program: torch.export.ExportedProgram, path: Path, input_names: 
 # ==================================================================== loading an export
 @dataclass
 class ExportedModel:
-    """An export directory loaded for inference: call it with a dict of input tensors."""
+    """An export loaded for inference: call it with a dict of input tensors.
+
+    ``module`` is the ``torch.export`` program's module, or the AOTInductor runner when the
+    export was loaded with ``aot=True`` (``aot`` then holds the signature's ``aot`` entry).
+    Inputs are moved to ``device``; outputs stay there.
+    """
 
     path: Path
     signature: dict[str, Any]
-    module: nn.Module
+    module: Callable[..., Any]
+    aot: dict[str, Any] | None = None
 
     @property
     def input_names(self) -> list[str]:
@@ -357,34 +400,60 @@ class ExportedModel:
     def output_names(self) -> list[str]:
         return [o["name"] for o in self.signature["outputs"]]
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model runs: the AOT package's device, else that of the program's first parameter (CPU)."""
+        if self.aot is not None:
+            return torch.device(self.aot["device"])
+        if isinstance(self.module, nn.Module):
+            return next((p.device for p in self.module.parameters()), torch.device("cpu"))
+        return torch.device("cpu")
+
+    @property
+    def kind(self) -> str:
+        """``"aot"`` for an AOTInductor package, ``"program"`` for the torch.export program."""
+        return "program" if self.aot is None else "aot"
+
     def __call__(self, inputs: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        device = self.device
         with torch.inference_mode():
-            return dict(self.module(*[inputs[n] for n in self.input_names]))
+            return dict(self.module(*[inputs[n].to(device) for n in self.input_names]))
 
 
-def load_exported(export_dir: str | os.PathLike[str]) -> ExportedModel:
-    """Load ``model.pt2`` and ``signature.json`` of an export directory (no model code needed)."""
-    path = storage.location(export_dir)
+def load_exported(export_path: str | os.PathLike[str], *, aot: bool | None = None) -> ExportedModel:
+    """Load an export for inference (no model code needed).
+
+    ``export_path`` is an export directory (``aot=True``: run its ``model.aoti.pt2``, else its
+    ``model.pt2``) or the ``model.aoti.pt2`` file itself (an AOT package; its ``signature.json``
+    beside it). A package compiled for another device or torch version is refused with an
+    ``ExportError`` before it is loaded.
+    """
+    path = Path(export_path)
+    if path.is_file() and path.name == AOT_FILE:
+        if aot is False:
+            raise ExportError(f"{path} is an AOT package; aot=False asks for the torch.export program: give its directory")
+        path, aot = path.parent, True
     sig_path = path / SIGNATURE_FILE
-    if not storage.exists(sig_path) or not storage.exists(path / PROGRAM_FILE):
+    if not sig_path.exists() or not (path / PROGRAM_FILE).exists():
         raise ExportError(f"{path} is not a stoker export: it needs {SIGNATURE_FILE} and {PROGRAM_FILE} (run stoker export)")
-    signature = json.loads(storage.read_bytes(sig_path))
+    signature = json.loads(sig_path.read_text())
     if signature.get("format") != EXPORT_FORMAT:
         raise ExportError(f"{sig_path} has format {signature.get('format')!r}; this stoker reads {EXPORT_FORMAT!r}")
-    if isinstance(path, storage.UrlPath):  # torch.export.load reads a local file
-        with tempfile.TemporaryDirectory() as tmp:
-            local = Path(tmp) / PROGRAM_FILE
-            local.write_bytes(storage.read_bytes(path / PROGRAM_FILE))
-            program = torch.export.load(str(local))
-    else:
-        program = torch.export.load(str(path / PROGRAM_FILE))
-    return ExportedModel(path, signature, program.module())  # type: ignore[arg-type]
+    if aot:
+        info = signature.get("aot")
+        if not isinstance(info, dict) or not (path / AOT_FILE).exists():
+            raise ExportError(f"{path} holds no AOT package ({AOT_FILE}); export it with stoker export --aot "
+                              "(Estimator.export(..., aot=True)), or serve model.pt2")
+        return ExportedModel(path, signature, load_package(path / AOT_FILE, info), info)
+    program = torch.export.load(str(path / PROGRAM_FILE))
+    return ExportedModel(path, signature, program.module())
 
 
 __all__ = [
     "RUN_SPEC_BUILDERS",
     "RUN_SPEC_FILE",
     "RUN_SPEC_FORMAT",
+    "AOT_FILE",
     "ExportError",
     "ExportedModel",
     "PredictModule",

@@ -18,6 +18,7 @@ import torch
 
 from .errors import StokerError
 from .export import FORMATS, SIGNATURE_FILE, export
+from .export_aot import AOT_DEVICES
 from .run_spec import RUN_SPEC_FILE, estimator_from_model_dir
 
 
@@ -35,7 +36,7 @@ def add_parser(subparsers: Any) -> None:
         help="export a model_dir's best (else newest) checkpoint as torch.export program + safetensors",
         description="Export the PREDICT computation of a model_dir made by a stoker recipe or harness "
         f"(it needs {RUN_SPEC_FILE}, see docs/export.md) to --out: model.pt2, model.safetensors, "
-        "signature.json and optionally model.onnx.",
+        "signature.json and optionally model.onnx and (--aot) model.aoti.pt2.",
     )
     p.add_argument("model_dir", help=f"a model_dir with checkpoints and {RUN_SPEC_FILE}")
     p.add_argument("--out", required=True, help="the export directory to create (an earlier export there is replaced)")
@@ -44,10 +45,16 @@ def add_parser(subparsers: Any) -> None:
                    help="pt2 (always) and/or onnx; repeat the flag for both")
     p.add_argument("--static_batch", type=int, default=None, metavar="N",
                    help="fix the batch dimension to N instead of exporting it as dynamic")
+    p.add_argument("--aot", action="store_true",
+                   help="also compile the program with AOTInductor into model.aoti.pt2 (needs a C++ compiler)")
+    p.add_argument("--aot_device", choices=AOT_DEVICES, default="cpu", help="the device the --aot package is compiled for")
     p.set_defaults(func=_export_command)
 
 
 def _export_command(args: argparse.Namespace) -> int:
+    if args.aot_device != "cpu" and not args.aot:
+        print("stoker export: --aot_device needs --aot", file=sys.stderr)
+        return 2
     if args.static_batch is not None and args.static_batch < 1:
         print(f"stoker export: --static_batch must be >= 1; got {args.static_batch}", file=sys.stderr)
         return 2
@@ -58,7 +65,8 @@ def _export_command(args: argparse.Namespace) -> int:
         if args.static_batch is not None:
             example = _with_batch(example, args.static_batch)
         out = export(est, args.out, example, dynamic_batch=args.static_batch is None,
-                     formats=tuple(args.formats or ("pt2",)), checkpoint_path=args.checkpoint)
+                     formats=tuple(args.formats or ("pt2",)), checkpoint_path=args.checkpoint,
+                     aot=args.aot, aot_device=args.aot_device)
     except (StokerError, ValueError) as e:
         print(f"stoker export: {e}", file=sys.stderr)
         return 1
@@ -69,6 +77,10 @@ def _export_command(args: argparse.Namespace) -> int:
         for item in signature[kind]:
             print(f"  {kind[:-1]:6s} {item['name']}: {item['dtype']}{item['shape']}")
     print(f"  files: {', '.join(signature['files'])}")
+    if "aot" in signature:
+        aot = signature["aot"]
+        print(f"  aot:   {aot['file']} for {aot['device']}, torch {aot['torch_version']} "
+              f"(compiled in {aot['compile_s']:.1f} s, max difference from eager {aot['max_abs_difference_from_eager']:.3g})")
     return 0
 
 

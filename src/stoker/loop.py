@@ -229,7 +229,7 @@ class DeviceLoop:
     def _mean_over_replicas(self, values: torch.Tensor) -> torch.Tensor:
         if self.strategy.world_size == 1:
             return values.cpu()
-        return (self.strategy.all_reduce_sum(values) / self.strategy.world_size).cpu()
+        return (self.strategy.all_reduce_sum(values) / self.strategy.num_replicas).cpu()
 
 
 def _snapshot_host_call(host_call: Any) -> Any:

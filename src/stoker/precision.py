@@ -1,7 +1,8 @@
 """Mixed precision: autocast for bf16/fp16 and loss scaling for fp16.
 
-Master weights always stay fp32; only the forward (and its backward) runs in the lower
-precision. fp16 gradients underflow without loss scaling, so the loss is multiplied by a scale
+Master weights stay fp32 in ``fp32``, ``bf16`` and ``fp16``; only the forward (and its
+backward) runs in the lower precision. ``bf16-sr`` keeps the weights themselves in bf16 and
+runs the same bf16 autocast; its update is :mod:`stoker.stochastic_rounding`'s. fp16 gradients underflow without loss scaling, so the loss is multiplied by a scale
 before ``backward`` and the gradients divided by it before the update:
 
 - **static** (``loss_scale=128``): a fixed scale, no checks, no host sync.
@@ -19,7 +20,7 @@ from typing import Any
 
 import torch
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "bf16-sr": torch.bfloat16}
 
 
 def autocast_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
@@ -104,7 +105,7 @@ class LossScaler:
 
 
 def make_loss_scaler(precision: str, loss_scale: float | str, init_scale: float, growth_interval: int) -> LossScaler | None:
-    """The loss scaler a precision needs: ``None`` for fp32 and bf16."""
+    """The loss scaler a precision needs: ``None`` for fp32, bf16 and bf16-sr."""
     if precision != "fp16":
         return None
     if loss_scale == "dynamic":

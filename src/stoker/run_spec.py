@@ -9,7 +9,8 @@ The module that writes a kind registers the builder of that kind::
         ...
         return estimator, example_features
 
-and :func:`estimator_from_model_dir` looks the kind up. This module is part of the engine: it
+and :func:`estimator_from_model_dir` looks the kind up. A kind that also registers its
+held-out data (:func:`register_eval_input`) can be evaluated by ``stoker evaluate [--watch]``. This module is part of the engine: it
 imports no recipe, harness or Estimator. A kind's builder is known once the module that
 registers it has been imported; the ``stoker export`` command (:mod:`stoker.export_cli`)
 imports stoker's own (``stoker.recipes.charlm`` for ``charlm``, ``stoker.bench.run_spec`` for
@@ -97,6 +98,43 @@ def register_run_spec(kind: str) -> Callable[[_B], _B]:
     return register
 
 
+#: ``eval_input(spec, model_dir) -> (input_fn, steps)``: a kind's held-out data and the batches
+#: per evaluation (``None``: all of it), for ``stoker evaluate`` and its ``--watch``
+EvalInputBuilder = Callable[[Mapping[str, Any], str | os.PathLike[str]], tuple[Callable[[dict[str, Any]], Any], int | None]]
+_E = TypeVar("_E", bound=EvalInputBuilder)
+
+#: run_spec kind -> the builder of its evaluation input; filled by :func:`register_eval_input`
+EVAL_INPUT_BUILDERS: dict[str, EvalInputBuilder] = {}
+
+
+def register_eval_input(kind: str) -> Callable[[_E], _E]:
+    """Decorator: register ``eval_input(spec, model_dir) -> (input_fn, steps)`` for ``kind``, so
+    ``stoker evaluate [--watch] MODEL_DIR`` can evaluate its checkpoints (same rules as
+    :func:`register_run_spec`)."""
+
+    def register(builder: _E) -> _E:
+        known = EVAL_INPUT_BUILDERS.get(kind)
+        if known is not None and _qualified(known) != _qualified(builder):
+            raise ValueError(f"eval input of run_spec kind {kind!r} is already registered to {_qualified(known)}; "
+                             f"cannot register {_qualified(builder)} too")
+        EVAL_INPUT_BUILDERS[kind] = builder
+        return builder
+
+    return register
+
+
+def eval_input_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> tuple[Callable[[dict[str, Any]], Any], int | None]:
+    """The evaluation ``input_fn`` and batches per evaluation of a ``run_spec.json``'s kind."""
+    builder = EVAL_INPUT_BUILDERS.get(spec["kind"])
+    if builder is None:
+        known = ", ".join(sorted(EVAL_INPUT_BUILDERS)) or "none"
+        raise RunSpecError(
+            f"{RUN_SPEC_FILE} kind {spec['kind']!r} has no evaluation input registered; kinds with one: {known} "
+            "(stoker.run_spec.register_eval_input). Evaluate from Python with Estimator.evaluate_continuously"
+        )
+    return builder(spec, model_dir)
+
+
 def run_spec_builder(kind: str) -> RunSpecBuilder:
     """The builder registered for ``kind``; :class:`RunSpecError` naming the registered kinds if none."""
     builder = RUN_SPEC_BUILDERS.get(kind)
@@ -129,13 +167,17 @@ def _qualified(fn: Callable[..., Any]) -> str:
 
 
 __all__ = [
+    "EVAL_INPUT_BUILDERS",
     "RUN_SPEC_BUILDERS",
     "RUN_SPEC_FILE",
     "RUN_SPEC_FORMAT",
     "RunSpecBuilder",
+    "EvalInputBuilder",
     "RunSpecError",
+    "eval_input_from_run_spec",
     "estimator_from_model_dir",
     "read_run_spec",
+    "register_eval_input",
     "register_run_spec",
     "run_spec_builder",
     "write_run_spec",

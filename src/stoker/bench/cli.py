@@ -33,6 +33,9 @@ from .config import (
     BenchConfig,
     BenchFlagError,
 )
+from .flags import NOTED, TABLE, format_value
+from .launch import check_num_gpus, launch_replicas, should_launch
+from .tf_checks import gpu_indices
 
 _TRUE = ("1", "true", "t", "yes", "y")
 _FALSE = ("0", "false", "f", "no", "n")
@@ -75,7 +78,8 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     d = BenchConfig()  # the defaults, for the help text
     g = p.add_argument_group("what to run")
     flag("model", default=d.model, help="zoo model name (--list_models); default %(default)s")
-    flag("data_name", choices=DATA_NAMES, help="imagenet or cifar10 (default: guessed from --data_dir, else imagenet)")
+    flag("data_name", choices=DATA_NAMES, help="the data set (default: the only one --model exists for, else guessed "
+         "from --data_dir, else imagenet); movielens, librispeech and coco are synthetic only")
     flag("data_dir", help="an image folder or CIFAR-10 binaries; synthetic data when not given")
     flag("mode", choices=RUN_MODES, default=d.mode, help="training (tf_cnn_benchmarks) or inference (latency); default %(default)s")
     switch("forward_only", "time the forward pass only")
@@ -91,6 +95,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--iterations_per_loop", type=int, default=d.iterations_per_loop,
                    help="steps per host round trip; 1 times every step, N > 1 times loops of N steps; default %(default)s")
     g = p.add_argument_group("where and how")
+    g.add_argument("--num_gpus", type=int, default=d.num_gpus,
+                   help="replicas on this machine (one per CUDA device, or CPU processes sharing the cores), "
+                   "launched as torchrun --nproc_per_node=N would; default %(default)s")
     g.add_argument("--device", type=str.lower, choices=DEVICES, default=d.device, help="cpu, cuda (gpu) or auto; default %(default)s")
     g.add_argument("--data_format", type=str.upper, choices=DATA_FORMATS, default=d.data_format,
                    help="NCHW or NHWC (channels_last memory format); default %(default)s")
@@ -126,6 +133,9 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--gradient_clip", type=float, help="clip each gradient element to [-c, c]")
     g = p.add_argument_group("evaluation during training")
     g.add_argument("--eval_during_training_every_n_steps", type=int, help="evaluate every N timed steps")
+    g.add_argument("--eval_interval_secs", type=float, default=0.0,
+                   help="with --eval: look for a new checkpoint in --train_dir every N seconds and evaluate each one, "
+                   "beside the training process, until training has finished; 0 (default) evaluates the newest once")
     g.add_argument("--stop_at_top_1_accuracy", type=float, help="stop once an evaluation reaches this top-1")
     g.add_argument("--print_training_accuracy", type=_bool, nargs="?", const=True, default=False, metavar="BOOL",
                    help="print the training batch's top-1 / top-5")
@@ -140,9 +150,38 @@ def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
     g = p.add_argument_group("inference latency (--mode=inference)")
     g.add_argument("--num_inference_threads", type=int, help="threads calling the model (default 1)")
     g.add_argument("--iterations", type=int, help="calls per thread (default 100)")
-    g.add_argument("--exported", help="a directory written by `stoker export` (or Estimator.export) to benchmark instead of the zoo model")
+    g.add_argument("--exported", help="a directory written by `stoker export` (or Estimator.export) to benchmark instead of the zoo model; DIR/model.aoti.pt2 for its AOT package (stoker export --aot)")
+    _add_table_flags(p)
+    _add_negations(p)
     p.set_defaults(func=lambda args: run_bench_command(args, p))
     return p
+
+
+_TYPES: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str, "bool": _bool,
+                                           "list": lambda text: tuple(v.strip() for v in text.split(",") if v.strip())}
+
+
+def _add_table_flags(p: argparse.ArgumentParser) -> None:
+    """tf_cnn_benchmarks' other flags, from ``flags.TABLE``: implemented ones default to their
+    value; noted ones default to ``None``, so that a given one can be reported."""
+    implemented = p.add_argument_group("more tf_cnn_benchmarks flags (docs/bench.md)")
+    noted = p.add_argument_group("accepted with a note: no effect in PyTorch (the run says why)")
+    for flag in TABLE:
+        group = implemented if flag.implemented else noted
+        kw: dict[str, Any] = {"type": _TYPES[flag.type], "help": flag.help if flag.implemented else f"{flag.help} ({flag.note})"}
+        if flag.type == "bool":
+            kw.update(nargs="?", const=True, metavar="BOOL")
+        if flag.choices is not None:
+            kw["choices"] = flag.choices
+        group.add_argument(f"--{flag.name}", default=flag.default if flag.implemented else None, **kw)
+
+
+def _add_negations(p: argparse.ArgumentParser) -> None:
+    """absl's ``--noflag`` for every boolean flag (``--nodistortions`` is ``--distortions=false``)."""
+    for action in list(p._actions):  # the parser's own list: every option registered above
+        if action.type in (_bool, _compile_mode) and action.option_strings:
+            p.add_argument(f"--no{action.dest}", dest=action.dest, action="store_const", const=False,
+                           help=argparse.SUPPRESS)
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
@@ -152,11 +191,21 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                              f"--use_fp16 contradicts --precision={args.precision}; give one of them")
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(BenchConfig) if hasattr(args, f.name)}
     values["precision"] = "fp16" if args.use_fp16 else (args.precision or "fp32")
+    for name, kind in (("eval_during_training_at_specified_steps", int),
+                       ("eval_during_training_at_specified_epochs", float)):
+        try:
+            values[name] = tuple(kind(v) for v in values[name])
+        except ValueError:
+            raise BenchFlagError((name,), f"--{name}: expected comma-separated {kind.__name__}s, "
+                                 f"got {','.join(values[name])!r}") from None
+    values["noted_flags"] = tuple((f.name, format_value(getattr(args, f.name))) for f in NOTED
+                                  if getattr(args, f.name, None) is not None)
     return BenchConfig(**values)
 
 
 def run_bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``stoker bench`` with parsed ``args``; 0 on success, 1 on a runtime failure."""
+    from .outputs import write_benchmark_logs
     from .report import (
         add_efficiency,
         format_model_table,
@@ -175,9 +224,14 @@ def run_bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser)
     chief = torchrun_rank() == 0
     try:
         cfg = config_from_args(args)
-        device = resolve_device(cfg.device)
+        device = resolve_device(cfg.device, cfg.gpu_indices)
+        visible = len(gpu_indices(cfg.gpu_indices)) or torch.cuda.device_count()
+        check_num_gpus(cfg.num_gpus, world, visible if device.type == "cuda" else None)
     except BenchFlagError as e:
         parser.error(str(e))
+    if should_launch(cfg.num_gpus, world):
+        # Each replica parses the same command line again, under the agent's WORLD_SIZE.
+        return launch_replicas(getattr(args, "argv", None) or sys.argv[1:], cfg.num_gpus)
     if world > 1 and cfg.benchmark_mode not in (MODE_TRAIN, MODE_TRAIN_AND_EVAL):
         parser.error(f"WORLD_SIZE={world}: only training runs on several processes; run --{_mode_flag(cfg)} "
                      "in one process (without torchrun)")
@@ -203,6 +257,8 @@ def run_bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser)
         log(line)
     if cfg.results_file:
         log(f"Results written to {write_results(cfg.results_file, result)}")
+    if cfg.benchmark_log_dir:
+        log(f"Benchmark logs written to {write_benchmark_logs(cfg.benchmark_log_dir, cfg, result)}")
     return 0
 
 

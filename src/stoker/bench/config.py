@@ -13,7 +13,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-DATA_NAMES: tuple[str, ...] = ("imagenet", "cifar10")
+from .errors import BenchFlagError
+from .errors import fail as _fail
+from .tf_checks import EVAL_DURING_TRAINING_FLAGS, check_tf_flags
+
+DATA_NAMES: tuple[str, ...] = ("imagenet", "cifar10", "movielens", "librispeech", "coco")
 DATA_FORMATS: tuple[str, ...] = ("NCHW", "NHWC")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "gpu")
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
@@ -36,16 +40,6 @@ DEFAULT_FP16_LOSS_SCALE = 128.0
 DEFAULT_INFERENCE_ITERATIONS = 100
 
 
-class BenchFlagError(ValueError):
-    """A bad flag value or combination; ``flags`` names the flags involved."""
-
-    def __init__(self, flags: tuple[str, ...], message: str) -> None:
-        super().__init__(message)
-        self.flags = flags
-
-
-def _fail(message: str, *flags: str) -> BenchFlagError:
-    return BenchFlagError(tuple(flags), message)
 
 
 @dataclass(kw_only=True)
@@ -73,6 +67,7 @@ class BenchConfig:
     display_every: int = 10
     iterations_per_loop: int = 1
     # where and how
+    num_gpus: int = 1  # local replicas (bench.launch); under torchrun, WORLD_SIZE or 1
     device: str = "auto"
     data_format: str = "NCHW"
     precision: str = "fp32"
@@ -104,6 +99,7 @@ class BenchConfig:
     weight_decay: float = 4e-5
     gradient_clip: float | None = None
     # evaluation during training
+    eval_interval_secs: float = 0.0  # --eval: > 0 watches --train_dir and evaluates each new checkpoint
     eval_during_training_every_n_steps: int | None = None
     stop_at_top_1_accuracy: float | None = None
     print_training_accuracy: bool = False
@@ -119,10 +115,41 @@ class BenchConfig:
     num_inference_threads: int | None = None
     iterations: int | None = None
     exported: str | None = None
+    # tf_cnn_benchmarks' other flags (bench/flags.py's implemented rows)
+    eval_batch_size: int = 0
+    num_eval_epochs: float | None = None
+    eval_during_training_every_n_epochs: float | None = None
+    eval_during_training_at_specified_steps: tuple[int, ...] = ()
+    eval_during_training_at_specified_epochs: tuple[float, ...] = ()
+    batch_group_size: int = 1
+    display_perf_ewma: float | None = None
+    distortions: bool = True
+    resize_method: str = "bilinear"
+    use_datasets: bool = True
+    datasets_use_prefetch: bool = True
+    datasets_prefetch_buffer_size: int = 1
+    datasets_num_private_threads: int | None = None
+    datasets_repeat_cached_sample: bool = False
+    gradient_repacking: int = 0
+    xla: bool = False
+    xla_compile: bool = False
+    fp16_vars: bool = False
+    summary_verbosity: int = 0
+    save_summaries_steps: int = 0
+    ml_perf: bool = False
+    loss_type_to_report: str = "total_loss"
+    benchmark_log_dir: str | None = None
+    benchmark_test_id: str | None = None
+    gpu_indices: str = ""
+    gpu_memory_frac_for_testing: float = 0.0
+    resnet_base_lr: float | None = None
+    #: noted flags that were given, as (name, value): each prints a ``Note:`` line (flags.py)
+    noted_flags: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not (isinstance(self.compile, bool) or self.compile in ("none", "module", "step")):
             raise _fail(f"--compile={self.compile!r} is not allowed; allowed values: true, false, module, step", "compile")
+        check_tf_flags(self)
         if self.cuda_graph and self.device == "cpu":
             raise _fail("--cuda_graph needs a CUDA device; --device=cpu (use --device=cuda or drop --cuda_graph)", "cuda_graph", "device")
         _check_values(self)
@@ -139,9 +166,23 @@ class BenchConfig:
             return MODE_EVAL
         if self.forward_only:
             return MODE_FORWARD_ONLY
-        if self.eval_during_training_every_n_steps is not None:
+        if self.evaluates_during_training:
             return MODE_TRAIN_AND_EVAL
         return MODE_TRAIN
+
+    @property
+    def evaluates_during_training(self) -> bool:
+        """Any of the ``--eval_during_training_*`` flags is given."""
+        return any(getattr(self, name) not in (None, ()) for name in EVAL_DURING_TRAINING_FLAGS)
+
+    @property
+    def compile_mode(self) -> bool | str:
+        """``--compile``, or what ``--xla`` (the model) / ``--xla_compile`` (the step) ask for."""
+        if self.xla_compile:
+            return "step"
+        if self.xla:
+            return "module"
+        return self.compile
 
     @property
     def channels_last(self) -> bool:
@@ -177,7 +218,7 @@ _CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 #: Integer flags that always have a value, and their minimum.
 _INTS: tuple[tuple[str, int], ...] = (
-    ("batch_size", 1), ("display_every", 1), ("iterations_per_loop", 1), ("max_ckpts_to_keep", 0),
+    ("batch_size", 1), ("num_gpus", 1), ("display_every", 1), ("iterations_per_loop", 1), ("max_ckpts_to_keep", 0),
     ("num_warmup_batches", 0),
 )
 #: Integer flags that may be left out (None); given, they are >= 1.
@@ -194,7 +235,7 @@ _OPTIONAL_POSITIVE: tuple[str, ...] = (
 #: Number flags that are >= 0.
 _NON_NEGATIVE: tuple[str, ...] = (
     "num_epochs_per_decay", "learning_rate_decay_factor", "num_learning_rate_warmup_epochs",
-    "minimum_learning_rate", "weight_decay", "momentum", "rmsprop_decay", "rmsprop_momentum",
+    "minimum_learning_rate", "eval_interval_secs", "weight_decay", "momentum", "rmsprop_decay", "rmsprop_momentum",
     "rmsprop_epsilon", "adam_beta1", "adam_beta2", "adam_epsilon",
 )
 #: What --mode=inference refuses: switches, and flags that are None unless given.
@@ -276,17 +317,21 @@ def _check_combinations(cfg: BenchConfig) -> None:
 
 
 def _check_evaluation(cfg: BenchConfig) -> None:
-    if cfg.eval_during_training_every_n_steps is not None:
+    given = [n for n in EVAL_DURING_TRAINING_FLAGS if getattr(cfg, n) not in (None, ())]
+    if given:
         for other in ("eval", "forward_only"):
             if getattr(cfg, other):
-                raise _fail(f"--eval_during_training_every_n_steps cannot be used with --{other}",
-                            "eval_during_training_every_n_steps", other)
-    if cfg.stop_at_top_1_accuracy is not None and cfg.eval_during_training_every_n_steps is None:
-        raise _fail("--stop_at_top_1_accuracy needs --eval_during_training_every_n_steps",
-                    "stop_at_top_1_accuracy", "eval_during_training_every_n_steps")
-    if cfg.num_eval_batches is not None and not (cfg.eval or cfg.eval_during_training_every_n_steps):
-        raise _fail("--num_eval_batches applies only with --eval or --eval_during_training_every_n_steps",
-                    "num_eval_batches")
+                raise _fail(f"--{given[0]} cannot be used with --{other}", given[0], other)
+    if cfg.stop_at_top_1_accuracy is not None and not given:
+        raise _fail("--stop_at_top_1_accuracy needs --eval_during_training_every_n_steps (or another "
+                    "--eval_during_training_* flag)", "stop_at_top_1_accuracy", "eval_during_training_every_n_steps")
+    if cfg.eval_interval_secs and not cfg.eval:
+        raise _fail("--eval_interval_secs applies only with --eval (a second process evaluating the checkpoints "
+                    "training writes into --train_dir)", "eval_interval_secs", "eval")
+    for name in ("num_eval_batches", "num_eval_epochs"):
+        if getattr(cfg, name) is not None and not (cfg.eval or given):
+            raise _fail(f"--{name} applies only with --eval or --eval_during_training_every_n_steps "
+                        "(or another --eval_during_training_* flag)", name)
 
 
 def _check_fp16(cfg: BenchConfig) -> None:
@@ -355,3 +400,6 @@ def _check_learning_rate(cfg: BenchConfig) -> None:
 def _require_int(name: str, value: object, *, minimum: int) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise _fail(f"--{name} must be an integer >= {minimum}; got {value!r}", name)
+
+
+__all__ = ["BenchConfig", "BenchFlagError", "parse_piecewise_schedule"]

@@ -11,7 +11,8 @@ CUDA a call's latency includes waiting for its kernels (the seed's call also ret
 predictions). The model is built by an Estimator (seeded; weights from ``--train_dir`` when
 given) and called directly: a latency benchmark measures one call, not a loop. With
 ``--exported DIR`` the call is the exported program of ``stoker export`` (``model.pt2``, its
-input shape from ``signature.json``), every output read back to the host.
+input shape from ``signature.json``), every output read back to the host; ``--exported
+DIR/model.aoti.pt2`` runs the export's AOTInductor package instead (``stoker export --aot``).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def run_inference(cfg: BenchConfig, workload: Workload, *, model: Callable[[dict
     cfg = cfg.replace(num_inference_threads=cfg.num_inference_threads or 1, iterations=cfg.iterations or 100)
     threads, iterations = int(cfg.num_inference_threads or 1), int(cfg.iterations or 100)
     if cfg.exported is not None:
-        model_name = f"exported program {cfg.exported}"
+        model_name = f"{'AOT package' if str(cfg.exported).endswith('.aoti.pt2') else 'exported program'} {cfg.exported}"
         call, image_size = _exported_call(cfg, workload)
     else:
         model_name = cfg.model if model is None else f"{cfg.model} (custom)"
@@ -132,8 +133,12 @@ def _exported_call(cfg: BenchConfig, workload: Workload) -> tuple[Callable[[], A
     if not exported.signature.get("dynamic_batch", True) and shape[0] != workload.batch_size:
         raise BenchFlagError(("batch_size", "exported"), f"--batch_size={workload.batch_size}, but the program was "
                              f"exported for batches of {shape[0]} only")
-    if workload.device.type != "cpu":
-        exported.module.to(workload.device)
+    if exported.kind == "aot":
+        if exported.device.type != workload.device.type:  # the package's kernels are for one device kind
+            raise BenchFlagError(("device", "exported"), f"--exported={cfg.exported} is an AOT package compiled for "
+                                 f"{exported.device.type}; run the benchmark with --device={exported.device.type}")
+    elif workload.device.type != "cpu":
+        exported.module.to(workload.device)  # the program's nn.Module
     images = _images(cfg, workload, int(shape[2]))
     name = inputs[0]["name"]
 

@@ -1,5 +1,6 @@
 """The harness's model side, shared by the training and the inference runners: the zoo model
-the flags name, and tf_cnn_benchmarks' classification ``model_fn``."""
+the flags name, tf_cnn_benchmarks' classification ``model_fn``, and the ``model_fn`` of the
+models that train with their own loss (NCF, DeepSpeech2, SSD300)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..metrics import Accuracy, TopKAccuracy
-from ..models import create_model
+from ..models import LossFn, create_model
 from ..spec import EstimatorSpec, ModeKeys
 from .config import BenchConfig
 from .workload import Workload
@@ -24,7 +25,8 @@ def bench_model_fn(model: nn.Module, features: torch.Tensor, labels: torch.Tenso
     """Softmax cross-entropy classification, as tf_cnn_benchmarks' image models.
 
     TRAIN: the loss reported is tf_cnn_benchmarks' ``total_loss``, cross-entropy +
-    ``weight_decay`` x L2 (``sum(w^2) / 2`` over every trainable parameter), and with
+    ``weight_decay`` x L2 (``sum(w^2) / 2`` over every trainable parameter), or its ``base_loss``
+    (the cross-entropy alone) with ``params["report_base_loss"]``, and with
     ``print_training_accuracy`` the batch's top-1 / top-5 are ``host_call`` values (read once
     per loop). The L2 term's gradient, ``weight_decay * w``, is added by the optimizer (see
     ``optim.py``): the same update as differentiating the term, for a fraction of the cost.
@@ -46,7 +48,7 @@ def bench_model_fn(model: nn.Module, features: torch.Tensor, labels: torch.Tenso
             eval_metrics={"top_1_accuracy": Accuracy()(logits, labels), "top_5_accuracy": TopKAccuracy(5)(logits, labels)},
         )
     loss = F.cross_entropy(logits.float(), labels)
-    if params["weight_decay"]:
+    if params["weight_decay"] and not params.get("report_base_loss"):
         loss = loss + params["weight_decay"] * l2_loss(model)  # a constant here: reported, not differentiated
     host_call = None
     if params["print_training_accuracy"]:
@@ -54,6 +56,30 @@ def bench_model_fn(model: nn.Module, features: torch.Tensor, labels: torch.Tenso
             top1, top5 = _hits(logits, labels)
             host_call = {"top_1_accuracy": top1.float().mean(), "top_5_accuracy": top5.float().mean()}
     return EstimatorSpec(loss=loss, host_call=host_call)
+
+
+class TaskModelFn:
+    """The ``model_fn`` of a zoo model with its own ``loss`` (``ModelInfo.loss``).
+
+    TRAIN: that loss, plus ``weight_decay`` x L2 as in :func:`bench_model_fn` (reported, not
+    differentiated); EVAL: the loss; PREDICT: the model's outputs (``output_<i>`` for a tuple).
+    A class rather than a closure, so the Estimator's ``model_fn`` pickles with its loss.
+    """
+
+    def __init__(self, loss: LossFn) -> None:
+        self.loss = loss
+
+    def __call__(self, model: nn.Module, features: Any, labels: Any, mode: ModeKeys,
+                 params: dict[str, Any]) -> EstimatorSpec:
+        outputs = model(features)
+        if mode == ModeKeys.PREDICT:
+            if isinstance(outputs, torch.Tensor):
+                return EstimatorSpec(predictions={"outputs": outputs})
+            return EstimatorSpec(predictions={f"output_{i}": out for i, out in enumerate(outputs)})
+        loss = self.loss(outputs, labels)
+        if mode == ModeKeys.TRAIN and params["weight_decay"]:
+            loss = loss + params["weight_decay"] * l2_loss(model)
+        return EstimatorSpec(loss=loss)
 
 
 @torch.no_grad()
@@ -80,4 +106,12 @@ def zoo_model(cfg: BenchConfig, workload: Workload) -> ModelFactory:
     return factory
 
 
-__all__ = ["ModelFactory", "bench_model_fn", "l2_loss", "zoo_model"]
+def model_fn_for(workload: Workload) -> Callable[..., EstimatorSpec]:
+    """The ``model_fn`` of the workload's model: the classifier's, or one with the model's own loss."""
+    info = workload.model_info
+    if info is None or info.loss is None:
+        return bench_model_fn
+    return TaskModelFn(info.loss)
+
+
+__all__ = ["ModelFactory", "TaskModelFn", "bench_model_fn", "l2_loss", "model_fn_for", "zoo_model"]

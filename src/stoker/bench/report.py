@@ -2,7 +2,7 @@
 FLOPs and MFU, the results file and the model table. Nothing here runs a model.
 
 MFU (model FLOPs utilisation) is ``achieved / peak``: achieved GFLOP/s is images/sec times
-the model's GFLOP per image (forward from ``stoker.models.model_flops``; a training image
+the model's GFLOP per image (forward from ``stoker.models.example_flops``; a training image
 costs about 3x forward: the backward pass computes gradients for activations and for
 weights, each about as costly as the forward), and the peak is ``--peak_tflops`` or a
 measured dense matmul rate (the practical peak of the machine for that dtype).
@@ -26,9 +26,9 @@ from ..models import (
     DATASETS,
     count_parameters,
     create_model,
+    example_flops,
     get_model_info,
     list_models,
-    model_flops,
 )
 from .config import (
     DEFAULT_FP16_LOSS_SCALE,
@@ -37,8 +37,10 @@ from .config import (
     MODE_TRAIN_AND_EVAL,
     BenchConfig,
 )
+from .flags import note_lines
+from .outputs import mlperf_log_path
 from .stats import DASHES, format_total
-from .workload import Workload
+from .workload import Workload, data_workers, prefetch_depth
 
 TRAINING_FLOPS_FACTOR = 3.0
 PEAK_MATMUL_SIZE = 2048
@@ -61,10 +63,13 @@ def _line(label: str, value: object) -> str:
     return f"{label + ':':<{_LABEL_WIDTH}}{value}"
 
 
-def header_lines(cfg: BenchConfig, workload: Workload, model_name: str | None = None) -> list[str]:
-    """The block printed before a run, in tf_cnn_benchmarks' layout (only lines that apply)."""
+def header_lines(cfg: BenchConfig, workload: Workload, model_name: str | None = None, *,
+                 bucket_mb: float | None = None) -> list[str]:
+    """The block printed before a run, in tf_cnn_benchmarks' layout (only lines that apply),
+    after a ``Note:`` line per given flag that has no effect here (``flags.py``)."""
     mode = cfg.benchmark_mode
     lines = [
+        *note_lines(cfg.noted_flags),
         _line("PyTorch", f"{torch.__version__} (stoker {__version__})"),
         _line("Model", model_name or cfg.model),
         _line("Dataset", workload.dataset_label),
@@ -83,13 +88,39 @@ def header_lines(cfg: BenchConfig, workload: Workload, model_name: str | None = 
     if mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL):
         lines.append(_line("Optimizer", cfg.optimizer))
         lines.append(_line("Variables", effective_variable_update(cfg)))
-    lines.append(_line("Precision", cfg.precision + (" (loss scale: " + loss_scale_label(cfg) + ")" if cfg.precision == "fp16" else "")))
-    lines.append(_line("Compile", cfg.compile))
+    precision = cfg.precision + (" (loss scale: " + loss_scale_label(cfg) + ")" if cfg.precision == "fp16" else "")
+    lines.append(_line("Precision", precision + (", fp16 weights (--fp16_vars)" if cfg.fp16_vars else "")))
+    xla = " (--xla_compile)" if cfg.xla_compile else (" (--xla)" if cfg.xla else "")
+    lines.append(_line("Compile", f"{cfg.compile_mode}{xla}"))
+    lines.extend(_optional_lines(cfg, workload, bucket_mb))
     lines.append(_line("Threads", f"{torch.get_num_threads()} intra-op"))
     lines.append(_line("Host memory", "kept for reuse (glibc: no mmap, no trim)" if host_memory_kept() else "C library defaults"))
     if mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL):
         lines.append(_line("Loop", f"{cfg.iterations_per_loop} step(s) per host round trip"))
     lines.append("==========")
+    return lines
+
+
+def _optional_lines(cfg: BenchConfig, workload: Workload, bucket_mb: float | None) -> list[str]:
+    """Header lines of flags that are not always relevant: only when they apply."""
+    lines = []
+    training = cfg.benchmark_mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL)
+    if training and cfg.evaluates_during_training:
+        lines.append(_line("Eval batch", f"{workload.eval_batch_size} global"))
+    if not workload.synthetic and cfg.mode != "inference":
+        depth = prefetch_depth(cfg)
+        lines.append(_line("Input", f"{data_workers(cfg)} decoding worker(s), "
+                                    f"{'default' if depth is None else depth} batch(es) prefetched, "
+                                    f"distortions {'on' if cfg.distortions else 'off'}, resize {cfg.resize_method}"
+                                    + (", first batch repeated" if cfg.datasets_repeat_cached_sample else "")))
+    if training and bucket_mb is not None:
+        lines.append(_line("Gradients", f"all-reduced in {cfg.gradient_repacking} DDP buckets of {bucket_mb:.3f} MiB "
+                                        "(--gradient_repacking)"))
+    if training and cfg.summary_verbosity:
+        every = cfg.save_summaries_steps or cfg.display_every
+        lines.append(_line("Summaries", f"level {cfg.summary_verbosity} every {every} steps in {cfg.train_dir}/events"))
+    if training and cfg.ml_perf:
+        lines.append(_line("MLPerf log", mlperf_log_path(cfg)))
     return lines
 
 
@@ -128,7 +159,7 @@ def flops_per_image(model_name: str, dataset: str, num_classes: int | None = Non
     info = get_model_info(model_name, dataset)
     with torch.device("meta"):
         model = create_model(model_name, dataset=dataset, num_classes=num_classes)
-    return model_flops(model, info.image_size) / 1e9
+    return example_flops(model, info) / 1e9
 
 
 def measure_matmul_peak(device: torch.device, precision: str = "fp32", size: int = PEAK_MATMUL_SIZE,
@@ -205,7 +236,7 @@ def model_table(data_name: str | None = None) -> list[dict[str, Any]]:
                 "dataset": dataset,
                 "image_size": info.image_size,
                 "params": count_parameters(model),
-                "gflop_per_image": model_flops(model, info.image_size) / 1e9,
+                "gflop_per_image": example_flops(model, info) / 1e9,
                 "description": info.description,
             })
     return rows
@@ -214,12 +245,12 @@ def model_table(data_name: str | None = None) -> list[dict[str, Any]]:
 def format_model_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """Aligned text columns: model, data set, input size, parameters, forward GFLOP/image."""
     width = max([len(r["model"]) for r in rows] + [5])
-    lines = [f"{'model':<{width}}  {'dataset':<8}  {'input':>7}  {'params':>12}  {'GFLOP/img':>9}  description"]
+    lines = [f"{'model':<{width}}  {'dataset':<11}  {'input':>7}  {'params':>12}  {'GFLOP/img':>9}  description"]
     lines.append(DASHES)
     for r in rows:
-        size = f"{r['image_size']}x{r['image_size']}"
+        size = f"{r['image_size']}x{r['image_size']}" if r["image_size"] else "-"  # not an image model
         lines.append(
-            f"{r['model']:<{width}}  {r['dataset']:<8}  {size:>7}  {r['params']:>12,}  {r['gflop_per_image']:>9.4f}  {r['description']}"
+            f"{r['model']:<{width}}  {r['dataset']:<11}  {size:>7}  {r['params']:>12,}  {r['gflop_per_image']:>9.4f}  {r['description']}"
         )
     return lines
 
@@ -242,8 +273,11 @@ def base_result(cfg: BenchConfig, workload: Workload, model_name: str) -> dict[s
         "precision": cfg.precision,
         "optimizer": cfg.optimizer,
         "variable_update": effective_variable_update(cfg),
-        "compile": cfg.compile,
+        "compile": cfg.compile_mode,
         "cuda_graph": cfg.cuda_graph,
+        "eval_batch_size": workload.eval_batch_size,
+        "loss_type": cfg.loss_type_to_report,
+        "test_id": cfg.benchmark_test_id,
         "iterations_per_loop": cfg.iterations_per_loop,
         "num_threads": torch.get_num_threads(),
         "host_memory_kept": host_memory_kept(),

@@ -75,9 +75,9 @@ def format_step_line(step: int, timing: PerfTiming, loss: float, accuracy: tuple
     return line
 
 
-def step_header(with_accuracy: bool) -> str:
-    """The column header printed before the first progress line."""
-    return "Step\tImg/sec\ttotal_loss" + ("\ttop_1_accuracy\ttop_5_accuracy" if with_accuracy else "")
+def step_header(with_accuracy: bool, loss_type: str = "total_loss") -> str:
+    """The column header printed before the first progress line (``loss_type``: ``--loss_type_to_report``)."""
+    return f"Step\tImg/sec\t{loss_type}" + ("\ttop_1_accuracy\ttop_5_accuracy" if with_accuracy else "")
 
 
 def format_total(images_per_sec: float) -> list[str]:

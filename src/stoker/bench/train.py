@@ -21,9 +21,10 @@ first timed loop to the end of the last, hooks between loops included.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +49,11 @@ from .model import (  # re-exported: they were defined here
     ModelFactory,
     bench_model_fn,
     l2_loss,
+    model_fn_for,
     zoo_model,
 )
 from .optim import optimizer_and_schedule
+from .outputs import mlperf_hook, summary_hook
 from .report import (
     TRAINING_FLOPS_FACTOR,
     base_result,
@@ -60,7 +63,7 @@ from .report import (
 )
 from .run_spec import write_zoo_run_spec  # and, imported, the builder of kind zoo is registered
 from .stats import display_due, format_accuracy, format_step_line, perf_timing, step_header
-from .workload import InputFn, Workload, make_input_fn, resolve_workload
+from .workload import InputFn, Workload, make_input_fn, prefetch_depth, resolve_workload
 
 LogFn = Callable[[str], None]
 
@@ -75,11 +78,14 @@ class StepTimer(Hook):
 
     priority = 1
 
-    def __init__(self, *, batch_size: int, display_every: int, with_accuracy: bool, log: LogFn) -> None:
+    def __init__(self, *, batch_size: int, display_every: int, with_accuracy: bool, log: LogFn,
+                 ewma: float | None = None) -> None:
         self.batch_size = batch_size
         self.display_every = display_every
         self.with_accuracy = with_accuracy
         self.log = log
+        self.ewma_weight = ewma  # --display_perf_ewma: progress lines show this moving average
+        self.ewma: float | None = None
         self.step_times: list[float] = []
         self.losses: list[float] = []
         self.accuracy: tuple[float, float] | None = None
@@ -100,10 +106,15 @@ class StepTimer(Hook):
         # One sample per loop: with one step per loop, exactly tf_cnn_benchmarks' step times.
         self.step_times.append(result.seconds / result.steps)
         self.losses.extend(result.losses)
+        if self.ewma_weight is not None:
+            speed = self.batch_size / self.step_times[-1]
+            self.ewma = speed if self.ewma is None else self.ewma_weight * speed + (1 - self.ewma_weight) * self.ewma
         if self.with_accuracy and "top_1_accuracy" in result.values:
             self.accuracy = (result.values["top_1_accuracy"][-1], result.values["top_5_accuracy"][-1])
         if display_due(before, self.steps, self.display_every):
             timing = perf_timing(self.batch_size, self.step_times)
+            if self.ewma is not None:
+                timing = dataclasses.replace(timing, mean=self.ewma)
             self.log(format_step_line(self.steps, timing, result.losses[-1], self.accuracy if self.with_accuracy else None))
 
     @property
@@ -112,16 +123,18 @@ class StepTimer(Hook):
 
 
 class EvalDuringTraining(Hook):
-    """Every ``every_n_steps`` timed steps, evaluate the weights in memory and print the accuracy;
-    request a stop once top-1 reaches ``stop_at`` (``--stop_at_top_1_accuracy``)."""
+    """Every N timed steps (for each N of ``every_n_steps``) and at each of ``at_steps``, evaluate
+    the weights in memory and print the accuracy; request a stop once top-1 reaches ``stop_at``
+    (``--stop_at_top_1_accuracy``)."""
 
     priority = 35  # after the timer and the checkpoint saver
 
-    def __init__(self, estimator: Estimator, input_fn: InputFn, *, every_n_steps: int, eval_steps: int | None,
-                 examples: int, stop_at: float | None, log: LogFn) -> None:
+    def __init__(self, estimator: Estimator, input_fn: InputFn, *, every_n_steps: Sequence[int], eval_steps: int | None,
+                 examples: int, stop_at: float | None, log: LogFn, at_steps: Sequence[int] = ()) -> None:
         self.estimator = estimator
         self.input_fn = input_fn
-        self.every_n_steps = every_n_steps
+        self.every_n_steps = tuple(every_n_steps)
+        self.at_steps = tuple(at_steps)
         self.eval_steps = eval_steps
         self.examples = examples
         self.stop_at = stop_at
@@ -137,7 +150,9 @@ class EvalDuringTraining(Hook):
         local_before = result.first_step - self.first_step
         local_after = run.global_step - self.first_step
         finished = run.max_steps is not None and run.global_step >= run.max_steps
-        if finished or not every_n_steps_due(local_before, local_after, self.every_n_steps):
+        due = any(every_n_steps_due(local_before, local_after, n) for n in self.every_n_steps)
+        due = due or any(local_before < at <= local_after for at in self.at_steps)
+        if finished or not due:
             return  # the final evaluation runs after training, as in tf_cnn_benchmarks
         self.log(f"Running evaluation at global_step {run.global_step}")
         self.evaluate(run.global_step)
@@ -158,8 +173,15 @@ class EvalDuringTraining(Hook):
 
 
 # ==================================================================== building
-def build_estimator(cfg: BenchConfig, workload: Workload, model: ModelFactory) -> Estimator:
-    """The Estimator the flags describe (checkpoints in ``--train_dir``, nothing logged by it)."""
+def build_estimator(cfg: BenchConfig, workload: Workload, model: ModelFactory, *,
+                    bucket_mb: float | None = None) -> Estimator:
+    """The Estimator the flags describe (checkpoints in ``--train_dir``, nothing logged by it).
+
+    ``bucket_mb``: DDP's gradient bucket size (``--gradient_repacking``, see :func:`repacking_bucket_mb`).
+    """
+    depth = prefetch_depth(cfg)
+    if cfg.fp16_vars:
+        model = _fp16_weights(model)
     loss_scale: float | str = "dynamic"
     init_scale = float(cfg.fp16_loss_scale or DEFAULT_FP16_LOSS_SCALE)
     if not cfg.fp16_enable_auto_loss_scale:
@@ -178,29 +200,52 @@ def build_estimator(cfg: BenchConfig, workload: Workload, model: ModelFactory) -
         loss_scale_init=init_scale,
         loss_scale_growth_interval=cfg.fp16_inc_loss_scale_every_n or 1000,
         device=str(workload.device),
-        compile=cfg.compile,  # type: ignore[arg-type]
+        compile=cfg.compile_mode,  # type: ignore[arg-type]
         cuda_graph=cfg.cuda_graph,
         # One process: every strategy is the same single replica. Under torchrun: DDP
         # (replicated), FSDP2 (sharded) or no gradient exchange (independent).
         strategy=effective_variable_update(cfg),
+        ddp_bucket_cap_mb=bucket_mb,
         progress_bar=False,
         summaries=False,
+        **({} if depth is None else {"prefetch_depth": depth}),
     )
     optimizer_fn, schedule_fn = optimizer_and_schedule(cfg, workload.train_examples / workload.batch_size)
     return Estimator(
         model=model,
-        model_fn=bench_model_fn,
+        model_fn=model_fn_for(workload),
         optimizer=optimizer_fn,
         lr_schedule=schedule_fn,
         config=config,
-        params={
-            "weight_decay": cfg.weight_decay,
-            "print_training_accuracy": cfg.print_training_accuracy,
-            "channels_last": cfg.channels_last,
-        },
+        params=model_params(cfg),
         train_batch_size=workload.batch_size,
-        eval_batch_size=workload.batch_size,
+        eval_batch_size=workload.eval_batch_size,
     )
+
+
+def model_params(cfg: BenchConfig) -> dict[str, Any]:
+    """The Estimator's ``params``: what :func:`bench_model_fn` reads."""
+    return {
+        "weight_decay": cfg.weight_decay,
+        "print_training_accuracy": cfg.print_training_accuracy,
+        "channels_last": cfg.channels_last,
+        "report_base_loss": cfg.loss_type_to_report == "base_loss",
+    }
+
+
+def _fp16_weights(factory: ModelFactory) -> ModelFactory:
+    """``--fp16_vars``: the model's weights in fp16, updated in place (no fp32 master copy)."""
+    return lambda params: factory(params).half()
+
+
+def repacking_bucket_mb(cfg: BenchConfig, factory: ModelFactory, params: dict[str, Any]) -> float | None:
+    """``--gradient_repacking=N``: the DDP bucket size (MiB) that splits the gradients into N
+    buckets of equal size, as tf_cnn_benchmarks repacks them into N tensors (``None``: not given)."""
+    if not cfg.gradient_repacking:
+        return None
+    model = factory(params)
+    grad_bytes = sum(p.numel() * (2 if cfg.fp16_vars else 4) for p in model.parameters() if p.requires_grad)
+    return grad_bytes / cfg.gradient_repacking / 2**20
 
 
 # ==================================================================== runner
@@ -236,14 +281,21 @@ def run_benchmark(
     if cfg.model == "mobilenet" and model is None:
         log("Note: --model=mobilenet is MobileNet v1 here; tf_cnn_benchmarks' mobilenet (MobileNet v2 with two "
             "logits layers) is --model=mobilenet_v2_tf_cnn")
-    for line in header_lines(cfg, workload, model_name):
+    if workload.device.type == "cuda" and cfg.gpu_memory_frac_for_testing:
+        torch.cuda.set_per_process_memory_fraction(cfg.gpu_memory_frac_for_testing, workload.device)
+    bucket_mb = repacking_bucket_mb(cfg, factory, model_params(cfg)) if workload.num_devices > 1 else None
+    for line in header_lines(cfg, workload, model_name, bucket_mb=bucket_mb):
         log(line)
-    est = build_estimator(cfg, workload, factory)
+    est = build_estimator(cfg, workload, factory, bucket_mb=bucket_mb)
     result = base_result(cfg, workload, model_name)
     mode = cfg.benchmark_mode
-    if cfg.train_dir and model is None and mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL) and est.strategy.is_chief:
+    # The run spec rebuilds an image classifier for `stoker export`; the others take other inputs.
+    classifier = workload.model_info is not None and workload.model_info.is_classifier
+    if cfg.train_dir and classifier and mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL) and est.strategy.is_chief:
         _write_run_spec(cfg, workload)
-    if mode == MODE_EVAL:
+    if mode == MODE_EVAL and cfg.eval_interval_secs > 0:
+        result.update(_watch_checkpoints(cfg, workload, est, eval_input, log))
+    elif mode == MODE_EVAL:
         result.update(_evaluate_checkpoint(cfg, workload, est, eval_input, log))
     elif mode == MODE_FORWARD_ONLY:
         result.update(_forward_only(cfg, workload, est, train_input, log))
@@ -278,17 +330,17 @@ def _train(cfg: BenchConfig, workload: Workload, est: Estimator, train_input: In
         return {"num_steps": 0, "global_step": start, "images_per_sec": 0.0}
     trace = _trace_hook(cfg, first_step=start + max(0, warm - 2))
     log("Running warm up")
-    if warm:
-        est.train(train_input, max_steps=start + warm, hooks=[trace] if trace else [])
+    if warm:  # steps=, not max_steps=: reaching the warm-up's end must not mark training finished
+        est.train(train_input, steps=warm, hooks=[trace] if trace else [])
         if trace and trace.written is not None:
             log(f"Dumping trace to {trace.written}")
     log("Done warm up")
     if trace and not warm:
         log("Note: no warm-up steps, so the traced step is the first timed one")
-    log(step_header(cfg.print_training_accuracy))
+    log(step_header(cfg.print_training_accuracy, cfg.loss_type_to_report))
     timer = StepTimer(batch_size=workload.batch_size, display_every=cfg.display_every,
-                      with_accuracy=cfg.print_training_accuracy, log=log)
-    hooks: list[Hook] = [timer]
+                      with_accuracy=cfg.print_training_accuracy, log=log, ewma=cfg.display_perf_ewma)
+    hooks: list[Hook] = [timer, *(h for h in (summary_hook(cfg), mlperf_hook(cfg, workload)) if h is not None)]
     if trace and not warm:
         hooks.append(trace)
     evaluator = _evaluator(cfg, workload, est, eval_input, log)
@@ -314,12 +366,18 @@ def _train(cfg: BenchConfig, workload: Workload, est: Estimator, train_input: In
 
 def _evaluator(cfg: BenchConfig, workload: Workload, est: Estimator, eval_input: InputFn,
                log: LogFn) -> EvalDuringTraining | None:
-    if cfg.eval_during_training_every_n_steps is None:
+    if not cfg.evaluates_during_training:
         return None
     batches = workload.eval_batches
+    per_epoch = workload.train_examples / workload.batch_size  # epochs become timed steps, as tf_cnn_benchmarks
+    every = [] if cfg.eval_during_training_every_n_steps is None else [cfg.eval_during_training_every_n_steps]
+    if cfg.eval_during_training_every_n_epochs is not None:
+        every.append(max(1, int(cfg.eval_during_training_every_n_epochs * per_epoch)))
+    at = [*cfg.eval_during_training_at_specified_steps,
+          *(max(1, int(e * per_epoch)) for e in cfg.eval_during_training_at_specified_epochs)]
     return EvalDuringTraining(
-        est, eval_input, every_n_steps=cfg.eval_during_training_every_n_steps, eval_steps=batches,
-        examples=batches * workload.batch_size if batches else workload.eval_examples,
+        est, eval_input, every_n_steps=every, at_steps=sorted(set(at)), eval_steps=batches,
+        examples=batches * workload.eval_batch_size if batches else workload.eval_examples,
         stop_at=cfg.stop_at_top_1_accuracy, log=log,
     )
 
@@ -396,6 +454,30 @@ def _evaluate_checkpoint(cfg: BenchConfig, workload: Workload, est: Estimator, i
     # Images actually evaluated: a padded last batch counts only its real rows.
     out["images_per_sec"] = examples / elapsed if elapsed > 0 else 0.0
     out.update(global_step=est.global_step, top_1_accuracy=top1, top_5_accuracy=top5, num_examples=examples)
+    return out
+
+
+def _watch_checkpoints(cfg: BenchConfig, workload: Workload, est: Estimator, input_fn: InputFn, log: LogFn) -> dict[str, Any]:
+    """``--eval --eval_interval_secs=N``: evaluate each new checkpoint of ``--train_dir`` (exact
+    top-1 / top-5 on ``--num_batches`` batches), looking every N seconds, until the training
+    process has finished (or an hour passes without a new checkpoint)."""
+    evaluations: list[dict[str, float]] = []
+    examples = workload.num_batches * workload.batch_size
+
+    def report(step: int, results: dict[str, float]) -> None:
+        log(f"Evaluated checkpoint {cfg.train_dir}/ckpt-{step} (global step {step})")
+        log(format_accuracy(results["top_1_accuracy"], results["top_5_accuracy"], examples))
+        evaluations.append({"global_step": step, "top_1_accuracy": results["top_1_accuracy"],
+                            "top_5_accuracy": results["top_5_accuracy"]})
+
+    log(f"Watching {cfg.train_dir} for new checkpoints every {cfg.eval_interval_secs:g} s")
+    watched = est.evaluate_continuously(input_fn, steps=workload.num_batches, poll_secs=cfg.eval_interval_secs,
+                                        on_result=report)
+    log(f"Stopped watching: {watched.stop_reason}")
+    out: dict[str, Any] = {"evaluations": evaluations, "skipped_checkpoints": watched.skipped,
+                           "num_examples": examples}
+    if evaluations:
+        out.update(evaluations[-1])
     return out
 
 

@@ -6,7 +6,9 @@ Data:
 - **synthetic** (no ``--data_dir``): one random batch generated once on the device and returned
   every step (``stoker.data.synthetic_images``), as tf_cnn_benchmarks' synthetic GPU inputs:
   the benchmark measures the model and the loop, not an input pipeline. Already channels-last
-  for ``--data_format=NHWC``.
+  for ``--data_format=NHWC``. Models of other data sets (MovieLens ids, LibriSpeech
+  spectrograms, COCO images with boxes) make their own batch (``ModelInfo.example_batch``);
+  those data sets are synthetic only.
 - **CIFAR-10 binaries** (``data_batch_*.bin``, ``test_batch.bin``) via ``stoker.data.cifar_binary``.
 - **an image folder** (``root/<class>/<image>``; ``root/train`` and ``root/validation`` or
   ``root/val`` when present) via ``stoker.data.image_folder``, decoded in worker processes.
@@ -14,6 +16,7 @@ Data:
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -22,11 +25,12 @@ from typing import Any
 
 import torch
 
-from ..data import cifar_binary, image_folder, synthetic_images
+from ..data import RepeatedBatch, cifar_binary, image_folder, synthetic_images
 from ..data.images import IMAGE_EXTENSIONS, scan_image_folder
 from ..distributed import torchrun_world_size
-from ..models import DEFAULT_NUM_CLASSES, get_model_info
+from ..models import DATASETS, DEFAULT_NUM_CLASSES, ModelInfo, get_model_info
 from .config import DEFAULT_NUM_BATCHES, MODE_EVAL, MODE_INFERENCE, BenchConfig, BenchFlagError
+from .tf_checks import gpu_indices as parse_gpu_indices
 
 InputFn = Callable[[dict[str, Any]], Iterable[Any]]
 
@@ -34,6 +38,12 @@ InputFn = Callable[[dict[str, Any]], Iterable[Any]]
 EXAMPLES_PER_EPOCH: dict[str, dict[str, int]] = {
     "imagenet": {"train": 1_281_167, "validation": 50_000},
     "cifar10": {"train": 50_000, "validation": 10_000},
+    # MLPerf NCF: 19,861,770 training positives with 4 sampled negatives each; one held-out
+    # positive per user for evaluation.
+    "movielens": {"train": 99_308_850, "validation": 138_493},
+    # train-clean-100 + train-clean-360, and test-clean (the reference's file patterns).
+    "librispeech": {"train": 132_553, "validation": 2_620},
+    "coco": {"train": 118_287, "validation": 4_952},
 }
 _CIFAR_RECORD_BYTES = 1 + 32 * 32 * 3
 _CIFAR_MARKERS = ("data_batch_1.bin", "test_batch.bin", "cifar-10-batches-bin")
@@ -54,6 +64,9 @@ class Workload:
         num_batches: timed steps (training) or batches (evaluation, forward-only).
         num_epochs: ``num_batches`` in epochs of the data the mode reads.
         eval_batches: batches of an evaluation (``None``: one pass over real evaluation data).
+        eval_batch_size: the global batch of evaluations (``--eval_batch_size``, else ``--batch_size``,
+            times the replicas); with ``--eval`` it is ``batch_size`` too.
+        model_info: the registry's entry of ``--model`` (``None`` for a caller's own model).
     """
 
     dataset: str
@@ -68,6 +81,13 @@ class Workload:
     num_batches: int
     num_epochs: float
     eval_batches: int | None
+    eval_batch_size: int
+    model_info: ModelInfo | None = None
+
+    @property
+    def example(self) -> str:
+        """What one example is ("images", "examples", ...), for throughput lines."""
+        return self.model_info.example if self.model_info is not None else "images"
 
     @property
     def per_device_batch_size(self) -> int:
@@ -84,23 +104,63 @@ class Workload:
         return [f"{self.device.type}:{i}" for i in range(self.num_devices)]  # one per replica
 
 
-def resolve_device(name: str) -> torch.device:
-    """``--device``: ``auto`` picks CUDA when torch sees it; ``gpu`` is tf_cnn_benchmarks' name for ``cuda``."""
+def resolve_device(name: str, gpu_indices: str = "") -> torch.device:
+    """``--device``: ``auto`` picks CUDA when torch sees it; ``gpu`` is tf_cnn_benchmarks' name for ``cuda``.
+
+    Replica ``LOCAL_RANK`` uses CUDA device ``LOCAL_RANK``, or entry ``LOCAL_RANK`` of ``--gpu_indices``.
+    """
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name in ("cuda", "gpu"):
         if not torch.cuda.is_available():
             raise BenchFlagError(("device",), f"--device={name}, but torch sees no CUDA device; use --device=cpu")
         local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)  # torchrun: one GPU per process
+        indices = parse_gpu_indices(gpu_indices)
+        if indices:
+            if local_rank >= len(indices) or max(indices) >= torch.cuda.device_count():
+                raise BenchFlagError(("gpu_indices",), f"--gpu_indices={gpu_indices}: replica {local_rank} needs an "
+                                     f"entry, and torch sees {torch.cuda.device_count()} CUDA device(s)")
+            return torch.device("cuda", indices[local_rank])
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
 
 
-def guess_data_name(data_dir: str | None) -> str:
-    """tf_cnn_benchmarks guesses the data set from ``--data_dir``; CIFAR-10 binaries are recognisable."""
+def guess_data_name(data_dir: str | None, model: str | None = None) -> str:
+    """tf_cnn_benchmarks guesses the data set from ``--data_dir``; CIFAR-10 binaries are recognisable.
+
+    A ``model`` registered for one data set only (``ncf``, ``deepspeech2``, ``ssd300``) names it.
+    """
+    if model is not None:
+        homes = [d for d in DATASETS if _registered(model, d)]
+        if len(homes) == 1:
+            return homes[0]
     if data_dir is not None and any((Path(data_dir) / m).exists() for m in _CIFAR_MARKERS):
         return "cifar10"
     return "imagenet"
+
+
+def _registered(model: str, dataset: str) -> bool:
+    try:
+        get_model_info(model, dataset)
+    except ValueError:
+        return False
+    return True
+
+
+def _check_task(cfg: BenchConfig, info: ModelInfo, synthetic: bool) -> None:
+    """What a model that is not an image classifier cannot do here."""
+    if info.is_classifier:
+        return
+    if not synthetic:
+        raise BenchFlagError(("data_dir", "data_name"), f"--data_dir: --data_name={info.dataset} is synthetic "
+                             "only (no input pipeline reads it); leave out --data_dir")
+    # Its outputs are no class logits: top-1/top-5 (forward-only, --eval, evaluation during
+    # training) and the image-latency benchmark do not apply.
+    for name, given in (("forward_only", cfg.forward_only), ("eval", cfg.eval), ("mode", cfg.mode == "inference"),
+                        ("eval_during_training_every_n_steps", cfg.eval_during_training_every_n_steps is not None)):
+        if given:
+            raise BenchFlagError((name, "model"), f"--{name}: --model={info.name} ({info.dataset}) is benchmarked "
+                                 "in training only here; its outputs are not class logits")
 
 
 def resolve_workload(cfg: BenchConfig, *, custom_model: bool = False, num_classes: int | None = None,
@@ -110,18 +170,20 @@ def resolve_workload(cfg: BenchConfig, *, custom_model: bool = False, num_classe
     ``custom_model``: the caller supplies the model (tests, scripts), so ``--model`` need not be
     registered; ``num_classes`` and ``image_size`` then describe it.
     """
-    dataset = cfg.data_name or guess_data_name(cfg.data_dir)
+    dataset = cfg.data_name or guess_data_name(cfg.data_dir, None if custom_model else cfg.model)
+    synthetic = cfg.data_dir is None
+    info = None
     if not custom_model:
         try:
             info = get_model_info(cfg.model, dataset)
         except ValueError as e:
             raise BenchFlagError(("model",), f"--model: {e}") from None
+        _check_task(cfg, info, synthetic)
         image_size = image_size or info.image_size
         num_classes = num_classes or info.num_classes
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.device, cfg.gpu_indices)
     # Under torchrun every process is one replica (the engine's strategy joins them).
     world = torchrun_world_size()
-    synthetic = cfg.data_dir is None
     train_examples = EXAMPLES_PER_EPOCH[dataset]["train"]
     eval_examples = EXAMPLES_PER_EPOCH[dataset]["validation"]
     if not synthetic:
@@ -131,8 +193,10 @@ def resolve_workload(cfg: BenchConfig, *, custom_model: bool = False, num_classe
         train_examples, eval_examples, folder_classes = _count_examples(dataset, Path(cfg.data_dir))
         if folder_classes is not None and num_classes is not None and folder_classes > num_classes:
             num_classes = folder_classes  # more class folders than the model's default logits
-    batch = cfg.batch_size * world  # --batch_size is per device, as in tf_cnn_benchmarks
     evaluating = cfg.benchmark_mode == MODE_EVAL
+    eval_batch = (cfg.eval_batch_size or cfg.batch_size) * world
+    # --batch_size is per device, as in tf_cnn_benchmarks; --eval runs at the evaluation batch.
+    batch = eval_batch if evaluating else cfg.batch_size * world
     examples = eval_examples if evaluating else train_examples
     if cfg.num_epochs is not None:
         num_batches = -(-int(cfg.num_epochs * examples) // batch)
@@ -145,6 +209,10 @@ def resolve_workload(cfg: BenchConfig, *, custom_model: bool = False, num_classe
     if cfg.mode == "inference":
         num_batches = cfg.iterations or 0
     eval_batches = cfg.num_eval_batches
+    if cfg.num_eval_epochs is not None:
+        eval_batches = max(1, -(-int(cfg.num_eval_epochs * eval_examples) // eval_batch))
+        if evaluating:
+            num_batches = eval_batches
     if eval_batches is None and synthetic and cfg.benchmark_mode != MODE_INFERENCE:
         eval_batches = num_batches  # synthetic data never ends: evaluate as many batches as training runs
     return Workload(
@@ -160,6 +228,8 @@ def resolve_workload(cfg: BenchConfig, *, custom_model: bool = False, num_classe
         num_batches=num_batches,
         num_epochs=num_batches * batch / examples,
         eval_batches=eval_batches,
+        eval_batch_size=eval_batch,
+        model_info=info,
     )
 
 
@@ -194,8 +264,19 @@ def make_input_fn(cfg: BenchConfig, workload: Workload, *, train: bool, repeat: 
 
     Training data always repeats. Evaluation data repeats when ``repeat`` (``--eval`` reads
     ``--num_batches`` batches, which may exceed one pass, as in tf_cnn_benchmarks), else it is
-    one pass (an exact evaluation during training).
+    one pass (an exact evaluation during training). Real data follows ``--distortions``
+    (training augmentation), ``--resize_method``, ``--use_datasets`` /
+    ``--datasets_num_private_threads`` (decoding workers) and ``--datasets_repeat_cached_sample``
+    (one batch read, then repeated).
     """
+    info = workload.model_info
+    if workload.synthetic and info is not None and not info.is_classifier:
+        def model_input_fn(params: dict[str, Any]) -> Iterable[Any]:
+            features, labels = info.example_batch(params["batch_size"], num_classes=workload.num_classes,
+                                                  device=workload.device, seed=cfg.tf_random_seed)
+            return RepeatedBatch(features, labels, seed=cfg.tf_random_seed)
+
+        return model_input_fn
     if workload.synthetic:
         shape = (3, workload.image_size, workload.image_size)
         seed = cfg.tf_random_seed
@@ -211,22 +292,59 @@ def make_input_fn(cfg: BenchConfig, workload: Workload, *, train: bool, repeat: 
     data_dir = Path(cfg.data_dir)
     # A source given a number of epochs keeps a partial last batch, which the Estimator pads.
     epochs = None if train else (1_000_000 if repeat else 1)
+    augment = train and cfg.distortions
+    workers = data_workers(cfg)
     if workload.dataset == "cifar10":
         def cifar_input_fn(params: dict[str, Any]) -> Iterable[Any]:
             return cifar_binary(
                 data_dir, batch_size=params["batch_size"], train=train, seed=cfg.tf_random_seed,
                 num_epochs=epochs, num_shards=params["num_replicas"], shard_index=params["replica_index"],
+                augment=augment,
             )
 
-        return cifar_input_fn
+        return _cached(cifar_input_fn) if cfg.datasets_repeat_cached_sample and train else cifar_input_fn
     train_root, eval_root = _image_folder_roots(data_dir)
-    workers = min(8, os.cpu_count() or 1)
 
     def folder_input_fn(params: dict[str, Any]) -> Iterable[Any]:
         return image_folder(
             train_root if train else eval_root, batch_size=params["batch_size"], image_size=workload.image_size,
             train=train, seed=cfg.tf_random_seed, num_epochs=epochs, num_workers=workers,
-            num_shards=params["num_replicas"], shard_index=params["replica_index"],
+            num_shards=params["num_replicas"], shard_index=params["replica_index"], augment=augment,
+            resize_method=cfg.resize_method,
         )
 
-    return folder_input_fn
+    return _cached(folder_input_fn) if cfg.datasets_repeat_cached_sample and train else folder_input_fn
+
+
+def prefetch_depth(cfg: BenchConfig) -> int | None:
+    """Batches the infeed prepares ahead: ``--datasets_prefetch_buffer_size`` x ``--batch_group_size``
+    (0 with ``--nodatasets_use_prefetch``); ``None`` (the engine's default) when none is given."""
+    if not cfg.datasets_use_prefetch:
+        return 0
+    if cfg.datasets_prefetch_buffer_size == 1 and cfg.batch_group_size == 1:
+        return None
+    return cfg.datasets_prefetch_buffer_size * cfg.batch_group_size
+
+
+def data_workers(cfg: BenchConfig) -> int:
+    """Processes decoding real data: none with ``--nouse_datasets``, ``--datasets_num_private_threads``
+    when given, else one per core up to 8."""
+    if not cfg.use_datasets:
+        return 0
+    if cfg.datasets_num_private_threads is not None:
+        return cfg.datasets_num_private_threads
+    return min(8, os.cpu_count() or 1)
+
+
+def _cached(input_fn: InputFn) -> InputFn:
+    """``--datasets_repeat_cached_sample``: the first batch of ``input_fn``, repeated forever."""
+
+    def cached_input_fn(params: dict[str, Any]) -> Iterable[Any]:
+        source = iter(input_fn(params))
+        first = next(source)
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()  # stop its workers: nothing more is read
+        return itertools.repeat(first)
+
+    return cached_input_fn

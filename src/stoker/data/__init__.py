@@ -16,7 +16,7 @@ from .arrays import ArraySource, arrays
 from .base import DataError, IndexedSource, epoch_generator, example_uniforms
 from .cifar import CifarSource, cifar_binary
 from .images import ImageFolderSource, image_folder
-from .synthetic import SyntheticImages, synthetic_images
+from .synthetic import RepeatedBatch, SyntheticImages, synthetic_images
 from .text import TextSource, stdlib_corpus, text_chars
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "DataError",
     "ImageFolderSource",
     "IndexedSource",
+    "RepeatedBatch",
     "SyntheticImages",
     "TextSource",
     "arrays",

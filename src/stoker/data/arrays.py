@@ -75,6 +75,9 @@ class ArraySource(IndexedSource):
         return self._num_examples
 
     def load_batch(self, indices: torch.Tensor, epoch: int) -> Any:
+        features, labels = self.features, self.labels
+        if type(features) is torch.Tensor and type(labels) is torch.Tensor:  # the common case, without tree_map
+            return features.index_select(0, indices), labels.index_select(0, indices)
         feats = tree_map(lambda t: t.index_select(0, indices), self.features)
         if self.labels is None:
             return feats

@@ -94,6 +94,7 @@ class CifarSource(IndexedSource):
         shard_index: int = 0,
         skip_bad_examples: bool = False,
         start_method: str | None = None,
+        augment: bool | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         if not self.data_dir.is_dir():
@@ -103,6 +104,7 @@ class CifarSource(IndexedSource):
         self.images = torch.from_numpy(images)
         self.labels = torch.from_numpy(labels)
         self.train = bool(train)
+        self.augment = self.train if augment is None else bool(augment)
         shuffle, num_epochs = self.mode_defaults(self.train, shuffle, num_epochs)
         super().__init__(
             batch_size=batch_size,
@@ -127,7 +129,7 @@ class CifarSource(IndexedSource):
 
     def load_batch(self, indices: torch.Tensor, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
         images = self.images.index_select(0, indices)
-        if self.train:
+        if self.augment:
             # Pad 4 (zeros), take a random 32 x 32 crop, flip half: one gather for the batch, the
             # offsets and flips drawn per example from (seed, epoch, example index).
             u = torch.from_numpy(example_uniforms(self.seed, epoch, indices.numpy(), 3))
@@ -161,6 +163,7 @@ def cifar_binary(
     shard_index: int = 0,
     skip_bad_examples: bool = False,
     start_method: str | None = None,
+    augment: bool | None = None,
 ) -> CifarSource:
     """``(images, labels)`` batches of CIFAR-10 from its binary files in ``data_dir``.
 
@@ -174,6 +177,7 @@ def cifar_binary(
         train: the training files, augmented and shuffled; else ``test_batch.bin`` in order.
         num_epochs: ``None``: forever when ``train``, one pass otherwise.
         skip_bad_examples: drop records whose label is not 0-9 (logged) instead of raising.
+        augment: pad, crop and flip (default ``train``; tf_cnn_benchmarks' ``--nodistortions`` is False).
         Others: as :func:`~stoker.data.image_folder`.
 
     Raises:
@@ -183,5 +187,5 @@ def cifar_binary(
     return CifarSource(
         data_dir, batch_size=batch_size, train=train, shuffle=shuffle, seed=seed, num_epochs=num_epochs,
         drop_remainder=drop_remainder, num_workers=num_workers, num_shards=num_shards,
-        shard_index=shard_index, skip_bad_examples=skip_bad_examples, start_method=start_method,
+        shard_index=shard_index, skip_bad_examples=skip_bad_examples, start_method=start_method, augment=augment,
     )

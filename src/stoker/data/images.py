@@ -96,15 +96,44 @@ def decode_rgb(path: str, what: str = "image_folder") -> Image.Image:
         raise DataError(f"{what}: cannot read image {path}: {type(e).__name__}: {e}") from e
 
 
-def augment_image(im: Image.Image, image_size: int, u: Sequence[float] | None) -> np.ndarray:
-    """``image_size`` square uint8 HWC array: train augmentation from ``u``, or eval centre crop if None."""
+#: ``resize_method`` names (tf_cnn_benchmarks') and Pillow's filters; ``round_robin`` cycles
+#: through the four by the example's position in its batch, ``crop`` crops without resizing.
+RESIZE_FILTERS: dict[str, Image.Resampling] = {
+    "nearest": Image.Resampling.NEAREST,
+    "bilinear": Image.Resampling.BILINEAR,
+    "bicubic": Image.Resampling.BICUBIC,
+    "area": Image.Resampling.BOX,  # TensorFlow's AREA: each output pixel averages its source box
+}
+RESIZE_METHODS: tuple[str, ...] = (*RESIZE_FILTERS, "round_robin", "crop")
+
+
+def augment_image(im: Image.Image, image_size: int, u: Sequence[float] | None, *, resize_method: str = "bilinear",
+                  position: int = 0) -> np.ndarray:
+    """``image_size`` square uint8 HWC array: train augmentation from ``u``, or eval centre crop if None.
+
+    ``resize_method`` picks the filter (``round_robin``: by ``position``, the example's place
+    in its batch); ``crop`` takes an ``image_size`` square without resizing (at a random place
+    drawn from ``u``, else the centre), so the image must be at least that large.
+    """
     width, height = im.size
-    if u is None:
-        box: tuple[float, ...] = center_crop_box(width, height, image_size, int(round(image_size / 0.875)))
+    if resize_method == "crop":
+        if width < image_size or height < image_size:
+            raise DataError(f"--resize_method=crop needs images of at least {image_size}x{image_size}; "
+                            f"{getattr(im, 'filename', 'an image')} is {width}x{height}")
+        top = int(u[20] * (height - image_size + 1)) if u is not None else (height - image_size) // 2
+        left = int(u[21] * (width - image_size + 1)) if u is not None else (width - image_size) // 2
+        arr = np.asarray(im.crop((left, top, left + image_size, top + image_size)))
     else:
-        left, top, w, h = random_resized_crop_box(width, height, u)
-        box = (left, top, left + w, top + h)
-    arr = np.asarray(im.resize((image_size, image_size), Image.Resampling.BILINEAR, box=box))
+        if resize_method == "round_robin":
+            resample = list(RESIZE_FILTERS.values())[position % len(RESIZE_FILTERS)]
+        else:
+            resample = RESIZE_FILTERS[resize_method]
+        if u is None:
+            box: tuple[float, ...] = center_crop_box(width, height, image_size, int(round(image_size / 0.875)))
+        else:
+            left, top, w, h = random_resized_crop_box(width, height, u)
+            box = (left, top, left + w, top + h)
+        arr = np.asarray(im.resize((image_size, image_size), resample, box=box))
     if u is not None and u[22] < 0.5:
         arr = arr[:, ::-1]
     return arr
@@ -160,9 +189,15 @@ class ImageFolderSource(IndexedSource):
         skip_bad_examples: bool = False,
         extensions: Sequence[str] = IMAGE_EXTENSIONS,
         start_method: str | None = None,
+        augment: bool | None = None,
+        resize_method: str = "bilinear",
     ) -> None:
         if not isinstance(image_size, int) or image_size < 1:
             raise ValueError(f"image_folder: image_size must be a positive integer; got {image_size!r}")
+        if resize_method not in RESIZE_METHODS:
+            raise ValueError(f"image_folder: resize_method must be one of {', '.join(RESIZE_METHODS)}; got {resize_method!r}")
+        self.augment = bool(train) if augment is None else bool(augment)
+        self.resize_method = resize_method
         self.root = Path(root)
         self.classes, self.paths, self.targets = scan_image_folder(root, extensions)
         self.image_size = image_size
@@ -189,13 +224,14 @@ class ImageFolderSource(IndexedSource):
         # A different batch size would make the saved batch number point at other examples.
         return {"num_classes": len(self.classes), "batch_size": self.batch_size}
 
-    def _example(self, index: int, u: np.ndarray | None) -> tuple[np.ndarray, int]:
-        image = augment_image(decode_rgb(self.paths[index]), self.image_size, u)
+    def _example(self, index: int, u: np.ndarray | None, position: int = 0) -> tuple[np.ndarray, int]:
+        image = augment_image(decode_rgb(self.paths[index]), self.image_size, u, resize_method=self.resize_method,
+                              position=position)
         return image, int(self.targets[index])
 
     def load_batch(self, indices: torch.Tensor, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
         idx = indices.numpy()
-        draws = example_uniforms(self.seed, epoch, idx, _DRAWS) if self.train else None
+        draws = example_uniforms(self.seed, epoch, idx, _DRAWS) if self.augment else None
         size = self.image_size
         images = np.empty((len(idx), size, size, 3), dtype=np.uint8)
         labels = np.empty(len(idx), dtype=np.int64)
@@ -203,9 +239,9 @@ class ImageFolderSource(IndexedSource):
         for j, i in enumerate(idx.tolist()):
             def load_one(k: int, i: int = i, j: int = j) -> tuple[np.ndarray, int]:
                 if draws is None:
-                    return self._example(k, None)
+                    return self._example(k, None, j)
                 # A replacement example keeps its own augmentation: it depends on k, not the slot.
-                return self._example(k, draws[j] if k == i else example_uniforms(self.seed, epoch, [k], _DRAWS)[0])
+                return self._example(k, draws[j] if k == i else example_uniforms(self.seed, epoch, [k], _DRAWS)[0], j)
 
             images[j], labels[j] = self.load_or_replace(epoch, i, load_one)
         return normalize_images(images, IMAGENET_MEAN, IMAGENET_STD), torch.from_numpy(labels)
@@ -227,6 +263,8 @@ def image_folder(
     skip_bad_examples: bool = False,
     extensions: Sequence[str] = IMAGE_EXTENSIONS,
     start_method: str | None = None,
+    augment: bool | None = None,
+    resize_method: str = "bilinear",
 ) -> ImageFolderSource:
     """``(images, labels)`` batches from ``root/<class>/**/<image>`` files, decoded with Pillow.
 
@@ -252,6 +290,10 @@ def image_folder(
             unreadable image raises a :class:`~stoker.data.DataError` naming the file.
         extensions: file name endings that are images (case-insensitive).
         start_method: multiprocessing start method for the workers (default fork on Linux).
+        augment: random crop and flip (default ``train``); ``False`` on training data gives the
+            evaluation transform (tf_cnn_benchmarks' ``--nodistortions``).
+        resize_method: ``bilinear`` (default), ``nearest``, ``bicubic``, ``area``,
+            ``round_robin`` (the four by position in the batch) or ``crop`` (no resizing).
 
     Raises:
         DataError: the root is missing or has no class folders, or a class folder has no images.
@@ -260,13 +302,14 @@ def image_folder(
         root, batch_size=batch_size, image_size=image_size, train=train, shuffle=shuffle, seed=seed,
         num_epochs=num_epochs, drop_remainder=drop_remainder, num_workers=num_workers,
         num_shards=num_shards, shard_index=shard_index, skip_bad_examples=skip_bad_examples,
-        extensions=extensions, start_method=start_method,
+        extensions=extensions, start_method=start_method, augment=augment, resize_method=resize_method,
     )
 
 
 __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
+    "RESIZE_METHODS",
     "ImageFolderSource",
     "augment_image",
     "decode_rgb",

@@ -12,6 +12,39 @@ from typing import Any
 import torch
 
 
+class RepeatedBatch:
+    """One ``(features, labels)`` batch, made once by the caller, returned on every ``next()``.
+
+    The synthetic data of models whose inputs are not images (ids, spectrograms, boxes): the
+    caller generates the batch on the device from ``seed``; the state is the batch count and
+    the seed, as for :class:`SyntheticImages`.
+    """
+
+    prefers_inline_fetch = True
+
+    def __init__(self, features: Any, labels: Any, *, seed: int = 0) -> None:
+        self.features = features
+        self.labels = labels
+        self.seed = int(seed)
+        self.batch = 0
+
+    def __iter__(self) -> RepeatedBatch:
+        return self
+
+    def __next__(self) -> tuple[Any, Any]:
+        self.batch += 1
+        return self.features, self.labels
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"batch": self.batch, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("seed", self.seed) != self.seed:
+            raise ValueError(f"synthetic data: the saved input state has seed={state['seed']} but this source has "
+                             f"seed={self.seed}; resume with the same seed")
+        self.batch = int(state["batch"])
+
+
 class SyntheticImages:
     """The same ``(images, labels)`` tensors on every ``next()``. See :func:`synthetic_images`."""
 

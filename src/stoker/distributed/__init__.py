@@ -10,20 +10,25 @@ sharded        FSDP2 (``fully_shard``): parameters, gradients and optimizer stat
                over replicas, for models whose training state does not fit one device;
                checkpoints go to ``ckpt-<step>/dcp/`` (torch.distributed.checkpoint)
 independent    replicas train without syncing gradients: to benchmark the step alone
+pipeline       replicas x pipeline stages (``RunConfig.pipeline_split``): the model cut into
+               stages run by ``torch.distributed.pipelining`` schedules, gradients averaged
+               over the replicas of each stage; checkpoints as ``sharded``
 =============  ==========================================================================
 """
 
 from __future__ import annotations
 
-import atexit
 import os
 
 from .base import SingleDevice, Strategy, resolve_device
+from .pipeline import PipelineConfig, PipelineStrategy
 from .process_group import Independent, ProcessGroupStrategy, ReplicaLostError, Replicated
 from .sharded import Sharded
 
 __all__ = [
     "Independent",
+    "PipelineConfig",
+    "PipelineStrategy",
     "ProcessGroupStrategy",
     "ReplicaLostError",
     "Replicated",
@@ -47,16 +52,25 @@ def torchrun_world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1") or 1)
 
 
-def make_strategy(name: str, device: str, timeout: float = 1800.0) -> Strategy:
-    """The strategy ``RunConfig.strategy`` names; ``auto`` reads the torchrun environment."""
+def make_strategy(
+    name: str, device: str, timeout: float = 1800.0, pipeline: PipelineConfig | None = None,
+    *, bucket_cap_mb: float | None = None,
+) -> Strategy:
+    """The strategy ``RunConfig.strategy`` names; ``auto`` reads the torchrun environment
+    (and picks ``pipeline`` when ``pipeline`` is given).
+    ``bucket_cap_mb``: DDP's gradient bucket size for ``replicated`` (``None``: DDP's default)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world == 1:
-        return SingleDevice(device)  # every strategy is the identity with one replica
+        return SingleDevice(device)  # every strategy is the identity with one replica (a pipeline runs unsplit)
+    if pipeline is not None:
+        strategy = PipelineStrategy(device, timeout, pipeline)
+        return strategy
     if name == "single":
         raise ValueError(
             f"RunConfig.strategy='single' but WORLD_SIZE={world}: use 'auto' or 'replicated' under torchrun"
         )
     kinds = {"independent": Independent, "sharded": Sharded}
     strategy: Strategy = kinds.get(name, Replicated)(device, timeout)
-    atexit.register(strategy.teardown)
-    return strategy
+    if isinstance(strategy, Replicated):
+        strategy.bucket_cap_mb = bucket_cap_mb
+    return strategy  # it tears itself down at exit (ProcessGroupStrategy registers that)

@@ -36,6 +36,19 @@ class Strategy(ABC):
     # Whether each replica holds only a slice of the model (checkpoints are then written by
     # every replica with torch.distributed.checkpoint).
     shards_state: bool = False
+    # Where this process's optimizer state goes in a torch.distributed.checkpoint (shards_state).
+    optimizer_checkpoint_key: str = "optimizer"
+
+    @property
+    def num_replicas(self) -> int:
+        """Data-parallel replicas (each reads its own share of the data); the processes of a
+        pipelined replica count once."""
+        return self.world_size
+
+    @property
+    def replica_index(self) -> int:
+        """This process's replica (what ``params['replica_index']`` says)."""
+        return self.rank
 
     @property
     def is_chief(self) -> bool:
@@ -48,7 +61,8 @@ class Strategy(ABC):
 
     @abstractmethod
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum of ``tensor`` over replicas (the same on every replica)."""
+        """Sum of ``tensor`` over replicas (the same on every replica; the processes of a
+        pipelined replica hold the same value and count once)."""
 
     @abstractmethod
     def any_replica(self, flag: bool) -> bool:
@@ -57,6 +71,10 @@ class Strategy(ABC):
     @abstractmethod
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every replica's ``obj``, in rank order, on every replica."""
+
+    def gather_over_replicas(self, obj: Any) -> list[Any]:
+        """Every replica's ``obj``, in replica order (processes of one pipelined replica count once)."""
+        return self.all_gather_object(obj)
 
     @abstractmethod
     def barrier(self) -> None:

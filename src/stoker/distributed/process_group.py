@@ -12,6 +12,7 @@ transport error that names only a socket.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import logging
 import os
@@ -29,6 +30,7 @@ from .base import Strategy, resolve_device
 log = logging.getLogger("stoker")
 
 _HEARTBEAT_EVERY = 1.0
+_TEARDOWN_WAIT = 30.0  # seconds teardown waits for the other replicas
 
 
 class ReplicaLostError(StokerError):
@@ -62,6 +64,12 @@ class ProcessGroupStrategy(Strategy):
         self._store = _group_store()
         self._heartbeat = threading.Thread(target=self._beat, name="stoker-heartbeat", daemon=True)
         self._heartbeat.start()
+        if self._owns_group:
+            # Gloo's worker threads must be joined while the interpreter is alive: a process that
+            # ends without destroying its group can abort at exit ("terminate called without an
+            # active exception"). Scripts that never call teardown() get it here.
+            # No barrier there: the process may be ending on an error its peers never see.
+            atexit.register(self.teardown, wait_for_peers=False)
 
     # ----------------------------------------------------------------- collectives
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -87,13 +95,28 @@ class ProcessGroupStrategy(Strategy):
     def barrier(self) -> None:
         self._guard(dist.barrier)
 
-    def teardown(self) -> None:
+    def teardown(self, wait_for_peers: bool = True) -> None:
+        """Stop the heartbeat and destroy the process group this strategy created (idempotent).
+
+        ``wait_for_peers``: first wait (bounded) until every replica has reached its teardown.
+        """
         self._stop.set()
         if self._heartbeat.is_alive() and self._heartbeat is not threading.current_thread():
             self._heartbeat.join(timeout=5)  # never destroy the store under a beat in flight
+        if self._owns_group and dist.is_initialized() and wait_for_peers:
+            # Every replica reaches this point before any destroys the group: rank 0 hosts the
+            # store, and tearing it down under a peer still talking to it aborts that peer.
+            # Bounded, so a replica that is already gone cannot hold the survivors here.
+            try:
+                if dist.get_backend() == "gloo":
+                    dist.monitored_barrier(timeout=datetime.timedelta(seconds=_TEARDOWN_WAIT))
+                else:
+                    dist.barrier()
+            except Exception as error:  # a lost replica: nothing left to wait for
+                log.debug("teardown barrier: %s", error)
         if self._owns_group and dist.is_initialized():
             dist.destroy_process_group()
-            self._owns_group = False
+        self._owns_group = False
 
     def _collective_device(self) -> torch.device:
         return self.device if self.device.type == "cuda" else torch.device("cpu")
@@ -150,7 +173,11 @@ class ProcessGroupStrategy(Strategy):
 
 
 class Replicated(ProcessGroupStrategy):
-    """Data parallel: every replica holds the whole model; gradients are averaged (DDP)."""
+    """Data parallel: every replica holds the whole model; gradients are averaged (DDP).
+
+    ``bucket_cap_mb`` sets DDP's gradient bucket size (``None``: DDP's default)."""
+
+    bucket_cap_mb: float | None = None
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         from torch.nn.parallel import DistributedDataParallel
@@ -158,7 +185,9 @@ class Replicated(ProcessGroupStrategy):
         # DDP broadcasts rank 0's weights and buffers at construction, so every replica
         # starts from the same weights (also after a warm start on rank 0).
         ids = [self.device.index] if self.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids)
+        if self.bucket_cap_mb is None:
+            return DistributedDataParallel(model, device_ids=ids)
+        return DistributedDataParallel(model, device_ids=ids, bucket_cap_mb=self.bucket_cap_mb)
 
 
 class Independent(ProcessGroupStrategy):

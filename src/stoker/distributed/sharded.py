@@ -49,17 +49,23 @@ class Sharded(ProcessGroupStrategy):
         return {k: v.detach().cpu() for k, v in full.items()}
 
 
-def save_sharded(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Every replica writes its slices of the model and optimizer state (collective)."""
+def save_sharded(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, optimizer_key: str = "optimizer") -> None:
+    """Every replica writes its slices of the model and optimizer state (collective).
+
+    ``optimizer_key``: where the optimizer state goes; pipeline stages each use their own
+    (their ``param_groups`` would otherwise collide under one key, with different parameters).
+    """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
     # str() of a UrlPath is its URL: DCP then picks its fsspec writer by itself
-    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(directory))
+    dcp.save({"model": model_state, optimizer_key: optim_state}, checkpoint_id=str(directory))
 
 
-def load_sharded(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None) -> None:
+def load_sharded(
+    directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, optimizer_key: str = "optimizer"
+) -> None:
     """Load a ``dcp/`` checkpoint into ``model`` (and ``optimizer``), re-slicing as needed."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
@@ -75,7 +81,7 @@ def load_sharded(directory: Path, model: nn.Module, optimizer: torch.optim.Optim
         set_model_state_dict(model, model_state)
         return
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.load({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(directory))
+    dcp.load({"model": model_state, optimizer_key: optim_state}, checkpoint_id=str(directory))
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
 
 

@@ -7,11 +7,19 @@
 - ``TrainingRun``: one ``train`` call: hooks between device loops (``loop.py``).
 - ``EvaluationRun``: exact loss and metrics, reported and recorded on the checkpoint.
 - ``PredictionRun``: predictions in input order, gathered from every replica.
+- ``ContinuousEvaluation``: a separate process evaluating each new checkpoint as training
+  writes it, recording the results in the index.
 
 The bench harness, AdaNet and a watching evaluator can use any of them on their own.
 """
 
 from .evaluation import EvaluationRun
+from .evaluator import (
+    ContinuousEvalConfig,
+    ContinuousEvalResult,
+    ContinuousEvaluation,
+    evaluation_on_device,
+)
 from .inputs import InputFn, InputPlan, check_batch_size, isolated_rng
 from .model_fn import bind_model_fn
 from .model_state import ModelArg, ModelState, OptimizerFn, ScheduleFn
@@ -19,6 +27,9 @@ from .prediction import PredictionRun, check_predictions
 from .training import TrainingRun, check_train_arguments, default_hooks
 
 __all__ = [
+    "ContinuousEvalConfig",
+    "ContinuousEvalResult",
+    "ContinuousEvaluation",
     "EvaluationRun",
     "InputFn",
     "InputPlan",
@@ -33,5 +44,6 @@ __all__ = [
     "check_predictions",
     "check_train_arguments",
     "default_hooks",
+    "evaluation_on_device",
     "isolated_rng",
 ]

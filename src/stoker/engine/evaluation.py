@@ -44,6 +44,15 @@ class EvaluationRun:
         self, input_fn: InputFn, steps: int | None = None, checkpoint_path: str | Path | None = None, name: str | None = None
     ) -> dict[str, float]:
         """``loss``, every metric and ``global_step`` of ``input_fn`` (all, or ``steps`` batches)."""
+        results, evaluated = self.compute(input_fn, steps, checkpoint_path)
+        self._report(int(results["global_step"]), evaluated, results, name)
+        return results
+
+    def compute(
+        self, input_fn: InputFn, steps: int | None = None, checkpoint_path: str | Path | None = None
+    ) -> tuple[dict[str, float], Path | None]:
+        """The results of :meth:`run` and the checkpoint evaluated (``None``: weights in memory),
+        without reporting them (a watching evaluator reports its own way)."""
         if steps is not None and (not isinstance(steps, int) or steps < 1):
             raise ValueError(f"evaluate: steps must be a positive integer or None; got {steps!r}")
         params = self.inputs.mode_params(ModeKeys.EVAL)
@@ -65,8 +74,7 @@ class EvaluationRun:
         results["global_step"] = step
         if was_training:
             model.train()
-        self._report(step, evaluated, results, name)
-        return results
+        return results, evaluated
 
     def _report(self, step: int, evaluated: Path | None, results: dict[str, float], name: str | None) -> None:
         if not self.strategy.is_chief:

@@ -57,7 +57,7 @@ class InputPlan:
         if global_batch is None:
             call = {ModeKeys.TRAIN: "train", ModeKeys.EVAL: "evaluate"}.get(mode, "predict")
             raise ValueError(f"{call}: the Estimator needs {what}" + ("" if mode is ModeKeys.TRAIN else " (or train_batch_size)"))
-        world = self.strategy.world_size
+        world = self.strategy.num_replicas
         accumulation = self.config.gradient_accumulation_steps if mode is ModeKeys.TRAIN else 1
         if global_batch % (world * accumulation):
             detail = f"{world} replicas" + (f" x {accumulation} accumulation steps" if accumulation > 1 else "")
@@ -65,14 +65,20 @@ class InputPlan:
                 f"{what}={global_batch} is not divisible by {world * accumulation} ({detail}); "
                 f"use a multiple of {world * accumulation}"
             )
+        micro = self.config.pipeline_microbatches if self.config.pipeline_split is not None and mode is ModeKeys.TRAIN else 1
+        if (global_batch // world) % micro:
+            raise ValueError(
+                f"{what}={global_batch} gives {global_batch // world} examples per replica ({world} replicas), "
+                f"which RunConfig.pipeline_microbatches={micro} does not divide; use a multiple of {world * micro}"
+            )
         return global_batch // (world * accumulation)
 
     def mode_params(self, mode: ModeKeys) -> dict[str, Any]:
         """The params ``model_fn`` and ``input_fn`` see in ``mode`` (a fresh dict each call)."""
         params = dict(self.params)
         params["batch_size"] = self.per_replica(mode)
-        params["num_replicas"] = self.strategy.world_size
-        params["replica_index"] = self.strategy.rank
+        params["num_replicas"] = self.strategy.num_replicas
+        params["replica_index"] = self.strategy.replica_index
         params["cache"] = None
         return params
 

@@ -38,12 +38,14 @@ from ..checkpoint import (
 )
 from ..config import RunConfig
 from ..distributed import Strategy
+from ..distributed.pipeline import plan_stages
 from ..distributed.sharded import DCP_DIR, load_sharded, save_sharded
 from ..errors import CheckpointError, NanLossError
 from ..precision import make_loss_scaler
 from ..recompute import apply_recompute
 from ..rng import rng_state, seed_everything, set_rng_state
 from ..safe_load import refused
+from ..stochastic_rounding import StochasticRounding, to_bf16
 from ..storage import location
 
 log = logging.getLogger("stoker")
@@ -128,12 +130,21 @@ class ModelState:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model(params) must return an nn.Module; it returned a {type(model).__name__}")
         self._model = model.to(self.strategy.device)
+        if self.config.precision == "bf16-sr":
+            if self.strategy.shards_state:
+                raise ValueError(
+                    "RunConfig: precision='bf16-sr' does not support a sharded strategy (FSDP keeps its own "
+                    "parameter dtypes); use strategy='replicated' or another precision"
+                )
+            to_bf16(self._model)  # before warm start: fp32 weights are then rounded to nearest once
         # On every replica, before wrapping (DDP broadcasts rank 0's weights).
         if self.warm_start_from is not None and self.latest_checkpoint() is None:
             self.warm_start_report = warm_start(self._model, self.warm_start_from)
         if self.config.recompute is not None:  # before wrapping: DDP/FSDP/compile see the recomputing forward
             names = apply_recompute(self._model, self.config.recompute)
             log.info("recompute: %s", ", ".join(n or "the whole model" for n in names))
+        if self.config.pipeline_split is not None and self.strategy.world_size == 1:
+            plan_stages(self._model, self.config.pipeline_split)  # one process runs it unsplit; the names must still fit
         module = self.strategy.wrap_model(self._model)
         # compile="step" compiles the training step instead (stoker.compiled_step), not the module.
         self.module = torch.compile(module) if self.config.compile_mode == "module" else module
@@ -151,9 +162,18 @@ class ModelState:
         opt = self.optimizer_fn(self.params, model.parameters())
         if not isinstance(opt, torch.optim.Optimizer):
             raise TypeError(f"optimizer(params, parameters) must return a torch.optim.Optimizer; got {type(opt).__name__}")
+        if self.config.precision == "bf16-sr":
+            # One seed on every replica: they apply the same averaged gradient and must round
+            # it the same way, or their weights drift apart.
+            opt = StochasticRounding(opt, seed=self.config.seed)
         self.optimizer = opt
         if self.schedule_fn is not None:
             self.schedule = self.schedule_fn(self.params, opt)
+
+    @property
+    def pipeline_stages(self) -> int:
+        """Stages this run's model is cut into (1 in one process, where a pipeline runs unsplit)."""
+        return self.config.pipeline_stages if self.strategy.world_size > 1 else 1
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's complete weights as CPU tensors (collective when they are sharded)."""
@@ -210,9 +230,11 @@ class ModelState:
     def apply(self, ckpt: LoadedCheckpoint, full: bool) -> None:
         """Load a checkpoint's weights, and with ``full`` everything training resumes from."""
         model = self.build_model()
+        if full:
+            self._check_layout(ckpt)
         if ckpt.dcp_dir is not None:  # a sharded checkpoint: weights (and optimizer) in slices
             try:
-                load_sharded(ckpt.dcp_dir, model, self.optimizer if full else None)
+                load_sharded(ckpt.dcp_dir, model, self.optimizer if full else None, self.strategy.optimizer_checkpoint_key)
             except Exception as e:  # noqa: BLE001 - DCP reports mismatches in many shapes
                 if _caused_by(e, pickle.UnpicklingError):  # a slice's pickled bytes that weights_only refuses
                     raise refused(str(ckpt.path), DCP_DIR, f"holds data torch's weights_only unpickler refuses ({e})",
@@ -228,6 +250,16 @@ class ModelState:
             return
         self._apply_training_state(ckpt)
         self.holds = ckpt.path
+
+    def _check_layout(self, ckpt: LoadedCheckpoint) -> None:
+        saved_stages = int(ckpt.train_state.get("pipeline_stages", 1))
+        if saved_stages != self.pipeline_stages:
+            raise CheckpointError(
+                f"checkpoint {str(ckpt.path)!r} was trained as {saved_stages} pipeline stage(s) and this run has "
+                f"{self.pipeline_stages}: resume training with the same layout (RunConfig.pipeline_split and "
+                "WORLD_SIZE), or start a new run from its weights with warm_start_from (evaluate and predict "
+                "read it in any layout)"
+            )
 
     def _apply_training_state(self, ckpt: LoadedCheckpoint) -> None:
         assert self.optimizer is not None
@@ -287,6 +319,7 @@ class ModelState:
             "cache": cache_per_replica,  # each replica carries its own
             "hooks": dict(hook_state),
             "world_size": self.strategy.world_size,
+            "pipeline_stages": self.pipeline_stages,
         }
 
     def save(self, hook_state: Mapping[str, Any], input_state: Any, last_checkpoint: Path | None) -> Path | None:
@@ -305,7 +338,7 @@ class ModelState:
         if strategy.shards_state:  # every replica writes its slices into the chief's tmp dir
             tmp = location(strategy.broadcast_object(str(self.checkpoints.begin(self.global_step)) if strategy.is_chief else None))
             assert self.optimizer is not None
-            save_sharded(tmp / DCP_DIR, model, self.optimizer)
+            save_sharded(tmp / DCP_DIR, model, self.optimizer, self.strategy.optimizer_checkpoint_key)
         if strategy.is_chief:
             inputs = {rank: r["input"] for rank, r in enumerate(everyone)}
             state = self.train_state(hook_state, [r["rng"] for r in everyone], [r["cache"] for r in everyone])

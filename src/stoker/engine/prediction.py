@@ -66,7 +66,7 @@ class PredictionRun:
         stoker's sources give replica ``r`` the examples ``r, r + K, r + 2K, ...`` of the data,
         so row ``j`` of replica ``r`` is example ``j * K + r`` of this batch's block.
         """
-        everyone = self.strategy.all_gather_object(rows)
+        everyone = self.strategy.gather_over_replicas(rows)
         if not self.strategy.is_chief:
             return None
         counts = [next(iter(r.values())).shape[0] if r else 0 for r in everyone]

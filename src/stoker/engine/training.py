@@ -85,7 +85,10 @@ class TrainingRun:
         state.restore_for_training()
         if max_steps is not None and state.global_step >= max_steps:
             log.info("train: global step %d already reaches max_steps=%d; nothing to do", state.global_step, max_steps)
+            self._mark_finished(max_steps)  # again: a kill may have come between the last save and the marker
             return
+        if state.checkpoints is not None and self.strategy.is_chief:
+            state.checkpoints.clear_finished()  # training goes on: a watching evaluator must not stop
         hooks = list(self.hooks)
         if steps is not None or max_steps is not None:
             hooks.append(StopAtStepHook(num_steps=steps, last_step=max_steps))
@@ -127,6 +130,7 @@ class TrainingRun:
                     run.stop_requested = run.any_replica(run.stop_requested)
             runner.end(run)
             state.wait_for_checkpoint()  # the end of training (and SIGTERM) waits for the write in flight
+            self._mark_finished(max_steps)
         except BaseException as error:
             if state.writer is not None:
                 state.writer.drain()
@@ -148,6 +152,12 @@ class TrainingRun:
             log.info("training stopped at step %d: %s", run.global_step, run.stop_reason)
         if run.exit_code is not None:
             sys.exit(run.exit_code)
+
+    def _mark_finished(self, max_steps: int | None) -> None:
+        """Write ``finished.json`` (for a watching evaluator) once ``max_steps`` is reached."""
+        state = self.state
+        if max_steps is not None and state.global_step >= max_steps and state.checkpoints is not None and self.strategy.is_chief:
+            state.checkpoints.mark_finished(state.global_step)
 
     def _train_step(self) -> TrainStep:
         state = self.state

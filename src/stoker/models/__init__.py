@@ -8,12 +8,17 @@ Models are looked up by name and dataset::
     model = create_model("resnet50")            # ImageNet, 1001 logits, 224x224 input
     model = create_model("resnet56", dataset="cifar10", num_classes=100)
 
-Every model takes ``[B, 3, H, W]`` float images (``get_model_info(name, dataset).image_size``
-says which ``H = W``) in either memory format and returns ``[B, num_classes]`` logits. Adding a
-model is a factory decorated with ``register_model``; see ``registry.py``.
+Every image classifier takes ``[B, 3, H, W]`` float images (``get_model_info(name,
+dataset).image_size`` says which ``H = W``) in either memory format and returns
+``[B, num_classes]`` logits. The models of other data sets (``ncf`` on MovieLens,
+``deepspeech2`` on LibriSpeech, ``ssd300`` on COCO) take their own inputs, which
+``get_model_info(...).example_batch(n)`` makes, and train with their registered ``loss``.
+Adding a model is a factory decorated with ``register_model``; see ``registry.py``.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from torch import nn
@@ -22,20 +27,26 @@ from torch.utils.flop_counter import FlopCounterMode
 # Importing the family modules registers their models.
 from . import (  # noqa: F401
     alexnet,
+    deepspeech,
     densenet,
     googlenet,
     inception,
     lenet,
     mobilenet,
+    nasnet,
+    ncf,
     overfeat,
     resnet,
+    ssd,
     trivial,
     vgg,
 )
 from .registry import (
     DATASETS,
     DEFAULT_NUM_CLASSES,
+    LossFn,
     ModelInfo,
+    SyntheticBatchFn,
     create_model,
     get_model_info,
     list_models,
@@ -45,9 +56,12 @@ from .registry import (
 __all__ = [
     "DATASETS",
     "DEFAULT_NUM_CLASSES",
+    "LossFn",
     "ModelInfo",
+    "SyntheticBatchFn",
     "count_parameters",
     "create_model",
+    "example_flops",
     "get_model_info",
     "list_models",
     "model_flops",
@@ -61,8 +75,9 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def model_flops(model: nn.Module, image_size: int, batch_size: int = 1) -> int:
-    """Forward-pass FLOPs per image for ``[batch_size, 3, image_size, image_size]`` inputs.
+def model_flops(model: nn.Module, image_size: int = 0, batch_size: int = 1, *, features: Any = None) -> int:
+    """Forward-pass FLOPs per image for ``[batch_size, 3, image_size, image_size]`` inputs
+    (or per example of ``features``, a batch of ``batch_size`` rows of the model's own input).
 
     Counted by ``torch.utils.flop_counter.FlopCounterMode``, which counts the matrix
     multiplications and convolutions, a multiply-add as 2 FLOPs; normalisation, activations,
@@ -73,12 +88,34 @@ def model_flops(model: nn.Module, image_size: int, batch_size: int = 1) -> int:
     first = next(model.parameters(), None)
     device = first.device if first is not None else torch.device("cpu")
     dtype = first.dtype if first is not None and first.is_floating_point() else torch.float32
-    images = torch.zeros(batch_size, 3, image_size, image_size, device=device, dtype=dtype)
+    if features is None:
+        features = torch.zeros(batch_size, 3, image_size, image_size, device=device, dtype=dtype)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad(), FlopCounterMode(display=False) as counter:
-            model(images)
+            model(features)
     finally:
         model.train(was_training)
     return counter.get_total_flops() // batch_size
+
+
+def example_flops(model: nn.Module, info: ModelInfo) -> int:
+    """Forward-pass FLOPs per example of a zoo model on its default input (``info.example_batch``)."""
+    if info.is_classifier:
+        return model_flops(model, info.image_size)
+    first = next(model.parameters(), None)
+    device = first.device if first is not None else torch.device("cpu")
+    features, _ = info.example_batch(2, device=device)  # the labels do not enter the forward pass
+    count = getattr(model, "count_flops", None)
+    if count is None:
+        return model_flops(model, batch_size=2, features=features)
+    # A model whose forward is too long to trace op by op counts its own FLOPs, still with
+    # FlopCounterMode (DeepSpeech2: its per-frame recurrence once, times the frames).
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return int(count(features)) // 2
+    finally:
+        model.train(was_training)

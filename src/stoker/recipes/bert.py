@@ -49,7 +49,7 @@ from ..errors import StokerError
 from ..estimator import Estimator
 from ..metrics import Mean
 from ..recompute import select_modules
-from ..run_spec import register_run_spec, write_run_spec
+from ..run_spec import register_eval_input, register_run_spec, write_run_spec
 from ..spec import EstimatorSpec, ModeKeys
 
 MASK_ID = 256  # bytes are 0..255
@@ -272,7 +272,7 @@ def _help(text: str) -> dict[str, str]:
     return {"help": text}
 
 
-PRECISION_CHOICES: tuple[str, ...] = ("fp32", "bf16")
+PRECISION_CHOICES: tuple[str, ...] = ("fp32", "bf16", "bf16-sr")
 
 
 @dataclass(kw_only=True)
@@ -298,9 +298,18 @@ class BertConfig:
     weight_decay: float = field(default=0.01, metadata=_help("AdamW weight decay"))
     warmup_steps: int = field(default=50, metadata=_help("linear warm-up steps, then linear decay to 0 at max_steps"))
     clip_norm: float = field(default=1.0, metadata=_help("gradient norm clipping (0: none)"))
-    precision: str = field(default="fp32", metadata=_help(f"numeric precision: {', '.join(PRECISION_CHOICES)}"))
+    precision: str = field(default="fp32", metadata=_help(
+        f"numeric precision: {', '.join(PRECISION_CHOICES)} (bf16-sr: bf16 weights and AdamW state, stochastic rounding)"))
     recompute: list[str] | None = field(default=None, metadata=_help(
         "recompute activations in backward: 'all', or module-name patterns such as 'layers.*' (docs/memory.md)"))
+    hidden_layers_per_stage: int = field(default=0, metadata=_help(
+        "pipeline parallelism: encoder layers per stage (embeddings go with the first, the head with the last); "
+        "0: no pipeline. Under torchrun the processes are --replicas x stages (docs/model_parallel.md)"))
+    replicas: int = field(default=0, metadata=_help(
+        "data-parallel replicas; with --hidden_layers_per_stage, torchrun must start replicas x stages processes "
+        "(0: WORLD_SIZE / stages)"))
+    pipeline_microbatches: int = field(default=4, metadata=_help("micro-batches per replica batch in a pipelined run"))
+    pipeline_schedule: str = field(default="1f1b", metadata=_help("pipeline schedule: gpipe or 1f1b"))
     eval_every_n_steps: int = field(default=250, metadata=_help("evaluate (and checkpoint) every N steps"))
     eval_steps: int | None = field(default=None, metadata=_help("batches per evaluation (default: all of the held-out text)"))
     save_checkpoints_steps: int = field(default=100, metadata=_help("checkpoint every N steps"))
@@ -320,6 +329,13 @@ class BertConfig:
             return None
         return "all" if list(self.recompute) == ["all"] else tuple(self.recompute)
 
+    def pipeline_split(self) -> tuple[str, ...] | None:
+        """``RunConfig.pipeline_split`` for ``hidden_layers_per_stage`` (``None``: one stage)."""
+        k = self.hidden_layers_per_stage
+        if k < 1 or k >= self.num_layers:
+            return None
+        return tuple(f"layers.{i}" for i in range(k, self.num_layers, k))
+
     def run_config(self) -> RunConfig:
         """The ``RunConfig`` of the run (checkpoints every ``save_checkpoints_steps``, best kept by accuracy)."""
         return RunConfig(
@@ -335,6 +351,9 @@ class BertConfig:
             recompute=self.recompute_spec(),
             device=self.device,
             progress_bar=False,
+            pipeline_split=self.pipeline_split(),
+            pipeline_microbatches=self.pipeline_microbatches if self.pipeline_split() else 1,
+            pipeline_schedule=self.pipeline_schedule,
         )
 
 
@@ -420,15 +439,27 @@ def train_bert(config: BertConfig | None = None, **overrides: Any) -> dict[str, 
                                   eval_every_n_steps=config.eval_every_n_steps, eval_steps=config.eval_steps)
 
 
+def _config_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> BertConfig:
+    saved = dict(spec.get("config") or {})
+    known = {f.name for f in dataclasses.fields(BertConfig)}
+    config = BertConfig(**{k: v for k, v in saved.items() if k in known})
+    return dataclasses.replace(config, model_dir=os.fspath(model_dir), **{k: v for k, v in spec["params"].items() if k in known})
+
+
 @register_run_spec(RUN_SPEC_KIND)
 def estimator_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> tuple[Estimator, torch.Tensor]:
     """An Estimator reading ``model_dir``'s checkpoints, and example features for export
     (``[2, seq_len]`` int64 tokens), from a ``run_spec.json`` written by :func:`train_bert`."""
-    saved = dict(spec.get("config") or {})
-    known = {f.name for f in dataclasses.fields(BertConfig)}
-    config = BertConfig(**{k: v for k, v in saved.items() if k in known})
-    config = dataclasses.replace(config, model_dir=os.fspath(model_dir), **{k: v for k, v in spec["params"].items() if k in known})
+    config = _config_from_run_spec(spec, model_dir)
     return build_estimator(config), torch.zeros(2, config.seq_len, dtype=torch.int64)
+
+
+@register_eval_input(RUN_SPEC_KIND)
+def eval_input_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> tuple[Callable[[dict[str, Any]], Iterable[Any]], int | None]:
+    """The held-out text and ``eval_steps`` of a ``run_spec.json`` written by :func:`train_bert`
+    (for ``stoker evaluate [--watch]``)."""
+    config = _config_from_run_spec(spec, model_dir)
+    return input_fns(config)[1], config.eval_steps
 
 
 # ==================================================================== command line
@@ -447,6 +478,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             parser.add_argument(flag, type=int, default=None, help=helptext)
         elif f.name == "precision":
             parser.add_argument(flag, choices=PRECISION_CHOICES, default=f.default, help=helptext)
+        elif f.name == "pipeline_schedule":
+            parser.add_argument(flag, choices=("gpipe", "1f1b"), default=f.default, help=helptext)
         else:
             parser.add_argument(flag, type=type(f.default), default=f.default, help=helptext)
 
@@ -462,6 +495,9 @@ def config_error(config: BertConfig) -> str | None:
         return f"--hidden_size ({config.hidden_size}) must be divisible by --num_heads ({config.num_heads})"
     if not 0.0 < config.mask_prob < 1.0:
         return f"--mask_prob must be in (0, 1); got {config.mask_prob}"
+    problem = pipeline_error(config, int(os.environ.get("WORLD_SIZE", "1") or 1))
+    if problem is not None:
+        return problem
     if config.recompute_spec() is not None:
         with torch.device("meta"):  # names only: no memory, no initialisation
             model = BertMLM(**{k: getattr(config, k) for k in MODEL_KEYS}, max_positions=config.seq_len)
@@ -469,6 +505,36 @@ def config_error(config: BertConfig) -> str | None:
             select_modules(model, config.recompute_spec())  # type: ignore[arg-type]
         except ValueError as e:
             return f"--recompute: {str(e).removeprefix('RunConfig.recompute: ')}"
+    return None
+
+
+def pipeline_error(config: BertConfig, world_size: int) -> str | None:
+    """What is wrong with the layout flags for ``world_size`` processes (``None``: nothing)."""
+    for name in ("hidden_layers_per_stage", "replicas"):
+        if getattr(config, name) < 0:
+            return f"--{name} must be >= 0; got {getattr(config, name)}"
+    if config.pipeline_microbatches < 1:
+        return f"--pipeline_microbatches must be >= 1; got {config.pipeline_microbatches}"
+    k = config.hidden_layers_per_stage
+    if k > config.num_layers:
+        return f"--hidden_layers_per_stage ({k}) is more than --num_layers ({config.num_layers})"
+    split = config.pipeline_split()
+    stages = 1 if split is None else len(split) + 1
+    if world_size > 1 and config.replicas and config.replicas * stages != world_size:
+        return (f"--replicas {config.replicas} x {stages} stage(s) (--hidden_layers_per_stage {k} of {config.num_layers} "
+                f"layers) needs {config.replicas * stages} processes; torchrun started {world_size}")
+    if world_size == 1 and config.replicas > 1:
+        return (f"--replicas {config.replicas} needs torchrun: torchrun --nproc_per_node={config.replicas * stages} "
+                "-m stoker train bert ...")
+    if world_size % stages:
+        return f"{stages} pipeline stages need a multiple of {stages} processes; torchrun started {world_size}"
+    replicas = world_size // stages
+    for flag, batch in (("--batch_size", config.batch_size), ("--eval_batch_size", config.eval_batch_size)):
+        if batch % replicas:
+            return f"{flag} ({batch}) is not divisible by the {replicas} replicas"
+    if split is not None and (config.batch_size // replicas) % config.pipeline_microbatches:
+        return (f"--pipeline_microbatches ({config.pipeline_microbatches}) must divide the per-replica batch "
+                f"(--batch_size {config.batch_size} / {replicas} replicas)")
     return None
 
 
@@ -487,7 +553,8 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"held-out at step {results['global_step']}: mlm_accuracy = {results['mlm_accuracy']:.4f}, "
         f"mlm_loss = {results['mlm_loss']:.4f} nats (ppl {math.exp(min(results['mlm_loss'], 700.0)):.3f}), "
-        f"precision {config.precision}, recompute {' '.join(config.recompute or ['none'])}, model_dir {config.model_dir}"
+        f"precision {config.precision}, recompute {' '.join(config.recompute or ['none'])}, "
+        f"stages {1 + len(config.pipeline_split() or ())}, model_dir {config.model_dir}"
     )
     return 0
 
@@ -517,6 +584,7 @@ __all__ = [
     "main",
     "make_optimizer",
     "mlm_loss",
+    "pipeline_error",
     "run",
     "split_corpus",
     "train_bert",

@@ -16,8 +16,9 @@ checkpoint (so a killed run resumes with the exact memory) and starts it afresh 
 every ``evaluate`` call. ``mem_len=0`` turns the memory off (then ``cache`` is always ``None``).
 
 Entry points: :func:`train_charlm` (Python), ``stoker train charlm`` (command line; see
-:func:`add_arguments`), and :func:`estimator_from_run_spec` (registered as the ``run_spec.json``
-kind ``charlm``, for ``stoker export``).
+:func:`add_arguments`), and :func:`estimator_from_run_spec` and :func:`eval_input_from_run_spec`
+(registered for the ``run_spec.json`` kind ``charlm``, for ``stoker export`` and ``stoker
+evaluate [--watch]``).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from ..errors import StokerError
 from ..estimator import Estimator
 from ..hooks import Hook, LoggingHook
 from ..metrics import Metric
-from ..run_spec import register_run_spec, write_run_spec
+from ..run_spec import register_eval_input, register_run_spec, write_run_spec
 from ..spec import EstimatorSpec, ModeKeys
 
 log = logging.getLogger("stoker")
@@ -264,7 +265,7 @@ class CharLMConfig:
     lr: float = field(default=2e-3, metadata=_help("peak Adam learning rate"))
     warmup_steps: int = field(default=50, metadata=_help("linear warm-up steps, then cosine decay to lr/10 at max_steps"))
     clip_norm: float = field(default=0.25, metadata=_help("gradient norm clipping"))
-    eval_every_n_steps: int = field(default=250, metadata=_help("evaluate (and checkpoint) every N steps"))
+    eval_every_n_steps: int = field(default=250, metadata=_help("evaluate (and checkpoint) every N steps; 0: no evaluation in the training process (run `stoker evaluate --watch MODEL_DIR` beside it)"))
     eval_steps: int | None = field(default=None, metadata=_help("batches per evaluation (default: all of the held-out text)"))
     save_checkpoints_steps: int = field(default=100, metadata=_help("checkpoint every N steps"))
     keep_checkpoint_max: int = field(default=3, metadata=_help("newest checkpoints kept (the best by bpc is kept too)"))
@@ -361,6 +362,8 @@ def build_estimator(config: CharLMConfig, *, warm_start_from: str | os.PathLike[
 def train_charlm(config: CharLMConfig | None = None, *, hooks: Sequence[Hook] = (), **overrides: Any) -> dict[str, float]:
     """Train (or resume) the character LM to ``max_steps``, evaluating every
     ``eval_every_n_steps``; return the last evaluation (``loss``, ``bpc``, ``ppl``, ``global_step``).
+    With ``eval_every_n_steps=0`` it only trains (a watching evaluator evaluates) and returns
+    ``{"global_step": ...}``.
 
     ``overrides`` replace fields of ``config`` (``train_charlm(model_dir="runs/c", mem_len=0)``).
     Writes ``run_spec.json`` into ``model_dir`` so ``stoker export`` / ``stoker inspect`` know
@@ -372,20 +375,35 @@ def train_charlm(config: CharLMConfig | None = None, *, hooks: Sequence[Hook] = 
     if config.model_dir:
         write_run_spec(config.model_dir, kind=RUN_SPEC_KIND, params=config.model_params(),
                        config=dataclasses.asdict(config))
+    if config.eval_every_n_steps == 0:  # a watching evaluator (stoker evaluate --watch) evaluates
+        est.train(train_fn, max_steps=config.max_steps, hooks=hooks)
+        return {"global_step": float(est.global_step)}
     return est.train_and_evaluate(train_fn, eval_fn, max_steps=config.max_steps,
                                   eval_every_n_steps=config.eval_every_n_steps, eval_steps=config.eval_steps,
                                   hooks=hooks)
+
+
+def _config_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> CharLMConfig:
+    saved = dict(spec.get("config") or {})
+    known = {f.name for f in dataclasses.fields(CharLMConfig)}
+    config = CharLMConfig(**{k: v for k, v in saved.items() if k in known})
+    return dataclasses.replace(config, model_dir=os.fspath(model_dir), **{k: v for k, v in spec["params"].items() if k in known})
 
 
 @register_run_spec(RUN_SPEC_KIND)
 def estimator_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> tuple[Estimator, torch.Tensor]:
     """An Estimator that reads ``model_dir``'s checkpoints, and example features for export
     (``[2, seq_len]`` int64 bytes), from a ``run_spec.json`` written by :func:`train_charlm`."""
-    saved = dict(spec.get("config") or {})
-    known = {f.name for f in dataclasses.fields(CharLMConfig)}
-    config = CharLMConfig(**{k: v for k, v in saved.items() if k in known})
-    config = dataclasses.replace(config, model_dir=os.fspath(model_dir), **{k: v for k, v in spec["params"].items() if k in known})
+    config = _config_from_run_spec(spec, model_dir)
     return build_estimator(config), torch.zeros(2, config.seq_len, dtype=torch.int64)
+
+
+@register_eval_input(RUN_SPEC_KIND)
+def eval_input_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> tuple[Callable[[dict[str, Any]], Iterable[Any]], int | None]:
+    """The held-out text of a ``run_spec.json`` written by :func:`train_charlm`, and
+    ``eval_steps``: what ``stoker evaluate [--watch]`` evaluates each checkpoint on."""
+    config = _config_from_run_spec(spec, model_dir)
+    return input_fns(config)[1], config.eval_steps
 
 
 # ==================================================================== command line
@@ -411,6 +429,9 @@ def run(args: argparse.Namespace) -> int:
         if getattr(config, name) < 1:
             print(f"stoker train charlm: --{name} must be >= 1; got {getattr(config, name)}", file=sys.stderr)
             return 2
+    if config.eval_every_n_steps < 0:
+        print(f"stoker train charlm: --eval_every_n_steps must be >= 0 (0: no evaluation while training); got {config.eval_every_n_steps}", file=sys.stderr)
+        return 2
     if config.mem_len < 0:
         print(f"stoker train charlm: --mem_len must be >= 0; got {config.mem_len}", file=sys.stderr)
         return 2
@@ -419,6 +440,9 @@ def run(args: argparse.Namespace) -> int:
     except (StokerError, ValueError) as e:  # bad paths, too little text, a bad device name ...
         print(f"stoker train charlm: {e}", file=sys.stderr)
         return 1
+    if "bpc" not in results:
+        print(f"trained to step {results['global_step']:.0f} without evaluating (--eval_every_n_steps 0; model_dir {config.model_dir})")
+        return 0
     print(
         f"held-out at step {results['global_step']}: bpc = {results['bpc']:.4f}, ppl = {results['ppl']:.3f}, "
         f"loss = {results['loss']:.4f} nats/char (mem_len {config.mem_len}, model_dir {config.model_dir})"
@@ -436,6 +460,7 @@ __all__ = [
     "build_estimator",
     "charlm_model_fn",
     "estimator_from_run_spec",
+    "eval_input_from_run_spec",
     "input_fns",
     "main",
     "run",

@@ -1,0 +1,265 @@
+"""``ContinuousEvaluation``: evaluate every new checkpoint of a ``model_dir`` while training writes them.
+
+It runs in its own process (``Estimator.evaluate_continuously``, ``stoker evaluate --watch``),
+beside the trainer and possibly on another device, so evaluation never stalls training.
+
+*Iterate* and *step* are apart, as in the training loop: :meth:`ContinuousEvaluation.watch`
+iterates the checkpoints still to evaluate, oldest first, waiting for new ones; and
+:meth:`ContinuousEvaluation.evaluate_one` evaluates one and reports it. The index is the whole
+state: a checkpoint whose index record holds ``metrics`` is done, so a killed evaluator that
+is started again carries on without repeating an evaluation, and needs no file of its own.
+
+Two processes write the index, so every write goes through ``CheckpointManager.update_index``
+/ ``record_eval`` under the index lock (``checkpoint.lock``). The trainer's retention may
+remove a checkpoint before the evaluator reaches it, or while it reads it: that checkpoint
+is skipped with one log line. A result is recorded on its checkpoint (feeding
+``RunConfig.keep_best``: the best checkpoint is then kept by retention), then logged as
+scalars at the checkpoint's step in ``model_dir/eval`` (TensorBoard events, ``metrics.csv``).
+
+The watch ends when training has finished (``finished.json``, written when training reaches
+``max_steps``) and every checkpoint up to it is evaluated, or when no new checkpoint came for
+``timeout_secs``.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..checkpoint import CheckpointManager
+from ..distributed import make_strategy
+from ..errors import CheckpointError
+from ..summary import CSV_NAME, ScalarWriter
+from .evaluation import EvaluationRun
+from .inputs import InputFn, InputPlan
+from .model_state import ModelState
+
+log = logging.getLogger("stoker")
+
+EVAL_SUBDIR = "eval"
+
+
+@dataclass(kw_only=True)
+class ContinuousEvalConfig:
+    """How a watching evaluator runs.
+
+    Attributes:
+        steps: batches per evaluation (``None``: all of ``input_fn``).
+        timeout_secs: stop when no new checkpoint came for this long (``None``: wait until
+            training has finished, however long).
+        poll_secs: how often the index is read while waiting for a checkpoint
+            (tf_cnn_benchmarks' ``--eval_interval_secs``).
+        last_step: also stop once the checkpoint of this step is evaluated (and ignore a
+            ``finished.json`` of an earlier step).
+        summaries: write TensorBoard events and ``metrics.csv`` into ``model_dir/<subdir>``.
+        subdir: where the scalars go, under ``model_dir``.
+    """
+
+    steps: int | None = None
+    timeout_secs: float | None = 3600.0
+    poll_secs: float = 1.0
+    last_step: int | None = None
+    summaries: bool = True
+    subdir: str = EVAL_SUBDIR
+
+    def __post_init__(self) -> None:
+        if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
+            raise ValueError(f"evaluate_continuously: steps must be a positive integer or None; got {self.steps!r}")
+        if self.timeout_secs is not None and not self.timeout_secs > 0:
+            raise ValueError(f"evaluate_continuously: timeout_secs must be > 0 or None; got {self.timeout_secs!r}")
+        if not self.poll_secs > 0:
+            raise ValueError(f"evaluate_continuously: poll_secs must be > 0; got {self.poll_secs!r}")
+        if self.last_step is not None and (not isinstance(self.last_step, int) or self.last_step < 0):
+            raise ValueError(f"evaluate_continuously: last_step must be a non-negative integer or None; got {self.last_step!r}")
+
+
+@dataclass
+class ContinuousEvalResult:
+    """What one watch did: the steps it evaluated (in order), those it skipped, and why it stopped."""
+
+    evaluated: list[int] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+    results: dict[int, dict[str, float]] = field(default_factory=dict)
+    stop_reason: str = ""
+    best: dict[str, Any] | None = None
+
+
+class ContinuousEvaluation:
+    """Evaluates each new checkpoint of ``checkpoints.model_dir`` once, in step order.
+
+    Args:
+        evaluation: the ``EvaluationRun`` (its model is built on the device it should run on).
+        checkpoints: the ``model_dir``'s manager, opened as a writer (results go into its index),
+            with the trainer's ``keep_checkpoint_max`` and ``keep_best``.
+        config: a ``ContinuousEvalConfig``.
+        on_result: called as ``on_result(step, results)`` after each recorded evaluation.
+    """
+
+    def __init__(
+        self,
+        evaluation: EvaluationRun,
+        checkpoints: CheckpointManager,
+        config: ContinuousEvalConfig | None = None,
+        on_result: Callable[[int, dict[str, float]], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not checkpoints.writer:
+            raise CheckpointError("evaluate_continuously records results in the index: open the CheckpointManager as a writer")
+        self.evaluation = evaluation
+        self.checkpoints = checkpoints
+        self.config = config or ContinuousEvalConfig()
+        self.on_result = on_result
+        self._clock = clock
+        self._writer: ScalarWriter | None = None
+        self._logged_steps: set[int] | None = None
+        self._passed: set[tuple[str, float]] = set()  # (name, save time): handled in this process
+
+    # ------------------------------------------------------------ iterate
+    def watch(self, result: ContinuousEvalResult | None = None) -> Iterator[dict[str, Any]]:
+        """Yield the index record of each checkpoint still to evaluate, oldest first, waiting
+        for new ones until training has finished or ``timeout_secs`` passed without one."""
+        cfg = self.config
+        result = result if result is not None else ContinuousEvalResult()
+        last_news = self._clock()
+        waiting_logged = False
+        while True:
+            # The marker is read before the index: training writes its last checkpoint before
+            # the marker, so an index read after seeing the marker names that checkpoint.
+            finished = self.checkpoints.finished_step()
+            if finished is not None and cfg.last_step is not None and finished < cfg.last_step:
+                finished = None  # an earlier train() call's end (e.g. a warm-up), not the run's
+            pending = self.pending()
+            if pending:
+                self._passed.add((pending[0]["name"], pending[0].get("time", 0.0)))
+                yield pending[0]
+                last_news, waiting_logged = self._clock(), False
+                continue
+            if finished is not None:
+                result.stop_reason = f"training finished at step {finished} and every checkpoint up to it is evaluated"
+                return
+            if cfg.last_step is not None and self._done_through(cfg.last_step):
+                result.stop_reason = f"the checkpoint of last_step={cfg.last_step} is evaluated"
+                return
+            if cfg.timeout_secs is not None and self._clock() - last_news >= cfg.timeout_secs:
+                result.stop_reason = f"no new checkpoint for {cfg.timeout_secs:g} s"
+                return
+            if not waiting_logged:
+                log.info("evaluator: waiting for a new checkpoint in %s", self.checkpoints.model_dir)
+                waiting_logged = True
+            time.sleep(cfg.poll_secs)
+
+    def pending(self) -> list[dict[str, Any]]:
+        """Index records without an evaluation that this process has not passed yet, by step."""
+        records = self.checkpoints.records()
+        todo = [r for r in records if not r.get("metrics") and (r["name"], r.get("time", 0.0)) not in self._passed]
+        return sorted(todo, key=lambda r: r["step"])
+
+    def _done_through(self, step: int) -> bool:
+        return any(r["step"] >= step and r.get("metrics") for r in self.checkpoints.records())
+
+    # ------------------------------------------------------------ step
+    def evaluate_one(self, input_fn: InputFn, record: dict[str, Any], result: ContinuousEvalResult) -> dict[str, float] | None:
+        """Evaluate the checkpoint of ``record``, record and log the result; ``None`` if skipped."""
+        name, step = record["name"], int(record["step"])
+        self._passed.add((name, record.get("time", 0.0)))
+        path = self.checkpoints.model_dir / name
+        try:
+            results, _ = self.evaluation.compute(input_fn, self.config.steps, path)
+        except CheckpointError as e:
+            if self._indexed(name):
+                # Still named by the index, so not retention's doing: a damaged checkpoint.
+                # The trainer resumes from an earlier one; evaluation goes on with the next.
+                log.warning("evaluator: %s cannot be evaluated, skipped: %s", name, e)
+            else:
+                log.info("evaluator: %s was removed by retention before it was evaluated; skipped", name)
+            result.skipped.append(step)
+            return None
+        # The index first (it is the evaluator's state), then the scalars, at most once per step.
+        became_best = self.checkpoints.record_eval(step, results)
+        if not became_best and not self._indexed(name):
+            log.info("evaluator: %s was removed by retention before its result was recorded; skipped", name)
+            result.skipped.append(step)
+            return None
+        self._log(step, results, became_best)
+        result.evaluated.append(step)
+        result.results[step] = results
+        if self.on_result is not None:
+            self.on_result(step, results)
+        return results
+
+    def run(self, input_fn: InputFn) -> ContinuousEvalResult:
+        """Watch and evaluate until training has finished or the timeout; return what was done."""
+        result = ContinuousEvalResult()
+        try:
+            for record in self.watch(result):
+                self.evaluate_one(input_fn, record, result)
+        finally:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+        result.best = self.checkpoints.best()
+        log.info("evaluator: stopped (%s); evaluated %d checkpoint(s), skipped %d", result.stop_reason,
+                 len(result.evaluated), len(result.skipped))
+        return result
+
+    # ------------------------------------------------------------ reporting
+    def _indexed(self, name: str) -> bool:
+        return any(r["name"] == name for r in self.checkpoints.records())
+
+    def _log(self, step: int, results: dict[str, float], became_best: bool) -> None:
+        scalars = {k: v for k, v in results.items() if k != "global_step"}
+        log.info("eval at step %d: %s%s", step, ", ".join(f"{k} = {v:.6g}" for k, v in scalars.items()),
+                 f" (best so far by {self.checkpoints.keep_best[0]})" if became_best and self.checkpoints.keep_best else "")
+        if not self.config.summaries:
+            return
+        logdir = self.checkpoints.model_dir / self.config.subdir
+        if self._logged_steps is None:
+            self._logged_steps = _logged_steps(logdir / CSV_NAME)
+        if step in self._logged_steps:
+            return  # an earlier evaluator of this model_dir logged it already
+        if self._writer is None:
+            self._writer = ScalarWriter(logdir, tensorboard=True)
+        self._writer.write(step, scalars, prefix="eval/")
+        self._writer.flush()
+        self._logged_steps.add(step)
+
+
+def _logged_steps(path: Path) -> set[int]:
+    """Steps ``metrics.csv`` already has rows for; a torn last line (a kill mid-write) is ended."""
+    if not path.exists():
+        return set()
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with open(path, "ab") as f:  # so the next row starts on a line of its own
+            f.write(b"\n")
+    steps: set[int] = set()
+    with open(path, newline="") as f:
+        for row in csv.DictReader(f):
+            try:
+                steps.add(int(row["step"]))
+            except (TypeError, ValueError):
+                continue
+    return steps
+
+
+def evaluation_on_device(evaluation: EvaluationRun, device: str | None) -> EvaluationRun:
+    """``evaluation``, or a copy of its components on ``device`` (one replica, no optimizer)."""
+    state, inputs = evaluation.state, evaluation.inputs
+    if device is None or device == state.config.device:
+        return evaluation
+    config = dataclasses.replace(state.config, device=device, strategy="single", cuda_graph=False)  # graphs: training only
+    strategy = make_strategy("single", device, config.distributed_timeout)
+    new_state = ModelState(model=state.model_arg, params=state.params, config=config, strategy=strategy,
+                           checkpoints=state.checkpoints)
+    new_inputs = InputPlan(params=inputs.params, config=config, strategy=strategy, train_batch_size=inputs.train_batch_size,
+                           eval_batch_size=inputs.eval_batch_size, predict_batch_size=inputs.predict_batch_size)
+    return EvaluationRun(new_state, new_inputs, evaluation.model_fn)
+
+
+__all__ = ["EVAL_SUBDIR", "ContinuousEvalConfig", "ContinuousEvalResult", "ContinuousEvaluation", "evaluation_on_device"]

@@ -1,0 +1,102 @@
+"""The ``stoker evaluate [--watch] MODEL_DIR`` command.
+
+It sits above the engine, like ``stoker export``: the model_dir's ``run_spec.json`` says how its
+Estimator and its held-out data are built (the builders a recipe registers with
+``stoker.run_spec.register_run_spec`` and ``register_eval_input``). Without ``--watch`` it
+evaluates one checkpoint (the newest, or ``--checkpoint``) and records the result; with
+``--watch`` it is the evaluator that runs beside training (:class:`stoker.engine.ContinuousEvaluation`).
+See docs/evaluation.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .engine import evaluation_on_device
+from .errors import StokerError
+from .export_cli import import_run_spec_providers
+from .run_spec import RUN_SPEC_FILE, estimator_from_model_dir, eval_input_from_run_spec
+
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+def add_parser(subparsers: Any) -> None:
+    """Register ``stoker evaluate [--watch] MODEL_DIR``."""
+    p = subparsers.add_parser(
+        "evaluate",
+        help="evaluate a model_dir's checkpoints; --watch: each new one as training writes it",
+        description="Evaluate the checkpoints of a model_dir written by a stoker recipe (it needs "
+        f"{RUN_SPEC_FILE}) on the recipe's held-out data, and record each result on its checkpoint "
+        "in the index (keep_best chooses from it). --watch runs beside training: every new "
+        "checkpoint once, in step order, until training has finished or --timeout_secs pass "
+        "without a new checkpoint. See docs/evaluation.md.",
+    )
+    p.add_argument("model_dir", help=f"a model_dir with {RUN_SPEC_FILE} (written when its training starts)")
+    p.add_argument("--watch", action="store_true", help="keep evaluating each new checkpoint until training has finished")
+    p.add_argument("--device", default=None,
+                   help="auto, cpu, cuda or cuda:N (default: the device the run's recipe names)")
+    p.add_argument("--steps", type=int, default=None, help="batches per evaluation (default: the recipe's eval_steps)")
+    p.add_argument("--checkpoint", default=None, help="without --watch: a ckpt-<step> directory (default: the newest)")
+    p.add_argument("--timeout_secs", type=float, default=3600.0,
+                   help="--watch: stop after this long without a new checkpoint; default %(default)s")
+    p.add_argument("--poll_secs", type=float, default=2.0,
+                   help="--watch: how often to look for a new checkpoint; default %(default)s")
+    p.set_defaults(func=_evaluate_command)
+
+
+def _usage_error(args: argparse.Namespace) -> str | None:
+    if args.device is not None and not _DEVICE.match(args.device):
+        return f"--device must be auto, cpu, cuda or cuda:N; got {args.device!r}"
+    if args.steps is not None and args.steps < 1:
+        return f"--steps must be >= 1; got {args.steps}"
+    if not args.timeout_secs > 0:
+        return f"--timeout_secs must be > 0; got {args.timeout_secs}"
+    if not args.poll_secs > 0:
+        return f"--poll_secs must be > 0; got {args.poll_secs}"
+    if args.watch and args.checkpoint is not None:
+        return "--checkpoint evaluates one checkpoint; it cannot be used with --watch"
+    return None
+
+
+def _evaluate_command(args: argparse.Namespace) -> int:
+    problem = _usage_error(args)
+    if problem:
+        print(f"stoker evaluate: {problem}", file=sys.stderr)
+        return 2
+    import_run_spec_providers()
+    try:
+        if args.watch:
+            _wait_for_run_spec(Path(args.model_dir), args.timeout_secs, args.poll_secs)
+        est, _, spec = estimator_from_model_dir(args.model_dir)
+        input_fn, steps = eval_input_from_run_spec(spec, args.model_dir)
+        steps = args.steps or steps
+        if args.watch:
+            result = est.evaluate_continuously(input_fn, steps, args.timeout_secs, poll_secs=args.poll_secs, device=args.device)
+            best = result.best
+            print(f"stoker evaluate: stopped ({result.stop_reason}); evaluated steps {result.evaluated or 'none'}, "
+                  f"skipped {result.skipped or 'none'} (removed by retention first)"
+                  + (f"; best {best['name']} with {best['metric']} = {best['value']:.6g}" if best else ""))
+            return 0
+        evaluation = evaluation_on_device(est.evaluation, args.device)
+        results = evaluation.run(input_fn, steps, args.checkpoint)
+    except (StokerError, ValueError) as e:
+        print(f"stoker evaluate: {e}", file=sys.stderr)
+        return 1
+    shown = ", ".join(f"{k} = {v:.6g}" for k, v in results.items() if k != "global_step")
+    print(f"evaluated step {results['global_step']:.0f} of {args.model_dir}: {shown}")
+    return 0
+
+
+def _wait_for_run_spec(model_dir: Path, timeout: float, poll: float) -> None:
+    """An evaluator may start before the trainer has written ``run_spec.json``: wait for it."""
+    deadline = time.monotonic() + timeout
+    while not (model_dir / RUN_SPEC_FILE).exists() and time.monotonic() < deadline:
+        time.sleep(poll)
+
+
+__all__ = ["add_parser"]

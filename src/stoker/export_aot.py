@@ -1,0 +1,109 @@
+"""Ahead-of-time compiled serving packages: an export's program lowered by AOTInductor.
+
+``export(..., aot=True)`` (``stoker export --aot``) compiles the exported program with
+``torch._inductor.aoti_compile_and_package`` into one ``model.aoti.pt2`` beside ``model.pt2``:
+generated C++ (and, for CUDA, Triton kernels) built into a shared library with the weights,
+which ``torch._inductor.aoti_load_package`` runs without Python per operator and without the
+model's code. Compiling needs the program only: no training data and no run of the model.
+
+A package is tied to what built it: the device kind it was compiled for and the exact torch
+version (AOTInductor's generated code and its runtime ABI change between releases). Both are
+written twice: into the package's own metadata (``aot_inductor.metadata``) and into the
+``aot`` entry of ``signature.json``. The sidecar is checked *before* loading, because loading
+a package built for another device or torch may crash the process instead of raising;
+:func:`check_package` turns that into an :class:`~stoker.errors.ExportError` that says what to
+rebuild. See docs/export.md.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import ExportError
+
+AOT_FILE = "model.aoti.pt2"
+AOT_FORMAT = "stoker-aot/1"
+AOT_DEVICES: tuple[str, ...] = ("cpu", "cuda")
+_COMPILERS = ("c++", "g++", "clang++")  # looked up on PATH when $CXX is not set
+
+
+def find_cxx() -> str | None:
+    """The C++ compiler AOTInductor will call: ``$CXX`` if set, else the first of c++/g++/clang++ on PATH."""
+    if os.environ.get("CXX"):
+        return shutil.which(os.environ["CXX"])
+    return next((found for name in _COMPILERS if (found := shutil.which(name))), None)
+
+
+def require_cxx() -> str:
+    """The compiler's path, or an ``ExportError`` that says how to get one."""
+    cxx = find_cxx()
+    if cxx is None:
+        where = f"$CXX={os.environ['CXX']!r} is not an executable" if os.environ.get("CXX") else f"none of {', '.join(_COMPILERS)} is on PATH"
+        raise ExportError(f"aot=True (stoker export --aot) compiles C++ and needs a C++ compiler, but {where}; "
+                          "install one (e.g. apt-get install g++) or set CXX, or export without --aot")
+    return cxx
+
+
+def check_device(device: str) -> None:
+    """Refuse an AOT device this process cannot compile and check for (the package is loaded back once)."""
+    if device not in AOT_DEVICES:
+        raise ExportError(f"aot_device must be one of {', '.join(AOT_DEVICES)}; got {device!r}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ExportError("aot_device='cuda' needs a CUDA device in the exporting process (the package is "
+                          "compiled for it and loaded back to check it); export with aot_device='cpu' here")
+
+
+def compile_package(program: torch.export.ExportedProgram, path: Path, device: str) -> dict[str, Any]:
+    """Compile ``program`` (traced on ``device``) into the package ``path``; return its sidecar entry."""
+    cxx = require_cxx()
+    check_device(device)
+    info = {"format": AOT_FORMAT, "file": path.name, "device": device, "torch_version": torch.__version__}
+    start = time.perf_counter()
+    try:
+        torch._inductor.aoti_compile_and_package(
+            program, package_path=str(path),
+            inductor_configs={"aot_inductor.metadata": {f"stoker_{k}": v for k, v in info.items()}},
+        )
+    except Exception as e:  # noqa: BLE001 - inductor fails in many ways (codegen, the C++ build)
+        raise ExportError(f"AOTInductor could not compile the exported program (model.pt2 itself is fine): "
+                          f"{type(e).__name__}: {e}") from e
+    return {**info, "compiler": cxx, "compile_s": round(time.perf_counter() - start, 3)}
+
+
+def check_package(info: Mapping[str, Any], where: Path) -> None:
+    """Refuse a package this process cannot run: another format, a device it lacks, another torch."""
+    if info.get("format") != AOT_FORMAT:
+        raise ExportError(f"{where}: the AOT package has format {info.get('format')!r}; this stoker reads {AOT_FORMAT!r}")
+    device = info.get("device")
+    if device not in AOT_DEVICES:
+        raise ExportError(f"{where}: the AOT package was compiled for device {device!r}, which this stoker does not know")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ExportError(f"{where}: the AOT package was compiled for cuda and this process has no CUDA device; "
+                          "serve model.pt2 instead, or re-export with --aot --aot_device cpu")
+    if info.get("torch_version") != torch.__version__:
+        raise ExportError(f"{where}: the AOT package was compiled with torch {info.get('torch_version')} and this is "
+                          f"torch {torch.__version__}; AOTInductor packages run only on the torch that built them: "
+                          "re-export with stoker export --aot here, or serve model.pt2")
+
+
+def load_package(path: Path, info: Mapping[str, Any]) -> Callable[..., Any]:
+    """Check ``info`` (the signature's ``aot`` entry), load the package, and check its embedded metadata."""
+    check_package(info, path)
+    runner = torch._inductor.aoti_load_package(str(path))
+    embedded = runner.get_metadata()
+    for key in ("device", "torch_version"):
+        if embedded.get(f"stoker_{key}") != info.get(key):
+            raise ExportError(f"{path}: the package says {key}={embedded.get(f'stoker_{key}')!r} but signature.json "
+                              f"says {info.get(key)!r}; the files are from different exports: export again")
+    return runner
+
+
+__all__ = ["AOT_DEVICES", "AOT_FILE", "AOT_FORMAT", "check_device", "check_package", "compile_package", "find_cxx",
+           "load_package", "require_cxx"]
