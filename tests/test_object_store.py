@@ -286,3 +286,19 @@ def test_bench_train_dir_on_a_memory_store(capsys):
     names = storage.listdir(location(url))
     assert "checkpoint.json" in names and "run_spec.json" in names
     assert CheckpointManager(url, writer=False).latest_step() == 4
+
+
+def test_watching_evaluator_on_a_memory_store():
+    from conftest import eval_input
+
+    x, y = make_data(100)
+    ex, ey = make_data(64, seed=1)
+    url = _memory_url()
+    make_estimator(url, iterations_per_loop=1, save_checkpoints_steps=2, keep_checkpoint_max=0,
+                   keep_best=("accuracy", "max")).train(train_input(x, y), max_steps=6)
+    evaluator = make_estimator(url, keep_checkpoint_max=0, keep_best=("accuracy", "max"))
+    result = evaluator.evaluate_continuously(eval_input(ex, ey), timeout_secs=30, poll_secs=0.01)
+    assert result.evaluated == [2, 4, 6] and "training finished at step 6" in result.stop_reason
+    index = CheckpointManager(url, writer=False).index()
+    assert all(r["metrics"] for r in index["checkpoints"]) and index["best"] is not None
+    assert "metrics.csv" in storage.listdir(location(url) / "eval")  # the scalars reach the store
