@@ -32,13 +32,13 @@ def main() -> None:
     if args.slow_write:  # widens the window in which a kill lands inside a checkpoint write
         from stoker import storage
 
-        real = storage._write_durably
+        real = storage._write_one
 
-        def slow(path, data):  # noqa: ANN001, ANN202
+        def slow(path, data, retry):  # noqa: ANN001, ANN202
             time.sleep(args.slow_write)
-            return real(path, data)
+            return real(path, data, retry)
 
-        storage._write_durably = slow
+        storage._write_one = slow
     torch.set_num_threads(1)
     x, y = make_data(100)
     est = make_estimator(

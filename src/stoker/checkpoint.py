@@ -351,7 +351,7 @@ class CheckpointManager:
                 record["dir"] = staging.name
                 final, removed = self._commit_remote(staging, record, blobs, sizes)
             else:
-                final, removed = self._commit_local(staging, record, blobs)
+                final, removed = _commit_local(self, staging, record, blobs)
         except BaseException as e:
             storage.remove_tree(staging)
             if isinstance(e, (OSError, StorageError)):  # a storage fault: say where, why, and what is kept
@@ -367,40 +367,6 @@ class CheckpointManager:
         except CheckpointError:
             return "the previous checkpoint, if any, stays the latest"
         return f"{str(latest)!r} stays the latest checkpoint" if latest else "no earlier checkpoint exists"
-
-    def _commit_local(self, tmp: Path, record: dict[str, Any], blobs: list[tuple[str, bytes]]) -> tuple[Path, list[str]]:
-        assert isinstance(self.model_dir, Path)
-        name, files = record["name"], record["files"]
-        # The index that will name this checkpoint is known now: its temporary file is written
-        # and fsynced together with the checkpoint's files, and renamed into place only once
-        # the checkpoint directory is. The index lock is held from this read to that rename,
-        # so another writer's update (an evaluator's result) is neither lost nor overwritten.
-        with self.index_lock():
-            index = self.index()
-            _adding(record)(index)
-            removed = self._retain(index)
-            index_path = self.model_dir / INDEX_NAME
-            index_tmp = _temp_name(index_path)
-            try:
-                written = storage.write_all([(tmp / f, d) for f, d in blobs] + [(index_tmp, _encode(index))], self.retry)
-                if written[: len(blobs)] != [files[f] for f, _ in blobs]:
-                    raise CheckpointError(f"{name}: a file's sha256 changed while it was written")
-                storage.fsync_dir(tmp)
-                final = self.model_dir / name
-                if final.exists():  # re-saving a step (e.g. after a resume): swap the old one out
-                    trash = self.model_dir / f".trash-{name}-{uuid.uuid4().hex[:8]}"
-                    os.replace(final, trash)
-                    os.replace(tmp, final)
-                    storage.remove_tree(trash)
-                else:
-                    os.replace(tmp, final)
-                storage.fsync_dir(self.model_dir)  # the checkpoint is in place before the index names it
-                os.replace(index_tmp, index_path)
-                storage.fsync_dir(self.model_dir)
-            except BaseException:
-                index_tmp.unlink(missing_ok=True)
-                raise
-        return final, removed
 
     def _commit_remote(
         self, prefix: UrlPath, record: dict[str, Any], blobs: list[tuple[str, bytes]], sizes: Mapping[str, int]
@@ -473,6 +439,44 @@ class CheckpointManager:
     def load(self, path: Location) -> LoadedCheckpoint:
         """Read and verify a checkpoint directory (``weights_only`` loading only)."""
         return load_checkpoint(path)
+
+
+def _commit_local(
+    manager: CheckpointManager, tmp: Path, record: dict[str, Any], blobs: list[tuple[str, bytes]]
+) -> tuple[Path, list[str]]:
+    """The rename protocol (module docstring): ``CheckpointManager.save`` on a local model_dir."""
+    assert isinstance(manager.model_dir, Path)
+    name, files = record["name"], record["files"]
+    # The index that will name this checkpoint is known now: its temporary file is written
+    # and fsynced together with the checkpoint's files, and renamed into place only once
+    # the checkpoint directory is. The index lock is held from this read to that rename,
+    # so another writer's update (an evaluator's result) is neither lost nor overwritten.
+    with manager.index_lock():
+        index = manager.index()
+        _adding(record)(index)
+        removed = manager._retain(index)
+        index_path = manager.model_dir / INDEX_NAME
+        index_tmp = _temp_name(index_path)
+        try:
+            written = storage.write_all([(tmp / f, d) for f, d in blobs] + [(index_tmp, _encode(index))], manager.retry)
+            if written[: len(blobs)] != [files[f] for f, _ in blobs]:
+                raise CheckpointError(f"{name}: a file's sha256 changed while it was written")
+            storage.fsync_dir(tmp)
+            final = manager.model_dir / name
+            if final.exists():  # re-saving a step (e.g. after a resume): swap the old one out
+                trash = manager.model_dir / f".trash-{name}-{uuid.uuid4().hex[:8]}"
+                os.replace(final, trash)
+                os.replace(tmp, final)
+                storage.remove_tree(trash)
+            else:
+                os.replace(tmp, final)
+            storage.fsync_dir(manager.model_dir)  # the checkpoint is in place before the index names it
+            os.replace(index_tmp, index_path)
+            storage.fsync_dir(manager.model_dir)
+        except BaseException:
+            index_tmp.unlink(missing_ok=True)
+            raise
+    return final, removed
 
 
 # ---------------------------------------------------------------------------- warm start

@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import shutil
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -41,8 +42,10 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from . import storage
 from ._version import __version__
 from .checkpoint import INDEX_NAME, CheckpointManager, model_state_to_bytes
+from .checkpoint_files import record_dir
 from .engine.model_state import ModelState
 from .errors import ExportError
 from .export_aot import AOT_FILE, check_device, compile_package, load_package, require_cxx
@@ -183,8 +186,11 @@ def export(
     if aot:  # before any work: a missing compiler or device should not cost a trace first
         require_cxx()
         check_device(aot_device)
-    export_dir = Path(export_dir)
-    _check_target(export_dir)
+    target = storage.location(export_dir)
+    _check_target(target)
+    # An export to an fsspec URL is built in a local directory, then uploaded (signature last).
+    staging = Path(tempfile.mkdtemp(prefix="stoker-export-")) if isinstance(target, storage.UrlPath) else None
+    export_dir = staging / "export" if staging is not None else target
     names, tensors, structure = _flatten_features(example_features)
     rows = {t.shape[0] if t.dim() else None for t in tensors}
     if len(rows) != 1 or None in rows:
@@ -250,11 +256,17 @@ def export(
         }
         (tmp / SIGNATURE_FILE).write_text(json.dumps(signature, indent=1) + "\n")
         _move_into_place(tmp, export_dir)
+        if isinstance(target, storage.UrlPath):
+            for name in [*files, SIGNATURE_FILE]:  # the signature last: an export is complete once it is there
+                storage.upload(export_dir / name, target / name)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log.info("exported %s (step %d, %s) to %s: %s", source or "the weights in memory", step, which, export_dir, ", ".join(files))
-    return export_dir
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    log.info("exported %s (step %d, %s) to %s: %s", source or "the weights in memory", step, which, target, ", ".join(files))
+    return target  # type: ignore[return-value]
 
 
 def _write_aot(module: nn.Module, program: torch.export.ExportedProgram, tensors: list[torch.Tensor],
@@ -279,12 +291,14 @@ def _load_weights(estimator: Exportable, checkpoint_path: str | os.PathLike[str]
     path: Path | None = None
     which = "given"
     if checkpoint_path is not None:
-        path = Path(checkpoint_path)
-    elif estimator.model_dir and (Path(estimator.model_dir) / INDEX_NAME).exists():
+        path = storage.location(checkpoint_path)
+    elif estimator.model_dir and storage.exists(storage.location(estimator.model_dir) / INDEX_NAME):
         manager = CheckpointManager(estimator.model_dir, writer=False)
-        best = manager.best()
-        if best is not None and (manager.model_dir / best["name"]).is_dir():
-            path, which = manager.model_dir / best["name"], f"best by {best['metric']} ({best['value']:.6g})"
+        index = manager.index()
+        best = index["best"]
+        best_dir = next((record_dir(r) for r in index["checkpoints"] if best and r["name"] == best["name"]), None)
+        if best is not None and best_dir is not None and storage.is_dir(manager.model_dir / best_dir):
+            path, which = manager.model_dir / best_dir, f"best by {best['metric']} ({best['value']:.6g})"
         else:
             path, which = manager.latest_path(), "latest"
     if path is None:
@@ -321,7 +335,12 @@ def _max_difference(eager: Mapping[str, torch.Tensor], exported: Mapping[str, to
     return worst
 
 
-def _check_target(export_dir: Path) -> None:
+def _check_target(export_dir: storage.Location) -> None:
+    if isinstance(export_dir, storage.UrlPath):
+        names = storage.listdir(export_dir)
+        if names and SIGNATURE_FILE not in names:
+            raise ExportError(f"{export_dir} exists and is not an earlier export (no {SIGNATURE_FILE}); choose a new directory")
+        return
     if export_dir.exists() and (not export_dir.is_dir() or (any(export_dir.iterdir()) and not (export_dir / SIGNATURE_FILE).exists())):
         raise ExportError(f"{export_dir} exists and is not an earlier export (no {SIGNATURE_FILE}); choose a new directory")
 

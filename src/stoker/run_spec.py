@@ -27,6 +27,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from . import storage
 from ._version import __version__
 from .errors import ExportError
 
@@ -54,22 +55,27 @@ def write_run_spec(model_dir: str | os.PathLike[str], *, kind: str, params: Mapp
     """
     spec = {"format": RUN_SPEC_FORMAT, "kind": kind, **fields, "params": dict(params or {}),
             "stoker_version": __version__, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
-    path = Path(model_dir) / RUN_SPEC_FILE
+    text = json.dumps(spec, indent=1, default=str) + "\n"
+    where = storage.location(model_dir)
+    if isinstance(where, storage.UrlPath):  # one object PUT is atomic
+        storage.write_all([(where / RUN_SPEC_FILE, text.encode())])
+        return where / RUN_SPEC_FILE  # type: ignore[return-value]
+    path = where / RUN_SPEC_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{RUN_SPEC_FILE}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(json.dumps(spec, indent=1, default=str) + "\n")
+    tmp.write_text(text)
     os.replace(tmp, path)
     return path
 
 
 def read_run_spec(model_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
     """``model_dir/run_spec.json`` as a dict, or ``None`` when there is none."""
-    path = Path(model_dir) / RUN_SPEC_FILE
-    if not path.exists():
+    path = storage.location(model_dir) / RUN_SPEC_FILE
+    if not storage.exists(path):
         return None
     try:
-        spec = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        spec = json.loads(storage.read_bytes(path))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
         raise RunSpecError(f"{path} is unreadable: {e}") from e
     if not isinstance(spec, dict) or "kind" not in spec:
         raise RunSpecError(f"{path} has no 'kind'; see docs/export.md for the run_spec.json format")

@@ -387,6 +387,20 @@ def put_if(path: UrlPath, data: bytes, version: str | None, retry: RetryPolicy =
     return retry.call("write", path, put)
 
 
+def upload(local: Path, remote: UrlPath, retry: RetryPolicy = DEFAULT_RETRY) -> None:
+    """Copy the local file ``local`` to ``remote`` (whole)."""
+    data = local.read_bytes()
+    retry.call("write", remote, lambda: filesystem(remote).pipe_file(_key(remote), data))
+
+
+def download(remote: UrlPath, local: Path, retry: RetryPolicy = DEFAULT_RETRY) -> bool:
+    """Copy ``remote`` to the local file ``local``; False when ``remote`` does not exist."""
+    if not exists(remote):
+        return False
+    local.write_bytes(read_bytes(remote, retry))
+    return True
+
+
 def local_cache(path: UrlPath) -> Path:
     """A local directory that mirrors ``path`` for writers that need real files (summaries)."""
     import tempfile
@@ -400,5 +414,5 @@ def local_cache(path: UrlPath) -> Path:
 __all__ = [
     "DEFAULT_RETRY", "Location", "RetryPolicy", "UrlPath", "exists", "explain", "file_sizes", "files_under", "filesystem",
     "fsync_dir", "is_dir", "is_file", "is_transient", "listdir", "local_cache", "location", "makedirs",
-    "put_if", "read_bytes", "read_versioned", "remove_tree", "supports_conditional_writes", "url_lock", "write_all",
+    "put_if", "read_bytes", "read_versioned", "remove_tree", "supports_conditional_writes", "upload", "url_lock", "write_all", "download",
 ]

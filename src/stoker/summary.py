@@ -13,6 +13,7 @@ steps spent ~7 ms on summaries; now it spends ~25 us per scalar.
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 import os
 import socket
@@ -21,6 +22,8 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from . import storage
 
 CSV_NAME = "metrics.csv"
 EVENTS_DIR = "events"
@@ -87,8 +90,14 @@ class ScalarWriter:
     """Appends scalars to ``model_dir/events`` (TensorBoard) and ``model_dir/metrics.csv``."""
 
     def __init__(self, model_dir: str | os.PathLike[str], tensorboard: bool = True) -> None:
-        self.model_dir = Path(model_dir)
+        where = storage.location(model_dir)
+        # On an object store the files are written to a local mirror and copied up at every
+        # flush (appending to an object is not possible); a resumed run continues the CSV.
+        self.remote = where if isinstance(where, storage.UrlPath) else None
+        self.model_dir = storage.local_cache(where) if isinstance(where, storage.UrlPath) else where
         self.model_dir.mkdir(parents=True, exist_ok=True)
+        if self.remote is not None and not (self.model_dir / CSV_NAME).exists():
+            storage.download(self.remote / CSV_NAME, self.model_dir / CSV_NAME)
         self._tb: Any = None
         if tensorboard:
             try:
@@ -114,6 +123,10 @@ class ScalarWriter:
         self._csv_file.flush()
         if self._tb is not None:
             self._tb.flush()
+        if self.remote is not None:
+            storage.upload(self.model_dir / CSV_NAME, self.remote / CSV_NAME)
+            if self._tb is not None:
+                storage.upload(self._tb.path, self.remote / EVENTS_DIR / self._tb.path.name)
 
     def close(self) -> None:
         self.flush()
@@ -124,11 +137,11 @@ class ScalarWriter:
 
 def read_metrics_csv(model_dir: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Rows of ``metrics.csv`` as dicts with ``step`` (int), ``tag`` and ``value`` (float)."""
-    path = Path(model_dir) / CSV_NAME
-    if not path.exists():
+    path = storage.location(model_dir) / CSV_NAME
+    if not storage.exists(path):
         return []
-    with open(path, newline="") as f:
-        return [
-            {"step": int(r["step"]), "wall_time": float(r["wall_time"]), "tag": r["tag"], "value": float(r["value"])}
-            for r in csv.DictReader(f)
-        ]
+    rows = csv.DictReader(io.StringIO(storage.read_bytes(path).decode(), newline=""))
+    return [
+        {"step": int(r["step"]), "wall_time": float(r["wall_time"]), "tag": r["tag"], "value": float(r["value"])}
+        for r in rows
+    ]

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import storage
 from .process_group import ProcessGroupStrategy
 
 DCP_DIR = "dcp"
@@ -58,6 +59,7 @@ def save_sharded(directory: Path, model: nn.Module, optimizer: torch.optim.Optim
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
+    # str() of a UrlPath is its URL: DCP then picks its fsspec writer by itself
     dcp.save({"model": model_state, optimizer_key: optim_state}, checkpoint_id=str(directory))
 
 
@@ -83,12 +85,19 @@ def load_sharded(
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
 
 
-def consolidate(directory: str | os.PathLike[str]) -> dict[str, torch.Tensor]:
-    """The full model weights of a ``dcp/`` checkpoint, without a process group."""
+def consolidate(directory: str | os.PathLike[str] | storage.Location) -> dict[str, torch.Tensor]:
+    """The full model weights of a ``dcp/`` checkpoint (local or fsspec URL), without a process group."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     with tempfile.TemporaryDirectory() as tmp:
+        source = storage.location(directory)
+        if isinstance(source, storage.UrlPath):  # DCP's converter reads local files only: copy it down
+            local = Path(tmp) / "dcp"
+            for name in storage.files_under(source):
+                (local / name).parent.mkdir(parents=True, exist_ok=True)
+                (local / name).write_bytes(storage.read_bytes(source / name))
+            source = local
         out = Path(tmp) / "full.pt"
-        dcp_to_torch_save(str(directory), str(out))
+        dcp_to_torch_save(str(source), str(out))
         full: dict[str, Any] = torch.load(out, map_location="cpu", weights_only=True)
     return {k: v for k, v in full["model"].items() if isinstance(v, torch.Tensor)}

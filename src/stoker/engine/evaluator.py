@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -32,9 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .. import storage
 from ..checkpoint import CheckpointManager
+from ..checkpoint_files import record_dir
 from ..distributed import make_strategy
 from ..errors import CheckpointError
+from ..storage import Location
 from ..summary import CSV_NAME, ScalarWriter
 from .evaluation import EvaluationRun
 from .inputs import InputFn, InputPlan
@@ -168,7 +172,7 @@ class ContinuousEvaluation:
         """Evaluate the checkpoint of ``record``, record and log the result; ``None`` if skipped."""
         name, step = record["name"], int(record["step"])
         self._passed.add((name, record.get("time", 0.0)))
-        path = self.checkpoints.model_dir / name
+        path = self.checkpoints.model_dir / record_dir(record)  # on an object store: its unique prefix
         self.evaluation.state.weights_of = None  # always read the files: a step saved again has new weights
         try:
             results, _ = self.evaluation.compute(input_fn, self.config.steps, path)
@@ -231,21 +235,20 @@ class ContinuousEvaluation:
         self._logged_steps.add(step)
 
 
-def _logged_steps(path: Path) -> set[int]:
+def _logged_steps(path: Location) -> set[int]:
     """Steps ``metrics.csv`` already has rows for; a torn last line (a kill mid-write) is ended."""
-    if not path.exists():
+    if not storage.exists(path):
         return set()
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
+    data = storage.read_bytes(path)
+    if data and not data.endswith(b"\n") and isinstance(path, Path):
         with open(path, "ab") as f:  # so the next row starts on a line of its own
             f.write(b"\n")
     steps: set[int] = set()
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            try:
-                steps.add(int(row["step"]))
-            except (TypeError, ValueError):
-                continue
+    for row in csv.DictReader(io.StringIO(data.decode(errors="replace"), newline="")):
+        try:
+            steps.add(int(row["step"]))
+        except (TypeError, ValueError):
+            continue
     return steps
 
 

@@ -327,7 +327,7 @@ class ModelState:
         if self.checkpoints is None:
             return None
         model, strategy = self.build_model(), self.strategy
-        if not all(bool(torch.isfinite(p).all()) for p in model.parameters()):
+        if not _all_finite(list(model.parameters())):
             raise NanLossError(self.global_step, float("nan"), str(last_checkpoint) if last_checkpoint else None)
         # Each replica contributes its input position and RNG state; the chief writes
         # everything, and nobody goes on until the checkpoint and index are complete.
@@ -354,6 +354,21 @@ class ModelState:
         self.holds = self.weights_of = path
         log.info("checkpoint %s written", path)
         return path
+
+
+def _all_finite(params: list[torch.Tensor]) -> bool:
+    """Whether every parameter element is finite, with one host sync.
+
+    A tensor's min and max propagate NaN and hold any inf, so both are finite exactly when
+    every element is; that reduction makes no full-size temporary, where ``isfinite(p)``
+    does (on resnet50 on a CPU: 7 ms instead of 100, a large part of an asynchronous save's
+    stall). Sharded (DTensor) parameters keep the elementwise check, which DTensor reduces
+    the same on every replica.
+    """
+    if any(type(p.data) is not torch.Tensor for p in params):
+        return all(bool(torch.isfinite(p).all()) for p in params)
+    ends = [torch.stack(torch.aminmax(p.detach())) for p in params if p.numel() and p.is_floating_point()]
+    return not ends or bool(torch.isfinite(torch.cat([e.float() for e in ends])).all())
 
 
 def _caused_by(error: BaseException | None, kind: type[BaseException]) -> bool:
