@@ -17,7 +17,6 @@ rebuild. See docs/export.md.
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from collections.abc import Callable, Mapping
@@ -31,23 +30,30 @@ from .errors import ExportError
 AOT_FILE = "model.aoti.pt2"
 AOT_FORMAT = "stoker-aot/1"
 AOT_DEVICES: tuple[str, ...] = ("cpu", "cuda")
-_COMPILERS = ("c++", "g++", "clang++")  # looked up on PATH when $CXX is not set
+
+
+def compiler_names() -> list[str]:
+    """The compilers AOTInductor looks for, in order: its ``cpp.cxx`` setting, which torch fills
+    from ``$CXX`` when it is first imported, else ``g++`` (``clang++`` on macOS)."""
+    from torch._inductor import config as inductor_config
+
+    cxx = inductor_config.cpp.cxx
+    return [str(c) for c in (cxx if isinstance(cxx, (list, tuple)) else (cxx,)) if c]
 
 
 def find_cxx() -> str | None:
-    """The C++ compiler AOTInductor will call: ``$CXX`` if set, else the first of c++/g++/clang++ on PATH."""
-    if os.environ.get("CXX"):
-        return shutil.which(os.environ["CXX"])
-    return next((found for name in _COMPILERS if (found := shutil.which(name))), None)
+    """The path of the C++ compiler AOTInductor will call, or ``None`` when it has none."""
+    return next((found for name in compiler_names() if (found := shutil.which(name))), None)
 
 
 def require_cxx() -> str:
     """The compiler's path, or an ``ExportError`` that says how to get one."""
     cxx = find_cxx()
     if cxx is None:
-        where = f"$CXX={os.environ['CXX']!r} is not an executable" if os.environ.get("CXX") else f"none of {', '.join(_COMPILERS)} is on PATH"
-        raise ExportError(f"aot=True (stoker export --aot) compiles C++ and needs a C++ compiler, but {where}; "
-                          "install one (e.g. apt-get install g++) or set CXX, or export without --aot")
+        raise ExportError(f"aot=True (stoker export --aot) compiles C++ and needs a C++ compiler, but "
+                          f"{' / '.join(compiler_names()) or 'none'} (what torch looks for: $CXX as it was when torch was "
+                          "imported, else g++) is not on PATH; install one (e.g. apt-get install g++) or set CXX before "
+                          "starting Python, or export without --aot")
     return cxx
 
 
