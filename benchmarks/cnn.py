@@ -78,7 +78,8 @@ WEIGHT_DECAY = 4e-5  # tf_cnn_benchmarks' default, also in the plain loop
 def stoker_images_per_sec(case: Case, keep_host_memory: bool = True, compile: bool | str = False) -> float:
     cfg = BenchConfig(compile=compile, model=case.model, data_name=case.dataset, batch_size=BATCH, data_format="NHWC",
                       num_batches=case.num_batches, num_warmup_batches=case.num_warmup_batches,
-                      device="cpu", display_every=10**6, weight_decay=WEIGHT_DECAY, keep_host_memory=keep_host_memory)
+                      device="cpu", display_every=10**6, weight_decay=WEIGHT_DECAY, keep_host_memory=keep_host_memory,
+                      init_learning_rate=0.005)  # the plain loop's constant rate, not the model's schedule
     return run_benchmark(cfg, log=lambda line: None)["images_per_sec"]
 
 

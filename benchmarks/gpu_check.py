@@ -144,6 +144,7 @@ def _stoker_train(python: str, model: str, dataset: str, batch: int, precision: 
         python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "stoker"]
     return [*launch, "bench", "--device=cuda", f"--model={model}", f"--data_name={dataset}", f"--batch_size={batch}",
             "--data_format=NHWC", f"--precision={precision}", "--optimizer=momentum",
+            "--init_learning_rate=0.005",  # the plain loop's constant rate, not the model's schedule
             f"--num_batches={sizes.num_batches}", f"--num_warmup_batches={sizes.num_warmup_batches}",
             f"--iterations_per_loop={ITERATIONS_PER_LOOP}", *extra, f"--results_file={results}"]
 

@@ -2,9 +2,9 @@
 with dynamic batching on and off, on loopback.
 
 The model (``charlm`` or ``resnet20``, fresh weights) is exported once (``--aot``: also as an
-AOTInductor package, which the server then runs). For each batching setting a server is
-started as its own process (``python -m stoker serve``, so the clients do not share its
-interpreter), and for each client count every client thread sends ``--requests / clients``
+AOTInductor package, which the servers then run). Two servers are started, batching on and
+off, each as its own process (``python -m stoker serve``, so the clients do not share its
+interpreter); the cells alternate between them. For each client count every client thread sends ``--requests / clients``
 one-row Open Inference Protocol requests (JSON, ``POST /v2/models/NAME/infer``) one after the
 other over its own keep-alive connection. Bounded: a fixed number of requests per cell, a
 timeout on every request, loopback only. The mean rows per model call come from the server's
@@ -57,8 +57,9 @@ def _export(model: str, out: Path, aot: bool) -> tuple[Path, dict[str, Any]]:
 class ServerProcess:
     """``python -m stoker serve`` in its own process, on a free loopback port."""
 
-    def __init__(self, export_dir: Path, aot: bool, batching: bool, threads: int) -> None:
-        cmd = [sys.executable, "-m", "stoker", "serve", str(export_dir), "--port", "0", "--model_name", "m"]
+    def __init__(self, export_dir: Path, aot: bool, batching: bool, threads: int, window_ms: float) -> None:
+        cmd = [sys.executable, "-m", "stoker", "serve", str(export_dir), "--port", "0", "--model_name", "m",
+               "--batch_window_ms", str(window_ms)]
         cmd += ["--aot"] if aot else []
         cmd += [] if batching else ["--no_batching"]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT / "src")}
@@ -155,6 +156,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=256, help="requests per cell (split evenly over the clients)")
     parser.add_argument("--threads", type=int, default=1, help="the server's torch threads (OMP_NUM_THREADS)")
     parser.add_argument("--aot", action="store_true", help="serve the AOTInductor package instead of model.pt2")
+    parser.add_argument("--batch_window_ms", type=float, default=2.0, help="the batching server's --batch_window_ms")
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     args = parser.parse_args()
     logging.getLogger("stoker").setLevel(logging.ERROR)
@@ -164,15 +166,20 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         export_dir, tensor = _export(args.model, Path(tmp), args.aot)
         body = json.dumps({"inputs": [tensor]}).encode()
-        for batching in (True, False):
-            server = ServerProcess(export_dir, args.aot, batching, args.threads)
-            try:
+        servers = {batching: ServerProcess(export_dir, args.aot, batching, args.threads, args.batch_window_ms)
+                   for batching in (True, False)}
+        try:
+            for server in servers.values():
                 run_cell(server, body, 1, 8)  # warm-up
-                for clients in args.clients:
+            # both servers run side by side (idle when not measured), cells interleaved, so that
+            # the shared machine's noise hits batching on and off alike
+            for clients in args.clients:
+                for batching, server in servers.items():
                     rows.append({"model": args.model, "aot": args.aot, "batching": batching,
                                  **run_cell(server, body, clients, args.requests)})
                     print(format_rows(rows[-1:]).splitlines()[-1], flush=True)
-            finally:
+        finally:
+            for server in servers.values():
                 server.stop()
     print(format_rows(rows))
     print(f"load average after: {os.getloadavg()[0]:.1f}")

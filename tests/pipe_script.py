@@ -57,6 +57,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--clip", type=float, default=None)
     p.add_argument("--recompute", default=None)
+    p.add_argument("--precision", default="fp32")
     p.add_argument("--out")
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--timeout", type=float, default=60.0)
@@ -72,6 +73,7 @@ def main() -> None:
             distributed_timeout=args.timeout, log_every_n_steps=10**6, gradient_clip_norm=args.clip,
             pipeline_split=tuple(f"{int(i)}" for i in args.split.split(",")), pipeline_microbatches=args.micro,
             pipeline_schedule=args.schedule, pipeline_stages_per_process=args.per_process, recompute=args.recompute,
+            precision=args.precision,
         ),
         params={"sleep": args.sleep}, train_batch_size=args.batch, eval_batch_size=16,
     )

@@ -15,7 +15,7 @@ import pytest
 from conftest import PYTHON, ROOT, python_env
 from stoker.bench import BenchConfig, run_benchmark
 from stoker.cli import main
-from stoker.models import list_models
+from stoker.models import DATASETS, list_models
 
 STEP_RE = re.compile(r"(\d+)\timages/sec: ([\d.]+) \+/- ([\d.]+) \(jitter = ([\d.]+)\)\t([\d.]+)")
 TOTAL_RE = re.compile(r"total images/sec: ([\d.]+)")
@@ -172,7 +172,7 @@ def test_list_models_of_every_data_set(capsys: pytest.CaptureFixture[str]) -> No
     code, out, _ = run_main(capsys, "bench", "--list_models")
     assert code == 0
     names = [(line.split()[1], line.split()[0]) for line in out.splitlines()[2:]]
-    assert sorted(names) == sorted([("imagenet", n) for n in list_models("imagenet")] + [("cifar10", n) for n in list_models("cifar10")])
+    assert sorted(names) == sorted((d, n) for d in DATASETS for n in list_models(d))
 
 
 def test_forward_only_prints_accuracy_columns(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

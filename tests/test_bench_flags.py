@@ -117,9 +117,6 @@ def test_lists_and_values_reach_the_config() -> None:
     (["--distortions=maybe"], ["--distortions"]),
     (["--display_perf_ewma=2"], ["--display_perf_ewma", "(0, 1]"]),
     (["--summary_verbosity=5"], ["--summary_verbosity", "0, 1, 2, 3"]),
-    (["--summary_verbosity=1"], ["--summary_verbosity", "--train_dir"]),
-    (["--save_summaries_steps=5"], ["--save_summaries_steps", "--summary_verbosity"]),
-    (["--fp16_vars"], ["--fp16_vars", "fp16"]),
     (["--xla", "--compile=step"], ["--xla", "--compile"]),
     (["--batch_group_size=0"], ["--batch_group_size"]),
     (["--gradient_repacking=-1"], ["--gradient_repacking"]),
@@ -130,8 +127,8 @@ def test_lists_and_values_reach_the_config() -> None:
     (["--eval_during_training_every_n_epochs=1", "--forward_only"], ["--eval_during_training_every_n_epochs",
                                                                       "--forward_only"]),
     (["--gpu_indices=0,x"], ["--gpu_indices"]),
-    (["--benchmark_test_id=t"], ["--benchmark_test_id", "--benchmark_log_dir"]),
     (["--gpu_memory_frac_for_testing=1.5"], ["--gpu_memory_frac_for_testing"]),
+    (["--gpu_indices=0"], ["--gpu_indices", "CPU"]),
 ])
 def test_bad_values_exit_2_naming_the_flag(capsys: pytest.CaptureFixture[str], args: list[str],
                                            named: list[str]) -> None:
@@ -139,6 +136,26 @@ def test_bad_values_exit_2_naming_the_flag(capsys: pytest.CaptureFixture[str], a
     assert code == 2
     for name in named:
         assert name in err, err
+
+
+def test_implemented_flags_this_run_cannot_use_get_a_note(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_main(capsys, *TINY, "--nodistortions", "--gradient_repacking=4", "--eval_batch_size=3",
+                            "--resize_method=area")
+    assert code == 0
+    assert [line.split(":")[1] for line in out.splitlines() if line.startswith("Note: --")] == [
+        " --distortions has no effect in this run", " --resize_method has no effect in this run",
+        " --gradient_repacking has no effect in this run", " --eval_batch_size has no effect in this run"]
+
+
+def test_combinations_tf_cnn_benchmarks_ignores_run_with_a_note(capsys: pytest.CaptureFixture[str]) -> None:
+    # The issue's --summary_verbosity=1 alone, and others tf_cnn_benchmarks accepts without effect.
+    code, out, _ = run_main(capsys, *TINY, "--summary_verbosity=1", "--fp16_vars", "--benchmark_test_id=t")
+    assert code == 0 and "total images/sec" in out
+    notes = [line for line in out.splitlines() if line.startswith("Note: --")]
+    assert notes == [
+        "Note: --fp16_vars has no effect in this run: it applies to fp16 (--use_fp16); the precision is fp32",
+        "Note: --summary_verbosity has no effect in this run: summaries are written into --train_dir, which is not given",
+        "Note: --benchmark_test_id has no effect in this run: it is recorded in --benchmark_log_dir's files or --results_file"]
 
 
 def test_noted_flags_are_not_fields() -> None:
@@ -274,3 +291,119 @@ def test_resnet50_recipe_scaled_down(tmp_path: Path, model: str) -> None:
     assert RECIPE_BUCKET[model] in gradients
     assert any(line.startswith("Input:") and "distortions off" in line for line in lines)
     assert json.loads(results.read_text())["num_steps"] == 2 and (tmp_path / "ckpt" / "checkpoint.json").exists()
+
+
+# ---------------------------------------------------------------------------- per-model defaults
+def _workload(*flags: str):  # noqa: ANN202 - a Workload
+    from stoker.bench.workload import resolve_workload
+
+    return resolve_workload(parse("--device=cpu", *flags))
+
+
+@pytest.mark.parametrize(("model", "dataset", "batch"), [
+    ("resnet50", "imagenet", 64), ("resnet101", "imagenet", 32), ("vgg16", "imagenet", 64), ("alexnet", "imagenet", 512),
+    ("trivial", "imagenet", 32), ("official_resnet50", "imagenet", 128), ("resnet20", "cifar10", 128),
+    ("densenet40_k12", "cifar10", 64), ("alexnet", "cifar10", 128),
+])
+def test_batch_size_0_is_the_models_default(model: str, dataset: str, batch: int) -> None:
+    w = _workload(f"--model={model}", f"--data_name={dataset}")
+    assert w.batch_size == batch and w.defaults_used[0] == f"batch size {batch} per device ({model}'s default)"
+    assert _workload(f"--model={model}", f"--data_name={dataset}", "--batch_size=3").batch_size == 3
+
+
+def test_resnet50_default_schedule() -> None:
+    w = _workload("--model=resnet50")
+    assert w.default_learning_rate is None and w.model_rate is not None
+    rate, peak = w.model_rate, 0.128 * 64 / 256
+    per_epoch = 1_281_167 / 64
+    warmup = int(per_epoch * 5)
+    assert rate(0) == 0.0 and rate(warmup // 2) == pytest.approx(peak * (warmup // 2) / warmup)
+    assert rate(warmup) == pytest.approx(peak)
+    b30 = int(per_epoch * 30)
+    assert rate(b30) == pytest.approx(peak) and rate(b30 + 1) == pytest.approx(peak * 0.1)
+    assert rate(int(per_epoch * 90) + 1) == pytest.approx(peak * 1e-4)
+    assert "resnet50's learning rate: 0.128 x global batch / 256" in w.defaults_used[1]
+    # --resnet_base_lr replaces 0.128 (the rate at batch 256).
+    assert _workload("--model=resnet50", "--resnet_base_lr=0.256").model_rate(warmup) == pytest.approx(2 * peak)  # type: ignore[misc]
+
+
+def test_cifar_schedules_and_constant_rates() -> None:
+    w = _workload("--model=resnet20", "--data_name=cifar10")
+    per_epoch = int(50_000 / 128)
+    assert w.model_rate is not None
+    assert [w.model_rate(s) for s in (0, per_epoch * 82, per_epoch * 82 + 1, per_epoch * 300 + 1)] == [0.1, 0.1, 0.01, 0.0002]
+    t = _workload("--model=trivial", "--data_name=cifar10")
+    assert t.default_learning_rate == 0.005 and t.model_rate is None
+    given = _workload("--model=resnet20", "--data_name=cifar10", "--init_learning_rate=0.3")
+    assert given.model_rate is None and given.default_learning_rate is None
+    assert all("learning rate" not in u for u in given.defaults_used)
+
+
+def test_the_models_schedule_reaches_the_optimizer() -> None:
+    import torch
+
+    from stoker.bench.optim import optimizer_and_schedule
+
+    w = _workload("--model=resnet20", "--data_name=cifar10")
+    cfg = parse("--model=resnet20", "--data_name=cifar10", "--device=cpu")
+    make_opt, make_sched = optimizer_and_schedule(cfg, 50_000 / 128, default_lr=w.default_learning_rate,
+                                                  model_rate=w.model_rate)
+    assert make_sched is not None
+    opt = make_opt({}, [torch.nn.Parameter(torch.zeros(1))])
+    sched = make_sched({}, opt)
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.1)
+    opt.step()  # no gradient: nothing moves; the schedule steps after the update, as in training
+    sched.last_epoch = 390 * 82  # jump to the first boundary (390 steps of 128 per epoch)
+    sched.step()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.01)
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (["--model=resnet50", "--resnet_base_lr=0.1", "--init_learning_rate=0.1"], ["--resnet_base_lr", "--init_learning_rate"]),
+    (["--model=trivial", "--resnet_base_lr=0.1"], ["--resnet_base_lr", "trivial"]),
+    (["--batch_size=-1"], ["--batch_size", ">= 0"]),
+])
+def test_default_flags_refused_exit_2(capsys: pytest.CaptureFixture[str], args: list[str], named: list[str]) -> None:
+    code, _, err = run_main(capsys, "bench", "--device=cpu", "--num_batches=1", *args)
+    assert code == 2
+    for name in named:
+        assert name in err, err
+
+
+def test_header_says_which_defaults_were_used(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run_main(capsys, "bench", "--model=trivial", "--data_name=cifar10", "--num_batches=1",
+                            "--num_warmup_batches=0", "--device=cpu", "--peak_tflops=1")
+    lines = out.splitlines()
+    assert code == 0 and "Batch size:  32 global" in lines
+    at = lines.index("Defaults:    batch size 32 per device (trivial's default)")
+    assert lines[at + 1] == " " * 13 + "trivial's learning rate: 0.005"
+
+
+def test_eval_epochs_and_input_pipeline_flags(tmp_path: Path) -> None:
+    from stoker.bench.workload import data_workers, make_input_fn, prefetch_depth
+
+    # cifar10 has 10000 evaluation images: 0.01 epochs at an evaluation batch of 16 is ceil(100 / 16) = 7 batches.
+    w = _workload("--model=trivial", "--data_name=cifar10", "--batch_size=4", "--eval_batch_size=16",
+                  "--num_eval_epochs=0.01", "--eval_during_training_every_n_steps=5")
+    assert (w.eval_batches, w.eval_batch_size, w.batch_size) == (7, 16, 4)
+    assert prefetch_depth(parse()) is None  # the engine's default
+    assert prefetch_depth(parse("--datasets_prefetch_buffer_size=3", "--batch_group_size=2")) == 6
+    assert prefetch_depth(parse("--nodatasets_use_prefetch")) == 0
+    assert data_workers(parse("--nouse_datasets")) == 0 and data_workers(parse("--datasets_num_private_threads=3")) == 3
+    data = _image_folder(tmp_path / "data", size=232)
+    cfg = parse("--model=trivial", f"--data_dir={data}", "--data_name=imagenet", "--batch_size=2", "--device=cpu",
+                "--nouse_datasets", "--datasets_repeat_cached_sample")
+    batches = iter(make_input_fn(cfg, _workload("--model=trivial", f"--data_dir={data}",
+                                                "--data_name=imagenet", "--batch_size=2"), train=True)(
+        {"batch_size": 2, "num_replicas": 1, "replica_index": 0}))
+    first, second = next(batches), next(batches)
+    assert first[0].equal(second[0]) and first[1].equal(second[1])  # one batch read, then repeated
+
+
+def test_xla_flags_choose_the_engines_compile_mode() -> None:
+    from stoker.bench.train import build_estimator, zoo_model
+
+    for flags, mode in ((("--xla",), "module"), (("--xla_compile",), "step"), ((), False)):
+        cfg = parse("--model=trivial", "--data_name=cifar10", "--batch_size=2", "--device=cpu", *flags)
+        w = _workload("--model=trivial", "--data_name=cifar10", "--batch_size=2", *flags)
+        assert build_estimator(cfg, w, zoo_model(cfg, w)).config.compile == mode

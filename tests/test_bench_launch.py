@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import PYTHON, ROOT, python_env
+from conftest import PYTHON, ROOT, free_port, python_env
 from stoker.bench.launch import lost_replica_message
 from stoker.cli import main
 
@@ -25,10 +25,10 @@ def _run(cmd: list[str], timeout: float = 240) -> subprocess.CompletedProcess[st
     return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=python_env(), timeout=timeout)
 
 
-def test_num_gpus_2_is_torchrun_nproc_2(tmp_path: Path) -> None:
+def test_num_gpus_2_is_torchrun_nproc_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ours, theirs = tmp_path / "ours.json", tmp_path / "torchrun.json"
     flags = [*TINY, "--num_batches=4"]
-    a = _run([PYTHON, "-m", "stoker", *flags, "--num_gpus=2", f"--results_file={ours}"])
+    a = _run([PYTHON, "-m", "stoker", *flags, "--num_gpus=2", f"--results_file={ours}", f"--train_dir={tmp_path / 'run'}"])
     assert a.returncode == 0, a.stderr[-3000:]
     b = _run([PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "stoker", *flags,
               f"--results_file={theirs}"])
@@ -39,6 +39,11 @@ def test_num_gpus_2_is_torchrun_nproc_2(tmp_path: Path) -> None:
     np.testing.assert_allclose(r1["losses"], r2["losses"], rtol=1e-5)
     assert a.stdout.count("total images/sec") == 1  # rank 0 prints, once
     assert "Devices:     ['cpu:0', 'cpu:1']" in a.stdout.splitlines()
+    # --eval afterwards, in one process, finds the replicas' checkpoint.
+    assert main(["bench", "--model=trivial", "--data_name=cifar10", "--batch_size=4", "--device=cpu", "--eval",
+                 "--num_batches=2", f"--train_dir={tmp_path / 'run'}"]) == 0
+    out = capsys.readouterr().out
+    assert f"Successfully loaded model from {tmp_path / 'run' / 'ckpt-5'}." in out and "Accuracy @ 1 = " in out
 
 
 def test_killed_replica_ends_the_run_with_replica_lost_error(tmp_path: Path) -> None:
@@ -92,6 +97,12 @@ def test_num_gpus_under_torchrun_must_equal_world_size(monkeypatch: pytest.Monke
         assert "--num_gpus=3 but WORLD_SIZE=2" in err and "must equal WORLD_SIZE (2) or be 1" in err
 
 
+def test_num_gpus_is_for_training_only(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main([*TINY, "--num_gpus=2", "--forward_only"])
+    assert e.value.code == 2 and "--num_gpus=2: only training runs on several processes" in capsys.readouterr().err
+
+
 def test_num_gpus_zero_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as e:
         main([*TINY, "--num_gpus=0"])
@@ -111,3 +122,24 @@ def test_lost_replica_message_prefers_the_killed_replica() -> None:
 
     msg = str(lost_replica_message(Failed()))
     assert msg.startswith("replica 1 stopped responding (killed by SIGKILL)")
+
+
+def test_ddp_gets_the_repacking_bucket_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One-rank gloo group in this process: enough for DDP to be built with the bucket size.
+    import torch
+
+    from stoker.distributed import Replicated
+
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    strategy = Replicated("cpu", timeout=30)
+    try:
+        strategy.bucket_cap_mb = 0.5
+        ddp = strategy.wrap_model(torch.nn.Linear(4, 4))
+        assert ddp.bucket_bytes_cap == int(0.5 * 2**20)
+        strategy.bucket_cap_mb = None
+        assert strategy.wrap_model(torch.nn.Linear(4, 4)).bucket_bytes_cap == 25 * 2**20  # DDP's default
+    finally:
+        strategy.teardown()

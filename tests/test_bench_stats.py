@@ -121,7 +121,7 @@ def test_exponential_decay_floor_and_warmup() -> None:
         ({"mode": "inference", "forward_only": True}, ("forward_only", "mode")),
         ({"iterations": 5}, ("iterations", "mode")),
         ({"optimizer": "adagrad"}, ("optimizer",)),
-        ({"batch_size": 0}, ("batch_size",)),
+        ({"batch_size": -1}, ("batch_size",)),  # 0 is the model's default, as in tf_cnn_benchmarks
     ],
 )
 def test_config_refuses_bad_combinations_naming_the_flags(fields: dict[str, object], flags: tuple[str, ...]) -> None:

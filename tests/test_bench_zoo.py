@@ -66,6 +66,7 @@ def test_ncf_with_adam_runs_the_reference_loss_on_synthetic_ids(capsys: pytest.C
 @pytest.mark.parametrize(("flag", "message"), [
     ("--forward_only", "--forward_only: --model=ncf (movielens) is benchmarked in training only"),
     ("--mode=inference", "--mode: --model=ncf (movielens) is benchmarked in training only"),
+    ("--print_training_accuracy", "--print_training_accuracy: --model=ncf (movielens) is benchmarked in training only"),
     ("--data_dir=.", "--data_dir: --data_name=movielens is synthetic only"),
 ])
 def test_training_only_models_refuse_other_modes(capsys: pytest.CaptureFixture[str], flag: str, message: str) -> None:

@@ -33,8 +33,9 @@ from conftest import (
     train_input,
 )
 from stoker.bench import BenchConfig, run_benchmark
+from stoker.checkpoint import load_checkpoint
 from stoker.cli import main
-from stoker.engine import ContinuousEvalResult, ContinuousEvaluation
+from stoker.engine import ContinuousEvalConfig, ContinuousEvalResult, ContinuousEvaluation
 
 SCRIPT = Path(__file__).with_name("continuous_eval_script.py")
 
@@ -157,6 +158,13 @@ def test_evaluates_each_checkpoint_once_in_step_order_and_stops_at_the_marker(tm
         again = evaluator.evaluate(eval_input(ex, ey), checkpoint_path=tmp_path / f"ckpt-{step}", name="check")
         rec = next(r for r in read_index(tmp_path)["checkpoints"] if r["step"] == step)
         assert rec["metrics"] == {k: v for k, v in again.items() if k != "global_step"}
+    # TensorBoard: eval/<metric> at each checkpoint's step, the recorded values
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "eval" / "events"), size_guidance={"scalars": 0}).Reload()
+    assert {"eval/loss", "eval/accuracy", "eval/top2"} <= set(events.Tags()["scalars"])
+    recorded = {r["step"]: r["metrics"]["accuracy"] for r in read_index(tmp_path)["checkpoints"]}
+    assert {e.step: e.value for e in events.Scalars("eval/accuracy")} == pytest.approx(recorded, abs=1e-7)  # float32
     # a second evaluator finds nothing to do: the index records every result
     again = make_estimator(tmp_path, keep_checkpoint_max=0, keep_best=("accuracy", "max"))
     assert again.evaluate_continuously(eval_input(ex, ey), timeout_secs=30, poll_secs=0.01).evaluated == []
@@ -178,6 +186,18 @@ def test_finished_marker_is_written_again_when_there_is_nothing_left_to_train(tm
     assert json.loads((tmp_path / "finished.json").read_text())["step"] == 4
     make_estimator(tmp_path).train(train_input(x, y), steps=2)  # no max_steps: training went on, no marker
     assert not (tmp_path / "finished.json").exists()
+
+
+def test_last_step_ignores_an_earlier_finished_marker(tmp_path):
+    x, y = make_data(100)
+    ex, ey = make_data(64, seed=1)
+    make_estimator(tmp_path, iterations_per_loop=2, save_checkpoints_steps=2, keep_checkpoint_max=0).train(
+        train_input(x, y), max_steps=4)
+    est = make_estimator(tmp_path, keep_checkpoint_max=0)
+    result = est.evaluate_continuously(eval_input(ex, ey), timeout_secs=0.2, poll_secs=0.01, last_step=6)
+    assert result.evaluated == [2, 4] and result.stop_reason == "no new checkpoint for 0.2 s"
+    result = est.evaluate_continuously(eval_input(ex, ey), timeout_secs=0.2, poll_secs=0.01, last_step=4)
+    assert result.evaluated == [] and result.stop_reason.startswith("training finished at step 4")
 
 
 def test_opening_a_model_dir_leaves_an_in_flight_save_alone(tmp_path):
@@ -208,6 +228,24 @@ def test_evaluating_on_another_device_gives_the_same_results(tmp_path):
     assert other.evaluated == same.evaluated == [2, 4]
     assert other.results == same.results
     assert there.state._model is None  # the Estimator's own model was never built: a copy ran on "cpu"
+
+
+def test_a_step_saved_again_is_evaluated_again_with_its_new_weights(tmp_path):
+    x, y = make_data(100)
+    ex, ey = make_data(64, seed=1)
+    make_estimator(tmp_path, iterations_per_loop=2, save_checkpoints_steps=2, keep_checkpoint_max=0).train(
+        train_input(x, y), max_steps=4)
+    est = make_estimator(tmp_path, keep_checkpoint_max=0)
+    watcher = ContinuousEvaluation(est.evaluation, est.state.checkpoints,
+                                   ContinuousEvalConfig(timeout_secs=5, poll_secs=0.01))
+    first = watcher.run(eval_input(ex, ey))
+    assert first.evaluated == [2, 4]
+    old = load_checkpoint(tmp_path / "ckpt-4")  # a resumed trainer writing ckpt-4 again, other weights
+    est.state.checkpoints.save(4, {k: v * 2 for k, v in old.model_state.items()}, old.train_state, old.input_states)
+    again = watcher.run(eval_input(ex, ey))
+    assert again.evaluated == [4]
+    expected = est.evaluate(eval_input(ex, ey), checkpoint_path=tmp_path / "ckpt-4", name="check")
+    assert again.results[4] == expected != first.results[4]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -348,6 +386,7 @@ def test_stoker_evaluate_watch_beside_stoker_train_charlm(tmp_path):
     (["--steps", "0"], "--steps must be >= 1"),
     (["--watch", "--timeout_secs", "0"], "--timeout_secs must be > 0"),
     (["--watch", "--checkpoint", "x"], "--checkpoint evaluates one checkpoint"),
+    (["--last_step", "5"], "--last_step applies only with --watch"),
 ])
 def test_stoker_evaluate_usage_errors_exit_2(tmp_path, capsys, argv, message):
     assert main(["evaluate", str(tmp_path), *argv]) == 2

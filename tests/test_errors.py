@@ -76,7 +76,7 @@ def test_predictions_must_be_batch_major():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        ({"precision": "fp8"}, "precision must be one of fp32, bf16, fp16; got 'fp8'"),
+        ({"precision": "fp8"}, "precision must be one of fp32, bf16, fp16, bf16-sr; got 'fp8'"),
         ({"iterations_per_loop": 0}, "iterations_per_loop must be a positive integer; got 0"),
         ({"save_checkpoints_steps": 10, "save_checkpoints_secs": 5}, "set at most one of save_checkpoints_steps and save_checkpoints_secs"),
         ({"keep_best": ("accuracy", "up")}, r"keep_best must be \(metric_name, 'min' \| 'max'\)"),

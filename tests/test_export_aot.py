@@ -222,3 +222,14 @@ def test_stoker_serve_serves_the_package_to_tritonclient(resnet20_aot):
     finally:
         client.close()
         srv.stop()
+
+
+@pytest.mark.slow  # inductor generates the code before the compiler fails: ~9 s
+def test_a_failed_compile_writes_nothing_and_says_so(tmp_path, monkeypatch):
+    from conftest import make_data, make_estimator
+
+    monkeypatch.setenv("CXX", "/bin/false")  # found, but every compile fails
+    x, _ = make_data(4)
+    with pytest.raises(ExportError, match="could not compile the exported program, so nothing was written"):
+        export(make_estimator(None), tmp_path / "exp", x[:2], aot=True)
+    assert list(tmp_path.iterdir()) == []  # not even the temporary directory is left

@@ -229,6 +229,7 @@ def test_forward_backward(key: tuple[str, str]) -> None:
         ("imagenet", "inception3", 75),
         ("imagenet", "mobilenet_v2", 64),
         ("imagenet", "googlenet", 64),
+        ("cifar10", "nasnet", 8),  # the factorized reductions' strided slices
     ],
 )
 def test_channels_last_gives_the_same_logits(dataset: str, name: str, size: int) -> None:
@@ -461,3 +462,40 @@ def test_ssd_loss_mines_three_hard_negatives_per_match() -> None:
     ce = [math.log(2 + math.exp(v)) - 0.0 for v in range(7)]  # background target, logits (0, v, 0)
     expected = box + math.log(3) + sum(sorted(ce)[-3:])  # the match + its 3 hardest negatives
     assert loss.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_reference_default_batch_sizes_and_learning_rates() -> None:
+    """Every model tf_cnn_benchmarks defines records its model definition's batch size and rate
+    (``--batch_size=0`` uses them); the two MobileNets it does not define record none."""
+    def defaults(name: str, dataset: str = "imagenet") -> tuple[int | None, float | None]:
+        info = get_model_info(name, dataset)
+        return info.default_batch_size, info.default_learning_rate
+
+    assert defaults("resnet50") == (64, 0.128) and defaults("resnet152_v2") == (32, 0.128)
+    assert defaults("official_resnet50") == (128, 0.05) and defaults("official_resnet18_v2") == (32, 0.0125)
+    assert defaults("alexnet") == (512, 0.005) and defaults("alexnet", "cifar10") == (128, 0.1)
+    assert defaults("densenet40_k12", "cifar10") == (64, 0.1) and defaults("resnet110_v2", "cifar10") == (128, 0.1)
+    assert defaults("nasnetlarge") == (16, 0.005) and defaults("nasnet", "cifar10") == (32, 0.025)
+    assert defaults("ncf", "movielens") == (2048, 0.0005) and defaults("deepspeech2", "librispeech") == (128, 0.0005)
+    assert defaults("ssd300", "coco") == (32, 0.001)
+    missing = [key for key in REGISTERED if None in defaults(key[1], key[0])]
+    assert missing == [("imagenet", "mobilenet_v1"), ("imagenet", "mobilenet_v2")]
+
+
+def test_ssd300_flops_are_the_reference_layers() -> None:
+    """Forward FLOPs equal 2 x the multiply-adds of the reference's layers, written out: the
+    third ResNet stage at stride 1 (38x38), the extra layers down to 1x1, the six heads."""
+    def conv(k: int, cin: int, cout: int, side: int) -> int:
+        return k * k * cin * cout * side * side
+
+    backbone = (conv(7, 3, 64, 150) + 6 * conv(3, 64, 64, 75)
+                + conv(3, 64, 128, 38) + conv(1, 64, 128, 38) + 7 * conv(3, 128, 128, 38)
+                + conv(3, 128, 256, 38) + conv(1, 128, 256, 38) + 11 * conv(3, 256, 256, 38))
+    extras = (conv(1, 256, 256, 38) + conv(3, 256, 512, 19) + conv(1, 512, 256, 19) + conv(3, 256, 512, 10)
+              + conv(1, 512, 128, 10) + conv(3, 128, 256, 5) + conv(1, 256, 128, 5) + conv(3, 128, 256, 3)
+              + conv(1, 256, 128, 3) + conv(3, 128, 256, 1))
+    heads = sum(conv(3, c, n * (4 + 81), s) for c, n, s in
+                zip((256, 512, 512, 256, 256, 256), (4, 6, 6, 6, 4, 4), (38, 19, 10, 5, 3, 1), strict=True))
+    with torch.device("meta"):
+        model = create_model("ssd300", dataset="coco")
+    assert example_flops(model, get_model_info("ssd300", "coco")) == 2 * (backbone + extras + heads)

@@ -122,7 +122,17 @@ def test_interleaved_1f1b_two_stages_per_process_equals_one_process(tmp_path):
 
 
 @pytest.mark.slow
-def test_kill_9_of_a_stage_names_it_and_the_rerun_resumes_bitwise(tmp_path):
+def test_two_stages_in_bf16_follow_one_process(tmp_path):
+    # autocast runs inside the schedule: bf16 activations cross the stage boundary
+    run(1, "--split", "2", "--precision", "bf16", "--out", str(tmp_path / "one.json"))
+    run(2, "--split", "2", "--precision", "bf16", "--out", str(tmp_path / "pp.json"))
+    one, pp = load(tmp_path / "one.json"), load(tmp_path / "pp.json")
+    np.testing.assert_allclose(pp["losses"], one["losses"], rtol=1e-3)  # bf16 rounds per micro-batch
+    assert pp["metrics"]["accuracy"] == pytest.approx(one["metrics"]["accuracy"], abs=0.01)
+
+
+@pytest.mark.slow
+def test_kill_9_or_sigterm_of_a_stage_and_the_rerun_resumes_bitwise(tmp_path):
     from stoker.distributed.sharded import consolidate
 
     whole, killed = tmp_path / "whole", tmp_path / "killed"
@@ -137,13 +147,27 @@ def test_kill_9_of_a_stage_names_it_and_the_rerun_resumes_bitwise(tmp_path):
     _, err = procs[0].communicate(timeout=90)
     procs[1].wait()
     assert procs[0].returncode not in (0, None)
-    assert "replica 1 (silent for" in err and "stopped responding" in err, err[-3000:]
+    assert "process 1 (replica 0, stage 1) (silent for" in err and "stopped responding" in err, err[-3000:]
     latest = json.loads((killed / "checkpoint.json").read_text())["latest"]
     assert int(latest.split("-")[1]) < 60
     run(2, *args, "--model_dir", str(killed))
     run(2, *args, "--model_dir", str(whole))
     a, b = consolidate(killed / "ckpt-60" / "dcp"), consolidate(whole / "ckpt-60" / "dcp")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # SIGTERM to the last stage only: both stages agree, checkpoint the same step and exit 143
+    preempted = tmp_path / "preempted"
+    procs = launch_replicas(SCRIPT, 2, *args, "--model_dir", str(preempted), "--sleep", "0.02")
+    while not (preempted / "checkpoint.json").exists():
+        assert time.monotonic() < deadline + 240 and all(p.poll() is None for p in procs)
+        time.sleep(0.05)
+    procs[1].send_signal(signal.SIGTERM)
+    errs = [p.communicate(timeout=90)[1] for p in procs]
+    assert [p.returncode for p in procs] == [128 + signal.SIGTERM] * 2, errs[0][-2000:]
+    step = int(json.loads((preempted / "checkpoint.json").read_text())["latest"].split("-")[1])
+    assert step < 60 and all(f"SIGTERM at step {step}: checkpoint" in e for e in errs)
+    run(2, *args, "--model_dir", str(preempted))
+    c = consolidate(preempted / "ckpt-60" / "dcp")
+    assert all(torch.equal(c[k], b[k]) for k in b)
 
 
 # ------------------------------------------------------------------ clear errors, in one process
@@ -197,6 +221,8 @@ def test_bert_layout_flags():
     assert BertConfig(num_layers=6, hidden_layers_per_stage=2).pipeline_split() == ("layers.2", "layers.4")
     assert BertConfig(num_layers=4, hidden_layers_per_stage=4).pipeline_split() is None
     assert pipeline_error(config, 4) is None
+    assert pipeline_error(BertConfig(num_layers=4, hidden_layers_per_stage=2), 1) is None  # one process: unsplit
+    assert "need a multiple of 2 processes; torchrun started 3" in pipeline_error(BertConfig(hidden_layers_per_stage=2), 3)
     assert "needs 4 processes; torchrun started 2" in pipeline_error(config, 2)
     assert "needs torchrun: torchrun --nproc_per_node=4" in pipeline_error(config, 1)
     assert "more than --num_layers (4)" in pipeline_error(BertConfig(num_layers=4, hidden_layers_per_stage=5), 1)

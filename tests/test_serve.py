@@ -90,8 +90,16 @@ def test_tritonclient_reads_health_and_metadata_and_infers_in_json_and_binary(se
             result = triton_infer(client, x[:3].numpy(), binary)
             np.testing.assert_array_equal(result.as_numpy("logits"), want["logits"].numpy())
             np.testing.assert_array_equal(result.as_numpy("classes"), want["classes"].numpy())
+        inp = httpclient.InferInput("features", [2, 8], "FP32")
+        inp.set_data_from_numpy(x[:2].numpy())
+        result = client.infer("net", [inp], model_version="4", request_id="r-7",
+                              outputs=[httpclient.InferRequestedOutput("classes")])
+        assert result.get_response()["id"] == "r-7" and result.as_numpy("logits") is None
+        np.testing.assert_array_equal(result.as_numpy("classes"), want["classes"][:2].numpy())
         with pytest.raises(Exception, match="no model 'other'"):
             client.get_model_metadata("other")
+        with pytest.raises(Exception, match="has no version '5'"):
+            client.infer("net", [inp], model_version="5")
     finally:
         client.close()
 
@@ -256,3 +264,47 @@ def test_the_command_refuses_bad_flags_with_2_and_a_non_export_with_1(tmp_path, 
     assert main(["serve", str(tmp_path), "--port", "0"]) == 1
     assert "is not a stoker export" in capsys.readouterr().err
     assert main(["serve", str(tmp_path), "--aot", "--port", "0"]) == 1
+
+
+def test_stoker_serve_as_a_process_answers_at_once_and_stops_on_sigterm(exported):
+    import re
+    import signal
+    import subprocess
+
+    from conftest import PYTHON, python_env
+
+    proc = subprocess.Popen([PYTHON, "-m", "stoker", "serve", str(exported[0]), "--port", "0"], env=python_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = proc.stdout.readline()
+        found = re.search(r"as model 'net' on http://127\.0\.0\.1:(\d+)", line)
+        assert found, line
+        conn = http.client.HTTPConnection("127.0.0.1", int(found.group(1)), timeout=TIMEOUT)
+        conn.request("GET", "/v2/health/ready")  # the printed port accepts at once
+        assert conn.getresponse().status == 200
+        conn.close()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(TIMEOUT) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(TIMEOUT)
+
+
+def test_large_bodies_are_decoded_off_the_event_loop_with_the_same_answers(exported):
+    out_dir, x = exported
+    srv = make_server(out_dir, "127.0.0.1", 0, max_batch=256).start()
+    try:
+        rows = x.repeat(8, 1)  # 256 rows
+        body = json.dumps({"inputs": {"features": rows.tolist()}}, indent=8).encode()
+        assert len(body) > 64 * 2**10  # past OFF_LOOP_BYTES: decoded in a worker thread
+        status, answer = request(srv, "POST", "/predict", body)
+        assert status == 200 and answer["batch"] == 256
+        want = load_exported(out_dir)({"features": rows})
+        assert answer["outputs"]["classes"] == want["classes"].tolist()
+        bad = json.dumps({"inputs": {"features": rows[:, :5].tolist()}}, indent=12).encode()
+        assert len(bad) > 64 * 2**10
+        status, answer = request(srv, "POST", "/predict", bad)
+        assert status == 400 and "dimension 1 must be 8" in answer["error"]
+    finally:
+        srv.stop()

@@ -265,6 +265,8 @@ class Estimator:
         checkpoints = self.state.checkpoints
         if checkpoints is None:
             raise ValueError("evaluate_continuously: the Estimator needs RunConfig.model_dir (the directory to watch)")
+        if self.strategy.world_size > 1:
+            raise ValueError("evaluate_continuously runs in one process: start it without torchrun (device= picks its device)")
         config = ContinuousEvalConfig(steps=steps, timeout_secs=timeout_secs, poll_secs=poll_secs, last_step=last_step,
                                       summaries=self.config.summaries)
         evaluation = evaluation_on_device(self._evaluation, device)

@@ -46,6 +46,9 @@ def add_parser(subparsers: Any) -> None:
                    help="--watch: stop after this long without a new checkpoint; default %(default)s")
     p.add_argument("--poll_secs", type=float, default=2.0,
                    help="--watch: how often to look for a new checkpoint; default %(default)s")
+    p.add_argument("--last_step", type=int, default=None,
+                   help="--watch: also stop once the checkpoint of this step is evaluated, and ignore a "
+                   "finished.json of an earlier step (continuing a finished run to a larger max_steps)")
     p.set_defaults(func=_evaluate_command)
 
 
@@ -58,6 +61,8 @@ def _usage_error(args: argparse.Namespace) -> str | None:
         return f"--timeout_secs must be > 0; got {args.timeout_secs}"
     if not args.poll_secs > 0:
         return f"--poll_secs must be > 0; got {args.poll_secs}"
+    if args.last_step is not None and (args.last_step < 0 or not args.watch):
+        return f"--last_step applies only with --watch and must be >= 0; got {args.last_step}"
     if args.watch and args.checkpoint is not None:
         return "--checkpoint evaluates one checkpoint; it cannot be used with --watch"
     return None
@@ -76,7 +81,8 @@ def _evaluate_command(args: argparse.Namespace) -> int:
         input_fn, steps = eval_input_from_run_spec(spec, args.model_dir)
         steps = args.steps or steps
         if args.watch:
-            result = est.evaluate_continuously(input_fn, steps, args.timeout_secs, poll_secs=args.poll_secs, device=args.device)
+            result = est.evaluate_continuously(input_fn, steps, args.timeout_secs, poll_secs=args.poll_secs,
+                                               last_step=args.last_step, device=args.device)
             best = result.best
             print(f"stoker evaluate: stopped ({result.stop_reason}); evaluated steps {result.evaluated or 'none'}, "
                   f"skipped {result.skipped or 'none'} (removed by retention first)"

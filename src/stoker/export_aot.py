@@ -72,8 +72,8 @@ def compile_package(program: torch.export.ExportedProgram, path: Path, device: s
             inductor_configs={"aot_inductor.metadata": {f"stoker_{k}": v for k, v in info.items()}},
         )
     except Exception as e:  # noqa: BLE001 - inductor fails in many ways (codegen, the C++ build)
-        raise ExportError(f"AOTInductor could not compile the exported program (model.pt2 itself is fine): "
-                          f"{type(e).__name__}: {e}") from e
+        raise ExportError(f"AOTInductor could not compile the exported program, so nothing was written (the "
+                          f"torch.export step worked: export without --aot for model.pt2 alone): {type(e).__name__}: {e}") from e
     return {**info, "compiler": cxx, "compile_s": round(time.perf_counter() - start, 3)}
 
 

@@ -11,7 +11,8 @@ micro-batch's rows of ``features`` and ``labels``. So a ``model_fn`` that comput
 model-dependent through one ``model(features)`` call (the usual shape) needs no change; one
 that does not gets a ``ModelFnError`` saying so. Its loss must be a mean over the micro-batch
 (the schedule averages micro-batches), ``host_call`` a dict of scalars (averaged over
-micro-batches), and it must not carry a cache.
+micro-batches), and it must not carry a cache. (At the first step of a run the schedule calls
+the loss once more, to infer the backward pass's shapes; that call's values are dropped.)
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
@@ -80,6 +81,7 @@ class Server:
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             self.socket.bind((host, port))
+            self.socket.listen(2048)  # connections wait in the backlog until uvicorn starts, never refused
         except OSError:
             self.socket.close()
             raise
@@ -87,7 +89,8 @@ class Server:
         # limit_concurrency: a backstop on connections + tasks far above the app's own bound
         # (max_pending, answered with a JSON 503); uvicorn answers beyond it with a plain 503.
         uv_config = uvicorn.Config(self.app.app, log_level="warning", access_log=False, lifespan="on",
-                                   timeout_keep_alive=5, limit_concurrency=4 * config.batching.max_pending + 64)
+                                   timeout_keep_alive=5, limit_concurrency=4 * config.batching.max_pending + 64,
+                                   timeout_graceful_shutdown=10)
         self.uvicorn = uvicorn.Server(uv_config)
         self._thread: threading.Thread | None = None
 
@@ -183,7 +186,13 @@ def _serve_command(args: argparse.Namespace) -> int:
     what = "AOT package" if server.model.kind == "aot" else "torch.export program"
     print(f"serving {args.export_dir} ({what}) as model {server.app.name!r} on {server.url}: "
           f"POST /v2/models/{server.app.name}/infer with inputs {names}; GET /metrics", flush=True)
-    server.serve_forever()
+    # uvicorn shuts down gracefully on SIGINT / SIGTERM, then re-raises the signal to the handler
+    # that was there before it: these make that a clean exit (status 0) instead of a traceback.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(0))
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
     return 0
 
 

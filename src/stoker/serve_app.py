@@ -50,6 +50,7 @@ from .serve_protocol import (
 
 DISCARD_BYTES = 2**20  # of an oversized body, read and dropped before the 413 (see _read_body)
 BODY_TIMEOUT_S = 30.0  # a client that stops sending mid-body gets 408 after this
+OFF_LOOP_BYTES = 64 * 2**10  # bodies larger than this are decoded (and answered) in a worker thread
 
 
 @dataclass(kw_only=True)
@@ -245,19 +246,29 @@ class ServeApp:
             async with self.batcher.slot():
                 body = await self._read_body(request)
                 try:
-                    inputs, decoded = decode(body)
+                    inputs, decoded = await self._off_loop(len(body), decode, body)
                 except RequestError as e:
                     raise _error(400, str(e), expected=self.signature["inputs"]) from e
                 rows = next(iter(inputs.values())).shape[0] if inputs else 0
                 try:
                     outputs = await self.batcher.infer(inputs, int(rows))
+                except Saturated:  # shutting down: the outer handler answers 503
+                    raise
                 except Exception as e:  # noqa: BLE001 - any model failure is the server's 500
                     raise _error(500, f"the model failed: {type(e).__name__}: {e}") from e
-                answer = encode(decoded, outputs)
+                answer = await self._off_loop(len(body), encode, decoded, outputs)
         except Saturated as e:
             raise _Refused(503, {"error": str(e)}, {"Retry-After": "1"}) from e
         self.requests_served += 1
         return answer
+
+    @staticmethod
+    async def _off_loop(size: int, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``; in a worker thread for a large request, so that parsing megabytes of JSON
+        does not hold up the event loop (health checks, other requests' admission)."""
+        if size <= OFF_LOOP_BYTES:
+            return fn(*args)  # small: a thread hop would cost more than the work
+        return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
     async def _read_body(self, request: Request) -> bytes:
         """The body, at most ``max_body_bytes`` (413) and read within ``body_timeout_s`` (408)."""

@@ -18,6 +18,7 @@ and the same bound.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -59,6 +60,10 @@ class _Item:
 
 BatchObserver = Callable[[int, int, float], None]  # (rows, requests, seconds) of each model call
 
+# Per request (each request is its own asyncio task, with its own context): whether it has
+# reached the queue yet. Set by slot(), flipped by infer().
+_QUEUED: contextvars.ContextVar[list[bool]] = contextvars.ContextVar("stoker_serve_queued")
+
 
 class DynamicBatcher:
     """Runs ``model`` (dict of batched inputs -> dict of batched outputs) for concurrent requests."""
@@ -70,8 +75,10 @@ class DynamicBatcher:
         self.batching = config.enabled and can_batch  # a model whose outputs lack a batch dimension cannot be split
         self.observe = observe
         self.admitted = 0
+        self.arriving = 0  # admitted and not yet queued: being read or decoded
         self._queue: asyncio.Queue[_Item] | None = None
         self._carry: _Item | None = None  # a request that did not fit the last group: first of the next
+        self._running: list[_Item] = []  # the group of the model call in progress
         self._worker: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
 
@@ -82,32 +89,48 @@ class DynamicBatcher:
         self._worker = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        """Stop the worker; requests still queued get ``asyncio.CancelledError``."""
+        """Stop the worker; requests still queued or running get ``Saturated`` (the server answers 503)."""
         if self._worker is not None:
             self._worker.cancel()
             try:
                 await self._worker
             except asyncio.CancelledError:
                 pass
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
+        left = self._running + ([self._carry] if self._carry is not None else [])
+        while self._queue is not None and not self._queue.empty():
+            left.append(self._queue.get_nowait())
+        for item in left:
+            if not item.future.done():
+                item.future.set_exception(Saturated("the server is shutting down; retry on another"))
+        if self._executor is not None:  # waits for a call still running, off the event loop
+            await asyncio.get_running_loop().run_in_executor(None, self._executor.shutdown)
 
     @asynccontextmanager
     async def slot(self) -> AsyncIterator[None]:
         """Admit one request for the block, or raise ``Saturated`` when ``max_pending`` are in."""
         if self.admitted >= self.config.max_pending:
             raise Saturated(f"the server holds {self.admitted} requests, its limit (--max_pending); retry later")
+        queued = [False]
+        token = _QUEUED.set(queued)
         self.admitted += 1
+        self.arriving += 1
         try:
             yield
         finally:
             self.admitted -= 1
+            if not queued[0]:  # refused while decoding: it never reached the queue
+                self.arriving -= 1
+            _QUEUED.reset(token)
 
     async def infer(self, inputs: Tensors, rows: int) -> Tensors:
         """The model's outputs for one request's ``inputs`` (``rows`` of them); call inside :meth:`slot`."""
         if self._queue is None:
             raise RuntimeError("DynamicBatcher.infer before start()")
         future: asyncio.Future[Tensors] = asyncio.get_running_loop().create_future()
+        queued = _QUEUED.get(None)
+        if queued is not None and not queued[0]:
+            queued[0] = True
+            self.arriving -= 1
         await self._queue.put(_Item(inputs, rows, future))
         return await future
 
@@ -115,7 +138,7 @@ class DynamicBatcher:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            group = await self._collect()
+            group = self._running = await self._collect()
             start = time.perf_counter()
             try:
                 results = await loop.run_in_executor(self._executor, self._call, group)
@@ -129,6 +152,7 @@ class DynamicBatcher:
             for item, result in zip(group, results, strict=True):
                 if not item.future.done():  # a client that went away leaves a cancelled future
                     item.future.set_result(result)
+            self._running = []
 
     async def _collect(self) -> list[_Item]:
         assert self._queue is not None
@@ -141,7 +165,7 @@ class DynamicBatcher:
             if self._queue.empty():
                 # wait only while admitted requests are still being read or decoded
                 remaining = deadline - time.monotonic()
-                if self.admitted <= len(group) or remaining <= 0:
+                if self.arriving <= 0 or remaining <= 0:
                     break
                 try:
                     item = await asyncio.wait_for(self._queue.get(), remaining)

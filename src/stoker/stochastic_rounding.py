@@ -3,9 +3,9 @@
 A bf16 number has 8 bits of mantissa: an update smaller than half a unit in the last place of
 the weight (``|lr * step| < 2**-9 * |w|``) is lost entirely when the new weight is rounded to
 the nearest bf16, so training with pure bf16 weights stalls once updates get small. Stochastic
-rounding rounds up or down at random, with the probability of rounding up equal to the
-distance from the lower neighbour divided by the spacing: the rounded value is exact *in
-expectation*, and many small updates add up to what fp32 would have accumulated.
+rounding picks one of the two neighbouring bf16 values at random, each with probability
+proportional to its closeness (one minus its distance over the spacing): the rounded value is
+exact *in expectation*, and many small updates add up to what fp32 would have accumulated.
 
 How: the fp32 bit pattern of a value is ``[sign | exponent | 7 high mantissa bits | 16 low
 bits]``; bf16 keeps the upper 16 bits. Adding a uniform random integer in ``[0, 2**16)`` to the
@@ -20,7 +20,7 @@ each parameter on its own (all of them but ``LBFGS``): the parameters and their 
 optimizer state live in bf16; for one parameter at a time it computes the update in fp32 (the
 inner optimizer steps on fp32 copies of that one parameter, its gradient and its state) and
 rounds the results back to bf16 stochastically. One parameter at a time keeps the fp32
-scratch to the size of the largest parameter, so peak memory halves and not only memory at rest.
+scratch to the size of the largest parameter, so the peak falls with the memory at rest.
 
 The random bits come from a ``torch.Generator`` the wrapper owns, seeded from ``RunConfig.seed``
 (the same on every replica: replicas apply the same averaged gradient and must round it the
@@ -148,13 +148,17 @@ class StochasticRounding(torch.optim.Optimizer):
             if k != "step" and _is_bf16(v):
                 state[k] = v.float()
         self.inner.step()
-        p.copy_(stochastic_round_bf16(stand_in, self.generator))
+        p.copy_(self.round(stand_in))
         stand_in.data, stand_in.grad = _empty_like(stand_in), None
         # Every floating-point state tensor but "step" is kept in bf16, the one created by the
         # first step (fp32, from the fp32 stand-in) too.
         for k, v in list(state.items()):
             if k != "step" and isinstance(v, torch.Tensor) and v.dtype == torch.float32:
-                state[k] = stochastic_round_bf16(v, self.generator)
+                state[k] = self.round(v)
+
+    def round(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (fp32) as bf16: stochastically, with the wrapper's generator."""
+        return stochastic_round_bf16(x, self.generator)
 
     def state_dict(self) -> dict[str, Any]:
         self._pairs()  # the inner groups take the current learning rate etc.

@@ -229,12 +229,13 @@ def run_bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser)
         check_num_gpus(cfg.num_gpus, world, visible if device.type == "cuda" else None)
     except BenchFlagError as e:
         parser.error(str(e))
+    if max(world, cfg.num_gpus) > 1 and cfg.benchmark_mode not in (MODE_TRAIN, MODE_TRAIN_AND_EVAL):
+        many = f"WORLD_SIZE={world}" if world > 1 else f"--num_gpus={cfg.num_gpus}"
+        parser.error(f"{many}: only training runs on several processes; run --{_mode_flag(cfg)} "
+                     "in one process (without torchrun or --num_gpus)")
     if should_launch(cfg.num_gpus, world):
         # Each replica parses the same command line again, under the agent's WORLD_SIZE.
         return launch_replicas(getattr(args, "argv", None) or sys.argv[1:], cfg.num_gpus)
-    if world > 1 and cfg.benchmark_mode not in (MODE_TRAIN, MODE_TRAIN_AND_EVAL):
-        parser.error(f"WORLD_SIZE={world}: only training runs on several processes; run --{_mode_flag(cfg)} "
-                     "in one process (without torchrun)")
     logging.getLogger("stoker").setLevel(logging.WARNING)  # the harness prints its own lines
 
     def log(line: str) -> None:

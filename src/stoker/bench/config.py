@@ -34,7 +34,7 @@ MODE_FORWARD_ONLY = "forward-only"
 MODE_INFERENCE = "inference"
 
 DEFAULT_NUM_BATCHES = 100
-DEFAULT_BATCH_SIZE = 32
+DEFAULT_BATCH_SIZE = 0  # the model's default (bench/defaults.py)
 DEFAULT_LEARNING_RATE = 0.005
 DEFAULT_FP16_LOSS_SCALE = 128.0
 DEFAULT_INFERENCE_ITERATIONS = 100
@@ -218,7 +218,7 @@ _CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 #: Integer flags that always have a value, and their minimum.
 _INTS: tuple[tuple[str, int], ...] = (
-    ("batch_size", 1), ("num_gpus", 1), ("display_every", 1), ("iterations_per_loop", 1), ("max_ckpts_to_keep", 0),
+    ("batch_size", 0), ("num_gpus", 1), ("display_every", 1), ("iterations_per_loop", 1), ("max_ckpts_to_keep", 0),
     ("num_warmup_batches", 0),
 )
 #: Integer flags that may be left out (None); given, they are >= 1.

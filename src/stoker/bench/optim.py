@@ -82,11 +82,19 @@ class TFRMSProp(torch.optim.Optimizer):
         return loss
 
 
-def learning_rate_fn(cfg: BenchConfig, batches_per_epoch: float) -> Callable[[int], float] | None:
-    """The learning rate of global step ``step`` (0-based), or ``None`` when it is constant."""
+def learning_rate_fn(cfg: BenchConfig, batches_per_epoch: float, *, default_lr: float | None = None,
+                     model_rate: Callable[[int], float] | None = None) -> Callable[[int], float] | None:
+    """The learning rate of global step ``step`` (0-based), or ``None`` when it is constant.
+
+    Without a rate flag the rate is the model's: ``model_rate`` (a schedule) or ``default_lr``
+    (a constant; stoker's fallback 0.005 when not given).
+    """
     warmup_steps = int(batches_per_epoch * cfg.num_learning_rate_warmup_epochs)
-    init_lr = cfg.learning_rate
-    if cfg.piecewise_learning_rate_schedule is not None:
+    init_lr = learning_rate(cfg, default_lr)
+    if model_rate is not None and _no_rate_flag(cfg):
+        base = model_rate
+        init_lr = model_rate(warmup_steps)  # --num_learning_rate_warmup_epochs ramps up to the schedule
+    elif cfg.piecewise_learning_rate_schedule is not None:
         epochs, rates = parse_piecewise_schedule(cfg.piecewise_learning_rate_schedule)
         # Rate i applies while step <= boundary i (TensorFlow's piecewise_constant).
         boundaries = [int(e * batches_per_epoch) - 1 for e in epochs]
@@ -151,11 +159,25 @@ def _decay_and_clip(weight_decay: float, clip: float | None) -> Callable[..., No
     return hook
 
 
-def optimizer_and_schedule(cfg: BenchConfig, batches_per_epoch: float) -> tuple[OptimizerFn, ScheduleFn | None]:
-    """The Estimator's ``optimizer`` and ``lr_schedule`` arguments for this configuration."""
-    schedule = learning_rate_fn(cfg, batches_per_epoch)
+def learning_rate(cfg: BenchConfig, default_lr: float | None = None) -> float:
+    """The initial rate: the flags' (``--init_learning_rate``, or the first piece of the schedule),
+    else ``default_lr`` (the model's constant rate), else stoker's fallback."""
+    if _no_rate_flag(cfg) and default_lr is not None:
+        return default_lr
+    return cfg.learning_rate
+
+
+def _no_rate_flag(cfg: BenchConfig) -> bool:
+    return cfg.init_learning_rate is None and cfg.piecewise_learning_rate_schedule is None
+
+
+def optimizer_and_schedule(cfg: BenchConfig, batches_per_epoch: float, *, default_lr: float | None = None,
+                           model_rate: Callable[[int], float] | None = None) -> tuple[OptimizerFn, ScheduleFn | None]:
+    """The Estimator's ``optimizer`` and ``lr_schedule`` arguments for this configuration
+    (``default_lr`` / ``model_rate``: the model's rate, see :func:`learning_rate_fn`)."""
+    schedule = learning_rate_fn(cfg, batches_per_epoch, default_lr=default_lr, model_rate=model_rate)
     if schedule is None:
-        lr = cfg.learning_rate
+        lr = learning_rate(cfg, default_lr)
         return (lambda params, parameters: make_optimizer(cfg, parameters, lr)), None
     # LambdaLR multiplies the optimizer's rate by the function's value: with a base rate of 1
     # the function gives the rate itself. It is stepped after every update, so step t runs at

@@ -70,6 +70,7 @@ def header_lines(cfg: BenchConfig, workload: Workload, model_name: str | None = 
     mode = cfg.benchmark_mode
     lines = [
         *note_lines(cfg.noted_flags),
+        *unused_flag_notes(cfg, workload),
         _line("PyTorch", f"{torch.__version__} (stoker {__version__})"),
         _line("Model", model_name or cfg.model),
         _line("Dataset", workload.dataset_label),
@@ -89,7 +90,7 @@ def header_lines(cfg: BenchConfig, workload: Workload, model_name: str | None = 
         lines.append(_line("Optimizer", cfg.optimizer))
         lines.append(_line("Variables", effective_variable_update(cfg)))
     precision = cfg.precision + (" (loss scale: " + loss_scale_label(cfg) + ")" if cfg.precision == "fp16" else "")
-    lines.append(_line("Precision", precision + (", fp16 weights (--fp16_vars)" if cfg.fp16_vars else "")))
+    lines.append(_line("Precision", precision + (", fp16 weights (--fp16_vars)" if cfg.fp16_vars and cfg.precision == "fp16" else "")))
     xla = " (--xla_compile)" if cfg.xla_compile else (" (--xla)" if cfg.xla else "")
     lines.append(_line("Compile", f"{cfg.compile_mode}{xla}"))
     lines.extend(_optional_lines(cfg, workload, bucket_mb))
@@ -101,10 +102,47 @@ def header_lines(cfg: BenchConfig, workload: Workload, model_name: str | None = 
     return lines
 
 
+def unused_flag_notes(cfg: BenchConfig, workload: Workload) -> list[str]:
+    """``Note:`` lines for implemented flags given where this run has no use for them (so that
+    no flag is ignored silently): real-data flags on synthetic data, training-only flags in
+    other modes, CUDA flags on the CPU, gradient repacking without replicas to all-reduce."""
+    unused: list[tuple[str, str]] = []
+    if workload.synthetic:
+        given = [n for n, default in (("distortions", True), ("resize_method", "bilinear"), ("use_datasets", True),
+                                      ("datasets_num_private_threads", None), ("datasets_repeat_cached_sample", False))
+                 if getattr(cfg, n) != default]
+        unused += [(n, "the data is synthetic (give --data_dir for real data)") for n in given]
+    training = cfg.benchmark_mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL)
+    if not training:
+        given = [n for n, default in (("display_perf_ewma", None), ("loss_type_to_report", "total_loss"),
+                                      ("summary_verbosity", 0), ("ml_perf", False), ("gradient_repacking", 0))
+                 if getattr(cfg, n) != default]
+        unused += [(n, f"it applies to training; this run is {cfg.benchmark_mode}") for n in given]
+    elif cfg.gradient_repacking and (workload.num_devices == 1 or effective_variable_update(cfg) != "replicated"):
+        unused.append(("gradient_repacking", "only replicated training over several replicas all-reduces gradients"))
+    if cfg.eval_batch_size and training and not cfg.evaluates_during_training:
+        unused.append(("eval_batch_size", "this run does not evaluate"))
+    if cfg.gpu_memory_frac_for_testing and workload.device.type != "cuda":
+        unused.append(("gpu_memory_frac_for_testing", "the device is the CPU"))
+    # Combinations tf_cnn_benchmarks accepts and ignores: run, and say so.
+    if cfg.fp16_vars and cfg.precision != "fp16":
+        unused.append(("fp16_vars", f"it applies to fp16 (--use_fp16); the precision is {cfg.precision}"))
+    if training and cfg.summary_verbosity and cfg.train_dir is None:
+        unused.append(("summary_verbosity", "summaries are written into --train_dir, which is not given"))
+    if cfg.save_summaries_steps and not cfg.summary_verbosity:
+        unused.append(("save_summaries_steps", "--summary_verbosity is 0 (no summaries)"))
+    if cfg.benchmark_test_id is not None and cfg.benchmark_log_dir is None and cfg.results_file is None:
+        unused.append(("benchmark_test_id", "it is recorded in --benchmark_log_dir's files or --results_file"))
+    return [f"Note: --{name} has no effect in this run: {why}" for name, why in unused]
+
+
 def _optional_lines(cfg: BenchConfig, workload: Workload, bucket_mb: float | None) -> list[str]:
     """Header lines of flags that are not always relevant: only when they apply."""
     lines = []
     training = cfg.benchmark_mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL)
+    used = workload.defaults_used if training else [u for u in workload.defaults_used if "learning rate" not in u]
+    for i, phrase in enumerate(used):  # the model's defaults, as tf_cnn_benchmarks applies them
+        lines.append(_line("Defaults", phrase) if i == 0 else " " * _LABEL_WIDTH + phrase)
     if training and cfg.evaluates_during_training:
         lines.append(_line("Eval batch", f"{workload.eval_batch_size} global"))
     if not workload.synthetic and cfg.mode != "inference":
@@ -116,7 +154,7 @@ def _optional_lines(cfg: BenchConfig, workload: Workload, bucket_mb: float | Non
     if training and bucket_mb is not None:
         lines.append(_line("Gradients", f"all-reduced in {cfg.gradient_repacking} DDP buckets of {bucket_mb:.3f} MiB "
                                         "(--gradient_repacking)"))
-    if training and cfg.summary_verbosity:
+    if training and cfg.summary_verbosity and cfg.train_dir:
         every = cfg.save_summaries_steps or cfg.display_every
         lines.append(_line("Summaries", f"level {cfg.summary_verbosity} every {every} steps in {cfg.train_dir}/events"))
     if training and cfg.ml_perf:
@@ -278,6 +316,7 @@ def base_result(cfg: BenchConfig, workload: Workload, model_name: str) -> dict[s
         "eval_batch_size": workload.eval_batch_size,
         "loss_type": cfg.loss_type_to_report,
         "test_id": cfg.benchmark_test_id,
+        "defaults": list(workload.defaults_used),
         "iterations_per_loop": cfg.iterations_per_loop,
         "num_threads": torch.get_num_threads(),
         "host_memory_kept": host_memory_kept(),

@@ -66,18 +66,6 @@ def _check_combinations(cfg: Any) -> None:
     if xla and cfg.compile not in (False, "none"):
         raise fail(f"--{xla[0]} and --compile both choose the compilation; give one of them "
                    "(--xla is --compile=module, --xla_compile is --compile=step)", xla[0], "compile")
-    if cfg.fp16_vars and cfg.precision != "fp16":
-        raise fail(f"--fp16_vars keeps fp16 weights for fp16 training (--use_fp16); the precision is {cfg.precision}",
-                   "fp16_vars", "precision")
-    if cfg.save_summaries_steps and not cfg.summary_verbosity:
-        raise fail("--save_summaries_steps needs --summary_verbosity >= 1 (what to write)", "save_summaries_steps",
-                   "summary_verbosity")
-    if cfg.summary_verbosity and cfg.train_dir is None:
-        raise fail("--summary_verbosity writes TensorBoard summaries into --train_dir; give --train_dir",
-                   "summary_verbosity", "train_dir")
-    if cfg.benchmark_test_id is not None and cfg.benchmark_log_dir is None and cfg.results_file is None:
-        raise fail("--benchmark_test_id is recorded in --benchmark_log_dir's files or --results_file; give one",
-                   "benchmark_test_id", "benchmark_log_dir")
     if cfg.mode == "inference":
         for name in ("ml_perf", "summary_verbosity", "fp16_vars", *EVAL_DURING_TRAINING_FLAGS[1:]):
             if getattr(cfg, name) not in (None, (), False, 0):

@@ -180,7 +180,7 @@ def build_estimator(cfg: BenchConfig, workload: Workload, model: ModelFactory, *
     ``bucket_mb``: DDP's gradient bucket size (``--gradient_repacking``, see :func:`repacking_bucket_mb`).
     """
     depth = prefetch_depth(cfg)
-    if cfg.fp16_vars:
+    if cfg.fp16_vars and cfg.precision == "fp16":
         model = _fp16_weights(model)
     loss_scale: float | str = "dynamic"
     init_scale = float(cfg.fp16_loss_scale or DEFAULT_FP16_LOSS_SCALE)
@@ -210,7 +210,9 @@ def build_estimator(cfg: BenchConfig, workload: Workload, model: ModelFactory, *
         summaries=False,
         **({} if depth is None else {"prefetch_depth": depth}),
     )
-    optimizer_fn, schedule_fn = optimizer_and_schedule(cfg, workload.train_examples / workload.batch_size)
+    optimizer_fn, schedule_fn = optimizer_and_schedule(cfg, workload.train_examples / workload.batch_size,
+                                                       default_lr=workload.default_learning_rate,
+                                                       model_rate=workload.model_rate)
     return Estimator(
         model=model,
         model_fn=model_fn_for(workload),
@@ -244,7 +246,8 @@ def repacking_bucket_mb(cfg: BenchConfig, factory: ModelFactory, params: dict[st
     if not cfg.gradient_repacking:
         return None
     model = factory(params)
-    grad_bytes = sum(p.numel() * (2 if cfg.fp16_vars else 4) for p in model.parameters() if p.requires_grad)
+    fp16_weights = cfg.fp16_vars and cfg.precision == "fp16"
+    grad_bytes = sum(p.numel() * (2 if fp16_weights else 4) for p in model.parameters() if p.requires_grad)
     return grad_bytes / cfg.gradient_repacking / 2**20
 
 

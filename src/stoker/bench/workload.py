@@ -30,6 +30,15 @@ from ..data.images import IMAGE_EXTENSIONS, scan_image_folder
 from ..distributed import torchrun_world_size
 from ..models import DATASETS, DEFAULT_NUM_CLASSES, ModelInfo, get_model_info
 from .config import DEFAULT_NUM_BATCHES, MODE_EVAL, MODE_INFERENCE, BenchConfig, BenchFlagError
+from .defaults import (
+    FALLBACK_BATCH_SIZE,
+    FALLBACK_LEARNING_RATE,
+    LearningRate,
+    ModelDefaults,
+    describe,
+    model_defaults,
+    model_learning_rate,
+)
 from .tf_checks import gpu_indices as parse_gpu_indices
 
 InputFn = Callable[[dict[str, Any]], Iterable[Any]]
@@ -66,6 +75,9 @@ class Workload:
         eval_batches: batches of an evaluation (``None``: one pass over real evaluation data).
         eval_batch_size: the global batch of evaluations (``--eval_batch_size``, else ``--batch_size``,
             times the replicas); with ``--eval`` it is ``batch_size`` too.
+        default_learning_rate: the model's constant rate (used without a rate flag), or ``None``.
+        model_rate: the model's rate schedule by global step (used without a rate flag), or ``None``.
+        defaults_used: what came from the model's defaults, one phrase each (the header's ``Defaults:``).
         model_info: the registry's entry of ``--model`` (``None`` for a caller's own model).
     """
 
@@ -82,6 +94,9 @@ class Workload:
     num_epochs: float
     eval_batches: int | None
     eval_batch_size: int
+    default_learning_rate: float | None = None
+    model_rate: LearningRate | None = None
+    defaults_used: tuple[str, ...] = ()
     model_info: ModelInfo | None = None
 
     @property
@@ -122,6 +137,9 @@ def resolve_device(name: str, gpu_indices: str = "") -> torch.device:
                                      f"entry, and torch sees {torch.cuda.device_count()} CUDA device(s)")
             return torch.device("cuda", indices[local_rank])
         return torch.device("cuda", local_rank % torch.cuda.device_count())
+    if gpu_indices.strip():
+        raise BenchFlagError(("gpu_indices", "device"), f"--gpu_indices={gpu_indices} names CUDA devices, "
+                             f"but the device is the CPU (--device={name})")
     return torch.device("cpu")
 
 
@@ -155,8 +173,9 @@ def _check_task(cfg: BenchConfig, info: ModelInfo, synthetic: bool) -> None:
         raise BenchFlagError(("data_dir", "data_name"), f"--data_dir: --data_name={info.dataset} is synthetic "
                              "only (no input pipeline reads it); leave out --data_dir")
     # Its outputs are no class logits: top-1/top-5 (forward-only, --eval, evaluation during
-    # training) and the image-latency benchmark do not apply.
+    # training, training accuracy) and the image-latency benchmark do not apply.
     for name, given in (("forward_only", cfg.forward_only), ("eval", cfg.eval), ("mode", cfg.mode == "inference"),
+                        ("print_training_accuracy", cfg.print_training_accuracy),
                         ("eval_during_training_every_n_steps", cfg.eval_during_training_every_n_steps is not None)):
         if given:
             raise BenchFlagError((name, "model"), f"--{name}: --model={info.name} ({info.dataset}) is benchmarked "
@@ -194,9 +213,15 @@ def resolve_workload(cfg: BenchConfig, *, custom_model: bool = False, num_classe
         if folder_classes is not None and num_classes is not None and folder_classes > num_classes:
             num_classes = folder_classes  # more class folders than the model's default logits
     evaluating = cfg.benchmark_mode == MODE_EVAL
-    eval_batch = (cfg.eval_batch_size or cfg.batch_size) * world
+    defaults = None if custom_model else model_defaults(cfg.model, dataset)
+    per_device = cfg.batch_size or (defaults.batch_size if defaults else FALLBACK_BATCH_SIZE)
+    eval_batch = (cfg.eval_batch_size or per_device) * world
     # --batch_size is per device, as in tf_cnn_benchmarks; --eval runs at the evaluation batch.
-    batch = eval_batch if evaluating else cfg.batch_size * world
+    batch = eval_batch if evaluating else per_device * world
+    default_lr, model_rate, used = _model_rate(cfg, defaults, per_device * world)
+    if not cfg.batch_size:
+        owner = f"{cfg.model}'s" if defaults else "stoker's fallback"
+        used = (f"batch size {per_device} per device ({owner} default)", *used)
     examples = eval_examples if evaluating else train_examples
     if cfg.num_epochs is not None:
         num_batches = -(-int(cfg.num_epochs * examples) // batch)
@@ -229,8 +254,31 @@ def resolve_workload(cfg: BenchConfig, *, custom_model: bool = False, num_classe
         num_epochs=num_batches * batch / examples,
         eval_batches=eval_batches,
         eval_batch_size=eval_batch,
+        default_learning_rate=default_lr,
+        model_rate=model_rate,
+        defaults_used=used,
         model_info=info,
     )
+
+
+def _model_rate(cfg: BenchConfig, defaults: ModelDefaults | None,
+                global_batch: int) -> tuple[float | None, LearningRate | None, tuple[str, ...]]:
+    """The model's learning rate when no rate flag is given: ``(constant, schedule, description)``."""
+    rate_flags = cfg.init_learning_rate is not None or cfg.piecewise_learning_rate_schedule is not None
+    resnet = defaults is not None and defaults.schedule == "resnet"
+    if cfg.resnet_base_lr is not None and (rate_flags or not resnet):
+        why = ("replaces the ResNet schedule's base rate; --init_learning_rate or "
+               "--piecewise_learning_rate_schedule replace the whole schedule") if rate_flags else (
+               f"applies to the ResNet models of tf_cnn_benchmarks (resnet50, resnet101, ...), not {cfg.model}")
+        raise BenchFlagError(("resnet_base_lr",), f"--resnet_base_lr {why}")
+    if rate_flags or cfg.mode == "inference":
+        return None, None, ()
+    if defaults is None:
+        return None, None, (f"learning rate {FALLBACK_LEARNING_RATE:g} (stoker's fallback)",)
+    described = (describe(defaults, cfg.model),)
+    if defaults.schedule == "constant":
+        return defaults.learning_rate, None, described
+    return None, model_learning_rate(defaults, global_batch, base_lr=cfg.resnet_base_lr), described
 
 
 def _image_folder_roots(data_dir: Path) -> tuple[Path, Path]:

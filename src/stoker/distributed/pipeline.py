@@ -35,8 +35,6 @@ from torch import nn
 from .pipeline_runtime import PipelinedModule, PipelineRuntime
 from .process_group import ProcessGroupStrategy
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved1f1b")
-
 
 @dataclass(frozen=True, kw_only=True)
 class PipelineConfig:
@@ -166,9 +164,11 @@ class PipelineStrategy(ProcessGroupStrategy):
     def replica_index(self) -> int:
         return self.dp_rank
 
-    @property
-    def holds_last_stage(self) -> bool:
-        return self.pp_rank == self.pp_size - 1
+    def process_name(self, rank: int) -> str:
+        # The mesh is arange(world).view(replicas, processes per pipeline).
+        replica, position = divmod(rank, self.pp_size)
+        stages = ", ".join(str(position + v * self.pp_size) for v in range(self.config.stages_per_process))
+        return f"process {rank} (replica {replica}, stage {stages})"
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         plan = plan_stages(model, self.config.split)
@@ -204,4 +204,4 @@ class PipelineStrategy(ProcessGroupStrategy):
         return full
 
 
-__all__ = ["SCHEDULES", "PipelineConfig", "PipelineStrategy", "StageModule", "keep_only", "pipeline_units", "plan_stages"]
+__all__ = ["PipelineConfig", "PipelineStrategy", "StageModule", "keep_only", "pipeline_units", "plan_stages"]

@@ -91,7 +91,8 @@ class PipelineRuntime:
         offset = 0
         for p, g in zip(self.parameters, grads, strict=True):
             n = g.numel()
-            p.grad = flat[offset : offset + n].view_as(g).clone()
+            if p.grad is not None:  # a parameter without a gradient keeps none (the optimizer skips it)
+                p.grad.copy_(flat[offset : offset + n].view_as(g))
             offset += n
 
     def clip_grad_norm(self, max_norm: float) -> torch.Tensor:

@@ -140,11 +140,15 @@ class ProcessGroupStrategy(Strategy):
         silent = self.silent_replicas()
         if not silent:
             return cause
-        names = ", ".join(f"{r} (silent for {age:.0f} s)" for r, age in silent)
+        names = ", ".join(f"{self.process_name(r)} (silent for {age:.0f} s)" for r, age in silent)
         return ReplicaLostError(
-            f"replica {names} stopped responding; replica {self.rank} stops too. Rerun the same "
+            f"{names} stopped responding; {self.process_name(self.rank)} stops too. Rerun the same "
             f"command to resume from the last complete checkpoint ({type(cause).__name__}: {cause})"
         )
+
+    def process_name(self, rank: int) -> str:
+        """How errors name the process of global rank ``rank``."""
+        return f"replica {rank}"
 
     def silent_replicas(self, grace: float = 3 * _HEARTBEAT_EVERY) -> list[tuple[int, float]]:
         time.sleep(grace)  # let a slow-but-alive replica beat once more

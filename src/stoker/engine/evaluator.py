@@ -173,6 +173,7 @@ class ContinuousEvaluation:
         name, step = record["name"], int(record["step"])
         self._passed.add((name, record.get("time", 0.0)))
         path = self.checkpoints.model_dir / record_dir(record)  # on an object store: its unique prefix
+        self.evaluation.state.weights_of = None  # always read the files: a step saved again has new weights
         try:
             results, _ = self.evaluation.compute(input_fn, self.config.steps, path)
         except CheckpointError as e:

@@ -59,19 +59,22 @@ def _densenet(depth: int, growth_rate: int, num_classes: int) -> Classifier:
     return Classifier(nn.Sequential(*layers), channels, num_classes)
 
 
-@register_model("densenet40_k12", dataset="cifar10", default_image_size=32)
+@register_model("densenet40_k12", dataset="cifar10", default_image_size=32,
+                default_batch_size=64, default_learning_rate=0.1)
 def densenet40_k12(num_classes: int) -> nn.Module:
     """DenseNet-40, growth rate 12 (12 layers per block)."""
     return _densenet(40, 12, num_classes)
 
 
-@register_model("densenet100_k12", dataset="cifar10", default_image_size=32)
+@register_model("densenet100_k12", dataset="cifar10", default_image_size=32,
+                default_batch_size=64, default_learning_rate=0.1)
 def densenet100_k12(num_classes: int) -> nn.Module:
     """DenseNet-100, growth rate 12 (32 layers per block)."""
     return _densenet(100, 12, num_classes)
 
 
-@register_model("densenet100_k24", dataset="cifar10", default_image_size=32)
+@register_model("densenet100_k24", dataset="cifar10", default_image_size=32,
+                default_batch_size=64, default_learning_rate=0.1)
 def densenet100_k24(num_classes: int) -> nn.Module:
     """DenseNet-100, growth rate 24 (32 layers per block)."""
     return _densenet(100, 24, num_classes)

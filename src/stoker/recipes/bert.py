@@ -526,6 +526,8 @@ def pipeline_error(config: BertConfig, world_size: int) -> str | None:
     if world_size == 1 and config.replicas > 1:
         return (f"--replicas {config.replicas} needs torchrun: torchrun --nproc_per_node={config.replicas * stages} "
                 "-m stoker train bert ...")
+    if world_size == 1:
+        return None  # one process trains the unsplit model
     if world_size % stages:
         return f"{stages} pipeline stages need a multiple of {stages} processes; torchrun started {world_size}"
     replicas = world_size // stages
@@ -536,6 +538,12 @@ def pipeline_error(config: BertConfig, world_size: int) -> str | None:
         return (f"--pipeline_microbatches ({config.pipeline_microbatches}) must divide the per-replica batch "
                 f"(--batch_size {config.batch_size} / {replicas} replicas)")
     return None
+
+
+def _stages_note(config: BertConfig) -> str:
+    stages = 1 + len(config.pipeline_split() or ())
+    alone = int(os.environ.get("WORLD_SIZE", "1") or 1) == 1
+    return f"{stages} (one process: unsplit)" if stages > 1 and alone else str(stages)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -554,7 +562,7 @@ def run(args: argparse.Namespace) -> int:
         f"held-out at step {results['global_step']}: mlm_accuracy = {results['mlm_accuracy']:.4f}, "
         f"mlm_loss = {results['mlm_loss']:.4f} nats (ppl {math.exp(min(results['mlm_loss'], 700.0)):.3f}), "
         f"precision {config.precision}, recompute {' '.join(config.recompute or ['none'])}, "
-        f"stages {1 + len(config.pipeline_split() or ())}, model_dir {config.model_dir}"
+        f"stages {_stages_note(config)}, model_dir {config.model_dir}"
     )
     return 0
 
