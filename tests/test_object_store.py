@@ -267,6 +267,12 @@ def test_export_from_a_memory_store_to_one():
     target = export(est, url + "-export", x[:4])
     signature = json.loads(storage.read_bytes(location(target) / "signature.json"))
     assert signature["global_step"] == 4 and signature["checkpoint"].startswith(url + "/ckpt-4.")
+    from stoker.export import load_exported
+
+    exported = load_exported(target)  # copied down, then loaded
+    assert exported.signature == signature
+    eager = est.model.eval()(x[:4])
+    torch.testing.assert_close(exported({"features": x[:4]})["logits"], eager, rtol=1e-5, atol=1e-6)
     names = storage.listdir(location(url + "-export"))
     assert names == ["model.pt2", "model.safetensors", "signature.json"]
 

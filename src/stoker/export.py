@@ -426,9 +426,17 @@ def load_exported(export_path: str | os.PathLike[str], *, aot: bool | None = Non
     ``export_path`` is an export directory (``aot=True``: run its ``model.aoti.pt2``, else its
     ``model.pt2``) or the ``model.aoti.pt2`` file itself (an AOT package; its ``signature.json``
     beside it). A package compiled for another device or torch version is refused with an
-    ``ExportError`` before it is loaded.
+    ``ExportError`` before it is loaded. An fsspec URL is copied to a local temporary
+    directory first (torch's loaders read local files).
     """
-    path = Path(export_path)
+    where = storage.location(export_path)
+    if isinstance(where, storage.UrlPath):
+        base = where.parent if where.name == AOT_FILE else where
+        local = Path(tempfile.mkdtemp(prefix="stoker-export-"))
+        for name in storage.listdir(base):
+            (local / name).write_bytes(storage.read_bytes(base / name))
+        return load_exported(local / AOT_FILE if where.name == AOT_FILE else local, aot=aot)
+    path = where
     if path.is_file() and path.name == AOT_FILE:
         if aot is False:
             raise ExportError(f"{path} is an AOT package; aot=False asks for the torch.export program: give its directory")
