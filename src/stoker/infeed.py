@@ -226,7 +226,9 @@ class Infeed:
         return self._prepare(item)
 
     def _prepare(self, item: Any) -> Batch:
-        if isinstance(item, (tuple, list)) and len(item) == 2 and not hasattr(item, "_fields"):
+        if type(item) is tuple and len(item) == 2:  # (features, labels), the common case first
+            features, labels = item
+        elif isinstance(item, (tuple, list)) and len(item) == 2 and not hasattr(item, "_fields"):
             features, labels = item
         else:
             features, labels = item, None
@@ -250,8 +252,9 @@ class Infeed:
     def _to_device(self, batch: Batch) -> Batch:
         device = self.device
         if not self._cuda:
-            if self._on_cpu and type(batch.features) is torch.Tensor and type(batch.labels) in (torch.Tensor, type(None)):
-                if batch.features.device.type == "cpu" and (batch.labels is None or batch.labels.device.type == "cpu"):
+            features, labels = batch.features, batch.labels
+            if self._on_cpu and type(features) is torch.Tensor and features.is_cpu:
+                if labels is None or (type(labels) is torch.Tensor and labels.is_cpu):
                     return batch  # the common case on a CPU run: nothing to convert or move
             move = lambda t: t if t.device == device else t.to(device)  # noqa: E731
             return Batch(tree_map(move, batch.features), tree_map(move, batch.labels), batch.mask, batch.rows)
