@@ -33,6 +33,7 @@ speed-up each target asks of plain PyTorch there (resnet50 11.5 / 7.6, resnet20 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -64,19 +65,29 @@ class Case:
     num_batches: int
     num_warmup_batches: int
     tf_images_per_sec: float
+    batch: int = 32
+    tf_data_name: str | None = None  # where tf_cnn_benchmarks files the model, if not ``dataset``
+
+    def with_batches(self, num_batches: int) -> Case:
+        return dataclasses.replace(self, num_batches=num_batches)
 
 
 CASES = {
     "trivial": Case("trivial", "imagenet", 100, 10, 3614.0),
     "resnet20": Case("resnet20", "cifar10", 30, 5, 647.0),
     "resnet50": Case("resnet50", "imagenet", 5, 2, 10.4),
+    # Not in REFERENCE_NUMBERS (0: no reference figure); compared with TensorFlow run beside
+    # (--configs stoker tensorflow). ncf at its reference batch; deepspeech2's 3,494-frame
+    # utterances at a batch this CPU can take.
+    "ncf": Case("ncf", "movielens", 50, 5, 0.0, batch=2048, tf_data_name="imagenet"),
+    "deepspeech2": Case("deepspeech2", "librispeech", 2, 1, 0.0, batch=2),
 }
 BATCH = 32
 WEIGHT_DECAY = 4e-5  # tf_cnn_benchmarks' default, also in the plain loop
 
 
 def stoker_images_per_sec(case: Case, keep_host_memory: bool = True, compile: bool | str = False) -> float:
-    cfg = BenchConfig(compile=compile, model=case.model, data_name=case.dataset, batch_size=BATCH, data_format="NHWC",
+    cfg = BenchConfig(compile=compile, model=case.model, data_name=case.dataset, batch_size=case.batch, data_format="NHWC",
                       num_batches=case.num_batches, num_warmup_batches=case.num_warmup_batches,
                       device="cpu", display_every=10**6, weight_decay=WEIGHT_DECAY, keep_host_memory=keep_host_memory,
                       init_learning_rate=0.005)  # the plain loop's constant rate, not the model's schedule
@@ -118,12 +129,13 @@ def tensorflow_images_per_sec(case: Case, threads: int) -> float:
         raise SystemExit(f"--configs tensorflow: no TensorFlow peer in {PEERS_DIR}; install it with "
                          "../shared/peers/setup-tf-cnn.sh (see ../shared/peers/README.md) or set PEERS_DIR")
     cmd = [str(python), "tf_cnn_benchmarks.py", "--device=cpu", "--data_format=NHWC", f"--model={case.model}",
-           f"--batch_size={BATCH}", f"--num_batches={case.num_batches}",
+           f"--batch_size={case.batch}", f"--num_batches={case.num_batches}",
            f"--num_warmup_batches={case.num_warmup_batches}", "--variable_update=parameter_server",
            "--local_parameter_device=cpu", f"--num_intra_threads={threads}", "--num_inter_threads=1",
            f"--weight_decay={WEIGHT_DECAY}"]
-    if case.dataset != "imagenet":
-        cmd.append(f"--data_name={case.dataset}")
+    tf_data_name = case.tf_data_name or case.dataset
+    if tf_data_name != "imagenet":
+        cmd.append(f"--data_name={tf_data_name}")
     env = dict(os.environ, TF_USE_LEGACY_KERAS="1", TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
     out = subprocess.run(cmd, cwd=script_dir, env=env, capture_output=True, text=True, timeout=3600)
     found = re.search(r"total images/sec:\s*([0-9.]+)", out.stdout)
@@ -160,7 +172,7 @@ def measure(config: str, case: Case) -> float:
 def measure_in_child(config: str, case: Case, threads: int, num_batches: int | None = None) -> float:
     if config == "tensorflow":
         if num_batches:
-            case = Case(case.model, case.dataset, num_batches, case.num_warmup_batches, case.tf_images_per_sec)
+            case = case.with_batches(num_batches)
         return tensorflow_images_per_sec(case, threads)
     extra = ["--num_batches", str(num_batches)] if num_batches else []
     out = subprocess.run(
@@ -188,7 +200,7 @@ def main() -> None:
         config, model = args.one
         case = CASES[model]
         if args.num_batches:
-            case = Case(case.model, case.dataset, args.num_batches, case.num_warmup_batches, case.tf_images_per_sec)
+            case = case.with_batches(args.num_batches)
         print(json.dumps({"images_per_sec": measure(config, case)}))
         return
 
