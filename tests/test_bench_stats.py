@@ -142,3 +142,15 @@ def test_results_files(tmp_path) -> None:  # noqa: ANN001
     assert [float(r["images_per_sec"]) for r in rows] == [123.5, 99.0]  # appended under one header
     assert rows[0]["model"] == "trivial" and "losses" not in rows[0]
     assert np.isfinite(float(rows[1]["num_steps"]))
+
+
+def test_an_mfu_above_100_percent_of_a_measured_peak_says_why():
+    from stoker.bench.report import summary_lines
+
+    base = {"mode": "training", "num_steps": 2, "images_per_sec": 10.0, "gflop_per_image": 3.0,
+            "gflop_per_image_forward": 1.0, "achieved_gflops": 30.0, "peak_gflops": 25.0}
+    measured = summary_lines({**base, "peak_source": "measured: fp32 2048x2048 matmul", "mfu": 1.2})
+    given = summary_lines({**base, "peak_source": "--peak_tflops", "mfu": 1.2})
+    normal = summary_lines({**base, "peak_source": "measured: fp32 2048x2048 matmul", "mfu": 0.5})
+    assert measured[-1].startswith("MFU: 120.0 % (above 100 %") and "--peak_tflops" in measured[-1]
+    assert given[-1] == "MFU: 120.0 %" and normal[-1] == "MFU: 50.0 %"
