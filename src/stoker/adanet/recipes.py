@@ -19,7 +19,6 @@ scikit-learn is needed here only (``pip install scikit-learn``).
 from __future__ import annotations
 
 import math
-import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ import torch
 from torch import nn
 
 from .. import data as stoker_data
+from .. import storage
 from ..config import RunConfig
 from ..estimator import Estimator as PlainEstimator
 from .autoensemble import AutoEnsembleEstimator, AutoEnsembleSubestimator
@@ -242,8 +242,8 @@ def _run_config(model_dir: Path, cfg: RecipeConfig) -> RunConfig:
 
 
 def _prepare(model_dir: Path, fresh: bool) -> None:
-    if fresh and model_dir.exists():
-        shutil.rmtree(model_dir)
+    if fresh:
+        storage.remove_tree(storage.location(model_dir))
 
 
 def member_metrics(model: EnsembleModel, head: Head, x: torch.Tensor, y: torch.Tensor) -> dict[str, dict[str, float]]:

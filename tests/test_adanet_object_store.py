@@ -1,0 +1,67 @@
+"""An AdaNet search whose model_dir is an fsspec URL (memory://, in process): the same choice
+and bitwise the same final weights as in a local directory, resumed from the store."""
+
+from __future__ import annotations
+
+import uuid
+
+import fsspec
+import torch
+
+from adanet_script import eval_input, make_data, make_search, train_input
+from stoker import storage
+
+STEPS, ITERATIONS = 8, 2
+
+
+def _search(model_dir: str):  # noqa: ANN202
+    return make_search(model_dir, steps=STEPS, iterations=ITERATIONS, run={"save_checkpoints_steps": 4, "iterations_per_loop": 4})
+
+
+def _url() -> str:
+    return f"memory://adanet/{uuid.uuid4().hex[:8]}"
+
+
+def test_search_on_memory_store_equals_local_and_resumes(tmp_path):
+    torch.set_num_threads(1)
+    x, y = make_data(48)
+    local = _search(tmp_path / "local")
+    local.train(train_input(x, y))
+    url = _url()
+    remote = _search(url)
+    remote.train(train_input(x, y), max_steps=STEPS + 4)  # stops mid iteration 1
+    assert remote.iteration_number == 1 and remote.global_step == STEPS + 4
+    assert not (tmp_path / "memory:").exists()  # nothing went to a local directory named after the URL
+    resumed = _search(url)  # a new object: everything it knows comes from the store
+    resumed.train(train_input(x, y))
+
+    assert resumed.iteration_number == local.iteration_number == ITERATIONS
+    for t in range(ITERATIONS):
+        assert resumed.architecture(t).serialize() == local.architecture(t).serialize()
+        assert resumed.selection(t) == local.selection(t)
+    mine, theirs = resumed.final_ensemble().state_dict(), local.final_ensemble().state_dict()
+    assert mine.keys() == theirs.keys()
+    for k in mine:
+        assert torch.equal(mine[k], theirs[k]), k
+    assert resumed.evaluate(eval_input(x, y)) == local.evaluate(eval_input(x, y))
+
+    fs = fsspec.filesystem("memory")
+    prefix = url.removeprefix("memory:/")
+    names = {p[len(prefix) + 1:] for p in fs.find(prefix)}
+    assert {"architecture-0.json", "architecture-1.json", "example_features.pt",
+            "iteration-0/selection.json", "iteration-1/selection.json"} <= names
+    assert "final/checkpoint.json" in names  # the index, the commit point of each chosen ensemble
+    assert any(n.startswith(f"final/ckpt-{STEPS * ITERATIONS}.") for n in names)  # its unique prefix
+    assert not any(".tmp" in n for n in names)  # no rename protocol on the store
+
+
+def test_export_to_memory_store(tmp_path):
+    torch.set_num_threads(1)
+    x, y = make_data(48)
+    est = _search(_url())
+    est.train(train_input(x, y), max_steps=STEPS)
+    out = est.export(_url() + "/export")
+    local = est.export(tmp_path / "export")
+    for name in ("model.safetensors", "architecture.json"):
+        assert storage.read_bytes(out / name) == (local / name).read_bytes()
+    assert storage.exists(out / "ensemble.pt2")
