@@ -6,6 +6,7 @@ from __future__ import annotations
 import uuid
 
 import fsspec
+import pytest
 import torch
 
 from adanet_script import eval_input, make_data, make_search, train_input
@@ -79,3 +80,27 @@ def test_search_on_s3_equals_local(s3_env, tmp_path):  # noqa: F811
     assert remote.architecture().serialize() == local.architecture().serialize()
     mine, theirs = remote.final_ensemble().state_dict(), local.final_ensemble().state_dict()
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs) and mine.keys() == theirs.keys()
+
+
+def test_cli_recipe_on_memory_store_resumes_and_fresh_deletes(capsys):
+    pytest.importorskip("sklearn")
+    import argparse
+
+    from stoker.adanet import cli
+
+    url = _url()
+    parser = argparse.ArgumentParser(prog="stoker")
+    cli.add_parser(parser.add_subparsers(dest="command"))
+    argv = ["adanet", "breast_cancer", "--model_dir", url, "--max_iterations", "1", "--max_iteration_steps", "6", "--json"]
+    args = parser.parse_args(argv)
+    assert args.func(args) == 0
+    first = capsys.readouterr().out
+    assert "iteration 0 (to step 6)" in first and storage.exists(storage.location(url) / "architecture-0.json")
+    assert not storage.exists(storage.location(url) / "architecture-1.json")
+    assert args.func(args) == 0  # resumes: the same report, nothing trained again
+    assert capsys.readouterr().out == first
+    fs = fsspec.filesystem("memory")
+    fs.pipe_file(url.removeprefix("memory:/") + "/stale.txt", b"x")
+    fresh = parser.parse_args([*argv, "--fresh"])
+    assert fresh.func(fresh) == 0  # --fresh removes the prefix first
+    assert not storage.exists(storage.location(url) / "stale.txt")
