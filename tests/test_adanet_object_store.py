@@ -104,3 +104,35 @@ def test_cli_recipe_on_memory_store_resumes_and_fresh_deletes(capsys):
     fresh = parser.parse_args([*argv, "--fresh"])
     assert fresh.func(fresh) == 0  # --fresh removes the prefix first
     assert not storage.exists(storage.location(url) / "stale.txt")
+
+
+def test_crash_before_the_commit_put_is_redone_on_the_store(tmp_path, monkeypatch):
+    """A failure after the chosen ensemble is saved and before ``architecture-0.json`` is put:
+    iteration 0 stays uncommitted on the store, and a rerun redoes its bookkeeping (saving the
+    chosen ensemble again) and ends as the uninterrupted local search."""
+    from stoker.adanet import estimator as adanet_estimator
+
+    torch.set_num_threads(1)
+    x, y = make_data(48)
+    local = _search(tmp_path / "local")
+    local.train(train_input(x, y))
+    url = _url()
+    original = adanet_estimator.write_architecture
+
+    def die(model_dir, architecture):  # noqa: ANN001, ANN202
+        raise KeyboardInterrupt("killed before the commit")
+
+    monkeypatch.setattr(adanet_estimator, "write_architecture", die)
+    with pytest.raises(KeyboardInterrupt):
+        _search(url).train(train_input(x, y))
+    assert storage.exists(storage.location(url) / "final" / "checkpoint.json")
+    assert not storage.exists(storage.location(url) / "architecture-0.json")
+    monkeypatch.setattr(adanet_estimator, "write_architecture", original)
+    resumed = _search(url)
+    assert resumed.iteration_number == 0
+    resumed.train(train_input(x, y))
+    assert resumed.architecture().serialize() == local.architecture().serialize()
+    mine, theirs = resumed.final_ensemble().state_dict(), local.final_ensemble().state_dict()
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in theirs)
+    final = [n for n in storage.listdir(storage.location(url) / "final") if n.startswith("ckpt-")]
+    assert sorted(n.split(".")[0] for n in final) == sorted([f"ckpt-{STEPS}", f"ckpt-{STEPS * ITERATIONS}"])  # the re-save replaced the first
