@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from adanet_script import eval_input, make_data, make_search, train_input
-from stoker import storage
+from stoker import adanet, storage
 from test_object_store import s3_env  # noqa: F401, F811 - the moto S3 server fixture
 
 STEPS, ITERATIONS = 8, 2
 
 
-def _search(model_dir: str):  # noqa: ANN202
-    return make_search(model_dir, steps=STEPS, iterations=ITERATIONS, run={"save_checkpoints_steps": 4, "iterations_per_loop": 4})
+def _search(model_dir: str, **kwargs: object):  # noqa: ANN202
+    return make_search(model_dir, steps=STEPS, iterations=ITERATIONS, run={"save_checkpoints_steps": 4, "iterations_per_loop": 4}, **kwargs)
 
 
 def _url() -> str:
@@ -27,14 +27,15 @@ def _url() -> str:
 def test_search_on_memory_store_equals_local_and_resumes(tmp_path):
     torch.set_num_threads(1)
     x, y = make_data(48)
-    local = _search(tmp_path / "local")
+    reports = {"report_materializer": adanet.ReportMaterializer(eval_input(x, y))}  # written at 0, read at 1
+    local = _search(tmp_path / "local", **reports)
     local.train(train_input(x, y))
     url = _url()
-    remote = _search(url)
+    remote = _search(url, **reports)
     remote.train(train_input(x, y), max_steps=STEPS + 4)  # stops mid iteration 1
     assert remote.iteration_number == 1 and remote.global_step == STEPS + 4
     assert not (tmp_path / "memory:").exists()  # nothing went to a local directory named after the URL
-    resumed = _search(url)  # a new object: everything it knows comes from the store
+    resumed = _search(url, **reports)  # a new object: everything it knows comes from the store
     resumed.train(train_input(x, y))
 
     assert resumed.iteration_number == local.iteration_number == ITERATIONS
@@ -55,6 +56,9 @@ def test_search_on_memory_store_equals_local_and_resumes(tmp_path):
     assert "final/checkpoint.json" in names  # the index, the commit point of each chosen ensemble
     assert any(n.startswith(f"final/ckpt-{STEPS * ITERATIONS}.") for n in names)  # its unique prefix
     assert not any(".tmp" in n for n in names)  # no rename protocol on the store
+    for t in range(ITERATIONS):
+        name = f"report/iteration-{t}.json"
+        assert fs.cat_file(f"{prefix}/{name}") == (tmp_path / "local" / name).read_bytes()
 
 
 def test_export_to_memory_store(tmp_path):
