@@ -11,7 +11,6 @@ import torch
 
 from adanet_script import eval_input, make_data, make_search, train_input
 from stoker import adanet, storage
-from test_object_store import s3_env  # noqa: F401, F811 - the moto S3 server fixture
 
 STEPS, ITERATIONS = 8, 2
 
@@ -71,19 +70,6 @@ def test_export_to_memory_store(tmp_path):
     for name in ("model.safetensors", "architecture.json"):
         assert storage.read_bytes(out / name) == (local / name).read_bytes()
     assert storage.exists(out / "ensemble.pt2")
-
-
-def test_search_on_s3_equals_local(s3_env, tmp_path):  # noqa: F811
-    """The same search on a real S3-protocol server (moto): conditional index writes, ETags."""
-    torch.set_num_threads(1)
-    x, y = make_data(48)
-    local = _search(tmp_path / "local")
-    local.train(train_input(x, y))
-    remote = _search(f"s3://bucket/adanet-{uuid.uuid4().hex[:8]}")
-    remote.train(train_input(x, y))
-    assert remote.architecture().serialize() == local.architecture().serialize()
-    mine, theirs = remote.final_ensemble().state_dict(), local.final_ensemble().state_dict()
-    assert all(torch.equal(mine[k], theirs[k]) for k in theirs) and mine.keys() == theirs.keys()
 
 
 def test_cli_recipe_on_memory_store_resumes_and_fresh_deletes(capsys):
