@@ -308,3 +308,22 @@ def test_watching_evaluator_on_a_memory_store():
     index = CheckpointManager(url, writer=False).index()
     assert all(r["metrics"] for r in index["checkpoints"]) and index["best"] is not None
     assert "metrics.csv" in storage.listdir(location(url) / "eval")  # the scalars reach the store
+
+
+def test_adanet_search_on_s3_equals_local(s3_env, tmp_path):
+    """An AdaNet search on a real S3-protocol server (moto) equals the local one: conditional
+    index writes, ETags (the memory:// cases are in tests/test_adanet_object_store.py)."""
+    from adanet_script import make_data as adanet_data
+    from adanet_script import train_input as adanet_input
+    from test_adanet_object_store import _search as _adanet_search
+
+    torch.set_num_threads(1)
+    x, y = adanet_data(48)
+    local = _adanet_search(tmp_path / "local")
+    local.train(adanet_input(x, y))
+    remote = _adanet_search(f"s3://bucket/adanet-{uuid.uuid4().hex[:8]}")
+    remote.train(adanet_input(x, y))
+    assert remote.architecture().serialize() == local.architecture().serialize()
+    mine, theirs = remote.final_ensemble().state_dict(), local.final_ensemble().state_dict()
+    assert all(torch.equal(mine[k], theirs[k]) for k in theirs) and mine.keys() == theirs.keys()
+

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from . import storage
 from .errors import CheckpointError
 
 
@@ -17,10 +18,11 @@ def add_parser(subparsers: Any) -> None:
         "consolidate",
         help="write one model.safetensors from a sharded checkpoint's dcp/ directory",
         description="Gather a sharded (FSDP2) checkpoint's weight slices into one model.safetensors, "
-        "readable without stoker. PATH is a model_dir (its newest checkpoint) or a ckpt-<step> directory.",
+        "readable without stoker. PATH is a model_dir (its newest checkpoint) or a ckpt-<step> directory, "
+        "a local path or an fsspec URL (s3://, gs://, memory://).",
     )
-    cons.add_argument("path", help="model_dir or ckpt-<step> directory")
-    cons.add_argument("--out", help="output file (default: PATH's checkpoint directory/model.safetensors)")
+    cons.add_argument("path", help="model_dir or ckpt-<step> directory (local path or fsspec URL)")
+    cons.add_argument("--out", help="output file, local path or URL (default: PATH's checkpoint directory/model.safetensors)")
     cons.set_defaults(func=_consolidate)
 
 
@@ -35,13 +37,17 @@ def _consolidate(args: argparse.Namespace) -> int:
     except CheckpointError as e:
         print(f"stoker checkpoint consolidate: {e}")
         return 1
-    if ckpt is None or not (ckpt / DCP_DIR).is_dir():
+    if ckpt is None or not storage.is_dir(ckpt / DCP_DIR):
         print(f"stoker checkpoint consolidate: {ckpt or args.path} is not a sharded checkpoint (no {DCP_DIR}/ directory)")
         return 1
     weights = consolidate(ckpt / DCP_DIR)
-    out = Path(args.out) if args.out else ckpt / "model.safetensors"
-    tmp = out.with_name(out.name + ".tmp")
-    safetensors.torch.save_file({k: v.contiguous() for k, v in weights.items()}, str(tmp), metadata={"format": "pt"})
-    tmp.replace(out)
+    out = storage.location(args.out) if args.out else ckpt / "model.safetensors"
+    tensors = {k: v.contiguous() for k, v in weights.items()}
+    if isinstance(out, Path):
+        tmp = out.with_name(out.name + ".tmp")
+        safetensors.torch.save_file(tensors, str(tmp), metadata={"format": "pt"})
+        tmp.replace(out)
+    else:  # one whole-object PUT: readers see all of it or none (no rename on an object store)
+        storage.write_all([(out, safetensors.torch.save(tensors, metadata={"format": "pt"}))])
     print(f"wrote {out} ({len(weights)} tensors, {sum(v.numel() for v in weights.values()):,} values)")
     return 0

@@ -20,7 +20,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import storage
 from .checkpoint import INDEX_NAME, CheckpointManager
+from .checkpoint_files import record_dir
 from .errors import StokerError
 from .run_spec import RUN_SPEC_FILE  # a light module: no torch.export, no recipe
 from .summary import CSV_NAME, read_metrics_csv
@@ -37,12 +39,13 @@ class InspectError(StokerError):
 def inspect_run(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
     """What ``model_dir`` holds: checkpoints (step, time, bytes, eval metrics, latest / best),
     the newest value of every tag in ``metrics.csv``, and the run spec if there is one."""
-    root = Path(model_dir)
-    if not root.is_dir():
+    root = storage.location(model_dir)  # a local directory or an fsspec URL
+    if not storage.is_dir(root):
         raise InspectError(f"{root} is not a directory")
-    has_index, has_csv = (root / INDEX_NAME).exists(), (root / CSV_NAME).exists()
+    has_index, has_csv = storage.exists(root / INDEX_NAME), storage.exists(root / CSV_NAME)
     spec_path = root / RUN_SPEC_FILE
-    if not (has_index or has_csv or spec_path.exists()):
+    has_spec = storage.exists(spec_path)
+    if not (has_index or has_csv or has_spec):
         raise InspectError(f"{root} is not a stoker model_dir: it has no {INDEX_NAME}, {CSV_NAME} or {RUN_SPEC_FILE}")
     index = CheckpointManager(root, writer=False).index() if has_index else {"latest": None, "best": None, "checkpoints": []}
     best = index.get("best")
@@ -55,7 +58,7 @@ def inspect_run(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
             "metrics": rec.get("metrics") or {},
             "latest": rec["name"] == index.get("latest"),
             "best": best is not None and rec["name"] == best.get("name"),
-            "present": (root / rec["name"]).is_dir(),
+            "present": storage.is_dir(root / record_dir(rec)),  # on an object store: its unique prefix
         }
         for rec in index.get("checkpoints", [])
     ]
@@ -64,10 +67,10 @@ def inspect_run(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
     for row in rows:  # the CSV is in write order, so the last row of a tag is its newest value
         latest_values[row["tag"]] = {"step": row["step"], "value": row["value"], "wall_time": row["wall_time"]}
     spec = None
-    if spec_path.exists():
+    if has_spec:
         try:
-            spec = json.loads(spec_path.read_text())
-        except (OSError, json.JSONDecodeError) as e:
+            spec = json.loads(storage.read_bytes(spec_path))
+        except (OSError, StokerError, json.JSONDecodeError) as e:
             spec = {"error": f"unreadable: {e}"}
     return {
         "model_dir": str(root),

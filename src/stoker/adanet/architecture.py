@@ -9,7 +9,8 @@ One JSON object, keys sorted (``json.dumps(..., sort_keys=True)``), e.g.::
 ``subnetworks`` lists the ensemble's members oldest first; ``replay_indices`` the candidate
 index chosen at every iteration up to ``t``; ``global_step`` the step iteration ``t`` ended at.
 The file is written atomically and is the commit point of the iteration: once it exists,
-iteration ``t`` is done.
+iteration ``t`` is done. In a local directory it is renamed into place; on an object store
+(``model_dir`` an fsspec URL) it is one whole-object PUT, which readers see entirely or not at all.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ import os
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .. import storage
+from ..errors import StorageError
+from ..storage import Location
 
 __all__ = ["Architecture", "architecture_path", "read_architecture", "write_architecture"]
 
@@ -64,39 +69,48 @@ class Architecture:
         return [n for t, n in self.subnetworks if t == iteration_number]
 
 
-def architecture_path(model_dir: str | os.PathLike[str], iteration_number: int) -> Path:
-    return Path(model_dir) / f"architecture-{iteration_number}.json"
+def architecture_path(model_dir: str | os.PathLike[str] | Location, iteration_number: int) -> Location:
+    return storage.location(model_dir) / f"architecture-{iteration_number}.json"
 
 
-def read_architecture(model_dir: str | os.PathLike[str], iteration_number: int) -> Architecture:
+def read_architecture(model_dir: str | os.PathLike[str] | Location, iteration_number: int) -> Architecture:
     path = architecture_path(model_dir, iteration_number)
     try:
-        return Architecture.deserialize(path.read_text())
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        return Architecture.deserialize(read_text(path))
+    except (OSError, ValueError, KeyError, TypeError, StorageError) as e:
         raise ValueError(f"{path} is missing or unreadable ({e}); it records iteration {iteration_number}'s ensemble") from e
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary name, fsync, rename into place (a crash leaves the old
-    file or the new one, never half of one)."""
+def read_text(path: Location) -> str:
+    """``path``'s text, local or on an object store."""
+    return path.read_text() if isinstance(path, Path) else storage.read_bytes(path).decode()
+
+
+def atomic_write_bytes(path: Location, data: bytes) -> None:
+    """Write ``data`` so that a crash leaves the old file or the new one, never half of one.
+
+    Locally: a temporary name, fsync, rename into place, fsync the directory. On an object
+    store one PUT is already all-or-nothing (no rename exists there), so it is written directly.
+    """
+    if not isinstance(path, Path):
+        storage.write_all([(path, data)])
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
+    with open(tmp, "wb") as f:
+        f.write(data)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    try:
-        fd = os.open(path.parent, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    storage.fsync_dir(path.parent)
 
 
-def write_architecture(model_dir: str | os.PathLike[str], architecture: Architecture) -> Path:
+def atomic_write_text(path: Location, text: str) -> None:
+    """:func:`atomic_write_bytes` of ``text`` (UTF-8)."""
+    atomic_write_bytes(path, text.encode())
+
+
+def write_architecture(model_dir: str | os.PathLike[str] | Location, architecture: Architecture) -> Location:
     path = architecture_path(model_dir, architecture.iteration_number)
     atomic_write_text(path, architecture.serialize())
     return path

@@ -18,6 +18,7 @@ import io
 import json
 import logging
 import os
+import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ import safetensors.torch
 import torch
 from torch import nn
 
+from .. import storage
 from ..checkpoint import CheckpointManager
 from ..config import RunConfig
 from ..data._tree import tree_map
@@ -38,8 +40,10 @@ from ..spec import EstimatorSpec, ModeKeys
 from .architecture import (
     Architecture,
     architecture_path,
+    atomic_write_bytes,
     atomic_write_text,
     read_architecture,
+    read_text,
     write_architecture,
 )
 from .ensemble import ComplexityRegularizedEnsembler, Ensembler
@@ -190,8 +194,8 @@ class Estimator:
         self.train_batch_size = train_batch_size
         self.eval_batch_size = eval_batch_size or train_batch_size
         self.predict_batch_size = predict_batch_size or self.eval_batch_size
-        self.model_dir = Path(config.model_dir)
-        self.report_dir = Path(report_dir) if report_dir else self.model_dir / "report"
+        self.model_dir = storage.location(config.model_dir)  # a local Path or an fsspec URL (UrlPath)
+        self.report_dir = storage.location(report_dir) if report_dir else self.model_dir / "report"
         self.history: list[dict[str, Any]] = []  # one entry per iteration finished by this object
         self._space = SearchSpace(
             head=head,
@@ -208,7 +212,7 @@ class Estimator:
     def iteration_number(self) -> int:
         """How many iterations have finished (= the number of the next one)."""
         t = 0
-        while architecture_path(self.model_dir, t).exists():
+        while storage.exists(architecture_path(self.model_dir, t)):
             t += 1
         return t
 
@@ -221,7 +225,7 @@ class Estimator:
 
     def selection(self, iteration_number: int) -> dict[str, Any]:
         """What was compared and chosen at ``iteration_number`` (``iteration-<t>/selection.json``)."""
-        return json.loads((self.model_dir / f"iteration-{iteration_number}" / "selection.json").read_text())
+        return json.loads(read_text(self.model_dir / f"iteration-{iteration_number}" / "selection.json"))
 
     def _chosen_adanet_loss(self, iteration_number: int) -> float:
         """The moving average of ``adanet_loss`` that iteration ``t``'s chosen ensemble ended
@@ -241,8 +245,8 @@ class Estimator:
     def _example_features(self, input_fn: InputFn | None) -> Any:
         """The example batch every build uses (saved once, so every rebuild sees the same)."""
         path = self.model_dir / EXAMPLE_FEATURES
-        if path.exists():
-            return torch.load(path, map_location="cpu", weights_only=True)
+        if storage.exists(path):
+            return torch.load(io.BytesIO(storage.read_bytes(path)), map_location="cpu", weights_only=True)
         if input_fn is None:
             raise CheckpointError(f"{path} is missing: train first (it is written by the first train call)")
         params = dict(self.params, batch_size=self.train_batch_size or EXAMPLE_ROWS, num_replicas=1, replica_index=0, cache=None)
@@ -371,7 +375,7 @@ class Estimator:
         ensemble = self._space.rebuild(arch.iteration_number, features, step, training=False)
         return self._space.load(ensemble, arch.global_step).to(device).eval()
 
-    def _final_estimator(self) -> tuple[PlainEstimator, Path]:
+    def _final_estimator(self) -> tuple[PlainEstimator, storage.Location]:
         arch = self.architecture()
         est = PlainEstimator(
             model=lambda params: self.final_ensemble(est.strategy.device),
@@ -397,28 +401,32 @@ class Estimator:
         est, ckpt = self._final_estimator()
         return est.predict(input_fn, checkpoint_path=ckpt, yield_single_examples=yield_single_examples)
 
-    def export(self, directory: str | os.PathLike[str], example_features: Any = None) -> Path:
+    def export(self, directory: str | os.PathLike[str], example_features: Any = None) -> storage.Location:
         """Write the final ensemble as a ``torch.export`` program (``ensemble.pt2``, any batch
         size), its weights (``model.safetensors``) and its ``architecture.json``; returns
-        ``directory``. ``example_features`` default to the run's saved example batch."""
-        out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
+        ``directory`` (a local path or an fsspec URL). ``example_features`` default to the run's
+        saved example batch."""
+        out = storage.location(directory)
         model = self.final_ensemble()
         features = example_features if example_features is not None else self._example_features(None)
-        _export_ensemble(model, features, out)
+        if isinstance(out, Path):
+            out.mkdir(parents=True, exist_ok=True)
+            _export_ensemble(model, features, out)
+        else:  # torch.export and safetensors write real files: build them locally, then upload
+            with tempfile.TemporaryDirectory(prefix="stoker-export-") as tmp:
+                _export_ensemble(model, features, Path(tmp))
+                storage.write_all([(out / name, (Path(tmp) / name).read_bytes()) for name in ("ensemble.pt2", "model.safetensors")])
         atomic_write_text(out / "architecture.json", self.architecture().serialize())
         return out
 
 
-def _save_example_features(path: Path, features: Any) -> Any:
-    """The first ``EXAMPLE_ROWS`` rows of ``features``, written to ``path`` (atomically)."""
+def _save_example_features(path: storage.Location, features: Any) -> Any:
+    """The first ``EXAMPLE_ROWS`` rows of ``features``, written to ``path`` (atomically;
+    replicas write the same bytes, each through its own temporary name)."""
     example = tree_map(lambda t: t[:EXAMPLE_ROWS].clone(), features)
     buf = io.BytesIO()
     torch.save(example, buf)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # replicas write the same bytes; each its own temp file
-    tmp.write_bytes(buf.getvalue())
-    os.replace(tmp, path)
+    atomic_write_bytes(path, buf.getvalue())
     return example
 
 

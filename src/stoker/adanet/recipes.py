@@ -19,11 +19,9 @@ scikit-learn is needed here only (``pip install scikit-learn``).
 from __future__ import annotations
 
 import math
-import shutil
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -31,6 +29,7 @@ import torch
 from torch import nn
 
 from .. import data as stoker_data
+from .. import storage
 from ..config import RunConfig
 from ..estimator import Estimator as PlainEstimator
 from .autoensemble import AutoEnsembleEstimator, AutoEnsembleSubestimator
@@ -234,16 +233,16 @@ class CNNGenerator(Generator):
 
 
 # ====================================================================== running and reporting
-def _run_config(model_dir: Path, cfg: RecipeConfig) -> RunConfig:
+def _run_config(model_dir: storage.Location, cfg: RecipeConfig) -> RunConfig:
     return RunConfig(
         model_dir=str(model_dir), seed=cfg.seed, iterations_per_loop=50, save_checkpoints_steps=cfg.max_iteration_steps,
         keep_checkpoint_max=1, log_every_n_steps=10**6, progress_bar=False, summaries=False,
     )
 
 
-def _prepare(model_dir: Path, fresh: bool) -> None:
-    if fresh and model_dir.exists():
-        shutil.rmtree(model_dir)
+def _prepare(model_dir: storage.Location, fresh: bool) -> None:
+    if fresh:
+        storage.remove_tree(model_dir)
 
 
 def member_metrics(model: EnsembleModel, head: Head, x: torch.Tensor, y: torch.Tensor) -> dict[str, dict[str, float]]:
@@ -310,7 +309,7 @@ def run_digits(cfg: RecipeConfig, which: Sequence[str] = ("linear", "dnn", "cnn"
     """Linear baseline, simple_dnn AdaNet and tiny-CNN AdaNet on digits; held-out accuracy."""
     (x, y), test = load_split("digits", seed=cfg.seed)
     head = MultiClassHead(10)
-    root = Path(cfg.model_dir)
+    root = storage.location(cfg.model_dir)  # a local path or an fsspec URL
     _prepare(root, cfg.fresh)
     results: dict[str, Any] = {}
     total_steps = cfg.max_iterations * cfg.max_iteration_steps
@@ -356,7 +355,7 @@ def run_diabetes(cfg: RecipeConfig, lambdas: Sequence[float] = (0.0, 0.01, 0.1, 
     """simple_dnn AdaNet on diabetes (standardised target) for each ``adanet_lambda``."""
     (x, y), test = load_split("diabetes", seed=cfg.seed)
     head = RegressionHead()
-    root = Path(cfg.model_dir)
+    root = storage.location(cfg.model_dir)  # a local path or an fsspec URL
     _prepare(root, cfg.fresh)
     results: dict[str, Any] = {}
     for lam in lambdas:
@@ -382,7 +381,7 @@ def run_breast_cancer(cfg: RecipeConfig) -> dict[str, Any]:
     """AutoEnsemble of a logistic regression and a DNN on breast_cancer."""
     (x, y), test = load_split("breast_cancer", seed=cfg.seed)
     head = BinaryClassHead()
-    root = Path(cfg.model_dir)
+    root = storage.location(cfg.model_dir)  # a local path or an fsspec URL
     _prepare(root, cfg.fresh)
     lr = cfg.learning_rate
 

@@ -25,9 +25,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..checkpoint import check_state_fits, load_checkpoint
+from .. import storage
+from ..checkpoint import CheckpointManager, check_state_fits, load_checkpoint
+from ..checkpoint_files import record_dir
 from ..rng import rng_state, seed_everything, set_rng_state
-from .architecture import Architecture, read_architecture
+from ..storage import Location
+from .architecture import Architecture, read_architecture, read_text
 from .ensemble import Ensemble, Ensembler, Member, WeightedSubnetwork, subnetwork_key
 from .heads import Head, MetricFn
 from .iteration import CandidateRecord, EnsembleModel, IterationModel
@@ -59,8 +62,17 @@ def seeded(seed: int, *parts: object) -> Iterator[None]:
         set_rng_state(saved)
 
 
-def final_checkpoint(model_dir: Path, global_step: int) -> Path:
-    return model_dir / FINAL_DIR / f"ckpt-{global_step}"
+def final_checkpoint(model_dir: Location, global_step: int) -> Location:
+    """The checkpoint of the ensemble chosen at ``global_step``: ``final/ckpt-<step>`` locally;
+    on an object store the unique prefix that ``final/checkpoint.json`` (the commit point)
+    names for that step."""
+    final = model_dir / FINAL_DIR
+    if isinstance(final, Path):
+        return final / f"ckpt-{global_step}"
+    for rec in CheckpointManager(final, writer=False).records():
+        if int(rec["step"]) == global_step:
+            return final / record_dir(rec)
+    return final / f"ckpt-{global_step}"  # not committed: reported missing by the caller
 
 
 @dataclass(eq=False)
@@ -72,8 +84,8 @@ class SearchSpace:
     strategies: Sequence[Strategy]
     ensemblers: Sequence[Ensembler]
     seed: int
-    model_dir: Path
-    report_dir: Path | None  # None: no report materializer, generators get empty reports
+    model_dir: Location  # a local Path or an fsspec URL
+    report_dir: Location | None  # None: no report materializer, generators get empty reports
 
     # ------------------------------------------------------------------ pieces
     def reports_before(self, iteration_number: int) -> tuple[list[MaterializedReport], list[MaterializedReport]]:
@@ -85,9 +97,9 @@ class SearchSpace:
         every: list[MaterializedReport] = []
         for i in range(iteration_number):
             path = self.report_dir / REPORT_FILE.format(i)
-            if not path.exists():
+            if not storage.exists(path):
                 raise ValueError(f"{path} is missing: the report of iteration {i}, which the generator of iteration {iteration_number} receives")
-            reports = [MaterializedReport.from_dict(d) for d in json.loads(path.read_text())]
+            reports = [MaterializedReport.from_dict(d) for d in json.loads(read_text(path))]
             every.extend(reports)
             chosen.extend(r for r in reports if r.included_in_final_ensemble)
         return chosen, every
@@ -236,7 +248,7 @@ class SearchSpace:
     def load(self, ensemble: Ensemble, global_step: int) -> EnsembleModel:
         """Load the weights saved for ``ensemble`` at ``global_step`` into its modules."""
         path = final_checkpoint(self.model_dir, global_step)
-        if not path.is_dir():
+        if not storage.is_dir(path):
             raise ValueError(f"{path} is missing: it holds the weights of the ensemble chosen at step {global_step}")
         state = load_checkpoint(path).model_state or {}
         model = EnsembleModel(ensemble)
