@@ -19,6 +19,7 @@ imports stoker's own (``stoker.recipes.charlm`` for ``charlm``, ``stoker.bench.r
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -88,20 +89,25 @@ def register_run_spec(kind: str) -> Callable[[_B], _B]:
     same function again (a module imported twice) is not."""
 
     def register(builder: _B) -> _B:
-        known = RUN_SPEC_BUILDERS.get(kind)
-        if known is not None and _qualified(known) != _qualified(builder):
-            raise ValueError(f"run_spec kind {kind!r} is already registered to {_qualified(known)}; "
-                             f"cannot register {_qualified(builder)} too")
-        RUN_SPEC_BUILDERS[kind] = builder
+        _register(RUN_SPEC_BUILDERS, kind, builder, f"run_spec kind {kind!r}")
         return builder
 
     return register
+
+
+def _register(table: dict[str, Any], kind: str, builder: Callable[..., Any], what: str) -> None:
+    """``table[kind] = builder``, refusing a second, different function for ``kind``."""
+    known = table.get(kind)
+    if known is not None and _qualified(known) != _qualified(builder):
+        raise ValueError(f"{what} is already registered to {_qualified(known)}; cannot register {_qualified(builder)} too")
+    table[kind] = builder
 
 
 #: ``eval_input(spec, model_dir) -> (input_fn, steps)``: a kind's held-out data and the batches
 #: per evaluation (``None``: all of it), for ``stoker evaluate`` and its ``--watch``
 EvalInputBuilder = Callable[[Mapping[str, Any], str | os.PathLike[str]], tuple[Callable[[dict[str, Any]], Any], int | None]]
 _E = TypeVar("_E", bound=EvalInputBuilder)
+_C = TypeVar("_C")
 
 #: run_spec kind -> the builder of its evaluation input; filled by :func:`register_eval_input`
 EVAL_INPUT_BUILDERS: dict[str, EvalInputBuilder] = {}
@@ -113,11 +119,7 @@ def register_eval_input(kind: str) -> Callable[[_E], _E]:
     :func:`register_run_spec`)."""
 
     def register(builder: _E) -> _E:
-        known = EVAL_INPUT_BUILDERS.get(kind)
-        if known is not None and _qualified(known) != _qualified(builder):
-            raise ValueError(f"eval input of run_spec kind {kind!r} is already registered to {_qualified(known)}; "
-                             f"cannot register {_qualified(builder)} too")
-        EVAL_INPUT_BUILDERS[kind] = builder
+        _register(EVAL_INPUT_BUILDERS, kind, builder, f"eval input of run_spec kind {kind!r}")
         return builder
 
     return register
@@ -133,6 +135,17 @@ def eval_input_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLi
             "(stoker.run_spec.register_eval_input). Evaluate from Python with Estimator.evaluate_continuously"
         )
     return builder(spec, model_dir)
+
+
+def recipe_config(config_cls: type[_C], spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> _C:
+    """A recipe's config dataclass from a ``run_spec.json`` it wrote: the saved ``config`` with
+    ``params`` over it and ``model_dir`` set to where the spec was read; keys the class does not
+    have (a newer or older writer's) are ignored."""
+    known = {f.name for f in dataclasses.fields(config_cls)}  # type: ignore[arg-type]
+    saved = {k: v for k, v in (spec.get("config") or {}).items() if k in known}
+    config = config_cls(**saved)
+    return dataclasses.replace(  # type: ignore[type-var]
+        config, model_dir=os.fspath(model_dir), **{k: v for k, v in spec["params"].items() if k in known})
 
 
 def run_spec_builder(kind: str) -> RunSpecBuilder:

@@ -49,7 +49,7 @@ from ..errors import StokerError
 from ..estimator import Estimator
 from ..metrics import Mean
 from ..recompute import select_modules
-from ..run_spec import register_eval_input, register_run_spec, write_run_spec
+from ..run_spec import recipe_config, register_eval_input, register_run_spec, write_run_spec
 from ..spec import EstimatorSpec, ModeKeys
 
 MASK_ID = 256  # bytes are 0..255
@@ -440,10 +440,7 @@ def train_bert(config: BertConfig | None = None, **overrides: Any) -> dict[str, 
 
 
 def _config_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> BertConfig:
-    saved = dict(spec.get("config") or {})
-    known = {f.name for f in dataclasses.fields(BertConfig)}
-    config = BertConfig(**{k: v for k, v in saved.items() if k in known})
-    return dataclasses.replace(config, model_dir=os.fspath(model_dir), **{k: v for k, v in spec["params"].items() if k in known})
+    return recipe_config(BertConfig, spec, model_dir)
 
 
 @register_run_spec(RUN_SPEC_KIND)

@@ -46,7 +46,7 @@ from ..errors import StokerError
 from ..estimator import Estimator
 from ..hooks import Hook, LoggingHook
 from ..metrics import Metric
-from ..run_spec import register_eval_input, register_run_spec, write_run_spec
+from ..run_spec import recipe_config, register_eval_input, register_run_spec, write_run_spec
 from ..spec import EstimatorSpec, ModeKeys
 
 log = logging.getLogger("stoker")
@@ -384,10 +384,7 @@ def train_charlm(config: CharLMConfig | None = None, *, hooks: Sequence[Hook] = 
 
 
 def _config_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> CharLMConfig:
-    saved = dict(spec.get("config") or {})
-    known = {f.name for f in dataclasses.fields(CharLMConfig)}
-    config = CharLMConfig(**{k: v for k, v in saved.items() if k in known})
-    return dataclasses.replace(config, model_dir=os.fspath(model_dir), **{k: v for k, v in spec["params"].items() if k in known})
+    return recipe_config(CharLMConfig, spec, model_dir)
 
 
 @register_run_spec(RUN_SPEC_KIND)
