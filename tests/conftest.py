@@ -121,3 +121,15 @@ def launch_replicas(script: Path, nproc: int, *args: str) -> list[subprocess.Pop
         procs.append(subprocess.Popen([PYTHON, str(script), *args], env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     return procs
+
+
+def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """``stoker`` with ``args`` in this process: its exit code, stdout and stderr."""
+    from stoker.cli import main
+
+    try:
+        code = main(list(args))
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -12,9 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import PYTHON, ROOT, python_env
+from conftest import PYTHON, ROOT, python_env, run_main
 from stoker.bench import BenchConfig, run_benchmark
-from stoker.cli import main
 from stoker.models import DATASETS, list_models
 
 STEP_RE = re.compile(r"(\d+)\timages/sec: ([\d.]+) \+/- ([\d.]+) \(jitter = ([\d.]+)\)\t([\d.]+)")
@@ -30,14 +29,6 @@ def stoker(*args: str, env: dict[str, str] | None = None) -> subprocess.Complete
     return subprocess.run([PYTHON, "-m", "stoker", *args], capture_output=True, text=True, cwd=ROOT,
                           env={**python_env(), **(env or {})}, timeout=120)
 
-
-def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(args))
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def test_training_output_format_and_results_file(tmp_path: Path) -> None:

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import PYTHON, ROOT, python_env
+from conftest import PYTHON, ROOT, python_env, run_main
 from stoker.bench.cli import config_from_args
 from stoker.bench.config import BenchConfig
 from stoker.bench.flags import BY_NAME, NOTED, TABLE
-from stoker.cli import build_parser, main
+from stoker.cli import build_parser
 
 SEED_FLAGS = ROOT / "tests" / "data" / "tf_cnn_benchmarks_flags.txt"
 # Seed flags implemented under another BenchConfig field.
@@ -39,14 +39,6 @@ def bench_parser() -> argparse.ArgumentParser:
 def parse(*flags: str) -> BenchConfig:
     return config_from_args(bench_parser().parse_args(list(flags)))
 
-
-def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(args))
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 # ---------------------------------------------------------------------------- coverage

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from stoker.cli import main
+from conftest import run_main
 from stoker.models import get_model_info
 
 TOTAL_RE = re.compile(r"total images/sec: ([\d.]+)")
@@ -16,14 +16,6 @@ STEP_RE = re.compile(r"^2\timages/sec: [\d.]+ \+/- [\d.]+ \(jitter = [\d.]+\)\t(
 TINY = ["bench", "--num_batches=2", "--batch_size=2", "--num_warmup_batches=0", "--display_every=1",
         "--peak_tflops=1", "--device=cpu"]
 
-
-def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    try:
-        code = main(list(args))
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def assert_ran(code: int, out: str, err: str, model: str, dataset: str) -> float:
