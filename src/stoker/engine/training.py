@@ -46,7 +46,7 @@ def default_hooks(config: RunConfig) -> list[Hook]:
     hooks: list[Hook] = [NanLossHook()]
     if config.log_every_n_steps is not None:
         hooks += [StepCounterHook(config.log_every_n_steps), LoggingHook(config.log_every_n_steps)]
-    if config.progress_bar:
+    if config.progress_bar and ProgressBarHook.would_show():
         hooks.append(ProgressBarHook())
     if config.model_dir and config.mlperf_log:
         hooks.append(MLPerfLogHook())
@@ -191,7 +191,8 @@ class TrainingRun:
             max_steps=max_steps,
             global_batch_size=self.inputs.train_batch_size,
             is_chief=self.strategy.is_chief,
-            _any_replica=self.strategy.any_replica,
+            # alone, agreeing is the flag itself: hooks call this every loop
+            _any_replica=self.strategy.any_replica if self.strategy.world_size > 1 else bool,
             last_checkpoint=state.latest_checkpoint(),
             last_checkpoint_step=state.checkpoints.latest_step() if state.checkpoints else None,
         )

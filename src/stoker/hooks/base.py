@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("stoker")
 
 
-@dataclass
+@dataclass(slots=True)
 class LoopResult:
     """What one device loop did, read on the host once at its end.
 
@@ -165,6 +165,10 @@ class HookRunner:
             for event in _EVENTS
         }
 
+        # The per-loop events, kept as attributes: with iterations_per_loop=1 they run every step.
+        self._before_loop = self._by_event["before_loop"]
+        self._after_loop = self._by_event["after_loop"]
+
     def _call(self, event: str, *args: Any) -> None:
         for fn in self._by_event[event]:
             fn(*args)
@@ -176,10 +180,12 @@ class HookRunner:
         self._call("after_setup", run)
 
     def before_loop(self, run: RunContext, steps: int) -> None:
-        self._call("before_loop", run, steps)
+        for fn in self._before_loop:
+            fn(run, steps)
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
-        self._call("after_loop", run, result)
+        for fn in self._after_loop:
+            fn(run, result)
 
     def end(self, run: RunContext) -> None:
         self._call("end", run)
@@ -204,6 +210,41 @@ class HookRunner:
         for key, h in zip(self._keys, self.hooks, strict=True):
             if key in states:
                 h.load_state_dict(states[key])
+
+
+class IntervalMeans:
+    """Running sums of the loss and ``host_call`` values of the steps since the last report
+    (sums, not lists: memory stays flat however long the interval)."""
+
+    __slots__ = ("loss_sum", "loss_n", "values")
+
+    def __init__(self) -> None:
+        self.loss_sum = 0.0
+        self.loss_n = 0
+        self.values: dict[str, list[float]] = {}  # name -> [sum, count, last]
+
+    def add(self, result: LoopResult, names: Sequence[str] | None = None) -> None:
+        """Add one loop's values (only those in ``names``, if given)."""
+        losses = result.losses
+        self.loss_sum += losses[0] if len(losses) == 1 else sum(losses)
+        self.loss_n += len(losses)
+        values = self.values
+        for name, vals in result.values.items():
+            if vals and (names is None or name in names):
+                acc = values.get(name)
+                if acc is None:
+                    acc = values[name] = [0.0, 0, 0.0]
+                acc[0] += vals[0] if len(vals) == 1 else sum(vals)
+                acc[1] += len(vals)
+                acc[2] = vals[-1]
+
+    def means(self) -> dict[str, float]:
+        """The mean of each value over the interval (``learning_rate``: its last value)."""
+        return {name: last if name == "learning_rate" else total / count for name, (total, count, last) in self.values.items()}
+
+    def clear(self) -> None:
+        self.loss_sum, self.loss_n = 0.0, 0
+        self.values.clear()
 
 
 def every_n_steps_due(last: int, step: int, n: int) -> bool:

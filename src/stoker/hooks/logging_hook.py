@@ -6,7 +6,7 @@ import logging
 import math
 from collections.abc import Sequence
 
-from .base import Hook, LoopResult, RunContext, every_n_steps_due
+from .base import Hook, IntervalMeans, LoopResult, RunContext
 
 log = logging.getLogger("stoker")
 
@@ -33,47 +33,56 @@ class LoggingHook(Hook):
         self.language_model = language_model
         self.logger = logger or log
         self._last_step = 0
-        # running sums, not lists: memory stays flat however long the interval
-        self._loss_sum, self._loss_n = 0.0, 0
-        self._values: dict[str, list[float]] = {}  # name -> [sum, count, last]
-        self.last_line = ""
+        self._next_due = every_n_steps
+        self._means = IntervalMeans()
+        self._pending: tuple[int, float, dict[str, float], tuple[float, float, float] | None] | None = None
+        self._line: str | None = ""
 
     def after_setup(self, run: RunContext) -> None:
-        self._last_step = run.global_step
+        self._mark(run.global_step)
+
+    def _mark(self, step: int) -> None:
+        self._last_step = step
+        self._next_due = (step // self.every_n_steps + 1) * self.every_n_steps  # every_n_steps_due, precomputed
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
-        self._loss_sum += sum(result.losses)
-        self._loss_n += len(result.losses)
-        for name, vals in result.values.items():
-            if vals and (self.names is None or name in self.names):
-                acc = self._values.setdefault(name, [0.0, 0, 0.0])
-                acc[0] += sum(vals)
-                acc[1] += len(vals)
-                acc[2] = vals[-1]
-        if every_n_steps_due(self._last_step, run.global_step, self.every_n_steps):
+        self._means.add(result, self.names)
+        if run.global_step >= self._next_due:
             self._log(run)
 
     def end(self, run: RunContext) -> None:
-        if self._loss_n:  # the steps after the last interval boundary
+        if self._means.loss_n:  # the steps after the last interval boundary
             self._log(run)
 
     def _log(self, run: RunContext) -> None:
-        if not self._loss_n:
+        means = self._means
+        if not means.loss_n:
             return
-        loss = self._loss_sum / self._loss_n
-        parts = [f"step {run.global_step}", f"loss = {loss:.4f}"]
+        logs = run.logs
+        rates = (logs["steps_per_sec"], logs["examples_per_sec"], logs["input_wait_fraction"]) if "steps_per_sec" in logs else None
+        self._pending = (run.global_step, means.loss_sum / means.loss_n, means.means(), rates)
+        self._line = None
+        if run.is_chief and self.logger.isEnabledFor(logging.INFO):
+            self.logger.info(self.last_line)
+        self._mark(run.global_step)
+        means.clear()
+
+    @property
+    def last_line(self) -> str:
+        """The last line logged (formatted when read, if the logger did not need it)."""
+        if self._line is None:
+            self._line = self._format(*self._pending) if self._pending is not None else ""
+        return self._line
+
+    def _format(self, step: int, loss: float, values: dict[str, float], rates: tuple[float, float, float] | None) -> str:
+        parts = [f"step {step}", f"loss = {loss:.4f}"]
         if self.language_model:
             parts.append(f"ppl = {math.exp(min(loss, 700.0)):.3f}")
             parts.append(f"bpc = {loss / math.log(2):.4f}")
-        for name, (total, count, last) in self._values.items():
-            parts.append(f"{name} = {last:.6g}" if name == "learning_rate" else f"{name} = {total / count:.4g}")
-        if "steps_per_sec" in run.logs:
-            parts.append(f"{run.logs['steps_per_sec']:.1f} steps/sec")
-            parts.append(f"{run.logs['examples_per_sec']:.1f} examples/sec")
-            parts.append(f"input wait {100 * run.logs['input_wait_fraction']:.0f}%")
-        self.last_line = ", ".join(parts)
-        if run.is_chief:
-            self.logger.info(self.last_line)
-        self._last_step = run.global_step
-        self._loss_sum, self._loss_n = 0.0, 0
-        self._values.clear()
+        for name, value in values.items():
+            parts.append(f"{name} = {value:.6g}" if name == "learning_rate" else f"{name} = {value:.4g}")
+        if rates is not None:
+            parts.append(f"{rates[0]:.1f} steps/sec")
+            parts.append(f"{rates[1]:.1f} examples/sec")
+            parts.append(f"input wait {100 * rates[2]:.0f}%")
+        return ", ".join(parts)

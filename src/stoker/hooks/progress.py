@@ -17,8 +17,14 @@ class ProgressBarHook(Hook):
         self.force = force
         self._bar: Any = None
 
+    @staticmethod
+    def would_show() -> bool:
+        """Whether a default (not forced) bar would show: stderr is a terminal. The default hooks
+        leave the hook out otherwise, since with iterations_per_loop=1 every call counts."""
+        return sys.stderr.isatty()
+
     def after_setup(self, run: RunContext) -> None:
-        if not run.is_chief or not (self.force or sys.stderr.isatty()):
+        if not run.is_chief or not (self.force or self.would_show()):
             return
         from tqdm.auto import tqdm
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..summary import ScalarWriter
-from .base import Hook, LoopResult, RunContext, every_n_steps_due
+from .base import Hook, IntervalMeans, LoopResult, RunContext
 
 
 class SummaryHook(Hook):
@@ -20,31 +20,25 @@ class SummaryHook(Hook):
         self.output_dir = output_dir
         self.tensorboard = tensorboard
         self._writer: ScalarWriter | None = None
-        self._last_step = 0
-        self._loss_sum, self._loss_n = 0.0, 0
-        self._values: dict[str, list[float]] = {}  # name -> [sum, count, last]
+        self._next_due = every_n_steps
+        self._means = IntervalMeans()
 
     def after_setup(self, run: RunContext) -> None:
-        self._last_step = run.global_step
+        self._mark(run.global_step)
         out = self.output_dir or run.model_dir
         if run.is_chief and out is not None:
             self._writer = ScalarWriter(out, tensorboard=self.tensorboard)
 
+    def _mark(self, step: int) -> None:
+        self._next_due = (step // self.every_n_steps + 1) * self.every_n_steps  # every_n_steps_due, precomputed
+
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
-        self._loss_sum += sum(result.losses)
-        self._loss_n += len(result.losses)
-        for name, vals in result.values.items():
-            if vals:
-                acc = self._values.setdefault(name, [0.0, 0, 0.0])
-                acc[0] += sum(vals)
-                acc[1] += len(vals)
-                acc[2] = vals[-1]
-        if not every_n_steps_due(self._last_step, run.global_step, self.every_n_steps):
-            return
-        self._flush(run)
+        self._means.add(result)
+        if run.global_step >= self._next_due:
+            self._flush(run)
 
     def end(self, run: RunContext) -> None:
-        if self._loss_n:
+        if self._means.loss_n:
             self._flush(run)
         self.close()
 
@@ -54,16 +48,16 @@ class SummaryHook(Hook):
             self._writer = None
 
     def _flush(self, run: RunContext) -> None:
-        self._last_step = run.global_step
-        if self._writer is None or not self._loss_n:
+        self._mark(run.global_step)
+        means = self._means
+        if self._writer is None or not means.loss_n:
             return
-        scalars = {"loss": self._loss_sum / self._loss_n}
-        for name, (total, count, last) in self._values.items():
-            scalars[name] = last if name == "learning_rate" else total / count
+        scalars = {"loss": means.loss_sum / means.loss_n, **means.means()}
         for key in ("steps_per_sec", "examples_per_sec", "input_wait_fraction"):
             if key in run.logs:
                 scalars[key] = run.logs[key]
         self._writer.write(run.global_step, scalars)
-        self._writer.flush()
-        self._loss_sum, self._loss_n = 0.0, 0
-        self._values.clear()
+        # Every flush_secs, and whenever a checkpoint was just written (the hook saving it runs
+        # first), so a run resumed after a crash lacks no row before its checkpoint.
+        self._writer.flush(force=run.last_checkpoint_step == run.global_step)
+        means.clear()
