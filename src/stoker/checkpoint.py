@@ -89,6 +89,10 @@ def _temp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
 
 
+def _finished_json(step: int) -> bytes:
+    return json.dumps({"step": int(step), "time": time.time()}).encode()
+
+
 def _encode(index: Mapping[str, Any]) -> bytes:
     return json.dumps(index, indent=1, sort_keys=True).encode()
 
@@ -276,8 +280,11 @@ class CheckpointManager:
 
     # ---------------------------------------------------------------- finished marker
     def mark_finished(self, step: int) -> None:
-        """Record that training reached its last step (``max_steps``): ``finished.json``."""
-        data = json.dumps({"step": int(step), "time": time.time()}).encode()
+        """Record that training reached its last step (``max_steps``): ``finished.json``.
+
+        (A final checkpoint saved with ``save(..., finished=True)`` writes it in its own commit.)
+        """
+        data = _finished_json(step)
         path = self.model_dir / FINISHED_NAME
         if isinstance(path, Path):  # temp + rename: a reader never sees half a file
             tmp = _temp_name(path)
@@ -325,8 +332,13 @@ class CheckpointManager:
         train_state: Mapping[str, Any],
         input_states: Mapping[int, Any] | None = None,
         tmp_dir: Location | None = None,
+        finished: bool = False,
     ) -> Location:
         """Write ``ckpt-<step>``, commit it in the index, apply retention. Returns its path.
+
+        ``finished``: training ends with this checkpoint (``max_steps``): ``finished.json``
+        (:meth:`mark_finished`) is written in the same commit, after the index names it, at
+        the cost of no extra fsync or store round trip of its own.
 
         ``tmp_dir`` (from :meth:`begin`) may already hold files other replicas wrote (a sharded
         ``dcp/`` directory); they are hashed into the index like the chief's own files. A
@@ -350,8 +362,10 @@ class CheckpointManager:
             if isinstance(staging, UrlPath):
                 record["dir"] = staging.name
                 final, removed = self._commit_remote(staging, record, blobs, sizes)
+                if finished:
+                    storage.write_all([(self.model_dir / FINISHED_NAME, _finished_json(step))], self.retry)
             else:
-                final, removed = _commit_local(self, staging, record, blobs)
+                final, removed = _commit_local(self, staging, record, blobs, finished)
         except BaseException as e:
             storage.remove_tree(staging)
             if isinstance(e, (OSError, StorageError)):  # a storage fault: say where, why, and what is kept
@@ -442,9 +456,13 @@ class CheckpointManager:
 
 
 def _commit_local(
-    manager: CheckpointManager, tmp: Path, record: dict[str, Any], blobs: list[tuple[str, bytes]]
+    manager: CheckpointManager, tmp: Path, record: dict[str, Any], blobs: list[tuple[str, bytes]], finished: bool = False
 ) -> tuple[Path, list[str]]:
-    """The rename protocol (module docstring): ``CheckpointManager.save`` on a local model_dir."""
+    """The rename protocol (module docstring): ``CheckpointManager.save`` on a local model_dir.
+
+    With ``finished``, ``finished.json`` is written and fsynced with the files and renamed into
+    place after the index, so the last directory fsync makes both durable.
+    """
     assert isinstance(manager.model_dir, Path)
     name, files = record["name"], record["files"]
     # The index that will name this checkpoint is known now: its temporary file is written
@@ -457,8 +475,11 @@ def _commit_local(
         removed = manager._retain(index)
         index_path = manager.model_dir / INDEX_NAME
         index_tmp = _temp_name(index_path)
+        finished_path = manager.model_dir / FINISHED_NAME
+        finished_tmp = _temp_name(finished_path)
+        extra = [(finished_tmp, _finished_json(record["step"]))] if finished else []
         try:
-            written = storage.write_all([(tmp / f, d) for f, d in blobs] + [(index_tmp, _encode(index))], manager.retry)
+            written = storage.write_all([(tmp / f, d) for f, d in blobs] + [(index_tmp, _encode(index))] + extra, manager.retry)
             if written[: len(blobs)] != [files[f] for f, _ in blobs]:
                 raise CheckpointError(f"{name}: a file's sha256 changed while it was written")
             storage.fsync_dir(tmp)
@@ -472,9 +493,12 @@ def _commit_local(
                 os.replace(tmp, final)
             storage.fsync_dir(manager.model_dir)  # the checkpoint is in place before the index names it
             os.replace(index_tmp, index_path)
+            if finished:
+                os.replace(finished_tmp, finished_path)
             storage.fsync_dir(manager.model_dir)
         except BaseException:
             index_tmp.unlink(missing_ok=True)
+            finished_tmp.unlink(missing_ok=True)
             raise
     return final, removed
 

@@ -20,6 +20,15 @@ from .base import DataError, IndexedSource, epoch_generator
 __all__ = ["ArraySource", "arrays", "epoch_generator"]
 
 
+# Batches are gathered several at a time (one index_select per array for up to CHUNK_BATCHES
+# batches, at most CHUNK_BYTES), and each batch is then a slice of that gather: per batch, a
+# view costs ~1 us where an index_select costs ~3 us plus the Python around it, which on a
+# host-bound model is a few % of a step (benchmarks/overhead.py). Large batches (images) get
+# one batch per gather, as before. The order and the batches are the same either way.
+CHUNK_BATCHES = 64
+CHUNK_BYTES = 4 << 20
+
+
 class ArraySource(IndexedSource):
     """Batches of ``(features, labels)`` taken from in-memory arrays. See :func:`arrays`."""
 
@@ -69,10 +78,34 @@ class ArraySource(IndexedSource):
         )
         if num_workers > 0:
             self.prefers_inline_fetch = False  # the workers do the work; the thread only waits
+        row_bytes = sum(t.element_size() * t[:1].numel() for t in leaves)
+        # Gathering ahead pays only in the calling thread (a worker builds every n-th batch).
+        self._chunk_batches = 1 if num_workers > 0 else max(1, min(CHUNK_BATCHES, CHUNK_BYTES // max(1, row_bytes * batch_size)))
+        self._chunk: tuple[int, int, int, Any] | None = None  # (epoch, first batch, end batch, gathered)
 
     @property
     def num_examples(self) -> int:
         return self._num_examples
+
+    def _build(self, epoch: int, batch: int) -> Any:
+        if self._chunk_batches == 1:
+            return super()._build(epoch, batch)
+        chunk = self._chunk
+        if chunk is None or chunk[0] != epoch or not chunk[1] <= batch < chunk[2]:
+            end = min(batch + self._chunk_batches, self.batches_per_epoch)
+            order = self._plan.shard_order(epoch)
+            chunk = self._chunk = (epoch, batch, end, self.load_batch(order[batch * self.batch_size : end * self.batch_size], epoch))
+        lo = (batch - chunk[1]) * self.batch_size
+        hi = lo + self.batch_size
+        gathered = chunk[3]
+        if type(gathered) is tuple and len(gathered) == 2 and type(gathered[0]) is torch.Tensor and type(gathered[1]) is torch.Tensor:
+            return gathered[0][lo:hi], gathered[1][lo:hi]  # the common case, without tree_map
+        return tree_map(lambda t: t[lo:hi], gathered)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_chunk"] = None  # copies (workers) gather their own
+        return state
 
     def load_batch(self, indices: torch.Tensor, epoch: int) -> Any:
         features, labels = self.features, self.labels

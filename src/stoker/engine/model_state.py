@@ -322,8 +322,12 @@ class ModelState:
             "pipeline_stages": self.pipeline_stages,
         }
 
-    def save(self, hook_state: Mapping[str, Any], input_state: Any, last_checkpoint: Path | None) -> Path | None:
-        """Write a checkpoint of ``global_step`` (collective); ``None`` without a model_dir."""
+    def save(self, hook_state: Mapping[str, Any], input_state: Any, last_checkpoint: Path | None, finished: bool = False) -> Path | None:
+        """Write a checkpoint of ``global_step`` (collective); ``None`` without a model_dir.
+
+        ``finished``: training ends here (its ``max_steps``); the commit also writes the
+        ``finished.json`` marker a watching evaluator stops at.
+        """
         if self.checkpoints is None:
             return None
         model, strategy = self.build_model(), self.strategy
@@ -346,10 +350,10 @@ class ModelState:
             if self.writer is not None and tmp is None:  # copy now, write in the background
                 weights, state, inputs = snapshot((weights, state, inputs))
                 save, step = self.checkpoints.save, self.global_step
-                self.writer.submit(path.name, lambda: save(step, weights, state, inputs))
+                self.writer.submit(path.name, lambda: save(step, weights, state, inputs, finished=finished))
             else:
                 self.wait_for_checkpoint()  # a sharded save after an asynchronous one: in order
-                path = self.checkpoints.save(self.global_step, weights, state, inputs, tmp_dir=tmp)
+                path = self.checkpoints.save(self.global_step, weights, state, inputs, tmp_dir=tmp, finished=finished)
         strategy.barrier()
         self.holds = self.weights_of = path
         log.info("checkpoint %s written", path)

@@ -78,6 +78,8 @@ class TrainingRun:
         self.config = state.config
         self.strategy = state.strategy
         self.hooks = list(hooks)
+        self._max_steps: int | None = None
+        self._finished_saved = False  # the final checkpoint's commit wrote finished.json
 
     def run(self, input_fn: InputFn, steps: int | None = None, max_steps: int | None = None) -> None:
         """Train until ``steps`` more steps, global step ``max_steps``, or the end of the data."""
@@ -94,6 +96,7 @@ class TrainingRun:
             hooks.append(StopAtStepHook(num_steps=steps, last_step=max_steps))
         runner = HookRunner(sorted_hooks(hooks))
         run = self._run_context(max_steps)
+        self._max_steps, self._finished_saved = max_steps, False
         step = self._train_step()
         infeed: Infeed | None = None
         started = False
@@ -154,8 +157,11 @@ class TrainingRun:
             sys.exit(run.exit_code)
 
     def _mark_finished(self, max_steps: int | None) -> None:
-        """Write ``finished.json`` (for a watching evaluator) once ``max_steps`` is reached."""
+        """Write ``finished.json`` (for a watching evaluator) once ``max_steps`` is reached,
+        unless the final checkpoint already wrote it in its commit."""
         state = self.state
+        if self._finished_saved:
+            return
         if max_steps is not None and state.global_step >= max_steps and state.checkpoints is not None and self.strategy.is_chief:
             state.checkpoints.mark_finished(state.global_step)
 
@@ -201,7 +207,9 @@ class TrainingRun:
         state = self.state
         state.global_step = run.global_step
         state.cache = step.params.get("cache")
-        path = state.save(runner.state_dict(), infeed.state_dict(), run.last_checkpoint)
+        finished = self._max_steps is not None and run.global_step >= self._max_steps
+        path = state.save(runner.state_dict(), infeed.state_dict(), run.last_checkpoint, finished=finished)
+        self._finished_saved = finished and path is not None
         if path is not None:
             run.last_checkpoint, run.last_checkpoint_step = path, run.global_step
         return path
