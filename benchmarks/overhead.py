@@ -25,11 +25,16 @@ noise hits them alike. Variants:
   input, no model_dir, no logging;
 - ``lightning``: ``Trainer.fit`` (no logger, checkpointing or progress bar), if installed.
 
-Each variant's run is paired with a hand-written run beside it (order alternating by round);
-prints the median steps/sec of each and the median of its paired ratios to the hand-written
-loop, with their min and max.
-Targets (with a model_dir, every input and preds variant except ``eager``, whose extra work
-is the model_fn's own): >= 0.98x with N=100, >= 0.95x with N=1.
+Each variant's run is paired with a hand-written run beside it (order alternating by round):
+``handwritten+preds`` for the ``eager`` variants (the same predictions computed by hand, so
+the ratio is the framework's cost, not the model_fn's extra work), ``handwritten`` for the
+rest. Prints the median steps/sec of each and the median of its paired ratios to its
+baseline, with their min and max.
+
+Targets (issue 11; with a model_dir, every input and preds variant): >= 0.98x with N=100,
+>= 0.95x with N=1. ``train()`` always ends with a durable checkpoint (files and directory
+fsynced, ~3 ms here), which the hand-written loop does not write: over the default 600 steps
+(~85 ms) that alone is ~3.5 %, so the figures are also taken with ``--steps 3000``.
 """
 
 from __future__ import annotations
@@ -229,23 +234,25 @@ def main() -> None:
     # seconds, so ratios of medians over a whole round swing far more than paired ratios.
     rates: dict[str, list[float]] = {name: [] for name in runs}
     ratios: dict[str, list[float]] = {name: [] for name in runs}
-    base_fn = runs["handwritten"]
     for r in range(args.rounds):
         for name, fn in runs.items():
             if name == "handwritten":
                 continue
+            base_name = "handwritten+preds" if "/eager/" in name else "handwritten"
+            base_fn = runs[base_name]
             if r % 2:
                 mine, base = fn(x, y, args.steps), base_fn(x, y, args.steps)
             else:
                 base, mine = base_fn(x, y, args.steps), fn(x, y, args.steps)
             rates[name].append(mine)
-            rates["handwritten"].append(base)
+            rates[base_name].append(base)
             ratios[name].append(mine / base)
     ratios["handwritten"] = [1.0]
     results = {}
     print(f"MLP 32-64-10, batch {BATCH}, {args.steps} steps x {args.rounds} rounds, {args.threads} thread(s), torch {torch.__version__}")
     width = max(len(n) for n in rates) + 2
-    print(f"{'variant':<{width}}{'steps/sec':>10}{'ratio':>9}{'min':>8}{'max':>8}   (ratio: median of paired ratios)")
+    print(f"{'variant':<{width}}{'steps/sec':>10}{'ratio':>9}{'min':>8}{'max':>8}   (ratio: median of paired ratios; "
+          "eager variants to handwritten+preds, the rest to handwritten)")
     for name, r in rates.items():
         med, q = statistics.median(r), ratios[name]
         results[name] = {"steps_per_sec": med, "ratio": statistics.median(q), "ratios": q, "all": r}

@@ -104,6 +104,7 @@ class Infeed:
         self._replayed_before = 0
         self._cuda = device.type == "cuda"
         self._on_cpu = device.type == "cpu"
+        self._cpu_train = self._on_cpu and pad_to is None  # batches go to the step as they come
         self._stream = torch.cuda.Stream(device) if self._cuda else None
         skip = int(restore.get("skip", 0)) if restore is not None else 0
         if restore is not None:
@@ -216,15 +217,6 @@ class Infeed:
         snap = self._snapshot() if self._api and self._produced % self.snapshot_every == 0 else None
         return self._prepare(item), snap
 
-    def _next_inline(self) -> Batch | object:
-        """The next batch, fetched in the training thread: no snapshot, since ``state_dict``
-        reads the source itself while nothing is fetched ahead."""
-        try:
-            item = next(self._it)
-        except StopIteration:
-            return _END
-        return self._prepare(item)
-
     def _prepare(self, item: Any) -> Batch:
         if type(item) is tuple and len(item) == 2:  # (features, labels), the common case first
             features, labels = item
@@ -291,17 +283,28 @@ class Infeed:
     def __next__(self) -> Batch:
         start = time.perf_counter()
         if self._queue is None:  # inline: the common CPU case, kept short
-            batch = self._next_inline()
+            try:
+                item = next(self._it)
+            except StopIteration:
+                self.wait_seconds += time.perf_counter() - start
+                raise
+            # A training batch of CPU tensors on a CPU run needs nothing done to it: skip _prepare.
+            if self._cpu_train and type(item) is tuple and len(item) == 2:
+                features, labels = item
+                if type(features) is torch.Tensor and features.is_cpu and (labels is None or (type(labels) is torch.Tensor and labels.is_cpu)):
+                    batch = Batch(features, labels, None, -1)
+                else:
+                    batch = self._prepare(item)
+            else:
+                batch = self._prepare(item)
             seconds = time.perf_counter() - start
             self.wait_seconds += seconds
-            if batch is _END:
-                raise StopIteration
             self.consumed += 1  # before _measure, which may start the thread from this position
             if self._probe is not None:
                 self._measure(seconds)
             if self._cuda:  # prefetch_depth=0 on CUDA: the copy was still made on the side stream
-                return batch.wait()  # type: ignore[union-attr]
-            return batch  # type: ignore[return-value]
+                return batch.wait()  # type: ignore[attr-defined]
+            return batch
         entry = self._queue.get()
         self.wait_seconds += time.perf_counter() - start
         if entry is _END:

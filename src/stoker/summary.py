@@ -133,8 +133,9 @@ class ScalarWriter:
         new = not path.exists() or path.stat().st_size == 0
         self._csv_file = open(path, "a", newline="")  # noqa: SIM115 - closed in close()
         self._csv = csv.writer(self._csv_file)
-        if new:
+        if new:  # written through at once: another writer of this file must see it is not new
             self._csv.writerow(["step", "wall_time", "tag", "value"])
+            self._csv_file.flush()
 
     def write(self, step: int, scalars: Mapping[str, float], prefix: str = "") -> None:
         """Queue ``scalars`` of ``step``; they reach the files at the next due ``flush``."""

@@ -113,22 +113,28 @@ class TrainingRun:
             end_loop = getattr(step, "end_loop", None)  # a step keeping state on the device hands it back
             alone = self.strategy.world_size == 1
             iterations = self.config.iterations_per_loop
+            before_loop = runner.before_loop if runner.has("before_loop") else None
+            check_checkpoint = state.check_checkpoint if state.writer is not None else None
+            totals = run.totals
+            # With iterations_per_loop=1 this body runs every step: keep it short.
             while not run.stop_requested:
-                n = iterations
-                if run.max_steps is not None:
-                    n = min(n, run.max_steps - run.global_step)
+                n = iterations if run.max_steps is None else min(iterations, run.max_steps - run.global_step)
                 if n <= 0:
                     break
-                runner.before_loop(run, n)
+                if before_loop is not None:
+                    before_loop(run, n)
                 result = loop.run_loop(infeed, n)
                 if end_loop is not None:
                     end_loop()
                 state.global_step = run.global_step
                 if loop.exhausted:
                     run.request_stop(f"input_fn's data ended at step {run.global_step}")
-                run.logs.clear()  # values hooks share are fresh at every loop boundary
+                if run.logs:
+                    run.logs.clear()  # values hooks share are fresh at every loop boundary
+                totals.add(result)
                 runner.after_loop(run, result)
-                state.check_checkpoint()  # an asynchronous write that failed stops training here
+                if check_checkpoint is not None:
+                    check_checkpoint()  # an asynchronous write that failed stops training here
                 if not alone:  # a stop one replica decided (a signal, its clock) stops them all
                     run.stop_requested = run.any_replica(run.stop_requested)
             runner.end(run)

@@ -67,6 +67,8 @@ class RunContext:
     exit_code: int | None = None
     # Values hooks share within one loop boundary (e.g. rates from the step counter).
     logs: dict[str, float] = field(default_factory=dict)
+    # Sums over the loops so far (updated before the hooks run at each loop boundary).
+    totals: RunTotals = field(default_factory=lambda: RunTotals())
     _save: Callable[[], Path | None] | None = None
     _any_replica: Callable[[bool], bool] = bool
 
@@ -107,7 +109,14 @@ class Hook:
     checkpoint, ``run.global_step`` is the start step), then for each loop ``before_loop`` /
     ``after_loop``, ``end`` when training finishes normally (not after an exception), and
     ``close`` always, last.
+
+    ``due_step``: a hook that acts only every N steps may set it to the next step it acts at;
+    its ``after_loop`` is then skipped until ``run.global_step`` reaches it (``None``, the
+    default: after every loop). What the skipped loops did is summed in ``run.totals``.
+    With ``iterations_per_loop=1`` this saves a call per hook per step.
     """
+
+    due_step: int | None = None
 
     def begin(self, run: RunContext) -> None:
         """Training is about to start: the model and optimizer are built and restored, the
@@ -167,11 +176,15 @@ class HookRunner:
 
         # The per-loop events, kept as attributes: with iterations_per_loop=1 they run every step.
         self._before_loop = self._by_event["before_loop"]
-        self._after_loop = self._by_event["after_loop"]
+        self._after_loop = [(h, h.after_loop) for h in self.hooks if type(h).after_loop is not Hook.after_loop]
 
     def _call(self, event: str, *args: Any) -> None:
         for fn in self._by_event[event]:
             fn(*args)
+
+    def has(self, event: str) -> bool:
+        """Whether any hook overrides ``event``."""
+        return bool(self._by_event[event])
 
     def begin(self, run: RunContext) -> None:
         self._call("begin", run)
@@ -184,8 +197,11 @@ class HookRunner:
             fn(run, steps)
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
-        for fn in self._after_loop:
-            fn(run, result)
+        step = run.global_step
+        for hook, fn in self._after_loop:
+            due = hook.due_step
+            if due is None or step >= due:
+                fn(run, result)
 
     def end(self, run: RunContext) -> None:
         self._call("end", run)
@@ -212,25 +228,33 @@ class HookRunner:
                 h.load_state_dict(states[key])
 
 
-class IntervalMeans:
-    """Running sums of the loss and ``host_call`` values of the steps since the last report
-    (sums, not lists: memory stays flat however long the interval)."""
+class RunTotals:
+    """Sums over every loop of one ``train`` call so far: steps, time, losses, ``host_call``
+    values. The training loop adds each loop's result once, before the hooks run; a hook that
+    reports every N steps keeps a copy from its last report and reports the difference
+    (:meth:`since`), so it needs no call in the loops between (``Hook.due_step``)."""
 
-    __slots__ = ("loss_sum", "loss_n", "values")
+    __slots__ = ("steps", "seconds", "input_wait_seconds", "loss_sum", "loss_n", "values")
 
     def __init__(self) -> None:
+        self.steps = 0
+        self.seconds = 0.0
+        self.input_wait_seconds = 0.0
         self.loss_sum = 0.0
         self.loss_n = 0
         self.values: dict[str, list[float]] = {}  # name -> [sum, count, last]
 
-    def add(self, result: LoopResult, names: Sequence[str] | None = None) -> None:
-        """Add one loop's values (only those in ``names``, if given)."""
+    def add(self, result: LoopResult) -> None:
+        """Add one loop's result."""
+        self.steps += result.steps
+        self.seconds += result.seconds
+        self.input_wait_seconds += result.input_wait_seconds
         losses = result.losses
         self.loss_sum += losses[0] if len(losses) == 1 else sum(losses)
         self.loss_n += len(losses)
         values = self.values
         for name, vals in result.values.items():
-            if vals and (names is None or name in names):
+            if vals:
                 acc = values.get(name)
                 if acc is None:
                     acc = values[name] = [0.0, 0, 0.0]
@@ -238,13 +262,38 @@ class IntervalMeans:
                 acc[1] += len(vals)
                 acc[2] = vals[-1]
 
-    def means(self) -> dict[str, float]:
-        """The mean of each value over the interval (``learning_rate``: its last value)."""
-        return {name: last if name == "learning_rate" else total / count for name, (total, count, last) in self.values.items()}
+    def copy(self) -> RunTotals:
+        out = RunTotals()
+        out.steps, out.seconds, out.input_wait_seconds = self.steps, self.seconds, self.input_wait_seconds
+        out.loss_sum, out.loss_n = self.loss_sum, self.loss_n
+        out.values = {name: list(acc) for name, acc in self.values.items()}
+        return out
 
-    def clear(self) -> None:
-        self.loss_sum, self.loss_n = 0.0, 0
-        self.values.clear()
+    def since(self, earlier: RunTotals) -> RunTotals:
+        """What was added after ``earlier`` (a copy taken before): the interval between them."""
+        out = RunTotals()
+        out.steps, out.seconds = self.steps - earlier.steps, self.seconds - earlier.seconds
+        out.input_wait_seconds = self.input_wait_seconds - earlier.input_wait_seconds
+        out.loss_sum, out.loss_n = self.loss_sum - earlier.loss_sum, self.loss_n - earlier.loss_n
+        for name, (total, count, last) in self.values.items():
+            before = earlier.values.get(name, (0.0, 0, 0.0))
+            if count > before[1]:
+                out.values[name] = [total - before[0], count - before[1], last]
+        return out
+
+    def means(self, names: Sequence[str] | None = None) -> dict[str, float]:
+        """The mean of each value (``learning_rate``: its last value), those in ``names`` if given."""
+        return {
+            name: last if name == "learning_rate" else total / count
+            for name, (total, count, last) in self.values.items()
+            if count and (names is None or name in names)
+        }
+
+
+def next_due_step(step: int, n: int) -> int:
+    """The first step after ``step`` that is a multiple of ``n``: where ``every_n_steps_due``
+    becomes true again after an action at ``step``."""
+    return (step // n + 1) * n
 
 
 def every_n_steps_due(last: int, step: int, n: int) -> bool:

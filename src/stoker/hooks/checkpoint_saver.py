@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from .base import Hook, LoopResult, RunContext, every_n_steps_due
+from .base import Hook, LoopResult, RunContext, every_n_steps_due, next_due_step
 
 
 class CheckpointSaverHook(Hook):
@@ -21,8 +21,13 @@ class CheckpointSaverHook(Hook):
         self._last_time = 0.0
 
     def after_setup(self, run: RunContext) -> None:
-        self._last_step = run.global_step
+        self._mark(run.global_step)
+
+    def _mark(self, step: int) -> None:
+        self._last_step = step
         self._last_time = time.monotonic()
+        if self.save_steps is not None:  # a clock (save_secs) is read after every loop
+            self.due_step = next_due_step(step, self.save_steps)
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
         if self.save_steps is not None:
@@ -37,5 +42,4 @@ class CheckpointSaverHook(Hook):
 
     def _save(self, run: RunContext) -> None:
         run.save_checkpoint()
-        self._last_step = run.global_step
-        self._last_time = time.monotonic()
+        self._mark(run.global_step)

@@ -6,7 +6,7 @@ import logging
 import math
 from collections.abc import Sequence
 
-from .base import Hook, IntervalMeans, LoopResult, RunContext
+from .base import Hook, LoopResult, RunContext, RunTotals, next_due_step
 
 log = logging.getLogger("stoker")
 
@@ -32,40 +32,33 @@ class LoggingHook(Hook):
         self.names = list(names) if names is not None else None
         self.language_model = language_model
         self.logger = logger or log
-        self._last_step = 0
-        self._next_due = every_n_steps
-        self._means = IntervalMeans()
+        self._since = RunTotals()  # run.totals at the last line
         self._pending: tuple[int, float, dict[str, float], tuple[float, float, float] | None] | None = None
         self._line: str | None = ""
 
     def after_setup(self, run: RunContext) -> None:
-        self._mark(run.global_step)
-
-    def _mark(self, step: int) -> None:
-        self._last_step = step
-        self._next_due = (step // self.every_n_steps + 1) * self.every_n_steps  # every_n_steps_due, precomputed
+        self._since = run.totals.copy()
+        self.due_step = next_due_step(run.global_step, self.every_n_steps)
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
-        self._means.add(result, self.names)
-        if run.global_step >= self._next_due:
-            self._log(run)
+        self._log(run)  # called only once due_step is reached
 
     def end(self, run: RunContext) -> None:
-        if self._means.loss_n:  # the steps after the last interval boundary
+        if run.totals.loss_n > self._since.loss_n:  # the steps after the last interval boundary
             self._log(run)
 
     def _log(self, run: RunContext) -> None:
-        means = self._means
-        if not means.loss_n:
+        interval = run.totals.since(self._since)
+        self._since = run.totals.copy()
+        self.due_step = next_due_step(run.global_step, self.every_n_steps)
+        if not interval.loss_n:
             return
         logs = run.logs
         rates = (logs["steps_per_sec"], logs["examples_per_sec"], logs["input_wait_fraction"]) if "steps_per_sec" in logs else None
-        self._pending = (run.global_step, means.loss_sum / means.loss_n, means.means(), rates)
+        self._pending = (run.global_step, interval.loss_sum / interval.loss_n, interval.means(self.names), rates)
         self._line = None
         if run.is_chief and self.logger.isEnabledFor(logging.INFO):
             self.logger.info(self.last_line)
-        self._mark(run.global_step)
-        means.clear()
 
     @property
     def last_line(self) -> str:

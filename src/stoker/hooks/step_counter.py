@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from .base import Hook, LoopResult, RunContext, every_n_steps_due
+from .base import Hook, LoopResult, RunContext, RunTotals, next_due_step
 
 log = logging.getLogger("stoker")
 
@@ -22,22 +22,19 @@ class StepCounterHook(Hook):
 
     def __init__(self, every_n_steps: int = 100) -> None:
         self.every_n_steps = every_n_steps
-        self._last_step = 0
-        self._steps = 0
-        self._seconds = 0.0
-        self._wait = 0.0
+        self._since = RunTotals()  # run.totals at the last measurement
 
     def after_setup(self, run: RunContext) -> None:
-        self._last_step = run.global_step
+        self._since = run.totals.copy()
+        self.due_step = next_due_step(run.global_step, self.every_n_steps)
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
-        self._steps += result.steps
-        self._seconds += result.seconds
-        self._wait += result.input_wait_seconds
-        if not every_n_steps_due(self._last_step, run.global_step, self.every_n_steps) or self._seconds <= 0:
-            return
-        run.logs["steps_per_sec"] = self._steps / self._seconds
-        run.logs["examples_per_sec"] = self._steps * run.global_batch_size / self._seconds
-        run.logs["input_wait_fraction"] = self._wait / self._seconds
-        self._last_step = run.global_step
-        self._steps, self._seconds, self._wait = 0, 0.0, 0.0
+        # called only once due_step is reached
+        interval = run.totals.since(self._since)
+        if interval.seconds <= 0:
+            return  # nothing measurable yet: measure over a longer interval
+        run.logs["steps_per_sec"] = interval.steps / interval.seconds
+        run.logs["examples_per_sec"] = interval.steps * run.global_batch_size / interval.seconds
+        run.logs["input_wait_fraction"] = interval.input_wait_seconds / interval.seconds
+        self._since = run.totals.copy()
+        self.due_step = next_due_step(run.global_step, self.every_n_steps)

@@ -26,6 +26,7 @@ class StopAtStepHook(Hook):
         if self.last_step is None:
             self.last_step = run.global_step + (self.num_steps or 0)
         run.max_steps = self.last_step if run.max_steps is None else min(run.max_steps, self.last_step)
+        self.due_step = self.last_step
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
         if self.last_step is not None and run.global_step >= self.last_step:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..summary import ScalarWriter
-from .base import Hook, IntervalMeans, LoopResult, RunContext
+from .base import Hook, LoopResult, RunContext, RunTotals, next_due_step
 
 
 class SummaryHook(Hook):
@@ -20,25 +20,20 @@ class SummaryHook(Hook):
         self.output_dir = output_dir
         self.tensorboard = tensorboard
         self._writer: ScalarWriter | None = None
-        self._next_due = every_n_steps
-        self._means = IntervalMeans()
+        self._since = RunTotals()  # run.totals at the last write
 
     def after_setup(self, run: RunContext) -> None:
-        self._mark(run.global_step)
+        self._since = run.totals.copy()
+        self.due_step = next_due_step(run.global_step, self.every_n_steps)
         out = self.output_dir or run.model_dir
         if run.is_chief and out is not None:
             self._writer = ScalarWriter(out, tensorboard=self.tensorboard)
 
-    def _mark(self, step: int) -> None:
-        self._next_due = (step // self.every_n_steps + 1) * self.every_n_steps  # every_n_steps_due, precomputed
-
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
-        self._means.add(result)
-        if run.global_step >= self._next_due:
-            self._flush(run)
+        self._flush(run)  # called only once due_step is reached
 
     def end(self, run: RunContext) -> None:
-        if self._means.loss_n:
+        if run.totals.loss_n > self._since.loss_n:
             self._flush(run)
         self.close()
 
@@ -48,11 +43,12 @@ class SummaryHook(Hook):
             self._writer = None
 
     def _flush(self, run: RunContext) -> None:
-        self._mark(run.global_step)
-        means = self._means
-        if self._writer is None or not means.loss_n:
+        interval = run.totals.since(self._since)
+        self._since = run.totals.copy()
+        self.due_step = next_due_step(run.global_step, self.every_n_steps)
+        if self._writer is None or not interval.loss_n:
             return
-        scalars = {"loss": means.loss_sum / means.loss_n, **means.means()}
+        scalars = {"loss": interval.loss_sum / interval.loss_n, **interval.means()}
         for key in ("steps_per_sec", "examples_per_sec", "input_wait_fraction"):
             if key in run.logs:
                 scalars[key] = run.logs[key]
@@ -60,4 +56,3 @@ class SummaryHook(Hook):
         # Every flush_secs, and whenever a checkpoint was just written (the hook saving it runs
         # first), so a run resumed after a crash lacks no row before its checkpoint.
         self._writer.flush(force=run.last_checkpoint_step == run.global_step)
-        means.clear()
