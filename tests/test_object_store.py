@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -36,7 +37,11 @@ def test_locations_keep_local_paths_local():
     assert (remote / "ckpt-4").parent == remote and (remote / "ckpt-4").name == "ckpt-4"
 
 
-def test_a_missing_extra_is_named():
+def test_a_missing_extra_is_named(monkeypatch):
+    from fsspec.registry import _registry  # the package's `fsspec.registry` is a read-only view of it
+
+    monkeypatch.setitem(sys.modules, "gcsfs", None)  # as if stoker[gcs] were not installed (dev installs it)
+    monkeypatch.delitem(_registry, "gs", raising=False)
     with pytest.raises(StorageError, match=r"gs://b/run.*pip install 'stoker\[gcs\]'"):
         CheckpointManager("gs://b/run")
 
