@@ -38,7 +38,8 @@ def test_locations_keep_local_paths_local():
 
 
 def test_a_missing_extra_is_named(monkeypatch):
-    from fsspec.registry import _registry  # the package's `fsspec.registry` is a read-only view of it
+    # the package's attribute `fsspec.registry` is a read-only view of this dict
+    from fsspec.registry import _registry
 
     monkeypatch.setitem(sys.modules, "gcsfs", None)  # as if stoker[gcs] were not installed (dev installs it)
     monkeypatch.delitem(_registry, "gs", raising=False)

@@ -102,6 +102,7 @@ def _create_exclusive(fs: Any, key: str, data: bytes) -> bool:
             _warned_not_exclusive.add(name)
             log.warning("%s cannot create a file exclusively (%s): the index lock %s is a check-then-write, "
                         "so two index writers in different processes may still collide", name, e, key)
+    fs.invalidate_cache(key)
     if fs.exists(key):
         return False
     fs.pipe_file(key, data)
