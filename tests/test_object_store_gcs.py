@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import tempfile
 import time
 import urllib.request
 import uuid
+from pathlib import Path
 
 import fsspec
 import pytest
@@ -198,3 +200,41 @@ def test_gcs_trainer_and_a_second_index_writer_racing(gcs_env, monkeypatch):
     assert [r["step"] for r in index["checkpoints"]] == list(range(n))  # no save lost
     assert all(r["metrics"] == {"loss": -float(r["step"])} for r in index["checkpoints"])  # no evaluation lost
     assert sorted(evaluated) == list(range(n)) and index["best"]["step"] == n - 1
+
+
+SCRIPT = Path(__file__).with_name("train_script.py")
+
+
+def _gs_latest(url: str) -> str | None:
+    data, _ = storage.read_versioned(location(url) / "checkpoint.json")
+    return None if data is None else json.loads(data)["latest"]
+
+
+@pytest.mark.slow
+def test_gcs_kill_9_during_training_and_during_a_write_then_rerun_is_bitwise_equal(gcs_env, tmp_path):
+    env = {**python_env(), **gcs_env}
+    script = [PYTHON, str(SCRIPT), "--max_steps", "30", "--model_dir"]
+    ref = subprocess.run([*script, str(tmp_path / "ref")], env=env, capture_output=True, text=True, timeout=300)
+    assert ref.returncode == 0, ref.stderr
+    url = _url()
+    for slow_write in ("0", "0.4"):  # a kill at a random moment, then one inside a checkpoint write
+        proc = subprocess.Popen([*script, url, "--sleep", "0.02", "--slow_write", slow_write], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        before = _gs_latest(url)
+        while _gs_latest(url) == before:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.05)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert _gs_latest(url) != "ckpt-30"
+    done = subprocess.run([*script, url], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "resumed from gs://" in done.stderr
+    index = CheckpointManager(url, writer=False).index()
+    final = next(r for r in index["checkpoints"] if r["name"] == "ckpt-30")
+    remote = storage.read_bytes(location(url) / final["dir"] / "model.safetensors")
+    assert remote == (tmp_path / "ref" / "ckpt-30" / "model.safetensors").read_bytes()
+    named = {r["dir"] for r in index["checkpoints"]}
+    assert {n for n in storage.listdir(location(url)) if n.startswith("ckpt-")} == named  # orphans gone
