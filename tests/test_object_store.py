@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -36,7 +37,12 @@ def test_locations_keep_local_paths_local():
     assert (remote / "ckpt-4").parent == remote and (remote / "ckpt-4").name == "ckpt-4"
 
 
-def test_a_missing_extra_is_named():
+def test_a_missing_extra_is_named(monkeypatch):
+    # the package's attribute `fsspec.registry` is a read-only view of this dict
+    from fsspec.registry import _registry
+
+    monkeypatch.setitem(sys.modules, "gcsfs", None)  # as if stoker[gcs] were not installed (dev installs it)
+    monkeypatch.delitem(_registry, "gs", raising=False)
     with pytest.raises(StorageError, match=r"gs://b/run.*pip install 'stoker\[gcs\]'"):
         CheckpointManager("gs://b/run")
 
@@ -217,11 +223,12 @@ def test_sharded_checkpoint_through_dcp_fsspec_writer_and_reader():
 
 
 _EVALUATOR = """
-import sys, json
+import sys, json, time
 from stoker.checkpoint import CheckpointManager
 m = CheckpointManager(sys.argv[1], keep_checkpoint_max=0, keep_best=("loss", "min"))
-done = []
-while len(done) < 15:
+print("ready", flush=True)
+done, deadline = [], time.monotonic() + 120  # a lost save would otherwise keep it waiting
+while len(done) < 15 and time.monotonic() < deadline:
     recs = m.records()
     fresh = [r["step"] for r in recs if r["step"] not in done]
     for step in fresh:
@@ -238,6 +245,8 @@ def test_s3_trainer_and_a_second_index_writer_racing(s3_env):
     trainer.save(0, {"w": torch.zeros(1)}, {"global_step": 0})
     env = {**python_env(), **s3_env}
     proc = subprocess.Popen([PYTHON, "-c", _EVALUATOR, url], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # racing from the first save on (started before the evaluator is up, the saves could all be done)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", proc.stderr.read() if proc.stderr else ""
     for step in range(1, 15):
         trainer.save(step, {"w": torch.full((1,), float(step))}, {"global_step": step})
     out, err = proc.communicate(timeout=240)

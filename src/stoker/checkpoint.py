@@ -23,8 +23,9 @@ index only ever names complete checkpoints.
   the new index's temporary file) run concurrently, so the filesystem commits them together.
 * **Object store** (no rename): the files go under a fresh prefix ``ckpt-<step>.<random>/``,
   are verified (listed back, sizes compared), and then the index is written, as the commit
-  point, with a conditional write (S3 ``If-Match``/``If-None-Match``; on stores without them,
-  under a process-wide lock). A prefix no index names is an orphan of a crashed write and is
+  point, with a conditional write (S3 ``If-Match``/``If-None-Match``, GCS
+  ``ifGenerationMatch``; on stores without them, under a lock object ``checkpoint.json.lock``,
+  ``stoker.store_lock``). A prefix no index names is an orphan of a crashed write and is
   removed by the next run's first save.
 
 Leftovers of a crashed write (local temporary directories, object-store orphans) are removed at
@@ -59,7 +60,7 @@ except ImportError:  # pragma: no cover
 import torch
 from torch import nn
 
-from . import safe_load, storage
+from . import safe_load, storage, store_lock
 from .checkpoint_files import (
     CKPT_RE,
     INDEX_FORMAT,
@@ -227,11 +228,12 @@ class CheckpointManager:
         Two processes write the index (the trainer saving, an evaluator recording results), so
         every update reads, changes and replaces it under this lock; neither can lose the
         other's change. Locally an advisory ``flock`` on a lock file beside the index (released
-        by the kernel when the holder dies, so a kill -9 never leaves it stuck); on an object
-        store a process-wide lock, as conditional writes guard against other processes.
+        by the kernel when the holder dies, so a kill -9 never leaves it stuck); on a store
+        ``stoker.store_lock.index_lock``: a process-wide lock, as conditional writes (S3, GCS)
+        guard against other processes, plus a lock object on stores without them.
         """
         if isinstance(self.model_dir, UrlPath):
-            with storage.url_lock(self.model_dir):
+            with store_lock.index_lock(self.model_dir / INDEX_NAME, self.retry):
                 yield
             return
         self.model_dir.mkdir(parents=True, exist_ok=True)

@@ -25,11 +25,13 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import logging
 import os
 import random
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, wait
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -72,14 +74,14 @@ Location = Path | UrlPath
 
 
 def location(path: str | os.PathLike[str] | PurePath) -> Location:
-    """``path`` as a local ``Path``, or a ``UrlPath`` for a URL with a protocol (``file://`` is local)."""
+    """``path`` as a local ``Path``, or a ``UrlPath`` for a URL with a protocol (``file://``, ``local://`` are local)."""
     if isinstance(path, (Path, UrlPath)):
         return path
     text = str(path)
     scheme, sep, rest = text.partition("://")
     if not sep or "/" in scheme or len(scheme) < 2:
         return Path(text)
-    if scheme == "file":
+    if scheme in ("file", "local"):  # fsspec's two names for the local filesystem
         return Path("/" + rest.lstrip("/"))
     return UrlPath(f"{scheme}:/{rest.strip('/')}")
 
@@ -172,6 +174,9 @@ def is_transient(e: BaseException) -> bool:
     if isinstance(e, (ConnectionError, TimeoutError)):
         return True
     if isinstance(e, OSError) and e.errno in _TRANSIENT_ERRNOS:
+        return True
+    code = getattr(e, "code", None)  # gcsfs's HttpError, after gcsfs's own retries
+    if isinstance(code, int) and not isinstance(e, OSError) and (code >= 500 or code == 429):
         return True
     response = getattr(e, "response", None) or getattr(e.__cause__, "response", None)
     if isinstance(response, dict):
@@ -332,52 +337,91 @@ _url_locks: dict[str, threading.Lock] = {}
 
 
 def url_lock(path: UrlPath) -> threading.Lock:
-    """A process-wide lock for ``path``: the index lock on stores without conditional writes."""
+    """A process-wide lock for ``path``: part of ``stoker.store_lock.index_lock``, for the threads of one process."""
     with _pool_lock:
         return _url_locks.setdefault(str(path), threading.Lock())
 
 
+def _conditional_store(fs: Any) -> str | None:
+    """``"s3"`` or ``"gcs"`` for the filesystems whose conditional writes stoker uses, else None."""
+    names = {c.__name__ for c in type(fs).__mro__}  # gcsfs may hand out a subclass (ExtendedGcsFileSystem)
+    return "s3" if "S3FileSystem" in names else "gcs" if "GCSFileSystem" in names else None
+
+
 def supports_conditional_writes(path: UrlPath) -> bool:
-    """Whether the store can write an object only if its version is unchanged (S3 If-Match)."""
-    return type(filesystem(path)).__name__ == "S3FileSystem"
+    """Whether the store can write an object only if its version is unchanged (S3 If-Match, GCS generations)."""
+    return _conditional_store(filesystem(path)) is not None
 
 
 def read_versioned(path: UrlPath, retry: RetryPolicy = DEFAULT_RETRY) -> tuple[bytes | None, str | None]:
-    """``path``'s content and version (ETag), or ``(None, None)`` when it does not exist."""
+    """``path``'s content and version (S3: ETag, GCS: generation), or ``(None, None)`` when it does not exist."""
     fs, key = filesystem(path), _key(path)
+    kind = _conditional_store(fs)
 
     def read() -> tuple[bytes | None, str | None]:
         fs.invalidate_cache(key)
         try:
+            # The version before the content: if another writer replaces the object in between,
+            # the content is newer than the version and the conditional write fails (then
+            # redone), never the other way round, which would lose that writer's update.
             info = fs.info(key)
             data = fs.cat_file(key)
         except FileNotFoundError:
             return None, None
+        if kind == "gcs":
+            return data, str(info["generation"])
         return data, info.get("ETag") or info.get("generation")
 
     return retry.call("read", path, read)
 
 
+def _gcs_put(fs: Any, key: str, data: bytes, generation: str) -> None:
+    """Upload ``data`` to ``key`` with the precondition ``ifGenerationMatch=generation``.
+
+    ``"0"``: only if no live object exists. A failed precondition is HTTP 412, which gcsfs
+    raises as ``FileExistsError`` (older releases: ``HttpError`` with ``code`` 412). gcsfs's
+    ``pipe_file`` offers only the ``"0"`` case (``mode="create"``), so this is the JSON API's
+    multipart upload, as gcsfs's own ``simple_upload`` sends it, with the parameter added.
+    """
+    from urllib.parse import quote
+
+    bucket, name, _ = fs.split_path(key)
+    boundary = f"stoker-{uuid.uuid4().hex}"  # random: cannot occur in the data
+    head = (f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{json.dumps({'name': name})}\r\n"
+            f"--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n")
+    body = head.encode() + data + f"\r\n--{boundary}--\r\n".encode()
+    out = fs.call("POST", f"{fs._location}/upload/storage/v1/b/{quote(bucket, safe='')}/o", uploadType="multipart",
+                  ifGenerationMatch=generation, headers={"Content-Type": f'multipart/related; boundary="{boundary}"'},
+                  data=body, json_out=True)
+    if int(out.get("size", len(data))) != len(data):
+        raise OSError(errno.EIO, f"the store kept {out.get('size')} of {len(data)} bytes")
+
+
 def put_if(path: UrlPath, data: bytes, version: str | None, retry: RetryPolicy = DEFAULT_RETRY) -> bool:
     """Write ``path`` only if it still has ``version`` (``None``: only if it does not exist).
 
-    Returns False when another writer changed it first. On stores without conditional
-    writes it writes unconditionally (callers hold :func:`url_lock`).
+    Returns False when another writer changed it first (HTTP 412). S3: ``If-None-Match: *`` /
+    ``If-Match: <ETag>``; GCS: ``ifGenerationMatch=0`` / ``ifGenerationMatch=<generation>``.
+    On other stores it writes unconditionally: callers hold ``stoker.store_lock.index_lock``.
     """
     fs, key = filesystem(path), _key(path)
-    conditional = supports_conditional_writes(path)
+    kind = _conditional_store(fs)
 
     def put() -> bool:
         try:
-            if not conditional:
+            if kind == "gcs":
+                _gcs_put(fs, key, data, version or "0")
+            elif kind is None:
                 fs.pipe_file(key, data)
             elif version is None:
                 fs.pipe_file(key, data, mode="create")
             else:
                 fs.pipe_file(key, data, IfMatch=version)
-        except Exception as e:  # noqa: BLE001 - s3fs maps HTTP 412 to several types
+        except Exception as e:  # noqa: BLE001 - s3fs and gcsfs map HTTP 412 to several types
             text = f"{type(e).__name__} {e} {e.__cause__}"
-            if isinstance(e, FileExistsError) or any(t in text for t in ("PreconditionFailed", "412", "ConditionalRequestConflict")):
+            if isinstance(e, FileExistsError) or getattr(e, "code", None) == 412 or any(
+                t in text for t in ("PreconditionFailed", "412", "ConditionalRequestConflict")
+            ):
                 return False
             raise
         finally:
