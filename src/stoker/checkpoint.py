@@ -354,7 +354,8 @@ class CheckpointManager:
         try:
             files: dict[str, str] = {}
             sizes: dict[str, int] = {}
-            for fname in storage.files_under(staging):
+            # Files other replicas wrote into the staging directory (a fresh one of our own is empty).
+            for fname in storage.files_under(staging) if tmp_dir is not None else ():
                 data = storage.read_bytes(staging / fname, self.retry)
                 files[fname], sizes[fname] = hashlib.sha256(data).hexdigest(), len(data)
             blobs = checkpoint_blobs(model_state, train_state, input_states)

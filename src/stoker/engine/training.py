@@ -203,6 +203,7 @@ class TrainingRun:
             max_steps=max_steps,
             global_batch_size=self.inputs.train_batch_size,
             is_chief=self.strategy.is_chief,
+            world_size=self.strategy.world_size,
             # alone, agreeing is the flag itself: hooks call this every loop
             _any_replica=self.strategy.any_replica if self.strategy.world_size > 1 else bool,
             last_checkpoint=state.latest_checkpoint(),

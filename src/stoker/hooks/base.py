@@ -59,6 +59,8 @@ class RunContext:
     max_steps: int | None
     global_batch_size: int
     is_chief: bool = True
+    # Processes training together (replicas x pipeline stages); 1 when alone.
+    world_size: int = 1
     stop_requested: bool = False
     stop_reason: str = ""
     last_checkpoint: Path | None = None
@@ -253,7 +255,16 @@ class RunTotals:
         self.loss_sum += losses[0] if len(losses) == 1 else sum(losses)
         self.loss_n += len(losses)
         values = self.values
-        for name, vals in result.values.items():
+        loop_values = result.values
+        if len(loop_values) == 1 and "learning_rate" in values:  # the common case: no host_call
+            acc, vals = values["learning_rate"], loop_values.get("learning_rate")
+            if vals is not None:
+                if vals:
+                    acc[0] += vals[0] if len(vals) == 1 else sum(vals)
+                    acc[1] += len(vals)
+                    acc[2] = vals[-1]
+                return
+        for name, vals in loop_values.items():
             if vals:
                 acc = values.get(name)
                 if acc is None:

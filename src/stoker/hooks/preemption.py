@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import sys
 import threading
 from types import FrameType
 from typing import Any
@@ -35,14 +36,18 @@ class PreemptionHook(Hook):
         self._run: RunContext | None = None
 
     def begin(self, run: RunContext) -> None:
+        self.due_step = None
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be installed from the main thread
         self._run = run
+        if run.world_size == 1:  # alone, nothing to agree on each loop: wait for the signal itself
+            self.due_step = sys.maxsize
         for sig in self.signals:
             self._previous[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.received = signum
+        self.due_step = None  # after_loop runs at the end of this loop
         signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
         if self._run is not None:
             self._run.request_stop(f"received {signal.Signals(signum).name}")
