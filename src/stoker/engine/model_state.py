@@ -324,10 +324,7 @@ class ModelState:
 
     def save(self, hook_state: Mapping[str, Any], input_state: Any, last_checkpoint: Path | None, finished: bool = False) -> Path | None:
         """Write a checkpoint of ``global_step`` (collective); ``None`` without a model_dir.
-
-        ``finished``: training ends here (its ``max_steps``); the commit also writes the
-        ``finished.json`` marker a watching evaluator stops at.
-        """
+        ``finished``: training ends here (``max_steps``); the commit also writes ``finished.json``."""
         if self.checkpoints is None:
             return None
         model, strategy = self.build_model(), self.strategy
