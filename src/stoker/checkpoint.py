@@ -365,8 +365,6 @@ class CheckpointManager:
             if isinstance(staging, UrlPath):
                 record["dir"] = staging.name
                 final, removed = self._commit_remote(staging, record, blobs, sizes)
-                if finished:
-                    storage.write_all([(self.model_dir / FINISHED_NAME, _finished_json(step))], self.retry)
             else:
                 final, removed = _commit_local(self, staging, record, blobs, finished)
         except BaseException as e:
@@ -376,6 +374,10 @@ class CheckpointManager:
                 raise StorageError(f"checkpoint {name} was not written: {cause}; {self._kept()}") from e
             raise
         self._remove(removed)
+        if finished and isinstance(staging, UrlPath):
+            # After the commit and outside the clean-up above: the index names this prefix now,
+            # so a marker write that fails must raise without taking the checkpoint with it.
+            storage.write_all([(self.model_dir / FINISHED_NAME, _finished_json(step))], self.retry)
         return final
 
     def _kept(self) -> str:
