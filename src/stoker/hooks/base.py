@@ -72,6 +72,9 @@ class RunContext:
     logs: dict[str, float] = field(default_factory=dict)
     # Sums over the loops so far (updated before the hooks run at each loop boundary).
     totals: RunTotals = field(default_factory=lambda: RunTotals())
+    # Called with the path after each checkpoint save_checkpoint writes (e.g. SummaryHook
+    # flushes its queued rows, so a resume from that checkpoint lacks none before it).
+    on_checkpoint: list[Callable[[Path], None]] = field(default_factory=list)
     _save: Callable[[], Path | None] | None = None
     _any_replica: Callable[[bool], bool] = bool
 
@@ -102,7 +105,11 @@ class RunContext:
             return None
         if self.last_checkpoint_step == self.global_step and self.last_checkpoint is not None:
             return self.last_checkpoint
-        return self._save()
+        path = self._save()
+        if path is not None:
+            for fn in self.on_checkpoint:
+                fn(path)
+        return path
 
 
 class Hook:
