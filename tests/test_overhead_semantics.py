@@ -158,3 +158,14 @@ def test_grad_clearer_keeps_a_zero_grad_set_on_the_instance():
     p.grad = torch.ones(2)
     grad_clearer(opt)()
     assert calls == [True] and p.grad is None
+
+
+def test_a_final_save_killed_mid_write_leaves_no_finished_marker_temp_file(tmp_path):
+    # The final checkpoint writes finished.json's temporary file with its own files; a kill -9
+    # during that write leaves it, and the next run's first save removes it with the rest.
+    (tmp_path / ".finished.json.0badcafe.tmp").write_bytes(b'{"step": 5')
+    (tmp_path / ".tmp-ckpt-5-0badcafe").mkdir()
+    manager = CheckpointManager(tmp_path)
+    manager.save(3, {"w": torch.ones(2)}, {"global_step": 3})
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".") and not p.name.endswith(".lock")) == []
+    assert not (tmp_path / "finished.json").exists()

@@ -148,11 +148,12 @@ def _attach_eval(index: dict[str, Any], step: int, kept: dict[str, float], keep_
 
 
 def _remove_leftovers(model_dir: Path) -> None:
-    """Remove temporary directories and index files a crashed local save left behind."""
+    """Remove temporary directories, index and ``finished.json`` files a crashed local save left
+    behind (a final checkpoint writes the marker's temporary file with its own files)."""
     for p in model_dir.iterdir():
         if p.name.startswith((".tmp-ckpt-", ".trash-ckpt-")) and p.is_dir():
             storage.remove_tree(p)
-        elif p.name.startswith(f".{INDEX_NAME}.") and p.name.endswith(".tmp"):
+        elif p.name.startswith((f".{INDEX_NAME}.", f".{FINISHED_NAME}.")) and p.name.endswith(".tmp"):
             p.unlink(missing_ok=True)
 
 
