@@ -148,11 +148,12 @@ def _attach_eval(index: dict[str, Any], step: int, kept: dict[str, float], keep_
 
 
 def _remove_leftovers(model_dir: Path) -> None:
-    """Remove temporary directories and index files a crashed local save left behind."""
+    """Remove temporary directories, index and ``finished.json`` files a crashed local save left
+    behind (a final checkpoint writes the marker's temporary file with its own files)."""
     for p in model_dir.iterdir():
         if p.name.startswith((".tmp-ckpt-", ".trash-ckpt-")) and p.is_dir():
             storage.remove_tree(p)
-        elif p.name.startswith(f".{INDEX_NAME}.") and p.name.endswith(".tmp"):
+        elif p.name.startswith((f".{INDEX_NAME}.", f".{FINISHED_NAME}.")) and p.name.endswith(".tmp"):
             p.unlink(missing_ok=True)
 
 
@@ -365,8 +366,6 @@ class CheckpointManager:
             if isinstance(staging, UrlPath):
                 record["dir"] = staging.name
                 final, removed = self._commit_remote(staging, record, blobs, sizes)
-                if finished:
-                    storage.write_all([(self.model_dir / FINISHED_NAME, _finished_json(step))], self.retry)
             else:
                 final, removed = _commit_local(self, staging, record, blobs, finished)
         except BaseException as e:
@@ -376,6 +375,10 @@ class CheckpointManager:
                 raise StorageError(f"checkpoint {name} was not written: {cause}; {self._kept()}") from e
             raise
         self._remove(removed)
+        if finished and isinstance(staging, UrlPath):
+            # After the commit and outside the clean-up above: the index names this prefix now,
+            # so a marker write that fails must raise without taking the checkpoint with it.
+            storage.write_all([(self.model_dir / FINISHED_NAME, _finished_json(step))], self.retry)
         return final
 
     def _kept(self) -> str:

@@ -173,7 +173,8 @@ def grad_clearer(optimizer: torch.optim.Optimizer) -> Callable[[], None]:
     profiler scope, which cost ~5 us per step on the CPU: a few % of a host-bound step
     (benchmarks/overhead.py). An optimizer with its own ``zero_grad`` keeps it.
     """
-    if getattr(type(optimizer), "zero_grad", None) is not torch.optim.Optimizer.zero_grad:
+    own = getattr(type(optimizer), "zero_grad", None) is not torch.optim.Optimizer.zero_grad
+    if own or "zero_grad" in getattr(optimizer, "__dict__", {}):  # a class's or one set on the instance
         return lambda: optimizer.zero_grad(set_to_none=True)
 
     def clear() -> None:

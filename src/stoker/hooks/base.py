@@ -9,6 +9,7 @@ sets the flag ``run.stop_requested``; the device loop checks that flag after eve
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -71,6 +72,9 @@ class RunContext:
     logs: dict[str, float] = field(default_factory=dict)
     # Sums over the loops so far (updated before the hooks run at each loop boundary).
     totals: RunTotals = field(default_factory=lambda: RunTotals())
+    # Called with the path after each checkpoint save_checkpoint writes (e.g. SummaryHook
+    # flushes its queued rows, so a resume from that checkpoint lacks none before it).
+    on_checkpoint: list[Callable[[Path], None]] = field(default_factory=list)
     _save: Callable[[], Path | None] | None = None
     _any_replica: Callable[[bool], bool] = bool
 
@@ -101,7 +105,11 @@ class RunContext:
             return None
         if self.last_checkpoint_step == self.global_step and self.last_checkpoint is not None:
             return self.last_checkpoint
-        return self._save()
+        path = self._save()
+        if path is not None:
+            for fn in self.on_checkpoint:
+                fn(path)
+        return path
 
 
 class Hook:
@@ -234,9 +242,14 @@ class RunTotals:
     """Sums over every loop of one ``train`` call so far: steps, time, losses, ``host_call``
     values. The training loop adds each loop's result once, before the hooks run; a hook that
     reports every N steps keeps a copy from its last report and reports the difference
-    (:meth:`since`), so it needs no call in the loops between (``Hook.due_step``)."""
+    (:meth:`since`), so it needs no call in the loops between (``Hook.due_step``).
 
-    __slots__ = ("steps", "seconds", "input_wait_seconds", "loss_sum", "loss_n", "values")
+    Sums hold finite values only; NaN and infinities are counted apart (``bad``), so that one
+    of them makes the interval it falls in NaN or infinite, as a sum over that interval would
+    be, and not every interval after it (a running sum that took an inf cannot give it back).
+    """
+
+    __slots__ = ("steps", "seconds", "input_wait_seconds", "loss_sum", "loss_n", "values", "bad")
 
     def __init__(self) -> None:
         self.steps = 0
@@ -245,6 +258,8 @@ class RunTotals:
         self.loss_sum = 0.0
         self.loss_n = 0
         self.values: dict[str, list[float]] = {}  # name -> [sum, count, last]
+        # name (None: the loss) -> [NaNs, +infs, -infs] left out of its sum; empty while all is finite
+        self.bad: dict[str | None, list[int]] = {}
 
     def add(self, result: LoopResult) -> None:
         """Add one loop's result."""
@@ -252,7 +267,8 @@ class RunTotals:
         self.seconds += result.seconds
         self.input_wait_seconds += result.input_wait_seconds
         losses = result.losses
-        self.loss_sum += losses[0] if len(losses) == 1 else sum(losses)
+        total = losses[0] if len(losses) == 1 else sum(losses)
+        self.loss_sum += total if total - total == 0.0 else self._finite_part(None, losses)  # x - x: NaN unless finite
         self.loss_n += len(losses)
         values = self.values
         loop_values = result.values
@@ -260,7 +276,8 @@ class RunTotals:
             acc, vals = values["learning_rate"], loop_values.get("learning_rate")
             if vals is not None:
                 if vals:
-                    acc[0] += vals[0] if len(vals) == 1 else sum(vals)
+                    total = vals[0] if len(vals) == 1 else sum(vals)
+                    acc[0] += total if total - total == 0.0 else self._finite_part("learning_rate", vals)
                     acc[1] += len(vals)
                     acc[2] = vals[-1]
                 return
@@ -269,15 +286,28 @@ class RunTotals:
                 acc = values.get(name)
                 if acc is None:
                     acc = values[name] = [0.0, 0, 0.0]
-                acc[0] += vals[0] if len(vals) == 1 else sum(vals)
+                total = vals[0] if len(vals) == 1 else sum(vals)
+                acc[0] += total if total - total == 0.0 else self._finite_part(name, vals)
                 acc[1] += len(vals)
                 acc[2] = vals[-1]
+
+    def _finite_part(self, name: str | None, vals: list[float]) -> float:
+        """The sum of the finite ``vals``; the others are counted in ``bad[name]``."""
+        counts = self.bad.setdefault(name, [0, 0, 0])
+        total = 0.0
+        for v in vals:
+            if v - v == 0.0:
+                total += v
+            else:
+                counts[0 if v != v else 1 if v > 0 else 2] += 1
+        return total
 
     def copy(self) -> RunTotals:
         out = RunTotals()
         out.steps, out.seconds, out.input_wait_seconds = self.steps, self.seconds, self.input_wait_seconds
         out.loss_sum, out.loss_n = self.loss_sum, self.loss_n
         out.values = {name: list(acc) for name, acc in self.values.items()}
+        out.bad = {name: list(counts) for name, counts in self.bad.items()}
         return out
 
     def since(self, earlier: RunTotals) -> RunTotals:
@@ -290,6 +320,16 @@ class RunTotals:
             before = earlier.values.get(name, (0.0, 0, 0.0))
             if count > before[1]:
                 out.values[name] = [total - before[0], count - before[1], last]
+        for name, counts in self.bad.items():  # rare: only once something was not finite
+            before_counts = earlier.bad.get(name, (0, 0, 0))
+            nan, pos, neg = (c - b for c, b in zip(counts, before_counts, strict=True))
+            if nan or pos or neg:
+                out.bad[name] = [nan, pos, neg]
+                spoilt = math.nan if nan or (pos and neg) else math.inf if pos else -math.inf
+                if name is None:
+                    out.loss_sum = spoilt
+                elif name in out.values:
+                    out.values[name][0] = spoilt
         return out
 
     def means(self, names: Sequence[str] | None = None) -> dict[str, float]:

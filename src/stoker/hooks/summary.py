@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..summary import ScalarWriter
 from .base import Hook, LoopResult, RunContext, RunTotals, next_due_step
 
@@ -28,6 +30,13 @@ class SummaryHook(Hook):
         out = self.output_dir or run.model_dir
         if run.is_chief and out is not None:
             self._writer = ScalarWriter(out, tensorboard=self.tensorboard)
+            # Rows queued before a checkpoint reach the files with it, also at a checkpoint this
+            # hook is not due at: a run resumed from it after a kill -9 never writes them again.
+            run.on_checkpoint.append(self._checkpointed)
+
+    def _checkpointed(self, path: Path) -> None:
+        if self._writer is not None:
+            self._writer.flush()
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
         self._flush(run)  # called only once due_step is reached
