@@ -233,3 +233,60 @@ def test_run_config_mlperf_log_writes_mllog_events(tmp_path):
     keys = [json.loads(line.split(":::MLLOG ", 1)[1])["key"] for line in lines if ":::MLLOG" in line]
     order = [k for k in keys if k in ("run_start", "epoch_start", "epoch_stop", "run_stop")]
     assert order == ["run_start", "epoch_start", "epoch_stop", "run_stop"], keys
+
+
+def test_nan_loss_at_iterations_per_loop_1_stops_at_that_step(tmp_path):
+    # With N=1 the NaN guard is called only after a loop whose loss was not finite (it is woken
+    # by run.totals): it must still stop at that very step, before any later checkpoint.
+    x, y = make_data(64)
+    est = make_estimator(tmp_path, iterations_per_loop=1, save_checkpoints_steps=5)
+    est.model_fn = nan_at_17
+    with pytest.raises(stoker.NanLossError, match=r"loss is nan at step 17") as err:
+        est.train(train_input(x, y), max_steps=40)
+    assert err.value.step == 17
+    assert json.loads((tmp_path / "checkpoint.json").read_text())["latest"] == "ckpt-15"
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_time_based_saves_alone_land_on_time_though_the_clock_is_not_read_every_step(tmp_path, monkeypatch):
+    # One process, iterations_per_loop=1: the saver reads its clock only every few steps (from
+    # the measured step rate); the saves must still come at the first step past each interval,
+    # also when the steps suddenly get 2000x slower.
+    from stoker.hooks import checkpoint_saver
+
+    clock = FakeClock()
+    monkeypatch.setattr(checkpoint_saver, "time", clock)
+    reads = []
+    real = FakeClock.monotonic
+
+    def counted(self):  # noqa: ANN001, ANN202
+        reads.append(self.now)
+        return real(self)
+
+    monkeypatch.setattr(FakeClock, "monotonic", counted)
+
+    def timed_fn(model, features, labels, mode, params):  # noqa: ANN001, ANN202
+        step = params["calls"] = params.get("calls", 0) + 1
+        clock.now += 0.01 if step <= 3000 else 20.0  # 100 steps a second, then one per 20 s
+        return classifier_fn(model, features, labels, mode, params)
+
+    x, y = make_data(64)
+    est = make_estimator(tmp_path, iterations_per_loop=1, save_checkpoints_secs=10, keep_checkpoint_max=0,
+                         log_every_n_steps=None, summaries=False)
+    est.model_fn = timed_fn
+    est.train(train_input(x, y), max_steps=3006)
+    steps = sorted(int(p.name.split("-")[1]) for p in tmp_path.glob("ckpt-*"))
+    # every 10 s is every 1000 steps (float rounding may make it the step after); then each
+    # 20 s step is past the interval, and the clock, last read at the old rate, is read again
+    # within a few steps
+    assert [round(s, -1) for s in steps[:3]] == [1000, 2000, 3000]
+    assert steps[-1] == 3006 and all(b - a <= 3 for a, b in zip(steps[2:], steps[3:], strict=False)), steps
+    fast = [t for t in reads if t <= 1030.0]  # reads in the fast part (its 3000 steps end at 1030 s)
+    assert 3 < len(fast) < 100, len(fast)  # read, but not after every one of its 3000 steps

@@ -249,7 +249,7 @@ class RunTotals:
     be, and not every interval after it (a running sum that took an inf cannot give it back).
     """
 
-    __slots__ = ("steps", "seconds", "input_wait_seconds", "loss_sum", "loss_n", "values", "bad")
+    __slots__ = ("steps", "seconds", "input_wait_seconds", "loss_sum", "loss_n", "values", "bad", "on_nonfinite_loss")
 
     def __init__(self) -> None:
         self.steps = 0
@@ -260,6 +260,8 @@ class RunTotals:
         self.values: dict[str, list[float]] = {}  # name -> [sum, count, last]
         # name (None: the loss) -> [NaNs, +infs, -infs] left out of its sum; empty while all is finite
         self.bad: dict[str | None, list[int]] = {}
+        #: Called when a loop adds a NaN or infinite loss (before the hooks of that loop run).
+        self.on_nonfinite_loss: list[Callable[[], None]] = []
 
     def add(self, result: LoopResult) -> None:
         """Add one loop's result."""
@@ -268,7 +270,12 @@ class RunTotals:
         self.input_wait_seconds += result.input_wait_seconds
         losses = result.losses
         total = losses[0] if len(losses) == 1 else sum(losses)
-        self.loss_sum += total if total - total == 0.0 else self._finite_part(None, losses)  # x - x: NaN unless finite
+        if total - total == 0.0:  # x - x: NaN unless x is finite
+            self.loss_sum += total
+        else:
+            self.loss_sum += self._finite_part(None, losses)
+            for fn in self.on_nonfinite_loss:
+                fn()
         self.loss_n += len(losses)
         values = self.values
         loop_values = result.values

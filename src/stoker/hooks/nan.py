@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 from ..errors import NanLossError
 from .base import Hook, LoopResult, RunContext
@@ -16,6 +17,14 @@ class NanLossHook(Hook):
     """
 
     priority = 10
+
+    def after_setup(self, run: RunContext) -> None:
+        # Called only after a loop with a non-finite loss: run.totals sees every loss first.
+        self.due_step = sys.maxsize
+        run.totals.on_nonfinite_loss.append(self._wake)
+
+    def _wake(self) -> None:
+        self.due_step = None
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
         if math.isfinite(sum(result.losses)):  # the sum is finite only if every loss is
