@@ -290,3 +290,40 @@ def test_time_based_saves_alone_land_on_time_though_the_clock_is_not_read_every_
     assert steps[-1] == 3006 and all(b - a <= 3 for a, b in zip(steps[2:], steps[3:], strict=False)), steps
     fast = [t for t in reads if t <= 1030.0]  # reads in the fast part (its 3000 steps end at 1030 s)
     assert 3 < len(fast) < 100, len(fast)  # read, but not after every one of its 3000 steps
+
+
+def test_loops_no_hook_watches_run_as_one_and_the_hooks_see_the_same_steps(tmp_path, monkeypatch):
+    # iterations_per_loop=1 with only the built-in hooks (each waits for a due step): the loops
+    # between due steps run as one; logging, summaries and step-based saves land on the same
+    # steps, and the final weights equal a run where a watching hook keeps every loop a step.
+    from stoker.loop import DeviceLoop
+
+    loops: list[int] = []
+    real = DeviceLoop.run_loop
+
+    def counted(self, infeed, steps):  # noqa: ANN001, ANN202
+        loops.append(steps)
+        return real(self, infeed, steps)
+
+    monkeypatch.setattr(DeviceLoop, "run_loop", counted)
+    x, y = make_data(64)
+
+    def run(model_dir, hooks):  # noqa: ANN001, ANN202
+        loops.clear()
+        est = make_estimator(model_dir, iterations_per_loop=1, log_every_n_steps=5, save_checkpoints_steps=10)
+        est.train(train_input(x, y), max_steps=20, hooks=hooks)
+        rows = [(r["step"], r["tag"]) for r in read_metrics_csv(model_dir) if r["tag"] == "loss"]
+        saved = sorted(p.name for p in model_dir.glob("ckpt-*"))
+        return list(loops), rows, saved, [p.detach().clone() for p in est.model.parameters()]
+
+    class EveryLoop(Hook):
+        def after_loop(self, run, result):  # noqa: ANN001
+            pass
+
+    merged, rows, saved, weights = run(tmp_path / "merged", [])
+    stepped, rows2, saved2, weights2 = run(tmp_path / "stepped", [EveryLoop()])
+    assert stepped == [1] * 20
+    assert merged == [5, 5, 5, 5]
+    assert rows == rows2 == [(5, "loss"), (10, "loss"), (15, "loss"), (20, "loss")]
+    assert saved == saved2 == ["ckpt-10", "ckpt-20"]
+    assert all(torch.equal(a, b) for a, b in zip(weights, weights2, strict=True))

@@ -32,7 +32,10 @@ class RunConfig:
         iterations_per_loop: training steps per host round trip (the device loop). Loss and
             ``host_call`` values stay on the device within a loop; hooks run once per loop, so
             step-based intervals (checkpoints, logging) are honoured at the first loop boundary
-            at or after the step they name.
+            at or after the step they name. In one process, when every hook waits for a due
+            step (``Hook.due_step``: the built-in ones do; a hook without it is called after
+            every loop), the loops before the first due step run as one, since no hook would
+            see them: the host is visited less, the hooks see the same steps.
         save_checkpoints_steps / save_checkpoints_secs: checkpoint interval (set at most one;
             with neither, a checkpoint is written every 600 s). A final checkpoint is always
             written when ``train`` returns.

@@ -38,6 +38,10 @@ from .steps import make_train_step
 
 log = logging.getLogger("stoker")
 
+# The most steps run as one loop when no hook is due before (bounds how late an error that is
+# read at loop boundaries, such as a NaN loss, is raised when nothing else is due for long).
+MAX_MERGED_STEPS = 1000
+
 
 def default_hooks(config: RunConfig) -> list[Hook]:
     """The hooks every ``train`` runs, from ``config``: NaN guard, logging, progress, and with a
@@ -116,9 +120,19 @@ class TrainingRun:
             before_loop = runner.before_loop if runner.has("before_loop") else None
             check_checkpoint = state.check_checkpoint if state.writer is not None else None
             totals = run.totals
+            # Alone, with no hook that watches every loop (each one's after_loop waits for a due
+            # step, none has a before_loop), loops that no hook would see run as one: up to the
+            # first due step. Hooks see the same steps; the host is visited less often.
+            merge = alone and before_loop is None
             # With iterations_per_loop=1 this body runs every step: keep it short.
             while not run.stop_requested:
-                n = iterations if run.max_steps is None else min(iterations, run.max_steps - run.global_step)
+                n = iterations
+                if merge:
+                    due = runner.first_due_step()
+                    if due is not None and due - run.global_step > n:
+                        n = min(due - run.global_step, MAX_MERGED_STEPS)
+                if run.max_steps is not None:
+                    n = min(n, run.max_steps - run.global_step)
                 if n <= 0:
                     break
                 if before_loop is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -195,6 +196,18 @@ class HookRunner:
     def has(self, event: str) -> bool:
         """Whether any hook overrides ``event``."""
         return bool(self._by_event[event])
+
+    def first_due_step(self) -> int | None:
+        """The first global step at which some hook's ``after_loop`` is due (``sys.maxsize`` if
+        none is), or ``None`` when a hook wants to be called after every loop."""
+        first = sys.maxsize
+        for hook, _ in self._after_loop:
+            due = hook.due_step
+            if due is None:
+                return None
+            if due < first:
+                first = due
+        return first
 
     def begin(self, run: RunContext) -> None:
         self._call("begin", run)
