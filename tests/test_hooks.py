@@ -237,7 +237,8 @@ def test_run_config_mlperf_log_writes_mllog_events(tmp_path):
 
 def test_nan_loss_at_iterations_per_loop_1_stops_at_that_step(tmp_path):
     # With N=1 the NaN guard is called only after a loop whose loss was not finite (it is woken
-    # by run.totals): it must still stop at that very step, before any later checkpoint.
+    # by run.totals), and loops no hook watches run as one: it must still name that step and
+    # stop before any later checkpoint.
     x, y = make_data(64)
     est = make_estimator(tmp_path, iterations_per_loop=1, save_checkpoints_steps=5)
     est.model_fn = nan_at_17
