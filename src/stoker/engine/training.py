@@ -114,43 +114,7 @@ class TrainingRun:
             loop = DeviceLoop(step, run, run.global_batch_size, self.strategy)
             state.build_model().train()
             state.holds, state.weights_of, started = "memory", None, True
-            end_loop = getattr(step, "end_loop", None)  # a step keeping state on the device hands it back
-            alone = self.strategy.world_size == 1
-            iterations = self.config.iterations_per_loop
-            before_loop = runner.before_loop if runner.has("before_loop") else None
-            check_checkpoint = state.check_checkpoint if state.writer is not None else None
-            totals = run.totals
-            # Alone, with no hook that watches every loop (each one's after_loop waits for a due
-            # step, none has a before_loop), loops that no hook would see run as one: up to the
-            # first due step. Hooks see the same steps; the host is visited less often.
-            merge = alone and before_loop is None
-            # With iterations_per_loop=1 this body runs every step: keep it short.
-            while not run.stop_requested:
-                n = iterations
-                if merge:
-                    due = runner.first_due_step()
-                    if due is not None and due - run.global_step > n:
-                        n = min(due - run.global_step, MAX_MERGED_STEPS)
-                if run.max_steps is not None:
-                    n = min(n, run.max_steps - run.global_step)
-                if n <= 0:
-                    break
-                if before_loop is not None:
-                    before_loop(run, n)
-                result = loop.run_loop(infeed, n)
-                if end_loop is not None:
-                    end_loop()
-                state.global_step = run.global_step
-                if loop.exhausted:
-                    run.request_stop(f"input_fn's data ended at step {run.global_step}")
-                if run.logs:
-                    run.logs.clear()  # values hooks share are fresh at every loop boundary
-                totals.add(result)
-                runner.after_loop(run, result)
-                if check_checkpoint is not None:
-                    check_checkpoint()  # an asynchronous write that failed stops training here
-                if not alone:  # a stop one replica decided (a signal, its clock) stops them all
-                    run.stop_requested = run.any_replica(run.stop_requested)
+            self._loops(run, runner, loop, infeed, step)
             runner.end(run)
             state.wait_for_checkpoint()  # the end of training (and SIGTERM) waits for the write in flight
             self._mark_finished(max_steps)
@@ -175,6 +139,47 @@ class TrainingRun:
             log.info("training stopped at step %d: %s", run.global_step, run.stop_reason)
         if run.exit_code is not None:
             sys.exit(run.exit_code)
+
+    def _loops(self, run: RunContext, runner: HookRunner, loop: DeviceLoop, infeed: Infeed, step: TrainStep) -> None:
+        """Device loops with the hooks between them until a stop is requested."""
+        state = self.state
+        end_loop = getattr(step, "end_loop", None)  # a step keeping state on the device hands it back
+        alone = self.strategy.world_size == 1
+        iterations = self.config.iterations_per_loop
+        before_loop = runner.before_loop if runner.has("before_loop") else None
+        check_checkpoint = state.check_checkpoint if state.writer is not None else None
+        totals = run.totals
+        # Alone, with no hook that watches every loop (each one's after_loop waits for a due
+        # step, none has a before_loop), loops that no hook would see run as one: up to the
+        # first due step. Hooks see the same steps; the host is visited less often.
+        merge = alone and before_loop is None
+        # With iterations_per_loop=1 this body runs every step: keep it short.
+        while not run.stop_requested:
+            n = iterations
+            if merge:
+                due = runner.first_due_step()
+                if due is not None and due - run.global_step > n:
+                    n = min(due - run.global_step, MAX_MERGED_STEPS)
+            if run.max_steps is not None:
+                n = min(n, run.max_steps - run.global_step)
+            if n <= 0:
+                break
+            if before_loop is not None:
+                before_loop(run, n)
+            result = loop.run_loop(infeed, n)
+            if end_loop is not None:
+                end_loop()
+            state.global_step = run.global_step
+            if loop.exhausted:
+                run.request_stop(f"input_fn's data ended at step {run.global_step}")
+            if run.logs:
+                run.logs.clear()  # values hooks share are fresh at every loop boundary
+            totals.add(result)
+            runner.after_loop(run, result)
+            if check_checkpoint is not None:
+                check_checkpoint()  # an asynchronous write that failed stops training here
+            if not alone:  # a stop one replica decided (a signal, its clock) stops them all
+                run.stop_requested = run.any_replica(run.stop_requested)
 
     def _mark_finished(self, max_steps: int | None) -> None:
         """Write ``finished.json`` (for a watching evaluator) once ``max_steps`` is reached,
