@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -121,6 +124,23 @@ def launch_replicas(script: Path, nproc: int, *args: str) -> list[subprocess.Pop
         procs.append(subprocess.Popen([PYTHON, str(script), *args], env=env, text=True,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     return procs
+
+
+def kill_9_at_a_checkpoint_twice(command: list[str], env: dict[str, str], latest: Callable[[], str | None]) -> None:
+    """Run the training ``command`` twice, each time killing it with SIGKILL 0.3 s after
+    ``latest()`` (its newest checkpoint) changes: once at a random moment of training, once
+    (``--slow_write 0.4``) inside a checkpoint write."""
+    for slow_write in ("0", "0.4"):
+        proc = subprocess.Popen([*command, "--sleep", "0.02", "--slow_write", slow_write], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 120
+        before = latest()
+        while latest() == before:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
+            time.sleep(0.05)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
 
 
 def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

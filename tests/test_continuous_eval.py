@@ -188,11 +188,16 @@ def test_finished_marker_is_written_again_when_there_is_nothing_left_to_train(tm
     assert not (tmp_path / "finished.json").exists()
 
 
-def test_last_step_ignores_an_earlier_finished_marker(tmp_path):
+def trained_to_step_4(model_dir, iterations_per_loop: int = 2):  # noqa: ANN001, ANN201
+    """Train to step 4 with checkpoints at 2 and 4 (all kept); return eval data ``(ex, ey)``."""
     x, y = make_data(100)
-    ex, ey = make_data(64, seed=1)
-    make_estimator(tmp_path, iterations_per_loop=2, save_checkpoints_steps=2, keep_checkpoint_max=0).train(
+    make_estimator(model_dir, iterations_per_loop=iterations_per_loop, save_checkpoints_steps=2, keep_checkpoint_max=0).train(
         train_input(x, y), max_steps=4)
+    return make_data(64, seed=1)
+
+
+def test_last_step_ignores_an_earlier_finished_marker(tmp_path):
+    ex, ey = trained_to_step_4(tmp_path)
     est = make_estimator(tmp_path, keep_checkpoint_max=0)
     result = est.evaluate_continuously(eval_input(ex, ey), timeout_secs=0.2, poll_secs=0.01, last_step=6)
     assert result.evaluated == [2, 4] and result.stop_reason == "no new checkpoint for 0.2 s"
@@ -215,10 +220,7 @@ def test_opening_a_model_dir_leaves_an_in_flight_save_alone(tmp_path):
 
 
 def test_evaluating_on_another_device_gives_the_same_results(tmp_path):
-    x, y = make_data(100)
-    ex, ey = make_data(64, seed=1)
-    make_estimator(tmp_path, iterations_per_loop=2, save_checkpoints_steps=2, keep_checkpoint_max=0).train(
-        train_input(x, y), max_steps=4)
+    ex, ey = trained_to_step_4(tmp_path)
     here = make_estimator(tmp_path / "copy")  # device "auto": its own components
     shutil.copytree(tmp_path, tmp_path / "copy", dirs_exist_ok=True, ignore=shutil.ignore_patterns("copy"))
     there = make_estimator(tmp_path, keep_checkpoint_max=0)
@@ -231,10 +233,7 @@ def test_evaluating_on_another_device_gives_the_same_results(tmp_path):
 
 
 def test_a_step_saved_again_is_evaluated_again_with_its_new_weights(tmp_path):
-    x, y = make_data(100)
-    ex, ey = make_data(64, seed=1)
-    make_estimator(tmp_path, iterations_per_loop=2, save_checkpoints_steps=2, keep_checkpoint_max=0).train(
-        train_input(x, y), max_steps=4)
+    ex, ey = trained_to_step_4(tmp_path)
     est = make_estimator(tmp_path, keep_checkpoint_max=0)
     watcher = ContinuousEvaluation(est.evaluation, est.state.checkpoints,
                                    ContinuousEvalConfig(timeout_secs=5, poll_secs=0.01))
@@ -263,10 +262,7 @@ def test_evaluator_on_cuda_beside_a_cpu_trainer(tmp_path):
 
 
 def test_a_checkpoint_removed_before_its_evaluation_is_skipped_with_one_line(tmp_path, caplog):
-    x, y = make_data(100)
-    ex, ey = make_data(64, seed=1)
-    make_estimator(tmp_path, iterations_per_loop=1, save_checkpoints_steps=2, keep_checkpoint_max=0).train(
-        train_input(x, y), max_steps=4)
+    ex, ey = trained_to_step_4(tmp_path, iterations_per_loop=1)
     evaluator = make_estimator(tmp_path, keep_checkpoint_max=0)
     calls: list[int] = []
 

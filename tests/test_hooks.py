@@ -42,9 +42,12 @@ def nan_at_17(model, features, labels, mode, params):  # noqa: ANN001, ANN201
     return spec
 
 
-def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+# With N=1 the NaN guard is called only after a loop whose loss was not finite (run.totals wakes
+# it), and loops no hook watches run as one: it must still name the step and stop before a save.
+@pytest.mark.parametrize("iterations", [5, 1])
+def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path, iterations):
     x, y = make_data(64)
-    est = make_estimator(tmp_path, iterations_per_loop=5, save_checkpoints_steps=5)
+    est = make_estimator(tmp_path, iterations_per_loop=iterations, save_checkpoints_steps=5)
     est.model_fn = nan_at_17
     with pytest.raises(stoker.NanLossError, match=r"loss is nan at step 17: training stopped; the last good checkpoint is .*ckpt-15") as err:
         est.train(train_input(x, y), max_steps=40)
@@ -52,7 +55,7 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_pat
     index = json.loads((tmp_path / "checkpoint.json").read_text())
     assert index["latest"] == "ckpt-15" and not (tmp_path / "ckpt-20").exists()
     # a new run resumes from the last good checkpoint
-    again = make_estimator(tmp_path, iterations_per_loop=5)
+    again = make_estimator(tmp_path, iterations_per_loop=iterations)
     again.train(train_input(x, y), max_steps=20)
     assert again.global_step == 20 and all(torch.isfinite(p).all() for p in again.model.parameters())
 
@@ -233,19 +236,6 @@ def test_run_config_mlperf_log_writes_mllog_events(tmp_path):
     keys = [json.loads(line.split(":::MLLOG ", 1)[1])["key"] for line in lines if ":::MLLOG" in line]
     order = [k for k in keys if k in ("run_start", "epoch_start", "epoch_stop", "run_stop")]
     assert order == ["run_start", "epoch_start", "epoch_stop", "run_stop"], keys
-
-
-def test_nan_loss_at_iterations_per_loop_1_stops_at_that_step(tmp_path):
-    # With N=1 the NaN guard is called only after a loop whose loss was not finite (it is woken
-    # by run.totals), and loops no hook watches run as one: it must still name that step and
-    # stop before any later checkpoint.
-    x, y = make_data(64)
-    est = make_estimator(tmp_path, iterations_per_loop=1, save_checkpoints_steps=5)
-    est.model_fn = nan_at_17
-    with pytest.raises(stoker.NanLossError, match=r"loss is nan at step 17") as err:
-        est.train(train_input(x, y), max_steps=40)
-    assert err.value.step == 17
-    assert json.loads((tmp_path / "checkpoint.json").read_text())["latest"] == "ckpt-15"
 
 
 class FakeClock:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -17,7 +16,14 @@ import fsspec
 import pytest
 import torch
 
-from conftest import PYTHON, make_data, make_estimator, python_env, train_input
+from conftest import (
+    PYTHON,
+    kill_9_at_a_checkpoint_twice,
+    make_data,
+    make_estimator,
+    python_env,
+    train_input,
+)
 from stoker import storage
 from stoker.checkpoint import CheckpointManager, load_checkpoint
 from stoker.errors import StorageError
@@ -180,17 +186,7 @@ def test_s3_kill_9_during_training_and_during_a_write_then_rerun_is_bitwise_equa
     ref = subprocess.run(_script(str(tmp_path / "ref")), env=env, capture_output=True, text=True, timeout=300)
     assert ref.returncode == 0, ref.stderr
     url = f"s3://bucket/{uuid.uuid4().hex[:8]}"
-    for slow_write in ("0", "0.4"):  # a kill at a random moment, then one inside a checkpoint write
-        proc = subprocess.Popen(_script(url, "--sleep", "0.02", "--slow_write", slow_write), env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 120
-        before = _s3_latest(url)
-        while _s3_latest(url) == before:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
-            time.sleep(0.05)
-        time.sleep(0.3)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    kill_9_at_a_checkpoint_twice(_script(url), env, lambda: _s3_latest(url))
     assert _s3_latest(url) != "ckpt-30"
     done = subprocess.run(_script(url), env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import tempfile
 import time
@@ -21,7 +20,15 @@ import fsspec
 import pytest
 import torch
 
-from conftest import PYTHON, free_port, make_data, make_estimator, python_env, train_input
+from conftest import (
+    PYTHON,
+    free_port,
+    kill_9_at_a_checkpoint_twice,
+    make_data,
+    make_estimator,
+    python_env,
+    train_input,
+)
 from stoker import storage
 from stoker.checkpoint import CheckpointManager, load_checkpoint
 from stoker.storage import location
@@ -220,17 +227,7 @@ def test_gcs_kill_9_during_training_and_during_a_write_then_rerun_is_bitwise_equ
     ref = subprocess.run([*script, str(tmp_path / "ref")], env=env, capture_output=True, text=True, timeout=300)
     assert ref.returncode == 0, ref.stderr
     url = _url()
-    for slow_write in ("0", "0.4"):  # a kill at a random moment, then one inside a checkpoint write
-        proc = subprocess.Popen([*script, url, "--sleep", "0.02", "--slow_write", slow_write], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + 120
-        before = _gs_latest(url)
-        while _gs_latest(url) == before:
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read() if proc.stderr else ""
-            time.sleep(0.05)
-        time.sleep(0.3)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
+    kill_9_at_a_checkpoint_twice([*script, url], env, lambda: _gs_latest(url))
     assert _gs_latest(url) != "ckpt-30"
     done = subprocess.run([*script, url], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

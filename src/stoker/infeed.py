@@ -244,10 +244,8 @@ class Infeed:
     def _to_device(self, batch: Batch) -> Batch:
         device = self.device
         if not self._cuda:
-            features, labels = batch.features, batch.labels
-            if self._on_cpu and type(features) is torch.Tensor and features.is_cpu:
-                if labels is None or (type(labels) is torch.Tensor and labels.is_cpu):
-                    return batch  # the common case on a CPU run: nothing to convert or move
+            if self._on_cpu and _cpu_tensors(batch.features, batch.labels):
+                return batch  # the common case on a CPU run: nothing to convert or move
             move = lambda t: t if t.device == device else t.to(device)  # noqa: E731
             return Batch(tree_map(move, batch.features), tree_map(move, batch.labels), batch.mask, batch.rows)
         # Pinned host memory lets the copy run asynchronously on a side stream, overlapping the
@@ -289,12 +287,8 @@ class Infeed:
                 self.wait_seconds += time.perf_counter() - start
                 raise
             # A training batch of CPU tensors on a CPU run needs nothing done to it: skip _prepare.
-            if self._cpu_train and type(item) is tuple and len(item) == 2:
-                features, labels = item
-                if type(features) is torch.Tensor and features.is_cpu and (labels is None or (type(labels) is torch.Tensor and labels.is_cpu)):
-                    batch = Batch(features, labels, None, -1)
-                else:
-                    batch = self._prepare(item)
+            if self._cpu_train and type(item) is tuple and len(item) == 2 and _cpu_tensors(*item):
+                batch = Batch(item[0], item[1], None, -1)
             else:
                 batch = self._prepare(item)
             seconds = time.perf_counter() - start
@@ -341,6 +335,13 @@ class Infeed:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _cpu_tensors(features: Any, labels: Any) -> bool:
+    """Whether a batch is a plain CPU tensor of features and one of labels (or none): on a CPU
+    run, nothing to convert or move."""
+    return type(features) is torch.Tensor and features.is_cpu and (
+        labels is None or (type(labels) is torch.Tensor and labels.is_cpu))
 
 
 class _CudaBatch:

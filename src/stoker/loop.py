@@ -219,8 +219,6 @@ class DeviceLoop:
         first = run.global_step
         run_step = step.step_fn()  # resolved once per loop: with iterations_per_loop=1 every call shows
         may_break_early = self.may_break_early
-        if steps == 1 and may_break_early:
-            return self._run_one(infeed, run_step, first)
         losses: list[torch.Tensor] = []
         host_calls: list[Any] = []
         wait_before = infeed.wait_seconds
@@ -257,26 +255,6 @@ class DeviceLoop:
         # values, seconds, input_wait_seconds, examples.
         return LoopResult(first, done, run.global_step, losses_host, values, seconds,
                           infeed.wait_seconds - wait_before, done * self.global_batch_size)
-
-    def _run_one(self, infeed: Infeed, run_step: Callable[[Infeed], tuple[torch.Tensor, Any]], first: int) -> LoopResult:
-        """``run_loop`` for a loop of one step in one process (``iterations_per_loop=1``): the
-        same result, without the bookkeeping of many steps, which there costs a few % of a
-        host-bound step."""
-        wait_before = infeed.wait_seconds
-        start = time.perf_counter()
-        try:
-            loss, host_call = run_step(infeed)
-        except StopIteration:
-            self.step.optimizer.zero_grad(set_to_none=True)
-            self.exhausted = True
-            return LoopResult(first, 0, first, [], {"learning_rate": []}, time.perf_counter() - start,
-                              infeed.wait_seconds - wait_before, 0)
-        self.run.global_step = first + 1
-        values = _read_host_calls([host_call], self._mean_over_replicas) if host_call is not None else {}
-        values["learning_rate"] = [float(self.step.optimizer.param_groups[0]["lr"])]
-        loss_host = loss.item()
-        return LoopResult(first, 1, first + 1, [loss_host], values, time.perf_counter() - start,
-                          infeed.wait_seconds - wait_before, self.global_batch_size)
 
     def _mean_over_replicas(self, values: torch.Tensor) -> torch.Tensor:
         if self.strategy.world_size == 1:

@@ -291,17 +291,7 @@ class RunTotals:
                 fn()
         self.loss_n += len(losses)
         values = self.values
-        loop_values = result.values
-        if len(loop_values) == 1 and "learning_rate" in values:  # the common case: no host_call
-            acc, vals = values["learning_rate"], loop_values.get("learning_rate")
-            if vals is not None:
-                if vals:
-                    total = vals[0] if len(vals) == 1 else sum(vals)
-                    acc[0] += total if total - total == 0.0 else self._finite_part("learning_rate", vals)
-                    acc[1] += len(vals)
-                    acc[2] = vals[-1]
-                return
-        for name, vals in loop_values.items():
+        for name, vals in result.values.items():
             if vals:
                 acc = values.get(name)
                 if acc is None:

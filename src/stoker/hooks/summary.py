@@ -62,6 +62,7 @@ class SummaryHook(Hook):
             if key in run.logs:
                 scalars[key] = run.logs[key]
         self._writer.write(run.global_step, scalars)
-        # Every flush_secs, and whenever a checkpoint was just written (the hook saving it runs
-        # first), so a run resumed after a crash lacks no row before its checkpoint.
+        # Every flush_secs; and when a checkpoint was written at this very step: the saver runs
+        # before this hook, so _checkpointed flushed the rows before this one, and a run
+        # resumed from that checkpoint would never write this row again.
         self._writer.flush(force=run.last_checkpoint_step == run.global_step)
