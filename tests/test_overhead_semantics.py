@@ -189,3 +189,35 @@ def test_logging_and_summary_intervals_when_loops_do_not_divide_them(tmp_path, i
     assert steps == expected
     summary_steps = sorted({r["step"] for r in read_metrics_csv(tmp_path) if r["tag"] == "loss"} - before)
     assert summary_steps == expected
+
+
+@pytest.mark.parametrize("iterations", [1, 3])
+def test_each_loop_reports_every_steps_loss_exactly(iterations):
+    """On a CPU device the loop reads each step's loss as it goes (cheaper than keeping the
+    tensors to the loop's end); what hooks see must still be every step's loss, exactly."""
+    from stoker.hooks import Hook
+
+    computed: list[float] = []
+
+    def model_fn(model, features, labels, mode, params):  # noqa: ANN001, ANN202
+        spec = classifier_fn(model, features, labels, mode, params)
+        computed.append(spec.loss.item())
+        return spec
+
+    class Record(Hook):
+        def __init__(self) -> None:
+            self.losses: list[float] = []
+            self.steps: list[int] = []
+
+        def after_loop(self, run, result):  # noqa: ANN001, ANN202
+            self.losses += result.losses
+            self.steps.append(result.steps)
+
+    x, y = make_data(64)
+    est = make_estimator(iterations_per_loop=iterations)
+    est.model_fn = model_fn
+    record = Record()
+    est.train(train_input(x, y), max_steps=7, hooks=[record])
+    assert sum(record.steps) == 7 and len(record.losses) == 7
+    assert record.losses == computed  # bitwise: the float each step's loss tensor held
+    assert all(type(v) is float for v in record.losses)
