@@ -25,6 +25,9 @@ noise hits them alike. Variants:
   input, no model_dir, no logging;
 - ``lightning``: ``Trainer.fit`` (no logger, checkpointing or progress bar), if installed.
 
+After the table, the fixed cost of ``train()`` (a 1-step run minus a 1-step hand loop) and
+its share of a ``--steps`` run: the part of every ratio that shrinks as runs get longer.
+
 Each variant's run is paired with a hand-written run beside it (order alternating by round):
 ``handwritten+preds`` for the ``eager`` variants (the same predictions computed by hand, so
 the ratio is the framework's cost, not the model_fn's extra work), ``handwritten`` for the
@@ -196,6 +199,22 @@ def lightning_run() -> Variant | None:
     return run
 
 
+FIXED_COST_PAIRS = 21
+
+
+def fixed_cost(runs: dict[str, Variant], x: torch.Tensor, y: torch.Tensor) -> tuple[str, float] | None:
+    """What ``train()`` costs beyond its steps (building, restoring, the event files, the final
+    durable checkpoint): a 1-step run of the first model_dir variant minus a 1-step hand loop."""
+    name = next((n for n in runs if n.startswith("stoker/")), None)
+    if name is None:
+        return None
+    diffs = []
+    for _ in range(FIXED_COST_PAIRS):
+        hand_rate, mine_rate = runs["handwritten"](x, y, 1), runs[name](x, y, 1)
+        diffs.append(1 / mine_rate - 1 / hand_rate)
+    return name, statistics.median(diffs)
+
+
 def variants(args: argparse.Namespace) -> dict[str, Variant]:
     out: dict[str, Variant] = {"handwritten": handwritten_run(False), "handwritten+preds": handwritten_run(True)}
     for source in args.inputs:
@@ -257,6 +276,14 @@ def main() -> None:
         med, q = statistics.median(r), ratios[name]
         results[name] = {"steps_per_sec": med, "ratio": statistics.median(q), "ratios": q, "all": r}
         print(f"{name:<{width}}{med:>10.0f}{statistics.median(q):>8.3f}x{min(q):>7.3f}x{max(q):>7.3f}x")
+    measured = fixed_cost(runs, x, y)
+    if measured is not None:
+        name, fixed = measured
+        hand_seconds = args.steps / statistics.median(rates["handwritten"])
+        print(f"fixed cost of train() ({name}: a 1-step train() minus a 1-step hand loop, median of "
+              f"{FIXED_COST_PAIRS}): {fixed * 1e3:.2f} ms = {100 * fixed / hand_seconds:.1f} % of a {args.steps}-step "
+              "hand-written run")
+        results["fixed_cost_seconds"] = fixed
     load_after = os.getloadavg()
     print(f"load average (1/5/15 min) before {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, "
           f"after {load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f}")
