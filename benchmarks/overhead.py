@@ -31,8 +31,12 @@ its share of a ``--steps`` run: the part of every ratio that shrinks as runs get
 Each variant's run is paired with a hand-written run beside it (order alternating by round):
 ``handwritten+preds`` for the ``eager`` variants (the same predictions computed by hand, so
 the ratio is the framework's cost, not the model_fn's extra work), ``handwritten`` for the
-rest. Prints the median steps/sec of each and the median of its paired ratios to its
-baseline, with their min and max.
+rest. The rounds run in ``--processes`` fresh processes one after another (default 3): where a
+process's tensors and objects land in memory moves each variant's speed in that process by a
+percent or two, differently for each variant, so one process's ratios share a bias that
+pooling several processes averages out. Prints the median steps/sec of each and the median of
+its paired ratios (``--rounds`` x ``--processes`` of them) to its baseline, with their min and
+max.
 
 Targets (issue 11; with a model_dir, every input and preds variant): >= 0.98x with N=100,
 >= 0.95x with N=1. ``train()`` always ends with a durable checkpoint (files and directory
@@ -48,6 +52,8 @@ import logging
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -230,21 +236,11 @@ def variants(args: argparse.Namespace) -> dict[str, Variant]:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 is steadier on a shared machine)")
-    parser.add_argument("--inputs", nargs="+", default=["arrays", "gen"], choices=["arrays", "gen"])
-    parser.add_argument("--preds", nargs="+", default=["none", "eager", "lazy"], choices=["none", "eager", "lazy"])
-    parser.add_argument("--iterations", nargs="+", type=int, default=[100, 1], help="iterations_per_loop values")
-    parser.add_argument("--no-legacy", action="store_true", help="leave out the no-model_dir variants")
-    parser.add_argument("--json", help="also write the results to this JSON file")
-    args = parser.parse_args()
+def measure(args: argparse.Namespace) -> dict:
+    """Run every variant ``args.rounds`` times in this process, each paired with a hand-written run."""
     torch.set_num_threads(args.threads)
     logging.getLogger("stoker").setLevel(logging.WARNING)  # the loss lines would drown the table
     x, y = make_data()
-    load_before = os.getloadavg()
     runs = variants(args)
     for fn in runs.values():  # warm-up: allocator, imports, first-call costs
         fn(x, y, 50)
@@ -267,31 +263,93 @@ def main() -> None:
             rates[base_name].append(base)
             ratios[name].append(mine / base)
     ratios["handwritten"] = [1.0]
-    results = {}
-    print(f"MLP 32-64-10, batch {BATCH}, {args.steps} steps x {args.rounds} rounds, {args.threads} thread(s), torch {torch.__version__}")
+    return {"rates": rates, "ratios": ratios, "fixed": fixed_cost(runs, x, y), "lightning": "lightning" in runs}
+
+
+def measure_in_processes(args: argparse.Namespace) -> dict:
+    """``measure`` in ``args.processes`` fresh processes, one after another, results pooled.
+
+    Where a process's objects land in memory (address randomisation, allocator state) shifts
+    every variant's speed in that process by a percent or two, differently for each: one
+    process's ratios share that bias, so they are pooled over several processes.
+    """
+    pooled: dict = {"rates": {}, "ratios": {}, "fixed": None, "lightning": False}
+    fixed: list[float] = []
+    pooled_name = ""
+    for i in range(args.processes):
+        with tempfile.TemporaryDirectory(prefix="stoker-overhead-") as tmp:
+            out = os.path.join(tmp, "worker.json")
+            cmd = [sys.executable, os.path.abspath(__file__), "--steps", str(args.steps), "--rounds", str(args.rounds),
+                   "--threads", str(args.threads), "--inputs", *args.inputs, "--preds", *args.preds,
+                   "--iterations", *map(str, args.iterations), "--processes", "1", "--worker-json", out]
+            if args.no_legacy:
+                cmd.append("--no-legacy")
+            subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+            with open(out) as f:
+                part = json.load(f)
+        print(f"process {i + 1}/{args.processes} done", file=sys.stderr)
+        for key in ("rates", "ratios"):
+            for name, values in part[key].items():
+                pooled[key].setdefault(name, []).extend(values)
+        if part["fixed"] is not None:
+            pooled_name, seconds = part["fixed"]
+            fixed.append(seconds)
+        pooled["lightning"] = part["lightning"]
+    pooled["ratios"]["handwritten"] = [1.0]
+    if fixed:
+        pooled["fixed"] = (pooled_name, statistics.median(fixed))
+    return pooled
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--rounds", type=int, default=7, help="rounds in each process")
+    parser.add_argument("--processes", type=int, default=3,
+                        help="fresh processes the rounds run in, one after another (their ratios are pooled)")
+    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 is steadier on a shared machine)")
+    parser.add_argument("--inputs", nargs="+", default=["arrays", "gen"], choices=["arrays", "gen"])
+    parser.add_argument("--preds", nargs="+", default=["none", "eager", "lazy"], choices=["none", "eager", "lazy"])
+    parser.add_argument("--iterations", nargs="+", type=int, default=[100, 1], help="iterations_per_loop values")
+    parser.add_argument("--no-legacy", action="store_true", help="leave out the no-model_dir variants")
+    parser.add_argument("--json", help="also write the results to this JSON file")
+    parser.add_argument("--worker-json", help=argparse.SUPPRESS)  # a worker process's raw results
+    args = parser.parse_args()
+    if args.rounds < 1 or args.processes < 1 or args.steps < 1:
+        parser.error("--steps, --rounds and --processes must be at least 1")
+    load_before = os.getloadavg()
+    if args.worker_json:
+        with open(args.worker_json, "w") as f:
+            json.dump(measure(args), f)
+        return
+    measured = measure_in_processes(args) if args.processes > 1 else measure(args)
+    rates, ratios = measured["rates"], measured["ratios"]
+    results: dict = {}
+    pairs = args.rounds * args.processes
+    print(f"MLP 32-64-10, batch {BATCH}, {args.steps} steps x {args.rounds} rounds x {args.processes} process(es), "
+          f"{args.threads} thread(s), torch {torch.__version__}")
     width = max(len(n) for n in rates) + 2
-    print(f"{'variant':<{width}}{'steps/sec':>10}{'ratio':>9}{'min':>8}{'max':>8}   (ratio: median of paired ratios; "
+    print(f"{'variant':<{width}}{'steps/sec':>10}{'ratio':>9}{'min':>8}{'max':>8}   (ratio: median of {pairs} paired ratios; "
           "eager variants to handwritten+preds, the rest to handwritten)")
     for name, r in rates.items():
         med, q = statistics.median(r), ratios[name]
         results[name] = {"steps_per_sec": med, "ratio": statistics.median(q), "ratios": q, "all": r}
         print(f"{name:<{width}}{med:>10.0f}{statistics.median(q):>8.3f}x{min(q):>7.3f}x{max(q):>7.3f}x")
-    measured = fixed_cost(runs, x, y)
-    if measured is not None:
-        name, fixed = measured
+    if measured["fixed"] is not None:
+        name, fixed = measured["fixed"]
         hand_seconds = args.steps / statistics.median(rates["handwritten"])
         print(f"fixed cost of train() ({name}: a 1-step train() minus a 1-step hand loop, median of "
-              f"{FIXED_COST_PAIRS}): {fixed * 1e3:.2f} ms = {100 * fixed / hand_seconds:.1f} % of a {args.steps}-step "
-              "hand-written run")
+              f"{FIXED_COST_PAIRS} per process): {fixed * 1e3:.2f} ms = {100 * fixed / hand_seconds:.1f} % of a "
+              f"{args.steps}-step hand-written run")
         results["fixed_cost_seconds"] = fixed
     load_after = os.getloadavg()
     print(f"load average (1/5/15 min) before {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, "
           f"after {load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f}")
-    if "lightning" not in runs:
+    if not measured["lightning"]:
         print("(lightning not installed: pip install pytorch-lightning to add it)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"steps": args.steps, "rounds": args.rounds, "threads": args.threads,
+            json.dump({"steps": args.steps, "rounds": args.rounds, "processes": args.processes, "threads": args.threads,
                        "torch": torch.__version__, "load_before": load_before, "load_after": load_after,
                        "results": results}, f, indent=1)
 
