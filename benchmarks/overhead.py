@@ -25,8 +25,9 @@ noise hits them alike. Variants:
   input, no model_dir, no logging;
 - ``lightning``: ``Trainer.fit`` (no logger, checkpointing or progress bar), if installed.
 
-After the table, the fixed cost of ``train()`` (a 1-step run minus a 1-step hand loop) and
-its share of a ``--steps`` run: the part of every ratio that shrinks as runs get longer.
+The ``+ms`` column is the median of the paired differences in run time: the same at 600 and at
+3000 steps means a fixed cost of ``train()`` (building, restoring, event files, the final
+durable checkpoint), which longer runs dilute; growing with the steps means a cost per step.
 
 Each variant's run is paired with a hand-written run beside it (order alternating by round):
 ``handwritten+preds`` for the ``eager`` variants (the same predictions computed by hand, so
@@ -205,22 +206,6 @@ def lightning_run() -> Variant | None:
     return run
 
 
-FIXED_COST_PAIRS = 21
-
-
-def fixed_cost(runs: dict[str, Variant], x: torch.Tensor, y: torch.Tensor) -> tuple[str, float] | None:
-    """What ``train()`` costs beyond its steps (building, restoring, the event files, the final
-    durable checkpoint): a 1-step run of the first model_dir variant minus a 1-step hand loop."""
-    name = next((n for n in runs if n.startswith("stoker/")), None)
-    if name is None:
-        return None
-    diffs = []
-    for _ in range(FIXED_COST_PAIRS):
-        hand_rate, mine_rate = runs["handwritten"](x, y, 1), runs[name](x, y, 1)
-        diffs.append(1 / mine_rate - 1 / hand_rate)
-    return name, statistics.median(diffs)
-
-
 def variants(args: argparse.Namespace) -> dict[str, Variant]:
     out: dict[str, Variant] = {"handwritten": handwritten_run(False), "handwritten+preds": handwritten_run(True)}
     for source in args.inputs:
@@ -249,6 +234,7 @@ def measure(args: argparse.Namespace) -> dict:
     # seconds, so ratios of medians over a whole round swing far more than paired ratios.
     rates: dict[str, list[float]] = {name: [] for name in runs}
     ratios: dict[str, list[float]] = {name: [] for name in runs}
+    extra: dict[str, list[float]] = {name: [] for name in runs}  # seconds a run took beyond its pair's
     for r in range(args.rounds):
         for name, fn in runs.items():
             if name == "handwritten":
@@ -262,8 +248,9 @@ def measure(args: argparse.Namespace) -> dict:
             rates[name].append(mine)
             rates[base_name].append(base)
             ratios[name].append(mine / base)
-    ratios["handwritten"] = [1.0]
-    return {"rates": rates, "ratios": ratios, "fixed": fixed_cost(runs, x, y), "lightning": "lightning" in runs}
+            extra[name].append(args.steps / mine - args.steps / base)
+    ratios["handwritten"], extra["handwritten"] = [1.0], [0.0]
+    return {"rates": rates, "ratios": ratios, "extra": extra, "lightning": "lightning" in runs}
 
 
 def measure_in_processes(args: argparse.Namespace) -> dict:
@@ -273,9 +260,7 @@ def measure_in_processes(args: argparse.Namespace) -> dict:
     every variant's speed in that process by a percent or two, differently for each: one
     process's ratios share that bias, so they are pooled over several processes.
     """
-    pooled: dict = {"rates": {}, "ratios": {}, "fixed": None, "lightning": False}
-    fixed: list[float] = []
-    pooled_name = ""
+    pooled: dict = {"rates": {}, "ratios": {}, "extra": {}, "lightning": False}
     for i in range(args.processes):
         with tempfile.TemporaryDirectory(prefix="stoker-overhead-") as tmp:
             out = os.path.join(tmp, "worker.json")
@@ -288,16 +273,11 @@ def measure_in_processes(args: argparse.Namespace) -> dict:
             with open(out) as f:
                 part = json.load(f)
         print(f"process {i + 1}/{args.processes} done", file=sys.stderr)
-        for key in ("rates", "ratios"):
+        for key in ("rates", "ratios", "extra"):
             for name, values in part[key].items():
                 pooled[key].setdefault(name, []).extend(values)
-        if part["fixed"] is not None:
-            pooled_name, seconds = part["fixed"]
-            fixed.append(seconds)
         pooled["lightning"] = part["lightning"]
-    pooled["ratios"]["handwritten"] = [1.0]
-    if fixed:
-        pooled["fixed"] = (pooled_name, statistics.median(fixed))
+    pooled["ratios"]["handwritten"], pooled["extra"]["handwritten"] = [1.0], [0.0]
     return pooled
 
 
@@ -323,25 +303,18 @@ def main() -> None:
             json.dump(measure(args), f)
         return
     measured = measure_in_processes(args) if args.processes > 1 else measure(args)
-    rates, ratios = measured["rates"], measured["ratios"]
+    rates, ratios, extra = measured["rates"], measured["ratios"], measured["extra"]
     results: dict = {}
     pairs = args.rounds * args.processes
     print(f"MLP 32-64-10, batch {BATCH}, {args.steps} steps x {args.rounds} rounds x {args.processes} process(es), "
           f"{args.threads} thread(s), torch {torch.__version__}")
     width = max(len(n) for n in rates) + 2
-    print(f"{'variant':<{width}}{'steps/sec':>10}{'ratio':>9}{'min':>8}{'max':>8}   (ratio: median of {pairs} paired ratios; "
-          "eager variants to handwritten+preds, the rest to handwritten)")
+    print(f"{'variant':<{width}}{'steps/sec':>10}{'ratio':>9}{'min':>8}{'max':>8}{'+ms':>8}   (ratio: median of {pairs} "
+          "paired ratios, eager variants to handwritten+preds, the rest to handwritten; +ms: median extra time per run)")
     for name, r in rates.items():
-        med, q = statistics.median(r), ratios[name]
-        results[name] = {"steps_per_sec": med, "ratio": statistics.median(q), "ratios": q, "all": r}
-        print(f"{name:<{width}}{med:>10.0f}{statistics.median(q):>8.3f}x{min(q):>7.3f}x{max(q):>7.3f}x")
-    if measured["fixed"] is not None:
-        name, fixed = measured["fixed"]
-        hand_seconds = args.steps / statistics.median(rates["handwritten"])
-        print(f"fixed cost of train() ({name}: a 1-step train() minus a 1-step hand loop, median of "
-              f"{FIXED_COST_PAIRS} per process): {fixed * 1e3:.2f} ms = {100 * fixed / hand_seconds:.1f} % of a "
-              f"{args.steps}-step hand-written run")
-        results["fixed_cost_seconds"] = fixed
+        med, q, plus = statistics.median(r), ratios[name], statistics.median(extra[name])
+        results[name] = {"steps_per_sec": med, "ratio": statistics.median(q), "ratios": q, "all": r, "extra_seconds": plus}
+        print(f"{name:<{width}}{med:>10.0f}{statistics.median(q):>8.3f}x{min(q):>7.3f}x{max(q):>7.3f}x{1e3 * plus:>8.2f}")
     load_after = os.getloadavg()
     print(f"load average (1/5/15 min) before {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, "
           f"after {load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f}")
