@@ -5,7 +5,7 @@ Part 1 trains a small MLP on scikit-learn's bundled digits (8x8 images of the di
 (each evaluation is recorded on the checkpoint of that step, and the best one by accuracy is
 kept), prints the final held-out accuracy and predicts five held-out digits.
 
-Part 2 runs ``benchmarks/overhead.py --steps 200 --rounds 1``: stoker's training loop against
+Part 2 runs ``benchmarks/overhead.py --steps 200 --rounds 1 --processes 1``: stoker's training loop against
 a hand-written PyTorch loop on a host-bound MLP.
 
     python examples/quickstart.py [--model_dir runs/quickstart] [--max_steps 600]
@@ -136,8 +136,8 @@ def main() -> int:
         print(f"held-out example {i}: predicted {row['class'].item()} (p={confidence:.2f}), true {y_test[i].item()}")
     print(f"checkpoints are in {args.model_dir}; rerun the same command to resume (it only evaluates once max_steps is reached)")
 
-    print("\nstoker's overhead against a hand-written loop (benchmarks/overhead.py --steps 200 --rounds 1):", flush=True)
-    bench = [sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--steps", "200", "--rounds", "1"]
+    print("\nstoker's overhead against a hand-written loop (benchmarks/overhead.py --steps 200 --rounds 1 --processes 1):", flush=True)
+    bench = [sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--steps", "200", "--rounds", "1", "--processes", "1"]
     return subprocess.run(bench, check=False).returncode
 
 
