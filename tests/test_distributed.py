@@ -43,6 +43,8 @@ def test_replicated_equals_one_process_with_the_same_global_batch(tmp_path, opt)
     one, two = load(tmp_path / "one.json"), load(tmp_path / "two.json")
     assert two["world_size"] == 2 and one["world_size"] == 1
     np.testing.assert_allclose(two["losses"], one["losses"], rtol=1e-5)
+    np.testing.assert_allclose(two["thirds"], one["thirds"], rtol=1e-5)  # host_call, averaged over replicas
+    np.testing.assert_allclose(one["thirds"], np.array(one["losses"]) / 3, rtol=1e-6)
     for k in one["weights"]:
         np.testing.assert_allclose(two["weights"][k], one["weights"][k], rtol=1e-5, atol=1e-6)
     # eval on 203 examples (ragged: 101 + 102 per replica, last batches padded and masked)

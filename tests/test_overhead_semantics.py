@@ -192,26 +192,35 @@ def test_logging_and_summary_intervals_when_loops_do_not_divide_them(tmp_path, i
 
 
 @pytest.mark.parametrize("iterations", [1, 3])
-def test_each_loop_reports_every_steps_loss_exactly(iterations):
-    """On a CPU device the loop reads each step's loss as it goes (cheaper than keeping the
-    tensors to the loop's end); what hooks see must still be every step's loss, exactly."""
+def test_each_loop_reports_every_steps_loss_and_host_call_values_exactly(iterations):
+    """On a CPU device the loop reads each step's loss and dict host_call values as it goes
+    (cheaper than keeping tensors to the loop's end); hooks must still see every step's
+    values, exactly, as floats."""
     from stoker.hooks import Hook
 
     computed: list[float] = []
+    halves: list[float] = []
 
     def model_fn(model, features, labels, mode, params):  # noqa: ANN001, ANN202
         spec = classifier_fn(model, features, labels, mode, params)
         computed.append(spec.loss.item())
+        if mode == "train":
+            half = spec.loss / 3  # a float32 value that is not the loss rounded another way
+            halves.append(half.item())
+            spec.host_call = {"third": half, "count": torch.tensor(3)}  # an int tensor too
         return spec
 
     class Record(Hook):
         def __init__(self) -> None:
             self.losses: list[float] = []
             self.steps: list[int] = []
+            self.values: dict[str, list[float]] = {"third": [], "count": []}
 
         def after_loop(self, run, result):  # noqa: ANN001, ANN202
             self.losses += result.losses
             self.steps.append(result.steps)
+            for name in self.values:
+                self.values[name] += result.values[name]
 
     x, y = make_data(64)
     est = make_estimator(iterations_per_loop=iterations)
@@ -220,4 +229,5 @@ def test_each_loop_reports_every_steps_loss_exactly(iterations):
     est.train(train_input(x, y), max_steps=7, hooks=[record])
     assert sum(record.steps) == 7 and len(record.losses) == 7
     assert record.losses == computed  # bitwise: the float each step's loss tensor held
-    assert all(type(v) is float for v in record.losses)
+    assert record.values["third"] == halves and record.values["count"] == [3.0] * 7
+    assert all(type(v) is float for v in record.losses + record.values["third"] + record.values["count"])

@@ -5,8 +5,8 @@ update: ``gradient_accumulation_steps`` micro-batches of forward + backward, the
 unscale and inf check, optional clipping, the update, the LR schedule. A *loop* runs up to
 ``iterations_per_loop`` steps. Inside it nothing is read back to the host: each step's loss
 and ``host_call`` values are kept as device tensors (the outfeed) and copied to the host
-once, when the loop ends (on a CPU device, where reading waits for nothing, losses are read
-as they come). The one exception is fp16 with dynamic loss scaling, which must
+once, when the loop ends (on a CPU device, where reading waits for nothing, losses and dict
+``host_call`` values are read as they come). The one exception is fp16 with dynamic loss scaling, which must
 read an "inf found" flag each step to decide whether to skip the update.
 """
 
@@ -85,6 +85,9 @@ class TrainStep:
         # out without the branches the general one needs (on a host-bound model they show).
         self._plain = accumulation == 1 and scaler is None and not self._autocast and clip_norm is None
         self.clear_grads = grad_clearer(optimizer)
+        # On a CPU device dict-form host_call values are read as floats at once (nothing to wait
+        # for): ~1 us a step for three values, against ~7 us to stack them as a tensor.
+        self._read_now = device.type == "cpu"
 
     def __call__(self, infeed: Infeed) -> tuple[torch.Tensor, Any]:
         """Run one step; return its loss (a device scalar) and a copy of its ``host_call``."""
@@ -118,7 +121,7 @@ class TrainStep:
             detached = loss.detach()
             loss_sum = detached if loss_sum is None else loss_sum + detached
             if spec.host_call is not None:
-                host_call = _snapshot_host_call(spec.host_call)
+                host_call = _snapshot_host_call(spec.host_call, self._read_now)
         apply = True
         if self.scaler is not None:
             found_inf = self.scaler.unscale_(self.parameters)
@@ -158,7 +161,7 @@ class TrainStep:
         loss.backward()
         host_call = spec.host_call
         if host_call is not None:
-            host_call = _snapshot_host_call(host_call)
+            host_call = _snapshot_host_call(host_call, self._read_now)
         self.optimizer.step()
         self.clear_grads()
         if self.schedule is not None:
@@ -255,7 +258,7 @@ class DeviceLoop:
         else:
             stacked = torch.tensor(losses, dtype=torch.float32) if on_cpu else torch.stack(losses).float()
             losses_host = self._mean_over_replicas(stacked).tolist()
-        values = _read_host_calls(host_calls, self._mean_over_replicas) if host_calls else {}
+        values = _read_host_calls(host_calls, self._mean_over_replicas, alone) if host_calls else {}
         seconds = time.perf_counter() - start
         values["learning_rate"] = [float(step.optimizer.param_groups[0]["lr"])] * done
         # Positional, in LoopResult's field order: first_step, steps, global_step, losses,
@@ -269,13 +272,16 @@ class DeviceLoop:
         return (self.strategy.all_reduce_sum(values) / self.strategy.num_replicas).cpu()
 
 
-def _snapshot_host_call(host_call: Any) -> Any:
+def _snapshot_host_call(host_call: Any, read_now: bool = False) -> Any:
     """Copy one step's host_call values on the device (they may be views of weights the
-    update is about to change); no host sync."""
+    update is about to change); no host sync. ``read_now`` (a CPU device, where reading waits
+    for nothing): dict values are read as floats instead."""
     if isinstance(host_call, dict):
         for name, value in host_call.items():
             if not isinstance(value, torch.Tensor) or value.numel() != 1:
                 raise ModelFnError(f"host_call[{name!r}] must be a scalar tensor")
+        if read_now:
+            return tuple(host_call), [float(v.item()) for v in host_call.values()]
         return tuple(host_call), torch.stack([v.detach().float().reshape(()) for v in host_call.values()])
     if isinstance(host_call, tuple) and len(host_call) == 2 and callable(host_call[0]):
         fn, tensors = host_call
@@ -286,7 +292,9 @@ def _snapshot_host_call(host_call: Any) -> Any:
     raise ModelFnError("EstimatorSpec.host_call must be a dict of scalar tensors or a (fn, tensors) tuple")
 
 
-def _read_host_calls(snapshots: list[Any], reduce: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, list[float]]:
+def _read_host_calls(
+    snapshots: list[Any], reduce: Callable[[torch.Tensor], torch.Tensor], alone: bool = False
+) -> dict[str, list[float]]:
     """Per-step host_call snapshots of one loop -> host values, with one device-to-host copy."""
     if not snapshots:
         return {}
@@ -298,5 +306,11 @@ def _read_host_calls(snapshots: list[Any], reduce: Callable[[torch.Tensor], torc
         else:
             out = first(*[torch.stack([t[i] for t in tensors]).cpu() for i in range(len(tensors[0]))])
         return {k: [float(v)] for k, v in (out or {}).items()}
-    rows = reduce(torch.stack([s[1] for s in snapshots])).T.tolist()
+    if isinstance(snapshots[0][1], list):  # read as floats already (a CPU device)
+        if alone:
+            rows = [list(column) for column in zip(*(s[1] for s in snapshots), strict=True)]
+        else:
+            rows = reduce(torch.tensor([s[1] for s in snapshots], dtype=torch.float32)).T.tolist()
+    else:
+        rows = reduce(torch.stack([s[1] for s in snapshots])).T.tolist()
     return dict(zip(first, rows, strict=True))
