@@ -6,8 +6,8 @@ unscale and inf check, optional clipping, the update, the LR schedule. A *loop* 
 ``iterations_per_loop`` steps. Inside it nothing is read back to the host: each step's loss
 and ``host_call`` values are kept as device tensors (the outfeed) and copied to the host
 once, when the loop ends (on a CPU device, where reading waits for nothing, losses and dict
-``host_call`` values are read as they come). The one exception is fp16 with dynamic loss scaling, which must
-read an "inf found" flag each step to decide whether to skip the update.
+``host_call`` values are read as they come). The one exception is fp16 with dynamic loss
+scaling, which must read an "inf found" flag each step to decide whether to skip the update.
 """
 
 from __future__ import annotations
