@@ -258,7 +258,7 @@ class DeviceLoop:
         else:
             stacked = torch.tensor(losses, dtype=torch.float32) if on_cpu else torch.stack(losses).float()
             losses_host = self._mean_over_replicas(stacked).tolist()
-        values = _read_host_calls(host_calls, self._mean_over_replicas, alone) if host_calls else {}
+        values = _read_host_calls(host_calls, self._mean_over_replicas) if host_calls else {}
         seconds = time.perf_counter() - start
         values["learning_rate"] = [float(step.optimizer.param_groups[0]["lr"])] * done
         # Positional, in LoopResult's field order: first_step, steps, global_step, losses,
@@ -292,9 +292,7 @@ def _snapshot_host_call(host_call: Any, read_now: bool = False) -> Any:
     raise ModelFnError("EstimatorSpec.host_call must be a dict of scalar tensors or a (fn, tensors) tuple")
 
 
-def _read_host_calls(
-    snapshots: list[Any], reduce: Callable[[torch.Tensor], torch.Tensor], alone: bool = False
-) -> dict[str, list[float]]:
+def _read_host_calls(snapshots: list[Any], reduce: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, list[float]]:
     """Per-step host_call snapshots of one loop -> host values, with one device-to-host copy."""
     if not snapshots:
         return {}
@@ -307,10 +305,7 @@ def _read_host_calls(
             out = first(*[torch.stack([t[i] for t in tensors]).cpu() for i in range(len(tensors[0]))])
         return {k: [float(v)] for k, v in (out or {}).items()}
     if isinstance(snapshots[0][1], list):  # read as floats already (a CPU device)
-        if alone:
-            rows = [list(column) for column in zip(*(s[1] for s in snapshots), strict=True)]
-        else:
-            rows = reduce(torch.tensor([s[1] for s in snapshots], dtype=torch.float32)).T.tolist()
+        stacked = torch.tensor([s[1] for s in snapshots], dtype=torch.float32)
     else:
-        rows = reduce(torch.stack([s[1] for s in snapshots])).T.tolist()
-    return dict(zip(first, rows, strict=True))
+        stacked = torch.stack([s[1] for s in snapshots])
+    return dict(zip(first, reduce(stacked).T.tolist(), strict=True))
