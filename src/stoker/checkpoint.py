@@ -340,8 +340,8 @@ class CheckpointManager:
         """Write ``ckpt-<step>``, commit it in the index, apply retention. Returns its path.
 
         ``finished``: training ends with this checkpoint (``max_steps``): ``finished.json``
-        (:meth:`mark_finished`) is written in the same commit, after the index names it, at
-        the cost of no extra fsync or store round trip of its own.
+        (:meth:`mark_finished`) is written too, after the index names it; locally in the same
+        commit, at the cost of no fsync of its own; on an object store right after the commit.
 
         ``tmp_dir`` (from :meth:`begin`) may already hold files other replicas wrote (a sharded
         ``dcp/`` directory); they are hashed into the index like the chief's own files. A
@@ -378,7 +378,7 @@ class CheckpointManager:
         if finished and isinstance(staging, UrlPath):
             # After the commit and outside the clean-up above: the index names this prefix now,
             # so a marker write that fails must raise without taking the checkpoint with it.
-            storage.write_all([(self.model_dir / FINISHED_NAME, _finished_json(step))], self.retry)
+            self.mark_finished(step)
         return final
 
     def _kept(self) -> str:
