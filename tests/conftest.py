@@ -143,6 +143,25 @@ def kill_9_at_a_checkpoint_twice(command: list[str], env: dict[str, str], latest
         proc.wait()
 
 
+def stale_index_write_is_refused_and_loses_nothing(url: str) -> None:
+    """On a store with conditional writes: an index write based on a version another writer
+    has since replaced is refused, and a second writer's update (an evaluation) made after
+    re-reading lands on top of the first's (a save), losing neither."""
+    from stoker import storage
+    from stoker.checkpoint import CheckpointManager
+
+    index = storage.location(url) / "checkpoint.json"
+    trainer = CheckpointManager(url, keep_checkpoint_max=0)
+    trainer.save(1, {"w": torch.ones(1)}, {"global_step": 1})
+    stale = CheckpointManager(url, keep_checkpoint_max=0)
+    data, version = storage.read_versioned(index)
+    trainer.save(2, {"w": torch.ones(1)}, {"global_step": 2})  # changes the index after `version`
+    assert not storage.put_if(index, data, version)  # a stale write is refused
+    stale.record_eval(1, {"loss": 0.5})  # re-read, applied on top of the trainer's update
+    records = trainer.index()["checkpoints"]
+    assert [r["step"] for r in records] == [1, 2] and records[0]["metrics"] == {"loss": 0.5}
+
+
 def run_main(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     """``stoker`` with ``args`` in this process: its exit code, stdout and stderr."""
     from stoker.cli import main

@@ -22,6 +22,7 @@ from conftest import (
     make_data,
     make_estimator,
     python_env,
+    stale_index_write_is_refused_and_loses_nothing,
     train_input,
 )
 from stoker import storage
@@ -157,16 +158,7 @@ def test_s3_transient_5xx_and_slow_responses_are_retried_and_reported(s3_env, mo
 
 
 def test_s3_index_writers_never_lose_each_others_updates(s3_env):
-    url = f"s3://bucket/{uuid.uuid4().hex[:8]}"
-    trainer = CheckpointManager(url, keep_checkpoint_max=0)
-    trainer.save(1, {"w": torch.ones(1)}, {"global_step": 1})
-    stale = CheckpointManager(url, keep_checkpoint_max=0)
-    data, version = storage.read_versioned(location(url) / "checkpoint.json")
-    trainer.save(2, {"w": torch.ones(1)}, {"global_step": 2})  # changes the index after `version`
-    assert not storage.put_if(location(url) / "checkpoint.json", data, version)  # a stale write is refused
-    stale.record_eval(1, {"loss": 0.5})  # re-read, applied on top of the trainer's update
-    index = trainer.index()
-    assert [r["step"] for r in index["checkpoints"]] == [1, 2] and index["checkpoints"][0]["metrics"] == {"loss": 0.5}
+    stale_index_write_is_refused_and_loses_nothing(f"s3://bucket/{uuid.uuid4().hex[:8]}")
 
 
 def _script(model_dir: str, *extra: str) -> list[str]:

@@ -27,6 +27,7 @@ from conftest import (
     make_data,
     make_estimator,
     python_env,
+    stale_index_write_is_refused_and_loses_nothing,
     train_input,
 )
 from stoker import storage
@@ -116,15 +117,7 @@ def test_gcs_is_a_conditional_store_and_its_version_is_the_generation(gcs_env):
 
 def test_gcs_stale_index_write_is_refused_and_loses_nothing(gcs_env):
     url = _url()
-    trainer = CheckpointManager(url, keep_checkpoint_max=0)
-    trainer.save(1, {"w": torch.ones(1)}, {"global_step": 1})
-    stale = CheckpointManager(url, keep_checkpoint_max=0)
-    data, generation = storage.read_versioned(location(url) / "checkpoint.json")
-    trainer.save(2, {"w": torch.ones(1)}, {"global_step": 2})  # changes the index after `generation`
-    assert not storage.put_if(location(url) / "checkpoint.json", data, generation)  # a stale write is refused
-    stale.record_eval(1, {"loss": 0.5})  # re-read, applied on top of the trainer's update
-    index = trainer.index()
-    assert [r["step"] for r in index["checkpoints"]] == [1, 2] and index["checkpoints"][0]["metrics"] == {"loss": 0.5}
+    stale_index_write_is_refused_and_loses_nothing(url)
     assert "checkpoint.json.lock" not in storage.listdir(location(url))  # GCS needs no lock object
 
 
