@@ -351,6 +351,33 @@ class RunTotals:
         }
 
 
+class IntervalHook(Hook):
+    """A hook that acts every ``every_n_steps`` steps on what the loops since it last acted did.
+
+    It reads that interval from ``run.totals`` (:meth:`_interval`) and restarts it when it acts
+    (:meth:`_restart`), which also sets ``due_step`` to the next multiple of ``every_n_steps``:
+    it is called only at the steps it acts at, not after every loop in between.
+    """
+
+    def __init__(self, every_n_steps: int) -> None:
+        self.every_n_steps = every_n_steps
+        self._since = RunTotals()  # run.totals when the interval began
+
+    def after_setup(self, run: RunContext) -> None:
+        self._restart(run)
+
+    def _restart(self, run: RunContext) -> None:
+        self._since = run.totals.copy()
+        self.due_step = next_due_step(run.global_step, self.every_n_steps)
+
+    def _interval(self, run: RunContext) -> RunTotals:
+        return run.totals.since(self._since)
+
+    def _has_steps_since(self, run: RunContext) -> bool:
+        """Whether a loop has run since the interval began (at ``end``: steps not yet reported)."""
+        return run.totals.loss_n > self._since.loss_n
+
+
 def next_due_step(step: int, n: int) -> int:
     """The first step after ``step`` that is a multiple of ``n``: where ``every_n_steps_due``
     becomes true again after an action at ``step``."""

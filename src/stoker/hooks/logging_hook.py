@@ -6,12 +6,12 @@ import logging
 import math
 from collections.abc import Sequence
 
-from .base import Hook, LoopResult, RunContext, RunTotals, next_due_step
+from .base import IntervalHook, LoopResult, RunContext
 
 log = logging.getLogger("stoker")
 
 
-class LoggingHook(Hook):
+class LoggingHook(IntervalHook):
     """Log the mean loss (and ``host_call`` values) of the steps since the last line.
 
     With ``language_model=True`` the loss is taken as nats per token (character) and the line
@@ -28,29 +28,23 @@ class LoggingHook(Hook):
         language_model: bool = False,
         logger: logging.Logger | None = None,
     ) -> None:
-        self.every_n_steps = every_n_steps
+        super().__init__(every_n_steps)
         self.names = list(names) if names is not None else None
         self.language_model = language_model
         self.logger = logger or log
-        self._since = RunTotals()  # run.totals at the last line
         self._pending: tuple[int, float, dict[str, float], tuple[float, float, float] | None] | None = None
         self._line: str | None = ""
-
-    def after_setup(self, run: RunContext) -> None:
-        self._since = run.totals.copy()
-        self.due_step = next_due_step(run.global_step, self.every_n_steps)
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
         self._log(run)  # called only once due_step is reached
 
     def end(self, run: RunContext) -> None:
-        if run.totals.loss_n > self._since.loss_n:  # the steps after the last interval boundary
+        if self._has_steps_since(run):  # the steps after the last interval boundary
             self._log(run)
 
     def _log(self, run: RunContext) -> None:
-        interval = run.totals.since(self._since)
-        self._since = run.totals.copy()
-        self.due_step = next_due_step(run.global_step, self.every_n_steps)
+        interval = self._interval(run)
+        self._restart(run)
         if not interval.loss_n:
             return
         logs = run.logs

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 
-from .base import Hook, LoopResult, RunContext, RunTotals, next_due_step
+from .base import IntervalHook, LoopResult, RunContext
 
 log = logging.getLogger("stoker")
 
 
-class StepCounterHook(Hook):
+class StepCounterHook(IntervalHook):
     """Measure throughput over every ``every_n_steps`` steps and share it in ``run.logs``.
 
     ``examples/sec`` is the global batch times the steps over the wall time of the loops (host
@@ -21,20 +21,14 @@ class StepCounterHook(Hook):
     priority = 20
 
     def __init__(self, every_n_steps: int = 100) -> None:
-        self.every_n_steps = every_n_steps
-        self._since = RunTotals()  # run.totals at the last measurement
-
-    def after_setup(self, run: RunContext) -> None:
-        self._since = run.totals.copy()
-        self.due_step = next_due_step(run.global_step, self.every_n_steps)
+        super().__init__(every_n_steps)
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
         # called only once due_step is reached
-        interval = run.totals.since(self._since)
+        interval = self._interval(run)
         if interval.seconds <= 0:
             return  # nothing measurable yet: measure over a longer interval
         run.logs["steps_per_sec"] = interval.steps / interval.seconds
         run.logs["examples_per_sec"] = interval.steps * run.global_batch_size / interval.seconds
         run.logs["input_wait_fraction"] = interval.input_wait_seconds / interval.seconds
-        self._since = run.totals.copy()
-        self.due_step = next_due_step(run.global_step, self.every_n_steps)
+        self._restart(run)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..summary import ScalarWriter
-from .base import Hook, LoopResult, RunContext, RunTotals, next_due_step
+from .base import IntervalHook, LoopResult, RunContext
 
 
-class SummaryHook(Hook):
+class SummaryHook(IntervalHook):
     """Write the mean loss, ``host_call`` values and throughput every ``every_n_steps`` steps.
 
     Files go to ``output_dir`` (default ``model_dir``): ``events/`` for TensorBoard and
@@ -18,15 +18,13 @@ class SummaryHook(Hook):
     priority = 45
 
     def __init__(self, every_n_steps: int = 100, output_dir: str | None = None, tensorboard: bool = True) -> None:
-        self.every_n_steps = every_n_steps
+        super().__init__(every_n_steps)
         self.output_dir = output_dir
         self.tensorboard = tensorboard
         self._writer: ScalarWriter | None = None
-        self._since = RunTotals()  # run.totals at the last write
 
     def after_setup(self, run: RunContext) -> None:
-        self._since = run.totals.copy()
-        self.due_step = next_due_step(run.global_step, self.every_n_steps)
+        super().after_setup(run)
         out = self.output_dir or run.model_dir
         if run.is_chief and out is not None:
             self._writer = ScalarWriter(out, tensorboard=self.tensorboard)
@@ -42,7 +40,7 @@ class SummaryHook(Hook):
         self._flush(run)  # called only once due_step is reached
 
     def end(self, run: RunContext) -> None:
-        if run.totals.loss_n > self._since.loss_n:
+        if self._has_steps_since(run):
             self._flush(run)
         self.close()
 
@@ -52,9 +50,8 @@ class SummaryHook(Hook):
             self._writer = None
 
     def _flush(self, run: RunContext) -> None:
-        interval = run.totals.since(self._since)
-        self._since = run.totals.copy()
-        self.due_step = next_due_step(run.global_step, self.every_n_steps)
+        interval = self._interval(run)
+        self._restart(run)
         if self._writer is None or not interval.loss_n:
             return
         scalars = {"loss": interval.loss_sum / interval.loss_n, **interval.means()}
