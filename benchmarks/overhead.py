@@ -1,8 +1,8 @@
 """Framework overhead on a host-bound model: stoker's loop against a hand-written one.
 
 The MLP of REFERENCE_NUMBERS.md (32 -> 64 -> 10, batch 64, SGD, in-memory data), trained for
-``--steps`` steps in one process, every variant interleaved round by round so that machine
-noise hits them alike. Variants:
+``--steps`` steps, every variant interleaved round by round so that machine noise hits them
+alike (in each of ``--processes`` processes, below). Variants:
 
 - ``handwritten``: batches by tensor indexing from a per-epoch permutation, plain PyTorch
   (the baseline of every ratio), timed from building the model and optimizer on, since
@@ -21,8 +21,8 @@ noise hits them alike. Variants:
     ``predictions={"classes": logits.argmax(-1), "probabilities": logits.softmax(-1)}`` in
     every mode (as TPUEstimator model_fns do); ``lazy``: the same dict behind a
     zero-argument callable, ``predictions=lambda: {...}``, computed only when read;
-- ``stoker_n1`` / ``stoker_n100`` (``--no-model-dir`` variants): the earlier benchmark: arrays
-  input, no model_dir, no logging;
+- ``stoker_n1`` / ``stoker_n100`` (``no model_dir``; ``--no-legacy`` leaves them out): the
+  earlier benchmark: arrays input, no model_dir, no logging;
 - ``lightning``: ``Trainer.fit`` (no logger, checkpointing or progress bar), if installed.
 
 The ``+ms`` column is the median of the paired differences in run time: the same at 600 and at
@@ -279,7 +279,6 @@ def measure_in_processes(args: argparse.Namespace) -> dict:
             for name, values in part[key].items():
                 pooled[key].setdefault(name, []).extend(values)
         pooled["lightning"] = part["lightning"]
-    pooled["ratios"]["handwritten"], pooled["extra"]["handwritten"] = [1.0], [0.0]
     return pooled
 
 
