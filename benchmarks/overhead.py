@@ -9,6 +9,10 @@ alike (in each of ``--processes`` processes, below). Variants:
   ``Estimator.train`` builds them too;
 - ``handwritten+preds``: the same, also computing TPUEstimator-style predictions each step
   (what an eager ``predictions=`` in a model_fn costs by itself, outside any framework);
+- ``handwritten+save``: the same loop ending as a hand-written one with an output directory
+  does, ``torch.save`` of the model's and optimizer's state dicts to one file (no fsync, no
+  atomic rename): what merely having a checkpoint at the end costs, for comparison with the
+  durable one ``train()`` writes;
 - ``stoker/<input>/<preds>/n<N>``: ``Estimator.train`` as a new user writes it, with
   ``RunConfig(model_dir=<fresh tmp dir>, iterations_per_loop=N)`` and otherwise the defaults
   (logging and summaries every 100 steps, no periodic checkpoint: the 600 s default never
@@ -22,7 +26,8 @@ alike (in each of ``--processes`` processes, below). Variants:
     every mode (as TPUEstimator model_fns do); ``lazy``: the same dict behind a
     zero-argument callable, ``predictions=lambda: {...}``, computed only when read;
 - ``stoker_n1`` / ``stoker_n100`` (``no model_dir``; ``--no-legacy`` leaves them out): the
-  earlier benchmark: arrays input, no model_dir, no logging;
+  earlier benchmark: arrays input, no model_dir, no logging; ``stoker_gen_n100``: the same
+  with the generator input (what ``train()`` costs before it writes any file);
 - ``lightning``: ``Trainer.fit`` (no logger, checkpointing or progress bar), if installed.
 
 The ``+ms`` column is the median of the paired differences in run time: the same at 600 and at
@@ -43,8 +48,12 @@ Targets (issue 11; with a model_dir, every input and preds variant): >= 0.98x wi
 >= 0.95x with N=1. ``train()`` has a fixed cost the hand-written loop does not: it builds the
 input and restores, creates the event files and always ends with a durable checkpoint (files
 and directories fsynced); after a 600-step loop, with the caches full of the loop's work, that
-is ~5 ms here, ~6 % of the default 600 steps (~85 ms), so the figures are also taken with
-``--steps 3000``.
+is ~5 ms here, ~6 % of the default 600 steps (~90 ms), so the figures are also taken with
+``--steps 3000``. ``stoker_gen_n100 (no model_dir)`` shows what is left without files (about
+nothing); ``handwritten+save`` what one plain ``torch.save`` at the end costs (~0.5 ms). The
+2 % a ratio of 0.98 leaves at 600 steps is ~1.8 ms, which the durable checkpoint's own file
+and directory fsyncs (~1.2 ms on this machine's disk, measured alone) nearly fill; with
+``arrays`` input the cheaper batches pay for the fixed cost.
 """
 
 from __future__ import annotations
@@ -86,8 +95,9 @@ def tpu_predictions(logits: torch.Tensor) -> dict[str, torch.Tensor]:
     return {"classes": logits.argmax(-1), "probabilities": logits.softmax(-1)}
 
 
-def handwritten_run(with_predictions: bool) -> Variant:
+def handwritten_run(with_predictions: bool, save: bool = False) -> Variant:
     def run(x: torch.Tensor, y: torch.Tensor, steps: int) -> float:
+        out_dir = tempfile.mkdtemp(prefix="stoker-overhead-") if save else None  # before the clock, as model_dir is
         start = time.perf_counter()  # building the model counts, as it does inside Estimator.train
         torch.manual_seed(0)
         model = mlp()
@@ -107,7 +117,13 @@ def handwritten_run(with_predictions: bool) -> Variant:
             loss.backward()
             opt.step()
         loss.item()
-        return steps / (time.perf_counter() - start)
+        if out_dir is not None:  # what a hand-written loop with an output directory ends with
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": steps},
+                       os.path.join(out_dir, "model.pt"))
+        elapsed = time.perf_counter() - start
+        if out_dir is not None:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        return steps / elapsed
 
     return run
 
@@ -209,7 +225,11 @@ def lightning_run() -> Variant | None:
 
 
 def variants(args: argparse.Namespace) -> dict[str, Variant]:
-    out: dict[str, Variant] = {"handwritten": handwritten_run(False), "handwritten+preds": handwritten_run(True)}
+    out: dict[str, Variant] = {
+        "handwritten": handwritten_run(False),
+        "handwritten+preds": handwritten_run(True),
+        "handwritten+save": handwritten_run(False, save=True),
+    }
     for source in args.inputs:
         for preds in args.preds:
             for n in args.iterations:
@@ -217,6 +237,9 @@ def variants(args: argparse.Namespace) -> dict[str, Variant]:
     if not args.no_legacy:
         out["stoker_n1 (no model_dir)"] = stoker_run(1, model_dir=False)
         out["stoker_n100 (no model_dir)"] = stoker_run(100, model_dir=False)
+        # what train() costs with a generator before any file is written: the budget the
+        # model_dir's files (final checkpoint, event files) have left at a given --steps
+        out["stoker_gen_n100 (no model_dir)"] = stoker_run(100, "gen", model_dir=False)
     light = lightning_run()
     if light is not None:
         out["lightning"] = light
