@@ -199,15 +199,15 @@ def test_each_loop_reports_every_steps_loss_and_host_call_values_exactly(iterati
     from stoker.hooks import Hook
 
     computed: list[float] = []
-    halves: list[float] = []
+    thirds: list[float] = []
 
     def model_fn(model, features, labels, mode, params):  # noqa: ANN001, ANN202
         spec = classifier_fn(model, features, labels, mode, params)
         computed.append(spec.loss.item())
         if mode == "train":
-            half = spec.loss / 3  # a float32 value that is not the loss rounded another way
-            halves.append(half.item())
-            spec.host_call = {"third": half, "count": torch.tensor(3)}  # an int tensor too
+            third = spec.loss / 3  # a float32 value that is not the loss rounded another way
+            thirds.append(third.item())
+            spec.host_call = {"third": third, "count": torch.tensor(3)}  # an int tensor too
         return spec
 
     class Record(Hook):
@@ -229,5 +229,5 @@ def test_each_loop_reports_every_steps_loss_and_host_call_values_exactly(iterati
     est.train(train_input(x, y), max_steps=7, hooks=[record])
     assert sum(record.steps) == 7 and len(record.losses) == 7
     assert record.losses == computed  # bitwise: the float each step's loss tensor held
-    assert record.values["third"] == halves and record.values["count"] == [3.0] * 7
+    assert record.values["third"] == thirds and record.values["count"] == [3.0] * 7
     assert all(type(v) is float for v in record.losses + record.values["third"] + record.values["count"])
