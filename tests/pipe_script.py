@@ -91,7 +91,7 @@ def main() -> None:
     metrics = est.evaluate(eval_input)
     preds = [r["logits"].tolist() for r in est.predict(eval_input)]
     if est.strategy.world_size > 1 and args.recompute == "all":  # each stage recomputes its whole forward
-        from stoker.recompute import recomputed_modules
+        from stoker.memory.recompute import recomputed_modules
 
         assert all(recomputed_modules(s) == [""] for s in est.strategy.runtime.stages)
     full = est.model_state_dict()

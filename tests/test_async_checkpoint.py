@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from conftest import PYTHON, make_data, make_estimator, python_env, train_input
-from stoker import storage as storage_mod
-from stoker.async_checkpoint import AsyncCheckpointWriter, snapshot
+from stoker.checkpoint.async_writer import AsyncCheckpointWriter, snapshot
 from stoker.errors import CheckpointError
+from stoker.storage import stores as storage_mod
 
 SCRIPT = Path(__file__).with_name("train_script.py")
 

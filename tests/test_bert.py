@@ -11,7 +11,6 @@ import torch
 
 import stoker
 from stoker.data import stdlib_corpus
-from stoker.recipes import add_parser as add_train_parser
 from stoker.recipes.bert import (
     IGNORE,
     MASK_ID,
@@ -23,6 +22,7 @@ from stoker.recipes.bert import (
     input_fns,
     mlm_loss,
 )
+from stoker.recipes.cli import add_parser as add_train_parser
 
 TINY = dict(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, dropout=0.1, seq_len=16,
             batch_size=8, eval_batch_size=8, lr=3e-3, warmup_steps=2, eval_steps=2, eval_every_n_steps=4,
@@ -130,7 +130,7 @@ def test_bad_sizes_are_named():
 
 def test_cli_train_evaluates_mlm_and_exports(tmp_path, capsys):
     from stoker.export import load_exported
-    from stoker.export_cli import add_parser as add_export_parser
+    from stoker.export.cli import add_parser as add_export_parser
 
     parser = argparse.ArgumentParser(prog="stoker")
     sub = parser.add_subparsers(dest="command")

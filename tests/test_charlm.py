@@ -16,7 +16,6 @@ import torch
 import stoker
 from charlm_script import tiny_config
 from conftest import PYTHON, python_env
-from stoker.recipes import add_parser as add_train_parser
 from stoker.recipes.charlm import (
     CharTransformerXL,
     build_estimator,
@@ -24,6 +23,7 @@ from stoker.recipes.charlm import (
     input_fns,
     train_charlm,
 )
+from stoker.recipes.cli import add_parser as add_train_parser
 
 SCRIPT = Path(__file__).with_name("charlm_script.py")
 
@@ -116,7 +116,7 @@ def test_mem_len_0_carries_nothing():
 
 def test_cli_train_then_export_equals_predict(tmp_path, capsys):
     from stoker.export import load_exported
-    from stoker.export_cli import add_parser as add_export_parser
+    from stoker.export.cli import add_parser as add_export_parser
 
     parser = argparse.ArgumentParser(prog="stoker")
     sub = parser.add_subparsers(dest="command")

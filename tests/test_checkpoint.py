@@ -13,8 +13,8 @@ import torch
 import stoker
 from conftest import TinyNet, eval_input, make_data, make_estimator, train_input
 from stoker import checkpoint as ckpt_mod
-from stoker import storage as storage_mod
 from stoker.errors import CheckpointError, CorruptCheckpointError, StorageError
+from stoker.storage import stores as storage_mod
 
 
 def test_layout_index_and_hashes(tmp_path):

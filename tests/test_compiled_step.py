@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import stoker
 from conftest import TinyNet, classifier_fn, make_data, state_equal, train_input
-from stoker import compiled_step
+from stoker.engine import compiled_step
 
 
 def make(model_dir=None, *, compile="step", opt="sgd", dropout=0.0, model_fn=classifier_fn, **config):  # noqa: ANN001, ANN003, ANN201
@@ -172,7 +172,7 @@ def test_cuda_graph_refusals_name_the_cause():
     """The checks deciding when the CUDA-graph step falls back to eager (pure Python, run on CPU)."""
     from types import SimpleNamespace
 
-    from stoker.cuda_graph_step import cuda_graph_refusal
+    from stoker.engine.cuda_graph_step import cuda_graph_refusal
     from stoker.precision import LossScaler
 
     net = torch.nn.Linear(2, 2)

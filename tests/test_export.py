@@ -22,7 +22,7 @@ from stoker.export import (
     read_run_spec,
     write_run_spec,
 )
-from stoker.export_cli import add_parser
+from stoker.export.cli import add_parser
 
 
 @pytest.fixture(scope="module")

@@ -20,8 +20,8 @@ import stoker
 from conftest import PYTHON
 from stoker.errors import ExportError
 from stoker.export import AOT_FILE, export, load_exported, write_run_spec
-from stoker.export_aot import AOT_FORMAT
-from stoker.export_cli import add_parser, import_run_spec_providers
+from stoker.export.aot import AOT_FORMAT
+from stoker.export.cli import add_parser
 from stoker.models import create_model
 from stoker.run_spec import estimator_from_model_dir
 
@@ -96,7 +96,6 @@ def test_resnet20_package_in_a_python_without_stoker_equals_predict_at_batch_1_a
     assert sig["inputs"] == [{"name": "features", "dtype": "float32", "shape": ["batch", 3, 32, 32]}]
     x = torch.randn(7, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     got = run_fresh(out / AOT_FILE, [x[:1], x], tmp_path)
-    import_run_spec_providers()
     est, _, _ = estimator_from_model_dir(model_dir)
     for rows, outputs in zip((1, 7), got, strict=True):
         want = predict_batch(est, x[:rows], sig["checkpoint"])
@@ -205,7 +204,7 @@ def test_bench_measures_the_package(resnet20_aot, capsys):
 
 def test_stoker_serve_serves_the_package_to_tritonclient(resnet20_aot):
     httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is a dev dependency")
-    from stoker.serve import make_server
+    from stoker.serving.server import make_server
 
     out = resnet20_aot[1]
     srv = make_server(out / AOT_FILE, "127.0.0.1", 0, model_name="resnet20").start()

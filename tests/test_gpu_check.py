@@ -97,10 +97,10 @@ def test_planned_commands_are_valid_flags() -> None:
     """Every stoker row parses with the real `stoker bench` parser into a valid BenchConfig, and every
     plain row with the plain loop's parser. Until `--compile=module|step` and `--cuda_graph` land,
     those two flags are mapped to today's `--compile=true` / dropped."""
-    from stoker.bench.cli import add_bench_parser, config_from_args
+    from stoker.bench.cli import add_parser, config_from_args
 
     sub = argparse.ArgumentParser(exit_on_error=False).add_subparsers()
-    parser = add_bench_parser(sub)
+    parser = add_parser(sub)
     new_flags = "--cuda_graph" in parser._option_string_actions
     for row in gc.plan(PYTHON):
         if row.impl == "plain":

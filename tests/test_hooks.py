@@ -287,7 +287,7 @@ def test_loops_no_hook_watches_run_as_one_and_the_hooks_see_the_same_steps(tmp_p
     # iterations_per_loop=1 with only the built-in hooks (each waits for a due step): the loops
     # between due steps run as one; logging, summaries and step-based saves land on the same
     # steps, and the final weights equal a run where a watching hook keeps every loop a step.
-    from stoker.loop import DeviceLoop
+    from stoker.engine.loop import DeviceLoop
 
     loops: list[int] = []
     real = DeviceLoop.run_loop

@@ -14,7 +14,7 @@ from conftest import PYTHON, ROOT, python_env
 # setting the heap keeps the memory and the later allocations fault in nothing.
 PROBE = """
 import resource, sys, torch
-from stoker.host_memory import host_memory_kept, keep_freed_host_memory
+from stoker.memory.host import host_memory_kept, keep_freed_host_memory
 if sys.argv[1] == "keep":
     assert keep_freed_host_memory() and keep_freed_host_memory() and host_memory_kept()
 else:

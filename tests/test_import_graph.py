@@ -219,19 +219,21 @@ def test_no_import_circles_among_stoker_modules():
     assert not cycles, "import circles among src/stoker modules:\n  " + "\n  ".join(cycles)
 
 
-ENGINE = [  # patterns; stoker.engine.* is for the facade's split, whenever it lands
+ENGINE = [  # patterns: the engine layer, which never imports what sits above it
     "stoker.estimator",
     "stoker.engine", "stoker.engine.*",
-    "stoker.loop",
-    "stoker.infeed",
-    "stoker.checkpoint",
-    "stoker.export",
+    "stoker.checkpoint", "stoker.checkpoint.*",
+    "stoker.storage", "stoker.storage.*",
+    "stoker.export", "stoker.export.program", "stoker.export.aot",
     "stoker.run_spec",
     "stoker.hooks", "stoker.hooks.*",
     "stoker.distributed", "stoker.distributed.*",
     "stoker.data", "stoker.data.*",
+    "stoker.memory", "stoker.memory.*",
+    "stoker.summary", "stoker.summary.writer",
 ]
-ABOVE_ENGINE = ["stoker.recipes", "stoker.bench", "stoker.adanet", "stoker.cli", "stoker.export_cli"]
+ABOVE_ENGINE = ["stoker.recipes", "stoker.bench", "stoker.adanet", "stoker.cli", "stoker.export.cli",
+                "stoker.serving"]
 
 
 def _is_above(module: str) -> bool:
@@ -241,7 +243,7 @@ def _is_above(module: str) -> bool:
 def test_engine_layer_never_imports_recipes_harness_adanet_or_cli():
     graph = build_import_graph(SRC, PACKAGE)
     engine = sorted(m for m in graph if any(fnmatch.fnmatchcase(m, p) for p in ENGINE))
-    assert "stoker.estimator" in engine and "stoker.export" in engine
+    assert "stoker.estimator" in engine and "stoker.export" in engine and "stoker.engine.loop" in engine
     violations = []
     for module in engine:
         for target, chain in sorted(reachable(graph, module).items()):
@@ -251,6 +253,95 @@ def test_engine_layer_never_imports_recipes_harness_adanet_or_cli():
                 violations.append(f"{hops}  [{where}]")
                 break  # one chain per engine module is enough to read
     assert not violations, "the engine layer imports what sits above it:\n  " + "\n  ".join(violations)
+
+
+# The layering each package's docstring states: package -> the other parts of stoker its modules
+# may import directly (a part is a top-level module or package: stoker.errors, stoker.storage).
+LAYERS: dict[str, set[str]] = {
+    "stoker.errors": set(),
+    "stoker._version": set(),
+    "stoker.plugins": set(),
+    "stoker.spec": set(),
+    "stoker.metrics": set(),
+    "stoker.rng": set(),
+    "stoker.precision": set(),
+    "stoker.models": set(),
+    "stoker.memory": set(),
+    "stoker.storage": {"stoker.errors"},
+    "stoker.data": {"stoker.errors"},
+    "stoker.cli": {"stoker._version"},
+    "stoker.run_spec": {"stoker.errors", "stoker.storage", "stoker._version", "stoker.plugins"},
+    "stoker.distributed": {"stoker.errors", "stoker.storage", "stoker.memory"},
+    "stoker.checkpoint": {"stoker.errors", "stoker.storage", "stoker.distributed"},
+    "stoker.summary": {"stoker.errors", "stoker.storage", "stoker.checkpoint", "stoker.run_spec"},
+    "stoker.serving": {"stoker.errors", "stoker._version", "stoker.export"},
+}
+# ... and what a package may never reach, through any chain of imports.
+NEVER_REACHES: dict[str, set[str]] = {
+    "stoker.storage": {"stoker.checkpoint", "stoker.engine", "stoker.estimator"},
+    "stoker.checkpoint": {"stoker.engine", "stoker.estimator", "stoker.hooks", "stoker.export", "stoker.serving"},
+    "stoker.summary": {"stoker.engine", "stoker.estimator"},
+    "stoker.serving": {"stoker.estimator", "stoker.hooks", "stoker.bench", "stoker.recipes", "stoker.adanet"},
+}
+
+
+def part_of(module: str) -> str:
+    """The top-level part a module belongs to: ``stoker.checkpoint.files`` -> ``stoker.checkpoint``."""
+    return ".".join(module.split(".")[:2])
+
+
+def layering_violations(graph: Mapping[str, list[Edge]], src: Path, layers: Mapping[str, set[str]],
+                        never: Mapping[str, set[str]]) -> list[str]:
+    """Each direct import outside a part's allowed set, and each forbidden part a part reaches."""
+    found = []
+    for module, edges in sorted(graph.items()):
+        part = part_of(module)
+        allowed = layers.get(part)
+        for edge in edges:
+            target = part_of(edge.target)
+            if allowed is not None and target != part and target not in allowed:
+                found.append(f"{module} imports {edge.target} at {edge.path.relative_to(src)}:{edge.line}; "
+                             f"{part} may import only {sorted(allowed) or 'nothing of the package'}")
+        for target, chain in sorted(reachable(graph, module).items()):
+            if part_of(target) in never.get(part, set()):
+                hops = " -> ".join([module] + [e.target for e in chain])
+                found.append(f"{part} must never reach {part_of(target)}: {hops}")
+                break
+    return found
+
+
+def test_each_package_imports_only_what_its_docstring_allows():
+    graph = build_import_graph(SRC, PACKAGE)
+    parts = {part_of(m) for m in graph}
+    assert set(LAYERS) <= parts, f"rules for parts that no longer exist: {sorted(set(LAYERS) - parts)}"
+    found = layering_violations(graph, SRC, LAYERS, NEVER_REACHES)
+    assert not found, "layering rules broken:\n  " + "\n  ".join(found)
+
+
+def test_no_module_imports_a_command_module():
+    # Commands are listed in stoker.cli.COMMANDS and imported by name when they run; a library
+    # module that imports a cli.py would load argparse code (and its imports) into every user.
+    graph = build_import_graph(SRC, PACKAGE)
+    found = [f"{m} imports {e.target} at {e.path.relative_to(SRC)}:{e.line}"
+             for m, edges in sorted(graph.items()) for e in edges
+             if e.target.endswith(".cli") or e.target == "stoker.cli"
+             if m not in ("stoker.__main__",) and part_of(m) != part_of(e.target)]
+    assert not found, "\n".join(found)
+
+
+def test_every_command_module_registers_through_add_parser():
+    from stoker.cli import COMMANDS
+
+    for name, (module, _) in COMMANDS.items():
+        path = SRC / (module.replace(".", "/") + ".py")
+        assert path.name == "cli.py", f"{name}: its parser lives in {path}, not in its package's cli.py"
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        assert any(isinstance(n, ast.FunctionDef) and n.name == "add_parser" for n in tree.body), path
+
+
+def test_top_level_holds_at_most_fifteen_modules():
+    top = sorted(p.name for p in (SRC / PACKAGE).glob("*.py") if p.name not in ("__init__.py", "__main__.py", "_version.py"))
+    assert len(top) <= 15, top
 
 
 # --------------------------------------------------------------------------------------------
@@ -310,6 +401,26 @@ def test_tarjan_agrees_with_mutual_reachability_on_random_graphs():
                        for v in nodes} - {(v,) for v in nodes})
         got = sorted(tuple(c) for c in strongly_connected_components(graph))
         assert got == want, (trial, graph)
+
+
+def test_layering_check_finds_a_direct_and_a_transitive_violation(tmp_path):
+    _write(tmp_path, {
+        "pkg/__init__.py": "",
+        "pkg/errors.py": "",
+        "pkg/storage/__init__.py": "from .stores import x\n",
+        "pkg/storage/stores.py": "from ..errors import E\nfrom ..util import y\n",
+        "pkg/util.py": "def f():\n    from pkg.engine import loop\n",
+        "pkg/engine/__init__.py": "",
+        "pkg/engine/loop.py": "",
+    })
+    graph = build_import_graph(tmp_path, "pkg")
+    found = layering_violations(graph, tmp_path, {"pkg.storage": {"pkg.errors"}}, {"pkg.storage": {"pkg.engine"}})
+    assert found == [  # by module: the package's __init__ reaches the engine through stores, too
+        "pkg.storage must never reach pkg.engine: pkg.storage -> pkg.storage.stores -> pkg.util -> pkg.engine.loop",
+        "pkg.storage.stores imports pkg.util at pkg/storage/stores.py:2; pkg.storage may import only ['pkg.errors']",
+        "pkg.storage must never reach pkg.engine: pkg.storage.stores -> pkg.util -> pkg.engine.loop",
+    ]
+    assert layering_violations(graph, tmp_path, {"pkg.storage": {"pkg.errors", "pkg.util"}}, {}) == []
 
 
 def test_engine_check_finds_a_transitive_recipe_import(tmp_path):

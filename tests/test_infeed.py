@@ -8,7 +8,7 @@ import time
 import pytest
 import torch
 
-from stoker.infeed import PROBE_BATCHES, Infeed
+from stoker.engine.infeed import PROBE_BATCHES, Infeed
 
 CPU = torch.device("cpu")
 

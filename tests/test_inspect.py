@@ -10,8 +10,9 @@ import pytest
 
 from conftest import eval_input, make_data, make_estimator, train_input
 from stoker.export import write_run_spec
-from stoker.inspect_run import add_parser, format_inspection, inspect_run, plot_run
-from stoker.mlperf import EvalCSV, MLLogger, MLPerfLogHook, evaluate_checkpoints, read_mllog
+from stoker.hooks.mlperf import EvalCSV, MLLogger, MLPerfLogHook, evaluate_checkpoints, read_mllog
+from stoker.summary.cli import add_parser
+from stoker.summary.inspect import format_inspection, inspect_run, plot_run
 
 
 @pytest.fixture(scope="module")

@@ -17,10 +17,10 @@ import torch
 from conftest import PYTHON, classifier_fn, make_data, make_estimator, python_env, train_input
 from stoker import storage
 from stoker.checkpoint import CheckpointManager, load_checkpoint
+from stoker.engine.loop import grad_clearer
 from stoker.errors import StorageError
 from stoker.hooks import LoggingHook
 from stoker.hooks.base import LoopResult, RunTotals
-from stoker.loop import grad_clearer
 from stoker.summary import read_metrics_csv
 
 KILLED_RUN = textwrap.dedent(

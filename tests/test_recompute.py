@@ -11,8 +11,8 @@ from torch import nn
 
 import stoker
 from stoker.memory import SavedActivations
+from stoker.memory.recompute import apply_recompute, recomputed_modules, select_modules
 from stoker.recipes.bert import BertMLM, MaskedTextWindows, bert_model_fn, mlm_loss
-from stoker.recompute import apply_recompute, recomputed_modules, select_modules
 from test_bert import windows
 
 

@@ -112,8 +112,8 @@ def test_user_iterables_resume(tmp_path, kind, caplog):
 def test_input_state_is_the_consumed_position_not_the_prefetched_one(tmp_path, monkeypatch):
     # In-memory arrays are fetched inline on the CPU; make the infeed start its prefetch thread
     # after a probe of one batch, so the thread really runs ahead of the loop here.
-    from stoker import infeed as infeed_module
     from stoker.data.arrays import ArraySource
+    from stoker.engine import infeed as infeed_module
 
     monkeypatch.setattr(infeed_module, "PROBE_BATCHES", 1)
     monkeypatch.setattr(infeed_module, "THREAD_PAYS_ABOVE_S", 0.0)

@@ -47,17 +47,17 @@ def test_unknown_kind_and_missing_spec_are_clear_errors(tmp_path):
     with pytest.raises(RunSpecError, match="has no run_spec.json"):
         estimator_from_model_dir(tmp_path)
     write_run_spec(tmp_path, kind="script")
-    with pytest.raises(RunSpecError, match=r"kind 'script' is unknown; registered kinds: .*stoker.recipes.charlm"):
+    with pytest.raises(RunSpecError, match=r"kind 'script' is unknown; known kinds: bert, charlm, zoo\. .*'stoker.run_spec' entry point"):
         estimator_from_model_dir(tmp_path)
     (tmp_path / "run_spec.json").write_text("{not json")
     with pytest.raises(RunSpecError, match="unreadable"):
         read_run_spec(tmp_path)
 
 
-def test_the_engine_registers_nothing_and_the_providers_register_their_kinds():
+def test_the_engine_registers_nothing_and_each_kind_is_imported_through_its_entry_point():
     code = (
         "import stoker, stoker.export, stoker.run_spec as r; before = sorted(r.RUN_SPEC_BUILDERS); "
-        "from stoker.export_cli import import_run_spec_providers; import_run_spec_providers(); "
+        "[r.run_spec_builder(kind) for kind in ('zoo', 'charlm', 'bert')]; "
         "print(before, sorted(r.RUN_SPEC_BUILDERS))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

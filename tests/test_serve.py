@@ -16,7 +16,7 @@ import torch
 
 from conftest import make_data, make_estimator, train_input
 from stoker.export import export, load_exported
-from stoker.serve import RequestError, make_server, validate_inputs
+from stoker.serving.server import RequestError, make_server, validate_inputs
 
 httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is a dev dependency (pip install -e .[dev])")
 

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from stoker.serve_batcher import BatchingConfig, DynamicBatcher, Saturated
+from stoker.serving.batcher import BatchingConfig, DynamicBatcher, Saturated
 
 
 def doubling(calls: list[int], gate: threading.Event | None = None):

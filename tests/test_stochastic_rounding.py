@@ -11,7 +11,12 @@ import torch
 import stoker
 from conftest import make_data, make_estimator, state_equal, train_input
 from stoker.memory import state_bytes
-from stoker.stochastic_rounding import STATE_KEY, StochasticRounding, stochastic_round_bf16, to_bf16
+from stoker.memory.stochastic_rounding import (
+    STATE_KEY,
+    StochasticRounding,
+    stochastic_round_bf16,
+    to_bf16,
+)
 
 
 def neighbours(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -204,7 +209,7 @@ def test_stoker_train_bert_with_bf16_sr_and_recompute_trains_saves_bf16_and_expo
     from safetensors.torch import load_file
 
     from stoker.export import load_exported
-    from stoker.export_cli import add_parser as add_export_parser
+    from stoker.export.cli import add_parser as add_export_parser
     from stoker.recipes import add_parser as add_train_parser
     from test_bert import tiny_config
 

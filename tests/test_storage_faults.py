@@ -18,10 +18,10 @@ import torch
 
 import stoker
 from conftest import make_data, make_estimator, train_input
-from stoker import storage
 from stoker.checkpoint import CheckpointManager
 from stoker.errors import StorageError
 from stoker.storage import RetryPolicy
+from stoker.storage import stores as storage
 
 FAST = RetryPolicy(attempts=4, backoff=0.001, max_backoff=0.01, timeout=30.0)
 

@@ -1,4 +1,4 @@
-"""The index lock object on fsspec stores without conditional writes (``stoker.store_lock``).
+"""The index lock object on fsspec stores without conditional writes (``stoker.storage.lock``).
 
 Two processes share ``shared://`` (tests/shared_store.py: an fsspec store over one local
 directory, with no conditional writes, whose ``"xb"`` is an ``O_EXCL`` create): the trainer
@@ -25,10 +25,11 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 import shared_store
 from conftest import PYTHON, python_env
-from stoker import storage, store_lock
+from stoker import storage
 from stoker.checkpoint import CheckpointManager
 from stoker.errors import StorageError
 from stoker.storage import location
+from stoker.storage import lock as store_lock
 
 TESTS = Path(__file__).resolve().parent
 

@@ -14,7 +14,7 @@ from conftest import make_data, make_estimator, train_input
 from stoker import storage
 from stoker.checkpoint import CheckpointManager
 from stoker.cli import main as stoker_cli
-from stoker.inspect_run import inspect_run
+from stoker.summary.inspect import inspect_run
 
 
 def _url() -> str:

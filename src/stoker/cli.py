@@ -1,15 +1,37 @@
-"""The ``stoker`` command."""
+"""The ``stoker`` command: a table of subcommands, each registered by its package's ``cli.py``.
+
+Every package that has a command keeps its parser in ``<package>/cli.py`` as
+``add_parser(subparsers)``. This module lists them in :data:`COMMANDS` and imports only the
+module of the command that runs (the subcommands pull in torch, the model zoo, matplotlib), so
+``stoker --help`` and a mistyped command answer at once. Usage errors exit with status 2.
+"""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Sequence
 
 from ._version import __version__
 
+#: command -> (module whose ``add_parser`` registers it, one-line help for ``stoker --help``)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "bench": ("stoker.bench.cli", "benchmark a zoo model with tf_cnn_benchmarks' flags and output"),
+    "train": ("stoker.recipes.cli", "train a recipe (charlm, bert, or one an installed package adds)"),
+    "evaluate": ("stoker.engine.cli", "evaluate a model_dir's checkpoints; --watch: each new one as training writes it"),
+    "adanet": ("stoker.adanet.cli", "run an AdaNet ensemble search on a bundled data set"),
+    "export": ("stoker.export.cli", "export a model_dir's best (else newest) checkpoint as a torch.export program"),
+    "serve": ("stoker.serving.cli", "serve an export over the Open Inference Protocol (KServe v2)"),
+    "inspect": ("stoker.summary.cli", "show a model_dir: checkpoints, latest metrics, run spec"),
+    "plot": ("stoker.summary.cli", "plot a model_dir's curves into a PNG"),
+    "checkpoint": ("stoker.checkpoint.cli", "checkpoint utilities (consolidate a sharded checkpoint)"),
+    "info": ("stoker.cli", "print versions and the devices torch sees"),
+}
 
-def build_parser() -> argparse.ArgumentParser:
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The ``stoker`` parser; ``command``'s subparser in full, the others as one-line stubs."""
     parser = argparse.ArgumentParser(
         prog="stoker",
         description="stoker: a PyTorch-native Estimator. Train, evaluate, predict and benchmark models; "
@@ -17,23 +39,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"stoker {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    info = sub.add_parser("info", help="print versions and the devices torch sees")
-    info.set_defaults(func=_info)
-    # Imported here, not at the top: the subcommands pull in the model zoo and matplotlib.
-    from .adanet.cli import add_parser as add_adanet_parser
-    from .bench.cli import add_bench_parser
-    from .checkpoint_cli import add_parser as add_checkpoint_parser
-    from .evaluate_cli import add_parser as add_evaluate_parser
-    from .export_cli import add_parser as add_export_parser
-    from .inspect_run import add_parser as add_inspect_parser  # inspect and plot
-    from .recipes import add_parser as add_train_parser  # train <recipe>
-    from .serve import add_parser as add_serve_parser
-
-    add_bench_parser(sub)
-    for add in (add_train_parser, add_evaluate_parser, add_adanet_parser, add_export_parser, add_serve_parser,
-                add_inspect_parser, add_checkpoint_parser):
-        add(sub)
+    module = COMMANDS[command][0] if command in COMMANDS else None
+    if module is not None:
+        importlib.import_module(module).add_parser(sub)
+    for name, (_, help_text) in COMMANDS.items():
+        if name not in sub.choices:  # a stub: listed in --help, its options loaded when it runs
+            sub.add_parser(name, help=help_text, add_help=False)
     return parser
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Register ``stoker info``."""
+    info = subparsers.add_parser("info", help=COMMANDS["info"][1])
+    info.set_defaults(func=_info)
 
 
 def _info(args: argparse.Namespace) -> int:
@@ -47,8 +65,9 @@ def _info(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
     given = list(sys.argv[1:] if argv is None else argv)
+    command = next((a for a in given if not a.startswith("-")), None)
+    parser = build_parser(command)
     args = parser.parse_args(given)
     args.argv = given  # the command line as given: `stoker bench --num_gpus` relaunches it per replica
     if not getattr(args, "func", None):

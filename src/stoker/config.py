@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .storage import RetryPolicy
+from .storage.stores import RetryPolicy
 
 Precision = Literal["fp32", "bf16", "fp16", "bf16-sr"]
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "bf16-sr")
@@ -46,7 +46,7 @@ class RunConfig:
             log lines and no step counter, e.g. for a harness that prints its own).
         precision: ``fp32``, ``bf16`` (autocast) or ``fp16`` (autocast + loss scaling) keep fp32
             master weights; ``bf16-sr`` keeps the weights and the optimizer state in bf16 and
-            rounds every update stochastically (``stoker.stochastic_rounding``, ``docs/memory.md``).
+            rounds every update stochastically (``stoker.memory.stochastic_rounding``, ``docs/memory.md``).
         loss_scale: fp16 only: a number for a static scale (e.g. 128) or ``"dynamic"``.
         loss_scale_init / loss_scale_growth_interval: dynamic scaling starts at
             ``loss_scale_init``, halves (and skips the update) on inf/NaN gradients and doubles
@@ -90,7 +90,7 @@ class RunConfig:
         mlperf_log: write MLPerf-style ``:::MLLOG`` events to ``model_dir/mlperf.log`` (RUN_START,
             EPOCH_START/STOP, RUN_STOP; ``stoker.hooks.MLPerfLogHook`` adds evaluations).
         async_checkpoints: write checkpoints on a background thread: the loop waits only for a
-            copy of the state (``stoker.async_checkpoint``); a failed write stops training at
+            copy of the state (``stoker.checkpoint.async_writer``); a failed write stops training at
             the next loop boundary with the previous checkpoint still the latest. Sharded
             (``dcp/``) checkpoints are always written synchronously.
         storage_retry: how storage faults are retried and how long one storage operation may

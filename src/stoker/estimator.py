@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpoint import CheckpointManager, WarmStartSettings
+from .checkpoint.manager import CheckpointManager, WarmStartSettings
 from .config import RunConfig
 from .distributed import PipelineConfig, Strategy, make_strategy
 from .engine import (
@@ -326,7 +326,7 @@ class Estimator:
         ``model.safetensors`` and ``signature.json`` (and ``model.onnx`` if asked; with ``aot=True``
         also ``model.aoti.pt2``, the program compiled by AOTInductor for ``aot_device``). Uses the
         best checkpoint when ``keep_best`` recorded one, else the newest. See docs/export.md."""
-        from .export import export
+        from .export.program import export
 
         return export(self, export_dir, example_features, dynamic_batch, formats, checkpoint_path=checkpoint_path,
                       aot=aot, aot_device=aot_device)

@@ -2,7 +2,7 @@
 
 Master weights stay fp32 in ``fp32``, ``bf16`` and ``fp16``; only the forward (and its
 backward) runs in the lower precision. ``bf16-sr`` keeps the weights themselves in bf16 and
-runs the same bf16 autocast; its update is :mod:`stoker.stochastic_rounding`'s. fp16 gradients underflow without loss scaling, so the loss is multiplied by a scale
+runs the same bf16 autocast; its update is :mod:`stoker.memory.stochastic_rounding`'s. fp16 gradients underflow without loss scaling, so the loss is multiplied by a scale
 before ``backward`` and the gradients divided by it before the update:
 
 - **static** (``loss_scale=128``): a fixed scale, no checks, no host sync.

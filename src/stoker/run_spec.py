@@ -10,11 +10,13 @@ The module that writes a kind registers the builder of that kind::
         return estimator, example_features
 
 and :func:`estimator_from_model_dir` looks the kind up. A kind that also registers its
-held-out data (:func:`register_eval_input`) can be evaluated by ``stoker evaluate [--watch]``. This module is part of the engine: it
-imports no recipe, harness or Estimator. A kind's builder is known once the module that
-registers it has been imported; the ``stoker export`` command (:mod:`stoker.export_cli`)
-imports stoker's own (``stoker.recipes.charlm`` for ``charlm``, ``stoker.bench.run_spec`` for
-``zoo``). See docs/export.md.
+held-out data (:func:`register_eval_input`) can be evaluated by ``stoker evaluate [--watch]``.
+
+A kind's builder is known once the module that registers it has been imported. A kind not yet
+known is looked up in the ``stoker.run_spec`` entry points (:mod:`stoker.plugins`) and its
+module imported then: stoker declares its own there (``zoo``, ``charlm``, ``bert``), and any
+installed package can add a kind the same way. This module is part of the engine: it imports
+no recipe, harness or Estimator by name. See docs/export.md.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from . import storage
+from . import plugins, storage
 from ._version import __version__
 from .errors import ExportError
 
@@ -108,6 +110,7 @@ def _register(table: dict[str, Any], kind: str, builder: Callable[..., Any], wha
 EvalInputBuilder = Callable[[Mapping[str, Any], str | os.PathLike[str]], tuple[Callable[[dict[str, Any]], Any], int | None]]
 _E = TypeVar("_E", bound=EvalInputBuilder)
 _C = TypeVar("_C")
+_T = TypeVar("_T")
 
 #: run_spec kind -> the builder of its evaluation input; filled by :func:`register_eval_input`
 EVAL_INPUT_BUILDERS: dict[str, EvalInputBuilder] = {}
@@ -127,7 +130,7 @@ def register_eval_input(kind: str) -> Callable[[_E], _E]:
 
 def eval_input_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> tuple[Callable[[dict[str, Any]], Any], int | None]:
     """The evaluation ``input_fn`` and batches per evaluation of a ``run_spec.json``'s kind."""
-    builder = EVAL_INPUT_BUILDERS.get(spec["kind"])
+    builder = _lookup(EVAL_INPUT_BUILDERS, spec["kind"])
     if builder is None:
         known = ", ".join(sorted(EVAL_INPUT_BUILDERS)) or "none"
         raise RunSpecError(
@@ -149,27 +152,43 @@ def recipe_config(config_cls: type[_C], spec: Mapping[str, Any], model_dir: str 
 
 
 def run_spec_builder(kind: str) -> RunSpecBuilder:
-    """The builder registered for ``kind``; :class:`RunSpecError` naming the registered kinds if none."""
-    builder = RUN_SPEC_BUILDERS.get(kind)
+    """The builder registered for ``kind``, importing its entry point's module if need be;
+    :class:`RunSpecError` naming the known kinds if there is none."""
+    builder = _lookup(RUN_SPEC_BUILDERS, kind)
     if builder is None:
-        known = ", ".join(sorted(RUN_SPEC_BUILDERS)) or "none"
         raise RunSpecError(
-            f"{RUN_SPEC_FILE} kind {kind!r} is unknown; registered kinds: {known}. A kind's builder is "
-            "registered (stoker.run_spec.register_run_spec) by the module that writes it, once that module "
-            "is imported: stoker.recipes.charlm for 'charlm', stoker.recipes.bert for 'bert', stoker.bench.run_spec for 'zoo' "
-            "(the `stoker export` command imports both)"
+            f"{RUN_SPEC_FILE} kind {kind!r} is unknown; known kinds: {_known_kinds()}. A package adds a kind by "
+            f"declaring a {plugins.RUN_SPEC_GROUP!r} entry point to a module that registers its builder with "
+            "stoker.run_spec.register_run_spec (see docs/export.md)"
         )
     return builder
+
+
+def _lookup(table: Mapping[str, _T], kind: str) -> _T | None:
+    """``table[kind]``; a kind not registered yet has its entry point's module imported first."""
+    if kind not in table:
+        try:
+            plugins.load(plugins.RUN_SPEC_GROUP, kind)
+        except plugins.PluginError as e:
+            raise RunSpecError(f"{RUN_SPEC_FILE} kind {kind!r}: {e}") from e
+    return table.get(kind)
+
+
+def _known_kinds() -> str:
+    return ", ".join(sorted(set(RUN_SPEC_BUILDERS) | set(plugins.entry_points(plugins.RUN_SPEC_GROUP)))) or "none"
 
 
 def estimator_from_model_dir(model_dir: str | os.PathLike[str]) -> tuple[Any, Any, dict[str, Any]]:
     """Rebuild the Estimator of a ``model_dir`` from its ``run_spec.json``; also return example
     features for export and the spec."""
+    if not storage.exists(storage.location(model_dir)):
+        raise RunSpecError(f"model_dir {os.fspath(model_dir)!r} does not exist")
     spec = read_run_spec(model_dir)
     if spec is None:
         raise RunSpecError(
-            f"{model_dir} has no {RUN_SPEC_FILE}, so stoker does not know how its model is built; "
-            "export from Python with stoker.export.export(estimator, ...) (see docs/export.md)"
+            f"{model_dir} has no {RUN_SPEC_FILE}, so stoker does not know how its model is built (a stoker "
+            "recipe or `stoker bench --train_dir` writes one); from Python, build the Estimator and call its "
+            "method instead (see docs/export.md)"
         )
     est, example = run_spec_builder(spec["kind"])(spec, model_dir)
     return est, example, spec

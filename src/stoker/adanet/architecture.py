@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .. import storage
 from ..errors import StorageError
-from ..storage import Location
+from ..storage.stores import Location
 
 __all__ = ["Architecture", "architecture_path", "read_architecture", "write_architecture"]
 

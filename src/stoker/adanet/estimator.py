@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from .. import storage
-from ..checkpoint import CheckpointManager
+from ..checkpoint.manager import CheckpointManager
 from ..config import RunConfig
 from ..data._tree import tree_map
 from ..errors import CheckpointError

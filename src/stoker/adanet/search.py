@@ -26,10 +26,10 @@ import torch
 from torch import nn
 
 from .. import storage
-from ..checkpoint import CheckpointManager, check_state_fits, load_checkpoint
-from ..checkpoint_files import record_dir
+from ..checkpoint.files import record_dir
+from ..checkpoint.manager import CheckpointManager, check_state_fits, load_checkpoint
 from ..rng import rng_state, seed_everything, set_rng_state
-from ..storage import Location
+from ..storage.stores import Location
 from .architecture import Architecture, read_architecture, read_text
 from .ensemble import Ensemble, Ensembler, Member, WeightedSubnetwork, subnetwork_key
 from .heads import Head, MetricFn

@@ -60,7 +60,7 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
 
 
-def add_bench_parser(subparsers: Any) -> argparse.ArgumentParser:
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Register the ``bench`` subcommand and its flags on ``subparsers``."""
     p = subparsers.add_parser(
         "bench",

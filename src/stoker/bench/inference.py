@@ -122,7 +122,7 @@ def _eager_call(cfg: BenchConfig, workload: Workload, model: Callable[[dict[str,
 
 def _exported_call(cfg: BenchConfig, workload: Workload) -> tuple[Callable[[], Any], int]:
     """One call of an exported program (``stoker export``) on a synthetic batch of its input shape."""
-    from ..export import load_exported  # only this mode needs the export format
+    from ..export.program import load_exported  # only this mode needs the export format
 
     exported = load_exported(cfg.exported)  # type: ignore[arg-type]
     inputs = exported.signature["inputs"]

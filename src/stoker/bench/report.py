@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .._version import __version__
-from ..host_memory import host_memory_kept
+from ..memory.host import host_memory_kept
 from ..models import (
     DATASETS,
     count_parameters,

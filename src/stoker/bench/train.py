@@ -30,12 +30,12 @@ from typing import Any
 
 import torch
 
-from ..checkpoint import CheckpointManager
+from ..checkpoint.manager import CheckpointManager
 from ..config import RunConfig
 from ..errors import CheckpointError
 from ..estimator import Estimator
 from ..hooks import Hook, LoopResult, ProfilerHook, RunContext, every_n_steps_due
-from ..host_memory import keep_freed_host_memory
+from ..memory.host import keep_freed_host_memory
 from .config import (
     DEFAULT_FP16_LOSS_SCALE,
     MODE_EVAL,

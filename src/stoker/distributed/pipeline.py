@@ -176,7 +176,7 @@ class PipelineStrategy(ProcessGroupStrategy):
         recomputes = getattr(model, "_stoker_recompute", False)  # RunConfig.recompute="all": each stage
         keep_only(model, [n for i in self.stage_indices for n in plan[i]])
         if recomputes:
-            from ..recompute import apply_recompute
+            from ..memory.recompute import apply_recompute
 
             for stage in stages:
                 apply_recompute(stage, "all")

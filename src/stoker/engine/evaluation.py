@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
-from ..infeed import Batch
-from ..loop import ModelFn, check_spec, detach_cache
 from ..metrics import MetricAccumulator
 from ..precision import autocast_context
 from ..spec import EstimatorSpec, ModeKeys
-from ..summary import ScalarWriter
+from ..summary.writer import ScalarWriter
+from .infeed import Batch
 from .inputs import InputFn, InputPlan, isolated_rng
+from .loop import ModelFn, check_spec, detach_cache
 from .model_state import ModelState
 
 log = logging.getLogger("stoker")

@@ -34,12 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from .. import storage
-from ..checkpoint import CheckpointManager
-from ..checkpoint_files import record_dir
+from ..checkpoint.files import record_dir
+from ..checkpoint.manager import CheckpointManager
 from ..distributed import make_strategy
 from ..errors import CheckpointError
-from ..storage import Location
-from ..summary import CSV_NAME, ScalarWriter
+from ..storage.stores import Location
+from ..summary.writer import CSV_NAME, ScalarWriter
 from .evaluation import EvaluationRun
 from .inputs import InputFn, InputPlan
 from .model_state import ModelState

@@ -17,9 +17,9 @@ import torch
 from ..config import RunConfig
 from ..data._tree import batch_rows
 from ..distributed import Strategy
-from ..infeed import Batch, Infeed
 from ..rng import rng_state, seed_everything, set_rng_state
 from ..spec import ModeKeys
+from .infeed import Batch, Infeed
 
 InputFn = Callable[[dict[str, Any]], Iterable[Any]]
 

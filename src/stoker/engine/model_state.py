@@ -26,8 +26,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..async_checkpoint import AsyncCheckpointWriter, snapshot
-from ..checkpoint import (
+from ..checkpoint.async_writer import AsyncCheckpointWriter, snapshot
+from ..checkpoint.manager import (
     CheckpointManager,
     LoadedCheckpoint,
     WarmStartSettings,
@@ -36,17 +36,17 @@ from ..checkpoint import (
     previous_retained,
     warm_start,
 )
+from ..checkpoint.safe_load import refused
 from ..config import RunConfig
 from ..distributed import Strategy
 from ..distributed.pipeline import plan_stages
 from ..distributed.sharded import DCP_DIR, load_sharded, save_sharded
 from ..errors import CheckpointError, NanLossError
+from ..memory.recompute import apply_recompute
+from ..memory.stochastic_rounding import StochasticRounding, to_bf16
 from ..precision import make_loss_scaler
-from ..recompute import apply_recompute
 from ..rng import rng_state, seed_everything, set_rng_state
-from ..safe_load import refused
-from ..stochastic_rounding import StochasticRounding, to_bf16
-from ..storage import location
+from ..storage.stores import location
 
 log = logging.getLogger("stoker")
 
@@ -146,7 +146,7 @@ class ModelState:
         if self.config.pipeline_split is not None and self.strategy.world_size == 1:
             plan_stages(self._model, self.config.pipeline_split)  # one process runs it unsplit; the names must still fit
         module = self.strategy.wrap_model(self._model)
-        # compile="step" compiles the training step instead (stoker.compiled_step), not the module.
+        # compile="step" compiles the training step instead (stoker.engine.compiled_step), not the module.
         self.module = torch.compile(module) if self.config.compile_mode == "module" else module
         if self.strategy.world_size > 1:  # same initial weights, but each replica its own dropout
             seed_everything(self.config.seed + 1_000_003 * self.strategy.rank)

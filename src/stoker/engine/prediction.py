@@ -13,10 +13,10 @@ from typing import Any
 import torch
 
 from ..errors import ModelFnError
-from ..loop import ModelFn, check_spec, detach_cache
 from ..precision import autocast_context
 from ..spec import ModeKeys
 from .inputs import InputFn, InputPlan
+from .loop import ModelFn, check_spec, detach_cache
 from .model_state import ModelState
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..config import RunConfig
 from ..distributed import Strategy
-from ..loop import TrainStep
+from .loop import TrainStep
 
 log = logging.getLogger("stoker")
 
@@ -21,7 +21,7 @@ def make_train_step(config: RunConfig, strategy: Strategy, kwargs: dict[str, Any
     """The step ``config`` asks for, built from ``TrainStep``'s keyword arguments."""
     runtime = getattr(strategy, "runtime", None)
     if runtime is not None:  # the model was cut into pipeline stages (RunConfig.pipeline_split)
-        from ..pipeline_step import PipelineTrainStep
+        from .pipeline_step import PipelineTrainStep
 
         return PipelineTrainStep(runtime=runtime, **kwargs)
     if config.cuda_graph:
@@ -31,7 +31,7 @@ def make_train_step(config: RunConfig, strategy: Strategy, kwargs: dict[str, Any
                 f"RunConfig.cuda_graph=True needs a CUDA device; this run's device is {str(device)!r} "
                 "(set device='cuda' or cuda_graph=False)"
             )
-        from ..cuda_graph_step import CudaGraphTrainStep, cuda_graph_refusal
+        from .cuda_graph_step import CudaGraphTrainStep, cuda_graph_refusal
 
         why = cuda_graph_refusal(config, strategy, kwargs)
         if why is None:
@@ -39,7 +39,7 @@ def make_train_step(config: RunConfig, strategy: Strategy, kwargs: dict[str, Any
         log.warning("cuda_graph: running the eager step instead: %s", why)
         return TrainStep(**kwargs)
     if config.compile_mode == "step":
-        from ..compiled_step import CompiledTrainStep, check_compiled_step_supported
+        from .compiled_step import CompiledTrainStep, check_compiled_step_supported
 
         check_compiled_step_supported(strategy_name=type(strategy).__name__, shards_state=strategy.shards_state)
         return CompiledTrainStep(**kwargs)

@@ -29,10 +29,10 @@ from ..hooks import (
     SummaryHook,
 )
 from ..hooks.base import sorted_hooks
-from ..infeed import Infeed
-from ..loop import DeviceLoop, ModelFn, TrainStep
 from ..spec import ModeKeys
+from .infeed import Infeed
 from .inputs import InputFn, InputPlan
+from .loop import DeviceLoop, ModelFn, TrainStep
 from .model_state import ModelState
 from .steps import make_train_step
 

@@ -8,10 +8,13 @@ a log parser reads either. Given an ``estimator`` and an ``eval_input_fn`` it al
 evaluations (MLPerf times them inside the run), appends one row per evaluated checkpoint to
 a CSV, and with a ``target`` stops training once the accuracy reaches it ("time to train").
 
+:func:`evaluate_checkpoints` does the same after the fact: it evaluates every retained
+checkpoint of a model_dir and writes the same CSV rows (the seed's ``write_to_csv`` of a
+validation run).
+
 This module is engine-side (``RunConfig(mlperf_log=True)`` adds the hook): it does not import
-the Estimator; the hook needs only what :class:`Evaluates` describes. After-the-fact tools
-(:func:`stoker.mlperf.evaluate_checkpoints`) are in :mod:`stoker.mlperf`, which re-exports
-this module's names.
+the Estimator; the hook and :func:`evaluate_checkpoints` need only what :class:`Evaluates`
+describes.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from ..checkpoint.manager import CheckpointManager
 from .base import Hook, LoopResult, RunContext, every_n_steps_due
 
 log = logging.getLogger("stoker")
@@ -34,7 +38,7 @@ InputFn = Callable[[dict[str, Any]], Iterable[Any]]
 
 
 class Evaluates(Protocol):
-    """What the hook and :func:`stoker.mlperf.evaluate_checkpoints` use of a ``stoker.Estimator``
+    """What the hook and :func:`evaluate_checkpoints` use of a ``stoker.Estimator``
     (a Protocol, not the class: the Estimator imports the hooks)."""
 
     global_step: int
@@ -327,4 +331,35 @@ class MLPerfLogHook(Hook):
                 run.request_stop(f"{self.accuracy_key} = {value:.6g} reached the target {self.target}")
 
 
-__all__ = ["EvalCSV", "Evaluates", "MLLogger", "MLPerfLogHook", "read_mllog"]
+def evaluate_checkpoints(estimator: Evaluates, input_fn: InputFn, csv_path: str | os.PathLike[str] | None = None, *,
+                         steps: int | None = None, steps_per_epoch: int | None = None,
+                         logger: MLLogger | None = None, accuracy_key: str = "accuracy") -> list[dict[str, Any]]:
+    """Evaluate every retained checkpoint of ``estimator``'s model_dir, oldest first; append a
+    row per checkpoint to ``csv_path`` (default ``model_dir/eval_results.csv``) and, with a
+    ``logger``, log ``eval_start`` / ``eval_stop`` / ``eval_accuracy`` for each. Returns the rows."""
+    if not estimator.model_dir:
+        raise ValueError("evaluate_checkpoints: the Estimator has no model_dir")
+    manager = CheckpointManager(estimator.model_dir, writer=False)
+    table = EvalCSV(csv_path or Path(estimator.model_dir) / DEFAULT_CSV_NAME)
+    rows = []
+    for rec in manager.records():
+        path = manager.model_dir / rec["name"]
+        if not path.is_dir():
+            continue
+        meta = {"epoch_num": _epoch_num(rec["step"], steps_per_epoch), "step": rec["step"]}
+        if logger:
+            logger.start(EVAL_START, metadata=meta)
+        row = _timed_evaluation(estimator, input_fn, steps=steps, checkpoint_path=path, steps_per_epoch=steps_per_epoch)
+        if logger:
+            logger.end(EVAL_STOP, metadata=meta)
+            if accuracy_key in row:
+                logger.event(EVAL_ACCURACY, value=row[accuracy_key], metadata=meta)
+        table.write(row)
+        rows.append(row)
+    return rows
+
+
+__all__ = [
+    "DEFAULT_CSV_NAME", "DEFAULT_LOG_NAME", "EvalCSV", "Evaluates", "MLLogger", "MLPerfLogHook", "evaluate_checkpoints",
+    "read_mllog",
+]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..summary import ScalarWriter
+from ..summary.writer import ScalarWriter
 from .base import IntervalHook, LoopResult, RunContext
 
 

@@ -47,8 +47,8 @@ from ..data.text import _collect as collect_text_files  # same expansion rule as
 from ..data.text import held_out_split
 from ..errors import StokerError
 from ..estimator import Estimator
+from ..memory.recompute import select_modules
 from ..metrics import Mean
-from ..recompute import select_modules
 from ..run_spec import recipe_config, register_eval_input, register_run_spec, write_run_spec
 from ..spec import EstimatorSpec, ModeKeys
 

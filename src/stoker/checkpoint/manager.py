@@ -25,7 +25,7 @@ index only ever names complete checkpoints.
   are verified (listed back, sizes compared), and then the index is written, as the commit
   point, with a conditional write (S3 ``If-Match``/``If-None-Match``, GCS
   ``ifGenerationMatch``; on stores without them, under a lock object ``checkpoint.json.lock``,
-  ``stoker.store_lock``). A prefix no index names is an orphan of a crashed write and is
+  ``stoker.storage.lock``). A prefix no index names is an orphan of a crashed write and is
   removed by the next run's first save.
 
 Leftovers of a crashed write (local temporary directories, object-store orphans) are removed at
@@ -60,8 +60,12 @@ except ImportError:  # pragma: no cover
 import torch
 from torch import nn
 
-from . import safe_load, storage, store_lock
-from .checkpoint_files import (
+from .. import storage
+from ..errors import CheckpointError, StorageError
+from ..storage import lock as store_lock
+from ..storage.stores import DEFAULT_RETRY, Location, RetryPolicy, UrlPath
+from . import safe_load
+from .files import (
     CKPT_RE,
     INDEX_FORMAT,
     INDEX_LOCK_NAME,
@@ -78,8 +82,6 @@ from .checkpoint_files import (
     serialize_input_state,
     step_of,
 )
-from .errors import CheckpointError, StorageError
-from .storage import DEFAULT_RETRY, Location, RetryPolicy, UrlPath
 
 log = logging.getLogger("stoker")
 
@@ -230,7 +232,7 @@ class CheckpointManager:
         every update reads, changes and replaces it under this lock; neither can lose the
         other's change. Locally an advisory ``flock`` on a lock file beside the index (released
         by the kernel when the holder dies, so a kill -9 never leaves it stuck); on a store
-        ``stoker.store_lock.index_lock``: a process-wide lock, as conditional writes (S3, GCS)
+        ``stoker.storage.lock.index_lock``: a process-wide lock, as conditional writes (S3, GCS)
         guard against other processes, plus a lock object on stores without them.
         """
         if isinstance(self.model_dir, UrlPath):
@@ -550,7 +552,7 @@ def warm_start(model: nn.Module, settings: WarmStartSettings | str | os.PathLike
         if loaded.model_state is not None:
             source = loaded.model_state
         else:
-            from .distributed.sharded import consolidate
+            from ..distributed.sharded import consolidate
 
             source = consolidate(loaded.dcp_dir)  # type: ignore[arg-type]
     patterns = settings.vars_to_warm_start

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from .errors import ExportError
+from ..errors import ExportError
 
 AOT_FILE = "model.aoti.pt2"
 AOT_FORMAT = "stoker-aot/1"

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .export import BATCH
+from ..export.program import BATCH
 
 DEFAULT_MAX_BATCH = 256
 DEFAULT_MAX_BODY_BYTES = 8 * 2**20

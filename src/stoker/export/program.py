@@ -10,7 +10,7 @@ of one checkpoint baked in. An export directory holds::
       signature.json     input / output names, dtypes and shapes ("batch" marks the dynamic dimension),
                          the checkpoint, versions, and the largest difference from eager seen when exporting
       model.onnx         only with formats=("pt2", "onnx") and the onnx + onnxscript packages installed
-      model.aoti.pt2     only with aot=True: the program compiled by AOTInductor (see stoker.export_aot);
+      model.aoti.pt2     only with aot=True: the program compiled by AOTInductor (see stoker.export.aot);
                          torch._inductor.aoti_load_package("model.aoti.pt2")(*inputs) -> dict
 
 Which weights: the ``checkpoint_path`` given; else the best checkpoint of ``model_dir`` when
@@ -19,7 +19,7 @@ weights in the Estimator's memory.
 
 The ``run_spec.json`` convention (how a recipe or harness records in its ``model_dir`` how to
 rebuild the model) lives in :mod:`stoker.run_spec`, with the registry of builders by kind; its
-names are re-exported here. The ``stoker export MODEL_DIR`` command is :mod:`stoker.export_cli`.
+names are re-exported here. The ``stoker export MODEL_DIR`` command is :mod:`stoker.export.cli`.
 See docs/export.md.
 """
 
@@ -42,14 +42,13 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
-from . import storage
-from ._version import __version__
-from .checkpoint import INDEX_NAME, CheckpointManager, model_state_to_bytes
-from .checkpoint_files import record_dir
-from .engine.model_state import ModelState
-from .errors import ExportError
-from .export_aot import AOT_FILE, check_device, compile_package, load_package, require_cxx
-from .run_spec import (  # re-exported: run_spec.json was this module's before stoker.run_spec
+from .. import storage
+from .._version import __version__
+from ..checkpoint.files import record_dir
+from ..checkpoint.manager import INDEX_NAME, CheckpointManager, model_state_to_bytes
+from ..engine.model_state import ModelState
+from ..errors import ExportError
+from ..run_spec import (  # re-exported: run_spec.json was this module's before stoker.run_spec
     RUN_SPEC_BUILDERS,
     RUN_SPEC_FILE,
     RUN_SPEC_FORMAT,
@@ -57,7 +56,8 @@ from .run_spec import (  # re-exported: run_spec.json was this module's before s
     read_run_spec,
     write_run_spec,
 )
-from .spec import EstimatorSpec, ModeKeys
+from ..spec import EstimatorSpec, ModeKeys
+from .aot import AOT_FILE, check_device, compile_package, load_package, require_cxx
 
 
 class Exportable(Protocol):

@@ -37,13 +37,13 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from .config import RunConfig
-from .data._tree import batch_rows
-from .errors import ModelFnError
+from ..config import RunConfig
+from ..data._tree import batch_rows
+from ..errors import ModelFnError
+from ..precision import autocast_context
+from ..spec import ModeKeys
 from .infeed import Infeed
 from .loop import TrainStep, _check_train_batch, _snapshot_host_call, check_spec
-from .precision import autocast_context
-from .spec import ModeKeys
 
 log = logging.getLogger("stoker")
 

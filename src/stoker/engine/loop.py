@@ -21,13 +21,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from .data._tree import batch_rows
-from .distributed import Strategy
-from .errors import ModelFnError
-from .hooks.base import LoopResult, RunContext
+from ..data._tree import batch_rows
+from ..distributed import Strategy
+from ..errors import ModelFnError
+from ..hooks.base import LoopResult, RunContext
+from ..precision import LossScaler, autocast_context
+from ..spec import EstimatorSpec, ModeKeys
 from .infeed import Infeed
-from .precision import LossScaler, autocast_context
-from .spec import EstimatorSpec, ModeKeys
 
 log = logging.getLogger("stoker")
 

@@ -10,22 +10,20 @@ so they work on a run in progress and on a copy of a model_dir without its code.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import storage
-from .checkpoint import INDEX_NAME, CheckpointManager
-from .checkpoint_files import record_dir
-from .errors import StokerError
-from .run_spec import RUN_SPEC_FILE  # a light module: no torch.export, no recipe
-from .summary import CSV_NAME, read_metrics_csv
+from .. import storage
+from ..checkpoint.files import record_dir
+from ..checkpoint.manager import INDEX_NAME, CheckpointManager
+from ..errors import StokerError
+from ..run_spec import RUN_SPEC_FILE  # a light module: no torch.export, no recipe
+from .writer import CSV_NAME, read_metrics_csv
 
 THROUGHPUT_TAGS = ("examples_per_sec", "steps_per_sec")
 _NOT_METRICS = {"learning_rate", "input_wait_fraction", *THROUGHPUT_TAGS}
@@ -257,49 +255,4 @@ def plot_run(model_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, 
     return {"path": str(out), "panels": [p[0] for p in panels], "size": (round(width_in * dpi), round(panel_height_in * nrows * dpi))}
 
 
-# ==================================================================== command line
-def add_parser(subparsers: Any) -> None:
-    """Register ``stoker inspect MODEL_DIR`` and ``stoker plot MODEL_DIR --out curves.png``."""
-    p = subparsers.add_parser(
-        "inspect", help="show a model_dir: checkpoints (step, time, size, eval, best), latest metrics, run spec",
-        description="Show what a model_dir holds, from its files only (checkpoint.json, metrics.csv, run_spec.json).",
-    )
-    p.add_argument("model_dir")
-    p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
-    p.set_defaults(func=_inspect_command)
-    q = subparsers.add_parser(
-        "plot", help="plot a model_dir's loss, eval metrics, throughput and learning rate vs step into a PNG",
-        description="Plot the curves in a model_dir's metrics.csv (matplotlib, Agg backend).",
-    )
-    q.add_argument("model_dir")
-    q.add_argument("--out", default=None, help="the PNG to write (default: MODEL_DIR/curves.png)")
-    q.add_argument("--dpi", type=int, default=100, help="resolution of the PNG")
-    q.set_defaults(func=_plot_command)
-
-
-def _inspect_command(args: argparse.Namespace) -> int:
-    try:
-        info = inspect_run(args.model_dir)
-    except StokerError as e:
-        print(f"stoker inspect: {e}", file=sys.stderr)
-        return 1
-    print(json.dumps(info, indent=1) if args.json else format_inspection(info))
-    return 0
-
-
-def _plot_command(args: argparse.Namespace) -> int:
-    if args.dpi < 10:
-        print(f"stoker plot: --dpi must be >= 10; got {args.dpi}", file=sys.stderr)
-        return 2
-    out = args.out or str(Path(args.model_dir) / "curves.png")
-    try:
-        result = plot_run(args.model_dir, out, dpi=args.dpi)
-    except StokerError as e:
-        print(f"stoker plot: {e}", file=sys.stderr)
-        return 1
-    w, h = result["size"]
-    print(f"wrote {result['path']} ({w}x{h} px): {', '.join(result['panels'])}")
-    return 0
-
-
-__all__ = ["InspectError", "add_parser", "format_inspection", "inspect_run", "plot_run"]
+__all__ = ["InspectError", "format_inspection", "inspect_run", "plot_run"]

@@ -4,8 +4,8 @@ own ``/predict`` alias, request limits, dynamic batching and Prometheus metrics.
 It serves one loaded export (:class:`~stoker.export.ExportedModel`: the ``torch.export``
 program or the AOTInductor package alike). Request bodies are read with a size limit (413)
 and a time limit (408); a request is admitted (or refused with 503) before its body is
-decoded; decoded requests go through :class:`~stoker.serve_batcher.DynamicBatcher`. Every
-error answer is JSON ``{"error": message}``. The server around it is in :mod:`stoker.serve`.
+decoded; decoded requests go through :class:`~stoker.serving.batcher.DynamicBatcher`. Every
+error answer is JSON ``{"error": message}``. The server around it is in :mod:`stoker.serving.server`.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ._version import __version__
-from .export import BATCH, ExportedModel
-from .serve_batcher import BatchingConfig, DynamicBatcher, Saturated
-from .serve_protocol import (
+from .._version import __version__
+from ..export.program import BATCH, ExportedModel
+from .batcher import BatchingConfig, DynamicBatcher, Saturated
+from .protocol import (
     DEFAULT_MAX_BODY_BYTES,
     InferRequest,
     RequestError,

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from . import storage
+from .. import storage
 
 CSV_NAME = "metrics.csv"
 EVENTS_DIR = "events"

@@ -22,12 +22,12 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from .distributed.pipeline_runtime import PipelineRuntime, StageOutput
-from .errors import ModelFnError
+from ..distributed.pipeline_runtime import PipelineRuntime, StageOutput
+from ..errors import ModelFnError
+from ..precision import autocast_context
+from ..spec import ModeKeys
 from .infeed import Infeed
 from .loop import TrainStep, check_spec
-from .precision import autocast_context
-from .spec import ModeKeys
 
 
 class PipelineTrainStep(TrainStep):

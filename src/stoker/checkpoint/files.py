@@ -1,7 +1,7 @@
 """The files of one checkpoint: their names, how they are serialised, read back and verified.
 
 ``stoker.checkpoint`` commits them (index, retention); this module only turns state into
-bytes and bytes (checked against the index, decoded safely by ``stoker.safe_load``) back into
+bytes and bytes (checked against the index, decoded safely by ``stoker.checkpoint.safe_load``) back into
 state, on a local directory or an fsspec URL alike (``stoker.storage``).
 """
 
@@ -21,9 +21,10 @@ import safetensors.torch
 import torch
 from torch import nn
 
-from . import safe_load, storage
-from .errors import CheckpointError
-from .storage import Location
+from .. import storage
+from ..errors import CheckpointError
+from ..storage.stores import Location
+from . import safe_load
 
 log = logging.getLogger("stoker")
 

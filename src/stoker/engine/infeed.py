@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from .data._tree import batch_rows, tree_map
+from ..data._tree import batch_rows, tree_map
 
 log = logging.getLogger("stoker")
 

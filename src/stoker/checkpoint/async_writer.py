@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 log = logging.getLogger("stoker")
 

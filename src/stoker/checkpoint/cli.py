@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from . import storage
-from .errors import CheckpointError
+from .. import storage
+from ..errors import CheckpointError
 
 
 def add_parser(subparsers: Any) -> None:
@@ -29,8 +29,8 @@ def add_parser(subparsers: Any) -> None:
 def _consolidate(args: argparse.Namespace) -> int:
     import safetensors.torch
 
-    from .checkpoint import CheckpointManager
-    from .distributed.sharded import DCP_DIR, consolidate
+    from ..distributed.sharded import DCP_DIR, consolidate
+    from .manager import CheckpointManager
 
     try:
         ckpt = CheckpointManager(args.path, writer=False).resolve(args.path)

@@ -23,7 +23,7 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from .errors import CorruptCheckpointError
+from ..errors import CorruptCheckpointError
 
 # Module -> names (``None``: every name) that a DCP ``.metadata`` pickle may refer to.
 _DCP_METADATA_GLOBALS: dict[str, frozenset[str] | None] = {

@@ -32,9 +32,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from . import storage
-from .errors import StorageError
-from .storage import DEFAULT_RETRY, RetryPolicy, UrlPath
+from ..errors import StorageError
+from . import stores as storage
+from .stores import DEFAULT_RETRY, RetryPolicy, UrlPath
 
 log = logging.getLogger("stoker")
 

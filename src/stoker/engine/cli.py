@@ -1,8 +1,8 @@
 """The ``stoker evaluate [--watch] MODEL_DIR`` command.
 
-It sits above the engine, like ``stoker export``: the model_dir's ``run_spec.json`` says how its
-Estimator and its held-out data are built (the builders a recipe registers with
-``stoker.run_spec.register_run_spec`` and ``register_eval_input``). Without ``--watch`` it
+The model_dir's ``run_spec.json`` says how its Estimator and its held-out data are built (the
+builders a recipe registers with ``stoker.run_spec.register_run_spec`` and
+``register_eval_input``, found through the ``stoker.run_spec`` entry points). Without ``--watch`` it
 evaluates one checkpoint (the newest, or ``--checkpoint``) and records the result; with
 ``--watch`` it is the evaluator that runs beside training (:class:`stoker.engine.ContinuousEvaluation`).
 See docs/evaluation.md.
@@ -17,10 +17,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .engine import evaluation_on_device
-from .errors import StokerError
-from .export_cli import import_run_spec_providers
-from .run_spec import RUN_SPEC_FILE, estimator_from_model_dir, eval_input_from_run_spec
+from .. import storage
+from ..errors import StokerError
+from ..run_spec import RUN_SPEC_FILE, estimator_from_model_dir, eval_input_from_run_spec
+from . import evaluation_on_device
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
@@ -65,6 +65,9 @@ def _usage_error(args: argparse.Namespace) -> str | None:
         return f"--last_step applies only with --watch and must be >= 0; got {args.last_step}"
     if args.watch and args.checkpoint is not None:
         return "--checkpoint evaluates one checkpoint; it cannot be used with --watch"
+    if not args.watch and not storage.exists(storage.location(args.model_dir)):
+        # --watch may start before training has made the directory; one evaluation may not
+        return f"MODEL_DIR {args.model_dir!r} does not exist"
     return None
 
 
@@ -73,7 +76,6 @@ def _evaluate_command(args: argparse.Namespace) -> int:
     if problem:
         print(f"stoker evaluate: {problem}", file=sys.stderr)
         return 2
-    import_run_spec_providers()
     try:
         if args.watch:
             _wait_for_run_spec(Path(args.model_dir), args.timeout_secs, args.poll_secs)

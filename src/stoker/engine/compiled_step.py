@@ -43,12 +43,12 @@ from typing import Any
 import torch
 import torch.optim.optimizer as _optim
 
-from .data._tree import batch_rows
-from .errors import StokerError
+from ..data._tree import batch_rows
+from ..errors import StokerError
+from ..precision import autocast_context
+from ..spec import ModeKeys
 from .infeed import Infeed
 from .loop import TrainStep, _check_train_batch, _snapshot_host_call, check_spec, detach_cache
-from .precision import autocast_context
-from .spec import ModeKeys
 
 log = logging.getLogger("stoker")
 

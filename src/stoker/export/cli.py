@@ -1,8 +1,8 @@
 """The ``stoker export MODEL_DIR --out DIR`` command.
 
-It sits above the engine: it imports the modules that register stoker's own ``run_spec.json``
-kinds (:func:`import_run_spec_providers`), then rebuilds the model_dir's Estimator through the
-registry in :mod:`stoker.run_spec` and exports it with :func:`stoker.export.export`.
+It rebuilds the model_dir's Estimator through the registry in :mod:`stoker.run_spec` (which
+imports the module of the run's kind through its ``stoker.run_spec`` entry point) and exports
+it with :func:`stoker.export.export`.
 """
 
 from __future__ import annotations
@@ -16,17 +16,10 @@ from typing import Any
 
 import torch
 
-from .errors import StokerError
-from .export import FORMATS, SIGNATURE_FILE, export
-from .export_aot import AOT_DEVICES
-from .run_spec import RUN_SPEC_FILE, estimator_from_model_dir
-
-
-def import_run_spec_providers() -> None:
-    """Import the modules that register stoker's own run_spec kinds, so their builders are known."""
-    from .bench import run_spec as _zoo  # noqa: F401  kind "zoo", written by stoker bench --train_dir
-    from .recipes import bert as _bert  # noqa: F401  kind "bert", written by stoker train bert
-    from .recipes import charlm as _charlm  # noqa: F401  kind "charlm", written by stoker train charlm
+from ..errors import StokerError
+from ..run_spec import RUN_SPEC_FILE, estimator_from_model_dir
+from .aot import AOT_DEVICES
+from .program import FORMATS, SIGNATURE_FILE, export
 
 
 def add_parser(subparsers: Any) -> None:
@@ -59,7 +52,6 @@ def _export_command(args: argparse.Namespace) -> int:
         print(f"stoker export: --static_batch must be >= 1; got {args.static_batch}", file=sys.stderr)
         return 2
     logging.getLogger("stoker").setLevel(logging.WARNING)  # the summary below says what the INFO lines would
-    import_run_spec_providers()
     try:
         est, example, spec = estimator_from_model_dir(args.model_dir)
         if args.static_batch is not None:
@@ -95,4 +87,4 @@ def _with_batch(example: Any, n: int) -> Any:
     return tuple(resize(v) for v in example)
 
 
-__all__ = ["add_parser", "import_run_spec_providers"]
+__all__ = ["add_parser"]
