@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 import stoker
+from stoker.memory.stochastic_rounding import StochasticRounding, to_bf16
 from stoker.recipes.bert import (
     BertConfig,
     BertMLM,
@@ -38,7 +39,6 @@ from stoker.recipes.bert import (
     input_fns,
     make_optimizer,
 )
-from stoker.stochastic_rounding import StochasticRounding, to_bf16
 
 VARIANTS = ("fp32", "bf16-sr", "bf16-nearest")
 

@@ -52,7 +52,7 @@ from stoker.bench import BenchConfig, run_benchmark
 from stoker.bench.cli import busy_cores
 from stoker.bench.train import l2_loss
 from stoker.data import synthetic_images
-from stoker.host_memory import keep_freed_host_memory
+from stoker.memory.host import keep_freed_host_memory
 from stoker.models import create_model, get_model_info
 
 

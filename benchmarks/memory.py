@@ -47,11 +47,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from stoker.memory import SavedActivations, state_bytes
+from stoker.memory.recompute import apply_recompute
+from stoker.memory.stochastic_rounding import StochasticRounding, to_bf16
 from stoker.models import create_model
 from stoker.precision import autocast_context
 from stoker.recipes.bert import IGNORE, VOCAB, BertConfig, BertMLM, make_optimizer, mlm_loss
-from stoker.recompute import apply_recompute
-from stoker.stochastic_rounding import StochasticRounding, to_bf16
 
 PRECISIONS = ("fp32", "bf16", "bf16-sr")
 MiB = 2**20
