@@ -82,7 +82,9 @@ class MLPBuilder(adanet.Builder):
     def name(self) -> str:
         return f"mlp{self.depth}"
 
-    def build_subnetwork(self, features: Any, logits_dimension: int, training: bool, iteration_step: torch.Tensor, previous_ensemble: Any) -> nn.Module:
+    def build_subnetwork(
+        self, features: Any, logits_dimension: int, training: bool, iteration_step: torch.Tensor, previous_ensemble: Any
+    ) -> nn.Module:
         return MLP(self.depth, self.width)
 
     def build_subnetwork_optimizer(self, parameters: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
@@ -91,8 +93,13 @@ class MLPBuilder(adanet.Builder):
 
 def run_config(model_dir: str, steps: int, loop: int) -> stoker.RunConfig:
     return stoker.RunConfig(
-        model_dir=model_dir, iterations_per_loop=loop, save_checkpoints_steps=steps, log_every_n_steps=10**6,
-        progress_bar=False, summaries=False, device="cpu",
+        model_dir=model_dir,
+        iterations_per_loop=loop,
+        save_checkpoints_steps=steps,
+        log_every_n_steps=10**6,
+        progress_bar=False,
+        summaries=False,
+        device="cpu",
     )
 
 
@@ -172,8 +179,12 @@ def report(r: dict[str, Any]) -> str:
     ]
     for i, (a, s, q) in enumerate(zip(r["adanet_seconds"], r["sequential_seconds"], r["ratio_per_round"], strict=True)):
         lines.append(f"  round {i}: adanet {a:.2f} s, sequential {s:.2f} s, ratio {q:.3f}")
-    lines.append(f"  median ratio adanet / sequential: wall {r['ratio_median']:.3f}, process CPU time {r['cpu_ratio_median']:.3f}")
-    lines.append(f"  (1-minute load average at the end: {r['load_average']:.2f}; above the core count, compare CPU-time ratios)")
+    lines.append(
+        f"  median ratio adanet / sequential: wall {r['ratio_median']:.3f}, process CPU time {r['cpu_ratio_median']:.3f}"
+    )
+    lines.append(
+        f"  (1-minute load average at the end: {r['load_average']:.2f}; above the core count, compare CPU-time ratios)"
+    )
     return "\n".join(lines)
 
 
@@ -186,8 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loop", type=int, default=50, help="iterations_per_loop")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--ensembler", choices=sorted(ENSEMBLERS), default="sgd",
-                   help="mixture weights: fixed at 1/N (the original's default), learned with SGD or with Adam; default %(default)s")
+    p.add_argument(
+        "--ensembler",
+        choices=sorted(ENSEMBLERS),
+        default="sgd",
+        help="mixture weights: fixed at 1/N (the original's default), learned with SGD or with Adam; default %(default)s",
+    )
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = p.parse_args(argv)
     r = run(args)

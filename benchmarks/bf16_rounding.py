@@ -67,10 +67,15 @@ def train(variant: str, config: BertConfig) -> dict[str, Any]:
         )
     else:
         est = build_estimator(dataclasses.replace(config, precision=variant))
-    result = est.train_and_evaluate(train_fn, eval_fn, max_steps=config.max_steps,
-                                    eval_every_n_steps=config.max_steps, eval_steps=config.eval_steps)
-    return {"variant": variant, "global_step": result["global_step"], "mlm_loss": result["mlm_loss"],
-            "mlm_accuracy": result["mlm_accuracy"]}
+    result = est.train_and_evaluate(
+        train_fn, eval_fn, max_steps=config.max_steps, eval_every_n_steps=config.max_steps, eval_steps=config.eval_steps
+    )
+    return {
+        "variant": variant,
+        "global_step": result["global_step"],
+        "mlm_loss": result["mlm_loss"],
+        "mlm_accuracy": result["mlm_accuracy"],
+    }
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
@@ -85,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
     parser.add_argument("--max_steps", type=int, default=400)
     parser.add_argument("--eval_steps", type=int, default=20)
-    parser.add_argument("--lr", type=float, default=BertConfig.lr, help="peak AdamW learning rate (the recipe's by default)")
+    parser.add_argument(
+        "--lr", type=float, default=BertConfig.lr, help="peak AdamW learning rate (the recipe's by default)"
+    )
     parser.add_argument("--recompute", nargs="+", default=["layers.*"])
     parser.add_argument("--device", default="auto")
     parser.add_argument("--json", help="also write the rows to this file")
@@ -94,9 +101,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for variant in args.variants:
         with tempfile.TemporaryDirectory() as model_dir:
-            config = BertConfig(model_dir=model_dir, max_steps=args.max_steps, eval_steps=args.eval_steps, lr=args.lr,
-                                recompute=args.recompute, device=args.device, log_every_n_steps=10**6,
-                                save_checkpoints_steps=10**6)
+            config = BertConfig(
+                model_dir=model_dir,
+                max_steps=args.max_steps,
+                eval_steps=args.eval_steps,
+                lr=args.lr,
+                recompute=args.recompute,
+                device=args.device,
+                log_every_n_steps=10**6,
+                save_checkpoints_steps=10**6,
+            )
             rows.append(train(variant, config))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     load = os.getloadavg()

@@ -45,8 +45,12 @@ def _s3_server() -> Iterator[str]:
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1",
-                      AWS_ENDPOINT_URL=f"http://{host}:{port}")
+    os.environ.update(
+        AWS_ACCESS_KEY_ID="bench",
+        AWS_SECRET_ACCESS_KEY="bench",
+        AWS_DEFAULT_REGION="us-east-1",
+        AWS_ENDPOINT_URL=f"http://{host}:{port}",
+    )
     fsspec.filesystem("s3").mkdir("bench")
     try:
         yield "s3://bench"
@@ -74,9 +78,16 @@ def run_one(model_dir: str, args: argparse.Namespace, async_checkpoints: bool) -
         model=lambda params: create_model(args.model),
         model_fn=_model_fn,
         optimizer=lambda params, ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9),
-        config=stoker.RunConfig(model_dir=model_dir, iterations_per_loop=1, save_checkpoints_steps=args.every,
-                                async_checkpoints=async_checkpoints, log_every_n_steps=None, summaries=False,
-                                progress_bar=False, keep_checkpoint_max=2),
+        config=stoker.RunConfig(
+            model_dir=model_dir,
+            iterations_per_loop=1,
+            save_checkpoints_steps=args.every,
+            async_checkpoints=async_checkpoints,
+            log_every_n_steps=None,
+            summaries=False,
+            progress_bar=False,
+            keep_checkpoint_max=2,
+        ),
         train_batch_size=n,
     )
     state = est.state
@@ -107,16 +118,25 @@ def run_one(model_dir: str, args: argparse.Namespace, async_checkpoints: bool) -
     total = time.perf_counter() - start
     periodic = stalls[:-1] if len(stalls) > 1 else stalls  # the last one is the final save at the end
     return {
-        "stalls_s": stalls, "median_stall_s": statistics.median(periodic),
-        "median_write_s": statistics.median(writes) if writes else None, "train_s": total,
+        "stalls_s": stalls,
+        "median_stall_s": statistics.median(periodic),
+        "median_write_s": statistics.median(writes) if writes else None,
+        "train_s": total,
         "checkpoints": len(stalls),
     }
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     """Every store x mode; returns the results and the async/sync stall ratio per store."""
-    results: dict[str, Any] = {"load_avg": os.getloadavg(), "model": args.model, "batch_size": args.batch_size,
-                               "image_size": args.image_size, "steps": args.steps, "every": args.every, "runs": {}}
+    results: dict[str, Any] = {
+        "load_avg": os.getloadavg(),
+        "model": args.model,
+        "batch_size": args.batch_size,
+        "image_size": args.image_size,
+        "steps": args.steps,
+        "every": args.every,
+        "runs": {},
+    }
     stores = args.stores.split(",")
     with tempfile.TemporaryDirectory() as tmp:
         ctx = _s3_server() if "s3" in stores else _null()
@@ -137,8 +157,10 @@ def _null() -> Iterator[None]:
 
 
 def report(results: dict[str, Any]) -> str:
-    lines = [f"{results['model']} batch {results['batch_size']} at {results['image_size']} px, "
-             f"checkpoint every {results['every']} of {results['steps']} steps; load average {results['load_avg'][0]:.1f}"]
+    lines = [
+        f"{results['model']} batch {results['batch_size']} at {results['image_size']} px, "
+        f"checkpoint every {results['every']} of {results['steps']} steps; load average {results['load_avg'][0]:.1f}"
+    ]
     lines.append(f"{'store/mode':<14} {'stall (median)':>15} {'background write':>17} {'checkpoints':>12}")
     for key, r in results["runs"].items():
         write = f"{r['median_write_s'] * 1e3:.0f} ms" if r["median_write_s"] is not None else "-"
@@ -151,7 +173,9 @@ def report(results: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", default="resnet50")
     p.add_argument("--batch_size", type=int, default=32)
     p.add_argument("--image_size", type=int, default=224)

@@ -87,10 +87,20 @@ WEIGHT_DECAY = 4e-5  # tf_cnn_benchmarks' default, also in the plain loop
 
 
 def stoker_images_per_sec(case: Case, keep_host_memory: bool = True, compile: bool | str = False) -> float:
-    cfg = BenchConfig(compile=compile, model=case.model, data_name=case.dataset, batch_size=case.batch, data_format="NHWC",
-                      num_batches=case.num_batches, num_warmup_batches=case.num_warmup_batches,
-                      device="cpu", display_every=10**6, weight_decay=WEIGHT_DECAY, keep_host_memory=keep_host_memory,
-                      init_learning_rate=0.005)  # the plain loop's constant rate, not the model's schedule
+    cfg = BenchConfig(
+        compile=compile,
+        model=case.model,
+        data_name=case.dataset,
+        batch_size=case.batch,
+        data_format="NHWC",
+        num_batches=case.num_batches,
+        num_warmup_batches=case.num_warmup_batches,
+        device="cpu",
+        display_every=10**6,
+        weight_decay=WEIGHT_DECAY,
+        keep_host_memory=keep_host_memory,
+        init_learning_rate=0.005,
+    )  # the plain loop's constant rate, not the model's schedule
     return run_benchmark(cfg, log=lambda line: None)["images_per_sec"]
 
 
@@ -100,8 +110,13 @@ def plain_images_per_sec(case: Case) -> float:
     torch.manual_seed(1234)
     model = create_model(case.model, dataset=case.dataset).to(memory_format=torch.channels_last)
     opt = torch.optim.SGD(model.parameters(), lr=0.005, weight_decay=WEIGHT_DECAY)
-    images, labels = next(iter(synthetic_images((3, info.image_size, info.image_size), info.num_classes,
-                                                batch_size=BATCH, seed=1234, channels_last=True)))
+    images, labels = next(
+        iter(
+            synthetic_images(
+                (3, info.image_size, info.image_size), info.num_classes, batch_size=BATCH, seed=1234, channels_last=True
+            )
+        )
+    )
 
     def step() -> float:
         loss = F.cross_entropy(model(images), labels) + WEIGHT_DECAY * l2_loss(model)  # reported, as the harness
@@ -126,13 +141,25 @@ def tensorflow_images_per_sec(case: Case, threads: int) -> float:
     python = PEERS_DIR / "tfvenv" / "bin" / "python"
     script_dir = PEERS_DIR / "benchmarks" / "scripts" / "tf_cnn_benchmarks"
     if not python.exists() or not script_dir.is_dir():
-        raise SystemExit(f"--configs tensorflow: no TensorFlow peer in {PEERS_DIR}; install it with "
-                         "../shared/peers/setup-tf-cnn.sh (see ../shared/peers/README.md) or set PEERS_DIR")
-    cmd = [str(python), "tf_cnn_benchmarks.py", "--device=cpu", "--data_format=NHWC", f"--model={case.model}",
-           f"--batch_size={case.batch}", f"--num_batches={case.num_batches}",
-           f"--num_warmup_batches={case.num_warmup_batches}", "--variable_update=parameter_server",
-           "--local_parameter_device=cpu", f"--num_intra_threads={threads}", "--num_inter_threads=1",
-           f"--weight_decay={WEIGHT_DECAY}"]
+        raise SystemExit(
+            f"--configs tensorflow: no TensorFlow peer in {PEERS_DIR}; install it with "
+            "../shared/peers/setup-tf-cnn.sh (see ../shared/peers/README.md) or set PEERS_DIR"
+        )
+    cmd = [
+        str(python),
+        "tf_cnn_benchmarks.py",
+        "--device=cpu",
+        "--data_format=NHWC",
+        f"--model={case.model}",
+        f"--batch_size={case.batch}",
+        f"--num_batches={case.num_batches}",
+        f"--num_warmup_batches={case.num_warmup_batches}",
+        "--variable_update=parameter_server",
+        "--local_parameter_device=cpu",
+        f"--num_intra_threads={threads}",
+        "--num_inter_threads=1",
+        f"--weight_decay={WEIGHT_DECAY}",
+    ]
     tf_data_name = case.tf_data_name or case.dataset
     if tf_data_name != "imagenet":
         cmd.append(f"--data_name={tf_data_name}")
@@ -177,7 +204,9 @@ def measure_in_child(config: str, case: Case, threads: int, num_batches: int | N
     extra = ["--num_batches", str(num_batches)] if num_batches else []
     out = subprocess.run(
         [sys.executable, __file__, "--one", config, case.model, "--threads", str(threads), *extra],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     ).stdout
     return float(json.loads(out.strip().splitlines()[-1])["images_per_sec"])
 
@@ -187,10 +216,17 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", choices=sorted(CASES), default=list(CASES))
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the median is reported")
     parser.add_argument("--threads", type=int, help="intra-op threads (default: the idle cores, as stoker bench)")
-    parser.add_argument("--configs", nargs="+", choices=CONFIGS + tuple(COMPILE_CONFIGS) + OTHER_CONFIGS, default=list(CONFIGS),
-                        help="which configurations to run (default: the four without compilation)")
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        choices=CONFIGS + tuple(COMPILE_CONFIGS) + OTHER_CONFIGS,
+        default=list(CONFIGS),
+        help="which configurations to run (default: the four without compilation)",
+    )
     parser.add_argument("--num_batches", type=int, help="timed steps per model (default: each model's own)")
-    parser.add_argument("--one", nargs=2, metavar=("CONFIG", "MODEL"), help=argparse.SUPPRESS)  # a child's one measurement
+    parser.add_argument(
+        "--one", nargs=2, metavar=("CONFIG", "MODEL"), help=argparse.SUPPRESS
+    )  # a child's one measurement
     args = parser.parse_args()
     if args.threads is None:
         busy = busy_cores()
@@ -204,8 +240,10 @@ def main() -> None:
         print(json.dumps({"images_per_sec": measure(config, case)}))
         return
 
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"{args.threads} threads, {time.strftime('%Y-%m-%d')}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"{args.threads} threads, {time.strftime('%Y-%m-%d')}"
+    )
     print(f"before: {uptime()}")
     rows = []
     for name in args.models:
@@ -214,7 +252,7 @@ def main() -> None:
         runs: dict[str, list[float]] = {c: [] for c in configs}
         for r in range(args.rounds):
             # Rotate which goes first, so a drift in machine load favours none.
-            for config in configs[r % len(configs):] + configs[: r % len(configs)]:
+            for config in configs[r % len(configs) :] + configs[: r % len(configs)]:
                 runs[config].append(measure_in_child(config, case, args.threads, args.num_batches))
         med = {c: statistics.median(v) for c, v in runs.items()}
         rows.append((case, med))
@@ -225,21 +263,37 @@ def main() -> None:
         # TensorFlow is the baseline stoker is measured against (stoker / tensorflow); the
         # compiled variants are measured against eager stoker (variant / stoker).
         pairs = [("stoker", c) if c in OTHER_CONFIGS else (c, "stoker") for c in args.configs if c != "stoker"]
-        print("| model (data set) | " + " | ".join(args.configs) + " | " + " | ".join(f"{a} / {b}" for a, b in pairs) + " |")
+        print(
+            "| model (data set) | "
+            + " | ".join(args.configs)
+            + " | "
+            + " | ".join(f"{a} / {b}" for a, b in pairs)
+            + " |"
+        )
         print("|---|" + "---|" * (2 * len(args.configs) - ("stoker" in args.configs)))
         for case, m in rows:
             ratios = [f"{m[a] / m[b]:.2f}x" for a, b in pairs] if "stoker" in m else []
-            print(f"| {case.model} ({case.dataset}) | " + " | ".join(f"{m[c]:.1f}" for c in args.configs) + " | " + " | ".join(ratios) + " |")
+            print(
+                f"| {case.model} ({case.dataset}) | "
+                + " | ".join(f"{m[c]:.1f}" for c in args.configs)
+                + " | "
+                + " | ".join(ratios)
+                + " |"
+            )
         return
-    print("| model (data set) | plain loop | stoker bench | stoker / plain | target's speed-up | stoker, C malloc | plain, kept memory "
-          "| overhead (same malloc) | tf_cnn_benchmarks (reference machine) |")
+    print(
+        "| model (data set) | plain loop | stoker bench | stoker / plain | target's speed-up | stoker, C malloc | plain, kept memory "
+        "| overhead (same malloc) | tf_cnn_benchmarks (reference machine) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for case, m in rows:
         target = TARGET_SPEEDUP.get(case.model)
         overhead = f"{m['stoker_c_malloc'] / m['plain']:.2f}x / {m['stoker'] / m['plain_kept']:.2f}x"
-        print(f"| {case.model} ({case.dataset}) | {m['plain']:.1f} | {m['stoker']:.1f} | {m['stoker'] / m['plain']:.2f}x | "
-              f"{f'{target:.2f}x' if target else '-'} | {m['stoker_c_malloc']:.1f} | {m['plain_kept']:.1f} | {overhead} | "
-              f"{case.tf_images_per_sec:g} |")
+        print(
+            f"| {case.model} ({case.dataset}) | {m['plain']:.1f} | {m['stoker']:.1f} | {m['stoker'] / m['plain']:.2f}x | "
+            f"{f'{target:.2f}x' if target else '-'} | {m['stoker_c_malloc']:.1f} | {m['plain_kept']:.1f} | {overhead} | "
+            f"{case.tf_images_per_sec:g} |"
+        )
 
 
 if __name__ == "__main__":

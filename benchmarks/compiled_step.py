@@ -78,15 +78,21 @@ def main() -> None:
     if args.one:
         print(json.dumps(run(args.one, x, y, args.steps)))
         return
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d')}"
+    )
     print(f"before: {uptime()}")
     speed: dict[str, list[float]] = {m: [] for m in MODES}
     first: dict[str, list[float]] = {m: [] for m in MODES}
     for r in range(args.rounds):
-        for mode in MODES[r % 3:] + MODES[: r % 3]:
-            out = subprocess.run([sys.executable, __file__, "--one", mode, "--steps", str(args.steps)],
-                                 capture_output=True, text=True, check=True).stdout
+        for mode in MODES[r % 3 :] + MODES[: r % 3]:
+            out = subprocess.run(
+                [sys.executable, __file__, "--one", mode, "--steps", str(args.steps)],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
             c, s = json.loads(out.strip().splitlines()[-1])
             first[mode].append(c)
             speed[mode].append(s)

@@ -55,8 +55,12 @@ def _timings(fn: Callable[[], Any], warmup: int, iters: int) -> list[float]:
 
 def _summary(times: list[float], batch: int) -> dict[str, float]:
     ms = np.array(times) * 1000
-    return {"p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
-            "mean_ms": float(ms.mean()), "examples_per_sec": batch / statistics.median(times)}
+    return {
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "mean_ms": float(ms.mean()),
+        "examples_per_sec": batch / statistics.median(times),
+    }
 
 
 EstimatorFactory = Callable[[int, "str | None"], stoker.Estimator]  # (predict batch, warm-start weights)
@@ -64,9 +68,13 @@ EstimatorFactory = Callable[[int, "str | None"], stoker.Estimator]  # (predict b
 
 def _resnet20() -> tuple[EstimatorFactory, Callable[[int], torch.Tensor]]:
     def estimator(batch: int, weights: str | None) -> stoker.Estimator:
-        return stoker.Estimator(model=lambda p: create_model("resnet20", dataset="cifar10"), model_fn=zoo_predict_model_fn,
-                                config=stoker.RunConfig(device="cpu", progress_bar=False), predict_batch_size=batch,
-                                warm_start_from=weights)
+        return stoker.Estimator(
+            model=lambda p: create_model("resnet20", dataset="cifar10"),
+            model_fn=zoo_predict_model_fn,
+            config=stoker.RunConfig(device="cpu", progress_bar=False),
+            predict_batch_size=batch,
+            warm_start_from=weights,
+        )
 
     return estimator, lambda n: torch.randn(n, 3, 32, 32, generator=torch.Generator().manual_seed(0))
 
@@ -86,8 +94,9 @@ MODELS: dict[str, Callable[[], tuple[EstimatorFactory, Callable[[int], torch.Ten
 }
 
 
-def bench_model(name: str, batches: list[int], warmup: int, iters: int, compile_: bool, workdir: Path,
-                aot: bool = True) -> list[dict[str, Any]]:
+def bench_model(
+    name: str, batches: list[int], warmup: int, iters: int, compile_: bool, workdir: Path, aot: bool = True
+) -> list[dict[str, Any]]:
     """Rows ``{model, batch, path, p50_ms, p99_ms, mean_ms, examples_per_sec, ...}`` for one model."""
     make_estimator, make_input = MODELS[name]()
     fresh = make_estimator(max(batches), None)
@@ -105,7 +114,9 @@ def bench_model(name: str, batches: list[int], warmup: int, iters: int, compile_
             eager_out = module(x)
         got = program({"features": x})
         for key, value in eager_out.items():
-            assert torch.allclose(value.float(), got[key].float(), rtol=1e-4, atol=1e-4), f"{name}: exported {key} differs"
+            assert torch.allclose(value.float(), got[key].float(), rtol=1e-4, atol=1e-4), (
+                f"{name}: exported {key} differs"
+            )
         # The Estimator reads the exported weights (warm start), so all paths compute the same thing.
         est = make_estimator(batch, str(weights))
         data = lambda p, x=x: stoker.data.arrays(x, batch_size=p["batch_size"], shuffle=False, num_epochs=1)  # noqa: E731
@@ -119,7 +130,9 @@ def bench_model(name: str, batches: list[int], warmup: int, iters: int, compile_
             paths["aot"] = lambda x=x: package({"features": x})
             extra["aot"] = {"compile_s": float(package.signature["aot"]["compile_s"])}
             for key, value in eager_out.items():
-                assert torch.allclose(value.float(), package({"features": x})[key].float(), rtol=1e-4, atol=1e-4), f"{name}: aot {key} differs"
+                assert torch.allclose(value.float(), package({"features": x})[key].float(), rtol=1e-4, atol=1e-4), (
+                    f"{name}: aot {key} differs"
+                )
         if compile_:
             compiled = torch.compile(module, dynamic=False)
             start = time.perf_counter()
@@ -134,8 +147,17 @@ def bench_model(name: str, batches: list[int], warmup: int, iters: int, compile_
             for path, fn in paths.items():
                 times[path] += _timings(fn, warmup if r == 0 else 1, per_round)
         for path in paths:
-            rows.append({"model": name, "batch": batch, "path": path, "iters": len(times[path]), **_summary(times[path], batch),
-                         "export_s": export_s, **extra.get(path, {})})
+            rows.append(
+                {
+                    "model": name,
+                    "batch": batch,
+                    "path": path,
+                    "iters": len(times[path]),
+                    **_summary(times[path], batch),
+                    "export_s": export_s,
+                    **extra.get(path, {}),
+                }
+            )
     return rows
 
 
@@ -147,31 +169,43 @@ def _no_grad(module: Callable[..., Any], x: torch.Tensor) -> Any:
 def format_rows(rows: list[dict[str, Any]]) -> str:
     """The result table (markdown)."""
     eager = {(r["model"], r["batch"]): r["p50_ms"] for r in rows if r["path"] == "eager"}
-    lines = ["| model | batch | path | p50 ms | p99 ms | examples/s | p50 speed-up vs eager | note |",
-             "|---|---:|---|---:|---:|---:|---:|---|"]
+    lines = [
+        "| model | batch | path | p50 ms | p99 ms | examples/s | p50 speed-up vs eager | note |",
+        "|---|---:|---|---:|---:|---:|---:|---|",
+    ]
     for r in rows:
         note = f"compile {r['compile_s']:.1f} s" if "compile_s" in r else ""
         speedup = eager.get((r["model"], r["batch"]), float("nan")) / r["p50_ms"]
-        lines.append(f"| {r['model']} | {r['batch']} | {r['path']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
-                     f"{r['examples_per_sec']:.0f} | {speedup:.2f}x | {note} |")
+        lines.append(
+            f"| {r['model']} | {r['batch']} | {r['path']} | {r['p50_ms']:.2f} | {r['p99_ms']:.2f} | "
+            f"{r['examples_per_sec']:.0f} | {speedup:.2f}x | {note} |"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=["resnet20", "charlm"])
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 32])
     parser.add_argument("--iters", type=int, default=30, help="timed requests per path (in 3 interleaved rounds)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
-    parser.add_argument("--no-compile", dest="compile", action="store_false", help="skip torch.compile (slow on small CPUs)")
-    parser.add_argument("--no-aot", dest="aot", action="store_false", help="skip the AOTInductor package (needs a C++ compiler)")
+    parser.add_argument(
+        "--no-compile", dest="compile", action="store_false", help="skip torch.compile (slow on small CPUs)"
+    )
+    parser.add_argument(
+        "--no-aot", dest="aot", action="store_false", help="skip the AOTInductor package (needs a C++ compiler)"
+    )
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     args = parser.parse_args()
     logging.getLogger("stoker").setLevel(logging.ERROR)  # the fresh-weights export warning is expected here
     if args.threads:
         torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {time.strftime('%Y-%m-%d %H:%M')}", flush=True
+    )
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:

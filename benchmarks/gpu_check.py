@@ -133,20 +133,53 @@ def pytest_argv(python: str) -> list[str]:
 
 
 def _plain(python: str, model: str, dataset: str, batch: int, precision: str, variant: str, sizes: Sizes) -> list[str]:
-    return [python, "benchmarks/gpu_check.py", "plain", f"--model={model}", f"--data_name={dataset}",
-            f"--batch_size={batch}", f"--precision={precision}", f"--variant={variant}",
-            f"--num_batches={sizes.num_batches}", f"--num_warmup_batches={sizes.num_warmup_batches}"]
+    return [
+        python,
+        "benchmarks/gpu_check.py",
+        "plain",
+        f"--model={model}",
+        f"--data_name={dataset}",
+        f"--batch_size={batch}",
+        f"--precision={precision}",
+        f"--variant={variant}",
+        f"--num_batches={sizes.num_batches}",
+        f"--num_warmup_batches={sizes.num_warmup_batches}",
+    ]
 
 
-def _stoker_train(python: str, model: str, dataset: str, batch: int, precision: str, sizes: Sizes,
-                  extra: list[str], results: str, nproc: int = 1) -> list[str]:
-    launch = [python, "-m", "stoker"] if nproc == 1 else [
-        python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "stoker"]
-    return [*launch, "bench", "--device=cuda", f"--model={model}", f"--data_name={dataset}", f"--batch_size={batch}",
-            "--data_format=NHWC", f"--precision={precision}", "--optimizer=momentum",
-            "--init_learning_rate=0.005",  # the plain loop's constant rate, not the model's schedule
-            f"--num_batches={sizes.num_batches}", f"--num_warmup_batches={sizes.num_warmup_batches}",
-            f"--iterations_per_loop={ITERATIONS_PER_LOOP}", *extra, f"--results_file={results}"]
+def _stoker_train(
+    python: str,
+    model: str,
+    dataset: str,
+    batch: int,
+    precision: str,
+    sizes: Sizes,
+    extra: list[str],
+    results: str,
+    nproc: int = 1,
+) -> list[str]:
+    launch = (
+        [python, "-m", "stoker"]
+        if nproc == 1
+        else [python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", "-m", "stoker"]
+    )
+    return [
+        *launch,
+        "bench",
+        "--device=cuda",
+        f"--model={model}",
+        f"--data_name={dataset}",
+        f"--batch_size={batch}",
+        "--data_format=NHWC",
+        f"--precision={precision}",
+        "--optimizer=momentum",
+        "--init_learning_rate=0.005",  # the plain loop's constant rate, not the model's schedule
+        f"--num_batches={sizes.num_batches}",
+        f"--num_warmup_batches={sizes.num_warmup_batches}",
+        f"--iterations_per_loop={ITERATIONS_PER_LOOP}",
+        *extra,
+        f"--results_file={results}",
+    ]
 
 
 def plan(python: str = "python3", quick: bool = False, rows_dir: str = "gpu-check.rows") -> list[Row]:
@@ -157,8 +190,16 @@ def plan(python: str = "python3", quick: bool = False, rows_dir: str = "gpu-chec
     def results(name: str) -> str:
         return f"{rows_dir}/{re.sub(r'[^A-Za-z0-9]+', '-', name).strip('-').lower()}.json"
 
-    def train(model: str, dataset: str, batch: int, precision: str, impl: str, variant: str,
-              stoker_flags: list[str], nproc: int = 1) -> None:
+    def train(
+        model: str,
+        dataset: str,
+        batch: int,
+        precision: str,
+        impl: str,
+        variant: str,
+        stoker_flags: list[str],
+        nproc: int = 1,
+    ) -> None:
         where = f"{model} {dataset} b{batch}{'/GPU' if nproc > 1 else ''} NHWC {precision}"
         name = f"{where} {impl} {variant}" + (f" x{nproc} GPUs" if nproc > 1 else "")
         if impl == "plain":
@@ -169,8 +210,11 @@ def plan(python: str = "python3", quick: bool = False, rows_dir: str = "gpu-chec
             argv = _stoker_train(python, model, dataset, batch, precision, sizes, stoker_flags, res, nproc)
             rows.append(Row(name, impl, variant, model, dataset, batch, precision, argv, nproc=nproc, results_file=res))
 
-    variants = {"eager": ["--compile=false"], "cuda_graph": ["--compile=false", "--cuda_graph=true"],
-                "compiled": ["--compile=module"]}
+    variants = {
+        "eager": ["--compile=false"],
+        "cuda_graph": ["--compile=false", "--cuda_graph=true"],
+        "compiled": ["--compile=module"],
+    }
     for variant in ("eager", "cuda_graph"):
         for precision in ("fp16", "bf16"):
             for impl in ("plain", "stoker"):
@@ -181,11 +225,35 @@ def plan(python: str = "python3", quick: bool = False, rows_dir: str = "gpu-chec
     for batch in (1, 64):
         name = f"resnet50 imagenet b{batch} NHWC bf16 stoker inference"
         res = results(name)
-        argv = [python, "-m", "stoker", "bench", "--mode=inference", "--device=cuda", "--model=resnet50",
-                "--data_name=imagenet", f"--batch_size={batch}", "--data_format=NHWC", "--precision=bf16",
-                f"--iterations={sizes.iterations}", f"--results_file={res}"]
-        rows.append(Row(name, "stoker", "inference", "resnet50", "imagenet", batch, "bf16", argv, training=False,
-                        results_file=res))
+        argv = [
+            python,
+            "-m",
+            "stoker",
+            "bench",
+            "--mode=inference",
+            "--device=cuda",
+            "--model=resnet50",
+            "--data_name=imagenet",
+            f"--batch_size={batch}",
+            "--data_format=NHWC",
+            "--precision=bf16",
+            f"--iterations={sizes.iterations}",
+            f"--results_file={res}",
+        ]
+        rows.append(
+            Row(
+                name,
+                "stoker",
+                "inference",
+                "resnet50",
+                "imagenet",
+                batch,
+                "bf16",
+                argv,
+                training=False,
+                results_file=res,
+            )
+        )
     for precision in ("fp16", "bf16"):  # compiling resnet50 costs a minute or more each: after the rest
         for impl in ("plain", "stoker"):
             train("resnet50", "imagenet", 256, precision, impl, "compiled", variants["compiled"])
@@ -197,8 +265,10 @@ def plan(python: str = "python3", quick: bool = False, rows_dir: str = "gpu-chec
 
 # ----------------------------------------------------------------------------- output parsing
 _TOTAL_RE = re.compile(r"^total images/sec: ([\d.]+)$", re.MULTILINE)
-_LATENCY_RE = re.compile(r"Latencies - avg: +([\d.]+), 99th percentile: +([\d.]+), 99.9th percentile: +([\d.]+), "
-                         r"max: +([\d.]+)")
+_LATENCY_RE = re.compile(
+    r"Latencies - avg: +([\d.]+), 99th percentile: +([\d.]+), 99.9th percentile: +([\d.]+), "
+    r"max: +([\d.]+)"
+)
 _MFU_RE = re.compile(r"^MFU: ([\d.]+) %$", re.MULTILINE)
 
 
@@ -225,7 +295,11 @@ def parse_plain_output(text: str) -> dict[str, float]:
 
 
 def _pytest_summary(text: str) -> str:
-    lines = [line.strip("= ") for line in text.strip().splitlines() if re.search(r"\d+ (passed|failed|skipped|error|deselected)", line)]
+    lines = [
+        line.strip("= ")
+        for line in text.strip().splitlines()
+        if re.search(r"\d+ (passed|failed|skipped|error|deselected)", line)
+    ]
     return lines[-1] if lines else (text.strip().splitlines() or [""])[-1]
 
 
@@ -241,8 +315,9 @@ def run_command(argv: list[str], timeout: float, log: Path | None = None) -> tup
     """(exit status or None on timeout, stdout+stderr, seconds). The child runs in its own session
     and the whole group is killed on timeout (torchrun's workers included)."""
     start = time.perf_counter()
-    proc = subprocess.Popen(argv, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
         rc: int | None = proc.returncode
@@ -260,9 +335,14 @@ def _tail(text: str, n: int = 15) -> str:
     return "\n".join(text.strip().splitlines()[-n:])
 
 
-def measure_row(row: Row, timeout: float, log: Path, gflop_forward: float | None, peak_tflops: float | None) -> dict[str, Any]:
+def measure_row(
+    row: Row, timeout: float, log: Path, gflop_forward: float | None, peak_tflops: float | None
+) -> dict[str, Any]:
     rc, out, seconds = run_command(row.argv, timeout, log)
-    res: dict[str, Any] = {"elapsed_s": round(seconds, 1), "log": str(log.relative_to(ROOT) if log.is_relative_to(ROOT) else log)}
+    res: dict[str, Any] = {
+        "elapsed_s": round(seconds, 1),
+        "log": str(log.relative_to(ROOT) if log.is_relative_to(ROOT) else log),
+    }
     if rc is None:
         return {**res, "status": f"timeout after {timeout:.0f} s", "output_tail": _tail(out)}
     if rc != 0:
@@ -294,19 +374,25 @@ def table(rows: list[Row]) -> str:
     lines = ["| row | images/sec | MFU | status |", "|---|---:|---:|---|"]
     for row in rows:
         ips = row.result.get("images_per_sec")
-        lines.append(f"| {row.name} | {f'{ips:.1f}' if ips else '-'} | {_mfu_text(row)} | {row.result.get('status', '-')} |")
+        lines.append(
+            f"| {row.name} | {f'{ips:.1f}' if ips else '-'} | {_mfu_text(row)} | {row.result.get('status', '-')} |"
+        )
     return "\n".join(lines)
 
 
 def no_cuda_message(torch: Any) -> str:
     built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "built without CUDA"
-    return (f"gpu-check: no CUDA device visible to this Python (torch {torch.__version__}, {built}); "
-            "run it on a machine with an NVIDIA GPU: make gpu-check PY=python3")
+    return (
+        f"gpu-check: no CUDA device visible to this Python (torch {torch.__version__}, {built}); "
+        "run it on a machine with an NVIDIA GPU: make gpu-check PY=python3"
+    )
 
 
 def print_plan(args: argparse.Namespace, rows: list[Row]) -> None:
-    print(f"gpu-check plan (dry run: nothing is run). Each step runs from {ROOT} with PYTHONPATH=src in its own "
-          f"process, timeout {args.step_timeout:.0f} s (or the budget left); overall budget {args.budget:.0f} s.")
+    print(
+        f"gpu-check plan (dry run: nothing is run). Each step runs from {ROOT} with PYTHONPATH=src in its own "
+        f"process, timeout {args.step_timeout:.0f} s (or the budget left); overall budget {args.budget:.0f} s."
+    )
     print("tests: PYTHONPATH=src " + shlex.join(pytest_argv(args.python)))
     if args.collect:
         rc, out, _ = run_command([*pytest_argv(sys.executable), "--collect-only"], timeout=300)
@@ -325,16 +411,37 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["plain"]:
         return plain_main(argv[1:])
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                     epilog="exit status: 0 passed, 1 a test or row failed, 2 usage, 3 no CUDA, 4 no torch/stoker")
-    parser.add_argument("--dry-run", action="store_true", help="print the test command and every row's command, run nothing")
-    parser.add_argument("--no-collect", dest="collect", action="store_false",
-                        help="with --dry-run: do not list the tests the pytest selection collects")
-    parser.add_argument("--out", default="gpu-check.json", help="results JSON (a .md table and a .rows/ folder beside it)")
-    parser.add_argument("--quick", action="store_true", help=f"{QUICK.num_batches} timed batches per row instead of {FULL.num_batches}")
-    parser.add_argument("--step-timeout", type=float, default=DEFAULT_STEP_TIMEOUT_S, help="seconds per step (the tests, each row)")
-    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_S, help="seconds for the whole run; rows that do not fit are skipped")
-    parser.add_argument("--peak_tflops", type=float, help="the device's dense bf16 peak, where the built-in table does not know it")
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="exit status: 0 passed, 1 a test or row failed, 2 usage, 3 no CUDA, 4 no torch/stoker",
+    )
+    parser.add_argument(
+        "--dry-run", action="store_true", help="print the test command and every row's command, run nothing"
+    )
+    parser.add_argument(
+        "--no-collect",
+        dest="collect",
+        action="store_false",
+        help="with --dry-run: do not list the tests the pytest selection collects",
+    )
+    parser.add_argument(
+        "--out", default="gpu-check.json", help="results JSON (a .md table and a .rows/ folder beside it)"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help=f"{QUICK.num_batches} timed batches per row instead of {FULL.num_batches}"
+    )
+    parser.add_argument(
+        "--step-timeout", type=float, default=DEFAULT_STEP_TIMEOUT_S, help="seconds per step (the tests, each row)"
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=DEFAULT_BUDGET_S,
+        help="seconds for the whole run; rows that do not fit are skipped",
+    )
+    parser.add_argument(
+        "--peak_tflops", type=float, help="the device's dense bf16 peak, where the built-in table does not know it"
+    )
     parser.add_argument("--skip-tests", action="store_true", help="benchmark rows only")
     parser.add_argument("--python", default=sys.executable, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -349,8 +456,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         import torch
     except ImportError as e:
-        print(f"gpu-check: this Python ({sys.executable}) cannot import torch ({e}); install a CUDA build of torch, "
-              "then: make gpu-check PY=python3", flush=True)
+        print(
+            f"gpu-check: this Python ({sys.executable}) cannot import torch ({e}); install a CUDA build of torch, "
+            "then: make gpu-check PY=python3",
+            flush=True,
+        )
         return EXIT_NO_TORCH
     if not torch.cuda.is_available():
         print(no_cuda_message(torch), flush=True)
@@ -359,43 +469,71 @@ def main(argv: list[str] | None = None) -> int:
         import stoker
         from stoker.bench.report import flops_per_image
     except ImportError as e:
-        print(f"gpu-check: cannot import stoker from {ROOT / 'src'} ({e}); run from the repository with "
-              "PYTHONPATH=src and stoker's dependencies (numpy, safetensors, tensorboard, tqdm) installed", flush=True)
+        print(
+            f"gpu-check: cannot import stoker from {ROOT / 'src'} ({e}); run from the repository with "
+            "PYTHONPATH=src and stoker's dependencies (numpy, safetensors, tensorboard, tqdm) installed",
+            flush=True,
+        )
         return EXIT_NO_TORCH
     return run_all(args, rows, out_path, rows_dir, torch, stoker.__version__, flops_per_image)
 
 
-def run_all(args: argparse.Namespace, rows: list[Row], out_path: Path, rows_dir: Path, torch: Any, stoker_version: str,
-            flops_per_image: Any) -> int:
+def run_all(
+    args: argparse.Namespace,
+    rows: list[Row],
+    out_path: Path,
+    rows_dir: Path,
+    torch: Any,
+    stoker_version: str,
+    flops_per_image: Any,
+) -> int:
     start = time.perf_counter()
     name = torch.cuda.get_device_name(0)
     count = torch.cuda.device_count()
     peak, peak_label = (args.peak_tflops, "--peak_tflops") if args.peak_tflops else peak_bf16_tflops(name)
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=10
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit = ""
     report: dict[str, Any] = {
-        "tool": "stoker gpu-check", "format": 1,
+        "tool": "stoker gpu-check",
+        "format": 1,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "host": platform.node(), "device": name, "device_count": count,
+        "host": platform.node(),
+        "device": name,
+        "device_count": count,
         "compute_capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
-        "torch_version": torch.__version__, "cuda_version": torch.version.cuda,
-        "cudnn_version": torch.backends.cudnn.version(), "python": platform.python_version(),
-        "stoker_version": stoker_version, "git_commit": commit,
-        "peak_bf16_tflops": peak, "peak_entry": peak_label, "peak_source": PEAK_SOURCE if peak and not args.peak_tflops else peak_label,
-        "quick": args.quick, "budget_s": args.budget, "step_timeout_s": args.step_timeout,
-        "tests": {}, "rows": [],
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda,
+        "cudnn_version": torch.backends.cudnn.version(),
+        "python": platform.python_version(),
+        "stoker_version": stoker_version,
+        "git_commit": commit,
+        "peak_bf16_tflops": peak,
+        "peak_entry": peak_label,
+        "peak_source": PEAK_SOURCE if peak and not args.peak_tflops else peak_label,
+        "quick": args.quick,
+        "budget_s": args.budget,
+        "step_timeout_s": args.step_timeout,
+        "tests": {},
+        "rows": [],
     }
-    print(f"gpu-check: {name} x{count}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
-          f"bf16 peak {f'{peak:g} TFLOP/s ({peak_label})' if peak else 'unknown'}", flush=True)
+    print(
+        f"gpu-check: {name} x{count}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
+        f"bf16 peak {f'{peak:g} TFLOP/s ({peak_label})' if peak else 'unknown'}",
+        flush=True,
+    )
 
     def left() -> float:
         return args.budget - (time.perf_counter() - start)
 
     def save() -> None:
-        report["rows"] = [{**{k: v for k, v in asdict(r).items() if k not in ("argv", "result")}, "command": r.command,
-                           **r.result} for r in rows]
+        report["rows"] = [
+            {**{k: v for k, v in asdict(r).items() if k not in ("argv", "result")}, "command": r.command, **r.result}
+            for r in rows
+        ]
         report["elapsed_s"] = round(time.perf_counter() - start, 1)
         out_path.write_text(json.dumps(report, indent=1) + "\n")
 
@@ -433,21 +571,37 @@ def run_all(args: argparse.Namespace, rows: list[Row], out_path: Path, rows_dir:
                 except Exception:  # noqa: BLE001 - MFU becomes n/a, the row still runs
                     flops[key] = None
             print(f"[{i}/{len(rows)}] {row.name}", flush=True)
-            row.result = measure_row(row, min(args.step_timeout, left()), rows_dir / f"{row.slug}.log", flops[key], peak)
+            row.result = measure_row(
+                row, min(args.step_timeout, left()), rows_dir / f"{row.slug}.log", flops[key], peak
+            )
         ips = row.result.get("images_per_sec")
-        print(f"[{i}/{len(rows)}] {row.name}: {f'{ips:.1f} images/sec, MFU {_mfu_text(row)}, ' if ips else ''}"
-              f"{row.result['status']}", flush=True)
+        print(
+            f"[{i}/{len(rows)}] {row.name}: {f'{ips:.1f} images/sec, MFU {_mfu_text(row)}, ' if ips else ''}"
+            f"{row.result['status']}",
+            flush=True,
+        )
         save()
 
     text = table(rows)
     against = f"{peak:g} TFLOP/s ({peak_label}; {report['peak_source']})" if peak else "n/a (unknown peak)"
-    header = (f"gpu-check {report['date']}: {name} x{count}, torch {torch.__version__}, CUDA {torch.version.cuda}; "
-              f"MFU against {against}")
-    print("\n" + header + "\n" + f"tests: {tests['status']}" + (f" ({tests['summary']})" if tests.get("summary") else "")
-          + "\n\n" + text, flush=True)
+    header = (
+        f"gpu-check {report['date']}: {name} x{count}, torch {torch.__version__}, CUDA {torch.version.cuda}; "
+        f"MFU against {against}"
+    )
+    print(
+        "\n"
+        + header
+        + "\n"
+        + f"tests: {tests['status']}"
+        + (f" ({tests['summary']})" if tests.get("summary") else "")
+        + "\n\n"
+        + text,
+        flush=True,
+    )
     out_path.with_suffix(".md").write_text(header + "\n\n" + f"tests: {tests['status']}\n\n" + text + "\n")
     failed = not (tests["status"] == "ok" or tests["status"].startswith("skipped")) or any(
-        not (r.result["status"] == "ok" or r.result["status"].startswith("skipped")) for r in rows)
+        not (r.result["status"] == "ok" or r.result["status"].startswith("skipped")) for r in rows
+    )
     report["status"] = "failed" if failed else "ok"
     save()
     print(f"gpu-check: {report['status']}; wrote {out_path} and {out_path.with_suffix('.md')}", flush=True)
@@ -471,16 +625,37 @@ def plain_parser() -> argparse.ArgumentParser:
 def plain_main(argv: list[str]) -> int:
     """``gpu_check.py plain ...``: one hand-written training loop; prints one JSON line."""
     a = plain_parser().parse_args(argv)
-    print(json.dumps(plain_loop(a.model, a.data_name, a.batch_size, a.precision, a.variant, a.num_batches,
-                                a.num_warmup_batches, a.device)), flush=True)
+    print(
+        json.dumps(
+            plain_loop(
+                a.model,
+                a.data_name,
+                a.batch_size,
+                a.precision,
+                a.variant,
+                a.num_batches,
+                a.num_warmup_batches,
+                a.device,
+            )
+        ),
+        flush=True,
+    )
     return 0
 
 
 STATIC_LOSS_SCALE = 128.0  # fp16 in the CUDA graph (stoker bench's default static scale too)
 
 
-def plain_loop(model_name: str, dataset: str, batch: int, precision: str, variant: str, num_batches: int,
-               num_warmup: int, device: str = "cuda") -> dict[str, Any]:
+def plain_loop(
+    model_name: str,
+    dataset: str,
+    batch: int,
+    precision: str,
+    variant: str,
+    num_batches: int,
+    num_warmup: int,
+    device: str = "cuda",
+) -> dict[str, Any]:
     """Images/sec of a hand-written loop: channels_last, AMP, SGD with Nesterov momentum 0.9 and
     weight decay 4e-5 (``stoker bench --optimizer=momentum``'s update), synthetic data on the device.
 
@@ -501,8 +676,13 @@ def plain_loop(model_name: str, dataset: str, batch: int, precision: str, varian
     torch.manual_seed(1234)
     model = create_model(model_name, dataset=dataset).to(dev, memory_format=torch.channels_last).train()
     opt = torch.optim.SGD(model.parameters(), lr=0.005, momentum=0.9, nesterov=True, weight_decay=4e-5)
-    images, labels = next(iter(synthetic_images((3, info.image_size, info.image_size), info.num_classes,
-                                                batch_size=batch, seed=1234, channels_last=True)))
+    images, labels = next(
+        iter(
+            synthetic_images(
+                (3, info.image_size, info.image_size), info.num_classes, batch_size=batch, seed=1234, channels_last=True
+            )
+        )
+    )
     images, labels = images.to(dev), labels.to(dev)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[precision]
     graph = variant == "cuda_graph"
@@ -570,8 +750,15 @@ def plain_loop(model_name: str, dataset: str, batch: int, precision: str, varian
     loss_value = float(loss)
     if loss_value != loss_value or loss_value in (float("inf"), float("-inf")):
         raise SystemExit(f"plain loop: loss is {loss_value}")
-    return {"images_per_sec": num_batches * batch / elapsed, "elapsed_s": elapsed, "first_step_s": first_step_s,
-            "loss": loss_value, "device": str(dev), "variant": variant, "precision": precision}
+    return {
+        "images_per_sec": num_batches * batch / elapsed,
+        "elapsed_s": elapsed,
+        "first_step_s": first_step_s,
+        "loss": loss_value,
+        "device": str(dev),
+        "variant": variant,
+        "precision": precision,
+    }
 
 
 if __name__ == "__main__":

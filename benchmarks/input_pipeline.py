@@ -61,7 +61,9 @@ def make_tree(root: Path, classes: int = 10, per_class: int = 200, size: int = 6
         for i in range(per_class):
             # smooth random content (upsampled noise) compresses like a photo, not like static
             small = rng.integers(0, 256, (size // 8, size // 8, 3), dtype=np.uint8)
-            Image.fromarray(small).resize((size, size), Image.Resampling.BICUBIC).save(folder / f"{i:04d}.jpg", quality=90)
+            Image.fromarray(small).resize((size, size), Image.Resampling.BICUBIC).save(
+                folder / f"{i:04d}.jpg", quality=90
+            )
     marker.touch()
     return root
 
@@ -103,14 +105,16 @@ def rate(make: Callable[[], Iterable[object]], batches: int) -> tuple[float, flo
 
 
 def stoker_variant(root: Path, workers: int, start_method: str | None = None) -> Callable[[], Iterable[object]]:
-    return lambda: image_folder(root, batch_size=BATCH, image_size=IMAGE_SIZE, num_workers=workers,
-                                start_method=start_method)
+    return lambda: image_folder(
+        root, batch_size=BATCH, image_size=IMAGE_SIZE, num_workers=workers, start_method=start_method
+    )
 
 
 def plain_variant(root: Path, workers: int) -> Callable[[], Iterable[object]]:
     dataset = PlainDataset(root)
-    return lambda: torch.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=True, drop_last=True,
-                                               num_workers=workers)
+    return lambda: torch.utils.data.DataLoader(
+        dataset, batch_size=BATCH, shuffle=True, drop_last=True, num_workers=workers
+    )
 
 
 def checkpoint_cost(root: Path) -> tuple[float, int]:
@@ -161,8 +165,10 @@ def main() -> None:
             firsts[name].append(f)
 
     results: dict[str, object] = {"loadavg_start": os.getloadavg()}
-    print(f"\nimage_folder train, {IMAGE_SIZE}px crops of 64px JPEGs, batch {BATCH}, {args.batches} batches x "
-          f"{args.rounds} rounds, torch {torch.__version__}")
+    print(
+        f"\nimage_folder train, {IMAGE_SIZE}px crops of 64px JPEGs, batch {BATCH}, {args.batches} batches x "
+        f"{args.rounds} rounds, torch {torch.__version__}"
+    )
     print(f"{'variant':<13}{'batches/s':>11}{'images/s':>10}{'first batch':>13}{'stoker/plain':>14}")
     for w in args.workers:
         s, p = statistics.median(rates[f"stoker W={w}"]), statistics.median(rates[f"plain W={w}"])
@@ -174,7 +180,9 @@ def main() -> None:
         results[f"ratio W={w}"] = s / p
 
     micros, size = checkpoint_cost(root)
-    print(f"\ninput state checkpoint: state_dict() + json.dumps = {micros:.1f} us per call (median of 1000), {size} bytes")
+    print(
+        f"\ninput state checkpoint: state_dict() + json.dumps = {micros:.1f} us per call (median of 1000), {size} bytes"
+    )
     results["checkpoint_us"], results["checkpoint_bytes"] = micros, size
 
     if args.startup:

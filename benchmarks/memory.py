@@ -98,8 +98,9 @@ def bert(batch_size: int, config: BertConfig) -> Workload:
         return tokens.to(device), labels.to(device)
 
     return Workload(
-        name=(f"bert (batch {batch_size}, seq {config.seq_len}, hidden {config.hidden_size}, "
-              f"{config.num_layers} layers)"),
+        name=(
+            f"bert (batch {batch_size}, seq {config.seq_len}, hidden {config.hidden_size}, {config.num_layers} layers)"
+        ),
         build=lambda: BertMLM.from_params(params),
         batch=batch,
         loss=mlm_loss,
@@ -168,17 +169,35 @@ def run(workloads: list[Workload], device: torch.device) -> list[dict[str, Any]]
 def print_table(rows: list[dict[str, Any]]) -> None:
     """The rows as a Markdown table (MiB, and ratios to each workload's first row)."""
     peak = any("peak" in r for r in rows)
-    head = ["workload", "precision", "recompute", "activations MiB", "params+grads MiB", "optimizer MiB",
-            "act.+state MiB", "activations ×", "state ×", "act.+state ×"]
+    head = [
+        "workload",
+        "precision",
+        "recompute",
+        "activations MiB",
+        "params+grads MiB",
+        "optimizer MiB",
+        "act.+state MiB",
+        "activations ×",
+        "state ×",
+        "act.+state ×",
+    ]
     head += ["CUDA peak MiB", "peak ×"] if peak else []
     head += ["step time ×"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in rows:
-        cells = [r["workload"], r["precision"], r["recompute"], f"{r['activations'] / MiB:.1f}",
-                 f"{(r['parameters'] + r['gradients']) / MiB:.1f}", f"{r['optimizer'] / MiB:.1f}",
-                 f"{r['total'] / MiB:.1f}", f"{r['activations_ratio']:.3f}", f"{r['state_ratio']:.3f}",
-                 f"{r['total_ratio']:.3f}"]
+        cells = [
+            r["workload"],
+            r["precision"],
+            r["recompute"],
+            f"{r['activations'] / MiB:.1f}",
+            f"{(r['parameters'] + r['gradients']) / MiB:.1f}",
+            f"{r['optimizer'] / MiB:.1f}",
+            f"{r['total'] / MiB:.1f}",
+            f"{r['activations_ratio']:.3f}",
+            f"{r['state_ratio']:.3f}",
+            f"{r['total_ratio']:.3f}",
+        ]
         if peak:
             cells += [f"{r['peak'] / MiB:.1f}", f"{r['peak_ratio']:.3f}"]
         cells += [f"{r['step_s_ratio']:.2f}"]
@@ -192,22 +211,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--image_size", type=int, default=224, help="resnet50's input size")
     for name in ("seq_len", "hidden_size", "num_layers", "num_heads", "intermediate_size"):
-        parser.add_argument(f"--bert_{name}", type=int, default=getattr(BertConfig, name),
-                            help=f"bert's {name} (default: the recipe's)")
+        parser.add_argument(
+            f"--bert_{name}", type=int, default=getattr(BertConfig, name), help=f"bert's {name} (default: the recipe's)"
+        )
     parser.add_argument("--json", help="also write the rows to this file")
     args = parser.parse_args(argv)
-    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if args.device == "auto" else args.device)
-    bert_config = dataclasses.replace(BertConfig(), dropout=0.0,
-                                      **{k: getattr(args, f"bert_{k}") for k in
-                                         ("seq_len", "hidden_size", "num_layers", "num_heads", "intermediate_size")})
-    workloads = {"resnet50": lambda: resnet50(args.batch_size, args.image_size),
-                 "bert": lambda: bert(args.batch_size, bert_config)}
+    device = torch.device(
+        "cuda"
+        if args.device == "auto" and torch.cuda.is_available()
+        else "cpu"
+        if args.device == "auto"
+        else args.device
+    )
+    bert_config = dataclasses.replace(
+        BertConfig(),
+        dropout=0.0,
+        **{
+            k: getattr(args, f"bert_{k}")
+            for k in ("seq_len", "hidden_size", "num_layers", "num_heads", "intermediate_size")
+        },
+    )
+    workloads = {
+        "resnet50": lambda: resnet50(args.batch_size, args.image_size),
+        "bert": lambda: bert(args.batch_size, bert_config),
+    }
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "0") or 0) or torch.get_num_threads()))
     rows = run([workloads[w]() for w in args.workloads], device)
     load = os.getloadavg()
-    print(f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else platform.processor() or 'cpu'}), "
-          f"torch {torch.__version__}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(
+        f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else platform.processor() or 'cpu'}), "
+        f"torch {torch.__version__}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
     print_table(rows)
     if args.json:
         with open(args.json, "w") as f:

@@ -118,8 +118,10 @@ def handwritten_run(with_predictions: bool, save: bool = False) -> Variant:
             opt.step()
         loss.item()
         if out_dir is not None:  # what a hand-written loop with an output directory ends with
-            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": steps},
-                       os.path.join(out_dir, "model.pt"))
+            torch.save(
+                {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": steps},
+                os.path.join(out_dir, "model.pt"),
+            )
         elapsed = time.perf_counter() - start
         if out_dir is not None:
             shutil.rmtree(out_dir, ignore_errors=True)
@@ -214,8 +216,13 @@ def lightning_run() -> Variant | None:
         torch.manual_seed(0)
         loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=BATCH, shuffle=True)
         trainer = pl.Trainer(
-            max_steps=steps, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-            enable_model_summary=False, accelerator="cpu", devices=1,
+            max_steps=steps,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            accelerator="cpu",
+            devices=1,
         )
         start = time.perf_counter()
         trainer.fit(Module(), loader)
@@ -289,9 +296,26 @@ def measure_in_processes(args: argparse.Namespace) -> dict:
     for i in range(args.processes):
         with tempfile.TemporaryDirectory(prefix="stoker-overhead-") as tmp:
             out = os.path.join(tmp, "worker.json")
-            cmd = [sys.executable, os.path.abspath(__file__), "--steps", str(args.steps), "--rounds", str(args.rounds),
-                   "--threads", str(args.threads), "--inputs", *args.inputs, "--preds", *args.preds,
-                   "--iterations", *map(str, args.iterations), "--processes", "1", "--worker-json", out]
+            cmd = [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--steps",
+                str(args.steps),
+                "--rounds",
+                str(args.rounds),
+                "--threads",
+                str(args.threads),
+                "--inputs",
+                *args.inputs,
+                "--preds",
+                *args.preds,
+                "--iterations",
+                *map(str, args.iterations),
+                "--processes",
+                "1",
+                "--worker-json",
+                out,
+            ]
             if args.no_legacy:
                 cmd.append("--no-legacy")
             subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -309,9 +333,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--rounds", type=int, default=7, help="rounds in each process")
-    parser.add_argument("--processes", type=int, default=3,
-                        help="fresh processes the rounds run in, one after another (their ratios are pooled)")
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1 is steadier on a shared machine)")
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=3,
+        help="fresh processes the rounds run in, one after another (their ratios are pooled)",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads (1 is steadier on a shared machine)"
+    )
     parser.add_argument("--inputs", nargs="+", default=["arrays", "gen"], choices=["arrays", "gen"])
     parser.add_argument("--preds", nargs="+", default=["none", "eager", "lazy"], choices=["none", "eager", "lazy"])
     parser.add_argument("--iterations", nargs="+", type=int, default=[100, 1], help="iterations_per_loop values")
@@ -330,25 +360,50 @@ def main() -> None:
     rates, ratios, extra = measured["rates"], measured["ratios"], measured["extra"]
     results: dict = {}
     pairs = args.rounds * args.processes
-    print(f"MLP 32-64-10, batch {BATCH}, {args.steps} steps x {args.rounds} rounds x {args.processes} process(es), "
-          f"{args.threads} thread(s), torch {torch.__version__}")
+    print(
+        f"MLP 32-64-10, batch {BATCH}, {args.steps} steps x {args.rounds} rounds x {args.processes} process(es), "
+        f"{args.threads} thread(s), torch {torch.__version__}"
+    )
     width = max(len(n) for n in rates) + 2
-    print(f"{'variant':<{width}}{'steps/sec':>10}{'ratio':>9}{'min':>8}{'max':>8}{'+ms':>8}   (ratio: median of {pairs} "
-          "paired ratios, eager variants to handwritten+preds, the rest to handwritten; +ms: median extra time per run)")
+    print(
+        f"{'variant':<{width}}{'steps/sec':>10}{'ratio':>9}{'min':>8}{'max':>8}{'+ms':>8}   (ratio: median of {pairs} "
+        "paired ratios, eager variants to handwritten+preds, the rest to handwritten; +ms: median extra time per run)"
+    )
     for name, r in rates.items():
         med, q, plus = statistics.median(r), ratios[name], statistics.median(extra[name])
-        results[name] = {"steps_per_sec": med, "ratio": statistics.median(q), "ratios": q, "all": r, "extra_seconds": plus}
-        print(f"{name:<{width}}{med:>10.0f}{statistics.median(q):>8.3f}x{min(q):>7.3f}x{max(q):>7.3f}x{1e3 * plus:>8.2f}")
+        results[name] = {
+            "steps_per_sec": med,
+            "ratio": statistics.median(q),
+            "ratios": q,
+            "all": r,
+            "extra_seconds": plus,
+        }
+        print(
+            f"{name:<{width}}{med:>10.0f}{statistics.median(q):>8.3f}x{min(q):>7.3f}x{max(q):>7.3f}x{1e3 * plus:>8.2f}"
+        )
     load_after = os.getloadavg()
-    print(f"load average (1/5/15 min) before {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, "
-          f"after {load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f}")
+    print(
+        f"load average (1/5/15 min) before {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, "
+        f"after {load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f}"
+    )
     if not measured["lightning"]:
         print("(lightning not installed: pip install pytorch-lightning to add it)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"steps": args.steps, "rounds": args.rounds, "processes": args.processes, "threads": args.threads,
-                       "torch": torch.__version__, "load_before": load_before, "load_after": load_after,
-                       "results": results}, f, indent=1)
+            json.dump(
+                {
+                    "steps": args.steps,
+                    "rounds": args.rounds,
+                    "processes": args.processes,
+                    "threads": args.threads,
+                    "torch": torch.__version__,
+                    "load_before": load_before,
+                    "load_after": load_after,
+                    "results": results,
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

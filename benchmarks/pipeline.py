@@ -55,7 +55,9 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
     n = args.batch * 4
     x, y = torch.randn(n, args.hidden, generator=g), torch.randn(n, args.hidden, generator=g)
     stages = args.stages
-    split = tuple(str(i) for i in range(args.blocks // stages, args.blocks, args.blocks // stages)) if stages > 1 else None
+    split = (
+        tuple(str(i) for i in range(args.blocks // stages, args.blocks, args.blocks // stages)) if stages > 1 else None
+    )
 
     class Times(Hook):
         def __init__(self) -> None:
@@ -66,11 +68,19 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
 
     times = Times()
     est = stoker.Estimator(
-        model=make_model, model_fn=model_fn, params=params, train_batch_size=args.batch,
+        model=make_model,
+        model_fn=model_fn,
+        params=params,
+        train_batch_size=args.batch,
         optimizer=lambda p, ps: torch.optim.SGD(ps, lr=1e-3),
-        config=stoker.RunConfig(iterations_per_loop=args.steps, log_every_n_steps=None, progress_bar=False,
-                                pipeline_split=split, pipeline_microbatches=args.microbatches if split else 1,
-                                pipeline_schedule=args.schedule),
+        config=stoker.RunConfig(
+            iterations_per_loop=args.steps,
+            log_every_n_steps=None,
+            progress_bar=False,
+            pipeline_split=split,
+            pipeline_microbatches=args.microbatches if split else 1,
+            pipeline_schedule=args.schedule,
+        ),
     )
     data = lambda p: stoker.data.arrays(x, y, batch_size=p["batch_size"], seed=0)  # noqa: E731
     est.train(data, max_steps=args.steps * (1 + args.loops), hooks=[times])
@@ -91,21 +101,41 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
         result["busy_seconds"] = busy
     everyone = est.strategy.all_gather_object(result)
     est.strategy.teardown()
-    return {"step_seconds": max(r["step_seconds"] for r in everyone),
-            "busy_seconds": [r.get("busy_seconds") for r in everyone]}
+    return {
+        "step_seconds": max(r["step_seconds"] for r in everyone),
+        "busy_seconds": [r.get("busy_seconds") for r in everyone],
+    }
 
 
 def run_one(stages: int, schedule: str, microbatches: int, common: list[str]) -> dict[str, Any]:
     """Start one run (``stages`` processes under torchrun, or one plain process) and read its result."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        flags = [*common, "--worker", "--stages", str(stages), "--schedule", schedule,
-                 "--microbatches", str(microbatches), "--out", str(out)]
+        flags = [
+            *common,
+            "--worker",
+            "--stages",
+            str(stages),
+            "--schedule",
+            schedule,
+            "--microbatches",
+            str(microbatches),
+            "--out",
+            str(out),
+        ]
         env = dict(os.environ, PYTHONPATH=str(ROOT / "src"), OMP_NUM_THREADS="1")
         if stages == 1:
             cmd = [sys.executable, __file__, *flags]
         else:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={stages}", __file__, *flags]
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                f"--nproc_per_node={stages}",
+                __file__,
+                *flags,
+            ]
         done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
@@ -114,31 +144,55 @@ def run_one(stages: int, schedule: str, microbatches: int, common: list[str]) ->
 
 def benchmark(args: argparse.Namespace) -> dict[str, Any]:
     """The baseline and every (stages, schedule) run, as one dict."""
-    common = ["--hidden", str(args.hidden), "--blocks", str(args.blocks), "--batch", str(args.batch),
-              "--steps", str(args.steps), "--loops", str(args.loops)]
+    common = [
+        "--hidden",
+        str(args.hidden),
+        "--blocks",
+        str(args.blocks),
+        "--batch",
+        str(args.batch),
+        "--steps",
+        str(args.steps),
+        "--loops",
+        str(args.loops),
+    ]
     base = run_one(1, "1f1b", 1, common)
     rows = []
     for stages in args.stage_counts:
         for schedule in args.schedules:
             r = run_one(stages, schedule, args.microbatches, common)
             busy = [b for b in r["busy_seconds"] if b is not None]
-            rows.append({
-                "stages": stages, "schedule": schedule, "microbatches": args.microbatches,
-                "step_seconds": r["step_seconds"], "vs_one_process": r["step_seconds"] / base["step_seconds"],
-                "bubble_measured": 1 - sum(busy) / len(busy) / r["step_seconds"],
-                "bubble_theory": (stages - 1) / (args.microbatches + stages - 1),
-            })
-    return {"one_process_step_seconds": base["step_seconds"], "runs": rows, "load": os.getloadavg(),
-            "cpus": os.cpu_count(), "config": vars(args)}
+            rows.append(
+                {
+                    "stages": stages,
+                    "schedule": schedule,
+                    "microbatches": args.microbatches,
+                    "step_seconds": r["step_seconds"],
+                    "vs_one_process": r["step_seconds"] / base["step_seconds"],
+                    "bubble_measured": 1 - sum(busy) / len(busy) / r["step_seconds"],
+                    "bubble_theory": (stages - 1) / (args.microbatches + stages - 1),
+                }
+            )
+    return {
+        "one_process_step_seconds": base["step_seconds"],
+        "runs": rows,
+        "load": os.getloadavg(),
+        "cpus": os.cpu_count(),
+        "config": vars(args),
+    }
 
 
 def report(result: dict[str, Any]) -> str:
-    lines = [f"one process: {result['one_process_step_seconds'] * 1e3:.1f} ms/step; load average "
-             f"{', '.join(f'{v:.1f}' for v in result['load'])} on {result['cpus']} CPUs",
-             "stages  schedule  M   ms/step  vs 1 proc  bubble measured  bubble (S-1)/(M+S-1)"]
+    lines = [
+        f"one process: {result['one_process_step_seconds'] * 1e3:.1f} ms/step; load average "
+        f"{', '.join(f'{v:.1f}' for v in result['load'])} on {result['cpus']} CPUs",
+        "stages  schedule  M   ms/step  vs 1 proc  bubble measured  bubble (S-1)/(M+S-1)",
+    ]
     for r in result["runs"]:
-        lines.append(f"{r['stages']:>6}  {r['schedule']:<8} {r['microbatches']:>2}  {r['step_seconds'] * 1e3:>8.1f}  "
-                     f"{r['vs_one_process']:>8.2f}x  {r['bubble_measured']:>15.2f}  {r['bubble_theory']:>20.2f}")
+        lines.append(
+            f"{r['stages']:>6}  {r['schedule']:<8} {r['microbatches']:>2}  {r['step_seconds'] * 1e3:>8.1f}  "
+            f"{r['vs_one_process']:>8.2f}x  {r['bubble_measured']:>15.2f}  {r['bubble_theory']:>20.2f}"
+        )
     return "\n".join(lines)
 
 

@@ -55,8 +55,9 @@ def worker(args: argparse.Namespace) -> None:
         model=lambda p: create_model("resnet20", dataset="cifar10").to(memory_format=torch.channels_last),
         model_fn=model_fn,
         optimizer=lambda p, ps: torch.optim.SGD(ps, lr=0.01, momentum=0.9),
-        config=stoker.RunConfig(iterations_per_loop=args.loop, progress_bar=False, log_every_n_steps=10**9,
-                                device=args.device),
+        config=stoker.RunConfig(
+            iterations_per_loop=args.loop, progress_bar=False, log_every_n_steps=10**9, device=args.device
+        ),
         train_batch_size=args.batch,
     )
     per_replica = args.batch // est.strategy.world_size
@@ -97,11 +98,32 @@ def launch(nproc: int, threads: int, args: argparse.Namespace, out: Path) -> dic
     for rank in range(nproc):
         env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         if nproc > 1:
-            env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc),
-                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        cmd = [sys.executable, __file__, "--worker", "--threads", str(threads), "--out", str(out),
-               "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch),
-               "--loop", str(args.loop), "--device", args.device]
+            env.update(
+                RANK=str(rank),
+                LOCAL_RANK=str(rank),
+                WORLD_SIZE=str(nproc),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+            )
+        cmd = [
+            sys.executable,
+            __file__,
+            "--worker",
+            "--threads",
+            str(threads),
+            "--out",
+            str(out),
+            "--steps",
+            str(args.steps),
+            "--warmup",
+            str(args.warmup),
+            "--batch",
+            str(args.batch),
+            "--loop",
+            str(args.loop),
+            "--device",
+            args.device,
+        ]
         procs.append(subprocess.Popen(cmd, env=env))
     for p in procs:
         if p.wait() != 0:
@@ -137,7 +159,9 @@ def main() -> None:
     print(f"{'layout':<28}{'images/sec':>12}{'ratio':>8}")
     print(f"{'1 process x 2 threads':<28}{best1:>12.1f}{1.0:>7.2f}x")
     print(f"{'2 replicas x 1 thread (DDP)':<28}{best2:>12.1f}{best2 / best1:>7.2f}x")
-    print(f"all-reduce of resnet20's {count_parameters(create_model('resnet20', dataset='cifar10')):,} gradients: {allreduce:.2f} ms")
+    print(
+        f"all-reduce of resnet20's {count_parameters(create_model('resnet20', dataset='cifar10')):,} gradients: {allreduce:.2f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -47,10 +47,18 @@ def _export(model: str, out: Path, aot: bool) -> tuple[Path, dict[str, Any]]:
         example = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
         tensor = {"name": "features", "shape": [1, 32], "datatype": "INT64", "data": example[0].tolist()}
     else:
-        est = stoker.Estimator(model=lambda p: create_model("resnet20", dataset="cifar10"), model_fn=zoo_predict_model_fn,
-                               config=stoker.RunConfig(device="cpu", progress_bar=False))
+        est = stoker.Estimator(
+            model=lambda p: create_model("resnet20", dataset="cifar10"),
+            model_fn=zoo_predict_model_fn,
+            config=stoker.RunConfig(device="cpu", progress_bar=False),
+        )
         example = torch.randn(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
-        tensor = {"name": "features", "shape": [1, 3, 32, 32], "datatype": "FP32", "data": example[0].flatten().tolist()}
+        tensor = {
+            "name": "features",
+            "shape": [1, 3, 32, 32],
+            "datatype": "FP32",
+            "data": example[0].flatten().tolist(),
+        }
     return export(est, out / model, example, aot=aot), tensor
 
 
@@ -58,8 +66,19 @@ class ServerProcess:
     """``python -m stoker serve`` in its own process, on a free loopback port."""
 
     def __init__(self, export_dir: Path, aot: bool, batching: bool, threads: int, window_ms: float) -> None:
-        cmd = [sys.executable, "-m", "stoker", "serve", str(export_dir), "--port", "0", "--model_name", "m",
-               "--batch_window_ms", str(window_ms)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "stoker",
+            "serve",
+            str(export_dir),
+            "--port",
+            "0",
+            "--model_name",
+            "m",
+            "--batch_window_ms",
+            str(window_ms),
+        ]
         cmd += ["--aot"] if aot else []
         cmd += [] if batching else ["--no_batching"]
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(ROOT / "src")}
@@ -95,8 +114,9 @@ class ServerProcess:
             self.proc.wait(15)
 
 
-def _client(server: ServerProcess, body: bytes, n: int, start: threading.Barrier, latencies: list[float],
-            statuses: list[int]) -> None:
+def _client(
+    server: ServerProcess, body: bytes, n: int, start: threading.Barrier, latencies: list[float], statuses: list[int]
+) -> None:
     conn = http.client.HTTPConnection(server.host, server.port, timeout=TIMEOUT_S)
     start.wait(TIMEOUT_S)
     try:
@@ -122,8 +142,10 @@ def run_cell(server: ServerProcess, body: bytes, clients: int, requests: int) ->
     latencies: list[float] = []
     statuses: list[int] = []
     barrier = threading.Barrier(clients + 1)
-    threads = [threading.Thread(target=_client, args=(server, body, per_client, barrier, latencies, statuses))
-               for _ in range(clients)]
+    threads = [
+        threading.Thread(target=_client, args=(server, body, per_client, barrier, latencies, statuses))
+        for _ in range(clients)
+    ]
     rows0, calls0 = server.batch_totals()
     for t in threads:
         t.start()
@@ -134,23 +156,36 @@ def run_cell(server: ServerProcess, body: bytes, clients: int, requests: int) ->
     wall = time.perf_counter() - t0
     rows1, calls1 = server.batch_totals()
     ms = np.array(latencies) * 1000
-    return {"clients": clients, "requests": len(statuses), "ok": statuses.count(200), "503": statuses.count(503),
-            "other": len(statuses) - statuses.count(200) - statuses.count(503), "requests_per_s": len(statuses) / wall,
-            "p50_ms": float(np.percentile(ms, 50)), "p99_ms": float(np.percentile(ms, 99)),
-            "rows_per_call": (rows1 - rows0) / max(calls1 - calls0, 1)}
+    return {
+        "clients": clients,
+        "requests": len(statuses),
+        "ok": statuses.count(200),
+        "503": statuses.count(503),
+        "other": len(statuses) - statuses.count(200) - statuses.count(503),
+        "requests_per_s": len(statuses) / wall,
+        "p50_ms": float(np.percentile(ms, 50)),
+        "p99_ms": float(np.percentile(ms, 99)),
+        "rows_per_call": (rows1 - rows0) / max(calls1 - calls0, 1),
+    }
 
 
 def format_rows(rows: list[dict[str, Any]]) -> str:
-    lines = ["| batching | clients | requests | 200 | 503 | other | req/s | p50 ms | p99 ms | rows per model call |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| batching | clients | requests | 200 | 503 | other | req/s | p50 ms | p99 ms | rows per model call |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
-        lines.append(f"| {'on' if r['batching'] else 'off'} | {r['clients']} | {r['requests']} | {r['ok']} | {r['503']} | "
-                     f"{r['other']} | {r['requests_per_s']:.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['rows_per_call']:.2f} |")
+        lines.append(
+            f"| {'on' if r['batching'] else 'off'} | {r['clients']} | {r['requests']} | {r['ok']} | {r['503']} | "
+            f"{r['other']} | {r['requests_per_s']:.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['rows_per_call']:.2f} |"
+        )
     return "\n".join(lines)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--model", choices=["charlm", "resnet20"], default="charlm")
     parser.add_argument("--clients", nargs="+", type=int, default=[1, 16, 64])
     parser.add_argument("--requests", type=int, default=256, help="requests per cell (split evenly over the clients)")
@@ -160,14 +195,19 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the rows to this file")
     args = parser.parse_args()
     logging.getLogger("stoker").setLevel(logging.ERROR)
-    print(f"torch {torch.__version__}, model {args.model}{' (AOT package)' if args.aot else ''}, server threads "
-          f"{args.threads}, load average {os.getloadavg()[0]:.1f}, {time.strftime('%Y-%m-%d %H:%M')}", flush=True)
+    print(
+        f"torch {torch.__version__}, model {args.model}{' (AOT package)' if args.aot else ''}, server threads "
+        f"{args.threads}, load average {os.getloadavg()[0]:.1f}, {time.strftime('%Y-%m-%d %H:%M')}",
+        flush=True,
+    )
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         export_dir, tensor = _export(args.model, Path(tmp), args.aot)
         body = json.dumps({"inputs": [tensor]}).encode()
-        servers = {batching: ServerProcess(export_dir, args.aot, batching, args.threads, args.batch_window_ms)
-                   for batching in (True, False)}
+        servers = {
+            batching: ServerProcess(export_dir, args.aot, batching, args.threads, args.batch_window_ms)
+            for batching in (True, False)
+        }
         try:
             for server in servers.values():
                 run_cell(server, body, 1, 8)  # warm-up
@@ -175,8 +215,14 @@ def main() -> None:
             # the shared machine's noise hits batching on and off alike
             for clients in args.clients:
                 for batching, server in servers.items():
-                    rows.append({"model": args.model, "aot": args.aot, "batching": batching,
-                                 **run_cell(server, body, clients, args.requests)})
+                    rows.append(
+                        {
+                            "model": args.model,
+                            "aot": args.aot,
+                            "batching": batching,
+                            **run_cell(server, body, clients, args.requests),
+                        }
+                    )
                     print(format_rows(rows[-1:]).splitlines()[-1], flush=True)
         finally:
             for server in servers.values():

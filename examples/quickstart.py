@@ -92,14 +92,23 @@ def main() -> int:
     # params["batch_size"] is set by stoker: the global batch divided among replicas.
     def train_input_fn(params: dict) -> stoker.data.ArraySource:
         return stoker.data.arrays(
-            x_train, y_train, batch_size=params["batch_size"], seed=params["data_seed"],
-            num_shards=params["num_replicas"], shard_index=params["replica_index"],
+            x_train,
+            y_train,
+            batch_size=params["batch_size"],
+            seed=params["data_seed"],
+            num_shards=params["num_replicas"],
+            shard_index=params["replica_index"],
         )  # shuffled anew each epoch, repeats forever, checkpointable
 
     def eval_input_fn(params: dict) -> stoker.data.ArraySource:
         return stoker.data.arrays(
-            x_test, y_test, batch_size=params["batch_size"], shuffle=False, num_epochs=1,
-            num_shards=params["num_replicas"], shard_index=params["replica_index"],
+            x_test,
+            y_test,
+            batch_size=params["batch_size"],
+            shuffle=False,
+            num_epochs=1,
+            num_shards=params["num_replicas"],
+            shard_index=params["replica_index"],
         )  # one pass: 4 batches of 64 and one of 41, which stoker pads and masks
 
     est = stoker.Estimator(
@@ -134,10 +143,24 @@ def main() -> int:
     for i, row in enumerate(est.predict(predict_input_fn)):
         confidence = row["probabilities"][row["class"]].item()
         print(f"held-out example {i}: predicted {row['class'].item()} (p={confidence:.2f}), true {y_test[i].item()}")
-    print(f"checkpoints are in {args.model_dir}; rerun the same command to resume (it only evaluates once max_steps is reached)")
+    print(
+        f"checkpoints are in {args.model_dir}; rerun the same command to resume (it only evaluates once max_steps is reached)"
+    )
 
-    print("\nstoker's overhead against a hand-written loop (benchmarks/overhead.py --steps 200 --rounds 1 --processes 1):", flush=True)
-    bench = [sys.executable, str(ROOT / "benchmarks" / "overhead.py"), "--steps", "200", "--rounds", "1", "--processes", "1"]
+    print(
+        "\nstoker's overhead against a hand-written loop (benchmarks/overhead.py --steps 200 --rounds 1 --processes 1):",
+        flush=True,
+    )
+    bench = [
+        sys.executable,
+        str(ROOT / "benchmarks" / "overhead.py"),
+        "--steps",
+        "200",
+        "--rounds",
+        "1",
+        "--processes",
+        "1",
+    ]
     return subprocess.run(bench, check=False).returncode
 
 

@@ -48,7 +48,9 @@ def make_data(n: int = 96, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def train_input(x: torch.Tensor, y: torch.Tensor, seed: int = 0):  # noqa: ANN201
-    return lambda p: stoker.data.arrays(x, y, batch_size=p["batch_size"], seed=seed + 100 * p.get("adanet_iteration", 0))
+    return lambda p: stoker.data.arrays(
+        x, y, batch_size=p["batch_size"], seed=seed + 100 * p.get("adanet_iteration", 0)
+    )
 
 
 def eval_input(x: torch.Tensor, y: torch.Tensor | None = None):  # noqa: ANN201
@@ -58,7 +60,9 @@ def eval_input(x: torch.Tensor, y: torch.Tensor | None = None):  # noqa: ANN201
 class MLP(nn.Module):
     """``depth`` hidden layers with dropout (so resume must restore RNGs); complexity sqrt(depth)."""
 
-    def __init__(self, depth: int, width: int = 8, out: int = CLASSES, dropout: float = 0.1, sleep: float = 0.0) -> None:
+    def __init__(
+        self, depth: int, width: int = 8, out: int = CLASSES, dropout: float = 0.1, sleep: float = 0.0
+    ) -> None:
         super().__init__()
         layers: list[nn.Module] = []
         d = IN
@@ -74,18 +78,24 @@ class MLP(nn.Module):
         if self.sleep and self.training:
             time.sleep(self.sleep)  # slows the run so a kill lands mid-way; changes no number
         h = self.hidden(x)
-        return adanet.Subnetwork(last_layer=h, logits=self.logits(h), complexity=math.sqrt(self.depth), shared={"depth": self.depth})
+        return adanet.Subnetwork(
+            last_layer=h, logits=self.logits(h), complexity=math.sqrt(self.depth), shared={"depth": self.depth}
+        )
 
 
 class MLPBuilder(adanet.Builder):
-    def __init__(self, depth: int, lr: float = 0.01, out: int = CLASSES, sleep: float = 0.0, optimizer: str = "adam") -> None:
+    def __init__(
+        self, depth: int, lr: float = 0.01, out: int = CLASSES, sleep: float = 0.0, optimizer: str = "adam"
+    ) -> None:
         self.depth, self.lr, self.out, self.sleep, self.optimizer = depth, lr, out, sleep, optimizer
 
     @property
     def name(self) -> str:
         return f"mlp{self.depth}"
 
-    def build_subnetwork(self, features: Any, logits_dimension: int, training: bool, iteration_step: torch.Tensor, previous_ensemble: Any) -> nn.Module:
+    def build_subnetwork(
+        self, features: Any, logits_dimension: int, training: bool, iteration_step: torch.Tensor, previous_ensemble: Any
+    ) -> nn.Module:
         return MLP(self.depth, out=logits_dimension, sleep=self.sleep)
 
     def build_subnetwork_optimizer(self, parameters: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
@@ -108,24 +118,40 @@ class GrowingGenerator(adanet.Generator):
         previous_ensemble_reports: Sequence[adanet.MaterializedReport],
         all_reports: Sequence[adanet.MaterializedReport],
     ) -> Sequence[adanet.Builder]:
-        self.calls.append({"iteration": iteration_number, "previous_reports": list(previous_ensemble_reports), "all_reports": list(all_reports)})
+        self.calls.append(
+            {
+                "iteration": iteration_number,
+                "previous_reports": list(previous_ensemble_reports),
+                "all_reports": list(all_reports),
+            }
+        )
         depth = previous_ensemble.weighted_subnetworks[-1].subnetwork.shared["depth"] if previous_ensemble else 1
         return [MLPBuilder(depth, self.lr, sleep=self.sleep), MLPBuilder(depth + 1, self.lr, sleep=self.sleep)]
 
 
 def run_config(model_dir: str | os.PathLike[str], **changes: Any) -> stoker.RunConfig:
     cfg: dict[str, Any] = {
-        "model_dir": str(model_dir), "progress_bar": False, "iterations_per_loop": 4, "save_checkpoints_steps": 8,
-        "log_every_n_steps": 10**6, "summaries": False, "device": "cpu",
+        "model_dir": str(model_dir),
+        "progress_bar": False,
+        "iterations_per_loop": 4,
+        "save_checkpoints_steps": 8,
+        "log_every_n_steps": 10**6,
+        "summaries": False,
+        "device": "cpu",
     }
     cfg.update(changes)
     return stoker.RunConfig(**cfg)
 
 
-def make_search(model_dir: str | os.PathLike[str], *, steps: int = 24, iterations: int = 3, sleep: float = 0.0, **kwargs: Any) -> adanet.Estimator:
+def make_search(
+    model_dir: str | os.PathLike[str], *, steps: int = 24, iterations: int = 3, sleep: float = 0.0, **kwargs: Any
+) -> adanet.Estimator:
     """A 3-class search over growing MLPs with learned SCALAR mixture weights."""
     config = kwargs.pop("config", None) or run_config(model_dir, **kwargs.pop("run", {}))
-    kwargs.setdefault("ensemblers", [adanet.ComplexityRegularizedEnsembler(lambda ps: torch.optim.SGD(ps, lr=0.05), adanet_lambda=0.01)])
+    kwargs.setdefault(
+        "ensemblers",
+        [adanet.ComplexityRegularizedEnsembler(lambda ps: torch.optim.SGD(ps, lr=0.05), adanet_lambda=0.01)],
+    )
     return adanet.Estimator(
         adanet.MultiClassHead(CLASSES),
         kwargs.pop("generator", None) or GrowingGenerator(sleep=sleep),

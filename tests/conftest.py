@@ -76,7 +76,9 @@ def make_estimator(model_dir: str | os.PathLike[str] | None = None, **config: ob
     return stoker.Estimator(
         model=lambda p: TinyNet(),
         model_fn=classifier_fn,
-        optimizer=(lambda p, ps: torch.optim.Adam(ps, lr=0.01)) if opt == "adam" else (lambda p, ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)),
+        optimizer=(lambda p, ps: torch.optim.Adam(ps, lr=0.01))
+        if opt == "adam"
+        else (lambda p, ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)),
         lr_schedule=(lambda p, o: torch.optim.lr_scheduler.StepLR(o, step_size=7, gamma=0.5)) if schedule else None,
         config=stoker.RunConfig(**cfg),  # type: ignore[arg-type]
         params=params,
@@ -117,12 +119,17 @@ def launch_replicas(script: Path, nproc: int, *args: str) -> list[subprocess.Pop
     procs = []
     for rank in range(nproc):
         env = python_env()
-        env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env.update(
+            RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+        )
         if nproc == 1:
             for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
                 env.pop(k)
-        procs.append(subprocess.Popen([PYTHON, str(script), *args], env=env, text=True,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        procs.append(
+            subprocess.Popen(
+                [PYTHON, str(script), *args], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+            )
+        )
     return procs
 
 
@@ -131,8 +138,13 @@ def kill_9_at_a_checkpoint_twice(command: list[str], env: dict[str, str], latest
     ``latest()`` (its newest checkpoint) changes: once at a random moment of training, once
     (``--slow_write 0.4``) inside a checkpoint write."""
     for slow_write in ("0", "0.4"):
-        proc = subprocess.Popen([*command, "--sleep", "0.02", "--slow_write", slow_write], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [*command, "--sleep", "0.02", "--slow_write", slow_write],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         deadline = time.monotonic() + 120
         before = latest()
         while latest() == before:

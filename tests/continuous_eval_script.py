@@ -41,8 +41,12 @@ def main() -> None:
     if args.no_lock:
         stoker.checkpoint.CheckpointManager.index_lock = lambda self: contextlib.nullcontext()  # type: ignore[method-assign]
     est = make_estimator(
-        args.model_dir, iterations_per_loop=1, save_checkpoints_steps=args.save_steps, keep_checkpoint_max=args.keep,
-        keep_best=("accuracy", "max"), summaries=args.role == "evaluate",
+        args.model_dir,
+        iterations_per_loop=1,
+        save_checkpoints_steps=args.save_steps,
+        keep_checkpoint_max=args.keep,
+        keep_best=("accuracy", "max"),
+        summaries=args.role == "evaluate",
     )
 
     def slow_fn(model, features, labels, mode, params):  # noqa: ANN001, ANN201
@@ -64,7 +68,9 @@ def main() -> None:
                 f.flush()
                 os.fsync(f.fileno())
 
-    result = est.evaluate_continuously(eval_input(x, y), timeout_secs=args.timeout_secs, poll_secs=0.02, on_result=record)
+    result = est.evaluate_continuously(
+        eval_input(x, y), timeout_secs=args.timeout_secs, poll_secs=0.02, on_result=record
+    )
     print(f"stopped: {result.stop_reason}; evaluated {result.evaluated}; skipped {result.skipped}", flush=True)
 
 

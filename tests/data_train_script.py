@@ -23,8 +23,9 @@ IMAGE_SIZE = 16
 BATCH = 8
 
 
-def make_image_tree(root: Path, classes: int = 3, per_class: int = 20, size: int = 16, seed: int = 0,
-                    fmt: str = "jpg") -> Path:
+def make_image_tree(
+    root: Path, classes: int = 3, per_class: int = 20, size: int = 16, seed: int = 0, fmt: str = "jpg"
+) -> Path:
     """``root/class_<c>/img_<i>.<fmt>``: random RGB images, deterministic in ``seed``."""
     rng = np.random.default_rng(seed)
     for c in range(classes):
@@ -73,8 +74,13 @@ def model_fn(model, features, labels, mode, params):  # noqa: ANN001, ANN201
 
 
 def make_estimator(model_dir: str | Path | None, sleep: float = 0.0, **config: object) -> stoker.Estimator:
-    cfg: dict[str, object] = {"model_dir": model_dir, "progress_bar": False, "iterations_per_loop": 2,
-                              "save_checkpoints_steps": 3, "log_every_n_steps": 5}
+    cfg: dict[str, object] = {
+        "model_dir": model_dir,
+        "progress_bar": False,
+        "iterations_per_loop": 2,
+        "save_checkpoints_steps": 3,
+        "log_every_n_steps": 5,
+    }
     cfg.update(config)
     return stoker.Estimator(
         model=lambda p: TinyConv(),
@@ -89,8 +95,13 @@ def make_estimator(model_dir: str | Path | None, sleep: float = 0.0, **config: o
 def input_fn(data: str | Path, num_workers: int = 2):  # noqa: ANN201
     def fn(params: dict) -> stoker.data.ImageFolderSource:
         return stoker.data.image_folder(
-            data, batch_size=params["batch_size"], image_size=IMAGE_SIZE, num_workers=num_workers,
-            num_shards=params["num_replicas"], shard_index=params["replica_index"], seed=3,
+            data,
+            batch_size=params["batch_size"],
+            image_size=IMAGE_SIZE,
+            num_workers=num_workers,
+            num_shards=params["num_replicas"],
+            shard_index=params["replica_index"],
+            seed=3,
         )
 
     return fn

@@ -55,21 +55,43 @@ def main() -> None:
         return torch.optim.SGD(parameters, lr=0.05, momentum=0.9)
 
     est = stoker.Estimator(
-        model=lambda params: TinyNet(dropout=0.0), model_fn=slow_fn, optimizer=optimizer,
+        model=lambda params: TinyNet(dropout=0.0),
+        model_fn=slow_fn,
+        optimizer=optimizer,
         config=stoker.RunConfig(
-            model_dir=args.model_dir, iterations_per_loop=2, save_checkpoints_steps=2, progress_bar=False,
-            distributed_timeout=args.timeout, strategy=args.strategy, log_every_n_steps=10**6,
+            model_dir=args.model_dir,
+            iterations_per_loop=2,
+            save_checkpoints_steps=2,
+            progress_bar=False,
+            distributed_timeout=args.timeout,
+            strategy=args.strategy,
+            log_every_n_steps=10**6,
         ),
-        params={"sleep": args.sleep}, train_batch_size=16, eval_batch_size=16,
+        params={"sleep": args.sleep},
+        train_batch_size=16,
+        eval_batch_size=16,
     )
 
     def train_input(params):  # noqa: ANN001, ANN202
-        return stoker.data.arrays(x, y, batch_size=params["batch_size"], seed=0,
-                                  num_shards=params["num_replicas"], shard_index=params["replica_index"])
+        return stoker.data.arrays(
+            x,
+            y,
+            batch_size=params["batch_size"],
+            seed=0,
+            num_shards=params["num_replicas"],
+            shard_index=params["replica_index"],
+        )
 
     def eval_input(params):  # noqa: ANN001, ANN202
-        return stoker.data.arrays(x, y, batch_size=params["batch_size"], shuffle=False, num_epochs=1,
-                                  num_shards=params["num_replicas"], shard_index=params["replica_index"])
+        return stoker.data.arrays(
+            x,
+            y,
+            batch_size=params["batch_size"],
+            shuffle=False,
+            num_epochs=1,
+            num_shards=params["num_replicas"],
+            shard_index=params["replica_index"],
+        )
 
     losses = LossLog()
     est.train(train_input, max_steps=args.max_steps, hooks=[losses])
@@ -78,10 +100,18 @@ def main() -> None:
     full = est.model_state_dict()  # collective when sharded
     if est.strategy.is_chief and args.out:
         weights = {k: v.tolist() for k, v in full.items()}
-        Path(args.out).write_text(json.dumps({
-            "losses": losses.losses, "thirds": losses.thirds, "metrics": metrics, "predictions": preds, "weights": weights,
-            "world_size": est.strategy.world_size,
-        }))
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "losses": losses.losses,
+                    "thirds": losses.thirds,
+                    "metrics": metrics,
+                    "predictions": preds,
+                    "weights": weights,
+                    "world_size": est.strategy.world_size,
+                }
+            )
+        )
     est.strategy.teardown()
 
 

@@ -32,8 +32,10 @@ class LossLog(Hook):
 def make_model(params: dict) -> nn.Module:  # noqa: ARG001
     # four pipeline units with parameters, so 2 and 4 stages both have work
     return nn.Sequential(
-        nn.Sequential(nn.Linear(8, 16), nn.Tanh()), nn.Sequential(nn.Linear(16, 16), nn.Tanh()),
-        nn.Sequential(nn.Linear(16, 16), nn.Tanh()), nn.Linear(16, 3),
+        nn.Sequential(nn.Linear(8, 16), nn.Tanh()),
+        nn.Sequential(nn.Linear(16, 16), nn.Tanh()),
+        nn.Sequential(nn.Linear(16, 16), nn.Tanh()),
+        nn.Linear(16, 3),
     )
 
 
@@ -65,26 +67,50 @@ def main() -> None:
     torch.set_num_threads(1)
     x, y = make_data(203)
     est = stoker.Estimator(
-        model=make_model, model_fn=model_fn,
+        model=make_model,
+        model_fn=model_fn,
         optimizer=lambda params, parameters: torch.optim.SGD(parameters, lr=0.1, momentum=0.9),
         lr_schedule=lambda params, opt: torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.5),
         config=stoker.RunConfig(
-            model_dir=args.model_dir, iterations_per_loop=2, save_checkpoints_steps=2, progress_bar=False,
-            distributed_timeout=args.timeout, log_every_n_steps=10**6, gradient_clip_norm=args.clip,
-            pipeline_split=tuple(f"{int(i)}" for i in args.split.split(",")), pipeline_microbatches=args.micro,
-            pipeline_schedule=args.schedule, pipeline_stages_per_process=args.per_process, recompute=args.recompute,
+            model_dir=args.model_dir,
+            iterations_per_loop=2,
+            save_checkpoints_steps=2,
+            progress_bar=False,
+            distributed_timeout=args.timeout,
+            log_every_n_steps=10**6,
+            gradient_clip_norm=args.clip,
+            pipeline_split=tuple(f"{int(i)}" for i in args.split.split(",")),
+            pipeline_microbatches=args.micro,
+            pipeline_schedule=args.schedule,
+            pipeline_stages_per_process=args.per_process,
+            recompute=args.recompute,
             precision=args.precision,
         ),
-        params={"sleep": args.sleep}, train_batch_size=args.batch, eval_batch_size=16,
+        params={"sleep": args.sleep},
+        train_batch_size=args.batch,
+        eval_batch_size=16,
     )
 
     def train_input(params):  # noqa: ANN001, ANN202
-        return stoker.data.arrays(x, y, batch_size=params["batch_size"], seed=0,
-                                  num_shards=params["num_replicas"], shard_index=params["replica_index"])
+        return stoker.data.arrays(
+            x,
+            y,
+            batch_size=params["batch_size"],
+            seed=0,
+            num_shards=params["num_replicas"],
+            shard_index=params["replica_index"],
+        )
 
     def eval_input(params):  # noqa: ANN001, ANN202
-        return stoker.data.arrays(x, y, batch_size=params["batch_size"], shuffle=False, num_epochs=1,
-                                  num_shards=params["num_replicas"], shard_index=params["replica_index"])
+        return stoker.data.arrays(
+            x,
+            y,
+            batch_size=params["batch_size"],
+            shuffle=False,
+            num_epochs=1,
+            num_shards=params["num_replicas"],
+            shard_index=params["replica_index"],
+        )
 
     losses = LossLog()
     est.train(train_input, max_steps=args.max_steps, hooks=[losses])
@@ -96,10 +122,18 @@ def main() -> None:
         assert all(recomputed_modules(s) == [""] for s in est.strategy.runtime.stages)
     full = est.model_state_dict()
     if est.strategy.is_chief and args.out:
-        Path(args.out).write_text(json.dumps({
-            "losses": losses.losses, "host": losses.host, "metrics": metrics, "predictions": preds,
-            "weights": {k: v.tolist() for k, v in full.items()}, "world_size": est.strategy.world_size,
-        }))
+        Path(args.out).write_text(
+            json.dumps(
+                {
+                    "losses": losses.losses,
+                    "host": losses.host,
+                    "metrics": metrics,
+                    "predictions": preds,
+                    "weights": {k: v.tolist() for k, v in full.items()},
+                    "world_size": est.strategy.world_size,
+                }
+            )
+        )
     est.strategy.teardown()
 
 

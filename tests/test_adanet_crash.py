@@ -20,14 +20,20 @@ FINAL_STEP = 72  # 3 iterations of 24 steps (adanet_script.make_search)
 def run_to_end(model_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [PYTHON, str(SCRIPT), "--model_dir", str(model_dir), *extra],
-        env=python_env(), capture_output=True, text=True, timeout=300,
+        env=python_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
 def start(model_dir: Path, sleep: float = 0.01) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [PYTHON, str(SCRIPT), "--model_dir", str(model_dir), "--sleep", str(sleep)],
-        env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=python_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 

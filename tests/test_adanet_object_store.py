@@ -16,7 +16,13 @@ STEPS, ITERATIONS = 8, 2
 
 
 def _search(model_dir: str, **kwargs: object):  # noqa: ANN202
-    return make_search(model_dir, steps=STEPS, iterations=ITERATIONS, run={"save_checkpoints_steps": 4, "iterations_per_loop": 4}, **kwargs)
+    return make_search(
+        model_dir,
+        steps=STEPS,
+        iterations=ITERATIONS,
+        run={"save_checkpoints_steps": 4, "iterations_per_loop": 4},
+        **kwargs,
+    )
 
 
 def _url() -> str:
@@ -49,9 +55,14 @@ def test_search_on_memory_store_equals_local_and_resumes(tmp_path):
 
     fs = fsspec.filesystem("memory")
     prefix = url.removeprefix("memory:/")
-    names = {p[len(prefix) + 1:] for p in fs.find(prefix)}
-    assert {"architecture-0.json", "architecture-1.json", "example_features.pt",
-            "iteration-0/selection.json", "iteration-1/selection.json"} <= names
+    names = {p[len(prefix) + 1 :] for p in fs.find(prefix)}
+    assert {
+        "architecture-0.json",
+        "architecture-1.json",
+        "example_features.pt",
+        "iteration-0/selection.json",
+        "iteration-1/selection.json",
+    } <= names
     assert "final/checkpoint.json" in names  # the index, the commit point of each chosen ensemble
     assert any(n.startswith(f"final/ckpt-{STEPS * ITERATIONS}.") for n in names)  # its unique prefix
     assert not any(".tmp" in n for n in names)  # no rename protocol on the store
@@ -81,7 +92,17 @@ def test_cli_recipe_on_memory_store_resumes_and_fresh_deletes(capsys):
     url = _url()
     parser = argparse.ArgumentParser(prog="stoker")
     cli.add_parser(parser.add_subparsers(dest="command"))
-    argv = ["adanet", "breast_cancer", "--model_dir", url, "--max_iterations", "1", "--max_iteration_steps", "6", "--json"]
+    argv = [
+        "adanet",
+        "breast_cancer",
+        "--model_dir",
+        url,
+        "--max_iterations",
+        "1",
+        "--max_iteration_steps",
+        "6",
+        "--json",
+    ]
     args = parser.parse_args(argv)
     assert args.func(args) == 0
     first = capsys.readouterr().out
@@ -125,4 +146,6 @@ def test_crash_before_the_commit_put_is_redone_on_the_store(tmp_path, monkeypatc
     mine, theirs = resumed.final_ensemble().state_dict(), local.final_ensemble().state_dict()
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in theirs)
     final = [n for n in storage.listdir(storage.location(url) / "final") if n.startswith("ckpt-")]
-    assert sorted(n.split(".")[0] for n in final) == sorted([f"ckpt-{STEPS}", f"ckpt-{STEPS * ITERATIONS}"])  # the re-save replaced the first
+    assert sorted(n.split(".")[0] for n in final) == sorted(
+        [f"ckpt-{STEPS}", f"ckpt-{STEPS * ITERATIONS}"]
+    )  # the re-save replaced the first

@@ -21,7 +21,9 @@ def parse(*argv: str) -> argparse.Namespace:
 
 
 def test_cli_breast_cancer_prints_the_search_and_json(tmp_path, capsys):
-    args = parse("breast_cancer", "--model_dir", str(tmp_path), "--max_iterations", "2", "--max_iteration_steps", "10", "--json")
+    args = parse(
+        "breast_cancer", "--model_dir", str(tmp_path), "--max_iterations", "2", "--max_iteration_steps", "10", "--json"
+    )
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "iteration 0 (to step 10)" in out and "iteration 1 (to step 20)" in out and "best single subnetwork" in out
@@ -31,7 +33,10 @@ def test_cli_breast_cancer_prints_the_search_and_json(tmp_path, capsys):
     # rerunning resumes: nothing left to train, the same report
     assert args.func(args) == 0
     again = capsys.readouterr().out
-    assert json.loads(again[again.index("\n{") + 1 :])["autoensemble"]["architecture"] == results["autoensemble"]["architecture"]
+    assert (
+        json.loads(again[again.index("\n{") + 1 :])["autoensemble"]["architecture"]
+        == results["autoensemble"]["architecture"]
+    )
 
 
 def test_cli_rejects_bad_flags(capsys):
@@ -46,7 +51,10 @@ def test_cli_rejects_bad_flags(capsys):
 def test_cli_refuses_fresh_under_torchrun(capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     args = parse("digits", "--fresh", "--model_dir", "unused")
-    assert args.func(args) == 2 and "--fresh deletes --model_dir, which replicas would race to do" in capsys.readouterr().err
+    assert (
+        args.func(args) == 2
+        and "--fresh deletes --model_dir, which replicas would race to do" in capsys.readouterr().err
+    )
 
 
 @pytest.mark.slow
@@ -57,8 +65,10 @@ def test_digits_linear_le_dnn_adanet_le_cnn_adanet_and_ensembles_beat_their_best
     for kind in ("dnn", "cnn"):
         for s, r in enumerate(runs):
             b = r[kind]["members"][r[kind]["best_member"]]
-            print(f"  {kind} seed {s}: ensemble acc {r[kind]['ensemble']['accuracy']:.4f} loss {r[kind]['ensemble']['loss']:.4f}; "
-                  f"best subnetwork {r[kind]['best_member']} acc {b['accuracy']:.4f} loss {b['loss']:.4f}; {r[kind]['seconds']:.1f} s")
+            print(
+                f"  {kind} seed {s}: ensemble acc {r[kind]['ensemble']['accuracy']:.4f} loss {r[kind]['ensemble']['loss']:.4f}; "
+                f"best subnetwork {r[kind]['best_member']} acc {b['accuracy']:.4f} loss {b['loss']:.4f}; {r[kind]['seconds']:.1f} s"
+            )
     assert acc["linear"] <= acc["dnn"] <= acc["cnn"], acc
     for kind in ("dnn", "cnn"):  # mean over the seeds, as the ordering above
         best = [r[kind]["members"][r[kind]["best_member"]] for r in runs]

@@ -45,7 +45,18 @@ def test_search_persists_the_originals_architecture_and_grows(tmp_path):
     est.train(train_input(x, y))
     assert est.iteration_number == 2
     a0 = json.loads((tmp_path / "architecture-0.json").read_text())
-    assert list(a0) == sorted(a0) == ["ensemble_candidate_name", "ensembler_name", "global_step", "iteration_number", "replay_indices", "subnetworks"]
+    assert (
+        list(a0)
+        == sorted(a0)
+        == [
+            "ensemble_candidate_name",
+            "ensembler_name",
+            "global_step",
+            "iteration_number",
+            "replay_indices",
+            "subnetworks",
+        ]
+    )
     assert a0["global_step"] == 12 and a0["iteration_number"] == 0 and a0["ensembler_name"] == "complexity_regularized"
     a1 = est.architecture()
     assert a1.global_step == 24 and len(a1.replay_indices) == 2
@@ -106,12 +117,19 @@ def test_evaluator_objective_never_increases_across_iterations(tmp_path):
 
 def test_evaluator_with_a_head_metric_and_maximize(tmp_path):
     x, y = make_data()
-    est = make_search(tmp_path, steps=8, iterations=1, evaluator=adanet.Evaluator(eval_input(x, y), metric_name="accuracy", objective="maximize"))
+    est = make_search(
+        tmp_path,
+        steps=8,
+        iterations=1,
+        evaluator=adanet.Evaluator(eval_input(x, y), metric_name="accuracy", objective="maximize"),
+    )
     est.train(train_input(x, y))
     sel = est.selection(0)
     values = [c["value"] for c in sel["candidates"]]
     assert sel["selected_by"].startswith("evaluator accuracy") and values[sel["chosen_index"]] == max(values)
-    bad = make_search(tmp_path / "bad", steps=8, iterations=1, evaluator=adanet.Evaluator(eval_input(x, y), metric_name="auc"))
+    bad = make_search(
+        tmp_path / "bad", steps=8, iterations=1, evaluator=adanet.Evaluator(eval_input(x, y), metric_name="auc")
+    )
     with pytest.raises(ValueError, match="'auc' is not computed"):
         bad.train(train_input(x, y))
 
@@ -120,8 +138,10 @@ def test_metric_fn_adds_metrics_to_candidates_subnetworks_and_the_final_ensemble
     x, y = make_data()
 
     def metric_fn(labels, predictions):  # any of predictions, features, labels, by name
-        return {"top2": stoker.metrics.TopKAccuracy(2)(predictions["logits"], labels),
-                "accuracy": (predictions["class_ids"] != labels).double()}  # replaces the head's (here: the error rate)
+        return {
+            "top2": stoker.metrics.TopKAccuracy(2)(predictions["logits"], labels),
+            "accuracy": (predictions["class_ids"] != labels).double(),
+        }  # replaces the head's (here: the error rate)
 
     evaluator = adanet.Evaluator(eval_input(x, y), metric_name="top2", objective="maximize")
     est = make_search(tmp_path, steps=8, iterations=2, evaluator=evaluator, metric_fn=metric_fn)
@@ -137,7 +157,9 @@ def test_metric_fn_adds_metrics_to_candidates_subnetworks_and_the_final_ensemble
         logits = model(x)
     top2 = (logits.topk(2, dim=1).indices == y[:, None]).any(1).double().mean().item()
     accuracy = (logits.argmax(1) == y).double().mean().item()
-    assert result["top2"] == pytest.approx(top2, abs=1e-12) and result["accuracy"] == pytest.approx(1 - accuracy, abs=1e-12)
+    assert result["top2"] == pytest.approx(top2, abs=1e-12) and result["accuracy"] == pytest.approx(
+        1 - accuracy, abs=1e-12
+    )
     with pytest.raises(ValueError, match=r"metric_fn may take only predictions, features and labels.*\['logits'\]"):
         make_search(tmp_path / "bad", metric_fn=lambda logits, labels: {})
 
@@ -207,7 +229,13 @@ class Scripted(adanet.Generator):
 @pytest.mark.parametrize("force_grow", [False, True])
 def test_force_grow_never_keeps_the_previous_ensemble(tmp_path, force_grow):
     x, y = make_data()
-    est = make_search(tmp_path, steps=16, iterations=2, generator=Scripted([HarmfulBuilder("h1"), HarmfulBuilder("h2")]), force_grow=force_grow)
+    est = make_search(
+        tmp_path,
+        steps=16,
+        iterations=2,
+        generator=Scripted([HarmfulBuilder("h1"), HarmfulBuilder("h2")]),
+        force_grow=force_grow,
+    )
     est.train(train_input(x, y))
     sel = est.selection(1)
     if force_grow:
@@ -220,7 +248,9 @@ def test_force_grow_never_keeps_the_previous_ensemble(tmp_path, force_grow):
 def test_force_grow_with_one_new_candidate_skips_evaluation(tmp_path):
     x, y = make_data()
     evaluator = adanet.Evaluator(lambda p: (_ for _ in ()).throw(AssertionError("must not evaluate")))
-    est = make_search(tmp_path, steps=8, iterations=2, generator=Scripted([HarmfulBuilder()]), force_grow=True, evaluator=evaluator)
+    est = make_search(
+        tmp_path, steps=8, iterations=2, generator=Scripted([HarmfulBuilder()]), force_grow=True, evaluator=evaluator
+    )
     est.train(train_input(x, y))  # iteration 0 has one candidate, iteration 1 one new one: no evaluation
     assert est.selection(0)["selected_by"] == "only candidate"
     assert est.selection(1)["chosen_index"] == 1 and est.selection(1)["selected_by"].startswith("force_grow")
@@ -258,7 +288,9 @@ def test_a_diverging_candidate_never_wins_and_does_not_stop_the_search(tmp_path,
     assert sel["chosen"] == "t0_mlp1_grow"
     assert "t0_nan, t0_nan_grow diverged" in caplog.text
     weights = stoker.checkpoint.load_checkpoint(est.iteration_estimator(0).latest_checkpoint()).model_state
-    assert all(torch.isfinite(v).all() for k, v in weights.items() if k != "adanet_loss_ema")  # the engine saved finite weights
+    assert all(
+        torch.isfinite(v).all() for k, v in weights.items() if k != "adanet_loss_ema"
+    )  # the engine saved finite weights
     assert torch.isnan(weights["adanet_loss_ema"][0])
 
 
@@ -284,8 +316,16 @@ def test_replay_rebuilds_the_same_architecture_without_evaluating(tmp_path):
     first.train(train_input(x, y))
     indices = first.architecture().replay_indices
     # An evaluator that maximizes the loss would choose differently; replay must not ask it.
-    never = adanet.Evaluator(lambda p: (_ for _ in ()).throw(AssertionError("replay must not evaluate")), objective="maximize")
-    again = make_search(tmp_path / "again", steps=10, iterations=3, evaluator=never, replay_config=adanet.replay.Config(best_ensemble_indices=indices))
+    never = adanet.Evaluator(
+        lambda p: (_ for _ in ()).throw(AssertionError("replay must not evaluate")), objective="maximize"
+    )
+    again = make_search(
+        tmp_path / "again",
+        steps=10,
+        iterations=3,
+        evaluator=never,
+        replay_config=adanet.replay.Config(best_ensemble_indices=indices),
+    )
     again.train(train_input(x, y))
     assert architectures(tmp_path / "again") == architectures(tmp_path / "first")
     assert [again.selection(t)["selected_by"] for t in range(3)] == ["replay"] * 3
@@ -306,7 +346,9 @@ class Drifting(GrowingGenerator):
 def test_a_non_deterministic_generator_is_named_when_a_rebuild_fails(tmp_path):
     x, y = make_data()
     est = make_search(tmp_path, steps=4, iterations=2, generator=Drifting())
-    with pytest.raises(ValueError, match=r"Required subnetwork builder is missing for iteration 0: 'mlp1'.*deterministic"):
+    with pytest.raises(
+        ValueError, match=r"Required subnetwork builder is missing for iteration 0: 'mlp1'.*deterministic"
+    ):
         est.train(train_input(x, y))
 
 
@@ -317,7 +359,14 @@ def test_lambda_sweep_shrinks_the_mixture_weights_of_complex_subnetworks(tmp_pat
     for lam in (0.0, 0.3, 3.0):
         ens = adanet.ComplexityRegularizedEnsembler(lambda ps: torch.optim.SGD(ps, lr=0.05), adanet_lambda=lam)
         gen = adanet.SimpleGenerator([MLPBuilder(1), MLPBuilder(4)])  # complexity 1 and 2
-        est = make_search(tmp_path / f"l{lam}", steps=40, iterations=1, generator=gen, ensemblers=[ens], ensemble_strategies=[adanet.AllStrategy()])
+        est = make_search(
+            tmp_path / f"l{lam}",
+            steps=40,
+            iterations=1,
+            generator=gen,
+            ensemblers=[ens],
+            ensemble_strategies=[adanet.AllStrategy()],
+        )
         est.train(train_input(x, y))
         weights = {w.key: float(w.weight.detach().abs().sum()) for w in est.final_ensemble().weighted_subnetworks}
         norms.append(weights["t0_mlp4"])
@@ -326,7 +375,11 @@ def test_lambda_sweep_shrinks_the_mixture_weights_of_complex_subnetworks(tmp_pat
 
 class Reporting(MLPBuilder):
     def build_subnetwork_report(self) -> adanet.Report:
-        return adanet.Report(hparams={"depth": self.depth}, attributes={"two": torch.tensor(2.0)}, metrics={"acc": stoker.metrics.Accuracy()})
+        return adanet.Report(
+            hparams={"depth": self.depth},
+            attributes={"two": torch.tensor(2.0)},
+            metrics={"acc": stoker.metrics.Accuracy()},
+        )
 
 
 class ReportingGenerator(GrowingGenerator):
@@ -338,11 +391,17 @@ class ReportingGenerator(GrowingGenerator):
 def test_reports_are_materialised_and_handed_to_the_generator(tmp_path):
     x, y = make_data()
     gen = ReportingGenerator()
-    est = make_search(tmp_path, steps=8, iterations=2, generator=gen, report_materializer=adanet.ReportMaterializer(eval_input(x, y)))
+    est = make_search(
+        tmp_path, steps=8, iterations=2, generator=gen, report_materializer=adanet.ReportMaterializer(eval_input(x, y))
+    )
     est.train(train_input(x, y))
     reports = json.loads((tmp_path / "report" / "iteration-0.json").read_text())
     assert [r["name"] for r in reports] == ["mlp1", "mlp2"]
-    assert reports[0]["hparams"] == {"depth": 1} and reports[0]["attributes"] == {"two": 2.0} and 0 <= reports[0]["metrics"]["acc"] <= 1
+    assert (
+        reports[0]["hparams"] == {"depth": 1}
+        and reports[0]["attributes"] == {"two": 2.0}
+        and 0 <= reports[0]["metrics"]["acc"] <= 1
+    )
     assert sum(r["included_in_final_ensemble"] for r in reports) == 1
     at_1 = [c for c in gen.calls if c["iteration"] == 1][-1]
     assert [r.name for r in at_1["all_reports"]] == ["mlp1", "mlp2"]
@@ -355,7 +414,9 @@ def test_predict_evaluate_export_and_members_of_the_final_ensemble(tmp_path):
     est = make_search(tmp_path / "run", steps=12, iterations=2)
     est.train(train_input(x, y))
     model = est.final_ensemble()
-    assert isinstance(model, adanet.EnsembleModel) and [w.key for w in model.weighted_subnetworks] == [f"t{i}_{n}" for i, n in est.architecture().subnetworks]
+    assert isinstance(model, adanet.EnsembleModel) and [w.key for w in model.weighted_subnetworks] == [
+        f"t{i}_{n}" for i, n in est.architecture().subnetworks
+    ]
     with torch.no_grad():
         logits = model(x)
         members = model.subnetwork_logits(x)
@@ -364,11 +425,15 @@ def test_predict_evaluate_export_and_members_of_the_final_ensemble(tmp_path):
     rows = list(est.predict(eval_input(x)))
     assert len(rows) == len(x) and torch.allclose(torch.stack([r["logits"] for r in rows]), logits, atol=1e-6)
     results = est.evaluate(eval_input(x, y))
-    assert results["global_step"] == 24 and results["accuracy"] == pytest.approx(float((logits.argmax(-1) == y).float().mean()))
+    assert results["global_step"] == 24 and results["accuracy"] == pytest.approx(
+        float((logits.argmax(-1) == y).float().mean())
+    )
     out = est.export(tmp_path / "export")
     program = torch.export.load(str(out / "ensemble.pt2"))
     assert torch.allclose(program.module()(x), logits, atol=1e-5)
-    assert (out / "model.safetensors").exists() and json.loads((out / "architecture.json").read_text())["global_step"] == 24
+    assert (out / "model.safetensors").exists() and json.loads((out / "architecture.json").read_text())[
+        "global_step"
+    ] == 24
     # an untrained search has no final ensemble yet
     with pytest.raises(stoker.CheckpointError, match="no AdaNet iteration has finished"):
         make_search(tmp_path / "empty").architecture()
@@ -377,12 +442,19 @@ def test_predict_evaluate_export_and_members_of_the_final_ensemble(tmp_path):
 def test_autoensemble_of_user_modules(tmp_path):
     x, y = make_data()
     pool = {
-        "linear": adanet.AutoEnsembleSubestimator(model=lambda: nn.Linear(IN, CLASSES), optimizer=lambda ps: torch.optim.Adam(ps, lr=0.05)),
+        "linear": adanet.AutoEnsembleSubestimator(
+            model=lambda: nn.Linear(IN, CLASSES), optimizer=lambda ps: torch.optim.Adam(ps, lr=0.05)
+        ),
         "mlp": nn.Sequential(nn.Linear(IN, 16), nn.ReLU(), nn.Linear(16, CLASSES)),
     }
     est = adanet.AutoEnsembleEstimator(
-        adanet.MultiClassHead(CLASSES), pool, 10, optimizer=lambda ps: torch.optim.Adam(ps, lr=0.05), max_iterations=2,
-        config=run_config(tmp_path), train_batch_size=16,
+        adanet.MultiClassHead(CLASSES),
+        pool,
+        10,
+        optimizer=lambda ps: torch.optim.Adam(ps, lr=0.05),
+        max_iterations=2,
+        config=run_config(tmp_path),
+        train_batch_size=16,
     )
     est.train(train_input(x, y))
     names = [c["name"] for c in est.selection(0)["candidates"]]
@@ -392,7 +464,9 @@ def test_autoensemble_of_user_modules(tmp_path):
     mlps = [w.module for w in model.weighted_subnetworks if w.name == "mlp"]
     assert all(m is not pool["mlp"] for m in mlps)  # copies, re-initialised: the pool's module is untouched
     with pytest.raises(ValueError, match="has no optimizer"):
-        adanet.AutoEnsembleEstimator(adanet.MultiClassHead(CLASSES), [nn.Linear(IN, CLASSES)], 10, config=run_config(tmp_path / "x"))
+        adanet.AutoEnsembleEstimator(
+            adanet.MultiClassHead(CLASSES), [nn.Linear(IN, CLASSES)], 10, config=run_config(tmp_path / "x")
+        )
 
 
 def test_constructor_errors(tmp_path):
@@ -404,4 +478,6 @@ def test_constructor_errors(tmp_path):
     with pytest.raises(ValueError, match="gradient_clip_norm"):
         adanet.Estimator(head, gen, 10, config=run_config(tmp_path, gradient_clip_norm=1.0))
     with pytest.raises(ValueError, match="ensembler names must be unique"):
-        adanet.Estimator(head, gen, 10, config=run_config(tmp_path), ensemblers=[adanet.MeanEnsembler(), adanet.MeanEnsembler()])
+        adanet.Estimator(
+            head, gen, 10, config=run_config(tmp_path), ensemblers=[adanet.MeanEnsembler(), adanet.MeanEnsembler()]
+        )

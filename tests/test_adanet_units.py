@@ -19,7 +19,9 @@ from stoker.adanet.search import SearchSpace
 
 
 def member(key: str, logits: torch.Tensor, last_layer: torch.Tensor | None = None, complexity: float = 0.0) -> Member:
-    sub = adanet.Subnetwork(last_layer=logits if last_layer is None else last_layer, logits=logits, complexity=complexity)
+    sub = adanet.Subnetwork(
+        last_layer=logits if last_layer is None else last_layer, logits=logits, complexity=complexity
+    )
     return Member(key, key, 0, sub)
 
 
@@ -33,7 +35,10 @@ def test_regulariser_and_adanet_loss_exact():
     with torch.no_grad():
         combiner.mixture_weights[0].fill_(-0.3)
         combiner.mixture_weights[1].fill_(2.0)
-    outs = [adanet.Subnetwork(last_layer=a, logits=a, complexity=1.0), adanet.Subnetwork(last_layer=b, logits=b, complexity=4.0)]
+    outs = [
+        adanet.Subnetwork(last_layer=a, logits=a, complexity=1.0),
+        adanet.Subnetwork(last_layer=b, logits=b, complexity=4.0),
+    ]
     logits, reg = combiner(outs)
     # (lambda * r + beta) * |w|: (0.5 * 1 + 0.1) * 0.3 + (0.5 * 4 + 0.1) * 2.0 = 0.18 + 4.2
     assert reg.item() == pytest.approx(4.38, abs=1e-6)
@@ -72,9 +77,13 @@ def test_default_initialisers():
     scalar = adanet.ComplexityRegularizedEnsembler().build_ensemble(members, 3, None)
     assert [w.shape for w in scalar.mixture_weights] == [torch.Size([])] * 3
     assert all(w.item() == pytest.approx(1 / 3) for w in scalar.mixture_weights)
-    vector = adanet.ComplexityRegularizedEnsembler(mixture_weight_type=adanet.MixtureWeightType.VECTOR).build_ensemble(members, 3, None)
+    vector = adanet.ComplexityRegularizedEnsembler(mixture_weight_type=adanet.MixtureWeightType.VECTOR).build_ensemble(
+        members, 3, None
+    )
     assert all(torch.equal(w, torch.full((3,), 1 / 3)) for w in vector.mixture_weights)
-    matrix = adanet.ComplexityRegularizedEnsembler(mixture_weight_type="matrix", use_bias=True).build_ensemble(members, 3, None)
+    matrix = adanet.ComplexityRegularizedEnsembler(mixture_weight_type="matrix", use_bias=True).build_ensemble(
+        members, 3, None
+    )
     assert all(torch.equal(w, torch.zeros(5, 3)) for w in matrix.mixture_weights)
     assert torch.equal(matrix.bias, torch.zeros(3))
     const = adanet.ComplexityRegularizedEnsembler(mixture_weight_initializer=0.25).build_ensemble(members, 3, None)
@@ -85,7 +94,9 @@ def test_default_initialisers():
     assert torch.equal(custom.mixture_weights[0], torch.tensor([1.0, 2.0, 3.0]))
     # no optimizer: the weights are not trained (the original's default)
     assert not scalar.mixture_weights[0].requires_grad
-    trained = adanet.ComplexityRegularizedEnsembler(lambda ps: torch.optim.SGD(ps, lr=0.1)).build_ensemble(members, 3, None)
+    trained = adanet.ComplexityRegularizedEnsembler(lambda ps: torch.optim.SGD(ps, lr=0.1)).build_ensemble(
+        members, 3, None
+    )
     assert trained.mixture_weights[0].requires_grad
 
 
@@ -96,21 +107,30 @@ def test_warm_start_mixture_weights_from_the_previous_ensemble():
     with torch.no_grad():
         prev_combiner.mixture_weights[0].fill_(0.7)
         prev_combiner.bias.copy_(torch.tensor([1.0, 2.0, 3.0]))
-    prev = adanet.Ensemble("t0_a_grow", "a_grow", ens.name, 0,
-                           [adanet.WeightedSubnetwork("a", 0, member("t0_a", a).example, nn.Identity(), prev_combiner.mixture_weights[0])],
-                           prev_combiner)
+    prev = adanet.Ensemble(
+        "t0_a_grow",
+        "a_grow",
+        ens.name,
+        0,
+        [adanet.WeightedSubnetwork("a", 0, member("t0_a", a).example, nn.Identity(), prev_combiner.mixture_weights[0])],
+        prev_combiner,
+    )
     grown = ens.build_ensemble([member("t0_a", a), member("t1_b", a)], 3, prev)
     assert grown.mixture_weights[0].item() == pytest.approx(0.7)  # warm-started
     assert grown.mixture_weights[1].item() == pytest.approx(0.5)  # new member: 1/N
     assert torch.equal(grown.bias, torch.tensor([1.0, 2.0, 3.0]))
-    cold = adanet.ComplexityRegularizedEnsembler(use_bias=True).build_ensemble([member("t0_a", a), member("t1_b", a)], 3, prev)
+    cold = adanet.ComplexityRegularizedEnsembler(use_bias=True).build_ensemble(
+        [member("t0_a", a), member("t1_b", a)], 3, prev
+    )
     assert cold.mixture_weights[0].item() == pytest.approx(0.5) and torch.equal(cold.bias, torch.zeros(3))
 
 
 def test_matrix_mixture_weights_use_the_last_layer_not_the_logits():
     h = torch.randn(4, 5)
     logits = torch.full((4, 3), 1e6)  # would dominate if used
-    c = adanet.ComplexityRegularizedEnsembler(mixture_weight_type="matrix", use_bias=True).build_ensemble([member("a", logits, h)], 3, None)
+    c = adanet.ComplexityRegularizedEnsembler(mixture_weight_type="matrix", use_bias=True).build_ensemble(
+        [member("a", logits, h)], 3, None
+    )
     w = torch.randn(5, 3)
     with torch.no_grad():
         c.mixture_weights[0].copy_(w)
@@ -130,9 +150,21 @@ def test_mean_ensembler_is_the_mean_of_logits():
 @pytest.mark.parametrize("kind", ["scalar", "vector"])
 def test_batched_weighted_sums_equal_the_per_candidate_ones(kind):
     torch.manual_seed(1)
-    outs = {k: adanet.Subnetwork(last_layer=torch.randn(4, 3), logits=torch.randn(4, 3), complexity=c) for k, c in (("p", 1.0), ("a", 2.0), ("b", 3.0))}
-    ens = adanet.ComplexityRegularizedEnsembler(lambda ps: torch.optim.SGD(ps, lr=1.0), mixture_weight_type=kind, adanet_lambda=0.3, adanet_beta=0.2, use_bias=True)
-    combiners = [ens.build_ensemble([member(k, outs[k].logits) for k in keys], 3, None) for keys in (["p", "a"], ["p", "b"], ["b"])]
+    outs = {
+        k: adanet.Subnetwork(last_layer=torch.randn(4, 3), logits=torch.randn(4, 3), complexity=c)
+        for k, c in (("p", 1.0), ("a", 2.0), ("b", 3.0))
+    }
+    ens = adanet.ComplexityRegularizedEnsembler(
+        lambda ps: torch.optim.SGD(ps, lr=1.0),
+        mixture_weight_type=kind,
+        adanet_lambda=0.3,
+        adanet_beta=0.2,
+        use_bias=True,
+    )
+    combiners = [
+        ens.build_ensemble([member(k, outs[k].logits) for k in keys], 3, None)
+        for keys in (["p", "a"], ["p", "b"], ["b"])
+    ]
     with torch.no_grad():
         for c in combiners:
             for w in c.mixture_weights:
@@ -174,28 +206,41 @@ class Named(adanet.Builder):
 def test_strategy_candidate_names():
     a, b, p = Named("a"), Named("b"), Named("p")
     grow = adanet.GrowStrategy().generate_ensemble_candidates([a, b], [p])
-    assert [(c.name, [x.name for x in c.subnetwork_builders], [x.name for x in c.previous_ensemble_subnetwork_builders]) for c in grow] == [
-        ("a_grow", ["a"], ["p"]), ("b_grow", ["b"], ["p"])]
+    assert [
+        (c.name, [x.name for x in c.subnetwork_builders], [x.name for x in c.previous_ensemble_subnetwork_builders])
+        for c in grow
+    ] == [("a_grow", ["a"], ["p"]), ("b_grow", ["b"], ["p"])]
     (everything,) = adanet.AllStrategy().generate_ensemble_candidates([a, b], [p])
     assert everything.name == "all" and len(everything.subnetwork_builders) == 2
     solo = adanet.SoloStrategy().generate_ensemble_candidates([a, b], [p])
-    assert [c.name for c in solo] == ["a_solo", "b_solo"] and all(not c.previous_ensemble_subnetwork_builders for c in solo)
+    assert [c.name for c in solo] == ["a_solo", "b_solo"] and all(
+        not c.previous_ensemble_subnetwork_builders for c in solo
+    )
 
 
-def space(tmp_path: Path, builders: list[adanet.Builder], ensemblers: list[adanet.Ensembler] | None = None, strategies=None) -> SearchSpace:  # noqa: ANN001
+def space(
+    tmp_path: Path, builders: list[adanet.Builder], ensemblers: list[adanet.Ensembler] | None = None, strategies=None
+) -> SearchSpace:  # noqa: ANN001
     return SearchSpace(
-        head=adanet.MultiClassHead(CLASSES), generator=adanet.SimpleGenerator(builders),
+        head=adanet.MultiClassHead(CLASSES),
+        generator=adanet.SimpleGenerator(builders),
         strategies=strategies or [adanet.GrowStrategy(), adanet.AllStrategy(), adanet.SoloStrategy()],
-        ensemblers=ensemblers or [adanet.ComplexityRegularizedEnsembler()], seed=0, model_dir=tmp_path, report_dir=None,
+        ensemblers=ensemblers or [adanet.ComplexityRegularizedEnsembler()],
+        seed=0,
+        model_dir=tmp_path,
+        report_dir=None,
     )
 
 
 def test_iteration_candidate_order_and_display_names(tmp_path):
-    m = space(tmp_path, [Named("a"), Named("b")]).build_iteration(0, torch.randn(2, IN), torch.device("cpu"), adanet_loss_decay=0.9, replicate_ensemble_in_training=False)
+    m = space(tmp_path, [Named("a"), Named("b")]).build_iteration(
+        0, torch.randn(2, IN), torch.device("cpu"), adanet_loss_decay=0.9, replicate_ensemble_in_training=False
+    )
     assert [c.name for c in m.candidates] == ["t0_a_grow", "t0_b_grow", "t0_all", "t0_a_solo", "t0_b_solo"]
     two = [adanet.ComplexityRegularizedEnsembler(), adanet.MeanEnsembler()]
     m = space(tmp_path, [Named("a")], two, [adanet.GrowStrategy()]).build_iteration(
-        0, torch.randn(2, IN), torch.device("cpu"), adanet_loss_decay=0.9, replicate_ensemble_in_training=False)
+        0, torch.randn(2, IN), torch.device("cpu"), adanet_loss_decay=0.9, replicate_ensemble_in_training=False
+    )
     assert [c.name for c in m.candidates] == ["t0_a_grow_complexity_regularized", "t0_a_grow_mean"]
 
 
@@ -219,10 +264,13 @@ def test_bias_corrected_moving_average_arithmetic():
 
 def test_iteration_model_tracks_each_candidates_adanet_loss(tmp_path):
     torch.manual_seed(0)
-    ens = adanet.ComplexityRegularizedEnsembler(lambda ps: torch.optim.SGD(ps, lr=0.0), adanet_lambda=0.2, adanet_beta=0.05)
+    ens = adanet.ComplexityRegularizedEnsembler(
+        lambda ps: torch.optim.SGD(ps, lr=0.0), adanet_lambda=0.2, adanet_beta=0.05
+    )
     builders = [MLPBuilder(1, lr=0.0, optimizer="sgd"), MLPBuilder(2, lr=0.0, optimizer="sgd")]
     m = space(tmp_path, builders, [ens], [adanet.GrowStrategy(), adanet.AllStrategy()]).build_iteration(
-        0, torch.randn(2, IN), torch.device("cpu"), adanet_loss_decay=0.9, replicate_ensemble_in_training=False)
+        0, torch.randn(2, IN), torch.device("cpu"), adanet_loss_decay=0.9, replicate_ensemble_in_training=False
+    )
     m.eval()  # no dropout: the per-batch losses below are exactly what training sees
     opt = m.make_optimizer()
     batches = [(torch.randn(5, IN), torch.randint(0, CLASSES, (5,))) for _ in range(3)]
@@ -259,8 +307,12 @@ def test_select_best_nan_never_wins():
 # ---------------------------------------------------------------- architecture file and heads
 def test_architecture_json_string():
     arch = adanet.Architecture(
-        ensemble_candidate_name="linear_grow", ensembler_name="complexity_regularized", iteration_number=1, global_step=200,
-        subnetworks=[(0, "linear"), (1, "1_layer_dnn")], replay_indices=[0, 1],
+        ensemble_candidate_name="linear_grow",
+        ensembler_name="complexity_regularized",
+        iteration_number=1,
+        global_step=200,
+        subnetworks=[(0, "linear"), (1, "1_layer_dnn")],
+        replay_indices=[0, 1],
     )
     expected = (
         '{"ensemble_candidate_name": "linear_grow", "ensembler_name": "complexity_regularized", "global_step": 200, '
@@ -279,7 +331,9 @@ def test_heads_losses_and_predictions():
     assert torch.equal(mc.predictions(logits)["class_ids"], torch.tensor([0, 1]))
     binary = adanet.BinaryClassHead()
     z = torch.tensor([[0.5], [-2.0]])
-    assert binary.loss(z, torch.tensor([1, 0])).item() == pytest.approx(F.binary_cross_entropy_with_logits(z, torch.tensor([[1.0], [0.0]])).item())
+    assert binary.loss(z, torch.tensor([1, 0])).item() == pytest.approx(
+        F.binary_cross_entropy_with_logits(z, torch.tensor([[1.0], [0.0]])).item()
+    )
     assert torch.equal(binary.predictions(z)["class_ids"], torch.tensor([1, 0]))
     reg = adanet.RegressionHead()
     assert reg.loss(torch.tensor([[1.0], [3.0]]), torch.tensor([0.0, 1.0])).item() == pytest.approx((1 + 4) / 2)
@@ -289,13 +343,17 @@ def test_heads_losses_and_predictions():
 
 def test_candidate_optimizers_step_and_state_round_trip():
     a, b = nn.Linear(2, 1), nn.Linear(2, 1)
-    opts = adanet.CandidateOptimizers({"a": torch.optim.SGD(a.parameters(), lr=0.1), "b": torch.optim.Adam(b.parameters(), lr=0.1)})
+    opts = adanet.CandidateOptimizers(
+        {"a": torch.optim.SGD(a.parameters(), lr=0.1), "b": torch.optim.Adam(b.parameters(), lr=0.1)}
+    )
     assert len(opts.param_groups) == 2 and opts.param_groups[0]["lr"] == 0.1
     (a(torch.ones(1, 2)).sum() + b(torch.ones(1, 2)).sum()).backward()
     opts.step()
     opts.zero_grad(set_to_none=True)
     state = opts.state_dict()
-    fresh = adanet.CandidateOptimizers({"a": torch.optim.SGD(a.parameters(), lr=0.1), "b": torch.optim.Adam(b.parameters(), lr=0.1)})
+    fresh = adanet.CandidateOptimizers(
+        {"a": torch.optim.SGD(a.parameters(), lr=0.1), "b": torch.optim.Adam(b.parameters(), lr=0.1)}
+    )
     fresh.load_state_dict(state)
     assert fresh.state_dict()["optimizers"]["b"]["state"][0]["step"] == 1
     with pytest.raises(ValueError, match="not this iteration's"):
@@ -310,9 +368,13 @@ def test_frozen_subnetworks_train_mode_follows_replicate_ensemble_in_training(tm
     # pretend iteration 0 chose its only candidate, then build iteration 1 around it
     prev_ens = prev.candidates[0].ensemble
     m = adanet.IterationModel(
-        iteration_number=1, head=adanet.MultiClassHead(CLASSES), frozen={w.key: w.module for w in prev_ens.weighted_subnetworks},
+        iteration_number=1,
+        head=adanet.MultiClassHead(CLASSES),
+        frozen={w.key: w.module for w in prev_ens.weighted_subnetworks},
         new={"t1_mlp2": (MLPBuilder(2), MLPBuilder(2).build_subnetwork(x, CLASSES, True, torch.zeros(()), prev_ens))},
-        candidates=[prev.candidates[0]], adanet_loss_decay=0.9, replicate_ensemble_in_training=replicate,
+        candidates=[prev.candidates[0]],
+        adanet_loss_decay=0.9,
+        replicate_ensemble_in_training=replicate,
         iteration_step=torch.zeros((), dtype=torch.int64),
     )
     m.train()

@@ -50,9 +50,13 @@ def test_async_run_writes_the_same_checkpoints_and_resumes_bitwise(tmp_path, mon
         return real(path, data)
 
     monkeypatch.setattr(storage_mod, "_write_durably", slow)
-    make_estimator(tmp_path / "async", save_checkpoints_steps=4, async_checkpoints=True).train(train_input(x, y), max_steps=8)
+    make_estimator(tmp_path / "async", save_checkpoints_steps=4, async_checkpoints=True).train(
+        train_input(x, y), max_steps=8
+    )
     # a new process-like start resumes from the asynchronously written ckpt-8
-    make_estimator(tmp_path / "async", save_checkpoints_steps=4, async_checkpoints=True).train(train_input(x, y), max_steps=12)
+    make_estimator(tmp_path / "async", save_checkpoints_steps=4, async_checkpoints=True).train(
+        train_input(x, y), max_steps=12
+    )
     for step in (4, 8, 12):
         sync, asyn = _files(tmp_path / "sync", step), _files(tmp_path / "async", step)
         assert sync == asyn, step  # every file, byte for byte
@@ -73,7 +77,10 @@ def test_failed_async_save_stops_at_next_boundary_and_previous_stays_latest(tmp_
     monkeypatch.setattr(storage_mod, "_write_durably", fail_ckpt_8)
     run = tmp_path / "run"
     est = make_estimator(run, save_checkpoints_steps=4, async_checkpoints=True, iterations_per_loop=2)
-    with pytest.raises(CheckpointError, match=r"asynchronous checkpoint ckpt-8 failed: checkpoint ckpt-8 was not written: cannot write .*model.safetensors: no space left on the device or quota exceeded.*ckpt-4' stays the latest checkpoint; training stopped"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"asynchronous checkpoint ckpt-8 failed: checkpoint ckpt-8 was not written: cannot write .*model.safetensors: no space left on the device or quota exceeded.*ckpt-4' stays the latest checkpoint; training stopped",
+    ):
         est.train(train_input(x, y), max_steps=16)
     # reported at the first loop boundary after the write failed, at the latest by the next save
     assert 8 <= est.global_step <= 12
@@ -92,6 +99,7 @@ def test_at_most_one_write_in_flight_and_failure_on_poll():
         def write() -> None:
             gates[name].wait(5)
             order.append(name)
+
         return write
 
     writer = AsyncCheckpointWriter(lambda: None)
@@ -125,8 +133,13 @@ def test_kill_9_during_async_write_then_sigterm_waits_for_the_write(tmp_path):
     ref = subprocess.run(_script(tmp_path / "ref"), env=python_env(), capture_output=True, text=True, timeout=300)
     assert ref.returncode == 0, ref.stderr
     run = tmp_path / "run"
-    proc = subprocess.Popen(_script(run, "--sleep", "0.01", "--slow_write", "0.3"), env=python_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _script(run, "--sleep", "0.01", "--slow_write", "0.3"),
+        env=python_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     # the first checkpoint committed, and the next one half-written: kill -9 now
     while not ((run / "checkpoint.json").exists() and any(p.name.startswith(".tmp-ckpt-") for p in run.iterdir())):
@@ -136,8 +149,13 @@ def test_kill_9_during_async_write_then_sigterm_waits_for_the_write(tmp_path):
     proc.wait()
     before = _latest(run)
     # the committed one loads; then SIGTERM during a write: the process waits for it
-    proc = subprocess.Popen(_script(run, "--sleep", "0.01", "--slow_write", "0.3"), env=python_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _script(run, "--sleep", "0.01", "--slow_write", "0.3"),
+        env=python_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     while _latest(run) == before:
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.01)

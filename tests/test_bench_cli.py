@@ -26,23 +26,46 @@ QUICK = ["bench", "--model=trivial", "--data_name=cifar10", "--batch_size=8", "-
 
 
 def stoker(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PYTHON, "-m", "stoker", *args], capture_output=True, text=True, cwd=ROOT,
-                          env={**python_env(), **(env or {})}, timeout=120)
-
+    return subprocess.run(
+        [PYTHON, "-m", "stoker", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**python_env(), **(env or {})},
+        timeout=120,
+    )
 
 
 def test_training_output_format_and_results_file(tmp_path: Path) -> None:
     results = tmp_path / "results.csv"
     trace = tmp_path / "trace.json"
-    proc = stoker(*QUICK, "--num_batches=12", "--num_warmup_batches=2", "--display_every=5", "--data_format=NHWC",
-                  f"--results_file={results}", f"--trace_file={trace}")
+    proc = stoker(
+        *QUICK,
+        "--num_batches=12",
+        "--num_warmup_batches=2",
+        "--display_every=5",
+        "--data_format=NHWC",
+        f"--results_file={results}",
+        f"--trace_file={trace}",
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    for expected in ("Model:       trivial", "Dataset:     cifar10 (synthetic)", "Mode:        training",
-                     "Batch size:  8 global", "             8 per device", "Num batches: 12", "Data format: NHWC",
-                     "Optimizer:   sgd", "Variables:   replicated", "Host memory: kept for reuse (glibc: no mmap, no trim)",
-                     "==========", "Running warm up", "Done warm up",
-                     "Step\tImg/sec\ttotal_loss"):
+    for expected in (
+        "Model:       trivial",
+        "Dataset:     cifar10 (synthetic)",
+        "Mode:        training",
+        "Batch size:  8 global",
+        "             8 per device",
+        "Num batches: 12",
+        "Data format: NHWC",
+        "Optimizer:   sgd",
+        "Variables:   replicated",
+        "Host memory: kept for reuse (glibc: no mmap, no trim)",
+        "==========",
+        "Running warm up",
+        "Done warm up",
+        "Step\tImg/sec\ttotal_loss",
+    ):
         assert expected in lines, (expected, proc.stdout)
     steps = [STEP_RE.fullmatch(line) for line in lines if STEP_RE.fullmatch(line)]
     assert [int(m.group(1)) for m in steps] == [1, 5, 10]  # step 1, then every --display_every
@@ -64,15 +87,25 @@ def test_keep_host_memory_false_leaves_the_c_library_alone() -> None:
 
 
 def test_mobilenet_is_v1_with_a_note_for_tf_cnn_users(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_main(capsys, "bench", "--model=mobilenet", "--batch_size=2", "--num_batches=1",
-                            "--num_warmup_batches=0", "--peak_tflops=1", "--device=cpu", "--forward_only")
+    code, out, _ = run_main(
+        capsys,
+        "bench",
+        "--model=mobilenet",
+        "--batch_size=2",
+        "--num_batches=1",
+        "--num_warmup_batches=0",
+        "--peak_tflops=1",
+        "--device=cpu",
+        "--forward_only",
+    )
     assert code == 0
     assert "tf_cnn_benchmarks' mobilenet (MobileNet v2 with two logits layers) is --model=mobilenet_v2_tf_cnn" in out
 
 
 def test_device_loops_give_per_loop_lines(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_main(capsys, *QUICK, "--num_batches=20", "--num_warmup_batches=0", "--display_every=5",
-                              "--iterations_per_loop=4")
+    code, out, err = run_main(
+        capsys, *QUICK, "--num_batches=20", "--num_warmup_batches=0", "--display_every=5", "--iterations_per_loop=4"
+    )
     assert code == 0, err
     assert "Loop:        4 step(s) per host round trip" in out
     # a line at the first loop boundary at or past step 1 and each multiple of 5
@@ -103,9 +136,25 @@ def test_multi_process_is_for_training_only() -> None:
 def test_two_processes_report_the_global_batch(tmp_path: Path) -> None:
     results = tmp_path / "r.json"
     proc = subprocess.run(
-        [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "stoker", *QUICK,
-         "--num_batches=4", "--num_warmup_batches=1", "--display_every=2", f"--results_file={results}"],
-        capture_output=True, text=True, cwd=ROOT, env=python_env(), timeout=300,
+        [
+            PYTHON,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "stoker",
+            *QUICK,
+            "--num_batches=4",
+            "--num_warmup_batches=1",
+            "--display_every=2",
+            f"--results_file={results}",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=python_env(),
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Batch size:  16 global" in proc.stdout and "             8 per device" in proc.stdout
@@ -168,8 +217,15 @@ def test_list_models_of_every_data_set(capsys: pytest.CaptureFixture[str]) -> No
 
 def test_forward_only_prints_accuracy_columns(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     trace = tmp_path / "trace.json"
-    code, out, err = run_main(capsys, *QUICK, "--forward_only", "--num_batches=4", "--num_warmup_batches=3",
-                              "--display_every=2", f"--trace_file={trace}")
+    code, out, err = run_main(
+        capsys,
+        *QUICK,
+        "--forward_only",
+        "--num_batches=4",
+        "--num_warmup_batches=3",
+        "--display_every=2",
+        f"--trace_file={trace}",
+    )
     assert code == 0, err
     assert "Mode:        forward-only" in out
     assert "Step\tImg/sec\ttotal_loss\ttop_1_accuracy\ttop_5_accuracy" in out
@@ -181,8 +237,14 @@ def test_forward_only_prints_accuracy_columns(capsys: pytest.CaptureFixture[str]
 
 
 def test_inference_mode_prints_latencies(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    code, out, err = run_main(capsys, *QUICK, "--mode=inference", "--iterations=6", "--num_inference_threads=2",
-                              f"--results_file={tmp_path / 'r.json'}")
+    code, out, err = run_main(
+        capsys,
+        *QUICK,
+        "--mode=inference",
+        "--iterations=6",
+        "--num_inference_threads=2",
+        f"--results_file={tmp_path / 'r.json'}",
+    )
     assert code == 0, err
     m = LATENCY_RE.search(out)
     assert m is not None, out
@@ -208,8 +270,17 @@ def write_black_and_white_cifar(root: Path, per_file: int = 16) -> Path:
 
 def test_black_and_white_train_checkpoint_eval_round_trip(tmp_path: Path) -> None:
     data = write_black_and_white_cifar(tmp_path / "data")
-    train = BenchConfig(model="trivial", data_dir=str(data), batch_size=16, num_batches=30, num_warmup_batches=0,
-                        train_dir=str(tmp_path / "train"), init_learning_rate=0.001, device="cpu", display_every=100)
+    train = BenchConfig(
+        model="trivial",
+        data_dir=str(data),
+        batch_size=16,
+        num_batches=30,
+        num_warmup_batches=0,
+        train_dir=str(tmp_path / "train"),
+        init_learning_rate=0.001,
+        device="cpu",
+        display_every=100,
+    )
     lines: list[str] = []
     result = run_benchmark(train, log=lines.append)
     assert "Dataset:     cifar10" in lines and result["global_step"] == 30
@@ -233,9 +304,18 @@ def test_eval_without_checkpoint_fails_cleanly(capsys: pytest.CaptureFixture[str
 
 def test_train_and_eval_stops_at_target_accuracy(tmp_path: Path) -> None:
     data = write_black_and_white_cifar(tmp_path / "data")
-    cfg = BenchConfig(model="trivial", data_dir=str(data), batch_size=16, num_batches=40, num_warmup_batches=0,
-                      init_learning_rate=0.001, eval_during_training_every_n_steps=10, stop_at_top_1_accuracy=1.0,
-                      device="cpu", display_every=100)
+    cfg = BenchConfig(
+        model="trivial",
+        data_dir=str(data),
+        batch_size=16,
+        num_batches=40,
+        num_warmup_batches=0,
+        init_learning_rate=0.001,
+        eval_during_training_every_n_steps=10,
+        stop_at_top_1_accuracy=1.0,
+        device="cpu",
+        display_every=100,
+    )
     lines: list[str] = []
     result = run_benchmark(cfg, log=lines.append)
     assert "Mode:        training + evaluation" in lines
@@ -254,6 +334,8 @@ def test_train_dir_exports_and_the_export_benchmarks(capsys: pytest.CaptureFixtu
     assert json.loads((train_dir / "run_spec.json").read_text())["model"] == "trivial"  # what stoker export reads
     est, example, _ = export.estimator_from_model_dir(train_dir)
     export.export(est, tmp_path / "exported", example)
-    code, out, err = run_main(capsys, *QUICK, "--mode=inference", f"--exported={tmp_path / 'exported'}", "--iterations=5")
+    code, out, err = run_main(
+        capsys, *QUICK, "--mode=inference", f"--exported={tmp_path / 'exported'}", "--iterations=5"
+    )
     assert code == 0, err
     assert "Model:       exported program" in out and LATENCY_RE.search(out)

@@ -18,7 +18,10 @@ IN, CLASSES, BATCH, STEPS = 4, 3, 6, 6
 LR, WD = 0.1, 0.01
 W0 = np.random.default_rng(0).normal(size=(CLASSES, IN)).astype(np.float32)
 BATCHES = [
-    (np.random.default_rng(s).normal(size=(BATCH, IN)).astype(np.float32), np.random.default_rng(s + 10).integers(0, CLASSES, BATCH))
+    (
+        np.random.default_rng(s).normal(size=(BATCH, IN)).astype(np.float32),
+        np.random.default_rng(s + 10).integers(0, CLASSES, BATCH),
+    )
     for s in range(3)
 ]
 
@@ -26,8 +29,13 @@ BATCHES = [
 def numpy_losses(optimizer: str) -> list[float]:
     """TensorFlow's updates written out: softmax cross-entropy + WD * l2_loss on W = x @ W.T."""
     w = W0.astype(np.float64)
-    slots: dict[str, Any] = {"accum": np.zeros_like(w), "ms": np.ones_like(w), "mom": np.zeros_like(w),
-                             "m": np.zeros_like(w), "v": np.zeros_like(w)}
+    slots: dict[str, Any] = {
+        "accum": np.zeros_like(w),
+        "ms": np.ones_like(w),
+        "mom": np.zeros_like(w),
+        "m": np.zeros_like(w),
+        "v": np.zeros_like(w),
+    }
     losses = []
     for t, (x, y) in zip(range(1, STEPS + 1), itertools.cycle(BATCHES)):
         x = x.astype(np.float64)
@@ -70,9 +78,18 @@ def test_losses_match_numpy_for_every_variable_update(optimizer: str) -> None:
     expected = numpy_losses(optimizer)
     got = {}
     for update in ("independent", "replicated"):
-        cfg = BenchConfig(model="linear", optimizer=optimizer, variable_update=update, batch_size=BATCH,
-                          num_batches=STEPS, num_warmup_batches=0, init_learning_rate=LR, weight_decay=WD,
-                          device="cpu", display_every=1000)
+        cfg = BenchConfig(
+            model="linear",
+            optimizer=optimizer,
+            variable_update=update,
+            batch_size=BATCH,
+            num_batches=STEPS,
+            num_warmup_batches=0,
+            init_learning_rate=LR,
+            weight_decay=WD,
+            device="cpu",
+            display_every=1000,
+        )
         result = run_benchmark(cfg, model=linear_model, num_classes=CLASSES, input_fn=input_fn, log=lambda line: None)
         assert result["num_steps"] == STEPS
         got[update] = result["losses"]
@@ -82,8 +99,16 @@ def test_losses_match_numpy_for_every_variable_update(optimizer: str) -> None:
 
 def test_gradient_clip_is_by_value() -> None:
     # A huge learning rate makes the clip the only thing bounding the first update.
-    cfg = BenchConfig(model="linear", batch_size=BATCH, num_batches=2, num_warmup_batches=0, init_learning_rate=10.0,
-                      weight_decay=0.0, gradient_clip=0.01, device="cpu")
+    cfg = BenchConfig(
+        model="linear",
+        batch_size=BATCH,
+        num_batches=2,
+        num_warmup_batches=0,
+        init_learning_rate=10.0,
+        weight_decay=0.0,
+        gradient_clip=0.01,
+        device="cpu",
+    )
     models: list[nn.Module] = []
 
     def keep(params: dict[str, Any]) -> nn.Module:

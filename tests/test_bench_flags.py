@@ -23,8 +23,16 @@ from stoker.cli import build_parser
 SEED_FLAGS = ROOT / "tests" / "data" / "tf_cnn_benchmarks_flags.txt"
 # Seed flags implemented under another BenchConfig field.
 ALIASES = {"use_fp16": "precision"}
-TINY = ["bench", "--model=trivial", "--data_name=cifar10", "--batch_size=4", "--peak_tflops=1", "--device=cpu",
-        "--num_warmup_batches=1", "--num_batches=2"]
+TINY = [
+    "bench",
+    "--model=trivial",
+    "--data_name=cifar10",
+    "--batch_size=4",
+    "--peak_tflops=1",
+    "--device=cpu",
+    "--num_warmup_batches=1",
+    "--num_batches=2",
+]
 
 
 def seed_flags() -> list[str]:
@@ -38,7 +46,6 @@ def bench_parser() -> argparse.ArgumentParser:
 
 def parse(*flags: str) -> BenchConfig:
     return config_from_args(bench_parser().parse_args(list(flags)))
-
 
 
 # ---------------------------------------------------------------------------- coverage
@@ -58,13 +65,23 @@ def test_every_seed_flag_is_implemented_or_noted() -> None:
 
 
 def test_noted_flags_are_reported_once_each_in_the_header(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_main(capsys, *TINY, "--kmp_blocktime=0", "--nomkl", "--local_parameter_device=cpu",
-                            "--variable_consistency=relaxed", "--forward_only")
+    code, out, _ = run_main(
+        capsys,
+        *TINY,
+        "--kmp_blocktime=0",
+        "--nomkl",
+        "--local_parameter_device=cpu",
+        "--variable_consistency=relaxed",
+        "--forward_only",
+    )
     assert code == 0
     notes = [line for line in out.splitlines() if line.startswith("Note: --")]
     assert [n.split(" has no effect")[0] for n in notes] == [
-        "Note: --local_parameter_device=cpu", "Note: --variable_consistency=relaxed",
-        "Note: --mkl=false", "Note: --kmp_blocktime=0"]  # in the table's order
+        "Note: --local_parameter_device=cpu",
+        "Note: --variable_consistency=relaxed",
+        "Note: --mkl=false",
+        "Note: --kmp_blocktime=0",
+    ]  # in the table's order
     assert all(n.endswith(BY_NAME[n.split("=")[0][8:]].note) for n in notes)  # type: ignore[arg-type]
     assert out.index(notes[-1]) < out.index("PyTorch:")  # part of the header, before the run
 
@@ -74,10 +91,17 @@ def test_no_note_when_no_noted_flag_is_given(capsys: pytest.CaptureFixture[str])
     assert code == 0 and "has no effect here" not in out
 
 
-@pytest.mark.parametrize(("flags", "value"), [
-    ((), True), (("--distortions",), True), (("--nodistortions",), False), (("--distortions=false",), False),
-    (("--distortions=true",), True), (("--nodistortions", "--distortions"), True),
-])
+@pytest.mark.parametrize(
+    ("flags", "value"),
+    [
+        ((), True),
+        (("--distortions",), True),
+        (("--nodistortions",), False),
+        (("--distortions=false",), False),
+        (("--distortions=true",), True),
+        (("--nodistortions", "--distortions"), True),
+    ],
+)
 def test_absl_booleans(flags: tuple[str, ...], value: bool) -> None:
     assert parse(*flags).distortions is value
 
@@ -91,9 +115,15 @@ def test_absl_negation_for_core_and_noted_switches() -> None:
 
 
 def test_lists_and_values_reach_the_config() -> None:
-    cfg = parse("--eval_during_training_at_specified_steps=5,10", "--eval_during_training_at_specified_epochs=0.5",
-                "--eval_batch_size=3", "--resize_method=round_robin", "--gradient_repacking=8",
-                "--loss_type_to_report=base_loss", "--display_perf_ewma=0.1")
+    cfg = parse(
+        "--eval_during_training_at_specified_steps=5,10",
+        "--eval_during_training_at_specified_epochs=0.5",
+        "--eval_batch_size=3",
+        "--resize_method=round_robin",
+        "--gradient_repacking=8",
+        "--loss_type_to_report=base_loss",
+        "--display_perf_ewma=0.1",
+    )
     assert cfg.eval_during_training_at_specified_steps == (5, 10)
     assert cfg.eval_during_training_at_specified_epochs == (0.5,)
     assert cfg.benchmark_mode == "training + evaluation"
@@ -101,29 +131,35 @@ def test_lists_and_values_reach_the_config() -> None:
     assert cfg.loss_type_to_report == "base_loss" and cfg.display_perf_ewma == 0.1
 
 
-@pytest.mark.parametrize(("args", "named"), [
-    (["--resize_method=cubic"], ["--resize_method", "bilinear"]),
-    (["--loss_type_to_report=l2"], ["--loss_type_to_report", "base_loss"]),
-    (["--local_parameter_device=tpu"], ["--local_parameter_device", "cpu"]),
-    (["--kmp_blocktime=soon"], ["--kmp_blocktime"]),
-    (["--distortions=maybe"], ["--distortions"]),
-    (["--display_perf_ewma=2"], ["--display_perf_ewma", "(0, 1]"]),
-    (["--summary_verbosity=5"], ["--summary_verbosity", "0, 1, 2, 3"]),
-    (["--xla", "--compile=step"], ["--xla", "--compile"]),
-    (["--batch_group_size=0"], ["--batch_group_size"]),
-    (["--gradient_repacking=-1"], ["--gradient_repacking"]),
-    (["--eval_batch_size=-2"], ["--eval_batch_size"]),
-    (["--num_eval_epochs=1"], ["--num_eval_epochs", "--eval"]),
-    (["--eval_during_training_at_specified_steps=a,b"], ["--eval_during_training_at_specified_steps"]),
-    (["--eval_during_training_every_n_epochs=0"], ["--eval_during_training_every_n_epochs"]),
-    (["--eval_during_training_every_n_epochs=1", "--forward_only"], ["--eval_during_training_every_n_epochs",
-                                                                      "--forward_only"]),
-    (["--gpu_indices=0,x"], ["--gpu_indices"]),
-    (["--gpu_memory_frac_for_testing=1.5"], ["--gpu_memory_frac_for_testing"]),
-    (["--gpu_indices=0"], ["--gpu_indices", "CPU"]),
-])
-def test_bad_values_exit_2_naming_the_flag(capsys: pytest.CaptureFixture[str], args: list[str],
-                                           named: list[str]) -> None:
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--resize_method=cubic"], ["--resize_method", "bilinear"]),
+        (["--loss_type_to_report=l2"], ["--loss_type_to_report", "base_loss"]),
+        (["--local_parameter_device=tpu"], ["--local_parameter_device", "cpu"]),
+        (["--kmp_blocktime=soon"], ["--kmp_blocktime"]),
+        (["--distortions=maybe"], ["--distortions"]),
+        (["--display_perf_ewma=2"], ["--display_perf_ewma", "(0, 1]"]),
+        (["--summary_verbosity=5"], ["--summary_verbosity", "0, 1, 2, 3"]),
+        (["--xla", "--compile=step"], ["--xla", "--compile"]),
+        (["--batch_group_size=0"], ["--batch_group_size"]),
+        (["--gradient_repacking=-1"], ["--gradient_repacking"]),
+        (["--eval_batch_size=-2"], ["--eval_batch_size"]),
+        (["--num_eval_epochs=1"], ["--num_eval_epochs", "--eval"]),
+        (["--eval_during_training_at_specified_steps=a,b"], ["--eval_during_training_at_specified_steps"]),
+        (["--eval_during_training_every_n_epochs=0"], ["--eval_during_training_every_n_epochs"]),
+        (
+            ["--eval_during_training_every_n_epochs=1", "--forward_only"],
+            ["--eval_during_training_every_n_epochs", "--forward_only"],
+        ),
+        (["--gpu_indices=0,x"], ["--gpu_indices"]),
+        (["--gpu_memory_frac_for_testing=1.5"], ["--gpu_memory_frac_for_testing"]),
+        (["--gpu_indices=0"], ["--gpu_indices", "CPU"]),
+    ],
+)
+def test_bad_values_exit_2_naming_the_flag(
+    capsys: pytest.CaptureFixture[str], args: list[str], named: list[str]
+) -> None:
     code, _, err = run_main(capsys, *TINY, *args)
     assert code == 2
     for name in named:
@@ -131,12 +167,16 @@ def test_bad_values_exit_2_naming_the_flag(capsys: pytest.CaptureFixture[str], a
 
 
 def test_implemented_flags_this_run_cannot_use_get_a_note(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_main(capsys, *TINY, "--nodistortions", "--gradient_repacking=4", "--eval_batch_size=3",
-                            "--resize_method=area")
+    code, out, _ = run_main(
+        capsys, *TINY, "--nodistortions", "--gradient_repacking=4", "--eval_batch_size=3", "--resize_method=area"
+    )
     assert code == 0
     assert [line.split(":")[1] for line in out.splitlines() if line.startswith("Note: --")] == [
-        " --distortions has no effect in this run", " --resize_method has no effect in this run",
-        " --gradient_repacking has no effect in this run", " --eval_batch_size has no effect in this run"]
+        " --distortions has no effect in this run",
+        " --resize_method has no effect in this run",
+        " --gradient_repacking has no effect in this run",
+        " --eval_batch_size has no effect in this run",
+    ]
 
 
 def test_combinations_tf_cnn_benchmarks_ignores_run_with_a_note(capsys: pytest.CaptureFixture[str]) -> None:
@@ -147,7 +187,8 @@ def test_combinations_tf_cnn_benchmarks_ignores_run_with_a_note(capsys: pytest.C
     assert notes == [
         "Note: --fp16_vars has no effect in this run: it applies to fp16 (--use_fp16); the precision is fp32",
         "Note: --summary_verbosity has no effect in this run: summaries are written into --train_dir, which is not given",
-        "Note: --benchmark_test_id has no effect in this run: it is recorded in --benchmark_log_dir's files or --results_file"]
+        "Note: --benchmark_test_id has no effect in this run: it is recorded in --benchmark_log_dir's files or --results_file",
+    ]
 
 
 def test_noted_flags_are_not_fields() -> None:
@@ -160,8 +201,15 @@ def test_loss_type_and_ewma_on_the_progress_lines(capsys: pytest.CaptureFixture[
     out_total, out_base = tmp_path / "t.json", tmp_path / "b.json"
     code, _, _ = run_main(capsys, *TINY, "--weight_decay=0.1", f"--results_file={out_total}")
     assert code == 0
-    code, out, _ = run_main(capsys, *TINY, "--weight_decay=0.1", "--loss_type_to_report=base_loss",
-                            "--display_perf_ewma=1", "--display_every=1", f"--results_file={out_base}")
+    code, out, _ = run_main(
+        capsys,
+        *TINY,
+        "--weight_decay=0.1",
+        "--loss_type_to_report=base_loss",
+        "--display_perf_ewma=1",
+        "--display_every=1",
+        f"--results_file={out_base}",
+    )
     assert code == 0 and "Step\tImg/sec\tbase_loss" in out.splitlines()
     total, base = json.loads(out_total.read_text()), json.loads(out_base.read_text())
     # Same weights and updates; the reported loss differs by exactly the L2 term (positive).
@@ -184,9 +232,17 @@ def test_summaries_mlperf_and_benchmark_logs(tmp_path: Path, capsys: pytest.Capt
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     train_dir, logs = tmp_path / "train", tmp_path / "logs"
-    code, out, _ = run_main(capsys, *TINY, "--num_batches=4", f"--train_dir={train_dir}", "--summary_verbosity=3",
-                            "--save_summaries_steps=2", "--ml_perf", f"--benchmark_log_dir={logs}",
-                            "--benchmark_test_id=tiny-1")
+    code, out, _ = run_main(
+        capsys,
+        *TINY,
+        "--num_batches=4",
+        f"--train_dir={train_dir}",
+        "--summary_verbosity=3",
+        "--save_summaries_steps=2",
+        "--ml_perf",
+        f"--benchmark_log_dir={logs}",
+        "--benchmark_test_id=tiny-1",
+    )
     assert code == 0, out
     events = EventAccumulator(str(train_dir / "events"), size_guidance={"histograms": 0, "scalars": 0}).Reload()
     tags = events.Tags()
@@ -204,9 +260,15 @@ def test_summaries_mlperf_and_benchmark_logs(tmp_path: Path, capsys: pytest.Capt
 
 def test_eval_during_training_schedules(capsys: pytest.CaptureFixture[str]) -> None:
     # cifar10: 50000 examples / batch 4 = 12500 steps per epoch; 0.000161 epochs = int(2.01) = 2 steps.
-    code, out, _ = run_main(capsys, *TINY, "--num_batches=6", "--eval_during_training_at_specified_steps=1,5",
-                            "--eval_during_training_every_n_epochs=0.000161", "--eval_batch_size=2",
-                            "--num_eval_batches=1")
+    code, out, _ = run_main(
+        capsys,
+        *TINY,
+        "--num_batches=6",
+        "--eval_during_training_at_specified_steps=1,5",
+        "--eval_during_training_every_n_epochs=0.000161",
+        "--eval_batch_size=2",
+        "--num_eval_batches=1",
+    )
     assert code == 0
     evals = [line for line in out.splitlines() if line.startswith("Running evaluation at global_step")]
     # Timed steps 1 and 5 (listed), 2 and 4 (every 2; 6 is the end: the final evaluation); the
@@ -230,10 +292,21 @@ def test_nodistortions_and_resize_method_reach_the_image_folder(tmp_path: Path) 
 
     data = _image_folder(tmp_path / "data", size=232)  # crop needs at least trivial's 227 x 227
     batches = {}
-    for flags in ((), ("--nodistortions",), ("--nodistortions", "--resize_method=nearest"),
-                  ("--nodistortions", "--resize_method=crop")):
-        cfg = parse("--model=trivial", f"--data_dir={data}", "--data_name=imagenet", "--batch_size=4",
-                    "--device=cpu", "--nouse_datasets", *flags)
+    for flags in (
+        (),
+        ("--nodistortions",),
+        ("--nodistortions", "--resize_method=nearest"),
+        ("--nodistortions", "--resize_method=crop"),
+    ):
+        cfg = parse(
+            "--model=trivial",
+            f"--data_dir={data}",
+            "--data_name=imagenet",
+            "--batch_size=4",
+            "--device=cpu",
+            "--nouse_datasets",
+            *flags,
+        )
         workload = resolve_workload(cfg)
         source = make_input_fn(cfg, workload, train=True)({"batch_size": 4, "num_replicas": 1, "replica_index": 0})
         batches[flags] = next(iter(source))[0]
@@ -246,22 +319,34 @@ def test_nodistortions_and_resize_method_reach_the_image_folder(tmp_path: Path) 
 
 # ---------------------------------------------------------------------------- published command lines
 def _stoker(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PYTHON, "-m", "stoker", *args], capture_output=True, text=True, cwd=ROOT,
-                          env=python_env(), timeout=timeout)
+    return subprocess.run(
+        [PYTHON, "-m", "stoker", *args], capture_output=True, text=True, cwd=ROOT, env=python_env(), timeout=timeout
+    )
 
 
 def test_readme_first_command_line(tmp_path: Path) -> None:
     # tf_cnn_benchmarks' README: --num_gpus=1 --batch_size=32 --model=resnet50 --variable_update=parameter_server,
     # scaled to a CPU test: batch 2, two timed steps.
-    proc = _stoker("bench", "--num_gpus=1", "--batch_size=2", "--model=resnet50", "--variable_update=parameter_server",
-                   "--num_batches=2", "--num_warmup_batches=1", "--device=cpu", "--peak_tflops=1")
+    proc = _stoker(
+        "bench",
+        "--num_gpus=1",
+        "--batch_size=2",
+        "--model=resnet50",
+        "--variable_update=parameter_server",
+        "--num_batches=2",
+        "--num_warmup_batches=1",
+        "--device=cpu",
+        "--peak_tflops=1",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Note: --variable_update=parameter_server runs as replicated" in proc.stdout
     assert "total images/sec:" in proc.stdout
 
 
-RECIPE_BUCKET = {"resnet50": "all-reduced in 8 DDP buckets of 12.",  # 25.6M fp32 gradients / 8: 12.2 MiB
-                 "trivial": "all-reduced in 8 DDP buckets of 2.033"}  # 4.26M fp32 gradients / 8: 2.03 MiB
+RECIPE_BUCKET = {
+    "resnet50": "all-reduced in 8 DDP buckets of 12.",  # 25.6M fp32 gradients / 8: 12.2 MiB
+    "trivial": "all-reduced in 8 DDP buckets of 2.033",
+}  # 4.26M fp32 gradients / 8: 2.03 MiB
 
 
 @pytest.mark.parametrize("model", ["trivial", pytest.param("resnet50", marks=pytest.mark.slow)])
@@ -271,11 +356,26 @@ def test_resnet50_recipe_scaled_down(tmp_path: Path, model: str) -> None:
     # takes two minutes: the default run uses the trivial model, every other flag as published).
     data = _image_folder(tmp_path / "imagenet" / "train")
     results = tmp_path / "r.json"
-    proc = _stoker("bench", "--data_format=NCHW", "--batch_size=2", f"--model={model}", "--optimizer=momentum",
-                   "--variable_update=replicated", "--nodistortions", "--gradient_repacking=8", "--num_gpus=2",
-                   "--num_batches=2", "--weight_decay=1e-4", f"--data_dir={data.parent}", "--use_fp16",
-                   f"--train_dir={tmp_path / 'ckpt'}", "--num_warmup_batches=1", "--device=cpu", "--peak_tflops=1",
-                   f"--results_file={results}")
+    proc = _stoker(
+        "bench",
+        "--data_format=NCHW",
+        "--batch_size=2",
+        f"--model={model}",
+        "--optimizer=momentum",
+        "--variable_update=replicated",
+        "--nodistortions",
+        "--gradient_repacking=8",
+        "--num_gpus=2",
+        "--num_batches=2",
+        "--weight_decay=1e-4",
+        f"--data_dir={data.parent}",
+        "--use_fp16",
+        f"--train_dir={tmp_path / 'ckpt'}",
+        "--num_warmup_batches=1",
+        "--device=cpu",
+        "--peak_tflops=1",
+        f"--results_file={results}",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert "Batch size:  4 global" in lines and "Precision:   fp16 (loss scale: 128)" in lines
@@ -292,11 +392,20 @@ def _workload(*flags: str):  # noqa: ANN202 - a Workload
     return resolve_workload(parse("--device=cpu", *flags))
 
 
-@pytest.mark.parametrize(("model", "dataset", "batch"), [
-    ("resnet50", "imagenet", 64), ("resnet101", "imagenet", 32), ("vgg16", "imagenet", 64), ("alexnet", "imagenet", 512),
-    ("trivial", "imagenet", 32), ("official_resnet50", "imagenet", 128), ("resnet20", "cifar10", 128),
-    ("densenet40_k12", "cifar10", 64), ("alexnet", "cifar10", 128),
-])
+@pytest.mark.parametrize(
+    ("model", "dataset", "batch"),
+    [
+        ("resnet50", "imagenet", 64),
+        ("resnet101", "imagenet", 32),
+        ("vgg16", "imagenet", 64),
+        ("alexnet", "imagenet", 512),
+        ("trivial", "imagenet", 32),
+        ("official_resnet50", "imagenet", 128),
+        ("resnet20", "cifar10", 128),
+        ("densenet40_k12", "cifar10", 64),
+        ("alexnet", "cifar10", 128),
+    ],
+)
 def test_batch_size_0_is_the_models_default(model: str, dataset: str, batch: int) -> None:
     w = _workload(f"--model={model}", f"--data_name={dataset}")
     assert w.batch_size == batch and w.defaults_used[0] == f"batch size {batch} per device ({model}'s default)"
@@ -323,7 +432,12 @@ def test_cifar_schedules_and_constant_rates() -> None:
     w = _workload("--model=resnet20", "--data_name=cifar10")
     per_epoch = int(50_000 / 128)
     assert w.model_rate is not None
-    assert [w.model_rate(s) for s in (0, per_epoch * 82, per_epoch * 82 + 1, per_epoch * 300 + 1)] == [0.1, 0.1, 0.01, 0.0002]
+    assert [w.model_rate(s) for s in (0, per_epoch * 82, per_epoch * 82 + 1, per_epoch * 300 + 1)] == [
+        0.1,
+        0.1,
+        0.01,
+        0.0002,
+    ]
     t = _workload("--model=trivial", "--data_name=cifar10")
     assert t.default_learning_rate == 0.005 and t.model_rate is None
     given = _workload("--model=resnet20", "--data_name=cifar10", "--init_learning_rate=0.3")
@@ -338,8 +452,9 @@ def test_the_models_schedule_reaches_the_optimizer() -> None:
 
     w = _workload("--model=resnet20", "--data_name=cifar10")
     cfg = parse("--model=resnet20", "--data_name=cifar10", "--device=cpu")
-    make_opt, make_sched = optimizer_and_schedule(cfg, 50_000 / 128, default_lr=w.default_learning_rate,
-                                                  model_rate=w.model_rate)
+    make_opt, make_sched = optimizer_and_schedule(
+        cfg, 50_000 / 128, default_lr=w.default_learning_rate, model_rate=w.model_rate
+    )
     assert make_sched is not None
     opt = make_opt({}, [torch.nn.Parameter(torch.zeros(1))])
     sched = make_sched({}, opt)
@@ -350,11 +465,17 @@ def test_the_models_schedule_reaches_the_optimizer() -> None:
     assert opt.param_groups[0]["lr"] == pytest.approx(0.01)
 
 
-@pytest.mark.parametrize(("args", "named"), [
-    (["--model=resnet50", "--resnet_base_lr=0.1", "--init_learning_rate=0.1"], ["--resnet_base_lr", "--init_learning_rate"]),
-    (["--model=trivial", "--resnet_base_lr=0.1"], ["--resnet_base_lr", "trivial"]),
-    (["--batch_size=-1"], ["--batch_size", ">= 0"]),
-])
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (
+            ["--model=resnet50", "--resnet_base_lr=0.1", "--init_learning_rate=0.1"],
+            ["--resnet_base_lr", "--init_learning_rate"],
+        ),
+        (["--model=trivial", "--resnet_base_lr=0.1"], ["--resnet_base_lr", "trivial"]),
+        (["--batch_size=-1"], ["--batch_size", ">= 0"]),
+    ],
+)
 def test_default_flags_refused_exit_2(capsys: pytest.CaptureFixture[str], args: list[str], named: list[str]) -> None:
     code, _, err = run_main(capsys, "bench", "--device=cpu", "--num_batches=1", *args)
     assert code == 2
@@ -363,8 +484,16 @@ def test_default_flags_refused_exit_2(capsys: pytest.CaptureFixture[str], args: 
 
 
 def test_header_says_which_defaults_were_used(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run_main(capsys, "bench", "--model=trivial", "--data_name=cifar10", "--num_batches=1",
-                            "--num_warmup_batches=0", "--device=cpu", "--peak_tflops=1")
+    code, out, _ = run_main(
+        capsys,
+        "bench",
+        "--model=trivial",
+        "--data_name=cifar10",
+        "--num_batches=1",
+        "--num_warmup_batches=0",
+        "--device=cpu",
+        "--peak_tflops=1",
+    )
     lines = out.splitlines()
     assert code == 0 and "Batch size:  32 global" in lines
     at = lines.index("Defaults:    batch size 32 per device (trivial's default)")
@@ -375,19 +504,36 @@ def test_eval_epochs_and_input_pipeline_flags(tmp_path: Path) -> None:
     from stoker.bench.workload import data_workers, make_input_fn, prefetch_depth
 
     # cifar10 has 10000 evaluation images: 0.01 epochs at an evaluation batch of 16 is ceil(100 / 16) = 7 batches.
-    w = _workload("--model=trivial", "--data_name=cifar10", "--batch_size=4", "--eval_batch_size=16",
-                  "--num_eval_epochs=0.01", "--eval_during_training_every_n_steps=5")
+    w = _workload(
+        "--model=trivial",
+        "--data_name=cifar10",
+        "--batch_size=4",
+        "--eval_batch_size=16",
+        "--num_eval_epochs=0.01",
+        "--eval_during_training_every_n_steps=5",
+    )
     assert (w.eval_batches, w.eval_batch_size, w.batch_size) == (7, 16, 4)
     assert prefetch_depth(parse()) is None  # the engine's default
     assert prefetch_depth(parse("--datasets_prefetch_buffer_size=3", "--batch_group_size=2")) == 6
     assert prefetch_depth(parse("--nodatasets_use_prefetch")) == 0
     assert data_workers(parse("--nouse_datasets")) == 0 and data_workers(parse("--datasets_num_private_threads=3")) == 3
     data = _image_folder(tmp_path / "data", size=232)
-    cfg = parse("--model=trivial", f"--data_dir={data}", "--data_name=imagenet", "--batch_size=2", "--device=cpu",
-                "--nouse_datasets", "--datasets_repeat_cached_sample")
-    batches = iter(make_input_fn(cfg, _workload("--model=trivial", f"--data_dir={data}",
-                                                "--data_name=imagenet", "--batch_size=2"), train=True)(
-        {"batch_size": 2, "num_replicas": 1, "replica_index": 0}))
+    cfg = parse(
+        "--model=trivial",
+        f"--data_dir={data}",
+        "--data_name=imagenet",
+        "--batch_size=2",
+        "--device=cpu",
+        "--nouse_datasets",
+        "--datasets_repeat_cached_sample",
+    )
+    batches = iter(
+        make_input_fn(
+            cfg,
+            _workload("--model=trivial", f"--data_dir={data}", "--data_name=imagenet", "--batch_size=2"),
+            train=True,
+        )({"batch_size": 2, "num_replicas": 1, "replica_index": 0})
+    )
     first, second = next(batches), next(batches)
     assert first[0].equal(second[0]) and first[1].equal(second[1])  # one batch read, then repeated
 

@@ -17,8 +17,18 @@ from conftest import PYTHON, ROOT, free_port, python_env
 from stoker.bench.launch import lost_replica_message
 from stoker.cli import main
 
-TINY = ["bench", "--model=trivial", "--data_name=cifar10", "--batch_size=4", "--peak_tflops=1", "--device=cpu",
-        "--num_warmup_batches=1", "--display_every=1", "--optimizer=momentum", "--init_learning_rate=0.05"]
+TINY = [
+    "bench",
+    "--model=trivial",
+    "--data_name=cifar10",
+    "--batch_size=4",
+    "--peak_tflops=1",
+    "--device=cpu",
+    "--num_warmup_batches=1",
+    "--display_every=1",
+    "--optimizer=momentum",
+    "--init_learning_rate=0.05",
+]
 
 
 def _run(cmd: list[str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
@@ -28,10 +38,23 @@ def _run(cmd: list[str], timeout: float = 240) -> subprocess.CompletedProcess[st
 def test_num_gpus_2_is_torchrun_nproc_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ours, theirs = tmp_path / "ours.json", tmp_path / "torchrun.json"
     flags = [*TINY, "--num_batches=4"]
-    a = _run([PYTHON, "-m", "stoker", *flags, "--num_gpus=2", f"--results_file={ours}", f"--train_dir={tmp_path / 'run'}"])
+    a = _run(
+        [PYTHON, "-m", "stoker", *flags, "--num_gpus=2", f"--results_file={ours}", f"--train_dir={tmp_path / 'run'}"]
+    )
     assert a.returncode == 0, a.stderr[-3000:]
-    b = _run([PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "stoker", *flags,
-              f"--results_file={theirs}"])
+    b = _run(
+        [
+            PYTHON,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "stoker",
+            *flags,
+            f"--results_file={theirs}",
+        ]
+    )
     assert b.returncode == 0, b.stderr[-3000:]
     r1, r2 = json.loads(ours.read_text()), json.loads(theirs.read_text())
     assert r1["batch_size"] == r2["batch_size"] == 8 and r1["num_devices"] == 2  # global = 4 x 2
@@ -40,15 +63,34 @@ def test_num_gpus_2_is_torchrun_nproc_2(tmp_path: Path, capsys: pytest.CaptureFi
     assert a.stdout.count("total images/sec") == 1  # rank 0 prints, once
     assert "Devices:     ['cpu:0', 'cpu:1']" in a.stdout.splitlines()
     # --eval afterwards, in one process, finds the replicas' checkpoint.
-    assert main(["bench", "--model=trivial", "--data_name=cifar10", "--batch_size=4", "--device=cpu", "--eval",
-                 "--num_batches=2", f"--train_dir={tmp_path / 'run'}"]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--model=trivial",
+                "--data_name=cifar10",
+                "--batch_size=4",
+                "--device=cpu",
+                "--eval",
+                "--num_batches=2",
+                f"--train_dir={tmp_path / 'run'}",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert f"Successfully loaded model from {tmp_path / 'run' / 'ckpt-5'}." in out and "Accuracy @ 1 = " in out
 
 
 def test_killed_replica_ends_the_run_with_replica_lost_error(tmp_path: Path) -> None:
-    proc = subprocess.Popen([PYTHON, "-m", "stoker", *TINY, "--num_batches=100000", "--num_gpus=2"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=python_env())
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "stoker", *TINY, "--num_batches=100000", "--num_gpus=2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=python_env(),
+    )
     try:
         deadline = time.monotonic() + 120
         workers: list[int] = []
@@ -76,14 +118,15 @@ def _stepping(pid: int) -> bool:
     # Both workers are past start-up once each has used a second of CPU time.
     ticks = os.sysconf("SC_CLK_TCK")
     kids = _children(pid)
-    return len(kids) == 2 and all(int(Path(f"/proc/{k}/stat").read_text().rsplit(")", 1)[1].split()[11]) > ticks
-                                  for k in kids)
+    return len(kids) == 2 and all(
+        int(Path(f"/proc/{k}/stat").read_text().rsplit(")", 1)[1].split()[11]) > ticks for k in kids
+    )
 
 
 @pytest.mark.parametrize(("world", "num_gpus", "ok"), [("2", "3", False), ("2", "2", True), ("2", "1", True)])
-def test_num_gpus_under_torchrun_must_equal_world_size(monkeypatch: pytest.MonkeyPatch,
-                                                       capsys: pytest.CaptureFixture[str], world: str,
-                                                       num_gpus: str, ok: bool) -> None:
+def test_num_gpus_under_torchrun_must_equal_world_size(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], world: str, num_gpus: str, ok: bool
+) -> None:
     monkeypatch.setenv("WORLD_SIZE", world)
     monkeypatch.setenv("RANK", "0")
     # --forward_only stops a valid combination right after the check (multi-process is training only).

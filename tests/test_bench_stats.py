@@ -63,8 +63,17 @@ def test_total_block_and_accuracy_line() -> None:
 
 @pytest.mark.parametrize(
     ("before", "after", "every", "due"),
-    [(0, 1, 10, True), (1, 2, 10, False), (8, 9, 10, False), (9, 10, 10, True), (10, 11, 10, False),
-     (0, 4, 10, True), (8, 12, 10, True), (12, 16, 10, False), (5, 5, 10, False)],
+    [
+        (0, 1, 10, True),
+        (1, 2, 10, False),
+        (8, 9, 10, False),
+        (9, 10, 10, True),
+        (10, 11, 10, False),
+        (0, 4, 10, True),
+        (8, 12, 10, True),
+        (12, 16, 10, False),
+        (5, 5, 10, False),
+    ],
 )
 def test_progress_lines_at_step_one_and_every_n(before: int, after: int, every: int, due: bool) -> None:
     assert display_due(before, after, every) is due
@@ -96,12 +105,15 @@ def test_piecewise_schedule() -> None:
 
 
 def test_exponential_decay_floor_and_warmup() -> None:
-    cfg = BenchConfig(init_learning_rate=1.0, num_epochs_per_decay=1, learning_rate_decay_factor=0.5,
-                      minimum_learning_rate=0.3)
+    cfg = BenchConfig(
+        init_learning_rate=1.0, num_epochs_per_decay=1, learning_rate_decay_factor=0.5, minimum_learning_rate=0.3
+    )
     lr = learning_rate_fn(cfg, batches_per_epoch=10.0)
     assert lr is not None
     assert [lr(s) for s in (0, 9, 10, 19, 20, 100)] == [1.0, 1.0, 0.5, 0.5, 0.3, 0.3]  # staircase, floored
-    warm = learning_rate_fn(BenchConfig(init_learning_rate=0.8, num_learning_rate_warmup_epochs=2), batches_per_epoch=5.0)
+    warm = learning_rate_fn(
+        BenchConfig(init_learning_rate=0.8, num_learning_rate_warmup_epochs=2), batches_per_epoch=5.0
+    )
     assert warm is not None
     assert [warm(s) for s in (0, 5, 9, 10, 50)] == pytest.approx([0.0, 0.4, 0.72, 0.8, 0.8])
     assert learning_rate_fn(BenchConfig(init_learning_rate=0.1), batches_per_epoch=5.0) is None  # constant
@@ -113,9 +125,14 @@ def test_exponential_decay_floor_and_warmup() -> None:
         ({"forward_only": True, "eval": True, "train_dir": "x"}, ("forward_only", "eval")),
         ({"num_batches": 5, "num_epochs": 1.0}, ("num_batches", "num_epochs")),
         ({"stop_at_top_1_accuracy": 0.5}, ("stop_at_top_1_accuracy", "eval_during_training_every_n_steps")),
-        ({"piecewise_learning_rate_schedule": "0.1;1;0.01", "init_learning_rate": 0.1},
-         ("piecewise_learning_rate_schedule", "init_learning_rate")),
-        ({"learning_rate_decay_factor": 0.5}, ("num_epochs_per_decay", "learning_rate_decay_factor", "init_learning_rate")),
+        (
+            {"piecewise_learning_rate_schedule": "0.1;1;0.01", "init_learning_rate": 0.1},
+            ("piecewise_learning_rate_schedule", "init_learning_rate"),
+        ),
+        (
+            {"learning_rate_decay_factor": 0.5},
+            ("num_epochs_per_decay", "learning_rate_decay_factor", "init_learning_rate"),
+        ),
         ({"fp16_enable_auto_loss_scale": True}, ("fp16_enable_auto_loss_scale", "precision")),
         ({"eval": True}, ("eval", "train_dir")),
         ({"mode": "inference", "forward_only": True}, ("forward_only", "mode")),
@@ -147,8 +164,15 @@ def test_results_files(tmp_path) -> None:  # noqa: ANN001
 def test_an_mfu_above_100_percent_of_a_measured_peak_says_why():
     from stoker.bench.report import summary_lines
 
-    base = {"mode": "training", "num_steps": 2, "images_per_sec": 10.0, "gflop_per_image": 3.0,
-            "gflop_per_image_forward": 1.0, "achieved_gflops": 30.0, "peak_gflops": 25.0}
+    base = {
+        "mode": "training",
+        "num_steps": 2,
+        "images_per_sec": 10.0,
+        "gflop_per_image": 3.0,
+        "gflop_per_image_forward": 1.0,
+        "achieved_gflops": 30.0,
+        "peak_gflops": 25.0,
+    }
     measured = summary_lines({**base, "peak_source": "measured: fp32 2048x2048 matmul", "mfu": 1.2})
     given = summary_lines({**base, "peak_source": "--peak_tflops", "mfu": 1.2})
     normal = summary_lines({**base, "peak_source": "measured: fp32 2048x2048 matmul", "mfu": 0.5})

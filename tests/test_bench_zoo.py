@@ -13,9 +13,15 @@ from stoker.models import get_model_info
 
 TOTAL_RE = re.compile(r"total images/sec: ([\d.]+)")
 STEP_RE = re.compile(r"^2\timages/sec: [\d.]+ \+/- [\d.]+ \(jitter = [\d.]+\)\t([\d.]+)$", re.M)
-TINY = ["bench", "--num_batches=2", "--batch_size=2", "--num_warmup_batches=0", "--display_every=1",
-        "--peak_tflops=1", "--device=cpu"]
-
+TINY = [
+    "bench",
+    "--num_batches=2",
+    "--batch_size=2",
+    "--num_warmup_batches=0",
+    "--display_every=1",
+    "--peak_tflops=1",
+    "--device=cpu",
+]
 
 
 def assert_ran(code: int, out: str, err: str, model: str, dataset: str) -> float:
@@ -55,12 +61,18 @@ def test_ncf_with_adam_runs_the_reference_loss_on_synthetic_ids(capsys: pytest.C
     assert float(first.group(1)) == pytest.approx(expected, abs=0.02)  # a plain sigmoid would give log 2
 
 
-@pytest.mark.parametrize(("flag", "message"), [
-    ("--forward_only", "--forward_only: --model=ncf (movielens) is benchmarked in training only"),
-    ("--mode=inference", "--mode: --model=ncf (movielens) is benchmarked in training only"),
-    ("--print_training_accuracy", "--print_training_accuracy: --model=ncf (movielens) is benchmarked in training only"),
-    ("--data_dir=.", "--data_dir: --data_name=movielens is synthetic only"),
-])
+@pytest.mark.parametrize(
+    ("flag", "message"),
+    [
+        ("--forward_only", "--forward_only: --model=ncf (movielens) is benchmarked in training only"),
+        ("--mode=inference", "--mode: --model=ncf (movielens) is benchmarked in training only"),
+        (
+            "--print_training_accuracy",
+            "--print_training_accuracy: --model=ncf (movielens) is benchmarked in training only",
+        ),
+        ("--data_dir=.", "--data_dir: --data_name=movielens is synthetic only"),
+    ],
+)
 def test_training_only_models_refuse_other_modes(capsys: pytest.CaptureFixture[str], flag: str, message: str) -> None:
     code, _, err = run_main(capsys, "bench", "--model=ncf", "--device=cpu", flag)
     assert code == 2

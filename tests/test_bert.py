@@ -24,10 +24,25 @@ from stoker.recipes.bert import (
 )
 from stoker.recipes.cli import add_parser as add_train_parser
 
-TINY = dict(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, dropout=0.1, seq_len=16,
-            batch_size=8, eval_batch_size=8, lr=3e-3, warmup_steps=2, eval_steps=2, eval_every_n_steps=4,
-            save_checkpoints_steps=2, iterations_per_loop=2, log_every_n_steps=10, keep_checkpoint_max=0,
-            device="cpu")
+TINY = dict(
+    hidden_size=32,
+    num_layers=2,
+    num_heads=2,
+    intermediate_size=64,
+    dropout=0.1,
+    seq_len=16,
+    batch_size=8,
+    eval_batch_size=8,
+    lr=3e-3,
+    warmup_steps=2,
+    eval_steps=2,
+    eval_every_n_steps=4,
+    save_checkpoints_steps=2,
+    iterations_per_loop=2,
+    log_every_n_steps=10,
+    keep_checkpoint_max=0,
+    device="cpu",
+)
 
 
 def tiny_config(model_dir: str | None, max_steps: int, **changes: object) -> BertConfig:
@@ -67,7 +82,10 @@ def test_every_window_has_the_same_number_of_targets_and_only_targets_change():
 
 def test_masks_depend_only_on_seed_epoch_and_window():
     a, b = windows(), windows()
-    assert all(torch.equal(x, y) for x, y in zip(a.load_batch(torch.tensor([5, 9]), 0), b.load_batch(torch.tensor([5, 9]), 0), strict=True))
+    assert all(
+        torch.equal(x, y)
+        for x, y in zip(a.load_batch(torch.tensor([5, 9]), 0), b.load_batch(torch.tensor([5, 9]), 0), strict=True)
+    )
     # the same window in another batch position gets the same mask
     one = a.load_batch(torch.tensor([9]), 0)
     assert torch.equal(one[1][0], b.load_batch(torch.tensor([5, 9]), 0)[1][1])
@@ -87,7 +105,9 @@ def test_masks_depend_only_on_seed_epoch_and_window():
 
 def test_the_model_is_embeddings_layers_head_and_the_loss_splits_exactly():
     torch.manual_seed(0)
-    model = BertMLM(hidden_size=32, num_layers=3, num_heads=2, intermediate_size=64, dropout=0.0, max_positions=20).eval()
+    model = BertMLM(
+        hidden_size=32, num_layers=3, num_heads=2, intermediate_size=64, dropout=0.0, max_positions=20
+    ).eval()
     assert [n for n, _ in model.named_children()] == ["embeddings", "layers", "head"]
     assert isinstance(model.layers, torch.nn.ModuleList) and len(model.layers) == 3
     inputs, labels = next(iter(windows()))
@@ -118,11 +138,15 @@ def test_training_stopped_and_resumed_is_bitwise_the_uninterrupted_run(tmp_path)
 
 
 def test_bad_sizes_are_named():
-    assert config_error(tiny_config(None, 1, hidden_size=30, num_heads=4)) == "--hidden_size (30) must be divisible by --num_heads (4)"
+    assert (
+        config_error(tiny_config(None, 1, hidden_size=30, num_heads=4))
+        == "--hidden_size (30) must be divisible by --num_heads (4)"
+    )
     assert "--mask_prob" in config_error(tiny_config(None, 1, mask_prob=1.5))
     assert "--seq_len" in config_error(tiny_config(None, 1, seq_len=1))
     assert config_error(tiny_config(None, 1, recompute=["layers.*", "encoder"])).startswith(
-        "--recompute: 'encoder' matches no module of BertMLM; its modules are: embeddings, layers, head,")
+        "--recompute: 'encoder' matches no module of BertMLM; its modules are: embeddings, layers, head,"
+    )
     assert config_error(tiny_config(None, 1, recompute=["all"])) is None
     with pytest.raises(ValueError, match="mask_prob"):
         windows(mask_prob=0.0)
@@ -137,10 +161,31 @@ def test_cli_train_evaluates_mlm_and_exports(tmp_path, capsys):
     add_train_parser(sub)
     add_export_parser(sub)
     cfg = tiny_config(str(tmp_path / "run"), max_steps=4)
-    argv = ["train", "bert", "--model_dir", cfg.model_dir, "--max_steps", "4", "--text", *cfg.text, "--eval_steps", "2",
-            "--recompute", "layers.*"]
-    for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "seq_len", "batch_size", "eval_batch_size",
-                 "eval_every_n_steps", "device"):
+    argv = [
+        "train",
+        "bert",
+        "--model_dir",
+        cfg.model_dir,
+        "--max_steps",
+        "4",
+        "--text",
+        *cfg.text,
+        "--eval_steps",
+        "2",
+        "--recompute",
+        "layers.*",
+    ]
+    for name in (
+        "hidden_size",
+        "num_layers",
+        "num_heads",
+        "intermediate_size",
+        "seq_len",
+        "batch_size",
+        "eval_batch_size",
+        "eval_every_n_steps",
+        "device",
+    ):
         argv += [f"--{name}", str(getattr(cfg, name))]
     args = parser.parse_args(argv)
     assert args.func(args) == 0
@@ -158,6 +203,11 @@ def test_cli_train_evaluates_mlm_and_exports(tmp_path, capsys):
     program = load_exported(tmp_path / "exp")
     est = build_estimator(cfg)
     tokens = torch.randint(0, 257, (3, cfg.seq_len), generator=torch.Generator().manual_seed(3))
-    rows = list(est.predict(lambda p: stoker.data.arrays(tokens, batch_size=p["batch_size"], shuffle=False, num_epochs=1),
-                            checkpoint_path=program.signature["checkpoint"], yield_single_examples=False))
+    rows = list(
+        est.predict(
+            lambda p: stoker.data.arrays(tokens, batch_size=p["batch_size"], shuffle=False, num_epochs=1),
+            checkpoint_path=program.signature["checkpoint"],
+            yield_single_examples=False,
+        )
+    )
     assert torch.equal(program({"features": tokens})["token_ids"], torch.cat([r["token_ids"] for r in rows]))

@@ -123,9 +123,31 @@ def test_cli_train_then_export_equals_predict(tmp_path, capsys):
     add_train_parser(sub)
     add_export_parser(sub)
     cfg = tiny_config(str(tmp_path / "run"), max_steps=4)
-    argv = ["train", "charlm", "--model_dir", cfg.model_dir, "--max_steps", "4", "--text", *cfg.text,
-            "--eval_steps", "2", "--eval_every_n_steps", "4"]
-    for name in ("d_model", "n_layer", "n_head", "d_head", "d_inner", "seq_len", "mem_len", "batch_size", "eval_batch_size"):
+    argv = [
+        "train",
+        "charlm",
+        "--model_dir",
+        cfg.model_dir,
+        "--max_steps",
+        "4",
+        "--text",
+        *cfg.text,
+        "--eval_steps",
+        "2",
+        "--eval_every_n_steps",
+        "4",
+    ]
+    for name in (
+        "d_model",
+        "n_layer",
+        "n_head",
+        "d_head",
+        "d_inner",
+        "seq_len",
+        "mem_len",
+        "batch_size",
+        "eval_batch_size",
+    ):
         argv += [f"--{name}", str(getattr(cfg, name))]
     args = parser.parse_args(argv)
     assert args.func(args) == 0
@@ -139,8 +161,13 @@ def test_cli_train_then_export_equals_predict(tmp_path, capsys):
     assert program.signature["inputs"] == [{"name": "features", "dtype": "int64", "shape": ["batch", cfg.seq_len]}]
     est = build_estimator(cfg)
     tokens = torch.randint(0, 256, (5, cfg.seq_len), generator=torch.Generator().manual_seed(3))
-    batches = list(est.predict(lambda p: stoker.data.arrays(tokens, batch_size=p["batch_size"], shuffle=False, num_epochs=1),
-                               checkpoint_path=program.signature["checkpoint"], yield_single_examples=False))
+    batches = list(
+        est.predict(
+            lambda p: stoker.data.arrays(tokens, batch_size=p["batch_size"], shuffle=False, num_epochs=1),
+            checkpoint_path=program.signature["checkpoint"],
+            yield_single_examples=False,
+        )
+    )
     want = {k: torch.cat([b[k] for b in batches]) for k in batches[0]}
     for rows in (1, 5):
         got = program({"features": tokens[:rows]})
@@ -152,16 +179,26 @@ MAX_STEPS = 24
 
 
 def run_script(model_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PYTHON, str(SCRIPT), "--model_dir", str(model_dir), "--max_steps", str(MAX_STEPS), *extra],
-                          env=python_env(), capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [PYTHON, str(SCRIPT), "--model_dir", str(model_dir), "--max_steps", str(MAX_STEPS), *extra],
+        env=python_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_kill_9_then_rerun_resumes_weights_and_memory_exactly(tmp_path):
     ref = run_script(tmp_path / "ref")
     assert ref.returncode == 0, ref.stderr
     crashed = tmp_path / "crashed"
-    proc = subprocess.Popen([PYTHON, str(SCRIPT), "--model_dir", str(crashed), "--max_steps", str(MAX_STEPS), "--sleep", "0.15"],
-                            env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [PYTHON, str(SCRIPT), "--model_dir", str(crashed), "--max_steps", str(MAX_STEPS), "--sleep", "0.15"],
+        env=python_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not (crashed / "ckpt-8").exists():  # past the first evaluation's neighbourhood, before the end
         assert proc.poll() is None, proc.communicate()
@@ -176,7 +213,9 @@ def test_kill_9_then_rerun_resumes_weights_and_memory_exactly(tmp_path):
     assert done.returncode == 0, done.stderr
     assert f"resumed from {crashed}" in done.stderr
     final = f"ckpt-{MAX_STEPS}"
-    assert (crashed / final / "model.safetensors").read_bytes() == (tmp_path / "ref" / final / "model.safetensors").read_bytes()
+    assert (crashed / final / "model.safetensors").read_bytes() == (
+        tmp_path / "ref" / final / "model.safetensors"
+    ).read_bytes()
     got = torch.load(crashed / final / "train_state.pt", weights_only=True)["cache"][0]  # replica 0's
     want = torch.load(tmp_path / "ref" / final / "train_state.pt", weights_only=True)["cache"][0]
     assert len(got) == 2 and all(torch.equal(a, b) for a, b in zip(got, want, strict=True))

@@ -40,7 +40,9 @@ def test_layout_index_and_hashes(tmp_path):
 
 def test_keep_checkpoint_max_and_keep_best(tmp_path):
     x, y = make_data(64)
-    est = make_estimator(tmp_path, save_checkpoints_steps=2, iterations_per_loop=2, keep_checkpoint_max=2, keep_best=("accuracy", "max"))
+    est = make_estimator(
+        tmp_path, save_checkpoints_steps=2, iterations_per_loop=2, keep_checkpoint_max=2, keep_best=("accuracy", "max")
+    )
     m = ckpt_mod.CheckpointManager(tmp_path, keep_checkpoint_max=2, keep_best=("accuracy", "max"))
     est.train(train_input(x, y), max_steps=2)
     est.evaluate(eval_input(x, y))
@@ -71,7 +73,9 @@ def test_corrupt_checkpoint_is_refused_and_previous_offered(tmp_path):
     data = bytearray(f.read_bytes())
     data[-5] ^= 0xFF
     f.write_bytes(bytes(data))
-    with pytest.raises(CorruptCheckpointError, match=r"ckpt-8.*model.safetensors.*previous retained checkpoint is .*ckpt-4"):
+    with pytest.raises(
+        CorruptCheckpointError, match=r"ckpt-8.*model.safetensors.*previous retained checkpoint is .*ckpt-4"
+    ):
         make_estimator(tmp_path).train(train_input(x, y), max_steps=12)
     # the offered one loads
     res = make_estimator(tmp_path).evaluate(eval_input(x, y), checkpoint_path=tmp_path / "ckpt-4")
@@ -92,7 +96,10 @@ def test_crash_during_save_leaves_previous_checkpoint_latest(tmp_path, monkeypat
         return real(path, data)
 
     monkeypatch.setattr(storage_mod, "_write_durably", failing)
-    with pytest.raises(StorageError, match=r"checkpoint ckpt-8 was not written: cannot write .*: OSError: disk full; .*ckpt-4. stays the latest"):
+    with pytest.raises(
+        StorageError,
+        match=r"checkpoint ckpt-8 was not written: cannot write .*: OSError: disk full; .*ckpt-4. stays the latest",
+    ):
         est.train(train_input(x, y), max_steps=8)
     index = json.loads((tmp_path / "checkpoint.json").read_text())
     assert index["latest"] == "ckpt-4"
@@ -103,11 +110,16 @@ def test_shape_mismatch_is_one_clear_error(tmp_path):
     x, y = make_data(64)
     make_estimator(tmp_path).train(train_input(x, y), max_steps=2)
     other = stoker.Estimator(
-        model=lambda p: TinyNet(width=32), model_fn=make_estimator().model_fn,
+        model=lambda p: TinyNet(width=32),
+        model_fn=make_estimator().model_fn,
         optimizer=lambda p, ps: torch.optim.SGD(ps, lr=0.1),
-        config=stoker.RunConfig(model_dir=str(tmp_path), progress_bar=False), train_batch_size=16,
+        config=stoker.RunConfig(model_dir=str(tmp_path), progress_bar=False),
+        train_batch_size=16,
     )
-    with pytest.raises(CheckpointError, match=r"fc1.weight is \[16, 8\] in the checkpoint but \[32, 8\] in the model; fc1.bias.*new model_dir"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"fc1.weight is \[16, 8\] in the checkpoint but \[32, 8\] in the model; fc1.bias.*new model_dir",
+    ):
         other.train(train_input(x, y), max_steps=4)
 
 
@@ -117,8 +129,11 @@ def test_warm_start_with_name_filter_reports_missing(tmp_path):
     src.train(train_input(x, y), max_steps=3)
     settings = stoker.WarmStartSettings(ckpt_to_initialize_from=tmp_path / "src", vars_to_warm_start="fc1\\..*")
     est = stoker.Estimator(
-        model=lambda p: TinyNet(), model_fn=src.model_fn, optimizer=lambda p, ps: torch.optim.SGD(ps, lr=0.1),
-        config=stoker.RunConfig(model_dir=str(tmp_path / "dst"), progress_bar=False, seed=5), train_batch_size=16,
+        model=lambda p: TinyNet(),
+        model_fn=src.model_fn,
+        optimizer=lambda p, ps: torch.optim.SGD(ps, lr=0.1),
+        config=stoker.RunConfig(model_dir=str(tmp_path / "dst"), progress_bar=False, seed=5),
+        train_batch_size=16,
         warm_start_from=settings,
     )
     assert torch.equal(est.model.fc1.weight, src.model.fc1.weight)
@@ -126,9 +141,14 @@ def test_warm_start_with_name_filter_reports_missing(tmp_path):
     assert est.warm_start_report.loaded == ["fc1.weight", "fc1.bias"]
     # a renamed variable that is not found is reported
     safetensors.torch.save_file({"w": torch.zeros(16, 8)}, str(tmp_path / "w.safetensors"))
-    report = ckpt_mod.warm_start(TinyNet(), stoker.WarmStartSettings(
-        ckpt_to_initialize_from=tmp_path / "w.safetensors", vars_to_warm_start=["fc1.weight", "fc2.weight"],
-        var_name_to_prev_var_name={"fc1.weight": "w"}))
+    report = ckpt_mod.warm_start(
+        TinyNet(),
+        stoker.WarmStartSettings(
+            ckpt_to_initialize_from=tmp_path / "w.safetensors",
+            vars_to_warm_start=["fc1.weight", "fc2.weight"],
+            var_name_to_prev_var_name={"fc1.weight": "w"},
+        ),
+    )
     assert report.loaded == ["fc1.weight"] and report.not_found == ["fc2.weight"]
 
 
@@ -153,7 +173,9 @@ def test_incomplete_checkpoint_is_refused_and_deleting_it_falls_back(tmp_path, c
     x, y = make_data(64)
     make_estimator(tmp_path, save_checkpoints_steps=4).train(train_input(x, y), max_steps=8)
     (tmp_path / "ckpt-8" / "train_state.pt").unlink()
-    with pytest.raises(CheckpointError, match=r"ckpt-8' is incomplete: train_state.pt missing; delete the directory .*ckpt-4"):
+    with pytest.raises(
+        CheckpointError, match=r"ckpt-8' is incomplete: train_state.pt missing; delete the directory .*ckpt-4"
+    ):
         make_estimator(tmp_path).train(train_input(x, y), max_steps=12)
     shutil.rmtree(tmp_path / "ckpt-8")  # what the message says to do
     resumed = make_estimator(tmp_path)
@@ -185,7 +207,10 @@ def test_a_failed_index_write_leaves_neither_the_checkpoint_nor_a_temporary_inde
         return real(path, data)
 
     monkeypatch.setattr(storage_mod, "_write_durably", failing)
-    with pytest.raises(StorageError, match=r"checkpoint ckpt-8 was not written: cannot write .*: OSError: disk full; .*ckpt-4. stays the latest"):
+    with pytest.raises(
+        StorageError,
+        match=r"checkpoint ckpt-8 was not written: cannot write .*: OSError: disk full; .*ckpt-4. stays the latest",
+    ):
         est.train(train_input(x, y), max_steps=8)
     index = json.loads((tmp_path / "checkpoint.json").read_text())
     assert index["latest"] == "ckpt-4"

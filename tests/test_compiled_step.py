@@ -27,9 +27,12 @@ def make(model_dir=None, *, compile="step", opt="sgd", dropout=0.0, model_fn=cla
         "adam": lambda p, ps: torch.optim.Adam(ps, lr=0.01),
     }[opt]
     return stoker.Estimator(
-        model=lambda p: TinyNet(dropout=dropout), model_fn=model_fn, optimizer=optimizer,
+        model=lambda p: TinyNet(dropout=dropout),
+        model_fn=model_fn,
+        optimizer=optimizer,
         lr_schedule=lambda p, o: torch.optim.lr_scheduler.StepLR(o, step_size=7, gamma=0.5),  # LR changes: no recompile
-        config=stoker.RunConfig(**cfg), train_batch_size=16,
+        config=stoker.RunConfig(**cfg),
+        train_batch_size=16,
     )
 
 
@@ -45,7 +48,9 @@ def test_compile_accepts_bools_and_modes_and_names_the_field():
     assert stoker.RunConfig(compile=False).compile_mode == "none"
     assert stoker.RunConfig(compile="step").compile_mode == "step"
     assert stoker.RunConfig(compile="none").compile_mode == "none"
-    with pytest.raises(ValueError, match=r"RunConfig.compile must be True, False, 'none', 'module', 'step'; got 'graph'"):
+    with pytest.raises(
+        ValueError, match=r"RunConfig.compile must be True, False, 'none', 'module', 'step'; got 'graph'"
+    ):
         stoker.RunConfig(compile="graph")
 
 
@@ -102,7 +107,10 @@ def test_compiled_resume_is_bitwise_and_modes_resume_each_other(tmp_path):
     assert e_index.keys() == c_index.keys()
     from safetensors.torch import load_file
 
-    assert load_file(eager_dir / "ckpt-7" / "model.safetensors").keys() == load_file(compiled_dir / "ckpt-7" / "model.safetensors").keys()
+    assert (
+        load_file(eager_dir / "ckpt-7" / "model.safetensors").keys()
+        == load_file(compiled_dir / "ckpt-7" / "model.safetensors").keys()
+    )
     # ... and each resumes the other: eager -> compiled and compiled -> eager.
     eager_whole = make(compile=False)
     eager_whole.train(train_input(x, y), max_steps=14)
@@ -127,8 +135,14 @@ def test_fp16_dynamic_scaling_accumulation_clipping_and_host_call(tmp_path):
         return stoker.EstimatorSpec(loss=loss, host_call={"max_logit": logits.detach().amax()})
 
     x, y = make_data(200)
-    kw = dict(model_fn=fn, precision="fp16", gradient_accumulation_steps=2, gradient_clip_norm=0.5,
-              loss_scale_init=2.0**20, loss_scale_growth_interval=3)  # overflows at first: skipped steps
+    kw = dict(
+        model_fn=fn,
+        precision="fp16",
+        gradient_accumulation_steps=2,
+        gradient_clip_norm=0.5,
+        loss_scale_init=2.0**20,
+        loss_scale_growth_interval=3,
+    )  # overflows at first: skipped steps
     eager = make(tmp_path / "e", compile=False, **kw)
     eager.train(train_input(x, y), max_steps=12)
     compiled = make(tmp_path / "c", **kw)
@@ -147,7 +161,9 @@ def test_a_step_that_keeps_recompiling_is_an_error_naming_the_shapes(monkeypatch
     sizes = [16, 12, 8, 4]  # step 2 may compile again (the optimizer's new state); then 2 recompiles
     batches = [(x[i : i + s], y[i : i + s]) for i, s in enumerate(sizes)]
     est = make(compile="step")
-    with pytest.raises(compiled_step.CompileError, match=r"recompiled 2 times.*first batch \[16, 8\] float32, this one \[4, 8\]"):
+    with pytest.raises(
+        compiled_step.CompileError, match=r"recompiled 2 times.*first batch \[16, 8\] float32, this one \[4, 8\]"
+    ):
         est.train(lambda p: batches, max_steps=4)
 
 
@@ -186,17 +202,28 @@ def test_cuda_graph_refusals_name_the_cause():
     assert "optimizer SGD is not capturable" in why(torch.optim.SGD(net.parameters(), lr=0.1))
     dynamic = LossScaler(dynamic=True, init_scale=2.0**15)
     assert "fused=True" in why(torch.optim.Adam(net.parameters(), capturable=True), scaler=dynamic)
-    assert "gradient_accumulation_steps" in why(torch.optim.Adam(net.parameters(), capturable=True),
-                                                config=stoker.RunConfig(gradient_accumulation_steps=2))
-    assert "2 replicas" in why(torch.optim.Adam(net.parameters(), capturable=True), strategy=SimpleNamespace(world_size=2))
+    assert "gradient_accumulation_steps" in why(
+        torch.optim.Adam(net.parameters(), capturable=True), config=stoker.RunConfig(gradient_accumulation_steps=2)
+    )
+    assert "2 replicas" in why(
+        torch.optim.Adam(net.parameters(), capturable=True), strategy=SimpleNamespace(world_size=2)
+    )
     assert "cache" in why(torch.optim.Adam(net.parameters(), capturable=True), params={"cache": torch.zeros(1)})
 
 
 def test_stoker_bench_runs_the_compiled_step():
     from stoker.bench import BenchConfig, run_benchmark
 
-    cfg = BenchConfig(model="trivial", data_name="cifar10", batch_size=8, num_batches=3, num_warmup_batches=2,
-                      device="cpu", compile="step", display_every=10**6)
+    cfg = BenchConfig(
+        model="trivial",
+        data_name="cifar10",
+        batch_size=8,
+        num_batches=3,
+        num_warmup_batches=2,
+        device="cpu",
+        compile="step",
+        display_every=10**6,
+    )
     result = run_benchmark(cfg, log=lambda line: None)
     assert result["compile"] == "step" and result["images_per_sec"] > 0
 
@@ -204,9 +231,11 @@ def test_stoker_bench_runs_the_compiled_step():
 def test_a_differentiable_optimizer_is_refused_by_name():
     x, y = make_data(64)
     est = stoker.Estimator(
-        model=lambda p: TinyNet(dropout=0.0), model_fn=classifier_fn,
+        model=lambda p: TinyNet(dropout=0.0),
+        model_fn=classifier_fn,
         optimizer=lambda p, ps: torch.optim.SGD(ps, lr=0.1, differentiable=True),
-        config=stoker.RunConfig(compile="step", progress_bar=False, log_every_n_steps=10**6), train_batch_size=16,
+        config=stoker.RunConfig(compile="step", progress_bar=False, log_every_n_steps=10**6),
+        train_batch_size=16,
     )
     with pytest.raises(ValueError, match=r"compile='step' does not support a differentiable optimizer \(SGD"):
         est.train(train_input(x, y), max_steps=1)

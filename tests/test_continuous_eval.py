@@ -42,8 +42,13 @@ SCRIPT = Path(__file__).with_name("continuous_eval_script.py")
 
 # ============================================================== helpers
 def start(role: str, model_dir: Path, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen([PYTHON, str(SCRIPT), "--role", role, "--model_dir", str(model_dir), *extra],
-                            env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [PYTHON, str(SCRIPT), "--role", role, "--model_dir", str(model_dir), *extra],
+        env=python_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def start_evaluator(model_dir: Path, *extra: str) -> subprocess.Popen[str]:
@@ -143,14 +148,16 @@ def check_consistent(model_dir: Path, log: Path, keep: int = 3) -> dict:
 def test_evaluates_each_checkpoint_once_in_step_order_and_stops_at_the_marker(tmp_path):
     x, y = make_data(100)
     ex, ey = make_data(64, seed=1)
-    trainer = make_estimator(tmp_path, iterations_per_loop=1, save_checkpoints_steps=2, keep_checkpoint_max=0,
-                             keep_best=("accuracy", "max"))
+    trainer = make_estimator(
+        tmp_path, iterations_per_loop=1, save_checkpoints_steps=2, keep_checkpoint_max=0, keep_best=("accuracy", "max")
+    )
     trainer.train(train_input(x, y), max_steps=6)
     assert json.loads((tmp_path / "finished.json").read_text())["step"] == 6
     evaluator = make_estimator(tmp_path, keep_checkpoint_max=0, keep_best=("accuracy", "max"))
     seen: list[int] = []
-    result = evaluator.evaluate_continuously(eval_input(ex, ey), timeout_secs=30, poll_secs=0.01,
-                                             on_result=lambda step, r: seen.append(step))
+    result = evaluator.evaluate_continuously(
+        eval_input(ex, ey), timeout_secs=30, poll_secs=0.01, on_result=lambda step, r: seen.append(step)
+    )
     assert result.evaluated == seen == [2, 4, 6] and result.skipped == []
     assert "training finished at step 6" in result.stop_reason
     # the recorded values are exactly what evaluate() computes for that checkpoint
@@ -191,8 +198,9 @@ def test_finished_marker_is_written_again_when_there_is_nothing_left_to_train(tm
 def trained_to_step_4(model_dir, iterations_per_loop: int = 2):  # noqa: ANN001, ANN201
     """Train to step 4 with checkpoints at 2 and 4 (all kept); return eval data ``(ex, ey)``."""
     x, y = make_data(100)
-    make_estimator(model_dir, iterations_per_loop=iterations_per_loop, save_checkpoints_steps=2, keep_checkpoint_max=0).train(
-        train_input(x, y), max_steps=4)
+    make_estimator(
+        model_dir, iterations_per_loop=iterations_per_loop, save_checkpoints_steps=2, keep_checkpoint_max=0
+    ).train(train_input(x, y), max_steps=4)
     return make_data(64, seed=1)
 
 
@@ -212,7 +220,8 @@ def test_opening_a_model_dir_leaves_an_in_flight_save_alone(tmp_path):
     in_flight.mkdir(parents=True)
     (in_flight / "model.safetensors").write_bytes(b"half")
     make_estimator(tmp_path, keep_best=("accuracy", "max")).evaluate_continuously(
-        eval_input(*make_data(8)), timeout_secs=0.05, poll_secs=0.01)
+        eval_input(*make_data(8)), timeout_secs=0.05, poll_secs=0.01
+    )
     assert in_flight.is_dir()
     x, y = make_data(100)
     make_estimator(tmp_path, iterations_per_loop=2, save_checkpoints_steps=2).train(train_input(x, y), max_steps=2)
@@ -235,8 +244,9 @@ def test_evaluating_on_another_device_gives_the_same_results(tmp_path):
 def test_a_step_saved_again_is_evaluated_again_with_its_new_weights(tmp_path):
     ex, ey = trained_to_step_4(tmp_path)
     est = make_estimator(tmp_path, keep_checkpoint_max=0)
-    watcher = ContinuousEvaluation(est.evaluation, est.state.checkpoints,
-                                   ContinuousEvalConfig(timeout_secs=5, poll_secs=0.01))
+    watcher = ContinuousEvaluation(
+        est.evaluation, est.state.checkpoints, ContinuousEvalConfig(timeout_secs=5, poll_secs=0.01)
+    )
     first = watcher.run(eval_input(ex, ey))
     assert first.evaluated == [2, 4]
     old = load_checkpoint(tmp_path / "ckpt-4")  # a resumed trainer writing ckpt-4 again, other weights
@@ -251,9 +261,17 @@ def test_a_step_saved_again_is_evaluated_again_with_its_new_weights(tmp_path):
 def test_evaluator_on_cuda_beside_a_cpu_trainer(tmp_path):
     x, y = make_data(100)
     ex, ey = make_data(64, seed=1)
-    make_estimator(tmp_path, device="cpu", iterations_per_loop=2, save_checkpoints_steps=2, keep_checkpoint_max=0,
-                   keep_best=("accuracy", "max")).train(train_input(x, y), max_steps=4)
-    cpu = make_estimator(tmp_path, device="cpu").evaluate(eval_input(ex, ey), checkpoint_path=tmp_path / "ckpt-4", name="c")
+    make_estimator(
+        tmp_path,
+        device="cpu",
+        iterations_per_loop=2,
+        save_checkpoints_steps=2,
+        keep_checkpoint_max=0,
+        keep_best=("accuracy", "max"),
+    ).train(train_input(x, y), max_steps=4)
+    cpu = make_estimator(tmp_path, device="cpu").evaluate(
+        eval_input(ex, ey), checkpoint_path=tmp_path / "ckpt-4", name="c"
+    )
     est = make_estimator(tmp_path, device="cpu", keep_checkpoint_max=0, keep_best=("accuracy", "max"))
     result = est.evaluate_continuously(eval_input(ex, ey), timeout_secs=5, poll_secs=0.01, device="cuda")
     assert result.evaluated == [2, 4]
@@ -270,7 +288,8 @@ def test_a_checkpoint_removed_before_its_evaluation_is_skipped_with_one_line(tmp
         # the trainer's retention removing ckpt-4 while ckpt-2 is being evaluated
         if not calls:
             evaluator.state.checkpoints.update_index(
-                lambda index: index.update(checkpoints=[r for r in index["checkpoints"] if r["step"] != 4]))
+                lambda index: index.update(checkpoints=[r for r in index["checkpoints"] if r["step"] != 4])
+            )
             shutil.rmtree(tmp_path / "ckpt-4")
         calls.append(1)
         return classifier_fn(model, features, labels, mode, params)
@@ -296,9 +315,11 @@ def test_arguments_are_checked(tmp_path):
     with pytest.raises(ValueError, match="needs RunConfig.model_dir"):
         est.evaluate_continuously(eval_input(*make_data(8)))
     est = make_estimator(tmp_path)
-    for kwargs, match in (({"steps": 0}, "steps must be a positive integer"),
-                          ({"timeout_secs": 0}, "timeout_secs must be > 0"),
-                          ({"poll_secs": -1}, "poll_secs must be > 0")):
+    for kwargs, match in (
+        ({"steps": 0}, "steps must be a positive integer"),
+        ({"timeout_secs": 0}, "timeout_secs must be > 0"),
+        ({"poll_secs": -1}, "poll_secs must be > 0"),
+    ):
         with pytest.raises(ValueError, match=match):
             est.evaluate_continuously(eval_input(*make_data(8)), **kwargs)
 
@@ -345,21 +366,83 @@ def test_kill_9_evaluator_resumes_without_repeating(tmp_path):
 
 
 # ============================================================== the command line
-CHARLM_TINY = ("--corpus_bytes", "60000", "--max_steps", "12", "--save_checkpoints_steps", "4", "--keep_checkpoint_max", "2",
-               "--d_model", "16", "--n_layer", "1", "--n_head", "2", "--d_head", "8", "--d_inner", "32", "--batch_size", "4",
-               "--eval_batch_size", "4", "--eval_steps", "3", "--seq_len", "8", "--mem_len", "8", "--iterations_per_loop", "2",
-               "--log_every_n_steps", "100")
+CHARLM_TINY = (
+    "--corpus_bytes",
+    "60000",
+    "--max_steps",
+    "12",
+    "--save_checkpoints_steps",
+    "4",
+    "--keep_checkpoint_max",
+    "2",
+    "--d_model",
+    "16",
+    "--n_layer",
+    "1",
+    "--n_head",
+    "2",
+    "--d_head",
+    "8",
+    "--d_inner",
+    "32",
+    "--batch_size",
+    "4",
+    "--eval_batch_size",
+    "4",
+    "--eval_steps",
+    "3",
+    "--seq_len",
+    "8",
+    "--mem_len",
+    "8",
+    "--iterations_per_loop",
+    "2",
+    "--log_every_n_steps",
+    "100",
+)
 
 
 def test_stoker_evaluate_watch_beside_stoker_train_charlm(tmp_path):
     model_dir = tmp_path / "run"
     # the evaluator starts first: it waits for the trainer's run_spec.json
-    watcher = subprocess.Popen([PYTHON, "-m", "stoker", "evaluate", "--watch", str(model_dir), "--device", "cpu",
-                                "--timeout_secs", "120", "--poll_secs", "0.05"],
-                               env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    trainer = subprocess.Popen([PYTHON, "-m", "stoker", "train", "charlm", "--model_dir", str(model_dir),
-                                "--eval_every_n_steps", "0", *CHARLM_TINY],
-                               env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watcher = subprocess.Popen(
+        [
+            PYTHON,
+            "-m",
+            "stoker",
+            "evaluate",
+            "--watch",
+            str(model_dir),
+            "--device",
+            "cpu",
+            "--timeout_secs",
+            "120",
+            "--poll_secs",
+            "0.05",
+        ],
+        env=python_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    trainer = subprocess.Popen(
+        [
+            PYTHON,
+            "-m",
+            "stoker",
+            "train",
+            "charlm",
+            "--model_dir",
+            str(model_dir),
+            "--eval_every_n_steps",
+            "0",
+            *CHARLM_TINY,
+        ],
+        env=python_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert "without evaluating" in finish(trainer)
     out = finish(watcher)
     assert "training finished at step 12" in out
@@ -377,13 +460,16 @@ def test_stoker_evaluate_watch_beside_stoker_train_charlm(tmp_path):
     assert rec["metrics"] == next(r for r in index["checkpoints"] if r["name"] == "ckpt-12")["metrics"]
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--device", "gpu0"], "--device must be auto, cpu, cuda or cuda:N"),
-    (["--steps", "0"], "--steps must be >= 1"),
-    (["--watch", "--timeout_secs", "0"], "--timeout_secs must be > 0"),
-    (["--watch", "--checkpoint", "x"], "--checkpoint evaluates one checkpoint"),
-    (["--last_step", "5"], "--last_step applies only with --watch"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--device", "gpu0"], "--device must be auto, cpu, cuda or cuda:N"),
+        (["--steps", "0"], "--steps must be >= 1"),
+        (["--watch", "--timeout_secs", "0"], "--timeout_secs must be > 0"),
+        (["--watch", "--checkpoint", "x"], "--checkpoint evaluates one checkpoint"),
+        (["--last_step", "5"], "--last_step applies only with --watch"),
+    ],
+)
 def test_stoker_evaluate_usage_errors_exit_2(tmp_path, capsys, argv, message):
     assert main(["evaluate", str(tmp_path), *argv]) == 2
     assert message in capsys.readouterr().err
@@ -400,7 +486,9 @@ def stress(tmp_path: Path, *extra: str, steps: int = 120) -> tuple[Path, Path, I
     model_dir, log = tmp_path / "run", tmp_path / "evaluated.txt"
     reader = IndexReader(model_dir)
     evaluator = start_evaluator(model_dir, "--evaluated_log", str(log), "--save_steps", "1", "--keep", "2", *extra)
-    trainer = start("train", model_dir, "--max_steps", str(steps), "--save_steps", "1", "--keep", "2", "--sleep", "0.01", *extra)
+    trainer = start(
+        "train", model_dir, "--max_steps", str(steps), "--save_steps", "1", "--keep", "2", "--sleep", "0.01", *extra
+    )
     reader.start()
     try:
         finish(trainer)
@@ -444,16 +532,43 @@ BENCH = ("bench", "--model=trivial", "--data_name=cifar10", "--batch_size=8", "-
 @pytest.mark.slow
 def test_bench_eval_interval_secs_watches_the_training_process(tmp_path):
     train_dir = tmp_path / "train"
-    watcher = subprocess.Popen([PYTHON, "-m", "stoker", *BENCH, "--eval", f"--train_dir={train_dir}",
-                                "--eval_interval_secs=0.05", "--num_batches=2"],
-                               env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watcher = subprocess.Popen(
+        [
+            PYTHON,
+            "-m",
+            "stoker",
+            *BENCH,
+            "--eval",
+            f"--train_dir={train_dir}",
+            "--eval_interval_secs=0.05",
+            "--num_batches=2",
+        ],
+        env=python_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not train_dir.is_dir():  # the evaluator is up
         assert watcher.poll() is None and time.monotonic() < deadline, watcher.communicate()
         time.sleep(0.01)
-    trainer = subprocess.Popen([PYTHON, "-m", "stoker", *BENCH, f"--train_dir={train_dir}", "--num_batches=16",
-                                "--num_warmup_batches=2", "--save_model_steps=2", "--max_ckpts_to_keep=2"],
-                               env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    trainer = subprocess.Popen(
+        [
+            PYTHON,
+            "-m",
+            "stoker",
+            *BENCH,
+            f"--train_dir={train_dir}",
+            "--num_batches=16",
+            "--num_warmup_batches=2",
+            "--save_model_steps=2",
+            "--max_ckpts_to_keep=2",
+        ],
+        env=python_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     finish(trainer)
     out = finish(watcher)
     # the warm-up's end (step 2) did not stop the watcher: only the run's last step did
@@ -467,16 +582,29 @@ def test_bench_eval_interval_secs_watches_the_training_process(tmp_path):
 
 def test_bench_eval_interval_secs_evaluates_each_retained_checkpoint(tmp_path):
     # in one process, after training (the two processes at once: the slow test above)
-    train = BenchConfig(model="trivial", data_name="cifar10", batch_size=8, num_batches=8, num_warmup_batches=2,
-                        train_dir=str(tmp_path), save_model_steps=2, max_ckpts_to_keep=3, device="cpu", peak_tflops=1.0)
+    train = BenchConfig(
+        model="trivial",
+        data_name="cifar10",
+        batch_size=8,
+        num_batches=8,
+        num_warmup_batches=2,
+        train_dir=str(tmp_path),
+        save_model_steps=2,
+        max_ckpts_to_keep=3,
+        device="cpu",
+        peak_tflops=1.0,
+    )
     run_benchmark(train, log=lambda line: None)
     lines: list[str] = []
-    result = run_benchmark(train.replace(eval=True, eval_interval_secs=0.01, num_batches=2, save_model_steps=None),
-                          log=lines.append)
+    result = run_benchmark(
+        train.replace(eval=True, eval_interval_secs=0.01, num_batches=2, save_model_steps=None), log=lines.append
+    )
     assert [e["global_step"] for e in result["evaluations"]] == [6, 8, 10]
     assert lines[-1] == "Stopped watching: training finished at step 10 and every checkpoint up to it is evaluated"
     index = read_index(tmp_path)
-    assert [r["metrics"]["top_1_accuracy"] for r in index["checkpoints"]] == [e["top_1_accuracy"] for e in result["evaluations"]]
+    assert [r["metrics"]["top_1_accuracy"] for r in index["checkpoints"]] == [
+        e["top_1_accuracy"] for e in result["evaluations"]
+    ]
     assert result["global_step"] == 10 and result["top_1_accuracy"] == result["evaluations"][-1]["top_1_accuracy"]
 
 

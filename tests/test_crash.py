@@ -20,14 +20,20 @@ MAX_STEPS = 60
 def run_to_end(model_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [PYTHON, str(SCRIPT), "--model_dir", str(model_dir), "--max_steps", str(MAX_STEPS), *extra],
-        env=python_env(), capture_output=True, text=True, timeout=300,
+        env=python_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
 
 
 def start(model_dir: Path, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [PYTHON, str(SCRIPT), "--model_dir", str(model_dir), "--max_steps", str(MAX_STEPS), "--sleep", "0.02", *extra],
-        env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=python_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
 
 
@@ -48,7 +54,9 @@ def final_weights(model_dir: Path) -> bytes:
     return (model_dir / f"ckpt-{MAX_STEPS}" / "model.safetensors").read_bytes()
 
 
-@pytest.mark.parametrize("precision", ["fp32", pytest.param("bf16-sr", marks=pytest.mark.slow), pytest.param("fp16", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "precision", ["fp32", pytest.param("bf16-sr", marks=pytest.mark.slow), pytest.param("fp16", marks=pytest.mark.slow)]
+)
 def test_kill_9_at_a_random_moment_then_rerun_is_bitwise_equal(tmp_path, precision):
     ref = run_to_end(tmp_path / "ref", "--precision", precision)
     assert ref.returncode == 0, ref.stderr

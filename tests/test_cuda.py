@@ -41,6 +41,7 @@ def test_cuda_infeed_copies_on_a_side_stream_and_eval_is_exact(tmp_path):
 # ---------------------------------------------------------------- RunConfig(cuda_graph=True)
 # Written without a GPU to run them on: unverified until a CUDA machine runs this file.
 
+
 def _graph_estimator(model_dir=None, *, opt="adam_capturable", model_fn=None, dropout=0.0, **config):  # noqa: ANN001, ANN003, ANN202
     import stoker
     from conftest import TinyNet, classifier_fn
@@ -51,13 +52,22 @@ def _graph_estimator(model_dir=None, *, opt="adam_capturable", model_fn=None, dr
         "sgd_fused": lambda p, ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9, fused=True),
         "sgd": lambda p, ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9),
     }
-    cfg = dict(model_dir=model_dir, device="cuda", deterministic=True, progress_bar=False, iterations_per_loop=4,
-               log_every_n_steps=10**6)
+    cfg = dict(
+        model_dir=model_dir,
+        device="cuda",
+        deterministic=True,
+        progress_bar=False,
+        iterations_per_loop=4,
+        log_every_n_steps=10**6,
+    )
     cfg.update(config)
     return stoker.Estimator(
-        model=lambda p: TinyNet(dropout=dropout), model_fn=model_fn or classifier_fn, optimizer=optimizers[opt],
+        model=lambda p: TinyNet(dropout=dropout),
+        model_fn=model_fn or classifier_fn,
+        optimizer=optimizers[opt],
         lr_schedule=lambda p, o: torch.optim.lr_scheduler.StepLR(o, step_size=7, gamma=0.5),
-        config=stoker.RunConfig(**cfg), train_batch_size=16,
+        config=stoker.RunConfig(**cfg),
+        train_batch_size=16,
     )
 
 
@@ -105,7 +115,13 @@ def test_cuda_graph_resume_and_checkpoints(tmp_path):
 
 def test_cuda_graph_fp16_dynamic_scaling_stays_on_the_device(tmp_path):
     x, y = make_data(200)
-    kw = dict(opt="adam_fused", precision="fp16", loss_scale_init=2.0**24, loss_scale_growth_interval=3, gradient_clip_norm=0.5)
+    kw = dict(
+        opt="adam_fused",
+        precision="fp16",
+        loss_scale_init=2.0**24,
+        loss_scale_growth_interval=3,
+        gradient_clip_norm=0.5,
+    )
     eager = _graph_estimator(tmp_path / "e", **kw)
     eager.train(train_input(x, y), max_steps=16)
     graphed = _graph_estimator(tmp_path / "g", cuda_graph=True, **kw)

@@ -26,7 +26,17 @@ def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def command(model_dir: Path, data: Path, *extra: str) -> list[str]:
-    return [PYTHON, str(SCRIPT), "--model_dir", str(model_dir), "--data", str(data), "--max_steps", str(MAX_STEPS), *extra]
+    return [
+        PYTHON,
+        str(SCRIPT),
+        "--model_dir",
+        str(model_dir),
+        "--data",
+        str(data),
+        "--max_steps",
+        str(MAX_STEPS),
+        *extra,
+    ]
 
 
 def run_to_end(model_dir: Path, data: Path) -> subprocess.CompletedProcess[str]:
@@ -48,8 +58,13 @@ def test_kill_9_with_image_workers_then_rerun_is_bitwise_equal(tmp_path: Path, t
     ref = run_to_end(tmp_path / "ref", tree)
     assert ref.returncode == 0, ref.stderr
     crashed = tmp_path / "crashed"
-    proc = subprocess.Popen(command(crashed, tree, "--sleep", "0.03"), env=python_env(),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        command(crashed, tree, "--sleep", "0.03"),
+        env=python_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     while not (crashed / "checkpoint.json").exists():
         assert proc.poll() is None, proc.communicate()
@@ -89,7 +104,12 @@ def test_estimator_evaluates_image_folder_with_workers(tmp_path: Path, tree: Pat
     est.train(input_fn(tree, num_workers=0), max_steps=4)
     results = []
     for workers in (0, 2):
-        results.append(est.evaluate(lambda p, w=workers: stoker.data.image_folder(
-            tree, batch_size=p["batch_size"], image_size=16, train=False, num_workers=w)))
+        results.append(
+            est.evaluate(
+                lambda p, w=workers: stoker.data.image_folder(
+                    tree, batch_size=p["batch_size"], image_size=16, train=False, num_workers=w
+                )
+            )
+        )
     assert results[0] == results[1]
     assert 0.0 <= results[0]["accuracy"] <= 1.0 and torch.isfinite(torch.tensor(results[0]["loss"]))

@@ -35,11 +35,14 @@ def test_corrupt_jpeg_names_the_file(tmp_path: Path, workers: int, how: str) -> 
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_skip_bad_examples_replaces_with_the_next_example_and_logs(tmp_path: Path, workers: int, caplog: pytest.LogCaptureFixture) -> None:
+def test_skip_bad_examples_replaces_with_the_next_example_and_logs(
+    tmp_path: Path, workers: int, caplog: pytest.LogCaptureFixture
+) -> None:
     root = make_image_tree(tmp_path, classes=2, per_class=4, size=16)
     bad = corrupt(root / "class_0" / "img_002.jpg", "garbage")  # example 2 in file order
-    good = image_folder(make_image_tree(tmp_path / "good", classes=2, per_class=4, size=16), batch_size=8,
-                        image_size=8, train=False)
+    good = image_folder(
+        make_image_tree(tmp_path / "good", classes=2, per_class=4, size=16), batch_size=8, image_size=8, train=False
+    )
     expected_images, expected_labels = next(good)
     with caplog.at_level(logging.WARNING, logger="stoker"):
         src = image_folder(root, batch_size=8, image_size=8, train=False, skip_bad_examples=True, num_workers=workers)

@@ -192,15 +192,25 @@ def test_state_is_tiny_json_and_refuses_other_data(image_tree: Path) -> None:
 
 def test_arrays_state_keys() -> None:
     src = stoker.data.arrays(torch.zeros(10, 2), batch_size=3)
-    assert set(src.state_dict()) == {"epoch", "batch", "seed", "num_examples", "num_shards", "shard_index", "batch_size"}
+    assert set(src.state_dict()) == {
+        "epoch",
+        "batch",
+        "seed",
+        "num_examples",
+        "num_shards",
+        "shard_index",
+        "batch_size",
+    }
 
 
 # ---------------------------------------------------------------------------------- order
 def test_epochs_reshuffle_and_runs_repeat() -> None:
     x = torch.arange(40)
+
     def epochs(seed: int) -> list[torch.Tensor]:
         src = stoker.data.arrays(x, batch_size=40, seed=seed)
         return [next(src) for _ in range(3)]
+
     a, b, c = epochs(0), epochs(0), epochs(1)
     assert all(torch.equal(p, q) for p, q in zip(a, b, strict=True))  # same seed: same orders
     assert not torch.equal(a[0], a[1]) and not torch.equal(a[1], a[2])  # each epoch reshuffled
@@ -233,18 +243,31 @@ def test_sharding_is_disjoint_and_complete(tmp_path: Path, cifar_dir: Path, shar
     for r in range(shards):
         arr = stoker.data.arrays(torch.arange(23), batch_size=4, num_epochs=1, num_shards=shards, shard_index=r, seed=7)
         seen["arrays"] += torch.cat(list(arr)).tolist()
-        img = image_folder(index_tree, batch_size=4, image_size=8, train=False, num_shards=shards, shard_index=r,
-                           num_workers=2 if r == 0 else 0)
+        img = image_folder(
+            index_tree,
+            batch_size=4,
+            image_size=8,
+            train=False,
+            num_shards=shards,
+            shard_index=r,
+            num_workers=2 if r == 0 else 0,
+        )
         for images, _ in img:
             # flat-colour PNGs: red channel = example index, green = 7 everywhere
-            raw = (images * torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) + torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)) * 255
+            raw = (
+                images * torch.tensor(IMAGENET_STD).view(1, 3, 1, 1) + torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
+            ) * 255
             assert torch.allclose(raw[:, 1], torch.full_like(raw[:, 1], 7.0), atol=0.01)
             seen["image_folder"] += raw[:, 0, 0, 0].round().long().tolist()
         cif = cifar_binary(cifar_dir, batch_size=7, train=False, num_shards=shards, shard_index=r, shuffle=True, seed=3)
         for images, _ in cif:
             # the eval images are not augmented: channel 0 pixels 0, 1 hold the record number
-            raw = (images * torch.tensor(CIFAR10_STD).view(1, 3, 1, 1)
-                   + torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1)).mul(255).round().long()
+            raw = (
+                (images * torch.tensor(CIFAR10_STD).view(1, 3, 1, 1) + torch.tensor(CIFAR10_MEAN).view(1, 3, 1, 1))
+                .mul(255)
+                .round()
+                .long()
+            )
             seen["cifar"] += (raw[:, 0, 0, 0] + 256 * raw[:, 0, 0, 1]).tolist()
     assert sorted(seen["arrays"]) == list(range(23))
     assert sorted(seen["image_folder"]) == list(range(21))

@@ -62,9 +62,15 @@ def test_replicated_resume_is_bitwise_and_one_process_can_resume(tmp_path):
     whole = (tmp_path / "whole" / "ckpt-12" / "model.safetensors").read_bytes()
     assert (tmp_path / "split" / "ckpt-12" / "model.safetensors").read_bytes() == whole
     assert sorted(p.name for p in (tmp_path / "whole" / "ckpt-12").iterdir()) == [
-        "input-0.json", "input-1.json", "model.safetensors", "train_state.pt"]
+        "input-0.json",
+        "input-1.json",
+        "model.safetensors",
+        "train_state.pt",
+    ]
     # the same checkpoint resumed by a single process: weights, optimizer and step carry over
-    (code, err), = run(1, "--model_dir", str(tmp_path / "split"), "--max_steps", "14", "--out", str(tmp_path / "one.json"))
+    ((code, err),) = run(
+        1, "--model_dir", str(tmp_path / "split"), "--max_steps", "14", "--out", str(tmp_path / "one.json")
+    )
     assert "written by 2 replica(s) and this run has 1" in err
     assert "re-shard" not in err and "replaying" not in err  # the input position carried over
     assert load(tmp_path / "one.json")["world_size"] == 1
@@ -100,8 +106,19 @@ def test_kill_9_of_one_replica_names_it_and_rerun_resumes(tmp_path):
 def test_sharded_equals_replicated_and_resumes_from_dcp(tmp_path):
     run(2, "--opt", "momentum", "--strategy", "replicated", "--out", str(tmp_path / "rep.json"))
     run(2, "--opt", "momentum", "--strategy", "sharded", "--model_dir", str(tmp_path / "sh"), "--max_steps", "6")
-    run(2, "--opt", "momentum", "--strategy", "sharded", "--model_dir", str(tmp_path / "sh"), "--max_steps", "12",
-        "--out", str(tmp_path / "sh.json"))
+    run(
+        2,
+        "--opt",
+        "momentum",
+        "--strategy",
+        "sharded",
+        "--model_dir",
+        str(tmp_path / "sh"),
+        "--max_steps",
+        "12",
+        "--out",
+        str(tmp_path / "sh.json"),
+    )
     rep, sh = load(tmp_path / "rep.json"), load(tmp_path / "sh.json")
     np.testing.assert_allclose(sh["losses"], rep["losses"][6:], rtol=1e-5)
     for k in rep["weights"]:
@@ -122,8 +139,21 @@ def test_sharded_equals_replicated_and_resumes_from_dcp(tmp_path):
 
     import safetensors.torch
 
-    out = _sp.run([PYTHON, "-m", "stoker", "checkpoint", "consolidate", str(tmp_path / "sh"), "--out",
-                   str(tmp_path / "full.safetensors")], env=python_env(), capture_output=True, text=True)
+    out = _sp.run(
+        [
+            PYTHON,
+            "-m",
+            "stoker",
+            "checkpoint",
+            "consolidate",
+            str(tmp_path / "sh"),
+            "--out",
+            str(tmp_path / "full.safetensors"),
+        ],
+        env=python_env(),
+        capture_output=True,
+        text=True,
+    )
     assert out.returncode == 0, out.stderr
     cli_full = safetensors.torch.load_file(str(tmp_path / "full.safetensors"))
     assert set(cli_full) == set(full) and all((cli_full[k] == full[k]).all() for k in full)

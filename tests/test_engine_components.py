@@ -31,13 +31,20 @@ from stoker.spec import ModeKeys
 
 
 def _parts(model_dir, with_optimizer: bool = True, batch: int = 16):  # noqa: ANN001, ANN202
-    config = stoker.RunConfig(model_dir=str(model_dir), progress_bar=False, iterations_per_loop=4, log_every_n_steps=10**6)
+    config = stoker.RunConfig(
+        model_dir=str(model_dir), progress_bar=False, iterations_per_loop=4, log_every_n_steps=10**6
+    )
     strategy = make_strategy(config.strategy, config.device, config.distributed_timeout)
     state = ModelState(
-        model=lambda p: TinyNet(), params={}, config=config, strategy=strategy,
+        model=lambda p: TinyNet(),
+        params={},
+        config=config,
+        strategy=strategy,
         checkpoints=CheckpointManager(model_dir, keep_checkpoint_max=config.keep_checkpoint_max, writer=True),
         optimizer=(lambda p, ps: torch.optim.Adam(ps, lr=0.01)) if with_optimizer else None,
-        lr_schedule=(lambda p, o: torch.optim.lr_scheduler.StepLR(o, step_size=7, gamma=0.5)) if with_optimizer else None,
+        lr_schedule=(lambda p, o: torch.optim.lr_scheduler.StepLR(o, step_size=7, gamma=0.5))
+        if with_optimizer
+        else None,
     )
     inputs = InputPlan(params=state.params, config=config, strategy=strategy, train_batch_size=batch)
     return config, state, inputs
@@ -49,7 +56,9 @@ def test_an_evaluation_run_alone_reads_what_the_estimator_wrote(tmp_path):
     est.train(train_input(x, y), max_steps=8)
     expected = est.evaluate(eval_input(x, y))
     _, state, inputs = _parts(tmp_path, with_optimizer=False)
-    results = EvaluationRun(state, inputs, bind_model_fn(classifier_fn)).run(eval_input(x, y), checkpoint_path=tmp_path / "ckpt-8")
+    results = EvaluationRun(state, inputs, bind_model_fn(classifier_fn)).run(
+        eval_input(x, y), checkpoint_path=tmp_path / "ckpt-8"
+    )
     assert results == expected
     assert state.weights_of == tmp_path / "ckpt-8" and state.global_step == 8
     rows = list(PredictionRun(state, inputs, bind_model_fn(classifier_fn)).run(eval_input(x), single=False))
@@ -70,8 +79,16 @@ def test_a_training_run_alone_resumes_the_estimators_run_bitwise(tmp_path):
 def test_input_plan_refuses_a_batch_replicas_cannot_share():
     config = stoker.RunConfig(gradient_accumulation_steps=3)
     strategy = make_strategy(config.strategy, config.device, config.distributed_timeout)
-    with pytest.raises(ValueError, match=r"train_batch_size=16 is not divisible by 3 \(1 replicas x 3 accumulation steps\)"):
+    with pytest.raises(
+        ValueError, match=r"train_batch_size=16 is not divisible by 3 \(1 replicas x 3 accumulation steps\)"
+    ):
         InputPlan(params={}, config=config, strategy=strategy, train_batch_size=16)
     plan = InputPlan(params={"w": 1}, config=config, strategy=strategy, train_batch_size=12, eval_batch_size=5)
-    assert plan.mode_params(ModeKeys.TRAIN) == {"w": 1, "batch_size": 4, "num_replicas": 1, "replica_index": 0, "cache": None}
+    assert plan.mode_params(ModeKeys.TRAIN) == {
+        "w": 1,
+        "batch_size": 4,
+        "num_replicas": 1,
+        "replica_index": 0,
+        "cache": None,
+    }
     assert plan.per_replica(ModeKeys.EVAL) == 5 and plan.per_replica(ModeKeys.PREDICT) == 5

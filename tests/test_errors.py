@@ -24,8 +24,12 @@ from stoker.errors import ModelFnError
 
 def estimator(model_fn, **kw):  # noqa: ANN001, ANN003, ANN201
     return stoker.Estimator(
-        model=lambda p: TinyNet(), model_fn=model_fn, optimizer=lambda p, ps: torch.optim.SGD(ps, lr=0.1),
-        config=stoker.RunConfig(progress_bar=False), train_batch_size=16, **kw,
+        model=lambda p: TinyNet(),
+        model_fn=model_fn,
+        optimizer=lambda p, ps: torch.optim.SGD(ps, lr=0.1),
+        config=stoker.RunConfig(progress_bar=False),
+        train_batch_size=16,
+        **kw,
     )
 
 
@@ -33,20 +37,27 @@ def test_tensorflow_style_model_fn_signature():
     def tf_style(features, labels, mode, params):  # noqa: ANN001, ANN202
         return None
 
-    with pytest.raises(ModelFnError, match=r"must take \(model, features, labels, mode, params\); it takes \(features, labels, mode, params\) \(a TensorFlow-style"):
+    with pytest.raises(
+        ModelFnError,
+        match=r"must take \(model, features, labels, mode, params\); it takes \(features, labels, mode, params\) \(a TensorFlow-style",
+    ):
         estimator(tf_style)
 
 
 def test_short_model_fn_signature_is_accepted():
     x, y = make_data(32)
-    est = estimator(lambda model, features, labels: stoker.EstimatorSpec(loss=nn.functional.cross_entropy(model(features), labels)))
+    est = estimator(
+        lambda model, features, labels: stoker.EstimatorSpec(loss=nn.functional.cross_entropy(model(features), labels))
+    )
     est.train(train_input(x, y), max_steps=1)
     assert est.global_step == 1
 
 
 def test_spec_without_loss_in_training():
     x, y = make_data(32)
-    est = estimator(lambda model, features, labels, mode, params: stoker.EstimatorSpec(predictions={"p": model(features)}))
+    est = estimator(
+        lambda model, features, labels, mode, params: stoker.EstimatorSpec(predictions={"p": model(features)})
+    )
     with pytest.raises(ModelFnError, match=r"EstimatorSpec\(loss=None\) in TRAIN mode"):
         est.train(train_input(x, y), max_steps=1)
 
@@ -56,14 +67,17 @@ def test_model_fn_must_return_a_spec_and_a_scalar_loss():
     with pytest.raises(ModelFnError, match="must return a stoker.EstimatorSpec; it returned a dict"):
         estimator(lambda model, features, labels, mode, params: {"loss": 1}).train(train_input(x, y), max_steps=1)
     vector = lambda model, features, labels, mode, params: stoker.EstimatorSpec(  # noqa: E731
-        loss=nn.functional.cross_entropy(model(features), labels, reduction="none"))
+        loss=nn.functional.cross_entropy(model(features), labels, reduction="none")
+    )
     with pytest.raises(ModelFnError, match=r"scalar tensor in TRAIN mode; got \[16\] \(reduce it with .mean\(\)\)"):
         estimator(vector).train(train_input(x, y), max_steps=1)
 
 
 def test_predictions_must_be_batch_major():
     x, _ = make_data(20)
-    est = estimator(lambda model, features, labels, mode, params: stoker.EstimatorSpec(predictions={"mean": model(features).mean()}))
+    est = estimator(
+        lambda model, features, labels, mode, params: stoker.EstimatorSpec(predictions={"mean": model(features).mean()})
+    )
     est.initialize()
     with pytest.raises(ModelFnError, match=r"predictions\['mean'\] has shape \[\], but the batch has 16 rows"):
         list(est.predict(eval_input(x)))
@@ -78,7 +92,10 @@ def test_predictions_must_be_batch_major():
     [
         ({"precision": "fp8"}, "precision must be one of fp32, bf16, fp16, bf16-sr; got 'fp8'"),
         ({"iterations_per_loop": 0}, "iterations_per_loop must be a positive integer; got 0"),
-        ({"save_checkpoints_steps": 10, "save_checkpoints_secs": 5}, "set at most one of save_checkpoints_steps and save_checkpoints_secs"),
+        (
+            {"save_checkpoints_steps": 10, "save_checkpoints_secs": 5},
+            "set at most one of save_checkpoints_steps and save_checkpoints_secs",
+        ),
         ({"keep_best": ("accuracy", "up")}, r"keep_best must be \(metric_name, 'min' \| 'max'\)"),
         ({"loss_scale": -1}, "loss_scale must be a positive number or 'dynamic'"),
         ({"device": "tpu"}, "device must be auto, cpu, cuda or cuda:N; got 'tpu'"),
@@ -102,7 +119,9 @@ def test_bad_batch_sizes_and_arguments():
     with pytest.raises(TypeError, match="must return an iterable"):
         est.train(lambda p: 42, max_steps=1)  # type: ignore[arg-type,return-value]
     with pytest.raises(ValueError, match="needs optimizer="):
-        stoker.Estimator(model=TinyNet(), model_fn=classifier_fn, train_batch_size=4).train(train_input(x, y), max_steps=1)
+        stoker.Estimator(model=TinyNet(), model_fn=classifier_fn, train_batch_size=4).train(
+            train_input(x, y), max_steps=1
+        )
 
 
 def test_oversized_eval_batch_is_named():

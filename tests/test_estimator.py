@@ -33,9 +33,11 @@ def linear_estimator(model_dir=None, **config):  # noqa: ANN001, ANN201
     cfg = {"model_dir": model_dir, "progress_bar": False, "iterations_per_loop": 2}
     cfg.update(config)
     return stoker.Estimator(
-        model=build, model_fn=linear_fn,
+        model=build,
+        model_fn=linear_fn,
         optimizer=lambda p, ps: torch.optim.SGD(ps, lr=0.1),
-        config=stoker.RunConfig(**cfg), train_batch_size=2,
+        config=stoker.RunConfig(**cfg),
+        train_batch_size=2,
     )
 
 
@@ -97,10 +99,14 @@ def test_loops_are_shortened_to_hit_max_steps_exactly():
     rec = Recorder()
     est.train(train_input(x, y), max_steps=23, hooks=[rec])
     assert rec.calls == [
-        ("begin", 0), ("after_setup", 0),
-        ("before_loop", 0, 10), ("after_loop", 10, 10, 10),
-        ("before_loop", 10, 10), ("after_loop", 20, 10, 10),
-        ("before_loop", 20, 3), ("after_loop", 23, 3, 3),
+        ("begin", 0),
+        ("after_setup", 0),
+        ("before_loop", 0, 10),
+        ("after_loop", 10, 10, 10),
+        ("before_loop", 10, 10),
+        ("after_loop", 20, 10, 10),
+        ("before_loop", 20, 3),
+        ("after_loop", 23, 3, 3),
         ("end", 23),
     ]
     rec2 = Recorder()
@@ -180,7 +186,9 @@ def test_params_batch_size_is_per_replica_and_accumulation_step():
 
 
 def test_global_batch_not_divisible_names_both_numbers():
-    with pytest.raises(ValueError, match=r"train_batch_size=30 is not divisible by 4 \(1 replicas x 4 accumulation steps\)"):
+    with pytest.raises(
+        ValueError, match=r"train_batch_size=30 is not divisible by 4 \(1 replicas x 4 accumulation steps\)"
+    ):
         make_estimator(batch=30, gradient_accumulation_steps=4)
 
 
@@ -202,7 +210,12 @@ def test_eval_is_exact_on_a_ragged_last_batch():
     assert ragged["accuracy"] == (logits.argmax(-1) == y).double().mean().item()
     assert ragged["top2"] == (logits.topk(2).indices == y[:, None]).any(-1).double().mean().item()
     assert ragged["loss"] == pytest.approx(whole_loss, rel=1e-6)
-    est2 = stoker.Estimator(model=lambda p: est.model, model_fn=est.model_fn, config=stoker.RunConfig(progress_bar=False), eval_batch_size=203)
+    est2 = stoker.Estimator(
+        model=lambda p: est.model,
+        model_fn=est.model_fn,
+        config=stoker.RunConfig(progress_bar=False),
+        eval_batch_size=203,
+    )
     est2.initialize()
     assert est2.evaluate(eval_input(x, y))["accuracy"] == ragged["accuracy"]
 
@@ -237,9 +250,17 @@ def test_predict_pads_to_a_static_batch():
         shapes.append(tuple(features.shape))
         return stoker.EstimatorSpec(predictions={"s": features.sum(-1)})
 
-    est = stoker.Estimator(model=nn.Identity(), model_fn=fn, config=stoker.RunConfig(progress_bar=False), predict_batch_size=8)
+    est = stoker.Estimator(
+        model=nn.Identity(), model_fn=fn, config=stoker.RunConfig(progress_bar=False), predict_batch_size=8
+    )
     est.initialize()
-    out = list(est.predict(lambda p: stoker.data.arrays(torch.arange(20.0).reshape(10, 2), batch_size=p["batch_size"], shuffle=False, num_epochs=1)))
+    out = list(
+        est.predict(
+            lambda p: stoker.data.arrays(
+                torch.arange(20.0).reshape(10, 2), batch_size=p["batch_size"], shuffle=False, num_epochs=1
+            )
+        )
+    )
     assert shapes == [(8, 2), (8, 2)]
     assert [float(r["s"]) for r in out] == [float(2 * i + 2 * i + 1) for i in range(10)]
 

@@ -46,7 +46,9 @@ def test_round_trip_equals_predict_for_1_and_7_rows_and_writes_a_correct_signatu
     assert sorted(p.name for p in out.iterdir()) == ["model.pt2", "model.safetensors", "signature.json"]
     sig = json.loads((out / "signature.json").read_text())
     best = json.loads((model_dir / "checkpoint.json").read_text())["best"]
-    assert sig["checkpoint"] == str(model_dir / best["name"]) and sig["checkpoint_choice"].startswith("best by accuracy")
+    assert sig["checkpoint"] == str(model_dir / best["name"]) and sig["checkpoint_choice"].startswith(
+        "best by accuracy"
+    )
     assert sig["global_step"] == best["step"]
     assert sig["inputs"] == [{"name": "features", "dtype": "float32", "shape": ["batch", 8]}]
     assert sig["outputs"] == [
@@ -105,9 +107,13 @@ def test_dict_features_in_memory_estimator_and_replacing_an_export(tmp_path):
 
     from conftest import TinyNet
 
-    est = stoker.Estimator(model=lambda p: TinyNet(), model_fn=model_fn,
-                           optimizer=lambda p, ps: torch.optim.SGD(ps, lr=0.1),
-                           config=stoker.RunConfig(progress_bar=False), train_batch_size=8)
+    est = stoker.Estimator(
+        model=lambda p: TinyNet(),
+        model_fn=model_fn,
+        optimizer=lambda p, ps: torch.optim.SGD(ps, lr=0.1),
+        config=stoker.RunConfig(progress_bar=False),
+        train_batch_size=8,
+    )
     x, y = make_data(16)
     est.train(lambda p: stoker.data.arrays({"a": x, "b": x * 2}, y, batch_size=p["batch_size"]), max_steps=2)
     example = {"a": x[:3], "b": x[3:6]}
@@ -126,7 +132,9 @@ def test_dict_features_in_memory_estimator_and_replacing_an_export(tmp_path):
         export(est, tmp_path / "other", example)
 
 
-@pytest.mark.skipif(onnx_available(), reason="onnx and onnxscript are installed: the missing-package message cannot be shown")
+@pytest.mark.skipif(
+    onnx_available(), reason="onnx and onnxscript are installed: the missing-package message cannot be shown"
+)
 def test_onnx_without_the_packages_says_what_to_install_and_writes_nothing(trained, tmp_path):
     est, _, x = trained
     with pytest.raises(ExportError, match="pip install onnx onnxscript"):
@@ -168,9 +176,13 @@ def test_cli_exports_a_zoo_model_dir_from_its_run_spec(tmp_path, capsys):
         return stoker.EstimatorSpec(loss=F.cross_entropy(logits, labels), predictions={"classes": logits.argmax(-1)})
 
     model_dir = tmp_path / "zoo"
-    est = stoker.Estimator(model=lambda p: create_model("trivial", dataset="cifar10"), model_fn=model_fn,
-                           optimizer=lambda p, ps: torch.optim.SGD(ps, lr=0.01),
-                           config=stoker.RunConfig(model_dir=model_dir, progress_bar=False), train_batch_size=4)
+    est = stoker.Estimator(
+        model=lambda p: create_model("trivial", dataset="cifar10"),
+        model_fn=model_fn,
+        optimizer=lambda p, ps: torch.optim.SGD(ps, lr=0.01),
+        config=stoker.RunConfig(model_dir=model_dir, progress_bar=False),
+        train_batch_size=4,
+    )
     images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
     est.train(lambda p: stoker.data.arrays(images, labels, batch_size=p["batch_size"]), max_steps=2)
     write_run_spec(model_dir, kind="zoo", model="trivial", dataset="cifar10")

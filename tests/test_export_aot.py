@@ -46,8 +46,13 @@ def _cli(argv: list[str]) -> int:
 def run_fresh(package, inputs: list[torch.Tensor], tmp_path) -> list[dict[str, torch.Tensor]]:
     """Outputs of ``package`` on each of ``inputs``, computed in a new Python process without stoker."""
     torch.save(inputs, tmp_path / "inputs.pt")
-    proc = subprocess.run([PYTHON, "-c", FRESH_PYTHON, str(package), str(tmp_path / "inputs.pt"), str(tmp_path / "outputs.pt")],
-                          capture_output=True, text=True, timeout=240, env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [PYTHON, "-c", FRESH_PYTHON, str(package), str(tmp_path / "inputs.pt"), str(tmp_path / "outputs.pt")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return torch.load(tmp_path / "outputs.pt")
 
@@ -70,14 +75,19 @@ def assert_same(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) -> 
 @pytest.fixture(scope="module")
 def resnet20_aot(tmp_path_factory):
     """A resnet20 model_dir trained one step, exported by ``stoker export --aot``."""
+
     def model_fn(model, features, labels, mode, params):
         logits = model(features)
         return stoker.EstimatorSpec(loss=F.cross_entropy(logits, labels), predictions={"classes": logits.argmax(-1)})
 
     model_dir = tmp_path_factory.mktemp("resnet20")
-    est = stoker.Estimator(model=lambda p: create_model("resnet20", dataset="cifar10"), model_fn=model_fn,
-                           optimizer=lambda p, ps: torch.optim.SGD(ps, lr=0.1),
-                           config=stoker.RunConfig(model_dir=model_dir, progress_bar=False, device="cpu"), train_batch_size=4)
+    est = stoker.Estimator(
+        model=lambda p: create_model("resnet20", dataset="cifar10"),
+        model_fn=model_fn,
+        optimizer=lambda p, ps: torch.optim.SGD(ps, lr=0.1),
+        config=stoker.RunConfig(model_dir=model_dir, progress_bar=False, device="cpu"),
+        train_batch_size=4,
+    )
     images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
     est.train(lambda p: stoker.data.arrays(images, labels, batch_size=p["batch_size"]), max_steps=1)
     write_run_spec(model_dir, kind="zoo", model="resnet20", dataset="cifar10")
@@ -91,7 +101,12 @@ def test_resnet20_package_in_a_python_without_stoker_equals_predict_at_batch_1_a
     sig = json.loads((out / "signature.json").read_text())
     assert sig["files"] == ["model.pt2", "model.safetensors", AOT_FILE]
     aot = sig["aot"]
-    assert (aot["format"], aot["file"], aot["device"], aot["torch_version"]) == (AOT_FORMAT, AOT_FILE, "cpu", torch.__version__)
+    assert (aot["format"], aot["file"], aot["device"], aot["torch_version"]) == (
+        AOT_FORMAT,
+        AOT_FILE,
+        "cpu",
+        torch.__version__,
+    )
     assert aot["max_abs_difference_from_eager"] <= 1e-5
     assert sig["inputs"] == [{"name": "features", "dtype": "float32", "shape": ["batch", 3, 32, 32]}]
     x = torch.randn(7, 3, 32, 32, generator=torch.Generator().manual_seed(1))
@@ -113,11 +128,14 @@ def copy_export(out, tmp_path):
     return copy
 
 
-@pytest.mark.parametrize(("key", "value", "message"), [
-    ("torch_version", "2.0.0+cu999", r"compiled with torch 2\.0\.0\+cu999 and this is torch"),
-    ("device", "tpu", "compiled for device 'tpu'"),
-    ("format", "stoker-aot/0", "has format 'stoker-aot/0'"),
-])
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("torch_version", "2.0.0+cu999", r"compiled with torch 2\.0\.0\+cu999 and this is torch"),
+        ("device", "tpu", "compiled for device 'tpu'"),
+        ("format", "stoker-aot/0", "has format 'stoker-aot/0'"),
+    ],
+)
 def test_a_package_for_another_torch_or_device_is_refused_before_loading(resnet20_aot, tmp_path, key, value, message):
     copy = copy_export(resnet20_aot[1], tmp_path)
     sig = json.loads((copy / "signature.json").read_text())
@@ -158,12 +176,18 @@ def test_no_package_and_no_compiler_are_clear_errors(resnet20_aot, tmp_path, mon
     monkeypatch.setenv("PATH", str(tmp_path))  # no compiler anywhere
     x, _ = make_data(4)
     est = make_estimator(None)
-    with torch._inductor.config.patch({"cpp.cxx": (None, "g++")}), pytest.raises(
-            ExportError, match=r"needs a C\+\+ compiler, but g\+\+ \(what torch looks for.*\) is not on PATH"):
+    with (
+        torch._inductor.config.patch({"cpp.cxx": (None, "g++")}),
+        pytest.raises(
+            ExportError, match=r"needs a C\+\+ compiler, but g\+\+ \(what torch looks for.*\) is not on PATH"
+        ),
+    ):
         export(est, tmp_path / "exp", x[:2], aot=True)
     assert not (tmp_path / "exp").exists()
-    with torch._inductor.config.patch({"cpp.cxx": (None, "/bin/true")}), pytest.raises(
-            ExportError, match="aot_device must be one of cpu, cuda; got 'tpu'"):
+    with (
+        torch._inductor.config.patch({"cpp.cxx": (None, "/bin/true")}),
+        pytest.raises(ExportError, match="aot_device must be one of cpu, cuda; got 'tpu'"),
+    ):
         export(est, tmp_path / "exp", x[:2], aot=True, aot_device="tpu")
     assert _cli(["export", str(tmp_path), "--out", str(tmp_path / "x"), "--aot_device", "cuda"]) == 2
     assert "--aot_device needs --aot" in capsys.readouterr().err
@@ -195,8 +219,18 @@ def test_bench_measures_the_package(resnet20_aot, capsys):
     from stoker.cli import main
 
     package = resnet20_aot[1] / AOT_FILE
-    code = main(["bench", "--mode=inference", f"--exported={package}", "--batch_size=2", "--iterations=3",
-                 "--device=cpu", "--data_name=cifar10", "--peak_tflops=1"])
+    code = main(
+        [
+            "bench",
+            "--mode=inference",
+            f"--exported={package}",
+            "--batch_size=2",
+            "--iterations=3",
+            "--device=cpu",
+            "--data_name=cifar10",
+            "--peak_tflops=1",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert f"Model:       AOT package {package}" in out and "total images/sec:" in out
@@ -229,7 +263,9 @@ def test_a_failed_compile_writes_nothing_and_says_so(tmp_path):
 
     x, _ = make_data(4)
     # a compiler that is found but fails every build, and no cached build to fall back on
-    with torch._inductor.config.patch({"cpp.cxx": (None, "/bin/false"), "force_disable_caches": True}), pytest.raises(
-            ExportError, match="could not compile the exported program, so nothing was written"):
+    with (
+        torch._inductor.config.patch({"cpp.cxx": (None, "/bin/false"), "force_disable_caches": True}),
+        pytest.raises(ExportError, match="could not compile the exported program, so nothing was written"),
+    ):
         export(make_estimator(None), tmp_path / "exp", x[:2], aot=True)
     assert list(tmp_path.iterdir()) == []  # not even the temporary directory is left

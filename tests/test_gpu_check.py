@@ -28,8 +28,14 @@ no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behav
 
 
 def run_gpu_check(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PYTHON, "benchmarks/gpu_check.py", *args], cwd=ROOT, env=python_env(), capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [PYTHON, "benchmarks/gpu_check.py", *args],
+        cwd=ROOT,
+        env=python_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +48,12 @@ def dry_run() -> str:
 def test_dry_run_lists_the_cuda_marked_tests(dry_run: str) -> None:
     assert f"tests: PYTHONPATH=src {shlex.join([PYTHON, *gc.PYTEST_ARGS])}" in dry_run
     listed = [line.strip() for line in dry_run.splitlines() if line.startswith("    tests/")]
-    for case in ("test_cuda_resume_is_bitwise_equal[fp32]", "test_cuda_resume_is_bitwise_equal[bf16]",
-                 "test_cuda_resume_is_bitwise_equal[fp16]", "test_cuda_infeed_copies_on_a_side_stream_and_eval_is_exact"):
+    for case in (
+        "test_cuda_resume_is_bitwise_equal[fp32]",
+        "test_cuda_resume_is_bitwise_equal[bf16]",
+        "test_cuda_resume_is_bitwise_equal[fp16]",
+        "test_cuda_infeed_copies_on_a_side_stream_and_eval_is_exact",
+    ):
         assert f"tests/test_cuda.py::{case}" in listed
     # Only cuda-marked tests: every listed file marks tests cuda, and this (unmarked) file is absent.
     assert all("pytest.mark.cuda" in (ROOT / t.split("::")[0]).read_text() for t in listed)
@@ -66,11 +76,19 @@ def test_dry_run_plans_every_required_row(dry_run: str) -> None:
         for variant in ("eager", "compiled", "cuda_graph"):
             plain = _row(rows, model="resnet50", batch_size=256, precision=precision, impl="plain", variant=variant)
             assert plain.argv[1:3] == ["benchmarks/gpu_check.py", "plain"]
-            assert {"--model=resnet50", "--batch_size=256", f"--precision={precision}", f"--variant={variant}"} <= set(plain.argv)
+            assert {"--model=resnet50", "--batch_size=256", f"--precision={precision}", f"--variant={variant}"} <= set(
+                plain.argv
+            )
             st = _row(rows, model="resnet50", batch_size=256, precision=precision, impl="stoker", variant=variant)
             assert st.argv[1:4] == ["-m", "stoker", "bench"]
-            assert {"--device=cuda", "--model=resnet50", "--batch_size=256", "--data_format=NHWC",
-                    f"--precision={precision}", flag[variant]} <= set(st.argv)
+            assert {
+                "--device=cuda",
+                "--model=resnet50",
+                "--batch_size=256",
+                "--data_format=NHWC",
+                f"--precision={precision}",
+                flag[variant],
+            } <= set(st.argv)
             assert ("--cuda_graph=true" in st.argv) == (variant == "cuda_graph")
     for impl in ("plain", "stoker"):
         _row(rows, model="resnet20", dataset="cifar10", batch_size=128, impl=impl, variant="eager")
@@ -89,7 +107,10 @@ def test_dry_run_plans_every_required_row(dry_run: str) -> None:
 def test_quick_plans_fewer_batches() -> None:
     full, quick = gc.plan(PYTHON), gc.plan(PYTHON, quick=True)
     assert [r.name for r in full] == [r.name for r in quick]
-    assert f"--num_batches={gc.FULL.num_batches}" in full[0].argv and f"--num_batches={gc.QUICK.num_batches}" in quick[0].argv
+    assert (
+        f"--num_batches={gc.FULL.num_batches}" in full[0].argv
+        and f"--num_batches={gc.QUICK.num_batches}" in quick[0].argv
+    )
     assert gc.QUICK.num_batches < gc.FULL.num_batches
 
 
@@ -105,14 +126,27 @@ def test_planned_commands_are_valid_flags() -> None:
     for row in gc.plan(PYTHON):
         if row.impl == "plain":
             args = gc.plain_parser().parse_args(row.argv[3:])
-            assert (args.model, args.batch_size, args.precision, args.variant) == (row.model, row.batch_size, row.precision, row.variant)
+            assert (args.model, args.batch_size, args.precision, args.variant) == (
+                row.model,
+                row.batch_size,
+                row.precision,
+                row.variant,
+            )
             continue
-        argv = row.argv[row.argv.index("bench") + 1:]
+        argv = row.argv[row.argv.index("bench") + 1 :]
         if not new_flags:
-            argv = [{"--compile=module": "--compile=true", "--compile=step": "--compile=true"}.get(a, a)
-                    for a in argv if a != "--cuda_graph=true"]
+            argv = [
+                {"--compile=module": "--compile=true", "--compile=step": "--compile=true"}.get(a, a)
+                for a in argv
+                if a != "--cuda_graph=true"
+            ]
         cfg = config_from_args(parser.parse_args(argv))
-        assert (cfg.model, cfg.batch_size, cfg.precision, cfg.device) == (row.model, row.batch_size, row.precision, "cuda")
+        assert (cfg.model, cfg.batch_size, cfg.precision, cfg.device) == (
+            row.model,
+            row.batch_size,
+            row.precision,
+            "cuda",
+        )
 
 
 @no_cuda
@@ -123,14 +157,18 @@ def test_without_cuda_it_exits_at_once_with_its_message(tmp_path: Path) -> None:
     assert time.perf_counter() - start < 30
     assert proc.returncode == gc.EXIT_NO_CUDA == 3, proc.stdout + proc.stderr
     assert proc.stdout.strip() == gc.no_cuda_message(torch)
-    assert proc.stdout.startswith(f"gpu-check: no CUDA device visible to this Python (torch {torch.__version__}, built ")
+    assert proc.stdout.startswith(
+        f"gpu-check: no CUDA device visible to this Python (torch {torch.__version__}, built "
+    )
     assert proc.stdout.strip().endswith("run it on a machine with an NVIDIA GPU: make gpu-check PY=python3")
     assert list(tmp_path.iterdir()) == []  # ran nothing, wrote nothing
 
 
 @no_cuda
 def test_make_gpu_check_exits_0_with_the_message_without_cuda() -> None:
-    proc = subprocess.run(["make", "-s", "gpu-check", f"PY={PYTHON}"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["make", "-s", "gpu-check", f"PY={PYTHON}"], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip() == gc.no_cuda_message(torch)
     assert not (ROOT / "gpu-check.json").exists()
@@ -157,9 +195,25 @@ def test_peak_lookup() -> None:
 
 
 def _stoker_cpu(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([PYTHON, "-m", "stoker", "bench", "--device=cpu", "--model=trivial", "--data_name=cifar10",
-                           "--batch_size=8", "--peak_tflops=1", *args], cwd=ROOT, env=python_env(),
-                          capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [
+            PYTHON,
+            "-m",
+            "stoker",
+            "bench",
+            "--device=cpu",
+            "--model=trivial",
+            "--data_name=cifar10",
+            "--batch_size=8",
+            "--peak_tflops=1",
+            *args,
+        ],
+        cwd=ROOT,
+        env=python_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_parses_real_stoker_bench_training_output(tmp_path: Path) -> None:
@@ -192,9 +246,25 @@ def test_plain_loop_runs_eagerly_on_cpu(precision: str) -> None:
     assert res["images_per_sec"] > 0 and res["loss"] == res["loss"]
     if precision == "fp16":
         return  # the command line once is enough
-    out = subprocess.run([PYTHON, "benchmarks/gpu_check.py", "plain", "--device=cpu", "--model=trivial",
-                          "--data_name=cifar10", "--batch_size=4", f"--precision={precision}", "--num_batches=2",
-                          "--num_warmup_batches=1"], cwd=ROOT, env=python_env(), capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            PYTHON,
+            "benchmarks/gpu_check.py",
+            "plain",
+            "--device=cpu",
+            "--model=trivial",
+            "--data_name=cifar10",
+            "--batch_size=4",
+            f"--precision={precision}",
+            "--num_batches=2",
+            "--num_warmup_batches=1",
+        ],
+        cwd=ROOT,
+        env=python_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert gc.parse_plain_output(out.stdout)["images_per_sec"] > 0
 
@@ -204,8 +274,9 @@ def _fake_torch(name: str = "NVIDIA H100 80GB HBM3", count: int = 1) -> SimpleNa
         __version__="9.9.9+cu999",
         version=SimpleNamespace(cuda="99.9"),
         backends=SimpleNamespace(cudnn=SimpleNamespace(version=lambda: 99999)),
-        cuda=SimpleNamespace(get_device_name=lambda i: name, device_count=lambda: count,
-                             get_device_capability=lambda i: (9, 0)),
+        cuda=SimpleNamespace(
+            get_device_name=lambda i: name, device_count=lambda: count, get_device_capability=lambda i: (9, 0)
+        ),
     )
 
 
@@ -219,19 +290,54 @@ def test_runner_records_ok_failed_and_skipped_rows(tmp_path: Path) -> None:
     peak), a failing row, a two-device row; the run goes on after each."""
     rows_dir = tmp_path / "gc.rows"
     res_file = str(rows_dir / "ok.json")
-    ok = gc.Row("ok row", "stoker", "eager", "trivial", "cifar10", 8, "fp32",
-                [PYTHON, "-m", "stoker", "bench", "--device=cpu", "--model=trivial", "--data_name=cifar10", "--batch_size=8",
-                 "--num_batches=2", "--num_warmup_batches=1", "--peak_tflops=1", f"--results_file={res_file}"],
-                results_file=res_file)
-    bad = gc.Row("bad row", "plain", "eager", "trivial", "cifar10", 8, "fp32", [PYTHON, "-c", "import sys; sys.exit(5)"])
-    multi = gc.Row("multi row", "stoker", "replicated", "trivial", "cifar10", 8, "fp32", [PYTHON, "-c", "raise SystemExit(9)"],
-                   nproc=2)
+    ok = gc.Row(
+        "ok row",
+        "stoker",
+        "eager",
+        "trivial",
+        "cifar10",
+        8,
+        "fp32",
+        [
+            PYTHON,
+            "-m",
+            "stoker",
+            "bench",
+            "--device=cpu",
+            "--model=trivial",
+            "--data_name=cifar10",
+            "--batch_size=8",
+            "--num_batches=2",
+            "--num_warmup_batches=1",
+            "--peak_tflops=1",
+            f"--results_file={res_file}",
+        ],
+        results_file=res_file,
+    )
+    bad = gc.Row(
+        "bad row", "plain", "eager", "trivial", "cifar10", 8, "fp32", [PYTHON, "-c", "import sys; sys.exit(5)"]
+    )
+    multi = gc.Row(
+        "multi row",
+        "stoker",
+        "replicated",
+        "trivial",
+        "cifar10",
+        8,
+        "fp32",
+        [PYTHON, "-c", "raise SystemExit(9)"],
+        nproc=2,
+    )
     out = tmp_path / "gc.json"
     rc = gc.run_all(_args(), [ok, bad, multi], out, rows_dir, _fake_torch(), "0.0.0", lambda model, dataset: 0.5)
     assert rc == gc.EXIT_FAILED
     report = json.loads(out.read_text())
     assert (report["device"], report["device_count"], report["torch_version"], report["cuda_version"]) == (
-        "NVIDIA H100 80GB HBM3", 1, "9.9.9+cu999", "99.9")
+        "NVIDIA H100 80GB HBM3",
+        1,
+        "9.9.9+cu999",
+        "99.9",
+    )
     assert report["peak_bf16_tflops"] == 989.0 and report["status"] == "failed" and report["date"]
     assert report["tests"]["status"] == "skipped: --skip-tests"
     by_name = {r["name"]: r for r in report["rows"]}
@@ -250,8 +356,10 @@ def test_runner_records_ok_failed_and_skipped_rows(tmp_path: Path) -> None:
 
 def test_a_row_past_its_timeout_is_killed_with_its_children(tmp_path: Path) -> None:
     pid_file = tmp_path / "pid"
-    spawn = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
-             f"open({str(pid_file)!r}, 'w').write(str(p.pid)); p.wait()")
+    spawn = (
+        "import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid)); p.wait()"
+    )
     row = gc.Row("slow row", "plain", "eager", "trivial", "cifar10", 8, "fp32", [PYTHON, "-c", spawn])
     start = time.perf_counter()
     res = gc.measure_row(row, 3.0, tmp_path / "slow.log", 1.0, 989.0)
@@ -263,9 +371,13 @@ def test_a_row_past_its_timeout_is_killed_with_its_children(tmp_path: Path) -> N
 
 def test_runner_skips_rows_past_the_budget_and_marks_unknown_peaks(tmp_path: Path) -> None:
     ran = tmp_path / "ran"
-    row = gc.Row("late row", "plain", "eager", "trivial", "cifar10", 8, "fp32", [PYTHON, "-c", f"open({str(ran)!r}, 'w')"])
+    row = gc.Row(
+        "late row", "plain", "eager", "trivial", "cifar10", 8, "fp32", [PYTHON, "-c", f"open({str(ran)!r}, 'w')"]
+    )
     out = tmp_path / "gc.json"
-    rc = gc.run_all(_args(budget=gc.MIN_ROW_S - 1), [row], out, tmp_path / "rows", _fake_torch("Some GPU"), "0", lambda m, d: 1.0)
+    rc = gc.run_all(
+        _args(budget=gc.MIN_ROW_S - 1), [row], out, tmp_path / "rows", _fake_torch("Some GPU"), "0", lambda m, d: 1.0
+    )
     report = json.loads(out.read_text())
     assert rc == gc.EXIT_OK and not ran.exists()
     assert report["rows"][0]["status"].startswith("skipped: time budget")

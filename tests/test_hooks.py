@@ -28,7 +28,12 @@ def test_runner_calls_only_overridden_methods():
 
     runner = HookRunner([OnlyEnd(), Hook()])
     assert {e: len(fns) for e, fns in runner._by_event.items()} == {
-        "begin": 0, "after_setup": 0, "before_loop": 0, "after_loop": 0, "end": 1, "close": 0
+        "begin": 0,
+        "after_setup": 0,
+        "before_loop": 0,
+        "after_loop": 0,
+        "end": 1,
+        "close": 0,
     }
     with pytest.raises(TypeError, match="Hook instances"):
         HookRunner([object()])  # type: ignore[list-item]
@@ -49,7 +54,9 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_pat
     x, y = make_data(64)
     est = make_estimator(tmp_path, iterations_per_loop=iterations, save_checkpoints_steps=5)
     est.model_fn = nan_at_17
-    with pytest.raises(stoker.NanLossError, match=r"loss is nan at step 17: training stopped; the last good checkpoint is .*ckpt-15") as err:
+    with pytest.raises(
+        stoker.NanLossError, match=r"loss is nan at step 17: training stopped; the last good checkpoint is .*ckpt-15"
+    ) as err:
         est.train(train_input(x, y), max_steps=40)
     assert err.value.step == 17
     index = json.loads((tmp_path / "checkpoint.json").read_text())
@@ -269,8 +276,14 @@ def test_time_based_saves_alone_land_on_time_though_the_clock_is_not_read_every_
         return classifier_fn(model, features, labels, mode, params)
 
     x, y = make_data(64)
-    est = make_estimator(tmp_path, iterations_per_loop=1, save_checkpoints_secs=10, keep_checkpoint_max=0,
-                         log_every_n_steps=None, summaries=False)
+    est = make_estimator(
+        tmp_path,
+        iterations_per_loop=1,
+        save_checkpoints_secs=10,
+        keep_checkpoint_max=0,
+        log_every_n_steps=None,
+        summaries=False,
+    )
     est.model_fn = timed_fn
     est.train(train_input(x, y), max_steps=3006)
     steps = sorted(int(p.name.split("-")[1]) for p in tmp_path.glob("ckpt-*"))

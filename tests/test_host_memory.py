@@ -29,8 +29,9 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 
 
 def faults(mode: str) -> int:
-    out = subprocess.run([PYTHON, "-c", PROBE, mode], capture_output=True, text=True, cwd=ROOT, env=python_env(),
-                         timeout=120, check=True).stdout
+    out = subprocess.run(
+        [PYTHON, "-c", PROBE, mode], capture_output=True, text=True, cwd=ROOT, env=python_env(), timeout=120, check=True
+    ).stdout
     return int(out.strip().splitlines()[-1])
 
 

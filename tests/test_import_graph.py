@@ -151,8 +151,7 @@ def strongly_connected_components(graph: Mapping[str, Iterable[Edge]]) -> list[l
     return result
 
 
-def _path_within(graph: Mapping[str, list[Edge]], start: str, goal: str,
-                 allowed: set[str]) -> list[Edge] | None:
+def _path_within(graph: Mapping[str, list[Edge]], start: str, goal: str, allowed: set[str]) -> list[Edge] | None:
     """Shortest chain of edges start -> ... -> goal through ``allowed`` (breadth first)."""
     previous: dict[str, Edge | None] = {start: None}
     frontier = [start]
@@ -188,8 +187,7 @@ def describe_cycles(graph: Mapping[str, list[Edge]], src: Path) -> list[str]:
                 continue
             seen.add(key)
             names = [start] + [e.target for e in chain]
-            where = "; ".join(f"{e.source} -> {e.target} at {e.path.relative_to(src)}:{e.line}"
-                              for e in chain)
+            where = "; ".join(f"{e.source} -> {e.target} at {e.path.relative_to(src)}:{e.line}" for e in chain)
             lines.append(f"{' -> '.join(names)}\n      [{where}]")
     return lines
 
@@ -212,6 +210,7 @@ def reachable(graph: Mapping[str, list[Edge]], start: str) -> dict[str, list[Edg
 # --------------------------------------------------------------------------------------------
 # The checks on stoker itself.
 
+
 def test_no_import_circles_among_stoker_modules():
     graph = build_import_graph(SRC, PACKAGE)
     assert len(graph) > 50, "the module discovery found too little of src/stoker"
@@ -221,19 +220,28 @@ def test_no_import_circles_among_stoker_modules():
 
 ENGINE = [  # patterns: the engine layer, which never imports what sits above it
     "stoker.estimator",
-    "stoker.engine", "stoker.engine.*",
-    "stoker.checkpoint", "stoker.checkpoint.*",
-    "stoker.storage", "stoker.storage.*",
-    "stoker.export", "stoker.export.program", "stoker.export.aot",
+    "stoker.engine",
+    "stoker.engine.*",
+    "stoker.checkpoint",
+    "stoker.checkpoint.*",
+    "stoker.storage",
+    "stoker.storage.*",
+    "stoker.export",
+    "stoker.export.program",
+    "stoker.export.aot",
     "stoker.run_spec",
-    "stoker.hooks", "stoker.hooks.*",
-    "stoker.distributed", "stoker.distributed.*",
-    "stoker.data", "stoker.data.*",
-    "stoker.memory", "stoker.memory.*",
-    "stoker.summary", "stoker.summary.writer",
+    "stoker.hooks",
+    "stoker.hooks.*",
+    "stoker.distributed",
+    "stoker.distributed.*",
+    "stoker.data",
+    "stoker.data.*",
+    "stoker.memory",
+    "stoker.memory.*",
+    "stoker.summary",
+    "stoker.summary.writer",
 ]
-ABOVE_ENGINE = ["stoker.recipes", "stoker.bench", "stoker.adanet", "stoker.cli", "stoker.export.cli",
-                "stoker.serving"]
+ABOVE_ENGINE = ["stoker.recipes", "stoker.bench", "stoker.adanet", "stoker.cli", "stoker.export.cli", "stoker.serving"]
 
 
 def _is_above(module: str) -> bool:
@@ -290,8 +298,9 @@ def part_of(module: str) -> str:
     return ".".join(module.split(".")[:2])
 
 
-def layering_violations(graph: Mapping[str, list[Edge]], src: Path, layers: Mapping[str, set[str]],
-                        never: Mapping[str, set[str]]) -> list[str]:
+def layering_violations(
+    graph: Mapping[str, list[Edge]], src: Path, layers: Mapping[str, set[str]], never: Mapping[str, set[str]]
+) -> list[str]:
     """Each direct import outside a part's allowed set, and each forbidden part a part reaches."""
     found = []
     for module, edges in sorted(graph.items()):
@@ -300,8 +309,10 @@ def layering_violations(graph: Mapping[str, list[Edge]], src: Path, layers: Mapp
         for edge in edges:
             target = part_of(edge.target)
             if allowed is not None and target != part and target not in allowed:
-                found.append(f"{module} imports {edge.target} at {edge.path.relative_to(src)}:{edge.line}; "
-                             f"{part} may import only {sorted(allowed) or 'nothing of the package'}")
+                found.append(
+                    f"{module} imports {edge.target} at {edge.path.relative_to(src)}:{edge.line}; "
+                    f"{part} may import only {sorted(allowed) or 'nothing of the package'}"
+                )
         for target, chain in sorted(reachable(graph, module).items()):
             if part_of(target) in never.get(part, set()):
                 hops = " -> ".join([module] + [e.target for e in chain])
@@ -322,10 +333,13 @@ def test_no_module_imports_a_command_module():
     # Commands are listed in stoker.cli.COMMANDS and imported by name when they run; a library
     # module that imports a cli.py would load argparse code (and its imports) into every user.
     graph = build_import_graph(SRC, PACKAGE)
-    found = [f"{m} imports {e.target} at {e.path.relative_to(SRC)}:{e.line}"
-             for m, edges in sorted(graph.items()) for e in edges
-             if e.target.endswith(".cli") or e.target == "stoker.cli"
-             if m not in ("stoker.__main__",) and part_of(m) != part_of(e.target)]
+    found = [
+        f"{m} imports {e.target} at {e.path.relative_to(SRC)}:{e.line}"
+        for m, edges in sorted(graph.items())
+        for e in edges
+        if e.target.endswith(".cli") or e.target == "stoker.cli"
+        if m not in ("stoker.__main__",) and part_of(m) != part_of(e.target)
+    ]
     assert not found, "\n".join(found)
 
 
@@ -340,12 +354,15 @@ def test_every_command_module_registers_through_add_parser():
 
 
 def test_top_level_holds_at_most_fifteen_modules():
-    top = sorted(p.name for p in (SRC / PACKAGE).glob("*.py") if p.name not in ("__init__.py", "__main__.py", "_version.py"))
+    top = sorted(
+        p.name for p in (SRC / PACKAGE).glob("*.py") if p.name not in ("__init__.py", "__main__.py", "_version.py")
+    )
     assert len(top) <= 15, top
 
 
 # --------------------------------------------------------------------------------------------
 # The checker itself can fail: a synthetic package with circles it must find.
+
 
 def _write(root: Path, files: Mapping[str, str]) -> None:
     for rel, text in files.items():
@@ -355,23 +372,26 @@ def _write(root: Path, files: Mapping[str, str]) -> None:
 
 
 def test_checker_finds_a_lazy_import_circle(tmp_path):
-    _write(tmp_path, {
-        "pkg/__init__.py": "from .a import A\n",           # re-export: not a circle by itself
-        "pkg/a.py": "from .b import helper\nclass A: ...\n",
-        "pkg/b.py": "def helper():\n    from .c import thing  # lazy\n    return thing\n",
-        "pkg/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import A\nthing = 1\n",
-        "pkg/sub/__init__.py": "",
-        "pkg/sub/d.py": "from .. import a\nfrom ..sub import e\n",
-        "pkg/sub/e.py": "import os\n",
-        "pkg/clean.py": "from . import a\n",
-    })
+    _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from .a import A\n",  # re-export: not a circle by itself
+            "pkg/a.py": "from .b import helper\nclass A: ...\n",
+            "pkg/b.py": "def helper():\n    from .c import thing  # lazy\n    return thing\n",
+            "pkg/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.a import A\nthing = 1\n",
+            "pkg/sub/__init__.py": "",
+            "pkg/sub/d.py": "from .. import a\nfrom ..sub import e\n",
+            "pkg/sub/e.py": "import os\n",
+            "pkg/clean.py": "from . import a\n",
+        },
+    )
     graph = build_import_graph(tmp_path, "pkg")
     targets = {m: sorted({e.target for e in edges}) for m, edges in graph.items()}
     assert targets["pkg"] == ["pkg.a"]
-    assert targets["pkg.b"] == ["pkg.c"]                     # the lazy import counts
-    assert targets["pkg.c"] == ["pkg.a"]                     # the TYPE_CHECKING import counts
-    assert targets["pkg.sub.d"] == ["pkg.a", "pkg.sub.e"]    # relative `from .. import module`
-    assert targets["pkg.sub.e"] == []                        # no edge to the parent's __init__
+    assert targets["pkg.b"] == ["pkg.c"]  # the lazy import counts
+    assert targets["pkg.c"] == ["pkg.a"]  # the TYPE_CHECKING import counts
+    assert targets["pkg.sub.d"] == ["pkg.a", "pkg.sub.e"]  # relative `from .. import module`
+    assert targets["pkg.sub.e"] == []  # no edge to the parent's __init__
     assert strongly_connected_components(graph) == [["pkg.a", "pkg.b", "pkg.c"]]
     (cycle,) = describe_cycles(graph, tmp_path)
     assert cycle.startswith("pkg.a -> pkg.b -> pkg.c -> pkg.a")
@@ -379,12 +399,15 @@ def test_checker_finds_a_lazy_import_circle(tmp_path):
 
 
 def test_checker_counts_explicit_package_imports_and_import_module(tmp_path):
-    _write(tmp_path, {
-        "pkg/__init__.py": "__version__ = '1'\nfrom .x import X\n",
-        "pkg/x.py": "from . import __version__\nX = __version__\n",
-        "pkg/y.py": "import importlib\ndef f():\n    return importlib.import_module('pkg.z')\n",
-        "pkg/z.py": "def g():\n    return __import__('pkg.y')\n",
-    })
+    _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "__version__ = '1'\nfrom .x import X\n",
+            "pkg/x.py": "from . import __version__\nX = __version__\n",
+            "pkg/y.py": "import importlib\ndef f():\n    return importlib.import_module('pkg.z')\n",
+            "pkg/z.py": "def g():\n    return __import__('pkg.y')\n",
+        },
+    )
     graph = build_import_graph(tmp_path, "pkg")
     assert strongly_connected_components(graph) == [["pkg", "pkg.x"], ["pkg.y", "pkg.z"]]
 
@@ -394,25 +417,28 @@ def test_tarjan_agrees_with_mutual_reachability_on_random_graphs():
     for trial in range(200):
         n = rng.randint(1, 12)
         nodes = [f"m{i}" for i in range(n)]
-        graph = {v: [Edge(v, w, Path("x.py"), 1) for w in nodes if w != v and rng.random() < 0.15]
-                 for v in nodes}
+        graph = {v: [Edge(v, w, Path("x.py"), 1) for w in nodes if w != v and rng.random() < 0.15] for v in nodes}
         reach = {v: set(reachable(graph, v)) for v in nodes}
-        want = sorted({tuple(sorted(w for w in nodes if w in reach[v] and v in reach[w]))
-                       for v in nodes} - {(v,) for v in nodes})
+        want = sorted(
+            {tuple(sorted(w for w in nodes if w in reach[v] and v in reach[w])) for v in nodes} - {(v,) for v in nodes}
+        )
         got = sorted(tuple(c) for c in strongly_connected_components(graph))
         assert got == want, (trial, graph)
 
 
 def test_layering_check_finds_a_direct_and_a_transitive_violation(tmp_path):
-    _write(tmp_path, {
-        "pkg/__init__.py": "",
-        "pkg/errors.py": "",
-        "pkg/storage/__init__.py": "from .stores import x\n",
-        "pkg/storage/stores.py": "from ..errors import E\nfrom ..util import y\n",
-        "pkg/util.py": "def f():\n    from pkg.engine import loop\n",
-        "pkg/engine/__init__.py": "",
-        "pkg/engine/loop.py": "",
-    })
+    _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/errors.py": "",
+            "pkg/storage/__init__.py": "from .stores import x\n",
+            "pkg/storage/stores.py": "from ..errors import E\nfrom ..util import y\n",
+            "pkg/util.py": "def f():\n    from pkg.engine import loop\n",
+            "pkg/engine/__init__.py": "",
+            "pkg/engine/loop.py": "",
+        },
+    )
     graph = build_import_graph(tmp_path, "pkg")
     found = layering_violations(graph, tmp_path, {"pkg.storage": {"pkg.errors"}}, {"pkg.storage": {"pkg.engine"}})
     assert found == [  # by module: the package's __init__ reaches the engine through stores, too
@@ -424,13 +450,16 @@ def test_layering_check_finds_a_direct_and_a_transitive_violation(tmp_path):
 
 
 def test_engine_check_finds_a_transitive_recipe_import(tmp_path):
-    _write(tmp_path, {
-        "pkg/__init__.py": "",
-        "pkg/export.py": "def f():\n    from .util import g\n",
-        "pkg/util.py": "import pkg.recipes.lm\n",
-        "pkg/recipes/__init__.py": "",
-        "pkg/recipes/lm.py": "",
-    })
+    _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "",
+            "pkg/export.py": "def f():\n    from .util import g\n",
+            "pkg/util.py": "import pkg.recipes.lm\n",
+            "pkg/recipes/__init__.py": "",
+            "pkg/recipes/lm.py": "",
+        },
+    )
     graph = build_import_graph(tmp_path, "pkg")
     assert "pkg.recipes.lm" in reachable(graph, "pkg.export")
     assert strongly_connected_components(graph) == []

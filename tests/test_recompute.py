@@ -18,10 +18,14 @@ from test_bert import windows
 
 def bert(seed: int = 0, dropout: float = 0.1) -> BertMLM:
     torch.manual_seed(seed)
-    return BertMLM(hidden_size=32, num_layers=3, num_heads=2, intermediate_size=64, dropout=dropout, max_positions=20).train()
+    return BertMLM(
+        hidden_size=32, num_layers=3, num_heads=2, intermediate_size=64, dropout=dropout, max_positions=20
+    ).train()
 
 
-def step(model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
+def step(
+    model: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]
+) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
     """One forward + backward from a fixed RNG state: loss, gradients, saved activation bytes."""
     torch.manual_seed(123)  # the dropout masks
     with SavedActivations(exclude=[*model.parameters(), *model.buffers()]) as saved:
@@ -63,8 +67,11 @@ def test_only_the_outermost_matches_are_wrapped_and_names_do_not_change():
 
 
 def test_an_unknown_name_is_refused_with_the_available_ones():
-    with pytest.raises(ValueError, match=r"RunConfig.recompute: 'encoder.\*' matches no module of BertMLM; "
-                                         r"its modules are: embeddings, layers, head, .*layers.0, layers.1"):
+    with pytest.raises(
+        ValueError,
+        match=r"RunConfig.recompute: 'encoder.\*' matches no module of BertMLM; "
+        r"its modules are: embeddings, layers, head, .*layers.0, layers.1",
+    ):
         apply_recompute(bert(), ["layers.0", "encoder.*"])
     for bad in (5, [], [""], ["layers.*", 3]):
         with pytest.raises(ValueError, match="RunConfig.recompute must be None, 'all', or module-name patterns"):
@@ -98,10 +105,14 @@ def test_recompute_through_the_estimator_trains_bitwise_the_same_weights(tmp_pat
 
     def train(recompute: object) -> dict[str, torch.Tensor]:
         est = stoker.Estimator(
-            model=lambda p: BertMLM(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, dropout=0.1, max_positions=16),
+            model=lambda p: BertMLM(
+                hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64, dropout=0.1, max_positions=16
+            ),
             model_fn=bert_model_fn,
             optimizer=lambda p, params: torch.optim.AdamW(params, lr=1e-3),
-            config=stoker.RunConfig(recompute=recompute, iterations_per_loop=2, log_every_n_steps=None, progress_bar=False, device="cpu"),
+            config=stoker.RunConfig(
+                recompute=recompute, iterations_per_loop=2, log_every_n_steps=None, progress_bar=False, device="cpu"
+            ),
             train_batch_size=4,
         )
         est.train(lambda p: MaskedTextWindows(files, seq_len=16, batch_size=p["batch_size"]), max_steps=4)

@@ -32,7 +32,9 @@ def test_resume_is_bitwise_equal(tmp_path, precision, opt):
     assert whole.state.optimizer.state_dict()["state"].keys() == second.state.optimizer.state_dict()["state"].keys()
     for k, v in whole.state.optimizer.state_dict()["state"].items():
         for name, t in v.items():
-            assert torch.equal(torch.as_tensor(t), torch.as_tensor(second.state.optimizer.state_dict()["state"][k][name]))
+            assert torch.equal(
+                torch.as_tensor(t), torch.as_tensor(second.state.optimizer.state_dict()["state"][k][name])
+            )
     if precision == "fp16":
         assert whole.state.scaler.state_dict() == second.state.scaler.state_dict()
         assert whole.state.scaler.skipped_steps > 0  # the dynamic scale really backed off
@@ -120,7 +122,9 @@ def test_input_state_is_the_consumed_position_not_the_prefetched_one(tmp_path, m
     monkeypatch.setattr(ArraySource, "prefers_inline_fetch", False)
     started = []
     start_thread = infeed_module.Infeed._start_thread
-    monkeypatch.setattr(infeed_module.Infeed, "_start_thread", lambda self: (started.append(self.consumed), start_thread(self)))
+    monkeypatch.setattr(
+        infeed_module.Infeed, "_start_thread", lambda self: (started.append(self.consumed), start_thread(self))
+    )
     x, y = make_data(100)
     est = make_estimator(tmp_path, iterations_per_loop=4, prefetch_depth=4)
     est.train(train_input(x, y), max_steps=6)  # loops of 4 and 2: the last is not a snapshot boundary
@@ -129,8 +133,18 @@ def test_input_state_is_the_consumed_position_not_the_prefetched_one(tmp_path, m
 
     state = json.loads((tmp_path / "ckpt-6" / "input-0.json").read_text())
     # snapshot after batch 4 (epoch 0, batch 4) plus 2 consumed since: position 6 of 6 batches/epoch
-    assert state == {"skip": 2, "source": {"batch": 4, "batch_size": 16, "epoch": 0, "num_examples": 100,
-                                           "num_shards": 1, "seed": 0, "shard_index": 0}}
+    assert state == {
+        "skip": 2,
+        "source": {
+            "batch": 4,
+            "batch_size": 16,
+            "epoch": 0,
+            "num_examples": 100,
+            "num_shards": 1,
+            "seed": 0,
+            "shard_index": 0,
+        },
+    }
 
 
 def cache_fn(model, features, labels, mode, params):  # noqa: ANN001, ANN201
@@ -148,7 +162,8 @@ def test_carried_cache_is_detached_and_resumed(tmp_path):
 
     def build(d):
         return stoker.Estimator(
-            model=lambda p: TinyNet(dropout=0.0), model_fn=cache_fn,
+            model=lambda p: TinyNet(dropout=0.0),
+            model_fn=cache_fn,
             optimizer=lambda p, ps: torch.optim.SGD(ps, lr=0.1),
             config=stoker.RunConfig(model_dir=d, progress_bar=False, iterations_per_loop=3),
             train_batch_size=10,
@@ -162,4 +177,3 @@ def test_carried_cache_is_detached_and_resumed(tmp_path):
     assert state_equal(whole.model, resumed.model)
     assert torch.equal(whole.state.cache, resumed.state.cache)
     assert not whole.state.cache.requires_grad
-

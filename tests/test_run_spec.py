@@ -47,7 +47,10 @@ def test_unknown_kind_and_missing_spec_are_clear_errors(tmp_path):
     with pytest.raises(RunSpecError, match="has no run_spec.json"):
         estimator_from_model_dir(tmp_path)
     write_run_spec(tmp_path, kind="script")
-    with pytest.raises(RunSpecError, match=r"kind 'script' is unknown; known kinds: bert, charlm, zoo\. .*'stoker.run_spec' entry point"):
+    with pytest.raises(
+        RunSpecError,
+        match=r"kind 'script' is unknown; known kinds: bert, charlm, zoo\. .*'stoker.run_spec' entry point",
+    ):
         estimator_from_model_dir(tmp_path)
     (tmp_path / "run_spec.json").write_text("{not json")
     with pytest.raises(RunSpecError, match="unreadable"):

@@ -18,7 +18,9 @@ from conftest import make_data, make_estimator, train_input
 from stoker.export import export, load_exported
 from stoker.serving.server import RequestError, make_server, validate_inputs
 
-httpclient = pytest.importorskip("tritonclient.http", reason="tritonclient[http] is a dev dependency (pip install -e .[dev])")
+httpclient = pytest.importorskip(
+    "tritonclient.http", reason="tritonclient[http] is a dev dependency (pip install -e .[dev])"
+)
 
 TIMEOUT = 10  # seconds: every request in these tests is bounded
 
@@ -38,13 +40,16 @@ def server(exported):
     srv.stop()
 
 
-def request(srv, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None) -> tuple[int, dict]:
+def request(
+    srv, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, dict]:
     status, raw, _ = raw_request(srv, method, path, body, headers)
     return status, json.loads(raw)
 
 
-def raw_request(srv, method: str, path: str, body: bytes | None = None,
-                headers: dict[str, str] | None = None) -> tuple[int, bytes, http.client.HTTPResponse]:
+def raw_request(
+    srv, method: str, path: str, body: bytes | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, bytes, http.client.HTTPResponse]:
     host, port = srv.server_address
     conn = http.client.HTTPConnection(host, port, timeout=TIMEOUT)
     try:
@@ -65,7 +70,9 @@ def infer_json(srv, payload: object, model: str = "net") -> tuple[int, dict]:
 
 
 def triton(srv) -> httpclient.InferenceServerClient:
-    return httpclient.InferenceServerClient(srv.url.removeprefix("http://"), connection_timeout=TIMEOUT, network_timeout=TIMEOUT)
+    return httpclient.InferenceServerClient(
+        srv.url.removeprefix("http://"), connection_timeout=TIMEOUT, network_timeout=TIMEOUT
+    )
 
 
 def triton_infer(client, x: np.ndarray, binary: bool, model: str = "net"):
@@ -83,8 +90,10 @@ def test_tritonclient_reads_health_and_metadata_and_infers_in_json_and_binary(se
         meta = client.get_model_metadata("net")
         assert meta["name"] == "net" and meta["versions"] == ["4"] and meta["platform"] == "pytorch_torch_export"
         assert meta["inputs"] == [{"name": "features", "datatype": "FP32", "shape": [-1, 8]}]
-        assert meta["outputs"] == [{"name": "logits", "datatype": "FP32", "shape": [-1, 3]},
-                                   {"name": "classes", "datatype": "INT64", "shape": [-1]}]
+        assert meta["outputs"] == [
+            {"name": "logits", "datatype": "FP32", "shape": [-1, 3]},
+            {"name": "classes", "datatype": "INT64", "shape": [-1]},
+        ]
         want = load_exported(out_dir)({"features": x[:3]})
         for binary in (False, True):
             result = triton_infer(client, x[:3].numpy(), binary)
@@ -92,8 +101,9 @@ def test_tritonclient_reads_health_and_metadata_and_infers_in_json_and_binary(se
             np.testing.assert_array_equal(result.as_numpy("classes"), want["classes"].numpy())
         inp = httpclient.InferInput("features", [2, 8], "FP32")
         inp.set_data_from_numpy(x[:2].numpy())
-        result = client.infer("net", [inp], model_version="4", request_id="r-7",
-                              outputs=[httpclient.InferRequestedOutput("classes")])
+        result = client.infer(
+            "net", [inp], model_version="4", request_id="r-7", outputs=[httpclient.InferRequestedOutput("classes")]
+        )
         assert result.get_response()["id"] == "r-7" and result.as_numpy("logits") is None
         np.testing.assert_array_equal(result.as_numpy("classes"), want["classes"][:2].numpy())
         with pytest.raises(Exception, match="no model 'other'"):
@@ -124,27 +134,38 @@ def test_a_wrong_shape_is_a_400_that_states_the_signature(server, exported):
     assert status == 400
     assert "expected ['batch', 8]" in body["error"]
     assert body["expected"] == [{"name": "features", "dtype": "float32", "shape": ["batch", 8]}]
-    for bad in ({"inputs": {"features": [1.0] * 8}},               # one dimension short
-                {"inputs": {"features": [[1.0] * 8, [1.0] * 7]}},  # ragged
-                {"inputs": {"features": [[True] * 8]}},            # booleans for float32
-                {"inputs": {"features": [["a"] * 8]}},             # strings
-                {"inputs": {"other": [[1.0] * 8]}},                # wrong name
-                {"inputs": {"features": [[1.0] * 8] * 17}},        # over max_batch
-                {"features": [[1.0] * 8]}):                        # no "inputs"
+    for bad in (
+        {"inputs": {"features": [1.0] * 8}},  # one dimension short
+        {"inputs": {"features": [[1.0] * 8, [1.0] * 7]}},  # ragged
+        {"inputs": {"features": [[True] * 8]}},  # booleans for float32
+        {"inputs": {"features": [["a"] * 8]}},  # strings
+        {"inputs": {"other": [[1.0] * 8]}},  # wrong name
+        {"inputs": {"features": [[1.0] * 8] * 17}},  # over max_batch
+        {"features": [[1.0] * 8]},
+    ):  # no "inputs"
         status, body = predict(server, bad)
         assert status == 400, (bad, body)
         assert body["error"]
 
 
-@pytest.mark.parametrize(("tensor", "message"), [
-    ({"name": "features", "shape": [1, 8], "datatype": "FP64", "data": [0.5] * 8}, "datatype 'FP64'; the model expects FP32"),
-    ({"name": "features", "shape": [1, 5], "datatype": "FP32", "data": [0.5] * 5}, r"expected \['batch', 8\]"),
-    ({"name": "features", "shape": [2, 8], "datatype": "FP32", "data": [0.5] * 8}, "holds 16 values but data has 8"),
-    ({"name": "features", "shape": [1, 8], "datatype": "FP32", "data": ["a"] * 8}, "must hold float32 values"),
-    ({"name": "features", "shape": [1, 8], "datatype": "FP32"}, 'has no "data"'),
-    ({"name": "features", "shape": [-1, 8], "datatype": "FP32", "data": [0.5] * 8}, "non-negative integers"),
-    ({"name": "other", "shape": [1, 8], "datatype": "FP32", "data": [0.5] * 8}, "unknown input 'other'"),
-])
+@pytest.mark.parametrize(
+    ("tensor", "message"),
+    [
+        (
+            {"name": "features", "shape": [1, 8], "datatype": "FP64", "data": [0.5] * 8},
+            "datatype 'FP64'; the model expects FP32",
+        ),
+        ({"name": "features", "shape": [1, 5], "datatype": "FP32", "data": [0.5] * 5}, r"expected \['batch', 8\]"),
+        (
+            {"name": "features", "shape": [2, 8], "datatype": "FP32", "data": [0.5] * 8},
+            "holds 16 values but data has 8",
+        ),
+        ({"name": "features", "shape": [1, 8], "datatype": "FP32", "data": ["a"] * 8}, "must hold float32 values"),
+        ({"name": "features", "shape": [1, 8], "datatype": "FP32"}, 'has no "data"'),
+        ({"name": "features", "shape": [-1, 8], "datatype": "FP32", "data": [0.5] * 8}, "non-negative integers"),
+        ({"name": "other", "shape": [1, 8], "datatype": "FP32", "data": [0.5] * 8}, "unknown input 'other'"),
+    ],
+)
 def test_open_inference_protocol_requests_that_do_not_fit_are_400(server, tensor, message):
     status, body = infer_json(server, {"inputs": [tensor]})
     assert status == 400 and re.search(message, body["error"]), body
@@ -168,6 +189,7 @@ def test_bad_json_unknown_routes_and_models_and_oversized_bodies(server):
     def chunks():
         for _ in range(10):
             yield b"[" + b"0.5," * 200
+
     status, body = request(server, "POST", "/v2/models/net/infer", chunks(), {"Transfer-Encoding": "chunked"})
     assert status == 413 and "more than 4096" in body["error"]
     # an empty body (no Content-Length) is bad JSON, answered at once
@@ -183,6 +205,7 @@ def _slow(model, seconds: float, calls: list[int]):
         calls.append(int(next(iter(inputs.values())).shape[0]))
         time.sleep(seconds)
         return model(inputs)
+
     return run
 
 
@@ -192,7 +215,7 @@ def _concurrently(srv, n: int, rows: torch.Tensor) -> list[tuple[int, dict]]:
 
     def one(i: int) -> None:
         barrier.wait(TIMEOUT)
-        results[i] = predict(srv, {"inputs": {"features": rows[i:i + 1].tolist()}})
+        results[i] = predict(srv, {"inputs": {"features": rows[i : i + 1].tolist()}})
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
     for t in threads:
@@ -242,8 +265,12 @@ def test_a_flood_past_max_pending_gets_503_and_the_server_keeps_serving(exported
 
 
 def test_validate_inputs_checks_integer_dtypes_and_batch_agreement():
-    sig = {"inputs": [{"name": "tokens", "dtype": "int64", "shape": ["batch", 4]},
-                      {"name": "mask", "dtype": "float32", "shape": ["batch", 4]}]}
+    sig = {
+        "inputs": [
+            {"name": "tokens", "dtype": "int64", "shape": ["batch", 4]},
+            {"name": "mask", "dtype": "float32", "shape": ["batch", 4]},
+        ]
+    }
     ok = validate_inputs({"inputs": {"tokens": [[1, 2, 3, 4]], "mask": [[1, 1, 0, 0]]}}, sig)
     assert ok["tokens"].dtype == torch.int64 and ok["mask"].dtype == torch.float32
     with pytest.raises(RequestError, match="must hold int64 values; got floats"):
@@ -273,8 +300,13 @@ def test_stoker_serve_as_a_process_answers_at_once_and_stops_on_sigterm(exported
 
     from conftest import PYTHON, python_env
 
-    proc = subprocess.Popen([PYTHON, "-m", "stoker", "serve", str(exported[0]), "--port", "0"], env=python_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "stoker", "serve", str(exported[0]), "--port", "0"],
+        env=python_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         line = proc.stdout.readline()
         found = re.search(r"as model 'net' on http://127\.0\.0\.1:(\d+)", line)

@@ -18,6 +18,7 @@ def doubling(calls: list[int], gate: threading.Event | None = None):
             gate.wait(10)
         calls.append(int(inputs["x"].shape[0]))
         return {"y": inputs["x"] * 2, "rowsum": inputs["x"].sum(1)}
+
     return model
 
 

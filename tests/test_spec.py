@@ -17,7 +17,9 @@ def tpu_style_fn(lazy: bool, calls: dict[str, int]):  # noqa: ANN201
             calls[str(mode)] = calls.get(str(mode), 0) + 1
             return {"classes": logits.argmax(-1), "probabilities": logits.softmax(-1)}
 
-        loss = None if labels is None else F.cross_entropy(logits, labels, reduction="mean" if mode == "train" else "none")
+        loss = (
+            None if labels is None else F.cross_entropy(logits, labels, reduction="mean" if mode == "train" else "none")
+        )
         return stoker.EstimatorSpec(loss=loss, predictions=predictions if lazy else predictions())
 
     return model_fn
@@ -25,9 +27,11 @@ def tpu_style_fn(lazy: bool, calls: dict[str, int]):  # noqa: ANN201
 
 def estimator(tmp_path, lazy: bool, calls: dict[str, int]) -> stoker.Estimator:  # noqa: ANN001
     return stoker.Estimator(
-        model=lambda p: TinyNet(), model_fn=tpu_style_fn(lazy, calls),
+        model=lambda p: TinyNet(),
+        model_fn=tpu_style_fn(lazy, calls),
         optimizer=lambda p, ps: torch.optim.SGD(ps, lr=0.1),
-        config=stoker.RunConfig(model_dir=str(tmp_path), progress_bar=False, iterations_per_loop=3), train_batch_size=16,
+        config=stoker.RunConfig(model_dir=str(tmp_path), progress_bar=False, iterations_per_loop=3),
+        train_batch_size=16,
     )
 
 

@@ -29,8 +29,12 @@ def neighbours(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def test_rounding_is_unbiased_and_only_ever_picks_a_neighbour():
     g = torch.Generator().manual_seed(0)
-    x = torch.cat([torch.randn(64, generator=g) * 10.0 ** torch.randint(-30, 30, (64,), generator=g),
-                   torch.tensor([1.0 + 2.0**-10, -(1.0 + 3 * 2.0**-10), 2.0**-130 * 1.3, 3.0 - 2.0**-20])])
+    x = torch.cat(
+        [
+            torch.randn(64, generator=g) * 10.0 ** torch.randint(-30, 30, (64,), generator=g),
+            torch.tensor([1.0 + 2.0**-10, -(1.0 + 3 * 2.0**-10), 2.0**-130 * 1.3, 3.0 - 2.0**-20]),
+        ]
+    )
     draws = 4096
     rounded = torch.stack([stochastic_round_bf16(x, g) for _ in range(draws)]).float()
     toward, away = neighbours(x)
@@ -169,8 +173,12 @@ def test_evaluation_and_prediction_do_not_round_or_draw(tmp_path):
         return stoker.data.arrays(x, y, batch_size=params["batch_size"], shuffle=False, num_epochs=1)
 
     first, again = est.evaluate(eval_fn), est.evaluate(eval_fn)
-    rows = list(est.predict(lambda p: stoker.data.arrays(x, batch_size=p["batch_size"], shuffle=False, num_epochs=1),
-                            yield_single_examples=False))
+    rows = list(
+        est.predict(
+            lambda p: stoker.data.arrays(x, batch_size=p["batch_size"], shuffle=False, num_epochs=1),
+            yield_single_examples=False,
+        )
+    )
     assert first == again
     assert torch.equal(est.state.optimizer.generator.get_state(), generator)
     assert all(torch.equal(v, weights[k]) for k, v in est.model.state_dict().items())
@@ -178,8 +186,12 @@ def test_evaluation_and_prediction_do_not_round_or_draw(tmp_path):
     # them exactly) give the same metrics and logits: bf16-sr's evaluation adds nothing.
     plain = make_estimator(tmp_path / "sr", precision="bf16")
     assert plain.evaluate(eval_fn) == first
-    plain_rows = list(plain.predict(lambda p: stoker.data.arrays(x, batch_size=p["batch_size"], shuffle=False, num_epochs=1),
-                                    yield_single_examples=False))
+    plain_rows = list(
+        plain.predict(
+            lambda p: stoker.data.arrays(x, batch_size=p["batch_size"], shuffle=False, num_epochs=1),
+            yield_single_examples=False,
+        )
+    )
     for r, q in zip(rows, plain_rows, strict=True):
         assert torch.equal(r["logits"].float(), q["logits"].float())
 
@@ -200,7 +212,9 @@ def test_unsupported_combinations_are_named(tmp_path):
     x, y = make_data(64)
     make_estimator(tmp_path / "run", iterations_per_loop=2).train(train_input(x, y), max_steps=2)
     with pytest.raises(stoker.errors.CheckpointError, match="no stochastic-rounding generator"):
-        make_estimator(tmp_path / "run", precision="bf16-sr", iterations_per_loop=2).train(train_input(x, y), max_steps=4)
+        make_estimator(tmp_path / "run", precision="bf16-sr", iterations_per_loop=2).train(
+            train_input(x, y), max_steps=4
+        )
 
 
 def test_stoker_train_bert_with_bf16_sr_and_recompute_trains_saves_bf16_and_exports(tmp_path, capsys):
@@ -218,10 +232,33 @@ def test_stoker_train_bert_with_bf16_sr_and_recompute_trains_saves_bf16_and_expo
     add_train_parser(sub)
     add_export_parser(sub)
     cfg = tiny_config(str(tmp_path / "run"), max_steps=4)
-    argv = ["train", "bert", "--model_dir", cfg.model_dir, "--max_steps", "4", "--text", *cfg.text, "--eval_steps", "2",
-            "--precision", "bf16-sr", "--recompute", "layers.*"]
-    for name in ("hidden_size", "num_layers", "num_heads", "intermediate_size", "seq_len", "batch_size", "eval_batch_size",
-                 "eval_every_n_steps", "device"):
+    argv = [
+        "train",
+        "bert",
+        "--model_dir",
+        cfg.model_dir,
+        "--max_steps",
+        "4",
+        "--text",
+        *cfg.text,
+        "--eval_steps",
+        "2",
+        "--precision",
+        "bf16-sr",
+        "--recompute",
+        "layers.*",
+    ]
+    for name in (
+        "hidden_size",
+        "num_layers",
+        "num_heads",
+        "intermediate_size",
+        "seq_len",
+        "batch_size",
+        "eval_batch_size",
+        "eval_every_n_steps",
+        "device",
+    ):
         argv += [f"--{name}", str(getattr(cfg, name))]
     args = parser.parse_args(argv)
     assert args.func(args) == 0

@@ -29,7 +29,9 @@ FAST = RetryPolicy(attempts=4, backoff=0.001, max_backoff=0.01, timeout=30.0)
 class FailNth:
     """Wraps ``storage._write_durably``: the writes numbered in ``fail`` raise ``error`` (or hang)."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, fail: set[int], error: OSError | None, hang: float = 0.0) -> None:
+    def __init__(
+        self, monkeypatch: pytest.MonkeyPatch, fail: set[int], error: OSError | None, hang: float = 0.0
+    ) -> None:
         self.real = storage._write_durably
         self.fail, self.error, self.hang, self.n = fail, error, hang, 0
         self.lock = threading.Lock()
@@ -76,7 +78,10 @@ def test_permanent_fault_stops_training_resumably(tmp_path, monkeypatch, referen
     make_estimator(tmp_path, save_checkpoints_steps=4).train(train_input(x, y), max_steps=4)
     faults = FailNth(monkeypatch, {2}, error)  # the second file of ckpt-8
     est = make_estimator(tmp_path, save_checkpoints_steps=4, storage_retry=FAST)
-    with pytest.raises(StorageError, match=rf"checkpoint ckpt-8 was not written: cannot write {tmp_path}/\.tmp-ckpt-8-\w+/\S+: {cause}.*ckpt-4' stays the latest"):
+    with pytest.raises(
+        StorageError,
+        match=rf"checkpoint ckpt-8 was not written: cannot write {tmp_path}/\.tmp-ckpt-8-\w+/\S+: {cause}.*ckpt-4' stays the latest",
+    ):
         est.train(train_input(x, y), max_steps=12)
     assert faults.n == 3 + 1  # 3 files + the index of ckpt-8 were attempted, no retry of a permanent fault
     assert _latest(tmp_path) == "ckpt-4"
@@ -101,7 +106,10 @@ def test_transient_fault_that_persists_gives_up_after_bounded_attempts(tmp_path,
     m = CheckpointManager(tmp_path, retry=FAST)
     m.save(4, {"w": torch.ones(2)}, {"global_step": 4})
     FailNth(monkeypatch, set(range(1, 100)), OSError(errno.EBUSY, "Device or resource busy"))
-    with pytest.raises(StorageError, match=r"cannot write .*tmp-ckpt-8.* after 4 attempts: OSError: \[Errno 16\] Device or resource busy"):
+    with pytest.raises(
+        StorageError,
+        match=r"cannot write .*tmp-ckpt-8.* after 4 attempts: OSError: \[Errno 16\] Device or resource busy",
+    ):
         m.save(8, {"w": torch.zeros(2)}, {"global_step": 8})
     assert m.latest_step() == 4 and torch.equal(m.load(m.latest_path()).model_state["w"], torch.ones(2))
 
@@ -110,7 +118,10 @@ def test_a_store_that_stops_answering_times_out_with_a_clear_error(tmp_path, mon
     m = CheckpointManager(tmp_path, retry=RetryPolicy(attempts=2, backoff=0.001, timeout=0.3))
     m.save(4, {"w": torch.ones(2)}, {"global_step": 4})
     FailNth(monkeypatch, {1}, None, hang=3.0)
-    with pytest.raises(StorageError, match=r"cannot write .*tmp-ckpt-8.*: the store did not answer within 0.3 s; .*ckpt-4' stays the latest"):
+    with pytest.raises(
+        StorageError,
+        match=r"cannot write .*tmp-ckpt-8.*: the store did not answer within 0.3 s; .*ckpt-4' stays the latest",
+    ):
         m.save(8, {"w": torch.zeros(2)}, {"global_step": 8})
     assert m.latest_step() == 4 and m.load(m.latest_path()).step == 4
 

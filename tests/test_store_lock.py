@@ -96,7 +96,10 @@ def test_a_lock_left_by_a_process_that_exited_is_broken_at_once(shared, caplog):
     with caplog.at_level(logging.WARNING, logger="stoker"), store_lock.lock_file(location(lock), stale_after=60):
         assert json.loads(storage.read_bytes(location(lock)))["pid"] == os.getpid()
     assert time.monotonic() - start < 10
-    assert any("breaking the stale index lock" in r.getMessage() and f"pid {int(dead.stdout)}" in r.getMessage() for r in caplog.records)
+    assert any(
+        "breaking the stale index lock" in r.getMessage() and f"pid {int(dead.stdout)}" in r.getMessage()
+        for r in caplog.records
+    )
 
 
 def test_a_stale_lock_is_broken_after_the_timeout_with_a_warning(shared, caplog):
@@ -125,7 +128,9 @@ def test_an_unreadable_lock_is_broken_after_the_timeout(shared, caplog):
 def test_a_lock_that_never_becomes_stale_is_an_error_naming_its_holder(shared):
     lock = _url() + "/checkpoint.json.lock"
     _plant(lock, time=time.time() + 3600)  # the holder's clock is an hour ahead
-    with pytest.raises(StorageError, match=r"cannot take the index lock shared://.*checkpoint.json.lock: held by pid 1 on another-host"):
+    with pytest.raises(
+        StorageError, match=r"cannot take the index lock shared://.*checkpoint.json.lock: held by pid 1 on another-host"
+    ):
         with store_lock.lock_file(location(lock), stale_after=0.2):
             pass
 
@@ -191,9 +196,16 @@ def test_trainer_and_evaluator_processes_on_a_store_without_conditional_writes(s
     monkeypatch.setattr(storage, "read_versioned", slow_read)
     trainer = CheckpointManager(url, keep_checkpoint_max=0, keep_best=("loss", "min"))
     trainer.save(0, {"w": torch.zeros(1)}, {"global_step": 0})
-    proc = subprocess.Popen([PYTHON, "-c", _EVALUATOR, url, str(n), str(TESTS)], env={**python_env(), **shared},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", proc.stderr.read() if proc.stderr else ""
+    proc = subprocess.Popen(
+        [PYTHON, "-c", _EVALUATOR, url, str(n), str(TESTS)],
+        env={**python_env(), **shared},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", (
+        proc.stderr.read() if proc.stderr else ""
+    )
     for step in range(1, n):
         trainer.save(step, {"w": torch.full((1,), float(step))}, {"global_step": step})
     out, err = proc.communicate(timeout=120)

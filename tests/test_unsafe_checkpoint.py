@@ -64,12 +64,16 @@ def test_refused_file_names_file_and_previous_checkpoint(trained, tmp_path, fnam
     else:
         data = pickle.dumps(hostile)
     _plant(model_dir, "ckpt-8", fname, data)
-    with pytest.raises(CorruptCheckpointError, match=rf"ckpt-8.*{fname}.*previous retained checkpoint is .*ckpt-4") as info:
+    with pytest.raises(
+        CorruptCheckpointError, match=rf"ckpt-8.*{fname}.*previous retained checkpoint is .*ckpt-4"
+    ) as info:
         make_estimator(model_dir).train(train_input(x, y), max_steps=12)
     assert not marker.exists()
     assert "Traceback" not in str(info.value)
     # the offered checkpoint still loads
-    assert make_estimator(model_dir).evaluate(eval_input(x, y), checkpoint_path=model_dir / "ckpt-4")["global_step"] == 4
+    assert (
+        make_estimator(model_dir).evaluate(eval_input(x, y), checkpoint_path=model_dir / "ckpt-4")["global_step"] == 4
+    )
 
 
 def test_dcp_metadata_is_vetted_before_torch_unpickles_it(tmp_path):
@@ -87,7 +91,9 @@ def test_dcp_metadata_is_vetted_before_torch_unpickles_it(tmp_path):
     assert type(load_dcp_metadata(genuine)).__name__ == "Metadata"
     marker = tmp_path / "code-ran"
     _plant(tmp_path, "ckpt-8", "dcp/.metadata", pickle.dumps(_Touch(marker)))
-    with pytest.raises(CorruptCheckpointError, match=r"ckpt-8.*dcp/.metadata.*pathlib.*previous retained checkpoint is .*ckpt-4"):
+    with pytest.raises(
+        CorruptCheckpointError, match=r"ckpt-8.*dcp/.metadata.*pathlib.*previous retained checkpoint is .*ckpt-4"
+    ):
         load_checkpoint(tmp_path / "ckpt-8")
     assert not marker.exists()
 

@@ -25,11 +25,15 @@ def test_inspect_a_url_model_dir_equals_the_local_one(tmp_path, capsys):
     x, y = make_data(64)
     url = _url()
     for where in (tmp_path, url):
-        make_estimator(where, save_checkpoints_steps=4, keep_checkpoint_max=2, log_every_n_steps=2).train(train_input(x, y), max_steps=8)
+        make_estimator(where, save_checkpoints_steps=4, keep_checkpoint_max=2, log_every_n_steps=2).train(
+            train_input(x, y), max_steps=8
+        )
     local, remote = inspect_run(tmp_path), inspect_run(url)
     assert remote["model_dir"] == url
     assert [(c["name"], c["step"], c["latest"], c["present"]) for c in remote["checkpoints"]] == [
-        ("ckpt-4", 4, False, True), ("ckpt-8", 8, True, True)]
+        ("ckpt-4", 4, False, True),
+        ("ckpt-8", 8, True, True),
+    ]
     assert [c["bytes"] for c in remote["checkpoints"]] == [c["bytes"] for c in local["checkpoints"]]
     assert remote["metrics"].keys() == local["metrics"].keys() and "loss" in remote["metrics"]
     assert remote["metrics"]["loss"]["value"] == local["metrics"]["loss"]["value"]

@@ -42,8 +42,13 @@ def main() -> None:
     torch.set_num_threads(1)
     x, y = make_data(100)
     est = make_estimator(
-        args.model_dir, iterations_per_loop=2, save_checkpoints_steps=3, precision=args.precision,
-        params={"sleep": args.sleep}, log_every_n_steps=5, async_checkpoints=args.async_checkpoints,
+        args.model_dir,
+        iterations_per_loop=2,
+        save_checkpoints_steps=3,
+        precision=args.precision,
+        params={"sleep": args.sleep},
+        log_every_n_steps=5,
+        async_checkpoints=args.async_checkpoints,
     )
     est.model_fn = slow_fn
     est.train(train_input(x, y), max_steps=args.max_steps)

@@ -33,10 +33,18 @@ if TYPE_CHECKING:
 
 #: public name -> the module that defines it (a module itself where the name is a subpackage)
 _EXPORTS = {
-    "CheckpointError": ".errors", "CorruptCheckpointError": ".errors", "ModelFnError": ".errors",
-    "NanLossError": ".errors", "StokerError": ".errors", "StorageError": ".errors",
-    "Estimator": ".estimator", "EstimatorSpec": ".spec", "ModeKeys": ".spec", "RunConfig": ".config",
-    "WarmStartSettings": ".checkpoint", "keep_freed_host_memory": ".memory",
+    "CheckpointError": ".errors",
+    "CorruptCheckpointError": ".errors",
+    "ModelFnError": ".errors",
+    "NanLossError": ".errors",
+    "StokerError": ".errors",
+    "StorageError": ".errors",
+    "Estimator": ".estimator",
+    "EstimatorSpec": ".spec",
+    "ModeKeys": ".spec",
+    "RunConfig": ".config",
+    "WarmStartSettings": ".checkpoint",
+    "keep_freed_host_memory": ".memory",
 }
 _SUBMODULES = {"data", "hooks", "metrics", "precision"}
 

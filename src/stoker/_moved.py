@@ -52,8 +52,11 @@ class _Alias(importlib.abc.Loader):
         self.spec: importlib.machinery.ModuleSpec | None = None
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        warnings.warn(f"{self.old} moved to {self.new}; import it from there (the old name goes away after 0.2)",
-                      DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            f"{self.old} moved to {self.new}; import it from there (the old name goes away after 0.2)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         module = importlib.import_module(self.new)
         self.spec = module.__spec__
         return module
@@ -67,8 +70,12 @@ class _Alias(importlib.abc.Loader):
 class MovedModuleFinder(importlib.abc.MetaPathFinder):
     """Finds a moved module's old name and answers with the module under its new one."""
 
-    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None,
-                  ) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: ModuleType | None = None,
+    ) -> importlib.machinery.ModuleSpec | None:
         new = MOVED.get(fullname)
         if new is None:
             return None

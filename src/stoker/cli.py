@@ -19,7 +19,10 @@ from ._version import __version__
 COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("stoker.bench.cli", "benchmark a zoo model with tf_cnn_benchmarks' flags and output"),
     "train": ("stoker.recipes.cli", "train a recipe (charlm, bert, or one an installed package adds)"),
-    "evaluate": ("stoker.engine.cli", "evaluate a model_dir's checkpoints; --watch: each new one as training writes it"),
+    "evaluate": (
+        "stoker.engine.cli",
+        "evaluate a model_dir's checkpoints; --watch: each new one as training writes it",
+    ),
     "adanet": ("stoker.adanet.cli", "run an AdaNet ensemble search on a bundled data set"),
     "export": ("stoker.export.cli", "export a model_dir's best (else newest) checkpoint as a torch.export program"),
     "serve": ("stoker.serving.cli", "serve an export over the Open Inference Protocol (KServe v2)"),

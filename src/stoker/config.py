@@ -142,7 +142,9 @@ class RunConfig:
             _positive_int("log_every_n_steps", self.log_every_n_steps)
         _positive_int("loss_scale_growth_interval", self.loss_scale_growth_interval)
         if self.keep_checkpoint_max < 0:
-            raise ValueError(f"RunConfig.keep_checkpoint_max must be >= 0 (0 keeps all), got {self.keep_checkpoint_max}")
+            raise ValueError(
+                f"RunConfig.keep_checkpoint_max must be >= 0 (0 keeps all), got {self.keep_checkpoint_max}"
+            )
         if self.save_checkpoints_steps is not None and self.save_checkpoints_secs is not None:
             raise ValueError(
                 "RunConfig: set at most one of save_checkpoints_steps and save_checkpoints_secs "
@@ -158,9 +160,7 @@ class RunConfig:
             raise ValueError(f"RunConfig.precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
         if self.precision == "bf16-sr":
             self._check_bf16_sr()
-        if self.loss_scale != "dynamic" and not (
-            isinstance(self.loss_scale, (int, float)) and self.loss_scale > 0
-        ):
+        if self.loss_scale != "dynamic" and not (isinstance(self.loss_scale, (int, float)) and self.loss_scale > 0):
             raise ValueError(f"RunConfig.loss_scale must be a positive number or 'dynamic'; got {self.loss_scale!r}")
         if not self.loss_scale_init > 0:
             raise ValueError(f"RunConfig.loss_scale_init must be > 0; got {self.loss_scale_init}")
@@ -170,9 +170,7 @@ class RunConfig:
                 or len(self.keep_best) != 2
                 or self.keep_best[1] not in ("min", "max")
             ):
-                raise ValueError(
-                    f"RunConfig.keep_best must be (metric_name, 'min' | 'max'); got {self.keep_best!r}"
-                )
+                raise ValueError(f"RunConfig.keep_best must be (metric_name, 'min' | 'max'); got {self.keep_best!r}")
             self.keep_best = (str(self.keep_best[0]), str(self.keep_best[1]))
         if self.gradient_clip_norm is not None and not self.gradient_clip_norm > 0:
             raise ValueError(f"RunConfig.gradient_clip_norm must be > 0; got {self.gradient_clip_norm}")
@@ -191,7 +189,9 @@ class RunConfig:
         if not isinstance(self.cuda_graph, bool):
             raise ValueError(f"RunConfig.cuda_graph must be True or False; got {self.cuda_graph!r}")
         if self.cuda_graph and self.device == "cpu":
-            raise ValueError("RunConfig.cuda_graph=True needs a CUDA device; device is 'cpu' (set device='cuda' or cuda_graph=False)")
+            raise ValueError(
+                "RunConfig.cuda_graph=True needs a CUDA device; device is 'cpu' (set device='cuda' or cuda_graph=False)"
+            )
         if self.cuda_graph and self.compile_mode == "step":
             raise ValueError("RunConfig: cuda_graph=True and compile='step' are two ways to run the step; pick one")
         self.recompute = _recompute_spec(self.recompute)
@@ -238,7 +238,9 @@ class RunConfig:
             )
         if self.pipeline_split is None:
             if self.strategy == "pipeline":
-                raise ValueError("RunConfig.strategy='pipeline' needs pipeline_split (the module names to split before)")
+                raise ValueError(
+                    "RunConfig.strategy='pipeline' needs pipeline_split (the module names to split before)"
+                )
             return
         stages = len(self.pipeline_split) + 1
         if stages % self.pipeline_stages_per_process:

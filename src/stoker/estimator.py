@@ -97,23 +97,43 @@ class Estimator:
         cfg = self.config
         pipeline = None
         if cfg.pipeline_split is not None:
-            pipeline = PipelineConfig(split=cfg.pipeline_split, microbatches=cfg.pipeline_microbatches,
-                                      schedule=cfg.pipeline_schedule, stages_per_process=cfg.pipeline_stages_per_process)
-        self.strategy: Strategy = make_strategy(cfg.strategy, cfg.device, cfg.distributed_timeout, pipeline,
-                                                 bucket_cap_mb=cfg.ddp_bucket_cap_mb)
+            pipeline = PipelineConfig(
+                split=cfg.pipeline_split,
+                microbatches=cfg.pipeline_microbatches,
+                schedule=cfg.pipeline_schedule,
+                stages_per_process=cfg.pipeline_stages_per_process,
+            )
+        self.strategy: Strategy = make_strategy(
+            cfg.strategy, cfg.device, cfg.distributed_timeout, pipeline, bucket_cap_mb=cfg.ddp_bucket_cap_mb
+        )
         self.inputs = InputPlan(
-            params=self.params, config=cfg, strategy=self.strategy, train_batch_size=train_batch_size,
-            eval_batch_size=eval_batch_size, predict_batch_size=predict_batch_size,
+            params=self.params,
+            config=cfg,
+            strategy=self.strategy,
+            train_batch_size=train_batch_size,
+            eval_batch_size=eval_batch_size,
+            predict_batch_size=predict_batch_size,
         )
         checkpoints = (
-            CheckpointManager(cfg.model_dir, keep_checkpoint_max=cfg.keep_checkpoint_max, keep_best=cfg.keep_best,
-                              writer=self.strategy.is_chief, retry=cfg.storage_retry)
+            CheckpointManager(
+                cfg.model_dir,
+                keep_checkpoint_max=cfg.keep_checkpoint_max,
+                keep_best=cfg.keep_best,
+                writer=self.strategy.is_chief,
+                retry=cfg.storage_retry,
+            )
             if cfg.model_dir
             else None
         )
         self.state = ModelState(
-            model=model, params=self.params, config=cfg, strategy=self.strategy, checkpoints=checkpoints,
-            optimizer=optimizer, lr_schedule=lr_schedule, warm_start_from=warm_start_from,
+            model=model,
+            params=self.params,
+            config=cfg,
+            strategy=self.strategy,
+            checkpoints=checkpoints,
+            optimizer=optimizer,
+            lr_schedule=lr_schedule,
+            warm_start_from=warm_start_from,
         )
         self._evaluation = EvaluationRun(self.state, self.inputs, self._model_fn)
         _ensure_log_handler(self.strategy.is_chief)
@@ -216,7 +236,9 @@ class Estimator:
         if self.train_batch_size is None:
             raise ValueError("train: the Estimator needs train_batch_size")
         if not self.state.can_train:
-            raise ValueError("train: the Estimator needs optimizer=lambda params, parameters: torch.optim.X(parameters, ...)")
+            raise ValueError(
+                "train: the Estimator needs optimizer=lambda params, parameters: torch.optim.X(parameters, ...)"
+            )
         # A hook the caller passes replaces the default hook of the same class (e.g. a
         # LoggingHook(language_model=True) instead of the plain one).
         given = {type(h) for h in hooks}
@@ -266,9 +288,16 @@ class Estimator:
         if checkpoints is None:
             raise ValueError("evaluate_continuously: the Estimator needs RunConfig.model_dir (the directory to watch)")
         if self.strategy.world_size > 1:
-            raise ValueError("evaluate_continuously runs in one process: start it without torchrun (device= picks its device)")
-        config = ContinuousEvalConfig(steps=steps, timeout_secs=timeout_secs, poll_secs=poll_secs, last_step=last_step,
-                                      summaries=self.config.summaries)
+            raise ValueError(
+                "evaluate_continuously runs in one process: start it without torchrun (device= picks its device)"
+            )
+        config = ContinuousEvalConfig(
+            steps=steps,
+            timeout_secs=timeout_secs,
+            poll_secs=poll_secs,
+            last_step=last_step,
+            summaries=self.config.summaries,
+        )
         evaluation = evaluation_on_device(self._evaluation, device)
         return ContinuousEvaluation(evaluation, checkpoints, config, on_result=on_result).run(input_fn)
 
@@ -304,7 +333,9 @@ class Estimator:
         Returns the final evaluation.
         """
         if not isinstance(eval_every_n_steps, int) or eval_every_n_steps < 1:
-            raise ValueError(f"train_and_evaluate: eval_every_n_steps must be a positive integer; got {eval_every_n_steps!r}")
+            raise ValueError(
+                f"train_and_evaluate: eval_every_n_steps must be a positive integer; got {eval_every_n_steps!r}"
+            )
         evaluator = EvaluationHook(self, eval_input_fn, every_n_steps=eval_every_n_steps, steps=eval_steps)
         self.train(train_input_fn, max_steps=max_steps, hooks=[*hooks, evaluator])
         if evaluator.last_results is None or evaluator.last_results["global_step"] != self.global_step:
@@ -328,8 +359,16 @@ class Estimator:
         best checkpoint when ``keep_best`` recorded one, else the newest. See docs/export.md."""
         from .export.program import export
 
-        return export(self, export_dir, example_features, dynamic_batch, formats, checkpoint_path=checkpoint_path,
-                      aot=aot, aot_device=aot_device)
+        return export(
+            self,
+            export_dir,
+            example_features,
+            dynamic_batch,
+            formats,
+            checkpoint_path=checkpoint_path,
+            aot=aot,
+            aot_device=aot_device,
+        )
 
 
 class EvaluationHook(Hook):

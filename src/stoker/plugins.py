@@ -49,8 +49,15 @@ def entry_points(group: str) -> dict[str, str]:
         dist = ep.dist.name if ep.dist is not None else "?"
         module = ep.value.split(":", 1)[0].strip()
         if ep.name in found and found[ep.name] != module:
-            log.warning("entry point %s=%s of %s ignored: %r is already %s (from %s)",
-                        ep.name, module, dist, ep.name, found[ep.name], owners[ep.name])
+            log.warning(
+                "entry point %s=%s of %s ignored: %r is already %s (from %s)",
+                ep.name,
+                module,
+                dist,
+                ep.name,
+                found[ep.name],
+                owners[ep.name],
+            )
             continue
         found[ep.name], owners[ep.name] = module, dist
     return found
@@ -64,8 +71,10 @@ def load(group: str, name: str) -> ModuleType | None:
     try:
         return importlib.import_module(module)
     except Exception as e:  # noqa: BLE001 - a broken plugin is named, whatever it raised
-        raise PluginError(f"the {group} entry point {name!r} names module {module!r}, which cannot be imported: "
-                          f"{type(e).__name__}: {e}") from e
+        raise PluginError(
+            f"the {group} entry point {name!r} names module {module!r}, which cannot be imported: "
+            f"{type(e).__name__}: {e}"
+        ) from e
 
 
 __all__ = ["BUILTIN", "RECIPES_GROUP", "RUN_SPEC_GROUP", "PluginError", "entry_points", "load"]

@@ -104,7 +104,9 @@ class LossScaler:
         self.skipped_steps = int(state["skipped_steps"])
 
 
-def make_loss_scaler(precision: str, loss_scale: float | str, init_scale: float, growth_interval: int) -> LossScaler | None:
+def make_loss_scaler(
+    precision: str, loss_scale: float | str, init_scale: float, growth_interval: int
+) -> LossScaler | None:
     """The loss scaler a precision needs: ``None`` for fp32, bf16 and bf16-sr."""
     if precision != "fp16":
         return None

@@ -49,15 +49,22 @@ class RunSpecError(ExportError):
     """A ``run_spec.json`` that is missing, unreadable, or of a kind no builder is registered for."""
 
 
-def write_run_spec(model_dir: str | os.PathLike[str], *, kind: str, params: Mapping[str, Any] | None = None,
-                   **fields: Any) -> Path:
+def write_run_spec(
+    model_dir: str | os.PathLike[str], *, kind: str, params: Mapping[str, Any] | None = None, **fields: Any
+) -> Path:
     """Record in ``model_dir/run_spec.json`` how the run's model is built.
 
     ``kind`` names the builder (``"zoo"``: ``model``, ``dataset`` and optional ``num_classes``
     fields; ``"charlm"``: the recipe's config). Other fields are kept as given (JSON values).
     """
-    spec = {"format": RUN_SPEC_FORMAT, "kind": kind, **fields, "params": dict(params or {}),
-            "stoker_version": __version__, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    spec = {
+        "format": RUN_SPEC_FORMAT,
+        "kind": kind,
+        **fields,
+        "params": dict(params or {}),
+        "stoker_version": __version__,
+        "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
     text = json.dumps(spec, indent=1, default=str) + "\n"
     where = storage.location(model_dir)
     if isinstance(where, storage.UrlPath):  # one object PUT is atomic
@@ -101,13 +108,17 @@ def _register(table: dict[str, Any], kind: str, builder: Callable[..., Any], wha
     """``table[kind] = builder``, refusing a second, different function for ``kind``."""
     known = table.get(kind)
     if known is not None and _qualified(known) != _qualified(builder):
-        raise ValueError(f"{what} is already registered to {_qualified(known)}; cannot register {_qualified(builder)} too")
+        raise ValueError(
+            f"{what} is already registered to {_qualified(known)}; cannot register {_qualified(builder)} too"
+        )
     table[kind] = builder
 
 
 #: ``eval_input(spec, model_dir) -> (input_fn, steps)``: a kind's held-out data and the batches
 #: per evaluation (``None``: all of it), for ``stoker evaluate`` and its ``--watch``
-EvalInputBuilder = Callable[[Mapping[str, Any], str | os.PathLike[str]], tuple[Callable[[dict[str, Any]], Any], int | None]]
+EvalInputBuilder = Callable[
+    [Mapping[str, Any], str | os.PathLike[str]], tuple[Callable[[dict[str, Any]], Any], int | None]
+]
 _E = TypeVar("_E", bound=EvalInputBuilder)
 _C = TypeVar("_C")
 _T = TypeVar("_T")
@@ -128,7 +139,9 @@ def register_eval_input(kind: str) -> Callable[[_E], _E]:
     return register
 
 
-def eval_input_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> tuple[Callable[[dict[str, Any]], Any], int | None]:
+def eval_input_from_run_spec(
+    spec: Mapping[str, Any], model_dir: str | os.PathLike[str]
+) -> tuple[Callable[[dict[str, Any]], Any], int | None]:
     """The evaluation ``input_fn`` and batches per evaluation of a ``run_spec.json``'s kind."""
     builder = _lookup(EVAL_INPUT_BUILDERS, spec["kind"])
     if builder is None:
@@ -148,7 +161,8 @@ def recipe_config(config_cls: type[_C], spec: Mapping[str, Any], model_dir: str 
     saved = {k: v for k, v in (spec.get("config") or {}).items() if k in known}
     config = config_cls(**saved)
     return dataclasses.replace(  # type: ignore[type-var]
-        config, model_dir=os.fspath(model_dir), **{k: v for k, v in spec["params"].items() if k in known})
+        config, model_dir=os.fspath(model_dir), **{k: v for k, v in spec["params"].items() if k in known}
+    )
 
 
 def run_spec_builder(kind: str) -> RunSpecBuilder:

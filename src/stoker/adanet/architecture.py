@@ -78,7 +78,9 @@ def read_architecture(model_dir: str | os.PathLike[str] | Location, iteration_nu
     try:
         return Architecture.deserialize(read_text(path))
     except (OSError, ValueError, KeyError, TypeError, StorageError) as e:
-        raise ValueError(f"{path} is missing or unreadable ({e}); it records iteration {iteration_number}'s ensemble") from e
+        raise ValueError(
+            f"{path} is missing or unreadable ({e}); it records iteration {iteration_number}'s ensemble"
+        ) from e
 
 
 def read_text(path: Location) -> str:

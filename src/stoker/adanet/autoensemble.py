@@ -54,7 +54,12 @@ class _PoolBuilder(Builder):
         return self._name
 
     def build_subnetwork(
-        self, features: Any, logits_dimension: int, training: bool, iteration_step: torch.Tensor, previous_ensemble: Ensemble | None
+        self,
+        features: Any,
+        logits_dimension: int,
+        training: bool,
+        iteration_step: torch.Tensor,
+        previous_ensemble: Ensemble | None,
     ) -> nn.Module:
         model = self.entry.model
         if isinstance(model, nn.Module):
@@ -63,7 +68,9 @@ class _PoolBuilder(Builder):
             return module
         module = model()
         if not isinstance(module, nn.Module):
-            raise TypeError(f"the candidate pool's factory {self._name!r} must return an nn.Module; got {type(module).__name__}")
+            raise TypeError(
+                f"the candidate pool's factory {self._name!r} must return an nn.Module; got {type(module).__name__}"
+            )
         return module
 
     def build_subnetwork_optimizer(self, parameters: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
@@ -86,23 +93,32 @@ class AutoEnsembleEstimator(Estimator):
     def __init__(
         self,
         head: Head,
-        candidate_pool: Mapping[str, AutoEnsembleSubestimator | ModelOrFactory] | Sequence[AutoEnsembleSubestimator | ModelOrFactory],
+        candidate_pool: Mapping[str, AutoEnsembleSubestimator | ModelOrFactory]
+        | Sequence[AutoEnsembleSubestimator | ModelOrFactory],
         max_iteration_steps: int,
         *,
         optimizer: OptimizerFactory | None = None,
         ensemblers: Sequence[Ensembler] | None = None,
         **kwargs: Any,
     ) -> None:
-        pool = dict(candidate_pool) if isinstance(candidate_pool, Mapping) else {f"candidate_{i}": c for i, c in enumerate(candidate_pool)}
+        pool = (
+            dict(candidate_pool)
+            if isinstance(candidate_pool, Mapping)
+            else {f"candidate_{i}": c for i, c in enumerate(candidate_pool)}
+        )
         if not pool:
             raise ValueError("candidate_pool is empty")
         builders = []
         for name, entry in pool.items():
             if not isinstance(entry, AutoEnsembleSubestimator):
                 if not (isinstance(entry, nn.Module) or callable(entry)):
-                    raise TypeError(f"candidate_pool[{name!r}] must be an AutoEnsembleSubestimator, an nn.Module or a factory; got {type(entry).__name__}")
+                    raise TypeError(
+                        f"candidate_pool[{name!r}] must be an AutoEnsembleSubestimator, an nn.Module or a factory; got {type(entry).__name__}"
+                    )
                 if optimizer is None:
-                    raise ValueError(f"candidate_pool[{name!r}] has no optimizer: wrap it in AutoEnsembleSubestimator(optimizer=...) or pass optimizer=")
+                    raise ValueError(
+                        f"candidate_pool[{name!r}] has no optimizer: wrap it in AutoEnsembleSubestimator(optimizer=...) or pass optimizer="
+                    )
                 entry = AutoEnsembleSubestimator(model=entry, optimizer=optimizer)
             builders.append(_PoolBuilder(str(name), entry))
         super().__init__(head, SimpleGenerator(builders), max_iteration_steps, ensemblers=ensemblers, **kwargs)

@@ -44,12 +44,23 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("recipe", choices=RECIPES, help="which data set and search")
     p.add_argument("--model_dir", help="where the search lives (default runs/adanet/<recipe>); rerun to resume")
     p.add_argument("--max_iterations", type=_positive, default=3, help="AdaNet iterations; default %(default)s")
-    p.add_argument("--max_iteration_steps", type=_positive, default=200, help="training steps per iteration; default %(default)s")
+    p.add_argument(
+        "--max_iteration_steps", type=_positive, default=200, help="training steps per iteration; default %(default)s"
+    )
     p.add_argument("--batch_size", type=_positive, default=64, help="global batch; default %(default)s")
-    p.add_argument("--learning_rate", type=float, default=3e-3, help="Adam learning rate of the subnetworks; default %(default)s")
+    p.add_argument(
+        "--learning_rate", type=float, default=3e-3, help="Adam learning rate of the subnetworks; default %(default)s"
+    )
     p.add_argument("--seed", type=int, default=0, help="data split, initialisation and shuffling; default %(default)s")
-    p.add_argument("--generators", default="linear,dnn,cnn", help="digits: which of linear,dnn,cnn to run; default %(default)s")
-    p.add_argument("--lambdas", type=_floats, default=[0.0, 0.01, 0.1, 1.0], help="diabetes: adanet_lambda values; default 0,0.01,0.1,1")
+    p.add_argument(
+        "--generators", default="linear,dnn,cnn", help="digits: which of linear,dnn,cnn to run; default %(default)s"
+    )
+    p.add_argument(
+        "--lambdas",
+        type=_floats,
+        default=[0.0, 0.01, 0.1, 1.0],
+        help="diabetes: adanet_lambda values; default 0,0.01,0.1,1",
+    )
     p.add_argument("--fresh", action="store_true", help="delete --model_dir first")
     p.add_argument("--json", action="store_true", help="also print the results as JSON")
     p.add_argument("--quiet", action="store_true", help="print only the JSON (with --json)")
@@ -66,8 +77,11 @@ def run(args: argparse.Namespace) -> int:
     logging.getLogger("stoker").setLevel(logging.WARNING)  # the recipe prints its own report
     chief = torchrun_rank() == 0  # under torchrun, replica 0 reports
     if args.fresh and torchrun_world_size() > 1:
-        print("stoker adanet: --fresh deletes --model_dir, which replicas would race to do: delete it before "
-              "launching, and run without --fresh under torchrun", file=sys.stderr)
+        print(
+            "stoker adanet: --fresh deletes --model_dir, which replicas would race to do: delete it before "
+            "launching, and run without --fresh under torchrun",
+            file=sys.stderr,
+        )
         return 2
     torch.manual_seed(args.seed)
     cfg = RecipeConfig(
@@ -84,7 +98,10 @@ def run(args: argparse.Namespace) -> int:
         which = [g.strip() for g in args.generators.split(",") if g.strip()]
         unknown = sorted(set(which) - {"linear", "dnn", "cnn"})
         if unknown:
-            print(f"stoker adanet: --generators has unknown names {unknown}; choose from linear, dnn, cnn", file=sys.stderr)
+            print(
+                f"stoker adanet: --generators has unknown names {unknown}; choose from linear, dnn, cnn",
+                file=sys.stderr,
+            )
             return 2
         results = run_digits(cfg, which)
     elif args.recipe == "diabetes":

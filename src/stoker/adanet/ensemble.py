@@ -144,7 +144,9 @@ class Combiner(nn.Module, abc.ABC):
         self.members = list(members)
 
     @abc.abstractmethod
-    def forward(self, outputs: Sequence[Subnetwork], regularize: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, outputs: Sequence[Subnetwork], regularize: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The ensemble's logits and complexity regulariser (``None``: none, or not asked for)."""
 
     def member_weight(self, j: int) -> torch.Tensor | None:
@@ -164,7 +166,9 @@ class Ensembler(abc.ABC):
         """Written to ``architecture-<t>.json`` as ``ensembler_name``."""
 
     @abc.abstractmethod
-    def build_ensemble(self, members: Sequence[Member], logits_dimension: int, previous_ensemble: Ensemble | None) -> Combiner:
+    def build_ensemble(
+        self, members: Sequence[Member], logits_dimension: int, previous_ensemble: Ensemble | None
+    ) -> Combiner:
         """The combiner of a candidate whose members are ``members`` (oldest first)."""
 
     def build_optimizer(self, parameters: Sequence[nn.Parameter]) -> torch.optim.Optimizer | None:
@@ -194,7 +198,9 @@ class _WeightedSum(Combiner):
         self.adanet_lambda = float(adanet_lambda)
         self.adanet_beta = float(adanet_beta)
 
-    def forward(self, outputs: Sequence[Subnetwork], regularize: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, outputs: Sequence[Subnetwork], regularize: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         matrix = self.mixture_weight_type is MixtureWeightType.MATRIX
         logits: torch.Tensor | None = None
         reg: torch.Tensor | None = None
@@ -257,7 +263,9 @@ class BatchedWeightedSum(nn.Module):
                     weights[c, j] = w
         trainable = first.mixture_weights[0].requires_grad
         self.weights = nn.Parameter(weights, requires_grad=trainable)
-        self.register_buffer("columns", torch.tensor(cols, dtype=torch.long, device=device).reshape(-1), persistent=False)
+        self.register_buffer(
+            "columns", torch.tensor(cols, dtype=torch.long, device=device).reshape(-1), persistent=False
+        )
         self.bias = None
         if first.bias is not None:
             self.bias = nn.Parameter(torch.stack([c.bias.detach() for c in combiners]), requires_grad=trainable)  # type: ignore[union-attr]
@@ -274,8 +282,14 @@ class BatchedWeightedSum(nn.Module):
             return None
         w = combiner.mixture_weights[0]
         return (
-            combiner.mixture_weight_type, tuple(w.shape), w.device, w.dtype, w.requires_grad, combiner.bias is not None,
-            combiner.adanet_lambda, combiner.adanet_beta,
+            combiner.mixture_weight_type,
+            tuple(w.shape),
+            w.device,
+            w.dtype,
+            w.requires_grad,
+            combiner.bias is not None,
+            combiner.adanet_lambda,
+            combiner.adanet_beta,
         )
 
     def _coefficients(self, outputs: Sequence[Subnetwork], device: torch.device) -> torch.Tensor:
@@ -290,13 +304,19 @@ class BatchedWeightedSum(nn.Module):
                 cached = torch.tensor([[per_member[m] for m in row] for row in self._cols], device=device)
                 self._coef_cache[key] = cached
             return cached
-        per_member_t = torch.stack([
-            torch.as_tensor(c, dtype=torch.float32, device=device).reshape(()) * self.adanet_lambda + self.adanet_beta
-            for c in complexities
-        ] + [torch.zeros((), device=device)])
+        per_member_t = torch.stack(
+            [
+                torch.as_tensor(c, dtype=torch.float32, device=device).reshape(()) * self.adanet_lambda
+                + self.adanet_beta
+                for c in complexities
+            ]
+            + [torch.zeros((), device=device)]
+        )
         return per_member_t.index_select(0, self.columns).reshape(len(self._cols), -1)
 
-    def forward(self, outputs: Sequence[Subnetwork], regularize: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, outputs: Sequence[Subnetwork], regularize: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``outputs`` follow ``self.keys``; returns logits ``[C, batch, ..., D]`` and the
         regulariser ``[C]`` (or None)."""
         stacked = torch.stack([o.logits for o in outputs])  # [M, B, ..., D]
@@ -388,23 +408,36 @@ class ComplexityRegularizedEnsembler(Ensembler):
                 init(w)
         return w
 
-    def build_ensemble(self, members: Sequence[Member], logits_dimension: int, previous_ensemble: Ensemble | None) -> Combiner:
+    def build_ensemble(
+        self, members: Sequence[Member], logits_dimension: int, previous_ensemble: Ensemble | None
+    ) -> Combiner:
         weights: list[torch.Tensor] = []
         device = members[0].example.logits.device if members else None
         for m in members:
             shape = self.weight_shape(m.example, logits_dimension)
-            prior = previous_ensemble.weight_of(m.key) if (previous_ensemble is not None and self.warm_start_mixture_weights) else None
+            prior = (
+                previous_ensemble.weight_of(m.key)
+                if (previous_ensemble is not None and self.warm_start_mixture_weights)
+                else None
+            )
             if prior is not None and tuple(prior.shape) == shape:
                 weights.append(prior.detach().clone().cpu())
             else:
                 weights.append(self.initial_weight(shape, len(members)))
         bias = None
         if self.use_bias:
-            prior_bias = previous_ensemble.bias if (previous_ensemble is not None and self.warm_start_mixture_weights) else None
+            prior_bias = (
+                previous_ensemble.bias if (previous_ensemble is not None and self.warm_start_mixture_weights) else None
+            )
             bias = prior_bias.detach().clone().cpu() if prior_bias is not None else torch.zeros(logits_dimension)
         combiner = _WeightedSum(
-            [m.key for m in members], weights, bias, self.mixture_weight_type,
-            self.adanet_lambda, self.adanet_beta, trainable=self.optimizer is not None,
+            [m.key for m in members],
+            weights,
+            bias,
+            self.mixture_weight_type,
+            self.adanet_lambda,
+            self.adanet_beta,
+            trainable=self.optimizer is not None,
         )
         return combiner.to(device) if device is not None else combiner
 
@@ -416,7 +449,9 @@ class ComplexityRegularizedEnsembler(Ensembler):
 
 # ---------------------------------------------------------------- mean
 class _Mean(Combiner):
-    def forward(self, outputs: Sequence[Subnetwork], regularize: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self, outputs: Sequence[Subnetwork], regularize: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         logits = outputs[0].logits
         for out in outputs[1:]:
             logits = logits + out.logits
@@ -433,5 +468,7 @@ class MeanEnsembler(Ensembler):
     def name(self) -> str:
         return self.ensembler_name
 
-    def build_ensemble(self, members: Sequence[Member], logits_dimension: int, previous_ensemble: Ensemble | None) -> Combiner:
+    def build_ensemble(
+        self, members: Sequence[Member], logits_dimension: int, previous_ensemble: Ensemble | None
+    ) -> Combiner:
         return _Mean([m.key for m in members])

@@ -68,7 +68,9 @@ ITERATION_PARAM = "adanet_iteration"
 __all__ = ["Estimator"]
 
 
-def _iteration_model_fn(model: nn.Module, features: Any, labels: Any, mode: ModeKeys, params: dict[str, Any]) -> EstimatorSpec:
+def _iteration_model_fn(
+    model: nn.Module, features: Any, labels: Any, mode: ModeKeys, params: dict[str, Any]
+) -> EstimatorSpec:
     return model(features, labels, mode)
 
 
@@ -109,7 +111,9 @@ def _check_arguments(
     if not 0.0 <= adanet_loss_decay < 1.0:
         raise ValueError(f"adanet_loss_decay must be in [0, 1); got {adanet_loss_decay!r}")
     if config is None or config.model_dir is None:
-        raise ValueError("AdaNet needs RunConfig(model_dir=...): iterations, architectures and the final ensemble live there")
+        raise ValueError(
+            "AdaNet needs RunConfig(model_dir=...): iterations, architectures and the final ensemble live there"
+        )
     if config.gradient_clip_norm is not None:
         raise ValueError(
             "RunConfig.gradient_clip_norm would clip all candidates' gradients by one global norm, coupling "
@@ -249,7 +253,9 @@ class Estimator:
             return torch.load(io.BytesIO(storage.read_bytes(path)), map_location="cpu", weights_only=True)
         if input_fn is None:
             raise CheckpointError(f"{path} is missing: train first (it is written by the first train call)")
-        params = dict(self.params, batch_size=self.train_batch_size or EXAMPLE_ROWS, num_replicas=1, replica_index=0, cache=None)
+        params = dict(
+            self.params, batch_size=self.train_batch_size or EXAMPLE_ROWS, num_replicas=1, replica_index=0, cache=None
+        )
         params[ITERATION_PARAM] = 0
         return _save_example_features(path, _first_features(input_fn, params, self.config.seed))
 
@@ -267,7 +273,9 @@ class Estimator:
             device = est.strategy.device
             features = tree_map(lambda t: t.to(device), self._example_features(input_fn))
             model = self._space.build_iteration(
-                iteration_number, features, device,
+                iteration_number,
+                features,
+                device,
                 adanet_loss_decay=self.adanet_loss_decay,
                 replicate_ensemble_in_training=self.replicate_ensemble_in_training,
                 previous_adanet_loss=self._chosen_adanet_loss(iteration_number - 1) if iteration_number > 0 else None,
@@ -330,7 +338,12 @@ class Estimator:
             if reached <= start:
                 raise ValueError(f"adanet: iteration {t} trained no step: input_fn gave no batch")
             if reached < end:
-                log.info("adanet: the data ended at step %d, before iteration %d's end at %d: the iteration ends here", reached, t, end)
+                log.info(
+                    "adanet: the data ended at step %d, before iteration %d's end at %d: the iteration ends here",
+                    reached,
+                    t,
+                    end,
+                )
             self._finish_iteration(t, est, reached)
         return self
 
@@ -344,7 +357,9 @@ class Estimator:
         # Every replica takes part in the selection (an Evaluator's evaluation is collective),
         # but replicas' moving averages can differ by their last batch: the chief's choice and
         # averages hold (one broadcast for both).
-        chosen_by = choose(t, est, model, replay_config=self.replay_config, force_grow=self.force_grow, evaluator=self.evaluator)
+        chosen_by = choose(
+            t, est, model, replay_config=self.replay_config, force_grow=self.force_grow, evaluator=self.evaluator
+        )
         index, values, how, ema = strategy.broadcast_object((*chosen_by, model.moving_average_losses()))
         chosen = model.candidates[index]
         previous = read_architecture(self.model_dir, t - 1) if t > 0 else None
@@ -354,15 +369,27 @@ class Estimator:
         record = selection_record(t, step, model, index, values, how, ema)
         if strategy.is_chief:
             if reports is not None:
-                atomic_write_text(self.report_dir / REPORT_FILE.format(t), json.dumps([r.to_dict() for r in reports], indent=1, sort_keys=True))
+                atomic_write_text(
+                    self.report_dir / REPORT_FILE.format(t),
+                    json.dumps([r.to_dict() for r in reports], indent=1, sort_keys=True),
+                )
             final = CheckpointManager(self.model_dir / FINAL_DIR, keep_checkpoint_max=0)
             final.save(step, EnsembleModel(chosen.ensemble).state_dict(), {"global_step": step, "iteration_number": t})
-            atomic_write_text(self.model_dir / f"iteration-{t}" / "selection.json", json.dumps(record, indent=1, sort_keys=True))
+            atomic_write_text(
+                self.model_dir / f"iteration-{t}" / "selection.json", json.dumps(record, indent=1, sort_keys=True)
+            )
             write_architecture(self.model_dir, arch)  # the commit point of iteration t
         strategy.barrier()  # every replica builds the next iteration from the files just written
         self.history.append(record)
         listing = ", ".join(f"{c['name']}={c['adanet_loss_ema']}" for c in record["candidates"])
-        log.info("adanet: iteration %d chose %r (index %d, by %s); adanet_loss moving averages: %s", t, chosen.name, index, how, listing)
+        log.info(
+            "adanet: iteration %d chose %r (index %d, by %s); adanet_loss moving averages: %s",
+            t,
+            chosen.name,
+            index,
+            how,
+            listing,
+        )
 
     # ================================================================ the final ensemble
     def final_ensemble(self, device: str | torch.device = "cpu") -> EnsembleModel:
@@ -388,7 +415,9 @@ class Estimator:
         )
         return est, final_checkpoint(self.model_dir, arch.global_step)
 
-    def _final_model_fn(self, model: nn.Module, features: Any, labels: Any, mode: ModeKeys, params: dict[str, Any]) -> EstimatorSpec:
+    def _final_model_fn(
+        self, model: nn.Module, features: Any, labels: Any, mode: ModeKeys, params: dict[str, Any]
+    ) -> EstimatorSpec:
         return self.head.spec(as_subnetwork(model(features)).logits, features, labels, mode, self.metric_fn)
 
     def evaluate(self, input_fn: InputFn, steps: int | None = None, name: str | None = None) -> dict[str, float]:
@@ -415,7 +444,9 @@ class Estimator:
         else:  # torch.export and safetensors write real files: build them locally, then upload
             with tempfile.TemporaryDirectory(prefix="stoker-export-") as tmp:
                 _export_ensemble(model, features, Path(tmp))
-                storage.write_all([(out / name, (Path(tmp) / name).read_bytes()) for name in ("ensemble.pt2", "model.safetensors")])
+                storage.write_all(
+                    [(out / name, (Path(tmp) / name).read_bytes()) for name in ("ensemble.pt2", "model.safetensors")]
+                )
         atomic_write_text(out / "architecture.json", self.architecture().serialize())
         return out
 
@@ -437,5 +468,6 @@ def _export_ensemble(model: EnsembleModel, features: Any, out: Path) -> None:
     dynamic = tree_map(lambda t: {0: batch}, args)
     program = torch.export.export(model, args, dynamic_shapes=dynamic)
     torch.export.save(program, str(out / "ensemble.pt2"))
-    safetensors.torch.save_file({k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors"))
-
+    safetensors.torch.save_file(
+        {k: v.detach().contiguous() for k, v in model.state_dict().items()}, str(out / "model.safetensors")
+    )

@@ -79,8 +79,12 @@ class Evaluator:
         keys = [f"{name}/{self.metric_name}" for name in candidate_names]
         missing = [k for k in keys if k not in results]
         if missing:
-            known = sorted({k.split("/", 1)[1] for k in results if "/" in k and not k.startswith(("subnetwork/", "report/"))})
-            raise ValueError(f"Evaluator.metric_name={self.metric_name!r} is not computed for every candidate; candidates have {known}")
+            known = sorted(
+                {k.split("/", 1)[1] for k in results if "/" in k and not k.startswith(("subnetwork/", "report/"))}
+            )
+            raise ValueError(
+                f"Evaluator.metric_name={self.metric_name!r} is not computed for every candidate; candidates have {known}"
+            )
         return [float(results[k]) for k in keys]
 
 

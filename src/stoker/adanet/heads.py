@@ -44,20 +44,30 @@ class Head(abc.ABC):
     def metrics(self, logits: torch.Tensor, labels: torch.Tensor) -> dict[str, MetricUpdate]:
         """Evaluation metric updates of a batch (``stoker.metrics``)."""
 
-    def model_fn(self, model: nn.Module, features: Any, labels: Any, mode: ModeKeys, params: dict[str, Any]) -> EstimatorSpec:
+    def model_fn(
+        self, model: nn.Module, features: Any, labels: Any, mode: ModeKeys, params: dict[str, Any]
+    ) -> EstimatorSpec:
         """A ``stoker.Estimator`` model_fn for a module returning logits (or a ``Subnetwork``)."""
         return self.spec(as_subnetwork(model(features)).logits, features, labels, mode)
 
-    def spec(self, logits: torch.Tensor, features: Any, labels: Any, mode: ModeKeys, metric_fn: MetricFn | None = None) -> EstimatorSpec:
+    def spec(
+        self, logits: torch.Tensor, features: Any, labels: Any, mode: ModeKeys, metric_fn: MetricFn | None = None
+    ) -> EstimatorSpec:
         """The ``EstimatorSpec`` of ``logits`` in ``mode``; ``metric_fn`` adds evaluation metrics."""
         if mode == ModeKeys.TRAIN:  # the loss only: predictions would cost every step
             return EstimatorSpec(loss=self.loss(logits, labels))
         preds = self.predictions(logits)
         if mode == ModeKeys.PREDICT or labels is None:
             return EstimatorSpec(predictions=preds)
-        return EstimatorSpec(loss=self.loss(logits, labels, "none"), predictions=preds, eval_metrics=self.eval_metrics(logits, features, labels, metric_fn))
+        return EstimatorSpec(
+            loss=self.loss(logits, labels, "none"),
+            predictions=preds,
+            eval_metrics=self.eval_metrics(logits, features, labels, metric_fn),
+        )
 
-    def eval_metrics(self, logits: torch.Tensor, features: Any, labels: torch.Tensor, metric_fn: MetricFn | None = None) -> dict[str, Any]:
+    def eval_metrics(
+        self, logits: torch.Tensor, features: Any, labels: torch.Tensor, metric_fn: MetricFn | None = None
+    ) -> dict[str, Any]:
         """The head's metrics, then ``metric_fn``'s (which win a name conflict, as in the original)."""
         metrics: dict[str, Any] = dict(self.metrics(logits, labels))
         if metric_fn is not None:
@@ -84,7 +94,9 @@ class MetricFn:
             raise TypeError(f"metric_fn: cannot read its signature ({e})") from e
         unknown = [n for n in names if n not in _METRIC_FN_ARGS]
         if unknown:
-            raise ValueError(f"metric_fn may take only predictions, features and labels (any of them, in any order); got {unknown}")
+            raise ValueError(
+                f"metric_fn may take only predictions, features and labels (any of them, in any order); got {unknown}"
+            )
         self.fn = fn
         self.names = names
 

@@ -48,7 +48,15 @@ from .training import (
 
 log = logging.getLogger("stoker")
 
-__all__ = ["CandidateOptimizers", "CandidateRecord", "CandidateSchedules", "DivergedCandidateHook", "EnsembleModel", "IterationModel", "bias_corrected_ema"]
+__all__ = [
+    "CandidateOptimizers",
+    "CandidateRecord",
+    "CandidateSchedules",
+    "DivergedCandidateHook",
+    "EnsembleModel",
+    "IterationModel",
+    "bias_corrected_ema",
+]
 
 
 def bias_corrected_ema(biased: torch.Tensor, updates: int, decay: float) -> torch.Tensor:
@@ -123,7 +131,9 @@ class IterationModel(nn.Module):
         self._units, batched = _plan_units(self.candidates)
         self.batched = nn.ModuleDict(batched)
         for unit in self._units:
-            for i in unit.indices if unit.batched else ():  # the packed parameters replace the candidates' own in training
+            for i in (
+                unit.indices if unit.batched else ()
+            ):  # the packed parameters replace the candidates' own in training
                 del self.ensembles[self.candidates[i].name]
         self._plan_train_step(iteration_step.device)
 
@@ -149,14 +159,18 @@ class IterationModel(nn.Module):
             else:
                 self.ensembles[c.name] = c.ensemble.combiner
 
-    def _add_selection_state(self, iteration_number: int, iteration_step: torch.Tensor, previous_adanet_loss: float | None) -> None:
+    def _add_selection_state(
+        self, iteration_number: int, iteration_step: torch.Tensor, previous_adanet_loss: float | None
+    ) -> None:
         n_cand = len(self.candidates)
         self.register_buffer("iteration_number", torch.tensor(int(iteration_number), dtype=torch.int64))
         self.register_buffer("iteration_step", iteration_step)
         self.register_buffer("adanet_loss_ema", torch.zeros(n_cand, device=iteration_step.device))
         has_previous = self.previous_ensemble is not None
         if has_previous != (previous_adanet_loss is not None):
-            raise ValueError("previous_adanet_loss is given exactly when there is a previous ensemble (candidate 0 at t > 0)")
+            raise ValueError(
+                "previous_adanet_loss is given exactly when there is a previous ensemble (candidate 0 at t > 0)"
+            )
         if has_previous and not self.candidates[0].is_previous:
             raise ValueError("the previous ensemble must be candidate 0")
         # The previous ensemble's bias-corrected moving average from iteration t - 1 (read, never
@@ -174,9 +188,12 @@ class IterationModel(nn.Module):
         # What each training step reports (TensorBoard, metrics.csv and the log line, averaged
         # per device loop): every new subnetwork's loss and every trained candidate's adanet_loss.
         self._summary = _LossSummary(
-            [f"subnetwork_loss/{k}" for k in self.new_keys] + [f"adanet_loss/{c.name}" for c in self.candidates[self._first_trained:]]
+            [f"subnetwork_loss/{k}" for k in self.new_keys]
+            + [f"adanet_loss/{c.name}" for c in self.candidates[self._first_trained :]]
         )
-        self._train_order = _restore_order([i for u in self._train_units for i in u.indices], self._first_trained, device)
+        self._train_order = _restore_order(
+            [i for u in self._train_units for i in u.indices], self._first_trained, device
+        )
         self._frozen_list = [(k, self.subnetworks[k]) for k in self.frozen_keys]
         self._new_list = [(k, self.subnetworks[k]) for k in self.new_keys]
         # Members' last layers are needed (detached) only by unbatched units, e.g. MATRIX weights.
@@ -211,7 +228,9 @@ class IterationModel(nn.Module):
             outs[key] = as_subnetwork(module(features))
         return outs
 
-    def _candidate_logits(self, outs: Mapping[str, Subnetwork], regularize: bool = True) -> Iterator[tuple[list[int], torch.Tensor, torch.Tensor | None, bool]]:
+    def _candidate_logits(
+        self, outs: Mapping[str, Subnetwork], regularize: bool = True
+    ) -> Iterator[tuple[list[int], torch.Tensor, torch.Tensor | None, bool]]:
         """Per unit: (candidate indices, logits, regulariser, batched); batched units give
         logits ``[C, batch, ..., D]`` and a regulariser ``[C]``."""
         for module, keys, indices, batched in self._units:
@@ -242,7 +261,9 @@ class IterationModel(nn.Module):
             # ema <- decay * ema + (1 - decay) * value, from 0 (bias-corrected when read). A NaN
             # or inf value makes the average NaN or inf for good: such a candidate never wins.
             # Candidate 0 at t > 0 (the previous ensemble) is skipped: its average is carried over.
-            self.adanet_loss_ema[self._first_trained:].lerp_(stacked.detach()[len(losses):], 1.0 - self.adanet_loss_decay)
+            self.adanet_loss_ema[self._first_trained :].lerp_(
+                stacked.detach()[len(losses) :], 1.0 - self.adanet_loss_decay
+            )
             self.iteration_step.add_(1)  # also the number of moving-average updates (add_: no Module.__setattr__)
         # A non-finite term contributes neither to the reported loss nor to any gradient
         # (nan_to_num's gradient is zero there), so one diverging candidate cannot stop the
@@ -260,7 +281,11 @@ class IterationModel(nn.Module):
         outs = self._outputs(features)
         metrics: dict[str, Any] = {}
         for indices, logits, reg, batched in self._candidate_logits(outs):
-            per_example = self._batched_loss(logits, labels, "none") if batched else head.loss(logits, labels, "none").unsqueeze(0)
+            per_example = (
+                self._batched_loss(logits, labels, "none")
+                if batched
+                else head.loss(logits, labels, "none").unsqueeze(0)
+            )
             for r, i in enumerate(indices):
                 name = self.candidates[i].name
                 cand_logits = logits[r] if batched else logits
@@ -300,7 +325,12 @@ class IterationModel(nn.Module):
         Candidate 0 at ``t > 0``, the previous ensemble, gives the value carried over from the
         previous iteration.
         """
-        values = [float(v) for v in bias_corrected_ema(self.adanet_loss_ema.detach().cpu().double(), int(self.iteration_step), self.adanet_loss_decay)]
+        values = [
+            float(v)
+            for v in bias_corrected_ema(
+                self.adanet_loss_ema.detach().cpu().double(), int(self.iteration_step), self.adanet_loss_decay
+            )
+        ]
         if self._first_trained:
             values[0] = float(self.previous_adanet_loss)
         return values
@@ -398,7 +428,8 @@ class DivergedCandidateHook(Hook):
             if cleaned:
                 log.warning(
                     "adanet: %s diverged (non-finite loss) by step %d: out of this iteration's selection",
-                    ", ".join(cleaned), run.global_step,
+                    ", ".join(cleaned),
+                    run.global_step,
                 )
 
 

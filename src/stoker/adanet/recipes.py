@@ -77,7 +77,11 @@ def load_split(name: str, seed: int = 0, test_fraction: float = 0.2) -> Split:
         from sklearn import datasets
     except ImportError as e:  # only the recipes need it
         raise SystemExit("the AdaNet recipes need scikit-learn: pip install scikit-learn") from e
-    loader = {"digits": datasets.load_digits, "diabetes": datasets.load_diabetes, "breast_cancer": datasets.load_breast_cancer}[name]
+    loader = {
+        "digits": datasets.load_digits,
+        "diabetes": datasets.load_diabetes,
+        "breast_cancer": datasets.load_breast_cancer,
+    }[name]
     bunch = loader()
     x = bunch.data.astype(np.float32)
     y = bunch.target
@@ -102,7 +106,9 @@ def load_split(name: str, seed: int = 0, test_fraction: float = 0.2) -> Split:
 
 def train_input(x: torch.Tensor, y: torch.Tensor, seed: int) -> Callable[[dict[str, Any]], Any]:
     """Shuffled batches, repeating; each AdaNet iteration gets its own order of examples."""
-    return lambda params: stoker_data.arrays(x, y, batch_size=params["batch_size"], seed=seed + 1000 * params.get("adanet_iteration", 0))
+    return lambda params: stoker_data.arrays(
+        x, y, batch_size=params["batch_size"], seed=seed + 1000 * params.get("adanet_iteration", 0)
+    )
 
 
 def eval_input(x: torch.Tensor, y: torch.Tensor) -> Callable[[dict[str, Any]], Any]:
@@ -124,7 +130,9 @@ class _DNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> Subnetwork:
         h = self.hidden(x)
-        return Subnetwork(last_layer=h, logits=self.logits(h), complexity=math.sqrt(self.depth), shared={"num_layers": self.depth})
+        return Subnetwork(
+            last_layer=h, logits=self.logits(h), complexity=math.sqrt(self.depth), shared={"num_layers": self.depth}
+        )
 
 
 class DNNBuilder(Builder):
@@ -139,7 +147,12 @@ class DNNBuilder(Builder):
         return "linear" if self.depth == 0 else f"{self.depth}_layer_dnn"
 
     def build_subnetwork(
-        self, features: Any, logits_dimension: int, training: bool, iteration_step: torch.Tensor, previous_ensemble: Ensemble | None
+        self,
+        features: Any,
+        logits_dimension: int,
+        training: bool,
+        iteration_step: torch.Tensor,
+        previous_ensemble: Ensemble | None,
     ) -> nn.Module:
         return _DNN(int(features.shape[-1]), self.depth, self.width, logits_dimension, self.dropout)
 
@@ -191,7 +204,9 @@ class _CNN(nn.Module):
 
     def forward(self, x: torch.Tensor) -> Subnetwork:
         h = self.dense(self.convs(x.reshape(-1, 1, self.side, self.side)))
-        return Subnetwork(last_layer=h, logits=self.logits(h), complexity=math.sqrt(self.num_conv), shared={"num_conv": self.num_conv})
+        return Subnetwork(
+            last_layer=h, logits=self.logits(h), complexity=math.sqrt(self.num_conv), shared={"num_conv": self.num_conv}
+        )
 
 
 class CNNBuilder(Builder):
@@ -206,7 +221,12 @@ class CNNBuilder(Builder):
         return f"{self.num_conv}_conv_cnn"
 
     def build_subnetwork(
-        self, features: Any, logits_dimension: int, training: bool, iteration_step: torch.Tensor, previous_ensemble: Ensemble | None
+        self,
+        features: Any,
+        logits_dimension: int,
+        training: bool,
+        iteration_step: torch.Tensor,
+        previous_ensemble: Ensemble | None,
     ) -> nn.Module:
         side = int(round(math.sqrt(int(features.shape[-1]))))
         return _CNN(side, self.num_conv, self.channels, self.hidden, logits_dimension)
@@ -235,8 +255,14 @@ class CNNGenerator(Generator):
 # ====================================================================== running and reporting
 def _run_config(model_dir: storage.Location, cfg: RecipeConfig) -> RunConfig:
     return RunConfig(
-        model_dir=str(model_dir), seed=cfg.seed, iterations_per_loop=50, save_checkpoints_steps=cfg.max_iteration_steps,
-        keep_checkpoint_max=1, log_every_n_steps=10**6, progress_bar=False, summaries=False,
+        model_dir=str(model_dir),
+        seed=cfg.seed,
+        iterations_per_loop=50,
+        save_checkpoints_steps=cfg.max_iteration_steps,
+        keep_checkpoint_max=1,
+        log_every_n_steps=10**6,
+        progress_bar=False,
+        summaries=False,
     )
 
 
@@ -274,7 +300,9 @@ def _print_search(est: Estimator, title: str, verbose: bool) -> None:
     print(f"  architecture: {est.architecture().serialize()}")
 
 
-def _report(est: Estimator, head: Head, test: tuple[torch.Tensor, torch.Tensor], metric: str, verbose: bool) -> dict[str, Any]:
+def _report(
+    est: Estimator, head: Head, test: tuple[torch.Tensor, torch.Tensor], metric: str, verbose: bool
+) -> dict[str, Any]:
     """Held-out metrics of the final ensemble and of each of its subnetworks alone."""
     x, y = test
     ensemble = est.evaluate(eval_input(x, y), name="test")
@@ -286,8 +314,12 @@ def _report(est: Estimator, head: Head, test: tuple[torch.Tensor, torch.Tensor],
     if verbose:
         print(f"  held-out ensemble: {metric} {ensemble[metric]:.4f}, loss {ensemble['loss']:.4f}")
         for key, m in members.items():
-            print(f"  held-out {key} alone: {metric} {m[metric]:.4f}, loss {m['loss']:.4f} (|mixture weight|_1 {weights[key]:.3f})")
-        print(f"  best single subnetwork: {best_key} ({metric} {members[best_key][metric]:.4f}); ensemble {ensemble[metric]:.4f}")
+            print(
+                f"  held-out {key} alone: {metric} {m[metric]:.4f}, loss {m['loss']:.4f} (|mixture weight|_1 {weights[key]:.3f})"
+            )
+        print(
+            f"  best single subnetwork: {best_key} ({metric} {members[best_key][metric]:.4f}); ensemble {ensemble[metric]:.4f}"
+        )
     return {
         "architecture": est.architecture().serialize(),
         "ensemble": {k: v for k, v in ensemble.items() if k != "global_step"},
@@ -324,9 +356,14 @@ def run_digits(cfg: RecipeConfig, which: Sequence[str] = ("linear", "dnn", "cnn"
         )
         base.train(train_input(x, y, cfg.seed), max_steps=total_steps)
         r = base.evaluate(eval_input(*test), name="test")
-        results["linear"] = {"ensemble": {k: v for k, v in r.items() if k != "global_step"}, "seconds": time.perf_counter() - start}
+        results["linear"] = {
+            "ensemble": {k: v for k, v in r.items() if k != "global_step"},
+            "seconds": time.perf_counter() - start,
+        }
         if cfg.verbose:
-            print(f"\n== linear baseline ({root / 'linear'}): held-out accuracy {r['accuracy']:.4f}, loss {r['loss']:.4f} ({total_steps} steps)")
+            print(
+                f"\n== linear baseline ({root / 'linear'}): held-out accuracy {r['accuracy']:.4f}, loss {r['loss']:.4f} ({total_steps} steps)"
+            )
     generators: dict[str, Generator] = {
         # Small subnetworks: AdaNet grows capacity by ensembling them (wide ones would each
         # fit digits alone, and the ensemble would add little).
@@ -338,7 +375,9 @@ def run_digits(cfg: RecipeConfig, which: Sequence[str] = ("linear", "dnn", "cnn"
             continue
         start = time.perf_counter()
         est = Estimator(
-            head, generators[name], cfg.max_iteration_steps,
+            head,
+            generators[name],
+            cfg.max_iteration_steps,
             max_iterations=cfg.max_iterations,
             ensemblers=[_adam_ensembler(cfg.learning_rate)],
             config=_run_config(root / name, cfg),
@@ -360,9 +399,15 @@ def run_diabetes(cfg: RecipeConfig, lambdas: Sequence[float] = (0.0, 0.01, 0.1, 
     results: dict[str, Any] = {}
     for lam in lambdas:
         est = Estimator(
-            head, SimpleDNNGenerator(width=32, learning_rate=cfg.learning_rate), cfg.max_iteration_steps,
+            head,
+            SimpleDNNGenerator(width=32, learning_rate=cfg.learning_rate),
+            cfg.max_iteration_steps,
             max_iterations=cfg.max_iterations,
-            ensemblers=[ComplexityRegularizedEnsembler(lambda ps: torch.optim.SGD(ps, lr=0.05), adanet_lambda=lam, use_bias=True)],
+            ensemblers=[
+                ComplexityRegularizedEnsembler(
+                    lambda ps: torch.optim.SGD(ps, lr=0.05), adanet_lambda=lam, use_bias=True
+                )
+            ],
             config=_run_config(root / f"lambda-{lam:g}", cfg),
             train_batch_size=cfg.batch_size,
         )
@@ -370,7 +415,9 @@ def run_diabetes(cfg: RecipeConfig, lambdas: Sequence[float] = (0.0, 0.01, 0.1, 
         _print_search(est, f"diabetes, adanet_lambda={lam:g}", cfg.verbose)
         results[f"{lam:g}"] = _report(est, head, test, "mse", cfg.verbose)
     if cfg.verbose:
-        print("\n== lambda sweep: held-out MSE (standardised target) and the L1 norm of each subnetwork's mixture weight")
+        print(
+            "\n== lambda sweep: held-out MSE (standardised target) and the L1 norm of each subnetwork's mixture weight"
+        )
         for lam, r in results.items():
             norms = ", ".join(f"{k} {v:.3f}" for k, v in r["mixture_weight_l1"].items())
             print(f"  lambda={lam}: MSE {r['ensemble']['mse']:.4f}; {norms}")
@@ -391,7 +438,9 @@ def run_breast_cancer(cfg: RecipeConfig) -> dict[str, Any]:
     est = AutoEnsembleEstimator(
         head,
         {
-            "linear": AutoEnsembleSubestimator(model=lambda: nn.Linear(30, 1), optimizer=lambda ps: torch.optim.Adam(ps, lr=lr)),
+            "linear": AutoEnsembleSubestimator(
+                model=lambda: nn.Linear(30, 1), optimizer=lambda ps: torch.optim.Adam(ps, lr=lr)
+            ),
             "dnn": AutoEnsembleSubestimator(model=dnn, optimizer=lambda ps: torch.optim.Adam(ps, lr=lr)),
         },
         cfg.max_iteration_steps,

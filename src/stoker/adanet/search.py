@@ -98,7 +98,9 @@ class SearchSpace:
         for i in range(iteration_number):
             path = self.report_dir / REPORT_FILE.format(i)
             if not storage.exists(path):
-                raise ValueError(f"{path} is missing: the report of iteration {i}, which the generator of iteration {iteration_number} receives")
+                raise ValueError(
+                    f"{path} is missing: the report of iteration {i}, which the generator of iteration {iteration_number} receives"
+                )
             reports = [MaterializedReport.from_dict(d) for d in json.loads(read_text(path))]
             every.extend(reports)
             chosen.extend(r for r in reports if r.included_in_final_ensemble)
@@ -118,16 +120,25 @@ class SearchSpace:
         seen: set[str] = set()
         for b in builders:
             if not isinstance(b, Builder):
-                raise TypeError(f"generate_candidates must return stoker.adanet.Builder objects; got a {type(b).__name__}")
+                raise TypeError(
+                    f"generate_candidates must return stoker.adanet.Builder objects; got a {type(b).__name__}"
+                )
             name = check_builder_name(b.name)
             if name in seen:
-                raise ValueError(f"two builders of iteration {iteration_number} are named {name!r}: builder names must be unique within an iteration")
+                raise ValueError(
+                    f"two builders of iteration {iteration_number} are named {name!r}: builder names must be unique within an iteration"
+                )
             seen.add(name)
         return builders
 
     def build_module(
-        self, builder: Builder, iteration_number: int, previous: Ensemble | None, features: Any,
-        iteration_step: torch.Tensor, training: bool,
+        self,
+        builder: Builder,
+        iteration_number: int,
+        previous: Ensemble | None,
+        features: Any,
+        iteration_step: torch.Tensor,
+        training: bool,
     ) -> tuple[nn.Module, Subnetwork]:
         """Build ``builder``'s module (seeded) and run it once on the example features."""
         device = iteration_step.device
@@ -140,7 +151,9 @@ class SearchSpace:
                 previous_ensemble=previous,
             )
             if not isinstance(module, nn.Module):
-                raise TypeError(f"{type(builder).__name__}.build_subnetwork must return an nn.Module; it returned a {type(module).__name__}")
+                raise TypeError(
+                    f"{type(builder).__name__}.build_subnetwork must return an nn.Module; it returned a {type(module).__name__}"
+                )
             module.to(device)
             was_training = module.training
             module.eval()
@@ -165,38 +178,55 @@ class SearchSpace:
         for strategy in self.strategies:
             for cand in strategy.generate_ensemble_candidates(builders, previous_builders):
                 for ensembler in self.ensemblers:
-                    display = f"t{iteration_number}_{cand.name}" + (f"_{ensembler.name}" if len(self.ensemblers) > 1 else "")
+                    display = f"t{iteration_number}_{cand.name}" + (
+                        f"_{ensembler.name}" if len(self.ensemblers) > 1 else ""
+                    )
                     if display in seen:
-                        raise ValueError(f"two candidate ensembles are named {display!r}: strategies must give unique candidate names")
+                        raise ValueError(
+                            f"two candidate ensembles are named {display!r}: strategies must give unique candidate names"
+                        )
                     seen.add(display)
                     out.append((display, cand, ensembler))
         return out
 
     def assemble(
-        self, display: str, cand: Any, ensembler: Ensembler, iteration_number: int, previous: Ensemble | None,
+        self,
+        display: str,
+        cand: Any,
+        ensembler: Ensembler,
+        iteration_number: int,
+        previous: Ensemble | None,
         new: dict[str, tuple[Builder, nn.Module, Subnetwork]],
     ) -> Ensemble:
         """Form one candidate: keep the previous members it names, add its new builders."""
         members: list[WeightedSubnetwork] = []
         if cand.previous_ensemble_subnetwork_builders:
             if previous is None:
-                raise ValueError(f"candidate {cand.name!r} keeps previous subnetworks, but there is no previous ensemble")
+                raise ValueError(
+                    f"candidate {cand.name!r} keeps previous subnetworks, but there is no previous ensemble"
+                )
             for b in cand.previous_ensemble_subnetwork_builders:
                 match = [w for w in previous.weighted_subnetworks if w.builder is b]
                 if not match:
-                    raise ValueError(f"candidate {cand.name!r} names a previous subnetwork {getattr(b, 'name', b)!r} that is not in the previous ensemble")
+                    raise ValueError(
+                        f"candidate {cand.name!r} names a previous subnetwork {getattr(b, 'name', b)!r} that is not in the previous ensemble"
+                    )
                 members.append(match[0])
         for b in cand.subnetwork_builders:
             key = subnetwork_key(iteration_number, b.name)
             if key not in new or new[key][0] is not b:
-                raise ValueError(f"candidate {cand.name!r} includes builder {b.name!r}, which is not one of iteration {iteration_number}'s builders")
+                raise ValueError(
+                    f"candidate {cand.name!r} includes builder {b.name!r}, which is not one of iteration {iteration_number}'s builders"
+                )
             _, module, example = new[key]
             members.append(WeightedSubnetwork(b.name, iteration_number, example, module, None, b))
         if not members:
             raise ValueError(f"candidate {cand.name!r} has no subnetworks")
         with seeded(self.seed, iteration_number, "ensemble", display):
             combiner = ensembler.build_ensemble(
-                [Member(w.key, w.name, w.iteration_number, w.subnetwork) for w in members], self.head.logits_dimension, previous
+                [Member(w.key, w.name, w.iteration_number, w.subnetwork) for w in members],
+                self.head.logits_dimension,
+                previous,
             )
         weighted = [
             WeightedSubnetwork(w.name, w.iteration_number, w.subnetwork, w.module, combiner.member_weight(j), w.builder)
@@ -215,7 +245,13 @@ class SearchSpace:
         return previous
 
     def _rebuild_one(
-        self, arch: Architecture, i: int, previous: Ensemble | None, features: Any, iteration_step: torch.Tensor, training: bool,
+        self,
+        arch: Architecture,
+        i: int,
+        previous: Ensemble | None,
+        features: Any,
+        iteration_step: torch.Tensor,
+        training: bool,
     ) -> Ensemble:
         if not arch.replay_indices:
             raise ValueError(f"architecture-{i}.json has no replay_indices")
@@ -258,8 +294,15 @@ class SearchSpace:
 
     # ------------------------------------------------------------------ one iteration
     def build_iteration(
-        self, iteration_number: int, features: Any, device: torch.device, *, adanet_loss_decay: float,
-        replicate_ensemble_in_training: bool, previous_adanet_loss: float | None = None, metric_fn: MetricFn | None = None,
+        self,
+        iteration_number: int,
+        features: Any,
+        device: torch.device,
+        *,
+        adanet_loss_decay: float,
+        replicate_ensemble_in_training: bool,
+        previous_adanet_loss: float | None = None,
+        metric_fn: MetricFn | None = None,
     ) -> IterationModel:
         """The module of iteration ``t``: the previous ensemble (weights loaded), new subnetworks
         and every candidate ensemble. At ``t > 0``, ``previous_adanet_loss`` is the moving
@@ -281,7 +324,11 @@ class SearchSpace:
             ensembler = next((e for e in self.ensemblers if e.name == previous.ensembler_name), self.ensemblers[0])
             records.append(CandidateRecord(previous.name, previous, ensembler, is_previous=True))
         for display, cand, ensembler in self.candidates(builders, previous, iteration_number):
-            records.append(CandidateRecord(display, self.assemble(display, cand, ensembler, iteration_number, previous, new), ensembler, False))
+            records.append(
+                CandidateRecord(
+                    display, self.assemble(display, cand, ensembler, iteration_number, previous, new), ensembler, False
+                )
+            )
         if len(records) == (1 if previous is not None else 0):
             raise ValueError(f"the ensemble strategies gave no candidate at iteration {iteration_number}")
         reports: dict[str, Report] = {}

@@ -52,7 +52,9 @@ def choose(
     return select_best(values, objective, start=1 if grow else 0), values, how
 
 
-def chosen_architecture(t: int, step: int, index: int, chosen: CandidateRecord, previous: Architecture | None) -> Architecture:
+def chosen_architecture(
+    t: int, step: int, index: int, chosen: CandidateRecord, previous: Architecture | None
+) -> Architecture:
     """Iteration ``t``'s architecture, ``chosen`` (candidate ``index``) having won at ``step``;
     ``previous`` is iteration ``t - 1``'s (None at ``t = 0``)."""
     if chosen.is_previous:
@@ -85,7 +87,12 @@ def selection_record(
         "iteration_number": t,
         "global_step": step,
         "candidates": [
-            {"index": i, "name": c.name, "adanet_loss_ema": _json_float(ema[i]), "value": _json_float(values[i]) if values else None}
+            {
+                "index": i,
+                "name": c.name,
+                "adanet_loss_ema": _json_float(ema[i]),
+                "value": _json_float(values[i]) if values else None,
+            }
             for i, c in enumerate(model.candidates)
         ],
         "chosen_index": index,

@@ -32,6 +32,7 @@ class IterationModel(Protocol):
 
     def parameters(self, recurse: bool = True) -> Iterable[nn.Parameter]: ...
 
+
 __all__ = ["CandidateOptimizers", "CandidateSchedules", "build_optimizers", "build_schedules", "sanitize_diverged"]
 
 
@@ -105,7 +106,11 @@ def sanitize_diverged(model: IterationModel, optimizer: torch.optim.Optimizer | 
             assert isinstance(module, BatchedWeightedSum)
             rows = [module.weights[r] for r in range(len(indices))]
             bias = [module.bias[r] for r in range(len(indices))] if module.bias is not None else [None] * len(indices)
-            cleaned += [model.candidates[i].name for i, w, b in zip(indices, rows, bias, strict=True) if not _finite([w] if b is None else [w, b])]
+            cleaned += [
+                model.candidates[i].name
+                for i, w, b in zip(indices, rows, bias, strict=True)
+                if not _finite([w] if b is None else [w, b])
+            ]
         elif not _finite(module.parameters()):
             cleaned.append(model.candidates[indices[0]].name)
     with torch.no_grad():

@@ -78,10 +78,19 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     d = BenchConfig()  # the defaults, for the help text
     g = p.add_argument_group("what to run")
     flag("model", default=d.model, help="zoo model name (--list_models); default %(default)s")
-    flag("data_name", choices=DATA_NAMES, help="the data set (default: the only one --model exists for, else guessed "
-         "from --data_dir, else imagenet); movielens, librispeech and coco are synthetic only")
+    flag(
+        "data_name",
+        choices=DATA_NAMES,
+        help="the data set (default: the only one --model exists for, else guessed "
+        "from --data_dir, else imagenet); movielens, librispeech and coco are synthetic only",
+    )
     flag("data_dir", help="an image folder or CIFAR-10 binaries; synthetic data when not given")
-    flag("mode", choices=RUN_MODES, default=d.mode, help="training (tf_cnn_benchmarks) or inference (latency); default %(default)s")
+    flag(
+        "mode",
+        choices=RUN_MODES,
+        default=d.mode,
+        help="training (tf_cnn_benchmarks) or inference (latency); default %(default)s",
+    )
     switch("forward_only", "time the forward pass only")
     switch("eval", "evaluate the newest checkpoint in --train_dir")
     switch("list_models", "print every registered model with its parameters and GFLOP per image, then exit")
@@ -90,55 +99,151 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--num_batches", type=int, help="timed batches (default 100)")
     g.add_argument("--num_epochs", type=float, help="timed epochs instead of --num_batches")
     g.add_argument("--num_eval_batches", type=int, help="batches per evaluation (default --num_batches)")
-    g.add_argument("--num_warmup_batches", type=int, default=d.num_warmup_batches, help="untimed batches first; default %(default)s")
-    g.add_argument("--display_every", type=int, default=d.display_every, help="print progress every N steps; default %(default)s")
-    g.add_argument("--iterations_per_loop", type=int, default=d.iterations_per_loop,
-                   help="steps per host round trip; 1 times every step, N > 1 times loops of N steps; default %(default)s")
+    g.add_argument(
+        "--num_warmup_batches",
+        type=int,
+        default=d.num_warmup_batches,
+        help="untimed batches first; default %(default)s",
+    )
+    g.add_argument(
+        "--display_every", type=int, default=d.display_every, help="print progress every N steps; default %(default)s"
+    )
+    g.add_argument(
+        "--iterations_per_loop",
+        type=int,
+        default=d.iterations_per_loop,
+        help="steps per host round trip; 1 times every step, N > 1 times loops of N steps; default %(default)s",
+    )
     g = p.add_argument_group("where and how")
-    g.add_argument("--num_gpus", type=int, default=d.num_gpus,
-                   help="replicas on this machine (one per CUDA device, or CPU processes sharing the cores), "
-                   "launched as torchrun --nproc_per_node=N would; default %(default)s")
-    g.add_argument("--device", type=str.lower, choices=DEVICES, default=d.device, help="cpu, cuda (gpu) or auto; default %(default)s")
-    g.add_argument("--data_format", type=str.upper, choices=DATA_FORMATS, default=d.data_format,
-                   help="NCHW or NHWC (channels_last memory format); default %(default)s")
-    g.add_argument("--precision", choices=PRECISIONS, help="fp32 (default), bf16 or fp16 (autocast; fp32 master weights)")
-    g.add_argument("--use_fp16", type=_bool, nargs="?", const=True, default=False, metavar="BOOL", help="same as --precision=fp16")
+    g.add_argument(
+        "--num_gpus",
+        type=int,
+        default=d.num_gpus,
+        help="replicas on this machine (one per CUDA device, or CPU processes sharing the cores), "
+        "launched as torchrun --nproc_per_node=N would; default %(default)s",
+    )
+    g.add_argument(
+        "--device",
+        type=str.lower,
+        choices=DEVICES,
+        default=d.device,
+        help="cpu, cuda (gpu) or auto; default %(default)s",
+    )
+    g.add_argument(
+        "--data_format",
+        type=str.upper,
+        choices=DATA_FORMATS,
+        default=d.data_format,
+        help="NCHW or NHWC (channels_last memory format); default %(default)s",
+    )
+    g.add_argument(
+        "--precision", choices=PRECISIONS, help="fp32 (default), bf16 or fp16 (autocast; fp32 master weights)"
+    )
+    g.add_argument(
+        "--use_fp16", type=_bool, nargs="?", const=True, default=False, metavar="BOOL", help="same as --precision=fp16"
+    )
     g.add_argument("--fp16_loss_scale", type=float, help="fp16 loss scale (default 128)")
-    g.add_argument("--fp16_enable_auto_loss_scale", type=_bool, nargs="?", const=True, default=False, metavar="BOOL",
-                   help="dynamic loss scaling")
-    g.add_argument("--fp16_inc_loss_scale_every_n", type=int, help="double the dynamic loss scale after N good steps (default 1000)")
-    g.add_argument("--variable_update", default=d.variable_update,
-                   help="independent, replicated, sharded, or parameter_server (runs as replicated); default %(default)s")
-    g.add_argument("--compile", type=_compile_mode, nargs="?", const=True, default=False, metavar="MODE",
-                   help="true/module: torch.compile the model; step: compile the whole training step; false (default)")
-    g.add_argument("--cuda_graph", type=_bool, nargs="?", const=True, default=False, metavar="BOOL",
-                   help="CUDA only: capture the training step once as a CUDA graph and replay it")
-    g.add_argument("--tf_random_seed", type=int, default=d.tf_random_seed, help="seed of weights and synthetic data; default %(default)s")
+    g.add_argument(
+        "--fp16_enable_auto_loss_scale",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="BOOL",
+        help="dynamic loss scaling",
+    )
+    g.add_argument(
+        "--fp16_inc_loss_scale_every_n",
+        type=int,
+        help="double the dynamic loss scale after N good steps (default 1000)",
+    )
+    g.add_argument(
+        "--variable_update",
+        default=d.variable_update,
+        help="independent, replicated, sharded, or parameter_server (runs as replicated); default %(default)s",
+    )
+    g.add_argument(
+        "--compile",
+        type=_compile_mode,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="MODE",
+        help="true/module: torch.compile the model; step: compile the whole training step; false (default)",
+    )
+    g.add_argument(
+        "--cuda_graph",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="BOOL",
+        help="CUDA only: capture the training step once as a CUDA graph and replay it",
+    )
+    g.add_argument(
+        "--tf_random_seed",
+        type=int,
+        default=d.tf_random_seed,
+        help="seed of weights and synthetic data; default %(default)s",
+    )
     g.add_argument("--num_intra_threads", type=int, help="torch intra-op threads (default: torch's, one per core)")
     g.add_argument("--num_inter_threads", type=int, help="torch inter-op threads (default: torch's)")
-    g.add_argument("--keep_host_memory", type=_bool, nargs="?", const=True, default=d.keep_host_memory, metavar="BOOL",
-                   help="keep freed host memory for reuse instead of returning it to the OS every step (glibc; "
-                   "resnet50 on CPU: 1.5x faster, peak memory kept); default %(default)s")
+    g.add_argument(
+        "--keep_host_memory",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=d.keep_host_memory,
+        metavar="BOOL",
+        help="keep freed host memory for reuse instead of returning it to the OS every step (glibc; "
+        "resnet50 on CPU: 1.5x faster, peak memory kept); default %(default)s",
+    )
     g = p.add_argument_group("optimizer and learning rate")
     g.add_argument("--optimizer", choices=OPTIMIZERS, default=d.optimizer, help="default %(default)s")
     g.add_argument("--init_learning_rate", type=float, help=f"initial learning rate (default {d.learning_rate})")
     g.add_argument("--piecewise_learning_rate_schedule", help="LR0;E1;LR1;...;En;LRn (epochs)")
-    g.add_argument("--num_epochs_per_decay", type=float, default=0.0, help="epochs between decays (with --learning_rate_decay_factor)")
-    g.add_argument("--learning_rate_decay_factor", type=float, default=0.0, help="decay factor every --num_epochs_per_decay")
+    g.add_argument(
+        "--num_epochs_per_decay",
+        type=float,
+        default=0.0,
+        help="epochs between decays (with --learning_rate_decay_factor)",
+    )
+    g.add_argument(
+        "--learning_rate_decay_factor", type=float, default=0.0, help="decay factor every --num_epochs_per_decay"
+    )
     g.add_argument("--num_learning_rate_warmup_epochs", type=float, default=0.0, help="linear warm-up from 0")
     g.add_argument("--minimum_learning_rate", type=float, default=0.0, help="floor of the decayed rate")
-    for name in ("momentum", "rmsprop_decay", "rmsprop_momentum", "rmsprop_epsilon", "adam_beta1", "adam_beta2", "adam_epsilon"):
+    for name in (
+        "momentum",
+        "rmsprop_decay",
+        "rmsprop_momentum",
+        "rmsprop_epsilon",
+        "adam_beta1",
+        "adam_beta2",
+        "adam_epsilon",
+    ):
         g.add_argument(f"--{name}", type=float, default=getattr(d, name), help="default %(default)s")
     g.add_argument("--weight_decay", type=float, default=d.weight_decay, help="L2 factor; default %(default)s")
     g.add_argument("--gradient_clip", type=float, help="clip each gradient element to [-c, c]")
     g = p.add_argument_group("evaluation during training")
     g.add_argument("--eval_during_training_every_n_steps", type=int, help="evaluate every N timed steps")
-    g.add_argument("--eval_interval_secs", type=float, default=0.0,
-                   help="with --eval: look for a new checkpoint in --train_dir every N seconds and evaluate each one, "
-                   "beside the training process, until training has finished; 0 (default) evaluates the newest once")
+    g.add_argument(
+        "--eval_interval_secs",
+        type=float,
+        default=0.0,
+        help="with --eval: look for a new checkpoint in --train_dir every N seconds and evaluate each one, "
+        "beside the training process, until training has finished; 0 (default) evaluates the newest once",
+    )
     g.add_argument("--stop_at_top_1_accuracy", type=float, help="stop once an evaluation reaches this top-1")
-    g.add_argument("--print_training_accuracy", type=_bool, nargs="?", const=True, default=False, metavar="BOOL",
-                   help="print the training batch's top-1 / top-5")
+    g.add_argument(
+        "--print_training_accuracy",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="BOOL",
+        help="print the training batch's top-1 / top-5",
+    )
     g = p.add_argument_group("checkpoints, traces, results")
     g.add_argument("--train_dir", help="checkpoints; rerunning the same command resumes from the newest")
     g.add_argument("--save_model_steps", type=int, help="checkpoint every N steps (default: only at the end)")
@@ -150,15 +255,23 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g = p.add_argument_group("inference latency (--mode=inference)")
     g.add_argument("--num_inference_threads", type=int, help="threads calling the model (default 1)")
     g.add_argument("--iterations", type=int, help="calls per thread (default 100)")
-    g.add_argument("--exported", help="a directory written by `stoker export` (or Estimator.export) to benchmark instead of the zoo model; DIR/model.aoti.pt2 for its AOT package (stoker export --aot)")
+    g.add_argument(
+        "--exported",
+        help="a directory written by `stoker export` (or Estimator.export) to benchmark instead of the zoo model; DIR/model.aoti.pt2 for its AOT package (stoker export --aot)",
+    )
     _add_table_flags(p)
     _add_negations(p)
     p.set_defaults(func=lambda args: run_bench_command(args, p))
     return p
 
 
-_TYPES: dict[str, Callable[[str], Any]] = {"int": int, "float": float, "str": str, "bool": _bool,
-                                           "list": lambda text: tuple(v.strip() for v in text.split(",") if v.strip())}
+_TYPES: dict[str, Callable[[str], Any]] = {
+    "int": int,
+    "float": float,
+    "str": str,
+    "bool": _bool,
+    "list": lambda text: tuple(v.strip() for v in text.split(",") if v.strip()),
+}
 
 
 def _add_table_flags(p: argparse.ArgumentParser) -> None:
@@ -168,7 +281,10 @@ def _add_table_flags(p: argparse.ArgumentParser) -> None:
     noted = p.add_argument_group("accepted with a note: no effect in PyTorch (the run says why)")
     for flag in TABLE:
         group = implemented if flag.implemented else noted
-        kw: dict[str, Any] = {"type": _TYPES[flag.type], "help": flag.help if flag.implemented else f"{flag.help} ({flag.note})"}
+        kw: dict[str, Any] = {
+            "type": _TYPES[flag.type],
+            "help": flag.help if flag.implemented else f"{flag.help} ({flag.note})",
+        }
         if flag.type == "bool":
             kw.update(nargs="?", const=True, metavar="BOOL")
         if flag.choices is not None:
@@ -180,26 +296,32 @@ def _add_negations(p: argparse.ArgumentParser) -> None:
     """absl's ``--noflag`` for every boolean flag (``--nodistortions`` is ``--distortions=false``)."""
     for action in list(p._actions):  # the parser's own list: every option registered above
         if action.type in (_bool, _compile_mode) and action.option_strings:
-            p.add_argument(f"--no{action.dest}", dest=action.dest, action="store_const", const=False,
-                           help=argparse.SUPPRESS)
+            p.add_argument(
+                f"--no{action.dest}", dest=action.dest, action="store_const", const=False, help=argparse.SUPPRESS
+            )
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
     """The ``BenchConfig`` of parsed flags (raises ``BenchFlagError`` naming bad flags)."""
     if args.use_fp16 and args.precision not in (None, "fp16"):
-        raise BenchFlagError(("use_fp16", "precision"),
-                             f"--use_fp16 contradicts --precision={args.precision}; give one of them")
+        raise BenchFlagError(
+            ("use_fp16", "precision"), f"--use_fp16 contradicts --precision={args.precision}; give one of them"
+        )
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(BenchConfig) if hasattr(args, f.name)}
     values["precision"] = "fp16" if args.use_fp16 else (args.precision or "fp32")
-    for name, kind in (("eval_during_training_at_specified_steps", int),
-                       ("eval_during_training_at_specified_epochs", float)):
+    for name, kind in (
+        ("eval_during_training_at_specified_steps", int),
+        ("eval_during_training_at_specified_epochs", float),
+    ):
         try:
             values[name] = tuple(kind(v) for v in values[name])
         except ValueError:
-            raise BenchFlagError((name,), f"--{name}: expected comma-separated {kind.__name__}s, "
-                                 f"got {','.join(values[name])!r}") from None
-    values["noted_flags"] = tuple((f.name, format_value(getattr(args, f.name))) for f in NOTED
-                                  if getattr(args, f.name, None) is not None)
+            raise BenchFlagError(
+                (name,), f"--{name}: expected comma-separated {kind.__name__}s, got {','.join(values[name])!r}"
+            ) from None
+    values["noted_flags"] = tuple(
+        (f.name, format_value(getattr(args, f.name))) for f in NOTED if getattr(args, f.name, None) is not None
+    )
     return BenchConfig(**values)
 
 
@@ -231,8 +353,10 @@ def run_bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser)
         parser.error(str(e))
     if max(world, cfg.num_gpus) > 1 and cfg.benchmark_mode not in (MODE_TRAIN, MODE_TRAIN_AND_EVAL):
         many = f"WORLD_SIZE={world}" if world > 1 else f"--num_gpus={cfg.num_gpus}"
-        parser.error(f"{many}: only training runs on several processes; run --{_mode_flag(cfg)} "
-                     "in one process (without torchrun or --num_gpus)")
+        parser.error(
+            f"{many}: only training runs on several processes; run --{_mode_flag(cfg)} "
+            "in one process (without torchrun or --num_gpus)"
+        )
     if should_launch(cfg.num_gpus, world):
         # Each replica parses the same command line again, under the agent's WORLD_SIZE.
         return launch_replicas(getattr(args, "argv", None) or sys.argv[1:], cfg.num_gpus)
@@ -288,8 +412,10 @@ def _set_threads(cfg: BenchConfig, parser: argparse.ArgumentParser, log: Callabl
             idle = max(1, min(default, round(default - busy)))
             if idle < default:
                 torch.set_num_threads(idle)
-                log(f"Note: {busy:.1f} of {os.cpu_count()} cores were busy before the run: using {idle} "
-                    f"intra-op thread(s) instead of {default} (--num_intra_threads overrides)")
+                log(
+                    f"Note: {busy:.1f} of {os.cpu_count()} cores were busy before the run: using {idle} "
+                    f"intra-op thread(s) instead of {default} (--num_intra_threads overrides)"
+                )
     if cfg.num_inter_threads is not None:
         try:
             torch.set_num_interop_threads(cfg.num_inter_threads)

@@ -40,8 +40,6 @@ DEFAULT_FP16_LOSS_SCALE = 128.0
 DEFAULT_INFERENCE_ITERATIONS = 100
 
 
-
-
 @dataclass(kw_only=True)
 class BenchConfig:
     """Settings of a benchmark run (see ``docs/bench.md`` for each flag).
@@ -148,10 +146,16 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         if not (isinstance(self.compile, bool) or self.compile in ("none", "module", "step")):
-            raise _fail(f"--compile={self.compile!r} is not allowed; allowed values: true, false, module, step", "compile")
+            raise _fail(
+                f"--compile={self.compile!r} is not allowed; allowed values: true, false, module, step", "compile"
+            )
         check_tf_flags(self)
         if self.cuda_graph and self.device == "cpu":
-            raise _fail("--cuda_graph needs a CUDA device; --device=cpu (use --device=cuda or drop --cuda_graph)", "cuda_graph", "device")
+            raise _fail(
+                "--cuda_graph needs a CUDA device; --device=cpu (use --device=cuda or drop --cuda_graph)",
+                "cuda_graph",
+                "device",
+            )
         _check_values(self)
         _check_combinations(self)
         _check_learning_rate(self)
@@ -218,30 +222,58 @@ _CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
 )
 #: Integer flags that always have a value, and their minimum.
 _INTS: tuple[tuple[str, int], ...] = (
-    ("batch_size", 0), ("num_gpus", 1), ("display_every", 1), ("iterations_per_loop", 1), ("max_ckpts_to_keep", 0),
+    ("batch_size", 0),
+    ("num_gpus", 1),
+    ("display_every", 1),
+    ("iterations_per_loop", 1),
+    ("max_ckpts_to_keep", 0),
     ("num_warmup_batches", 0),
 )
 #: Integer flags that may be left out (None); given, they are >= 1.
 _OPTIONAL_POSITIVE_INTS: tuple[str, ...] = (
-    "num_batches", "num_eval_batches", "eval_during_training_every_n_steps", "save_model_steps",
-    "fp16_inc_loss_scale_every_n", "num_inference_threads", "iterations", "num_intra_threads",
+    "num_batches",
+    "num_eval_batches",
+    "eval_during_training_every_n_steps",
+    "save_model_steps",
+    "fp16_inc_loss_scale_every_n",
+    "num_inference_threads",
+    "iterations",
+    "num_intra_threads",
     "num_inter_threads",
 )
 #: Number flags that may be left out (None); given, they are > 0.
 _OPTIONAL_POSITIVE: tuple[str, ...] = (
-    "num_epochs", "fp16_loss_scale", "gradient_clip", "save_model_secs", "peak_tflops",
+    "num_epochs",
+    "fp16_loss_scale",
+    "gradient_clip",
+    "save_model_secs",
+    "peak_tflops",
     "init_learning_rate",
 )
 #: Number flags that are >= 0.
 _NON_NEGATIVE: tuple[str, ...] = (
-    "num_epochs_per_decay", "learning_rate_decay_factor", "num_learning_rate_warmup_epochs",
-    "minimum_learning_rate", "eval_interval_secs", "weight_decay", "momentum", "rmsprop_decay", "rmsprop_momentum",
-    "rmsprop_epsilon", "adam_beta1", "adam_beta2", "adam_epsilon",
+    "num_epochs_per_decay",
+    "learning_rate_decay_factor",
+    "num_learning_rate_warmup_epochs",
+    "minimum_learning_rate",
+    "eval_interval_secs",
+    "weight_decay",
+    "momentum",
+    "rmsprop_decay",
+    "rmsprop_momentum",
+    "rmsprop_epsilon",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
 )
 #: What --mode=inference refuses: switches, and flags that are None unless given.
 _TRAINING_SWITCHES: tuple[str, ...] = ("eval", "forward_only", "print_training_accuracy")
 _TRAINING_ONLY: tuple[str, ...] = (
-    "eval_during_training_every_n_steps", "num_batches", "num_epochs", "save_model_steps", "save_model_secs",
+    "eval_during_training_every_n_steps",
+    "num_batches",
+    "num_epochs",
+    "save_model_steps",
+    "save_model_secs",
     "trace_file",
 )
 #: What only --mode=inference takes.
@@ -279,7 +311,9 @@ def _check_values(cfg: BenchConfig) -> None:
                 hint = " (multi-process training is not available in the engine yet)"
             raise _fail(f"--{name}={value!r} is not allowed{hint}; allowed values: {', '.join(allowed)}", name)
     if cfg.data_name is not None and cfg.data_name not in DATA_NAMES:
-        raise _fail(f"--data_name={cfg.data_name!r} is not allowed; allowed values: {', '.join(DATA_NAMES)}", "data_name")
+        raise _fail(
+            f"--data_name={cfg.data_name!r} is not allowed; allowed values: {', '.join(DATA_NAMES)}", "data_name"
+        )
     for name, minimum in _INTS:
         _require_int(name, getattr(cfg, name), minimum=minimum)
     for name in _OPTIONAL_POSITIVE_INTS:
@@ -293,14 +327,20 @@ def _check_values(cfg: BenchConfig) -> None:
         if getattr(cfg, name) < 0:
             raise _fail(f"--{name} must be >= 0; got {getattr(cfg, name)}", name)
     if cfg.stop_at_top_1_accuracy is not None and not 0 < cfg.stop_at_top_1_accuracy <= 1:
-        raise _fail(f"--stop_at_top_1_accuracy must be in (0, 1]; got {cfg.stop_at_top_1_accuracy}", "stop_at_top_1_accuracy")
+        raise _fail(
+            f"--stop_at_top_1_accuracy must be in (0, 1]; got {cfg.stop_at_top_1_accuracy}", "stop_at_top_1_accuracy"
+        )
 
 
 def _check_combinations(cfg: BenchConfig) -> None:
     """Flags that need, or exclude, each other."""
     if cfg.forward_only and cfg.eval:
-        raise _fail("--forward_only and --eval cannot both be set: forward-only times the forward pass "
-                    "of training, --eval evaluates a checkpoint", "forward_only", "eval")
+        raise _fail(
+            "--forward_only and --eval cannot both be set: forward-only times the forward pass "
+            "of training, --eval evaluates a checkpoint",
+            "forward_only",
+            "eval",
+        )
     if cfg.num_batches is not None and cfg.num_epochs is not None:
         raise _fail("at most one of --num_batches and --num_epochs may be given", "num_batches", "num_epochs")
     _check_evaluation(cfg)
@@ -309,11 +349,18 @@ def _check_combinations(cfg: BenchConfig) -> None:
     _check_mode(cfg)
     if cfg.exported is not None:
         # The export fixes the model, its weights and its arithmetic.
-        for name, given in (("compile", cfg.compile), ("train_dir", cfg.train_dir is not None),
-                            ("precision", cfg.precision != "fp32")):
+        for name, given in (
+            ("compile", cfg.compile),
+            ("train_dir", cfg.train_dir is not None),
+            ("precision", cfg.precision != "fp32"),
+        ):
             if given:
-                raise _fail(f"--{name} does not apply to --exported: the exported program fixes the model, "
-                            "its weights and its precision", name, "exported")
+                raise _fail(
+                    f"--{name} does not apply to --exported: the exported program fixes the model, "
+                    "its weights and its precision",
+                    name,
+                    "exported",
+                )
 
 
 def _check_evaluation(cfg: BenchConfig) -> None:
@@ -323,15 +370,26 @@ def _check_evaluation(cfg: BenchConfig) -> None:
             if getattr(cfg, other):
                 raise _fail(f"--{given[0]} cannot be used with --{other}", given[0], other)
     if cfg.stop_at_top_1_accuracy is not None and not given:
-        raise _fail("--stop_at_top_1_accuracy needs --eval_during_training_every_n_steps (or another "
-                    "--eval_during_training_* flag)", "stop_at_top_1_accuracy", "eval_during_training_every_n_steps")
+        raise _fail(
+            "--stop_at_top_1_accuracy needs --eval_during_training_every_n_steps (or another "
+            "--eval_during_training_* flag)",
+            "stop_at_top_1_accuracy",
+            "eval_during_training_every_n_steps",
+        )
     if cfg.eval_interval_secs and not cfg.eval:
-        raise _fail("--eval_interval_secs applies only with --eval (a second process evaluating the checkpoints "
-                    "training writes into --train_dir)", "eval_interval_secs", "eval")
+        raise _fail(
+            "--eval_interval_secs applies only with --eval (a second process evaluating the checkpoints "
+            "training writes into --train_dir)",
+            "eval_interval_secs",
+            "eval",
+        )
     for name in ("num_eval_batches", "num_eval_epochs"):
         if getattr(cfg, name) is not None and not (cfg.eval or given):
-            raise _fail(f"--{name} applies only with --eval or --eval_during_training_every_n_steps "
-                        "(or another --eval_during_training_* flag)", name)
+            raise _fail(
+                f"--{name} applies only with --eval or --eval_during_training_every_n_steps "
+                "(or another --eval_during_training_* flag)",
+                name,
+            )
 
 
 def _check_fp16(cfg: BenchConfig) -> None:
@@ -339,17 +397,27 @@ def _check_fp16(cfg: BenchConfig) -> None:
     if cfg.fp16_enable_auto_loss_scale:
         fp16_flags.append("fp16_enable_auto_loss_scale")
     if fp16_flags and cfg.precision != "fp16":
-        raise _fail(f"--{fp16_flags[0]} applies only to fp16 training (--use_fp16 or --precision=fp16); "
-                    f"the precision is {cfg.precision}", fp16_flags[0], "precision")
+        raise _fail(
+            f"--{fp16_flags[0]} applies only to fp16 training (--use_fp16 or --precision=fp16); "
+            f"the precision is {cfg.precision}",
+            fp16_flags[0],
+            "precision",
+        )
     if cfg.fp16_inc_loss_scale_every_n is not None and not cfg.fp16_enable_auto_loss_scale:
-        raise _fail("--fp16_inc_loss_scale_every_n needs --fp16_enable_auto_loss_scale",
-                    "fp16_inc_loss_scale_every_n", "fp16_enable_auto_loss_scale")
+        raise _fail(
+            "--fp16_inc_loss_scale_every_n needs --fp16_enable_auto_loss_scale",
+            "fp16_inc_loss_scale_every_n",
+            "fp16_enable_auto_loss_scale",
+        )
 
 
 def _check_checkpoints(cfg: BenchConfig) -> None:
     if cfg.save_model_steps is not None and cfg.save_model_secs is not None:
-        raise _fail("at most one of --save_model_steps and --save_model_secs may be given",
-                    "save_model_steps", "save_model_secs")
+        raise _fail(
+            "at most one of --save_model_steps and --save_model_secs may be given",
+            "save_model_steps",
+            "save_model_secs",
+        )
     for name in ("save_model_steps", "save_model_secs"):
         if getattr(cfg, name) is not None and cfg.train_dir is None:
             raise _fail(f"--{name} needs --train_dir (where checkpoints go)", name, "train_dir")
@@ -378,23 +446,36 @@ def _check_learning_rate(cfg: BenchConfig) -> None:
     decay = cfg.num_epochs_per_decay > 0 or cfg.learning_rate_decay_factor > 0
     if cfg.piecewise_learning_rate_schedule is not None:
         others = [n for n in ("init_learning_rate",) if getattr(cfg, n) is not None]
-        others += [n for n in ("learning_rate_decay_factor", "minimum_learning_rate", "num_epochs_per_decay")
-                   if getattr(cfg, n)]
+        others += [
+            n
+            for n in ("learning_rate_decay_factor", "minimum_learning_rate", "num_epochs_per_decay")
+            if getattr(cfg, n)
+        ]
         if others:
-            raise _fail(f"--piecewise_learning_rate_schedule cannot be combined with --{others[0]}",
-                        "piecewise_learning_rate_schedule", others[0])
+            raise _fail(
+                f"--piecewise_learning_rate_schedule cannot be combined with --{others[0]}",
+                "piecewise_learning_rate_schedule",
+                others[0],
+            )
         try:
             parse_piecewise_schedule(cfg.piecewise_learning_rate_schedule)
         except ValueError as e:
             raise _fail(f"--piecewise_learning_rate_schedule: {e}", "piecewise_learning_rate_schedule") from None
-    if decay and not (cfg.init_learning_rate is not None and cfg.num_epochs_per_decay > 0
-                      and cfg.learning_rate_decay_factor > 0):
-        raise _fail("--num_epochs_per_decay and --learning_rate_decay_factor must be given together, "
-                    "with --init_learning_rate", "num_epochs_per_decay", "learning_rate_decay_factor",
-                    "init_learning_rate")
+    if decay and not (
+        cfg.init_learning_rate is not None and cfg.num_epochs_per_decay > 0 and cfg.learning_rate_decay_factor > 0
+    ):
+        raise _fail(
+            "--num_epochs_per_decay and --learning_rate_decay_factor must be given together, with --init_learning_rate",
+            "num_epochs_per_decay",
+            "learning_rate_decay_factor",
+            "init_learning_rate",
+        )
     if cfg.minimum_learning_rate and not decay:
-        raise _fail("--minimum_learning_rate needs --init_learning_rate, --num_epochs_per_decay and "
-                    "--learning_rate_decay_factor", "minimum_learning_rate")
+        raise _fail(
+            "--minimum_learning_rate needs --init_learning_rate, --num_epochs_per_decay and "
+            "--learning_rate_decay_factor",
+            "minimum_learning_rate",
+        )
 
 
 def _require_int(name: str, value: object, *, minimum: int) -> None:

@@ -49,8 +49,19 @@ class ModelDefaults:
 
 def _table() -> dict[tuple[str, str | None], ModelDefaults]:
     t: dict[tuple[str, str | None], ModelDefaults] = {}
-    for name in ("trivial", "googlenet", "inception3", "inception4", "lenet", "overfeat", "mobilenet",
-                 "mobilenet_v1", "mobilenet_v2", "mobilenet_v2_tf_cnn", "nasnet"):
+    for name in (
+        "trivial",
+        "googlenet",
+        "inception3",
+        "inception4",
+        "lenet",
+        "overfeat",
+        "mobilenet",
+        "mobilenet_v1",
+        "mobilenet_v2",
+        "mobilenet_v2_tf_cnn",
+        "nasnet",
+    ):
         t[(name, "imagenet")] = ModelDefaults(32, 0.005)
     t[("alexnet", "imagenet")] = ModelDefaults(512, 0.005)
     for name in ("vgg11", "vgg16", "vgg19"):
@@ -61,7 +72,9 @@ def _table() -> dict[tuple[str, str | None], ModelDefaults]:
     for depth in (18, 34, 50, 101, 152, 200):
         batch = {50: 128, 101: 32, 152: 32}.get(depth, 32)
         for suffix in ("", "_v2"):
-            t[(f"official_resnet{depth}{suffix}", "imagenet")] = ModelDefaults(batch, 0.0125 * batch / 32, "official_resnet")
+            t[(f"official_resnet{depth}{suffix}", "imagenet")] = ModelDefaults(
+                batch, 0.0125 * batch / 32, "official_resnet"
+            )
     t[("nasnetlarge", "imagenet")] = ModelDefaults(16, 0.005)
     t[("ncf", None)] = ModelDefaults(2048, 0.0005)
     t[("trivial", "cifar10")] = ModelDefaults(32, 0.005)
@@ -97,8 +110,9 @@ def model_learning_rate(defaults: ModelDefaults, global_batch: int, *, base_lr: 
     if kind in ("resnet", "official_resnet"):
         per_epoch = IMAGENET_TRAIN / global_batch
         scaled = lr * global_batch / (256 if kind == "resnet" else defaults.batch_size)
-        rate = _piecewise([int(per_epoch * e) for e in (30, 60, 80, 90)],
-                          [scaled * f for f in (1, 0.1, 0.01, 0.001, 0.0001)])
+        rate = _piecewise(
+            [int(per_epoch * e) for e in (30, 60, 80, 90)], [scaled * f for f in (1, 0.1, 0.01, 0.001, 0.0001)]
+        )
         return _warmup(rate, scaled, int(per_epoch * 5)) if kind == "resnet" else rate
     if kind == "resnet_cifar":
         per_epoch = int(CIFAR10_TRAIN / global_batch)
@@ -122,7 +136,7 @@ def describe(defaults: ModelDefaults, model: str) -> str:
     what = {
         "constant": f"{defaults.learning_rate:g}",
         "resnet": "0.128 x global batch / 256 (--resnet_base_lr replaces 0.128), 5 warm-up epochs, "
-                  "x0.1 at epochs 30, 60, 80, 90",
+        "x0.1 at epochs 30, 60, 80, 90",
         "official_resnet": f"{defaults.learning_rate:g} x global batch / {defaults.batch_size}, x0.1 at epochs 30, 60, 80, 90",
         "resnet_cifar": "0.1, then 0.01, 0.001, 0.0002 from epochs 82, 123, 300",
         "densenet_cifar": "0.1, then 0.01, 0.001, 0.0001 from epochs 150, 225, 300",
@@ -143,5 +157,12 @@ def _warmup(rate: LearningRate, peak: float, steps: int) -> LearningRate:
     return lambda step: peak * step / steps if step < steps else rate(step)
 
 
-__all__ = ["DEFAULTS", "FALLBACK_BATCH_SIZE", "FALLBACK_LEARNING_RATE", "ModelDefaults", "describe",
-           "model_defaults", "model_learning_rate"]
+__all__ = [
+    "DEFAULTS",
+    "FALLBACK_BATCH_SIZE",
+    "FALLBACK_LEARNING_RATE",
+    "ModelDefaults",
+    "describe",
+    "model_defaults",
+    "model_learning_rate",
+]

@@ -42,15 +42,20 @@ class Flag:
         return self.note is None
 
 
-def _f(name: str, type: str, default: Any, help: str, *, choices: tuple[str, ...] | None = None,
-       note: str | None = None) -> Flag:
+def _f(
+    name: str, type: str, default: Any, help: str, *, choices: tuple[str, ...] | None = None, note: str | None = None
+) -> Flag:
     return Flag(name=name, type=type, default=default, help=help, choices=choices, note=note)
 
 
 _TF_GRAPH = "there is no TensorFlow graph or session here; PyTorch runs eagerly (or through torch.compile)"
-_TF_CLUSTER = ("TensorFlow's cluster flags do not apply: launch processes with torchrun (--nnodes, --node_rank, "
-               "--rdzv_endpoint) or --num_gpus")
-_TF_ALLREDUCE = "gradients are all-reduced by DDP's buckets (see --gradient_repacking), not TensorFlow's all-reduce specs"
+_TF_CLUSTER = (
+    "TensorFlow's cluster flags do not apply: launch processes with torchrun (--nnodes, --node_rank, "
+    "--rdzv_endpoint) or --num_gpus"
+)
+_TF_ALLREDUCE = (
+    "gradients are all-reduced by DDP's buckets (see --gradient_repacking), not TensorFlow's all-reduce specs"
+)
 _KMP = "stoker uses torch's OpenMP runtime; set its environment (OMP_*, KMP_* for Intel's) before starting Python"
 _TFRECORD = "the image-folder and CIFAR-10 sources read files by index, not interleaved TFRecord shards"
 

@@ -38,13 +38,20 @@ from .workload import Workload
 LogFn = Callable[[str], None]
 
 
-def run_inference(cfg: BenchConfig, workload: Workload, *, model: Callable[[dict[str, Any]], nn.Module] | None = None,
-                  log: LogFn = print) -> dict[str, Any]:
+def run_inference(
+    cfg: BenchConfig,
+    workload: Workload,
+    *,
+    model: Callable[[dict[str, Any]], nn.Module] | None = None,
+    log: LogFn = print,
+) -> dict[str, Any]:
     """Time single forward calls from ``--num_inference_threads`` threads; return the statistics."""
     cfg = cfg.replace(num_inference_threads=cfg.num_inference_threads or 1, iterations=cfg.iterations or 100)
     threads, iterations = int(cfg.num_inference_threads or 1), int(cfg.iterations or 100)
     if cfg.exported is not None:
-        model_name = f"{'AOT package' if str(cfg.exported).endswith('.aoti.pt2') else 'exported program'} {cfg.exported}"
+        model_name = (
+            f"{'AOT package' if str(cfg.exported).endswith('.aoti.pt2') else 'exported program'} {cfg.exported}"
+        )
         call, image_size = _exported_call(cfg, workload)
     else:
         model_name = cfg.model if model is None else f"{cfg.model} (custom)"
@@ -101,13 +108,16 @@ def run_inference(cfg: BenchConfig, workload: Workload, *, model: Callable[[dict
     return result
 
 
-def _eager_call(cfg: BenchConfig, workload: Workload, model: Callable[[dict[str, Any]], nn.Module] | None) -> Callable[[], Any]:
+def _eager_call(
+    cfg: BenchConfig, workload: Workload, model: Callable[[dict[str, Any]], nn.Module] | None
+) -> Callable[[], Any]:
     """One forward call of the zoo (or given) model, eager or compiled, returning the classes."""
     est = Estimator(
         model=model or zoo_model(cfg, workload),
         model_fn=bench_model_fn,
-        config=RunConfig(seed=cfg.tf_random_seed, device=str(workload.device), strategy="single",
-                         progress_bar=False, summaries=False),
+        config=RunConfig(
+            seed=cfg.tf_random_seed, device=str(workload.device), strategy="single", progress_bar=False, summaries=False
+        ),
         warm_start_from=cfg.train_dir,
     )
     module = est.model.eval()
@@ -128,15 +138,23 @@ def _exported_call(cfg: BenchConfig, workload: Workload) -> tuple[Callable[[], A
     inputs = exported.signature["inputs"]
     shape = inputs[0]["shape"] if len(inputs) == 1 else []
     if len(shape) != 4 or shape[1] != 3 or shape[2] != shape[3]:
-        raise BenchFlagError(("exported",), f"--exported={cfg.exported}: the program's inputs are {inputs}; the "
-                             "benchmark feeds one image batch [batch, 3, S, S]")
+        raise BenchFlagError(
+            ("exported",),
+            f"--exported={cfg.exported}: the program's inputs are {inputs}; the "
+            "benchmark feeds one image batch [batch, 3, S, S]",
+        )
     if not exported.signature.get("dynamic_batch", True) and shape[0] != workload.batch_size:
-        raise BenchFlagError(("batch_size", "exported"), f"--batch_size={workload.batch_size}, but the program was "
-                             f"exported for batches of {shape[0]} only")
+        raise BenchFlagError(
+            ("batch_size", "exported"),
+            f"--batch_size={workload.batch_size}, but the program was exported for batches of {shape[0]} only",
+        )
     if exported.kind == "aot":
         if exported.device.type != workload.device.type:  # the package's kernels are for one device kind
-            raise BenchFlagError(("device", "exported"), f"--exported={cfg.exported} is an AOT package compiled for "
-                                 f"{exported.device.type}; run the benchmark with --device={exported.device.type}")
+            raise BenchFlagError(
+                ("device", "exported"),
+                f"--exported={cfg.exported} is an AOT package compiled for "
+                f"{exported.device.type}; run the benchmark with --device={exported.device.type}",
+            )
     elif workload.device.type != "cpu":
         exported.module.to(workload.device)  # the program's nn.Module
     images = _images(cfg, workload, int(shape[2]))
@@ -150,6 +168,10 @@ def _exported_call(cfg: BenchConfig, workload: Workload) -> tuple[Callable[[], A
 
 def _images(cfg: BenchConfig, workload: Workload, image_size: int) -> torch.Tensor:
     return synthetic_images(
-        (3, image_size, image_size), workload.num_classes, batch_size=workload.batch_size,
-        device=workload.device, seed=cfg.tf_random_seed, channels_last=cfg.channels_last,
+        (3, image_size, image_size),
+        workload.num_classes,
+        batch_size=workload.batch_size,
+        device=workload.device,
+        seed=cfg.tf_random_seed,
+        channels_last=cfg.channels_last,
     ).images

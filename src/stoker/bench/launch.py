@@ -39,8 +39,9 @@ def check_num_gpus(num_gpus: int, world_size: int, cuda_devices: int | None) -> 
             f"WORLD_SIZE ({world_size}) or be 1 (torchrun already started the replicas)",
         )
     if world_size == 1 and cuda_devices is not None and num_gpus > cuda_devices:
-        raise BenchFlagError(("num_gpus", "device"),
-                             f"--num_gpus={num_gpus} but torch sees {cuda_devices} CUDA device(s)")
+        raise BenchFlagError(
+            ("num_gpus", "device"), f"--num_gpus={num_gpus} but torch sees {cuda_devices} CUDA device(s)"
+        )
 
 
 def should_launch(num_gpus: int, world_size: int) -> bool:

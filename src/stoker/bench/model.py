@@ -20,8 +20,9 @@ from .workload import Workload
 ModelFactory = Callable[[dict[str, Any]], nn.Module]
 
 
-def bench_model_fn(model: nn.Module, features: torch.Tensor, labels: torch.Tensor | None, mode: ModeKeys,
-                   params: dict[str, Any]) -> EstimatorSpec:
+def bench_model_fn(
+    model: nn.Module, features: torch.Tensor, labels: torch.Tensor | None, mode: ModeKeys, params: dict[str, Any]
+) -> EstimatorSpec:
     """Softmax cross-entropy classification, as tf_cnn_benchmarks' image models.
 
     TRAIN: the loss reported is tf_cnn_benchmarks' ``total_loss``, cross-entropy +
@@ -45,7 +46,10 @@ def bench_model_fn(model: nn.Module, features: torch.Tensor, labels: torch.Tenso
     if mode == ModeKeys.EVAL:
         return EstimatorSpec(
             loss=F.cross_entropy(logits.float(), labels, reduction="none"),
-            eval_metrics={"top_1_accuracy": Accuracy()(logits, labels), "top_5_accuracy": TopKAccuracy(5)(logits, labels)},
+            eval_metrics={
+                "top_1_accuracy": Accuracy()(logits, labels),
+                "top_5_accuracy": TopKAccuracy(5)(logits, labels),
+            },
         )
     loss = F.cross_entropy(logits.float(), labels)
     if params["weight_decay"] and not params.get("report_base_loss"):
@@ -69,8 +73,9 @@ class TaskModelFn:
     def __init__(self, loss: LossFn) -> None:
         self.loss = loss
 
-    def __call__(self, model: nn.Module, features: Any, labels: Any, mode: ModeKeys,
-                 params: dict[str, Any]) -> EstimatorSpec:
+    def __call__(
+        self, model: nn.Module, features: Any, labels: Any, mode: ModeKeys, params: dict[str, Any]
+    ) -> EstimatorSpec:
         outputs = model(features)
         if mode == ModeKeys.PREDICT:
             if isinstance(outputs, torch.Tensor):

@@ -42,13 +42,18 @@ ScheduleFn = Callable[[dict[str, Any], torch.optim.Optimizer], Any]
 class TFRMSProp(torch.optim.Optimizer):
     """RMSProp as TensorFlow 1 computes it::
 
-        ms  = decay * ms + (1 - decay) * g^2          # ms starts at 1
-        mom = momentum * mom + lr * g / sqrt(ms + eps)
-        w  -= mom
+    ms  = decay * ms + (1 - decay) * g^2          # ms starts at 1
+    mom = momentum * mom + lr * g / sqrt(ms + eps)
+    w  -= mom
     """
 
     def __init__(
-        self, params: Iterable[torch.nn.Parameter], lr: float, decay: float = 0.9, momentum: float = 0.0, eps: float = 1e-10
+        self,
+        params: Iterable[torch.nn.Parameter],
+        lr: float,
+        decay: float = 0.9,
+        momentum: float = 0.0,
+        eps: float = 1e-10,
     ) -> None:
         if lr < 0 or not 0 <= decay <= 1 or momentum < 0 or eps < 0:
             raise ValueError(f"TFRMSProp: bad hyper-parameters lr={lr}, decay={decay}, momentum={momentum}, eps={eps}")
@@ -82,8 +87,13 @@ class TFRMSProp(torch.optim.Optimizer):
         return loss
 
 
-def learning_rate_fn(cfg: BenchConfig, batches_per_epoch: float, *, default_lr: float | None = None,
-                     model_rate: Callable[[int], float] | None = None) -> Callable[[int], float] | None:
+def learning_rate_fn(
+    cfg: BenchConfig,
+    batches_per_epoch: float,
+    *,
+    default_lr: float | None = None,
+    model_rate: Callable[[int], float] | None = None,
+) -> Callable[[int], float] | None:
     """The learning rate of global step ``step`` (0-based), or ``None`` when it is constant.
 
     Without a rate flag the rate is the model's: ``model_rate`` (a schedule) or ``default_lr``
@@ -130,7 +140,9 @@ def make_optimizer(cfg: BenchConfig, parameters: Iterable[torch.nn.Parameter], l
     elif cfg.optimizer == "momentum":
         opt = torch.optim.SGD(parameters, lr=lr, momentum=cfg.momentum, nesterov=True)
     elif cfg.optimizer == "rmsprop":
-        opt = TFRMSProp(parameters, lr=lr, decay=cfg.rmsprop_decay, momentum=cfg.rmsprop_momentum, eps=cfg.rmsprop_epsilon)
+        opt = TFRMSProp(
+            parameters, lr=lr, decay=cfg.rmsprop_decay, momentum=cfg.rmsprop_momentum, eps=cfg.rmsprop_epsilon
+        )
     else:
         opt = torch.optim.Adam(parameters, lr=lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_epsilon)
     if cfg.weight_decay or cfg.gradient_clip is not None:
@@ -171,8 +183,13 @@ def _no_rate_flag(cfg: BenchConfig) -> bool:
     return cfg.init_learning_rate is None and cfg.piecewise_learning_rate_schedule is None
 
 
-def optimizer_and_schedule(cfg: BenchConfig, batches_per_epoch: float, *, default_lr: float | None = None,
-                           model_rate: Callable[[int], float] | None = None) -> tuple[OptimizerFn, ScheduleFn | None]:
+def optimizer_and_schedule(
+    cfg: BenchConfig,
+    batches_per_epoch: float,
+    *,
+    default_lr: float | None = None,
+    model_rate: Callable[[int], float] | None = None,
+) -> tuple[OptimizerFn, ScheduleFn | None]:
     """The Estimator's ``optimizer`` and ``lr_schedule`` arguments for this configuration
     (``default_lr`` / ``model_rate``: the model's rate, see :func:`learning_rate_fn`)."""
     schedule = learning_rate_fn(cfg, batches_per_epoch, default_lr=default_lr, model_rate=model_rate)

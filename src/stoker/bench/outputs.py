@@ -59,14 +59,18 @@ class BenchSummaries(Hook):
             self._step = run.global_step
             names = {id(p): n for n, p in _named_parameters(run.model)}
             self._handle = run.optimizer.register_step_pre_hook(
-                lambda optimizer, args, kwargs: self._grab_gradients(optimizer, names))
+                lambda optimizer, args, kwargs: self._grab_gradients(optimizer, names)
+            )
 
     def _grab_gradients(self, optimizer: torch.optim.Optimizer, names: dict[int, str]) -> None:
         self._step += 1
         if self._step % self.every_n_steps == 0:
             params = [p for g in optimizer.param_groups for p in g["params"]]
-            self._gradients = {names.get(id(p), str(i)): p.grad.detach().float().cpu()
-                               for i, p in enumerate(params) if p.grad is not None}
+            self._gradients = {
+                names.get(id(p), str(i)): p.grad.detach().float().cpu()
+                for i, p in enumerate(params)
+                if p.grad is not None
+            }
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
         self._examples += result.examples
@@ -112,8 +116,12 @@ def summary_hook(cfg: BenchConfig) -> BenchSummaries | None:
     ``--display_every``) steps."""
     if not cfg.summary_verbosity or cfg.train_dir is None:
         return None
-    return BenchSummaries(Path(cfg.train_dir) / "events", verbosity=cfg.summary_verbosity,
-                          every_n_steps=cfg.save_summaries_steps or cfg.display_every, loss_tag=cfg.loss_type_to_report)
+    return BenchSummaries(
+        Path(cfg.train_dir) / "events",
+        verbosity=cfg.summary_verbosity,
+        every_n_steps=cfg.save_summaries_steps or cfg.display_every,
+        loss_tag=cfg.loss_type_to_report,
+    )
 
 
 def mlperf_log_path(cfg: BenchConfig) -> str:
@@ -141,23 +149,41 @@ def write_benchmark_logs(log_dir: str | os.PathLike[str], cfg: BenchConfig, resu
         "dataset": {"name": result.get("dataset")},
         "test_id": cfg.benchmark_test_id,
         "run_date": now,
-        "machine_config": {"cpu_info": {"num_cores": os.cpu_count(), "cpu_info": platform.processor()},
-                           "gpu_info": {"count": torch.cuda.device_count()}},
+        "machine_config": {
+            "cpu_info": {"num_cores": os.cpu_count(), "cpu_info": platform.processor()},
+            "gpu_info": {"count": torch.cuda.device_count()},
+        },
         "torch_version": {"version": torch.__version__, "stoker": __version__},
-        "run_parameters": [{"name": k, "string_value" if isinstance(v, str) else "value": v}
-                           for k, v in sorted(cfg.to_dict().items()) if isinstance(v, (str, int, float, bool))],
+        "run_parameters": [
+            {"name": k, "string_value" if isinstance(v, str) else "value": v}
+            for k, v in sorted(cfg.to_dict().items())
+            if isinstance(v, (str, int, float, bool))
+        ],
     }
     (out / BENCHMARK_RUN_LOG).write_text(json.dumps(run) + "\n")
     step = result.get("global_step")
-    metrics = [("average_examples_per_sec", result.get("images_per_sec"), "images/sec"),
-               (cfg.loss_type_to_report, result.get("last_average_loss"), None),
-               ("top_1_accuracy", result.get("top_1_accuracy"), None),
-               ("top_5_accuracy", result.get("top_5_accuracy"), None)]
+    metrics = [
+        ("average_examples_per_sec", result.get("images_per_sec"), "images/sec"),
+        (cfg.loss_type_to_report, result.get("last_average_loss"), None),
+        ("top_1_accuracy", result.get("top_1_accuracy"), None),
+        ("top_5_accuracy", result.get("top_5_accuracy"), None),
+    ]
     with open(out / METRIC_LOG, "a") as f:
         for name, value, unit in metrics:
             if value is not None:
-                f.write(json.dumps({"name": name, "value": float(value), "unit": unit, "global_step": step,
-                                    "timestamp": now, "extras": []}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "name": name,
+                            "value": float(value),
+                            "unit": unit,
+                            "global_step": step,
+                            "timestamp": now,
+                            "extras": [],
+                        }
+                    )
+                    + "\n"
+                )
     return out
 
 

@@ -49,13 +49,46 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 # Scalar fields of a result, in the order of the CSV columns.
 CSV_FIELDS: tuple[str, ...] = (
-    "date", "model", "dataset", "mode", "device", "num_devices", "batch_size", "batch_size_per_device", "num_batches",
-    "num_warmup_batches", "data_format", "precision", "optimizer", "variable_update", "compile",
-    "iterations_per_loop", "num_threads", "host_memory_kept", "num_steps", "elapsed_seconds", "average_wall_time",
-    "images_per_sec", "step_images_per_sec", "uncertainty", "jitter", "last_average_loss",
-    "top_1_accuracy", "top_5_accuracy", "latency_avg_ms", "latency_p99_ms", "latency_p999_ms",
-    "latency_max_ms", "gflop_per_image", "achieved_gflops", "peak_gflops", "peak_source", "mfu",
-    "global_step", "torch_version", "stoker_version",
+    "date",
+    "model",
+    "dataset",
+    "mode",
+    "device",
+    "num_devices",
+    "batch_size",
+    "batch_size_per_device",
+    "num_batches",
+    "num_warmup_batches",
+    "data_format",
+    "precision",
+    "optimizer",
+    "variable_update",
+    "compile",
+    "iterations_per_loop",
+    "num_threads",
+    "host_memory_kept",
+    "num_steps",
+    "elapsed_seconds",
+    "average_wall_time",
+    "images_per_sec",
+    "step_images_per_sec",
+    "uncertainty",
+    "jitter",
+    "last_average_loss",
+    "top_1_accuracy",
+    "top_5_accuracy",
+    "latency_avg_ms",
+    "latency_p99_ms",
+    "latency_p999_ms",
+    "latency_max_ms",
+    "gflop_per_image",
+    "achieved_gflops",
+    "peak_gflops",
+    "peak_source",
+    "mfu",
+    "global_step",
+    "torch_version",
+    "stoker_version",
 )
 
 
@@ -63,8 +96,9 @@ def _line(label: str, value: object) -> str:
     return f"{label + ':':<{_LABEL_WIDTH}}{value}"
 
 
-def header_lines(cfg: BenchConfig, workload: Workload, model_name: str | None = None, *,
-                 bucket_mb: float | None = None) -> list[str]:
+def header_lines(
+    cfg: BenchConfig, workload: Workload, model_name: str | None = None, *, bucket_mb: float | None = None
+) -> list[str]:
     """The block printed before a run, in tf_cnn_benchmarks' layout (only lines that apply),
     after a ``Note:`` line per given flag that has no effect here (``flags.py``)."""
     mode = cfg.benchmark_mode
@@ -90,12 +124,19 @@ def header_lines(cfg: BenchConfig, workload: Workload, model_name: str | None = 
         lines.append(_line("Optimizer", cfg.optimizer))
         lines.append(_line("Variables", effective_variable_update(cfg)))
     precision = cfg.precision + (" (loss scale: " + loss_scale_label(cfg) + ")" if cfg.precision == "fp16" else "")
-    lines.append(_line("Precision", precision + (", fp16 weights (--fp16_vars)" if cfg.fp16_vars and cfg.precision == "fp16" else "")))
+    lines.append(
+        _line(
+            "Precision",
+            precision + (", fp16 weights (--fp16_vars)" if cfg.fp16_vars and cfg.precision == "fp16" else ""),
+        )
+    )
     xla = " (--xla_compile)" if cfg.xla_compile else (" (--xla)" if cfg.xla else "")
     lines.append(_line("Compile", f"{cfg.compile_mode}{xla}"))
     lines.extend(_optional_lines(cfg, workload, bucket_mb))
     lines.append(_line("Threads", f"{torch.get_num_threads()} intra-op"))
-    lines.append(_line("Host memory", "kept for reuse (glibc: no mmap, no trim)" if host_memory_kept() else "C library defaults"))
+    lines.append(
+        _line("Host memory", "kept for reuse (glibc: no mmap, no trim)" if host_memory_kept() else "C library defaults")
+    )
     if mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL):
         lines.append(_line("Loop", f"{cfg.iterations_per_loop} step(s) per host round trip"))
     lines.append("==========")
@@ -108,15 +149,31 @@ def unused_flag_notes(cfg: BenchConfig, workload: Workload) -> list[str]:
     other modes, CUDA flags on the CPU, gradient repacking without replicas to all-reduce."""
     unused: list[tuple[str, str]] = []
     if workload.synthetic:
-        given = [n for n, default in (("distortions", True), ("resize_method", "bilinear"), ("use_datasets", True),
-                                      ("datasets_num_private_threads", None), ("datasets_repeat_cached_sample", False))
-                 if getattr(cfg, n) != default]
+        given = [
+            n
+            for n, default in (
+                ("distortions", True),
+                ("resize_method", "bilinear"),
+                ("use_datasets", True),
+                ("datasets_num_private_threads", None),
+                ("datasets_repeat_cached_sample", False),
+            )
+            if getattr(cfg, n) != default
+        ]
         unused += [(n, "the data is synthetic (give --data_dir for real data)") for n in given]
     training = cfg.benchmark_mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL)
     if not training:
-        given = [n for n, default in (("display_perf_ewma", None), ("loss_type_to_report", "total_loss"),
-                                      ("summary_verbosity", 0), ("ml_perf", False), ("gradient_repacking", 0))
-                 if getattr(cfg, n) != default]
+        given = [
+            n
+            for n, default in (
+                ("display_perf_ewma", None),
+                ("loss_type_to_report", "total_loss"),
+                ("summary_verbosity", 0),
+                ("ml_perf", False),
+                ("gradient_repacking", 0),
+            )
+            if getattr(cfg, n) != default
+        ]
         unused += [(n, f"it applies to training; this run is {cfg.benchmark_mode}") for n in given]
     elif cfg.gradient_repacking and (workload.num_devices == 1 or effective_variable_update(cfg) != "replicated"):
         unused.append(("gradient_repacking", "only replicated training over several replicas all-reduces gradients"))
@@ -147,13 +204,22 @@ def _optional_lines(cfg: BenchConfig, workload: Workload, bucket_mb: float | Non
         lines.append(_line("Eval batch", f"{workload.eval_batch_size} global"))
     if not workload.synthetic and cfg.mode != "inference":
         depth = prefetch_depth(cfg)
-        lines.append(_line("Input", f"{data_workers(cfg)} decoding worker(s), "
-                                    f"{'default' if depth is None else depth} batch(es) prefetched, "
-                                    f"distortions {'on' if cfg.distortions else 'off'}, resize {cfg.resize_method}"
-                                    + (", first batch repeated" if cfg.datasets_repeat_cached_sample else "")))
+        lines.append(
+            _line(
+                "Input",
+                f"{data_workers(cfg)} decoding worker(s), "
+                f"{'default' if depth is None else depth} batch(es) prefetched, "
+                f"distortions {'on' if cfg.distortions else 'off'}, resize {cfg.resize_method}"
+                + (", first batch repeated" if cfg.datasets_repeat_cached_sample else ""),
+            )
+        )
     if training and bucket_mb is not None:
-        lines.append(_line("Gradients", f"all-reduced in {cfg.gradient_repacking} DDP buckets of {bucket_mb:.3f} MiB "
-                                        "(--gradient_repacking)"))
+        lines.append(
+            _line(
+                "Gradients",
+                f"all-reduced in {cfg.gradient_repacking} DDP buckets of {bucket_mb:.3f} MiB (--gradient_repacking)",
+            )
+        )
     if training and cfg.summary_verbosity and cfg.train_dir:
         every = cfg.save_summaries_steps or cfg.display_every
         lines.append(_line("Summaries", f"level {cfg.summary_verbosity} every {every} steps in {cfg.train_dir}/events"))
@@ -205,8 +271,9 @@ def flops_per_image(model_name: str, dataset: str, num_classes: int | None = Non
     return example_flops(model, info) / 1e9
 
 
-def measure_matmul_peak(device: torch.device, precision: str = "fp32", size: int = PEAK_MATMUL_SIZE,
-                        repeats: int = 5) -> float:
+def measure_matmul_peak(
+    device: torch.device, precision: str = "fp32", size: int = PEAK_MATMUL_SIZE, repeats: int = 5
+) -> float:
     """GFLOP/s of the fastest of ``repeats`` ``size x size`` matmuls in the compute dtype.
 
     The fastest, not the mean: the peak is what the machine can do, and noise only slows.
@@ -274,14 +341,16 @@ def model_table(data_name: str | None = None) -> list[dict[str, Any]]:
             info = get_model_info(name, dataset)
             with torch.device("meta"):
                 model = create_model(name, dataset=dataset)
-            rows.append({
-                "model": name,
-                "dataset": dataset,
-                "image_size": info.image_size,
-                "params": count_parameters(model),
-                "gflop_per_image": example_flops(model, info) / 1e9,
-                "description": info.description,
-            })
+            rows.append(
+                {
+                    "model": name,
+                    "dataset": dataset,
+                    "image_size": info.image_size,
+                    "params": count_parameters(model),
+                    "gflop_per_image": example_flops(model, info) / 1e9,
+                    "description": info.description,
+                }
+            )
     return rows
 
 

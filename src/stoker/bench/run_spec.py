@@ -23,22 +23,39 @@ from ..spec import EstimatorSpec, ModeKeys
 ZOO_KIND = "zoo"
 
 
-def write_zoo_run_spec(train_dir: str | os.PathLike[str], *, model: str, dataset: str, num_classes: int | None,
-                       image_size: int, written_by: str = "stoker bench") -> Path:
+def write_zoo_run_spec(
+    train_dir: str | os.PathLike[str],
+    *,
+    model: str,
+    dataset: str,
+    num_classes: int | None,
+    image_size: int,
+    written_by: str = "stoker bench",
+) -> Path:
     """Record in ``train_dir`` how to rebuild a zoo model, so ``stoker export TRAIN_DIR`` works."""
-    return write_run_spec(train_dir, kind=ZOO_KIND, model=model, dataset=dataset, num_classes=num_classes,
-                          written_by=written_by, params={"image_size": image_size, "num_classes": num_classes})
+    return write_run_spec(
+        train_dir,
+        kind=ZOO_KIND,
+        model=model,
+        dataset=dataset,
+        num_classes=num_classes,
+        written_by=written_by,
+        params={"image_size": image_size, "num_classes": num_classes},
+    )
 
 
-def zoo_predict_model_fn(model: nn.Module, features: torch.Tensor, labels: Any, mode: ModeKeys,
-                         params: dict[str, Any]) -> EstimatorSpec:
+def zoo_predict_model_fn(
+    model: nn.Module, features: torch.Tensor, labels: Any, mode: ModeKeys, params: dict[str, Any]
+) -> EstimatorSpec:
     """PREDICT for a zoo classifier: ``logits`` and ``classes`` (TRAIN/EVAL are the harness's job)."""
     logits = model(features)
     return EstimatorSpec(predictions={"logits": logits, "classes": logits.argmax(-1)})
 
 
 @register_run_spec(ZOO_KIND)
-def estimator_from_zoo_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> tuple[Estimator, torch.Tensor]:
+def estimator_from_zoo_spec(
+    spec: Mapping[str, Any], model_dir: str | os.PathLike[str]
+) -> tuple[Estimator, torch.Tensor]:
     """A PREDICT-only Estimator reading ``model_dir``'s checkpoints, and ``[2, 3, S, S]`` example images."""
     for key in ("model", "dataset"):
         if key not in spec:

@@ -78,8 +78,9 @@ class StepTimer(Hook):
 
     priority = 1
 
-    def __init__(self, *, batch_size: int, display_every: int, with_accuracy: bool, log: LogFn,
-                 ewma: float | None = None) -> None:
+    def __init__(
+        self, *, batch_size: int, display_every: int, with_accuracy: bool, log: LogFn, ewma: float | None = None
+    ) -> None:
         self.batch_size = batch_size
         self.display_every = display_every
         self.with_accuracy = with_accuracy
@@ -115,7 +116,9 @@ class StepTimer(Hook):
             timing = perf_timing(self.batch_size, self.step_times)
             if self.ewma is not None:
                 timing = dataclasses.replace(timing, mean=self.ewma)
-            self.log(format_step_line(self.steps, timing, result.losses[-1], self.accuracy if self.with_accuracy else None))
+            self.log(
+                format_step_line(self.steps, timing, result.losses[-1], self.accuracy if self.with_accuracy else None)
+            )
 
     @property
     def elapsed(self) -> float:
@@ -129,8 +132,18 @@ class EvalDuringTraining(Hook):
 
     priority = 35  # after the timer and the checkpoint saver
 
-    def __init__(self, estimator: Estimator, input_fn: InputFn, *, every_n_steps: Sequence[int], eval_steps: int | None,
-                 examples: int, stop_at: float | None, log: LogFn, at_steps: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        estimator: Estimator,
+        input_fn: InputFn,
+        *,
+        every_n_steps: Sequence[int],
+        eval_steps: int | None,
+        examples: int,
+        stop_at: float | None,
+        log: LogFn,
+        at_steps: Sequence[int] = (),
+    ) -> None:
         self.estimator = estimator
         self.input_fn = input_fn
         self.every_n_steps = tuple(every_n_steps)
@@ -156,7 +169,11 @@ class EvalDuringTraining(Hook):
             return  # the final evaluation runs after training, as in tf_cnn_benchmarks
         self.log(f"Running evaluation at global_step {run.global_step}")
         self.evaluate(run.global_step)
-        if self.stop_at is not None and self.last_results is not None and self.last_results["top_1_accuracy"] >= self.stop_at:
+        if (
+            self.stop_at is not None
+            and self.last_results is not None
+            and self.last_results["top_1_accuracy"] >= self.stop_at
+        ):
             self.log(f"Stopping, as eval accuracy at least {self.stop_at} was reached")
             self.reached_target = True
             run.request_stop("eval accuracy target reached")
@@ -173,8 +190,9 @@ class EvalDuringTraining(Hook):
 
 
 # ==================================================================== building
-def build_estimator(cfg: BenchConfig, workload: Workload, model: ModelFactory, *,
-                    bucket_mb: float | None = None) -> Estimator:
+def build_estimator(
+    cfg: BenchConfig, workload: Workload, model: ModelFactory, *, bucket_mb: float | None = None
+) -> Estimator:
     """The Estimator the flags describe (checkpoints in ``--train_dir``, nothing logged by it).
 
     ``bucket_mb``: DDP's gradient bucket size (``--gradient_repacking``, see :func:`repacking_bucket_mb`).
@@ -210,9 +228,12 @@ def build_estimator(cfg: BenchConfig, workload: Workload, model: ModelFactory, *
         summaries=False,
         **({} if depth is None else {"prefetch_depth": depth}),
     )
-    optimizer_fn, schedule_fn = optimizer_and_schedule(cfg, workload.train_examples / workload.batch_size,
-                                                       default_lr=workload.default_learning_rate,
-                                                       model_rate=workload.model_rate)
+    optimizer_fn, schedule_fn = optimizer_and_schedule(
+        cfg,
+        workload.train_examples / workload.batch_size,
+        default_lr=workload.default_learning_rate,
+        model_rate=workload.model_rate,
+    )
     return Estimator(
         model=model,
         model_fn=model_fn_for(workload),
@@ -282,8 +303,10 @@ def run_benchmark(
     if cfg.variable_update == "parameter_server":
         log("Note: --variable_update=parameter_server runs as replicated: one process has no parameter server")
     if cfg.model == "mobilenet" and model is None:
-        log("Note: --model=mobilenet is MobileNet v1 here; tf_cnn_benchmarks' mobilenet (MobileNet v2 with two "
-            "logits layers) is --model=mobilenet_v2_tf_cnn")
+        log(
+            "Note: --model=mobilenet is MobileNet v1 here; tf_cnn_benchmarks' mobilenet (MobileNet v2 with two "
+            "logits layers) is --model=mobilenet_v2_tf_cnn"
+        )
     if workload.device.type == "cuda" and cfg.gpu_memory_frac_for_testing:
         torch.cuda.set_per_process_memory_fraction(cfg.gpu_memory_frac_for_testing, workload.device)
     bucket_mb = repacking_bucket_mb(cfg, factory, model_params(cfg)) if workload.num_devices > 1 else None
@@ -314,13 +337,19 @@ def run_benchmark(
 def _write_run_spec(cfg: BenchConfig, workload: Workload) -> None:
     """Record in ``--train_dir`` how to rebuild the model, so ``stoker export TRAIN_DIR`` works."""
     assert cfg.train_dir is not None
-    write_zoo_run_spec(cfg.train_dir, model=cfg.model, dataset=workload.dataset,
-                       num_classes=workload.num_classes, image_size=workload.image_size)
+    write_zoo_run_spec(
+        cfg.train_dir,
+        model=cfg.model,
+        dataset=workload.dataset,
+        num_classes=workload.num_classes,
+        image_size=workload.image_size,
+    )
 
 
 # -------------------------------------------------------------------- training
-def _train(cfg: BenchConfig, workload: Workload, est: Estimator, train_input: InputFn, eval_input: InputFn,
-           log: LogFn) -> dict[str, Any]:
+def _train(
+    cfg: BenchConfig, workload: Workload, est: Estimator, train_input: InputFn, eval_input: InputFn, log: LogFn
+) -> dict[str, Any]:
     start = (CheckpointManager(cfg.train_dir, writer=False).latest_step() or 0) if cfg.train_dir else 0
     target = cfg.num_warmup_batches + workload.num_batches
     remaining = max(0, target - start)
@@ -341,8 +370,13 @@ def _train(cfg: BenchConfig, workload: Workload, est: Estimator, train_input: In
     if trace and not warm:
         log("Note: no warm-up steps, so the traced step is the first timed one")
     log(step_header(cfg.print_training_accuracy, cfg.loss_type_to_report))
-    timer = StepTimer(batch_size=workload.batch_size, display_every=cfg.display_every,
-                      with_accuracy=cfg.print_training_accuracy, log=log, ewma=cfg.display_perf_ewma)
+    timer = StepTimer(
+        batch_size=workload.batch_size,
+        display_every=cfg.display_every,
+        with_accuracy=cfg.print_training_accuracy,
+        log=log,
+        ewma=cfg.display_perf_ewma,
+    )
     hooks: list[Hook] = [timer, *(h for h in (summary_hook(cfg), mlperf_hook(cfg, workload)) if h is not None)]
     if trace and not warm:
         hooks.append(trace)
@@ -353,8 +387,9 @@ def _train(cfg: BenchConfig, workload: Workload, est: Estimator, train_input: In
     if trace and not warm and trace.written is not None:
         log(f"Dumping trace to {trace.written}")
     out = _timing_fields(timer.steps, timer.elapsed, workload.batch_size, timer.step_times)
-    out.update(global_step=est.global_step, losses=timer.losses,
-               last_average_loss=timer.losses[-1] if timer.losses else None)
+    out.update(
+        global_step=est.global_step, losses=timer.losses, last_average_loss=timer.losses[-1] if timer.losses else None
+    )
     if timer.accuracy is not None:
         out.update(top_1_accuracy=timer.accuracy[0], top_5_accuracy=timer.accuracy[1])
     if evaluator is not None:
@@ -362,13 +397,16 @@ def _train(cfg: BenchConfig, workload: Workload, est: Estimator, train_input: In
             log(f"Running final evaluation at global_step {est.global_step}")
             evaluator.evaluate(est.global_step)
         assert evaluator.last_results is not None
-        out.update(top_1_accuracy=evaluator.last_results["top_1_accuracy"],
-                   top_5_accuracy=evaluator.last_results["top_5_accuracy"])
+        out.update(
+            top_1_accuracy=evaluator.last_results["top_1_accuracy"],
+            top_5_accuracy=evaluator.last_results["top_5_accuracy"],
+        )
     return out
 
 
-def _evaluator(cfg: BenchConfig, workload: Workload, est: Estimator, eval_input: InputFn,
-               log: LogFn) -> EvalDuringTraining | None:
+def _evaluator(
+    cfg: BenchConfig, workload: Workload, est: Estimator, eval_input: InputFn, log: LogFn
+) -> EvalDuringTraining | None:
     if not cfg.evaluates_during_training:
         return None
     batches = workload.eval_batches
@@ -376,12 +414,19 @@ def _evaluator(cfg: BenchConfig, workload: Workload, est: Estimator, eval_input:
     every = [] if cfg.eval_during_training_every_n_steps is None else [cfg.eval_during_training_every_n_steps]
     if cfg.eval_during_training_every_n_epochs is not None:
         every.append(max(1, int(cfg.eval_during_training_every_n_epochs * per_epoch)))
-    at = [*cfg.eval_during_training_at_specified_steps,
-          *(max(1, int(e * per_epoch)) for e in cfg.eval_during_training_at_specified_epochs)]
+    at = [
+        *cfg.eval_during_training_at_specified_steps,
+        *(max(1, int(e * per_epoch)) for e in cfg.eval_during_training_at_specified_epochs),
+    ]
     return EvalDuringTraining(
-        est, eval_input, every_n_steps=every, at_steps=sorted(set(at)), eval_steps=batches,
+        est,
+        eval_input,
+        every_n_steps=every,
+        at_steps=sorted(set(at)),
+        eval_steps=batches,
         examples=batches * workload.eval_batch_size if batches else workload.eval_examples,
-        stop_at=cfg.stop_at_top_1_accuracy, log=log,
+        stop_at=cfg.stop_at_top_1_accuracy,
+        log=log,
     )
 
 
@@ -405,12 +450,15 @@ def _timing_fields(steps: int, elapsed: float, batch_size: int, step_times: list
 
 
 # -------------------------------------------------------------------- forward-only and evaluation
-def _forward_only(cfg: BenchConfig, workload: Workload, est: Estimator, input_fn: InputFn, log: LogFn) -> dict[str, Any]:
+def _forward_only(
+    cfg: BenchConfig, workload: Workload, est: Estimator, input_fn: InputFn, log: LogFn
+) -> dict[str, Any]:
     # predict() on --train_dir's newest checkpoint, or on the initial weights if there is none.
     est.initialize()
     log("Running warm up")
-    batches = _timed_batches(est, input_fn, warmup=cfg.num_warmup_batches, steps=workload.num_batches,
-                             trace_file=cfg.trace_file, log=log)
+    batches = _timed_batches(
+        est, input_fn, warmup=cfg.num_warmup_batches, steps=workload.num_batches, trace_file=cfg.trace_file, log=log
+    )
     step_times: list[float] = []
     top1 = top5 = 0.0
     elapsed = 0.0
@@ -430,7 +478,9 @@ def _forward_only(cfg: BenchConfig, workload: Workload, est: Estimator, input_fn
     return out
 
 
-def _evaluate_checkpoint(cfg: BenchConfig, workload: Workload, est: Estimator, input_fn: InputFn, log: LogFn) -> dict[str, Any]:
+def _evaluate_checkpoint(
+    cfg: BenchConfig, workload: Workload, est: Estimator, input_fn: InputFn, log: LogFn
+) -> dict[str, Any]:
     latest = est.latest_checkpoint()
     if latest is None:
         raise CheckpointError(f"Checkpoint not found in {cfg.train_dir}: train first with the same --train_dir")
@@ -440,8 +490,9 @@ def _evaluate_checkpoint(cfg: BenchConfig, workload: Workload, est: Estimator, i
     window_start = 0.0
     elapsed = 0.0
     steps = 0
-    for i, seconds, preds, since_start in _timed_batches(est, input_fn, warmup=0, steps=workload.num_batches,
-                                                          trace_file=cfg.trace_file, log=log):
+    for i, seconds, preds, since_start in _timed_batches(
+        est, input_fn, warmup=0, steps=workload.num_batches, trace_file=cfg.trace_file, log=log
+    ):
         step_times.append(seconds)
         hits1 += int(preds["top_1"].sum())
         hits5 += int(preds["top_5"].sum())
@@ -460,7 +511,9 @@ def _evaluate_checkpoint(cfg: BenchConfig, workload: Workload, est: Estimator, i
     return out
 
 
-def _watch_checkpoints(cfg: BenchConfig, workload: Workload, est: Estimator, input_fn: InputFn, log: LogFn) -> dict[str, Any]:
+def _watch_checkpoints(
+    cfg: BenchConfig, workload: Workload, est: Estimator, input_fn: InputFn, log: LogFn
+) -> dict[str, Any]:
     """``--eval --eval_interval_secs=N``: evaluate each new checkpoint of ``--train_dir`` (exact
     top-1 / top-5 on ``--num_batches`` batches), looking every N seconds, until the training
     process has finished (or an hour passes without a new checkpoint)."""
@@ -470,22 +523,28 @@ def _watch_checkpoints(cfg: BenchConfig, workload: Workload, est: Estimator, inp
     def report(step: int, results: dict[str, float]) -> None:
         log(f"Evaluated checkpoint {cfg.train_dir}/ckpt-{step} (global step {step})")
         log(format_accuracy(results["top_1_accuracy"], results["top_5_accuracy"], examples))
-        evaluations.append({"global_step": step, "top_1_accuracy": results["top_1_accuracy"],
-                            "top_5_accuracy": results["top_5_accuracy"]})
+        evaluations.append(
+            {
+                "global_step": step,
+                "top_1_accuracy": results["top_1_accuracy"],
+                "top_5_accuracy": results["top_5_accuracy"],
+            }
+        )
 
     log(f"Watching {cfg.train_dir} for new checkpoints every {cfg.eval_interval_secs:g} s")
-    watched = est.evaluate_continuously(input_fn, steps=workload.num_batches, poll_secs=cfg.eval_interval_secs,
-                                        on_result=report)
+    watched = est.evaluate_continuously(
+        input_fn, steps=workload.num_batches, poll_secs=cfg.eval_interval_secs, on_result=report
+    )
     log(f"Stopped watching: {watched.stop_reason}")
-    out: dict[str, Any] = {"evaluations": evaluations, "skipped_checkpoints": watched.skipped,
-                           "num_examples": examples}
+    out: dict[str, Any] = {"evaluations": evaluations, "skipped_checkpoints": watched.skipped, "num_examples": examples}
     if evaluations:
         out.update(evaluations[-1])
     return out
 
 
-def _timed_batches(est: Estimator, input_fn: InputFn, *, warmup: int, steps: int, trace_file: str | None,
-                   log: LogFn) -> Iterator[tuple[int, float, dict[str, torch.Tensor], float]]:
+def _timed_batches(
+    est: Estimator, input_fn: InputFn, *, warmup: int, steps: int, trace_file: str | None, log: LogFn
+) -> Iterator[tuple[int, float, dict[str, torch.Tensor], float]]:
     """Predict batch by batch: skip ``warmup`` batches, then yield ``(index, seconds, predictions,
     seconds since the first timed batch started)`` for ``steps`` batches (fewer if the data ends)."""
     predictions = est.predict(input_fn, yield_single_examples=False)
@@ -524,4 +583,12 @@ def _profile(trace_file: str | None, log: LogFn) -> Iterator[None]:
     log(f"Dumping trace to {trace_file}")
 
 
-__all__ = ["EvalDuringTraining", "StepTimer", "bench_model_fn", "build_estimator", "l2_loss", "run_benchmark", "zoo_model"]
+__all__ = [
+    "EvalDuringTraining",
+    "StepTimer",
+    "bench_model_fn",
+    "build_estimator",
+    "l2_loss",
+    "run_benchmark",
+    "zoo_model",
+]

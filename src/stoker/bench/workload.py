@@ -133,13 +133,18 @@ def resolve_device(name: str, gpu_indices: str = "") -> torch.device:
         indices = parse_gpu_indices(gpu_indices)
         if indices:
             if local_rank >= len(indices) or max(indices) >= torch.cuda.device_count():
-                raise BenchFlagError(("gpu_indices",), f"--gpu_indices={gpu_indices}: replica {local_rank} needs an "
-                                     f"entry, and torch sees {torch.cuda.device_count()} CUDA device(s)")
+                raise BenchFlagError(
+                    ("gpu_indices",),
+                    f"--gpu_indices={gpu_indices}: replica {local_rank} needs an "
+                    f"entry, and torch sees {torch.cuda.device_count()} CUDA device(s)",
+                )
             return torch.device("cuda", indices[local_rank])
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     if gpu_indices.strip():
-        raise BenchFlagError(("gpu_indices", "device"), f"--gpu_indices={gpu_indices} names CUDA devices, "
-                             f"but the device is the CPU (--device={name})")
+        raise BenchFlagError(
+            ("gpu_indices", "device"),
+            f"--gpu_indices={gpu_indices} names CUDA devices, but the device is the CPU (--device={name})",
+        )
     return torch.device("cpu")
 
 
@@ -170,20 +175,31 @@ def _check_task(cfg: BenchConfig, info: ModelInfo, synthetic: bool) -> None:
     if info.is_classifier:
         return
     if not synthetic:
-        raise BenchFlagError(("data_dir", "data_name"), f"--data_dir: --data_name={info.dataset} is synthetic "
-                             "only (no input pipeline reads it); leave out --data_dir")
+        raise BenchFlagError(
+            ("data_dir", "data_name"),
+            f"--data_dir: --data_name={info.dataset} is synthetic "
+            "only (no input pipeline reads it); leave out --data_dir",
+        )
     # Its outputs are no class logits: top-1/top-5 (forward-only, --eval, evaluation during
     # training, training accuracy) and the image-latency benchmark do not apply.
-    for name, given in (("forward_only", cfg.forward_only), ("eval", cfg.eval), ("mode", cfg.mode == "inference"),
-                        ("print_training_accuracy", cfg.print_training_accuracy),
-                        ("eval_during_training_every_n_steps", cfg.eval_during_training_every_n_steps is not None)):
+    for name, given in (
+        ("forward_only", cfg.forward_only),
+        ("eval", cfg.eval),
+        ("mode", cfg.mode == "inference"),
+        ("print_training_accuracy", cfg.print_training_accuracy),
+        ("eval_during_training_every_n_steps", cfg.eval_during_training_every_n_steps is not None),
+    ):
         if given:
-            raise BenchFlagError((name, "model"), f"--{name}: --model={info.name} ({info.dataset}) is benchmarked "
-                                 "in training only here; its outputs are not class logits")
+            raise BenchFlagError(
+                (name, "model"),
+                f"--{name}: --model={info.name} ({info.dataset}) is benchmarked "
+                "in training only here; its outputs are not class logits",
+            )
 
 
-def resolve_workload(cfg: BenchConfig, *, custom_model: bool = False, num_classes: int | None = None,
-                     image_size: int | None = None) -> Workload:
+def resolve_workload(
+    cfg: BenchConfig, *, custom_model: bool = False, num_classes: int | None = None, image_size: int | None = None
+) -> Workload:
     """Check what needs the registry, the file system or the devices; count steps and epochs.
 
     ``custom_model``: the caller supplies the model (tests, scripts), so ``--model`` need not be
@@ -261,15 +277,21 @@ def resolve_workload(cfg: BenchConfig, *, custom_model: bool = False, num_classe
     )
 
 
-def _model_rate(cfg: BenchConfig, defaults: ModelDefaults | None,
-                global_batch: int) -> tuple[float | None, LearningRate | None, tuple[str, ...]]:
+def _model_rate(
+    cfg: BenchConfig, defaults: ModelDefaults | None, global_batch: int
+) -> tuple[float | None, LearningRate | None, tuple[str, ...]]:
     """The model's learning rate when no rate flag is given: ``(constant, schedule, description)``."""
     rate_flags = cfg.init_learning_rate is not None or cfg.piecewise_learning_rate_schedule is not None
     resnet = defaults is not None and defaults.schedule == "resnet"
     if cfg.resnet_base_lr is not None and (rate_flags or not resnet):
-        why = ("replaces the ResNet schedule's base rate; --init_learning_rate or "
-               "--piecewise_learning_rate_schedule replace the whole schedule") if rate_flags else (
-               f"applies to the ResNet models of tf_cnn_benchmarks (resnet50, resnet101, ...), not {cfg.model}")
+        why = (
+            (
+                "replaces the ResNet schedule's base rate; --init_learning_rate or "
+                "--piecewise_learning_rate_schedule replace the whole schedule"
+            )
+            if rate_flags
+            else (f"applies to the ResNet models of tf_cnn_benchmarks (resnet50, resnet101, ...), not {cfg.model}")
+        )
         raise BenchFlagError(("resnet_base_lr",), f"--resnet_base_lr {why}")
     if rate_flags or cfg.mode == "inference":
         return None, None, ()
@@ -294,7 +316,9 @@ def _count_examples(dataset: str, data_dir: Path) -> tuple[int, int, int | None]
     if dataset == "cifar10":
         root = data_dir / "cifar-10-batches-bin" if (data_dir / "cifar-10-batches-bin").is_dir() else data_dir
         train = sum(f.stat().st_size for f in root.glob("data_batch_*.bin")) // _CIFAR_RECORD_BYTES
-        test = (root / "test_batch.bin").stat().st_size // _CIFAR_RECORD_BYTES if (root / "test_batch.bin").exists() else 0
+        test = (
+            (root / "test_batch.bin").stat().st_size // _CIFAR_RECORD_BYTES if (root / "test_batch.bin").exists() else 0
+        )
         if train == 0:
             raise BenchFlagError(("data_dir",), f"--data_dir={data_dir}: no CIFAR-10 data_batch_*.bin files")
         return int(train), int(test or train), None
@@ -319,9 +343,11 @@ def make_input_fn(cfg: BenchConfig, workload: Workload, *, train: bool, repeat: 
     """
     info = workload.model_info
     if workload.synthetic and info is not None and not info.is_classifier:
+
         def model_input_fn(params: dict[str, Any]) -> Iterable[Any]:
-            features, labels = info.example_batch(params["batch_size"], num_classes=workload.num_classes,
-                                                  device=workload.device, seed=cfg.tf_random_seed)
+            features, labels = info.example_batch(
+                params["batch_size"], num_classes=workload.num_classes, device=workload.device, seed=cfg.tf_random_seed
+            )
             return RepeatedBatch(features, labels, seed=cfg.tf_random_seed)
 
         return model_input_fn
@@ -331,8 +357,12 @@ def make_input_fn(cfg: BenchConfig, workload: Workload, *, train: bool, repeat: 
 
         def synthetic_input_fn(params: dict[str, Any]) -> Iterable[Any]:
             return synthetic_images(
-                shape, workload.num_classes, batch_size=params["batch_size"], device=workload.device,
-                seed=seed, channels_last=cfg.channels_last,
+                shape,
+                workload.num_classes,
+                batch_size=params["batch_size"],
+                device=workload.device,
+                seed=seed,
+                channels_last=cfg.channels_last,
             )
 
         return synthetic_input_fn
@@ -343,10 +373,16 @@ def make_input_fn(cfg: BenchConfig, workload: Workload, *, train: bool, repeat: 
     augment = train and cfg.distortions
     workers = data_workers(cfg)
     if workload.dataset == "cifar10":
+
         def cifar_input_fn(params: dict[str, Any]) -> Iterable[Any]:
             return cifar_binary(
-                data_dir, batch_size=params["batch_size"], train=train, seed=cfg.tf_random_seed,
-                num_epochs=epochs, num_shards=params["num_replicas"], shard_index=params["replica_index"],
+                data_dir,
+                batch_size=params["batch_size"],
+                train=train,
+                seed=cfg.tf_random_seed,
+                num_epochs=epochs,
+                num_shards=params["num_replicas"],
+                shard_index=params["replica_index"],
                 augment=augment,
             )
 
@@ -355,9 +391,16 @@ def make_input_fn(cfg: BenchConfig, workload: Workload, *, train: bool, repeat: 
 
     def folder_input_fn(params: dict[str, Any]) -> Iterable[Any]:
         return image_folder(
-            train_root if train else eval_root, batch_size=params["batch_size"], image_size=workload.image_size,
-            train=train, seed=cfg.tf_random_seed, num_epochs=epochs, num_workers=workers,
-            num_shards=params["num_replicas"], shard_index=params["replica_index"], augment=augment,
+            train_root if train else eval_root,
+            batch_size=params["batch_size"],
+            image_size=workload.image_size,
+            train=train,
+            seed=cfg.tf_random_seed,
+            num_epochs=epochs,
+            num_workers=workers,
+            num_shards=params["num_replicas"],
+            shard_index=params["replica_index"],
+            augment=augment,
             resize_method=cfg.resize_method,
         )
 

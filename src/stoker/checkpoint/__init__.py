@@ -36,8 +36,23 @@ from .manager import (
 )
 
 __all__ = [
-    "CKPT_RE", "FINISHED_NAME", "INDEX_FORMAT", "INDEX_LOCK_NAME", "INDEX_NAME", "MODEL_FILE", "TRAIN_STATE_FILE",
-    "CheckpointManager", "LoadedCheckpoint", "WarmStartReport", "WarmStartSettings", "check_state_fits",
-    "load_checkpoint", "model_state_to_bytes", "previous_retained", "record_dir", "serialize_input_state",
-    "step_of", "warm_start",
+    "CKPT_RE",
+    "FINISHED_NAME",
+    "INDEX_FORMAT",
+    "INDEX_LOCK_NAME",
+    "INDEX_NAME",
+    "MODEL_FILE",
+    "TRAIN_STATE_FILE",
+    "CheckpointManager",
+    "LoadedCheckpoint",
+    "WarmStartReport",
+    "WarmStartSettings",
+    "check_state_fits",
+    "load_checkpoint",
+    "model_state_to_bytes",
+    "previous_retained",
+    "record_dir",
+    "serialize_input_state",
+    "step_of",
+    "warm_start",
 ]

@@ -22,7 +22,9 @@ def add_parser(subparsers: Any) -> None:
         "a local path or an fsspec URL (s3://, gs://, memory://).",
     )
     cons.add_argument("path", help="model_dir or ckpt-<step> directory (local path or fsspec URL)")
-    cons.add_argument("--out", help="output file, local path or URL (default: PATH's checkpoint directory/model.safetensors)")
+    cons.add_argument(
+        "--out", help="output file, local path or URL (default: PATH's checkpoint directory/model.safetensors)"
+    )
     cons.set_defaults(func=_consolidate)
 
 
@@ -38,7 +40,9 @@ def _consolidate(args: argparse.Namespace) -> int:
         print(f"stoker checkpoint consolidate: {e}")
         return 1
     if ckpt is None or not storage.is_dir(ckpt / DCP_DIR):
-        print(f"stoker checkpoint consolidate: {ckpt or args.path} is not a sharded checkpoint (no {DCP_DIR}/ directory)")
+        print(
+            f"stoker checkpoint consolidate: {ckpt or args.path} is not a sharded checkpoint (no {DCP_DIR}/ directory)"
+        )
         return 1
     weights = consolidate(ckpt / DCP_DIR)
     out = storage.location(args.out) if args.out else ckpt / "model.safetensors"

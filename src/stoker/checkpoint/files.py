@@ -78,7 +78,9 @@ def serialize_input_state(state: Any) -> tuple[str, bytes]:
 
 
 def checkpoint_blobs(
-    model_state: Mapping[str, torch.Tensor] | None, train_state: Mapping[str, Any], input_states: Mapping[int, Any] | None
+    model_state: Mapping[str, torch.Tensor] | None,
+    train_state: Mapping[str, Any],
+    input_states: Mapping[int, Any] | None,
 ) -> list[tuple[str, bytes]]:
     """Every file the chief writes for a checkpoint, as ``(name, bytes)``."""
     blobs: list[tuple[str, bytes]] = []
@@ -129,7 +131,10 @@ def _read_verified(path: Location, fname: str, expected: Mapping[str, str] | Non
         got = hashlib.sha256(data).hexdigest()
         if want is None or got != want:
             raise safe_load.refused(
-                str(path), fname, f"has sha256 {got[:12]}… but the index says {str(want)[:12]}…", previous_retained(path)
+                str(path),
+                fname,
+                f"has sha256 {got[:12]}… but the index says {str(want)[:12]}…",
+                previous_retained(path),
             )
     return data
 
@@ -203,7 +208,20 @@ def check_state_fits(model: nn.Module, state: Mapping[str, torch.Tensor], source
 
 
 __all__ = [
-    "CKPT_RE", "INDEX_FORMAT", "INDEX_LOCK_NAME", "INDEX_NAME", "MODEL_FILE", "TRAIN_STATE_FILE", "LoadedCheckpoint",
-    "check_state_fits", "checkpoint_blobs", "index_record", "load_checkpoint", "model_state_to_bytes",
-    "previous_retained", "record_dir", "serialize_input_state", "step_of",
+    "CKPT_RE",
+    "INDEX_FORMAT",
+    "INDEX_LOCK_NAME",
+    "INDEX_NAME",
+    "MODEL_FILE",
+    "TRAIN_STATE_FILE",
+    "LoadedCheckpoint",
+    "check_state_fits",
+    "checkpoint_blobs",
+    "index_record",
+    "load_checkpoint",
+    "model_state_to_bytes",
+    "previous_retained",
+    "record_dir",
+    "serialize_input_state",
+    "step_of",
 ]

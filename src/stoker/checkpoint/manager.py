@@ -118,7 +118,9 @@ def _adding(record: dict[str, Any]) -> Callable[[dict[str, Any]], list[str]]:
     def mutate(index: dict[str, Any]) -> list[str]:
         name = record["name"]
         replaced = [record_dir(r) for r in index["checkpoints"] if r["name"] == name]
-        index["checkpoints"] = sorted([r for r in index["checkpoints"] if r["name"] != name] + [record], key=lambda r: r["step"])
+        index["checkpoints"] = sorted(
+            [r for r in index["checkpoints"] if r["name"] != name] + [record], key=lambda r: r["step"]
+        )
         index["latest"] = name
         if index["best"] is not None and index["best"]["name"] == name:
             index["best"] = None  # the weights under this name changed; its old metric no longer applies
@@ -138,7 +140,9 @@ def _attach_eval(index: dict[str, Any], step: int, kept: dict[str, float], keep_
         return False
     metric, mode = keep_best
     if metric not in kept:
-        raise CheckpointError(f"RunConfig.keep_best names metric {metric!r}, but evaluation returned only {sorted(kept)}")
+        raise CheckpointError(
+            f"RunConfig.keep_best names metric {metric!r}, but evaluation returned only {sorted(kept)}"
+        )
     value = kept[metric]
     best = index["best"]
     if value != value:  # NaN never becomes the best
@@ -213,7 +217,9 @@ class CheckpointManager:
             path = self.model_dir / record_dir(rec)
             if storage.is_dir(path):
                 if rec["name"] != index["latest"]:
-                    log.warning("%s is missing: resuming from the previous retained checkpoint %s", index["latest"], path)
+                    log.warning(
+                        "%s is missing: resuming from the previous retained checkpoint %s", index["latest"], path
+                    )
                 return path
         return None
 
@@ -364,7 +370,14 @@ class CheckpointManager:
             blobs = checkpoint_blobs(model_state, train_state, input_states)
             for fname, data in blobs:
                 files[fname], sizes[fname] = hashlib.sha256(data).hexdigest(), len(data)
-            record = {"name": name, "step": step, "time": time.time(), "bytes": sum(sizes.values()), "files": files, "metrics": {}}
+            record = {
+                "name": name,
+                "step": step,
+                "time": time.time(),
+                "bytes": sum(sizes.values()),
+                "files": files,
+                "metrics": {},
+            }
             if isinstance(staging, UrlPath):
                 record["dir"] = staging.name
                 final, removed = self._commit_remote(staging, record, blobs, sizes)
@@ -464,7 +477,11 @@ class CheckpointManager:
 
 
 def _commit_local(
-    manager: CheckpointManager, tmp: Path, record: dict[str, Any], blobs: list[tuple[str, bytes]], finished: bool = False
+    manager: CheckpointManager,
+    tmp: Path,
+    record: dict[str, Any],
+    blobs: list[tuple[str, bytes]],
+    finished: bool = False,
 ) -> tuple[Path, list[str]]:
     """The rename protocol (module docstring): ``CheckpointManager.save`` on a local model_dir.
 
@@ -487,7 +504,9 @@ def _commit_local(
         finished_tmp = _temp_name(finished_path)
         extra = [(finished_tmp, _finished_json(record["step"]))] if finished else []
         try:
-            written = storage.write_all([(tmp / f, d) for f, d in blobs] + [(index_tmp, _encode(index))] + extra, manager.retry)
+            written = storage.write_all(
+                [(tmp / f, d) for f, d in blobs] + [(index_tmp, _encode(index))] + extra, manager.retry
+            )
             if written[: len(blobs)] != [files[f] for f, _ in blobs]:
                 raise CheckpointError(f"{name}: a file's sha256 changed while it was written")
             storage.fsync_dir(tmp)
@@ -576,7 +595,10 @@ def warm_start(model: nn.Module, settings: WarmStartSettings | str | os.PathLike
     if report.not_found or report.shape_mismatch:
         log.warning(
             "warm start from %s: %d weights loaded, not found: %s, shape mismatch: %s",
-            src, len(report.loaded), report.not_found or "none", report.shape_mismatch or "none",
+            src,
+            len(report.loaded),
+            report.not_found or "none",
+            report.shape_mismatch or "none",
         )
     else:
         log.info("warm start from %s: %d weights loaded", src, len(report.loaded))
@@ -584,7 +606,19 @@ def warm_start(model: nn.Module, settings: WarmStartSettings | str | os.PathLike
 
 
 __all__ = [
-    "INDEX_FORMAT", "INDEX_LOCK_NAME", "INDEX_NAME", "MODEL_FILE", "TRAIN_STATE_FILE", "CheckpointManager",
-    "LoadedCheckpoint", "WarmStartReport", "WarmStartSettings", "check_state_fits", "load_checkpoint",
-    "model_state_to_bytes", "previous_retained", "serialize_input_state", "warm_start",
+    "INDEX_FORMAT",
+    "INDEX_LOCK_NAME",
+    "INDEX_NAME",
+    "MODEL_FILE",
+    "TRAIN_STATE_FILE",
+    "CheckpointManager",
+    "LoadedCheckpoint",
+    "WarmStartReport",
+    "WarmStartSettings",
+    "check_state_fits",
+    "load_checkpoint",
+    "model_state_to_bytes",
+    "previous_retained",
+    "serialize_input_state",
+    "warm_start",
 ]

@@ -87,7 +87,9 @@ def decode(data: bytes, fname: str, where: str, fallback: str | None) -> Any:
 
 def refused(where: str, fname: str, cause: str, fallback: str | None) -> CorruptCheckpointError:
     """The error for a checkpoint file that is refused, offering ``fallback``."""
-    return CorruptCheckpointError(f"checkpoint {where!r} is corrupt: {fname} {cause}; refusing to load it{offer(where, fallback)}")
+    return CorruptCheckpointError(
+        f"checkpoint {where!r} is corrupt: {fname} {cause}; refusing to load it{offer(where, fallback)}"
+    )
 
 
 def offer(where: str, fallback: str | None) -> str:

@@ -57,6 +57,7 @@ class IndexedSource(Protocol):
 
     def _build_numbered(self, g: int) -> tuple[int, Any, list[str], str | None]: ...
 
+
 T = TypeVar("T")
 
 

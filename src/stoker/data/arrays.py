@@ -64,7 +64,9 @@ class ArraySource(IndexedSource):
             raise ValueError("arrays: every feature and label array needs a first (example) dimension")
         sizes = {int(t.shape[0]) for t in leaves}
         if len(sizes) != 1:
-            raise ValueError(f"arrays: every feature and label array needs the same first dimension; got sizes {sorted(sizes)}")
+            raise ValueError(
+                f"arrays: every feature and label array needs the same first dimension; got sizes {sorted(sizes)}"
+            )
         self._num_examples = sizes.pop()
         if self._num_examples == 0:
             raise ValueError("arrays: the arrays are empty")
@@ -72,15 +74,23 @@ class ArraySource(IndexedSource):
             _check_labels(self.labels, num_classes)
         self.num_classes = num_classes
         super().__init__(
-            batch_size=batch_size, shuffle=shuffle, seed=seed, num_epochs=num_epochs,
-            drop_remainder=drop_remainder, num_shards=num_shards, shard_index=shard_index,
-            num_workers=num_workers, start_method=start_method,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            num_epochs=num_epochs,
+            drop_remainder=drop_remainder,
+            num_shards=num_shards,
+            shard_index=shard_index,
+            num_workers=num_workers,
+            start_method=start_method,
         )
         if num_workers > 0:
             self.prefers_inline_fetch = False  # the workers do the work; the thread only waits
         row_bytes = sum(t.element_size() * t[:1].numel() for t in leaves)
         # Gathering ahead pays only in the calling thread (a worker builds every n-th batch).
-        self._chunk_batches = 1 if num_workers > 0 else max(1, min(CHUNK_BATCHES, CHUNK_BYTES // max(1, row_bytes * batch_size)))
+        self._chunk_batches = (
+            1 if num_workers > 0 else max(1, min(CHUNK_BATCHES, CHUNK_BYTES // max(1, row_bytes * batch_size)))
+        )
         self._chunk: tuple[int, int, int, Any] | None = None  # (epoch, first batch, end batch, gathered)
 
     @property
@@ -94,11 +104,21 @@ class ArraySource(IndexedSource):
         if chunk is None or chunk[0] != epoch or not chunk[1] <= batch < chunk[2]:
             end = min(batch + self._chunk_batches, self.batches_per_epoch)
             order = self._plan.shard_order(epoch)
-            chunk = self._chunk = (epoch, batch, end, self.load_batch(order[batch * self.batch_size : end * self.batch_size], epoch))
+            chunk = self._chunk = (
+                epoch,
+                batch,
+                end,
+                self.load_batch(order[batch * self.batch_size : end * self.batch_size], epoch),
+            )
         lo = (batch - chunk[1]) * self.batch_size
         hi = lo + self.batch_size
         gathered = chunk[3]
-        if type(gathered) is tuple and len(gathered) == 2 and type(gathered[0]) is torch.Tensor and type(gathered[1]) is torch.Tensor:
+        if (
+            type(gathered) is tuple
+            and len(gathered) == 2
+            and type(gathered[0]) is torch.Tensor
+            and type(gathered[1]) is torch.Tensor
+        ):
             return gathered[0][lo:hi], gathered[1][lo:hi]  # the common case, without tree_map
         return tree_map(lambda t: t[lo:hi], gathered)
 

@@ -86,7 +86,9 @@ def example_uniforms(seed: int, epoch: int, indices: torch.Tensor | np.ndarray, 
     return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
 
 
-def _check_arguments(name: str, batch_size: Any, num_epochs: int | None, num_shards: Any, shard_index: int, num_workers: Any) -> None:
+def _check_arguments(
+    name: str, batch_size: Any, num_epochs: int | None, num_shards: Any, shard_index: int, num_workers: Any
+) -> None:
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
         raise ValueError(f"{name}: batch_size must be a positive integer; got {batch_size!r}")
     if num_epochs is not None and num_epochs < 1:
@@ -154,13 +156,20 @@ class _ShardOrder:
             yield int(order[(start + k) % n])
 
 
-def _resharded(name: str, states: list[dict[str, Any]], batch_size: int, num_shards: int, shard_index: int,
-               identity: dict[str, int]) -> dict[str, Any]:
+def _resharded(
+    name: str,
+    states: list[dict[str, Any]],
+    batch_size: int,
+    num_shards: int,
+    shard_index: int,
+    identity: dict[str, int],
+) -> dict[str, Any]:
     """:meth:`IndexedSource.reshard_state_dict` for a shard ``shard_index`` of ``num_shards``."""
     first = states[0]
     if "batch_size" not in first:
-        raise ValueError(f"{name}: the saved input state does not record its batch size; resume with "
-                         f"{first['num_shards']} replicas")
+        raise ValueError(
+            f"{name}: the saved input state does not record its batch size; resume with {first['num_shards']} replicas"
+        )
     old_global = int(first["batch_size"]) * int(first["num_shards"])
     if old_global != batch_size * num_shards:
         raise ValueError(
@@ -174,7 +183,9 @@ def _resharded(name: str, states: list[dict[str, Any]], batch_size: int, num_sha
     return moved
 
 
-def _checked_position(name: str, state: dict[str, Any], expected: dict[str, int], batches_per_epoch: int) -> tuple[int, int]:
+def _checked_position(
+    name: str, state: dict[str, Any], expected: dict[str, int], batches_per_epoch: int
+) -> tuple[int, int]:
     """The saved position ``(epoch, batch)``, once ``state`` is known to be for this source:
     ``expected`` (seed, data size, sharding, ...) match and the position fits."""
     for key, mine in expected.items():
@@ -249,8 +260,9 @@ class IndexedSource(ABC):
         self.start_method = start_method
         if self.num_examples < 1:
             raise DataError(f"{name}: the data holds no examples")
-        self._plan = _ShardOrder(self.num_examples, shuffle=self.shuffle, seed=self.seed,
-                                 num_shards=num_shards, shard_index=shard_index)
+        self._plan = _ShardOrder(
+            self.num_examples, shuffle=self.shuffle, seed=self.seed, num_shards=num_shards, shard_index=shard_index
+        )
         self.batches_per_epoch = self._count_batches()
         if self.batches_per_epoch < 1:
             raise ValueError(
@@ -383,7 +395,9 @@ class IndexedSource(ABC):
         target = self._position() + batches
         end = self._end()
         if end is not None and target > end:
-            raise ValueError(f"{self.name}: cannot advance {batches} batches: the data ends {end - self._position()} batches from here")
+            raise ValueError(
+                f"{self.name}: cannot advance {batches} batches: the data ends {end - self._position()} batches from here"
+            )
         epoch, batch = divmod(target, self.batches_per_epoch)
         if batch == 0:  # the end of an epoch reads as (epoch, batches_per_epoch), as after next()
             epoch, batch = epoch - 1, self.batches_per_epoch
@@ -393,8 +407,10 @@ class IndexedSource(ABC):
         self.bad_examples_skipped += len(bad)
         for reason in bad:
             log.warning(
-                "%s: skipped a bad example (%s) and used the next readable one of the epoch; "
-                "%d skipped so far", self.name, reason, self.bad_examples_skipped,
+                "%s: skipped a bad example (%s) and used the next readable one of the epoch; %d skipped so far",
+                self.name,
+                reason,
+                self.bad_examples_skipped,
             )
 
     # ------------------------------------------------------------------ workers
@@ -461,12 +477,19 @@ class IndexedSource(ABC):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Jump to a saved position; refuses a state saved for other data, seed or sharding."""
-        expected = {"seed": self.seed, "num_examples": self.num_examples, "num_shards": self.num_shards,
-                    "shard_index": self.shard_index, **self._identity()}
+        expected = {
+            "seed": self.seed,
+            "num_examples": self.num_examples,
+            "num_shards": self.num_shards,
+            "shard_index": self.shard_index,
+            **self._identity(),
+        }
         epoch, batch = _checked_position(self.name, state, expected, self.batches_per_epoch)
         self.close()
         self.epoch, self.batch = epoch, batch
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}({self.num_examples} examples, batch_size={self.batch_size}, "
-                f"shard {self.shard_index}/{self.num_shards}, epoch={self.epoch}, batch={self.batch})")
+        return (
+            f"{type(self).__name__}({self.num_examples} examples, batch_size={self.batch_size}, "
+            f"shard {self.shard_index}/{self.num_shards}, epoch={self.epoch}, batch={self.batch})"
+        )

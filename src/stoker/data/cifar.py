@@ -30,7 +30,9 @@ _RECORD = 1 + 3 * 32 * 32
 _PAD = 4
 
 
-def read_cifar_binary(paths: list[Path], num_classes: int = 10, skip_bad_examples: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def read_cifar_binary(
+    paths: list[Path], num_classes: int = 10, skip_bad_examples: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     """``(images uint8 [N, 3, 32, 32], labels int64 [N])`` from CIFAR binary files, checked."""
     images, labels = [], []
     skipped = 0
@@ -53,8 +55,13 @@ def read_cifar_binary(paths: list[Path], num_classes: int = 10, skip_bad_example
                     f"0..{num_classes - 1} ({bad.size} bad record(s) in this file); the file is corrupt or "
                     "not CIFAR-10 (CIFAR-100 binary has two label bytes)"
                 )
-            log.warning("cifar_binary: skipped %d record(s) of %s with a label outside 0..%d (first: record %d)",
-                        bad.size, path, num_classes - 1, int(bad[0]))
+            log.warning(
+                "cifar_binary: skipped %d record(s) of %s with a label outside 0..%d (first: record %d)",
+                bad.size,
+                path,
+                num_classes - 1,
+                int(bad[0]),
+            )
             skipped += int(bad.size)
             keep = lab < num_classes  # type: ignore[assignment]
         images.append(records[keep, 1:].reshape(-1, 3, 32, 32))
@@ -185,7 +192,17 @@ def cifar_binary(
             the record size are given) or holds a label above 9 (file and record named).
     """
     return CifarSource(
-        data_dir, batch_size=batch_size, train=train, shuffle=shuffle, seed=seed, num_epochs=num_epochs,
-        drop_remainder=drop_remainder, num_workers=num_workers, num_shards=num_shards,
-        shard_index=shard_index, skip_bad_examples=skip_bad_examples, start_method=start_method, augment=augment,
+        data_dir,
+        batch_size=batch_size,
+        train=train,
+        shuffle=shuffle,
+        seed=seed,
+        num_epochs=num_epochs,
+        drop_remainder=drop_remainder,
+        num_workers=num_workers,
+        num_shards=num_shards,
+        shard_index=shard_index,
+        skip_bad_examples=skip_bad_examples,
+        start_method=start_method,
+        augment=augment,
     )

@@ -107,8 +107,9 @@ RESIZE_FILTERS: dict[str, Image.Resampling] = {
 RESIZE_METHODS: tuple[str, ...] = (*RESIZE_FILTERS, "round_robin", "crop")
 
 
-def augment_image(im: Image.Image, image_size: int, u: Sequence[float] | None, *, resize_method: str = "bilinear",
-                  position: int = 0) -> np.ndarray:
+def augment_image(
+    im: Image.Image, image_size: int, u: Sequence[float] | None, *, resize_method: str = "bilinear", position: int = 0
+) -> np.ndarray:
     """``image_size`` square uint8 HWC array: train augmentation from ``u``, or eval centre crop if None.
 
     ``resize_method`` picks the filter (``round_robin``: by ``position``, the example's place
@@ -118,8 +119,10 @@ def augment_image(im: Image.Image, image_size: int, u: Sequence[float] | None, *
     width, height = im.size
     if resize_method == "crop":
         if width < image_size or height < image_size:
-            raise DataError(f"--resize_method=crop needs images of at least {image_size}x{image_size}; "
-                            f"{getattr(im, 'filename', 'an image')} is {width}x{height}")
+            raise DataError(
+                f"--resize_method=crop needs images of at least {image_size}x{image_size}; "
+                f"{getattr(im, 'filename', 'an image')} is {width}x{height}"
+            )
         top = int(u[20] * (height - image_size + 1)) if u is not None else (height - image_size) // 2
         left = int(u[21] * (width - image_size + 1)) if u is not None else (width - image_size) // 2
         arr = np.asarray(im.crop((left, top, left + image_size, top + image_size)))
@@ -139,7 +142,9 @@ def augment_image(im: Image.Image, image_size: int, u: Sequence[float] | None, *
     return arr
 
 
-def scan_image_folder(root: str | os.PathLike[str], extensions: Sequence[str]) -> tuple[list[str], list[str], np.ndarray]:
+def scan_image_folder(
+    root: str | os.PathLike[str], extensions: Sequence[str]
+) -> tuple[list[str], list[str], np.ndarray]:
     """``(classes, paths, labels)`` of a class-per-folder tree; raises :class:`DataError` naming
     the folder when the root is missing, has no class folders, or a class holds no images."""
     root = Path(root)
@@ -151,16 +156,22 @@ def scan_image_folder(root: str | os.PathLike[str], extensions: Sequence[str]) -
     # Hidden folders (.ipynb_checkpoints, .git) are never classes.
     classes = sorted(d.name for d in os.scandir(root) if d.is_dir() and not d.name.startswith("."))
     if not classes:
-        raise DataError(f"image_folder: {root} has no class folders; it needs one subfolder per class holding that class's images")
+        raise DataError(
+            f"image_folder: {root} has no class folders; it needs one subfolder per class holding that class's images"
+        )
     paths: list[str] = []
     labels: list[int] = []
     for label, name in enumerate(classes):
         found: list[str] = []
         for dirpath, dirnames, filenames in os.walk(root / name, followlinks=True):
             dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-            found.extend(os.path.join(dirpath, f) for f in filenames if f.lower().endswith(exts) and not f.startswith("."))
+            found.extend(
+                os.path.join(dirpath, f) for f in filenames if f.lower().endswith(exts) and not f.startswith(".")
+            )
         if not found:
-            raise DataError(f"image_folder: the class folder {root / name} holds no images (extensions {', '.join(exts)})")
+            raise DataError(
+                f"image_folder: the class folder {root / name} holds no images (extensions {', '.join(exts)})"
+            )
         found.sort()
         paths.extend(found)
         labels.extend([label] * len(found))
@@ -195,7 +206,9 @@ class ImageFolderSource(IndexedSource):
         if not isinstance(image_size, int) or image_size < 1:
             raise ValueError(f"image_folder: image_size must be a positive integer; got {image_size!r}")
         if resize_method not in RESIZE_METHODS:
-            raise ValueError(f"image_folder: resize_method must be one of {', '.join(RESIZE_METHODS)}; got {resize_method!r}")
+            raise ValueError(
+                f"image_folder: resize_method must be one of {', '.join(RESIZE_METHODS)}; got {resize_method!r}"
+            )
         self.augment = bool(train) if augment is None else bool(augment)
         self.resize_method = resize_method
         self.root = Path(root)
@@ -225,8 +238,9 @@ class ImageFolderSource(IndexedSource):
         return {"num_classes": len(self.classes), "batch_size": self.batch_size}
 
     def _example(self, index: int, u: np.ndarray | None, position: int = 0) -> tuple[np.ndarray, int]:
-        image = augment_image(decode_rgb(self.paths[index]), self.image_size, u, resize_method=self.resize_method,
-                              position=position)
+        image = augment_image(
+            decode_rgb(self.paths[index]), self.image_size, u, resize_method=self.resize_method, position=position
+        )
         return image, int(self.targets[index])
 
     def load_batch(self, indices: torch.Tensor, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -237,6 +251,7 @@ class ImageFolderSource(IndexedSource):
         labels = np.empty(len(idx), dtype=np.int64)
 
         for j, i in enumerate(idx.tolist()):
+
             def load_one(k: int, i: int = i, j: int = j) -> tuple[np.ndarray, int]:
                 if draws is None:
                     return self._example(k, None, j)
@@ -299,10 +314,22 @@ def image_folder(
         DataError: the root is missing or has no class folders, or a class folder has no images.
     """
     return ImageFolderSource(
-        root, batch_size=batch_size, image_size=image_size, train=train, shuffle=shuffle, seed=seed,
-        num_epochs=num_epochs, drop_remainder=drop_remainder, num_workers=num_workers,
-        num_shards=num_shards, shard_index=shard_index, skip_bad_examples=skip_bad_examples,
-        extensions=extensions, start_method=start_method, augment=augment, resize_method=resize_method,
+        root,
+        batch_size=batch_size,
+        image_size=image_size,
+        train=train,
+        shuffle=shuffle,
+        seed=seed,
+        num_epochs=num_epochs,
+        drop_remainder=drop_remainder,
+        num_workers=num_workers,
+        num_shards=num_shards,
+        shard_index=shard_index,
+        skip_bad_examples=skip_bad_examples,
+        extensions=extensions,
+        start_method=start_method,
+        augment=augment,
+        resize_method=resize_method,
     )
 
 

@@ -40,8 +40,10 @@ class RepeatedBatch:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("seed", self.seed) != self.seed:
-            raise ValueError(f"synthetic data: the saved input state has seed={state['seed']} but this source has "
-                             f"seed={self.seed}; resume with the same seed")
+            raise ValueError(
+                f"synthetic data: the saved input state has seed={state['seed']} but this source has "
+                f"seed={self.seed}; resume with the same seed"
+            )
         self.batch = int(state["batch"])
 
 
@@ -124,5 +126,6 @@ def synthetic_images(
         seed: seeds the random values.
         channels_last: store the images NHWC in memory (shape stays NCHW).
     """
-    return SyntheticImages(shape, num_classes, batch_size=batch_size, device=device, dtype=dtype,
-                           seed=seed, channels_last=channels_last)
+    return SyntheticImages(
+        shape, num_classes, batch_size=batch_size, device=device, dtype=dtype, seed=seed, channels_last=channels_last
+    )

@@ -38,8 +38,11 @@ def _collect(paths: PathLike | Sequence[PathLike], extensions: Sequence[str] | N
             found = []
             for dirpath, dirnames, filenames in os.walk(p, followlinks=True):
                 dirnames[:] = [d for d in dirnames if not d.startswith(".")]
-                found.extend(Path(dirpath, f) for f in filenames
-                             if not f.startswith(".") and (exts is None or f.lower().endswith(exts)))
+                found.extend(
+                    Path(dirpath, f)
+                    for f in filenames
+                    if not f.startswith(".") and (exts is None or f.lower().endswith(exts))
+                )
             found.sort()
             files.extend(found)
         else:
@@ -72,7 +75,11 @@ class TextSource(IndexedSource):
         if not 0 <= shard_index < num_shards:
             raise ValueError(f"text_chars: shard_index must be in [0, {num_shards}); got {shard_index}")
         self.files = _collect(paths, extensions)
-        data = np.concatenate([np.fromfile(f, dtype=np.uint8) for f in self.files]) if self.files else np.zeros(0, np.uint8)
+        data = (
+            np.concatenate([np.fromfile(f, dtype=np.uint8) for f in self.files])
+            if self.files
+            else np.zeros(0, np.uint8)
+        )
         self.seq_len = seq_len
         self.num_streams = batch_size * num_shards
         self.stream_len = data.size // self.num_streams
@@ -86,8 +93,15 @@ class TextSource(IndexedSource):
         streams = data[: self.num_streams * self.stream_len].reshape(self.num_streams, self.stream_len)
         # Only this replica's streams are kept.
         self.streams = torch.from_numpy(streams[shard_index * batch_size : (shard_index + 1) * batch_size].copy())
-        super().__init__(batch_size=batch_size, shuffle=False, seed=0, num_epochs=num_epochs,
-                         drop_remainder=True, num_shards=num_shards, shard_index=shard_index)
+        super().__init__(
+            batch_size=batch_size,
+            shuffle=False,
+            seed=0,
+            num_epochs=num_epochs,
+            drop_remainder=True,
+            num_shards=num_shards,
+            shard_index=shard_index,
+        )
 
     @property
     def num_examples(self) -> int:
@@ -131,11 +145,20 @@ def text_chars(
         num_shards, shard_index: give ``params["num_replicas"]`` and ``params["replica_index"]``.
         extensions: inside folders, only files ending so (e.g. ``(".py",)``); default all.
     """
-    return TextSource(paths, seq_len=seq_len, batch_size=batch_size, num_epochs=num_epochs,
-                      num_shards=num_shards, shard_index=shard_index, extensions=extensions)
+    return TextSource(
+        paths,
+        seq_len=seq_len,
+        batch_size=batch_size,
+        num_epochs=num_epochs,
+        num_shards=num_shards,
+        shard_index=shard_index,
+        extensions=extensions,
+    )
 
 
-def held_out_split(files: Sequence[Path], eval_fraction: float, *, who: str = "held_out_split") -> tuple[list[Path], list[Path]]:
+def held_out_split(
+    files: Sequence[Path], eval_fraction: float, *, who: str = "held_out_split"
+) -> tuple[list[Path], list[Path]]:
     """``(training files, held-out files)``: the held-out part is the last whole files holding
     at least ``eval_fraction`` of the bytes (text the model never trains on); at least one file
     stays on each side. ``who`` names the caller in the error raised for fewer than 2 files."""

@@ -53,8 +53,12 @@ def torchrun_world_size() -> int:
 
 
 def make_strategy(
-    name: str, device: str, timeout: float = 1800.0, pipeline: PipelineConfig | None = None,
-    *, bucket_cap_mb: float | None = None,
+    name: str,
+    device: str,
+    timeout: float = 1800.0,
+    pipeline: PipelineConfig | None = None,
+    *,
+    bucket_cap_mb: float | None = None,
 ) -> Strategy:
     """The strategy ``RunConfig.strategy`` names; ``auto`` reads the torchrun environment
     (and picks ``pipeline`` when ``pipeline`` is given).

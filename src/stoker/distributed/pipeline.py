@@ -88,7 +88,9 @@ def plan_stages(model: nn.Module, split: Sequence[str]) -> list[list[str]]:
     if cuts[0] == 0:
         raise ValueError(f"RunConfig.pipeline_split: splitting before the first unit {names[0]!r} leaves stage 0 empty")
     if cuts != sorted(cuts):
-        raise ValueError(f"RunConfig.pipeline_split: give the names in the model's order ({listing}); got {list(split)!r}")
+        raise ValueError(
+            f"RunConfig.pipeline_split: give the names in the model's order ({listing}); got {list(split)!r}"
+        )
     bounds = [0, *cuts, len(names)]
     return [names[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
 

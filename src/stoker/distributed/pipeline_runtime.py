@@ -69,7 +69,9 @@ class PipelineRuntime:
         return cls(first, microbatches, loss_fn=loss_fn)
 
     # ------------------------------------------------------------------ training
-    def train_step(self, args: tuple[Any, ...], index: torch.Tensor, loss_fn: Callable[[Any, torch.Tensor], torch.Tensor]) -> None:
+    def train_step(
+        self, args: tuple[Any, ...], index: torch.Tensor, loss_fn: Callable[[Any, torch.Tensor], torch.Tensor]
+    ) -> None:
         """Forward and backward of one batch in micro-batches; the last stage calls
         ``loss_fn(output, rows)`` per micro-batch (``rows``: that micro-batch's row indices)."""
         if self._train is None:
@@ -117,7 +119,9 @@ class PipelineRuntime:
 
     def share_object_from_last(self, obj: Any) -> Any:
         box = [obj]
-        self.strategy._guard(dist.broadcast_object_list, box, src=self.strategy.last_stage_rank, group=self.strategy.pp_group)
+        self.strategy._guard(
+            dist.broadcast_object_list, box, src=self.strategy.last_stage_rank, group=self.strategy.pp_group
+        )
         return box[0]
 
     # ------------------------------------------------------------------ inference
@@ -140,7 +144,9 @@ class PipelineRuntime:
     def _broadcast_output(self, out: Any) -> Any:
         tensors = (out,) if isinstance(out, torch.Tensor) else out
         if self.holds_last and not (isinstance(tensors, tuple) and all(isinstance(t, torch.Tensor) for t in tensors)):
-            raise TypeError(f"the last pipeline stage must return a tensor or a tuple of tensors; got {type(out).__name__}")
+            raise TypeError(
+                f"the last pipeline stage must return a tensor or a tuple of tensors; got {type(out).__name__}"
+            )
         meta = [(tuple(t.shape), t.dtype) for t in tensors] if self.holds_last else None
         meta = self.share_object_from_last((meta, isinstance(out, torch.Tensor)))
         shapes, single = meta

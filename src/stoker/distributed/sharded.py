@@ -49,7 +49,9 @@ class Sharded(ProcessGroupStrategy):
         return {k: v.detach().cpu() for k, v in full.items()}
 
 
-def save_sharded(directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, optimizer_key: str = "optimizer") -> None:
+def save_sharded(
+    directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, optimizer_key: str = "optimizer"
+) -> None:
     """Every replica writes its slices of the model and optimizer state (collective).
 
     ``optimizer_key``: where the optimizer state goes; pipeline stages each use their own

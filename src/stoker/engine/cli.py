@@ -37,18 +37,33 @@ def add_parser(subparsers: Any) -> None:
         "without a new checkpoint. See docs/evaluation.md.",
     )
     p.add_argument("model_dir", help=f"a model_dir with {RUN_SPEC_FILE} (written when its training starts)")
-    p.add_argument("--watch", action="store_true", help="keep evaluating each new checkpoint until training has finished")
-    p.add_argument("--device", default=None,
-                   help="auto, cpu, cuda or cuda:N (default: the device the run's recipe names)")
+    p.add_argument(
+        "--watch", action="store_true", help="keep evaluating each new checkpoint until training has finished"
+    )
+    p.add_argument(
+        "--device", default=None, help="auto, cpu, cuda or cuda:N (default: the device the run's recipe names)"
+    )
     p.add_argument("--steps", type=int, default=None, help="batches per evaluation (default: the recipe's eval_steps)")
     p.add_argument("--checkpoint", default=None, help="without --watch: a ckpt-<step> directory (default: the newest)")
-    p.add_argument("--timeout_secs", type=float, default=3600.0,
-                   help="--watch: stop after this long without a new checkpoint; default %(default)s")
-    p.add_argument("--poll_secs", type=float, default=2.0,
-                   help="--watch: how often to look for a new checkpoint; default %(default)s")
-    p.add_argument("--last_step", type=int, default=None,
-                   help="--watch: also stop once the checkpoint of this step is evaluated, and ignore a "
-                   "finished.json of an earlier step (continuing a finished run to a larger max_steps)")
+    p.add_argument(
+        "--timeout_secs",
+        type=float,
+        default=3600.0,
+        help="--watch: stop after this long without a new checkpoint; default %(default)s",
+    )
+    p.add_argument(
+        "--poll_secs",
+        type=float,
+        default=2.0,
+        help="--watch: how often to look for a new checkpoint; default %(default)s",
+    )
+    p.add_argument(
+        "--last_step",
+        type=int,
+        default=None,
+        help="--watch: also stop once the checkpoint of this step is evaluated, and ignore a "
+        "finished.json of an earlier step (continuing a finished run to a larger max_steps)",
+    )
     p.set_defaults(func=_evaluate_command)
 
 
@@ -83,12 +98,20 @@ def _evaluate_command(args: argparse.Namespace) -> int:
         input_fn, steps = eval_input_from_run_spec(spec, args.model_dir)
         steps = args.steps or steps
         if args.watch:
-            result = est.evaluate_continuously(input_fn, steps, args.timeout_secs, poll_secs=args.poll_secs,
-                                               last_step=args.last_step, device=args.device)
+            result = est.evaluate_continuously(
+                input_fn,
+                steps,
+                args.timeout_secs,
+                poll_secs=args.poll_secs,
+                last_step=args.last_step,
+                device=args.device,
+            )
             best = result.best
-            print(f"stoker evaluate: stopped ({result.stop_reason}); evaluated steps {result.evaluated or 'none'}, "
-                  f"skipped {result.skipped or 'none'} (removed by retention first)"
-                  + (f"; best {best['name']} with {best['metric']} = {best['value']:.6g}" if best else ""))
+            print(
+                f"stoker evaluate: stopped ({result.stop_reason}); evaluated steps {result.evaluated or 'none'}, "
+                f"skipped {result.skipped or 'none'} (removed by retention first)"
+                + (f"; best {best['name']} with {best['metric']} = {best['value']:.6g}" if best else "")
+            )
             return 0
         evaluation = evaluation_on_device(est.evaluation, args.device)
         results = evaluation.run(input_fn, steps, args.checkpoint)

@@ -153,7 +153,9 @@ class CompiledTrainStep(TrainStep):
         out = self._step(infeed)
         if self.compilations != before:
             if not self._warm:  # the optimizer's state appeared in step 1: its update compiles again
-                log.info("compiled the update again for the optimizer's new state in %.1f s", time.perf_counter() - start)
+                log.info(
+                    "compiled the update again for the optimizer's new state in %.1f s", time.perf_counter() - start
+                )
             else:
                 self._recompiled()
         self._warm = True
@@ -170,8 +172,11 @@ class CompiledTrainStep(TrainStep):
                 "make model_fn traceable, or use compile='module' or compile=False"
             ) from e
         self._compiled_once = True
-        log.info("compiled the training step in %.1f s (%d graphs; the first step included)",
-                 time.perf_counter() - start, self.compilations)
+        log.info(
+            "compiled the training step in %.1f s (%d graphs; the first step included)",
+            time.perf_counter() - start,
+            self.compilations,
+        )
         new = {r: n - breaks.get(r, 0) for r, n in _graph_break_reasons().items() if n > breaks.get(r, 0)}
         mine = list(new)
         if mine:
@@ -193,7 +198,9 @@ class CompiledTrainStep(TrainStep):
                 "shapes (drop_remainder, fixed sequence length) and keep Python values model_fn branches on fixed, "
                 "or use compile='module' or compile=False"
             )
-        log.info("compile='step': recompiled the training step (batch %s; the first was %s)", shapes, self._first_shapes)
+        log.info(
+            "compile='step': recompiled the training step (batch %s; the first was %s)", shapes, self._first_shapes
+        )
 
     def _scale_tensor(self) -> torch.Tensor | None:
         if self.scaler is None:
@@ -214,8 +221,17 @@ class CompiledTrainStep(TrainStep):
             self._last_shapes = _shapes(batch.features)
             if self._first_shapes is None:
                 self._first_shapes = self._last_shapes
-            spec, scaled = self._forward(self.module, self.model_fn, batch.features, batch.labels, self.params,
-                                         self.precision, self.device, self.accumulation, scale)
+            spec, scaled = self._forward(
+                self.module,
+                self.model_fn,
+                batch.features,
+                batch.labels,
+                self.params,
+                self.precision,
+                self.device,
+                self.accumulation,
+                scale,
+            )
             if not self._checked:
                 check_spec(spec, ModeKeys.TRAIN)
                 _check_train_batch(batch_rows(batch.features) or 0, self.params["batch_size"])
@@ -266,7 +282,9 @@ class CompiledTrainStep(TrainStep):
             # optimizer class's step per instance: 8 optimizers per process, then eager).
             for hook in (*_optim._global_optimizer_pre_hooks.values(), *opt._optimizer_step_pre_hooks.values()):
                 if hook(opt, (opt,), {}) is not None:
-                    raise CompileError("compile='step': an optimizer step pre-hook that changes step's arguments is not supported")
+                    raise CompileError(
+                        "compile='step': an optimizer step pre-hook that changes step's arguments is not supported"
+                    )
             with torch.no_grad():
                 self._update(self._compiled.raw_step, opt, self.parameters, self.clip_norm)
             opt._opt_called = True  # type: ignore[attr-defined]  # as the LR scheduler's step tracker does

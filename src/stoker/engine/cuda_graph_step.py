@@ -61,12 +61,16 @@ def cuda_graph_refusal(config: RunConfig, strategy: Any, kwargs: dict[str, Any])
     if kwargs["params"].get("cache") is not None:
         return "a carried cache (EstimatorSpec.cache) is not captured"
     if not (opt.defaults.get("capturable") or opt.defaults.get("fused")):
-        return (f"optimizer {name} is not capturable: build it with capturable=True (Adam, AdamW, ...) "
-                "or fused=True (SGD, Adam, AdamW)")
+        return (
+            f"optimizer {name} is not capturable: build it with capturable=True (Adam, AdamW, ...) "
+            "or fused=True (SGD, Adam, AdamW)"
+        )
     scaler = kwargs["scaler"]
     if scaler is not None and scaler.dynamic and not getattr(opt, "_step_supports_amp_scaling", False):
-        return (f"fp16 dynamic loss scaling skips updates on the device only with a fused optimizer; build {name} "
-                "with fused=True, or use a static loss_scale")
+        return (
+            f"fp16 dynamic loss scaling skips updates on the device only with a fused optimizer; build {name} "
+            "with fused=True, or use a static loss_scale"
+        )
     return None
 
 
@@ -112,8 +116,10 @@ class CudaGraphTrainStep(TrainStep):
             _check_train_batch(batch_rows(features) or 0, self.params["batch_size"])
             self._checked = True
         if spec.cache is not None:
-            raise ModelFnError("model_fn returned EstimatorSpec.cache, which the CUDA-graph step does not carry; "
-                               "set RunConfig(cuda_graph=False)")
+            raise ModelFnError(
+                "model_fn returned EstimatorSpec.cache, which the CUDA-graph step does not carry; "
+                "set RunConfig(cuda_graph=False)"
+            )
         loss = spec.loss
         scaler = self.scaler
         if scaler is None:
@@ -137,8 +143,14 @@ class CudaGraphTrainStep(TrainStep):
             finally:
                 del self.optimizer.found_inf  # type: ignore[attr-defined]
             assert scaler is not None
-            torch._amp_update_scale_(self._scale, self._growth, self._found_inf, scaler.growth_factor,
-                                     scaler.backoff_factor, scaler.growth_interval)
+            torch._amp_update_scale_(
+                self._scale,
+                self._growth,
+                self._found_inf,
+                scaler.growth_factor,
+                scaler.backoff_factor,
+                scaler.growth_interval,
+            )
             self._skipped += self._found_inf.to(torch.int64)
         else:
             self.optimizer.step()
@@ -165,11 +177,15 @@ class CudaGraphTrainStep(TrainStep):
             return self._eager(features, labels)
         leaves, spec = _flat((features, labels))
         if self._static is None:
-            self._static = pytree.tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) else t, (features, labels))
+            self._static = pytree.tree_map(
+                lambda t: t.clone() if isinstance(t, torch.Tensor) else t, (features, labels)
+            )
             self._static_meta = (spec, _meta(leaves))
         elif (spec, _meta(leaves)) != self._static_meta:
-            self._fall_back(f"the batch's shapes changed ({_meta(leaves)} after {self._static_meta[1]}); a CUDA graph "
-                            "replays static shapes (batch with drop_remainder, pad sequences to one length)")
+            self._fall_back(
+                f"the batch's shapes changed ({_meta(leaves)} after {self._static_meta[1]}); a CUDA graph "
+                "replays static shapes (batch with drop_remainder, pad sequences to one length)"
+            )
             return self._eager(features, labels)
         static_leaves, _ = _flat(self._static)
         for dst, src in zip(static_leaves, leaves, strict=True):
@@ -184,8 +200,10 @@ class CudaGraphTrainStep(TrainStep):
                 self.graph = None
                 self._out = None
                 torch.cuda.synchronize(self.device)
-                self._fall_back(f"the step cannot be captured ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
-                                "host syncs in model_fn (.item(), print, data-dependent if) prevent capture")
+                self._fall_back(
+                    f"the step cannot be captured ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}); "
+                    "host syncs in model_fn (.item(), print, data-dependent if) prevent capture"
+                )
                 return self._eager(*self._static)
         assert self.graph is not None and self._out is not None
         self.graph.replay()
@@ -240,7 +258,9 @@ class CudaGraphTrainStep(TrainStep):
     def end_loop(self) -> None:
         """Copy the device-side loss-scale state into ``LossScaler`` (one read per loop)."""
         if self._dynamic and self.scaler is not None:
-            scale, good, skipped = torch.stack([self._scale.double(), self._growth.double(), self._skipped.double()]).tolist()
+            scale, good, skipped = torch.stack(
+                [self._scale.double(), self._growth.double(), self._skipped.double()]
+            ).tolist()
             self.scaler.scale, self.scaler.good_steps, self.scaler.skipped_steps = scale, int(good), int(skipped)
 
 

@@ -41,7 +41,11 @@ class EvaluationRun:
         self._writer: ScalarWriter | None = None  # one events file per Estimator, not per evaluation
 
     def run(
-        self, input_fn: InputFn, steps: int | None = None, checkpoint_path: str | Path | None = None, name: str | None = None
+        self,
+        input_fn: InputFn,
+        steps: int | None = None,
+        checkpoint_path: str | Path | None = None,
+        name: str | None = None,
     ) -> dict[str, float]:
         """``loss``, every metric and ``global_step`` of ``input_fn`` (all, or ``steps`` batches)."""
         results, evaluated = self.compute(input_fn, steps, checkpoint_path)
@@ -61,7 +65,11 @@ class EvaluationRun:
         was_training = model.training
         model.eval()
         sums = _EvalSums(self.strategy.device)
-        with isolated_rng(self.config.seed), torch.no_grad(), self.inputs.infeed(input_fn, ModeKeys.EVAL, params) as infeed:
+        with (
+            isolated_rng(self.config.seed),
+            torch.no_grad(),
+            self.inputs.infeed(input_fn, ModeKeys.EVAL, params) as infeed,
+        ):
             for i, batch in enumerate(self.inputs.in_lockstep(infeed)):
                 with autocast_context(self.config.precision, self.strategy.device):
                     spec = self.model_fn(self.state.module, batch.features, batch.labels, ModeKeys.EVAL, params)
@@ -80,7 +88,12 @@ class EvaluationRun:
         if not self.strategy.is_chief:
             return
         label = f"eval_{name}" if name else "eval"
-        log.info("%s at step %d: %s", label, step, ", ".join(f"{k} = {v:.6g}" for k, v in results.items() if k != "global_step"))
+        log.info(
+            "%s at step %d: %s",
+            label,
+            step,
+            ", ".join(f"{k} = {v:.6g}" for k, v in results.items() if k != "global_step"),
+        )
         checkpoints = self.state.checkpoints
         if checkpoints is None:
             return
@@ -128,7 +141,12 @@ class _EvalSums:
     def results(self, all_reduce_sum: Any) -> dict[str, float]:
         """The mean loss and every metric, after one sum over replicas."""
         keys, totals = self.metrics.flat_totals()
-        packed = torch.cat([torch.stack([self.loss_sum, self.loss_count]), totals if totals is not None else self.loss_sum.new_zeros(0)])
+        packed = torch.cat(
+            [
+                torch.stack([self.loss_sum, self.loss_count]),
+                totals if totals is not None else self.loss_sum.new_zeros(0),
+            ]
+        )
         values = all_reduce_sum(packed).cpu().tolist()
         results: dict[str, float] = {}
         if values[1] > 0:

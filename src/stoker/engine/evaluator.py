@@ -80,7 +80,9 @@ class ContinuousEvalConfig:
         if not self.poll_secs > 0:
             raise ValueError(f"evaluate_continuously: poll_secs must be > 0; got {self.poll_secs!r}")
         if self.last_step is not None and (not isinstance(self.last_step, int) or self.last_step < 0):
-            raise ValueError(f"evaluate_continuously: last_step must be a non-negative integer or None; got {self.last_step!r}")
+            raise ValueError(
+                f"evaluate_continuously: last_step must be a non-negative integer or None; got {self.last_step!r}"
+            )
 
 
 @dataclass
@@ -114,7 +116,9 @@ class ContinuousEvaluation:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not checkpoints.writer:
-            raise CheckpointError("evaluate_continuously records results in the index: open the CheckpointManager as a writer")
+            raise CheckpointError(
+                "evaluate_continuously records results in the index: open the CheckpointManager as a writer"
+            )
         self.evaluation = evaluation
         self.checkpoints = checkpoints
         self.config = config or ContinuousEvalConfig()
@@ -168,7 +172,9 @@ class ContinuousEvaluation:
         return any(r["step"] >= step and r.get("metrics") for r in self.checkpoints.records())
 
     # ------------------------------------------------------------ step
-    def evaluate_one(self, input_fn: InputFn, record: dict[str, Any], result: ContinuousEvalResult) -> dict[str, float] | None:
+    def evaluate_one(
+        self, input_fn: InputFn, record: dict[str, Any], result: ContinuousEvalResult
+    ) -> dict[str, float] | None:
         """Evaluate the checkpoint of ``record``, record and log the result; ``None`` if skipped."""
         name, step = record["name"], int(record["step"])
         self._passed.add((name, record.get("time", 0.0)))
@@ -209,8 +215,12 @@ class ContinuousEvaluation:
                 self._writer.close()
                 self._writer = None
         result.best = self.checkpoints.best()
-        log.info("evaluator: stopped (%s); evaluated %d checkpoint(s), skipped %d", result.stop_reason,
-                 len(result.evaluated), len(result.skipped))
+        log.info(
+            "evaluator: stopped (%s); evaluated %d checkpoint(s), skipped %d",
+            result.stop_reason,
+            len(result.evaluated),
+            len(result.skipped),
+        )
         return result
 
     # ------------------------------------------------------------ reporting
@@ -219,8 +229,12 @@ class ContinuousEvaluation:
 
     def _log(self, step: int, results: dict[str, float], became_best: bool) -> None:
         scalars = {k: v for k, v in results.items() if k != "global_step"}
-        log.info("eval at step %d: %s%s", step, ", ".join(f"{k} = {v:.6g}" for k, v in scalars.items()),
-                 f" (best so far by {self.checkpoints.keep_best[0]})" if became_best and self.checkpoints.keep_best else "")
+        log.info(
+            "eval at step %d: %s%s",
+            step,
+            ", ".join(f"{k} = {v:.6g}" for k, v in scalars.items()),
+            f" (best so far by {self.checkpoints.keep_best[0]})" if became_best and self.checkpoints.keep_best else "",
+        )
         if not self.config.summaries:
             return
         logdir = self.checkpoints.model_dir / self.config.subdir
@@ -257,13 +271,28 @@ def evaluation_on_device(evaluation: EvaluationRun, device: str | None) -> Evalu
     state, inputs = evaluation.state, evaluation.inputs
     if device is None or device == state.config.device:
         return evaluation
-    config = dataclasses.replace(state.config, device=device, strategy="single", cuda_graph=False)  # graphs: training only
+    config = dataclasses.replace(
+        state.config, device=device, strategy="single", cuda_graph=False
+    )  # graphs: training only
     strategy = make_strategy("single", device, config.distributed_timeout)
-    new_state = ModelState(model=state.model_arg, params=state.params, config=config, strategy=strategy,
-                           checkpoints=state.checkpoints)
-    new_inputs = InputPlan(params=inputs.params, config=config, strategy=strategy, train_batch_size=inputs.train_batch_size,
-                           eval_batch_size=inputs.eval_batch_size, predict_batch_size=inputs.predict_batch_size)
+    new_state = ModelState(
+        model=state.model_arg, params=state.params, config=config, strategy=strategy, checkpoints=state.checkpoints
+    )
+    new_inputs = InputPlan(
+        params=inputs.params,
+        config=config,
+        strategy=strategy,
+        train_batch_size=inputs.train_batch_size,
+        eval_batch_size=inputs.eval_batch_size,
+        predict_batch_size=inputs.predict_batch_size,
+    )
     return EvaluationRun(new_state, new_inputs, evaluation.model_fn)
 
 
-__all__ = ["EVAL_SUBDIR", "ContinuousEvalConfig", "ContinuousEvalResult", "ContinuousEvaluation", "evaluation_on_device"]
+__all__ = [
+    "EVAL_SUBDIR",
+    "ContinuousEvalConfig",
+    "ContinuousEvalResult",
+    "ContinuousEvaluation",
+    "evaluation_on_device",
+]

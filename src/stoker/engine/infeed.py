@@ -92,7 +92,9 @@ class Infeed:
         what: str = "input_fn",
     ) -> None:
         if not isinstance(source, Iterable):
-            raise TypeError(f"{what} must return an iterable of (features, labels) batches; got {type(source).__name__}")
+            raise TypeError(
+                f"{what} must return an iterable of (features, labels) batches; got {type(source).__name__}"
+            )
         self.device = device
         self.pad_to = pad_to
         self.what = what
@@ -155,7 +157,9 @@ class Infeed:
         self._probe = None
         median = sorted(probe[1:])[PROBE_BATCHES // 2]
         if median >= THREAD_PAYS_ABOVE_S:
-            log.debug("%s: %.0f us per batch fetched inline; prefetching in a thread from now on", self.what, 1e6 * median)
+            log.debug(
+                "%s: %.0f us per batch fetched inline; prefetching in a thread from now on", self.what, 1e6 * median
+            )
             self._start_thread()
         else:
             log.debug("%s: %.0f us per batch; fetching in the training thread", self.what, 1e6 * median)
@@ -184,7 +188,8 @@ class Infeed:
                 log.warning(
                     "%s's iterable has no state_dict()/load_state_dict(): replaying %d batches to "
                     "resume its position (give it state, or use stoker.data sources, to resume instantly)",
-                    self.what, self._replayed_before,
+                    self.what,
+                    self._replayed_before,
                 )
 
     def _skip(self, n: int) -> None:
@@ -252,8 +257,12 @@ class Infeed:
         # step the device is running; the consumer waits on an event, not on the host.
         with torch.cuda.stream(self._stream):
             copy = lambda t: t.pin_memory().to(device, non_blocking=True) if t.device.type == "cpu" else t.to(device)  # noqa: E731
-            moved = Batch(tree_map(copy, batch.features), tree_map(copy, batch.labels),
-                          None if batch.mask is None else copy(batch.mask), batch.rows)
+            moved = Batch(
+                tree_map(copy, batch.features),
+                tree_map(copy, batch.labels),
+                None if batch.mask is None else copy(batch.mask),
+                batch.rows,
+            )
             event = torch.cuda.Event()
             event.record(self._stream)
         return _CudaBatch(moved, event)  # type: ignore[return-value]
@@ -340,8 +349,11 @@ class Infeed:
 def _cpu_tensors(features: Any, labels: Any) -> bool:
     """Whether a batch is a plain CPU tensor of features and one of labels (or none): on a CPU
     run, nothing to convert or move."""
-    return type(features) is torch.Tensor and features.is_cpu and (
-        labels is None or (type(labels) is torch.Tensor and labels.is_cpu))
+    return (
+        type(features) is torch.Tensor
+        and features.is_cpu
+        and (labels is None or (type(labels) is torch.Tensor and labels.is_cpu))
+    )
 
 
 class _CudaBatch:

@@ -48,7 +48,9 @@ class InputPlan:
                 self.per_replica(mode)  # fail now, not at the first call
 
     def global_batch(self, mode: ModeKeys) -> int | None:
-        return {ModeKeys.TRAIN: self.train_batch_size, ModeKeys.EVAL: self.eval_batch_size}.get(mode, self.predict_batch_size)
+        return {ModeKeys.TRAIN: self.train_batch_size, ModeKeys.EVAL: self.eval_batch_size}.get(
+            mode, self.predict_batch_size
+        )
 
     def per_replica(self, mode: ModeKeys) -> int:
         """The batch one replica's ``input_fn`` yields in ``mode`` (one micro-batch when training)."""
@@ -56,7 +58,9 @@ class InputPlan:
         global_batch = self.global_batch(mode)
         if global_batch is None:
             call = {ModeKeys.TRAIN: "train", ModeKeys.EVAL: "evaluate"}.get(mode, "predict")
-            raise ValueError(f"{call}: the Estimator needs {what}" + ("" if mode is ModeKeys.TRAIN else " (or train_batch_size)"))
+            raise ValueError(
+                f"{call}: the Estimator needs {what}" + ("" if mode is ModeKeys.TRAIN else " (or train_batch_size)")
+            )
         world = self.strategy.num_replicas
         accumulation = self.config.gradient_accumulation_steps if mode is ModeKeys.TRAIN else 1
         if global_batch % (world * accumulation):
@@ -65,7 +69,11 @@ class InputPlan:
                 f"{what}={global_batch} is not divisible by {world * accumulation} ({detail}); "
                 f"use a multiple of {world * accumulation}"
             )
-        micro = self.config.pipeline_microbatches if self.config.pipeline_split is not None and mode is ModeKeys.TRAIN else 1
+        micro = (
+            self.config.pipeline_microbatches
+            if self.config.pipeline_split is not None and mode is ModeKeys.TRAIN
+            else 1
+        )
         if (global_batch // world) % micro:
             raise ValueError(
                 f"{what}={global_batch} gives {global_batch // world} examples per replica ({world} replicas), "

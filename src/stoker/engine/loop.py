@@ -40,12 +40,18 @@ def check_spec(spec: Any, mode: ModeKeys) -> EstimatorSpec:
         raise ModelFnError(f"model_fn must return a stoker.EstimatorSpec; it returned a {type(spec).__name__}")
     if mode is ModeKeys.TRAIN:
         if spec.loss is None:
-            raise ModelFnError("model_fn returned EstimatorSpec(loss=None) in TRAIN mode; training needs a scalar loss tensor")
+            raise ModelFnError(
+                "model_fn returned EstimatorSpec(loss=None) in TRAIN mode; training needs a scalar loss tensor"
+            )
         if not isinstance(spec.loss, torch.Tensor) or spec.loss.dim() != 0:
             shape = list(spec.loss.shape) if isinstance(spec.loss, torch.Tensor) else type(spec.loss).__name__
-            raise ModelFnError(f"EstimatorSpec.loss must be a scalar tensor in TRAIN mode; got {shape} (reduce it with .mean())")
+            raise ModelFnError(
+                f"EstimatorSpec.loss must be a scalar tensor in TRAIN mode; got {shape} (reduce it with .mean())"
+            )
         if not spec.loss.requires_grad:
-            raise ModelFnError("EstimatorSpec.loss does not require grad: it is not computed from the model's trainable parameters")
+            raise ModelFnError(
+                "EstimatorSpec.loss does not require grad: it is not computed from the model's trainable parameters"
+            )
     return spec
 
 
@@ -193,7 +199,9 @@ def _check_train_batch(rows: int, expected: int) -> None:
     if rows != expected:
         log.warning(
             "the train input_fn yields batches of %d rows but params['batch_size'] is %d: build batches "
-            "with params['batch_size'] (the per-replica batch), or examples/sec will be wrong", rows, expected,
+            "with params['batch_size'] (the per-replica batch), or examples/sec will be wrong",
+            rows,
+            expected,
         )
 
 
@@ -263,8 +271,16 @@ class DeviceLoop:
         values["learning_rate"] = [float(step.optimizer.param_groups[0]["lr"])] * done
         # Positional, in LoopResult's field order: first_step, steps, global_step, losses,
         # values, seconds, input_wait_seconds, examples.
-        return LoopResult(first, done, run.global_step, losses_host, values, seconds,
-                          infeed.wait_seconds - wait_before, done * self.global_batch_size)
+        return LoopResult(
+            first,
+            done,
+            run.global_step,
+            losses_host,
+            values,
+            seconds,
+            infeed.wait_seconds - wait_before,
+            done * self.global_batch_size,
+        )
 
     def _mean_over_replicas(self, values: torch.Tensor) -> torch.Tensor:
         if self.strategy.world_size == 1:

@@ -97,7 +97,9 @@ class ModelState:
         self.module: nn.Module | None = None  # what model_fn receives: wrapped (DDP/FSDP), maybe compiled
         self.optimizer: torch.optim.Optimizer | None = None
         self.schedule: Any = None
-        self.scaler = make_loss_scaler(config.precision, config.loss_scale, config.loss_scale_init, config.loss_scale_growth_interval)
+        self.scaler = make_loss_scaler(
+            config.precision, config.loss_scale, config.loss_scale_init, config.loss_scale_growth_interval
+        )
         self.global_step = 0
         self.cache: Any = None
         self.holds: Path | str | None = "fresh"  # see the module docstring
@@ -144,7 +146,9 @@ class ModelState:
             names = apply_recompute(self._model, self.config.recompute)
             log.info("recompute: %s", ", ".join(n or "the whole model" for n in names))
         if self.config.pipeline_split is not None and self.strategy.world_size == 1:
-            plan_stages(self._model, self.config.pipeline_split)  # one process runs it unsplit; the names must still fit
+            plan_stages(
+                self._model, self.config.pipeline_split
+            )  # one process runs it unsplit; the names must still fit
         module = self.strategy.wrap_model(self._model)
         # compile="step" compiles the training step instead (stoker.engine.compiled_step), not the module.
         self.module = torch.compile(module) if self.config.compile_mode == "module" else module
@@ -158,10 +162,14 @@ class ModelState:
         if self.optimizer is not None:
             return
         if self.optimizer_fn is None:
-            raise ValueError("train: the Estimator needs optimizer=lambda params, parameters: torch.optim.X(parameters, ...)")
+            raise ValueError(
+                "train: the Estimator needs optimizer=lambda params, parameters: torch.optim.X(parameters, ...)"
+            )
         opt = self.optimizer_fn(self.params, model.parameters())
         if not isinstance(opt, torch.optim.Optimizer):
-            raise TypeError(f"optimizer(params, parameters) must return a torch.optim.Optimizer; got {type(opt).__name__}")
+            raise TypeError(
+                f"optimizer(params, parameters) must return a torch.optim.Optimizer; got {type(opt).__name__}"
+            )
         if self.config.precision == "bf16-sr":
             # One seed on every replica: they apply the same averaged gradient and must round
             # it the same way, or their weights drift apart.
@@ -210,7 +218,12 @@ class ModelState:
         self.build_model()
         if checkpoint_path is None and self.holds == "memory":
             return self.global_step, None
-        if checkpoint_path is None and self.holds == "fresh" and self.warm_start_from is not None and self.latest_checkpoint() is None:
+        if (
+            checkpoint_path is None
+            and self.holds == "fresh"
+            and self.warm_start_from is not None
+            and self.latest_checkpoint() is None
+        ):
             return self.global_step, None  # warm-started weights, not trained yet
         if self.checkpoints is not None:
             path = self.checkpoints.resolve(checkpoint_path)
@@ -234,11 +247,17 @@ class ModelState:
             self._check_layout(ckpt)
         if ckpt.dcp_dir is not None:  # a sharded checkpoint: weights (and optimizer) in slices
             try:
-                load_sharded(ckpt.dcp_dir, model, self.optimizer if full else None, self.strategy.optimizer_checkpoint_key)
+                load_sharded(
+                    ckpt.dcp_dir, model, self.optimizer if full else None, self.strategy.optimizer_checkpoint_key
+                )
             except Exception as e:  # noqa: BLE001 - DCP reports mismatches in many shapes
                 if _caused_by(e, pickle.UnpicklingError):  # a slice's pickled bytes that weights_only refuses
-                    raise refused(str(ckpt.path), DCP_DIR, f"holds data torch's weights_only unpickler refuses ({e})",
-                                  previous_retained(ckpt.path)) from e
+                    raise refused(
+                        str(ckpt.path),
+                        DCP_DIR,
+                        f"holds data torch's weights_only unpickler refuses ({e})",
+                        previous_retained(ckpt.path),
+                    ) from e
                 raise CheckpointError(f"checkpoint {str(ckpt.path)!r} does not fit the model or optimizer: {e}") from e
         else:
             check_state_fits(model, ckpt.model_state or {}, f"checkpoint {str(ckpt.path)!r}")
@@ -270,7 +289,9 @@ class ModelState:
             try:
                 self.optimizer.load_state_dict(state["optimizer"])
             except (ValueError, KeyError) as e:
-                raise CheckpointError(f"checkpoint {str(ckpt.path)!r}: the optimizer state does not fit this optimizer ({e})") from e
+                raise CheckpointError(
+                    f"checkpoint {str(ckpt.path)!r}: the optimizer state does not fit this optimizer ({e})"
+                ) from e
         if self.schedule is not None and state.get("schedule") is not None:
             self.schedule.load_state_dict(state["schedule"])
         if self.scaler is not None and state.get("scaler") is not None:
@@ -292,7 +313,10 @@ class ModelState:
         log.warning(
             "checkpoint %s was written by %d replica(s) and this run has %d: weights, optimizer, "
             "schedule, step and input position are restored, but each replica's RNG and carried cache "
-            "start afresh (bitwise-exact resume needs the same number of replicas)", ckpt.path, saved_world, world,
+            "start afresh (bitwise-exact resume needs the same number of replicas)",
+            ckpt.path,
+            saved_world,
+            world,
         )
 
     # ---------------------------------------------------------------- saving
@@ -306,7 +330,9 @@ class ModelState:
         if self.writer is not None:
             self.writer.wait()
 
-    def train_state(self, hook_state: Mapping[str, Any], rng_per_replica: list[Any], cache_per_replica: list[Any]) -> dict[str, Any]:
+    def train_state(
+        self, hook_state: Mapping[str, Any], rng_per_replica: list[Any], cache_per_replica: list[Any]
+    ) -> dict[str, Any]:
         """What ``train_state.pt`` holds (sharded runs keep the optimizer in ``dcp/`` instead)."""
         assert self.optimizer is not None
         return {
@@ -322,7 +348,9 @@ class ModelState:
             "pipeline_stages": self.pipeline_stages,
         }
 
-    def save(self, hook_state: Mapping[str, Any], input_state: Any, last_checkpoint: Path | None, finished: bool = False) -> Path | None:
+    def save(
+        self, hook_state: Mapping[str, Any], input_state: Any, last_checkpoint: Path | None, finished: bool = False
+    ) -> Path | None:
         """Write a checkpoint of ``global_step`` (collective); ``None`` without a model_dir.
         ``finished``: training ends here (``max_steps``); the commit also writes ``finished.json``."""
         if self.checkpoints is None:
@@ -337,7 +365,9 @@ class ModelState:
         path = self.checkpoints.model_dir / f"ckpt-{self.global_step}"
         tmp: Path | None = None
         if strategy.shards_state:  # every replica writes its slices into the chief's tmp dir
-            tmp = location(strategy.broadcast_object(str(self.checkpoints.begin(self.global_step)) if strategy.is_chief else None))
+            tmp = location(
+                strategy.broadcast_object(str(self.checkpoints.begin(self.global_step)) if strategy.is_chief else None)
+            )
             assert self.optimizer is not None
             save_sharded(tmp / DCP_DIR, model, self.optimizer, self.strategy.optimizer_checkpoint_key)
         if strategy.is_chief:

@@ -45,7 +45,9 @@ class PipelineTrainStep(TrainStep):
         features, labels = batch.features, batch.labels
         args = features if isinstance(features, tuple) else (features,)
         if not all(isinstance(a, torch.Tensor) for a in args):
-            raise ModelFnError("a pipelined run feeds the first stage tensors: features must be a tensor or a tuple of tensors")
+            raise ModelFnError(
+                "a pipelined run feeds the first stage tensors: features must be a tensor or a tuple of tensors"
+            )
         rows = args[0].shape[0]
         index = torch.arange(rows, device=self.device)
         self._losses, self._host = [], []
@@ -80,7 +82,9 @@ class PipelineTrainStep(TrainStep):
         host = spec.host_call
         if host is not None:
             if not isinstance(host, dict):
-                raise ModelFnError("with RunConfig.pipeline_split, EstimatorSpec.host_call must be a dict of scalar tensors")
+                raise ModelFnError(
+                    "with RunConfig.pipeline_split, EstimatorSpec.host_call must be a dict of scalar tensors"
+                )
             if self.host_keys is None:
                 self.host_keys = tuple(host)
             self._host.append(torch.stack([v.detach().float().reshape(()) for v in host.values()]))

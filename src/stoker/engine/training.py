@@ -187,7 +187,12 @@ class TrainingRun:
         state = self.state
         if self._finished_saved:
             return
-        if max_steps is not None and state.global_step >= max_steps and state.checkpoints is not None and self.strategy.is_chief:
+        if (
+            max_steps is not None
+            and state.global_step >= max_steps
+            and state.checkpoints is not None
+            and self.strategy.is_chief
+        ):
             state.checkpoints.mark_finished(state.global_step)
 
     def _train_step(self) -> TrainStep:

@@ -35,8 +35,25 @@ from .program import (
 )
 
 __all__ = [
-    "AOT_DEVICES", "AOT_FILE", "BATCH", "EXPORT_FORMAT", "FORMATS", "ONNX_FILE", "PROGRAM_FILE", "RUN_SPEC_BUILDERS",
-    "RUN_SPEC_FILE", "RUN_SPEC_FORMAT", "SIGNATURE_FILE", "WEIGHTS_FILE", "ExportError", "ExportedModel",
-    "PredictModule", "estimator_from_model_dir", "export", "load_exported", "onnx_available", "read_run_spec",
+    "AOT_DEVICES",
+    "AOT_FILE",
+    "BATCH",
+    "EXPORT_FORMAT",
+    "FORMATS",
+    "ONNX_FILE",
+    "PROGRAM_FILE",
+    "RUN_SPEC_BUILDERS",
+    "RUN_SPEC_FILE",
+    "RUN_SPEC_FORMAT",
+    "SIGNATURE_FILE",
+    "WEIGHTS_FILE",
+    "ExportError",
+    "ExportedModel",
+    "PredictModule",
+    "estimator_from_model_dir",
+    "export",
+    "load_exported",
+    "onnx_available",
+    "read_run_spec",
     "write_run_spec",
 ]

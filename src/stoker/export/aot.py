@@ -50,10 +50,12 @@ def require_cxx() -> str:
     """The compiler's path, or an ``ExportError`` that says how to get one."""
     cxx = find_cxx()
     if cxx is None:
-        raise ExportError(f"aot=True (stoker export --aot) compiles C++ and needs a C++ compiler, but "
-                          f"{' / '.join(compiler_names()) or 'none'} (what torch looks for: $CXX as it was when torch was "
-                          "imported, else g++) is not on PATH; install one (e.g. apt-get install g++) or set CXX before "
-                          "starting Python, or export without --aot")
+        raise ExportError(
+            f"aot=True (stoker export --aot) compiles C++ and needs a C++ compiler, but "
+            f"{' / '.join(compiler_names()) or 'none'} (what torch looks for: $CXX as it was when torch was "
+            "imported, else g++) is not on PATH; install one (e.g. apt-get install g++) or set CXX before "
+            "starting Python, or export without --aot"
+        )
     return cxx
 
 
@@ -62,8 +64,10 @@ def check_device(device: str) -> None:
     if device not in AOT_DEVICES:
         raise ExportError(f"aot_device must be one of {', '.join(AOT_DEVICES)}; got {device!r}")
     if device == "cuda" and not torch.cuda.is_available():
-        raise ExportError("aot_device='cuda' needs a CUDA device in the exporting process (the package is "
-                          "compiled for it and loaded back to check it); export with aot_device='cpu' here")
+        raise ExportError(
+            "aot_device='cuda' needs a CUDA device in the exporting process (the package is "
+            "compiled for it and loaded back to check it); export with aot_device='cpu' here"
+        )
 
 
 def compile_package(program: torch.export.ExportedProgram, path: Path, device: str) -> dict[str, Any]:
@@ -74,29 +78,40 @@ def compile_package(program: torch.export.ExportedProgram, path: Path, device: s
     start = time.perf_counter()
     try:
         torch._inductor.aoti_compile_and_package(
-            program, package_path=str(path),
+            program,
+            package_path=str(path),
             inductor_configs={"aot_inductor.metadata": {f"stoker_{k}": v for k, v in info.items()}},
         )
     except Exception as e:  # noqa: BLE001 - inductor fails in many ways (codegen, the C++ build)
-        raise ExportError(f"AOTInductor could not compile the exported program, so nothing was written (the "
-                          f"torch.export step worked: export without --aot for model.pt2 alone): {type(e).__name__}: {e}") from e
+        raise ExportError(
+            f"AOTInductor could not compile the exported program, so nothing was written (the "
+            f"torch.export step worked: export without --aot for model.pt2 alone): {type(e).__name__}: {e}"
+        ) from e
     return {**info, "compiler": cxx, "compile_s": round(time.perf_counter() - start, 3)}
 
 
 def check_package(info: Mapping[str, Any], where: Path) -> None:
     """Refuse a package this process cannot run: another format, a device it lacks, another torch."""
     if info.get("format") != AOT_FORMAT:
-        raise ExportError(f"{where}: the AOT package has format {info.get('format')!r}; this stoker reads {AOT_FORMAT!r}")
+        raise ExportError(
+            f"{where}: the AOT package has format {info.get('format')!r}; this stoker reads {AOT_FORMAT!r}"
+        )
     device = info.get("device")
     if device not in AOT_DEVICES:
-        raise ExportError(f"{where}: the AOT package was compiled for device {device!r}, which this stoker does not know")
+        raise ExportError(
+            f"{where}: the AOT package was compiled for device {device!r}, which this stoker does not know"
+        )
     if device == "cuda" and not torch.cuda.is_available():
-        raise ExportError(f"{where}: the AOT package was compiled for cuda and this process has no CUDA device; "
-                          "serve model.pt2 instead, or re-export with --aot --aot_device cpu")
+        raise ExportError(
+            f"{where}: the AOT package was compiled for cuda and this process has no CUDA device; "
+            "serve model.pt2 instead, or re-export with --aot --aot_device cpu"
+        )
     if info.get("torch_version") != torch.__version__:
-        raise ExportError(f"{where}: the AOT package was compiled with torch {info.get('torch_version')} and this is "
-                          f"torch {torch.__version__}; AOTInductor packages run only on the torch that built them: "
-                          "re-export with stoker export --aot here, or serve model.pt2")
+        raise ExportError(
+            f"{where}: the AOT package was compiled with torch {info.get('torch_version')} and this is "
+            f"torch {torch.__version__}; AOTInductor packages run only on the torch that built them: "
+            "re-export with stoker export --aot here, or serve model.pt2"
+        )
 
 
 def load_package(path: Path, info: Mapping[str, Any]) -> Callable[..., Any]:
@@ -106,10 +121,21 @@ def load_package(path: Path, info: Mapping[str, Any]) -> Callable[..., Any]:
     embedded = runner.get_metadata()
     for key in ("device", "torch_version"):
         if embedded.get(f"stoker_{key}") != info.get(key):
-            raise ExportError(f"{path}: the package says {key}={embedded.get(f'stoker_{key}')!r} but signature.json "
-                              f"says {info.get(key)!r}; the files are from different exports: export again")
+            raise ExportError(
+                f"{path}: the package says {key}={embedded.get(f'stoker_{key}')!r} but signature.json "
+                f"says {info.get(key)!r}; the files are from different exports: export again"
+            )
     return runner
 
 
-__all__ = ["AOT_DEVICES", "AOT_FILE", "AOT_FORMAT", "check_device", "check_package", "compile_package", "find_cxx",
-           "load_package", "require_cxx"]
+__all__ = [
+    "AOT_DEVICES",
+    "AOT_FILE",
+    "AOT_FORMAT",
+    "check_device",
+    "check_package",
+    "compile_package",
+    "find_cxx",
+    "load_package",
+    "require_cxx",
+]

@@ -34,13 +34,29 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("model_dir", help=f"a model_dir with checkpoints and {RUN_SPEC_FILE}")
     p.add_argument("--out", required=True, help="the export directory to create (an earlier export there is replaced)")
     p.add_argument("--checkpoint", default=None, help="a ckpt-<step> directory to export (default: best, else newest)")
-    p.add_argument("--format", dest="formats", action="append", choices=FORMATS, default=None,
-                   help="pt2 (always) and/or onnx; repeat the flag for both")
-    p.add_argument("--static_batch", type=int, default=None, metavar="N",
-                   help="fix the batch dimension to N instead of exporting it as dynamic")
-    p.add_argument("--aot", action="store_true",
-                   help="also compile the program with AOTInductor into model.aoti.pt2 (needs a C++ compiler)")
-    p.add_argument("--aot_device", choices=AOT_DEVICES, default="cpu", help="the device the --aot package is compiled for")
+    p.add_argument(
+        "--format",
+        dest="formats",
+        action="append",
+        choices=FORMATS,
+        default=None,
+        help="pt2 (always) and/or onnx; repeat the flag for both",
+    )
+    p.add_argument(
+        "--static_batch",
+        type=int,
+        default=None,
+        metavar="N",
+        help="fix the batch dimension to N instead of exporting it as dynamic",
+    )
+    p.add_argument(
+        "--aot",
+        action="store_true",
+        help="also compile the program with AOTInductor into model.aoti.pt2 (needs a C++ compiler)",
+    )
+    p.add_argument(
+        "--aot_device", choices=AOT_DEVICES, default="cpu", help="the device the --aot package is compiled for"
+    )
     p.set_defaults(func=_export_command)
 
 
@@ -56,23 +72,34 @@ def _export_command(args: argparse.Namespace) -> int:
         est, example, spec = estimator_from_model_dir(args.model_dir)
         if args.static_batch is not None:
             example = _with_batch(example, args.static_batch)
-        out = export(est, args.out, example, dynamic_batch=args.static_batch is None,
-                     formats=tuple(args.formats or ("pt2",)), checkpoint_path=args.checkpoint,
-                     aot=args.aot, aot_device=args.aot_device)
+        out = export(
+            est,
+            args.out,
+            example,
+            dynamic_batch=args.static_batch is None,
+            formats=tuple(args.formats or ("pt2",)),
+            checkpoint_path=args.checkpoint,
+            aot=args.aot,
+            aot_device=args.aot_device,
+        )
     except (StokerError, ValueError) as e:
         print(f"stoker export: {e}", file=sys.stderr)
         return 1
     signature = json.loads((out / SIGNATURE_FILE).read_text())
-    print(f"exported {signature['checkpoint'] or 'weights in memory'} (step {signature['global_step']}, "
-          f"{signature['checkpoint_choice']}) of a {spec['kind']} run to {out}")
+    print(
+        f"exported {signature['checkpoint'] or 'weights in memory'} (step {signature['global_step']}, "
+        f"{signature['checkpoint_choice']}) of a {spec['kind']} run to {out}"
+    )
     for kind in ("inputs", "outputs"):
         for item in signature[kind]:
             print(f"  {kind[:-1]:6s} {item['name']}: {item['dtype']}{item['shape']}")
     print(f"  files: {', '.join(signature['files'])}")
     if "aot" in signature:
         aot = signature["aot"]
-        print(f"  aot:   {aot['file']} for {aot['device']}, torch {aot['torch_version']} "
-              f"(compiled in {aot['compile_s']:.1f} s, max difference from eager {aot['max_abs_difference_from_eager']:.3g})")
+        print(
+            f"  aot:   {aot['file']} for {aot['device']}, torch {aot['torch_version']} "
+            f"(compiled in {aot['compile_s']:.1f} s, max difference from eager {aot['max_abs_difference_from_eager']:.3g})"
+        )
     return 0
 
 

@@ -77,6 +77,7 @@ class Exportable(Protocol):
     @property
     def global_step(self) -> int: ...
 
+
 log = logging.getLogger("stoker")
 
 EXPORT_FORMAT = "stoker-export/1"
@@ -96,8 +97,13 @@ class PredictModule(nn.Module):
     tuple of keys for a dict, or an int (the length) for a tuple.
     """
 
-    def __init__(self, model: nn.Module, model_fn: Callable[..., EstimatorSpec], params: dict[str, Any],
-                 structure: tuple[str, ...] | int | None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        model_fn: Callable[..., EstimatorSpec],
+        params: dict[str, Any],
+        structure: tuple[str, ...] | int | None,
+    ) -> None:
         super().__init__()
         self.model = model
         self.model_fn = model_fn
@@ -134,7 +140,9 @@ def _flatten_features(features: Any) -> tuple[list[str], list[torch.Tensor], tup
         tensors = list(features)
         structure = len(tensors)
     else:
-        raise ExportError(f"example_features must be a tensor, a dict of tensors or a tuple of tensors; got {type(features).__name__}")
+        raise ExportError(
+            f"example_features must be a tensor, a dict of tensors or a tuple of tensors; got {type(features).__name__}"
+        )
     bad = [n for n, t in zip(names, tensors, strict=True) if not isinstance(t, torch.Tensor)]
     if bad or not tensors:
         raise ExportError(f"example_features must hold tensors only; not tensors: {bad or 'no inputs at all'}")
@@ -194,7 +202,9 @@ def export(
     names, tensors, structure = _flatten_features(example_features)
     rows = {t.shape[0] if t.dim() else None for t in tensors}
     if len(rows) != 1 or None in rows:
-        raise ExportError(f"every example input needs the same batch size as its first dimension; got shapes {[list(t.shape) for t in tensors]}")
+        raise ExportError(
+            f"every example input needs the same batch size as its first dimension; got shapes {[list(t.shape) for t in tensors]}"
+        )
     if dynamic_batch and next(iter(rows)) < 2:
         # torch.export specialises a dimension of size 1 (broadcasting could depend on it), so
         # trace with two rows: the program still accepts a batch of one.
@@ -217,9 +227,15 @@ def export(
         program = torch.export.export(module, tuple(tensors), dynamic_shapes=dynamic_shapes)
     except Exception as e:  # noqa: BLE001 - torch.export reports many kinds of failure
         specialised = dynamic_batch and ("specialized" in str(e) or "Constraints violated" in str(e))
-        hint = (" The model fixes the batch size somewhere (a reshape with a literal, params['batch_size']);"
-                " use the batch of the input tensor, or export with dynamic_batch=False." if specialised else "")
-        raise ExportError(f"torch.export could not trace model_fn's PREDICT computation: {type(e).__name__}: {e}.{hint}") from e
+        hint = (
+            " The model fixes the batch size somewhere (a reshape with a literal, params['batch_size']);"
+            " use the batch of the input tensor, or export with dynamic_batch=False."
+            if specialised
+            else ""
+        )
+        raise ExportError(
+            f"torch.export could not trace model_fn's PREDICT computation: {type(e).__name__}: {e}.{hint}"
+        ) from e
     tmp = export_dir.parent / f".tmp-export-{export_dir.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
     try:
@@ -229,14 +245,18 @@ def export(
             with torch.no_grad():
                 exported = torch.export.load(str(tmp / PROGRAM_FILE)).module()(*tensors)
         except Exception as e:  # noqa: BLE001 - a program that does not load back is not an export
-            raise ExportError(f"the saved program does not load back with torch.export.load: {type(e).__name__}: {e}") from e
+            raise ExportError(
+                f"the saved program does not load back with torch.export.load: {type(e).__name__}: {e}"
+            ) from e
         max_diff = _max_difference(eager, exported)
         (tmp / WEIGHTS_FILE).write_bytes(model_state_to_bytes(model.state_dict()))
         files = [PROGRAM_FILE, WEIGHTS_FILE]
         if "onnx" in formats:
             _write_onnx(program, tmp / ONNX_FILE, names, list(exported))
             files.append(ONNX_FILE)
-        aot_info = _write_aot(module, program, tensors, dynamic_shapes, eager, tmp / AOT_FILE, aot_device) if aot else None
+        aot_info = (
+            _write_aot(module, program, tensors, dynamic_shapes, eager, tmp / AOT_FILE, aot_device) if aot else None
+        )
         if aot_info is not None:
             files.append(AOT_FILE)
         signature = {
@@ -265,12 +285,21 @@ def export(
     finally:
         if staging is not None:
             shutil.rmtree(staging, ignore_errors=True)
-    log.info("exported %s (step %d, %s) to %s: %s", source or "the weights in memory", step, which, target, ", ".join(files))
+    log.info(
+        "exported %s (step %d, %s) to %s: %s", source or "the weights in memory", step, which, target, ", ".join(files)
+    )
     return target  # type: ignore[return-value]
 
 
-def _write_aot(module: nn.Module, program: torch.export.ExportedProgram, tensors: list[torch.Tensor],
-               dynamic_shapes: Any, eager: Mapping[str, torch.Tensor], path: Path, device: str) -> dict[str, Any]:
+def _write_aot(
+    module: nn.Module,
+    program: torch.export.ExportedProgram,
+    tensors: list[torch.Tensor],
+    dynamic_shapes: Any,
+    eager: Mapping[str, torch.Tensor],
+    path: Path,
+    device: str,
+) -> dict[str, Any]:
     """Compile the AOT package at ``path``, load it back and check it against eager; return its signature entry."""
     if device != "cpu":  # the program was traced on CPU; a CUDA package needs the computation traced on CUDA
         on_device = copy.deepcopy(module).to(device)
@@ -286,7 +315,9 @@ def _write_aot(module: nn.Module, program: torch.export.ExportedProgram, tensors
     return info
 
 
-def _load_weights(estimator: Exportable, checkpoint_path: str | os.PathLike[str] | None) -> tuple[Path | None, int, str]:
+def _load_weights(
+    estimator: Exportable, checkpoint_path: str | os.PathLike[str] | None
+) -> tuple[Path | None, int, str]:
     """Put the weights to export into ``estimator.model``; return ``(checkpoint, step, choice)``."""
     path: Path | None = None
     which = "given"
@@ -328,7 +359,9 @@ def _max_difference(eager: Mapping[str, torch.Tensor], exported: Mapping[str, to
             raise ExportError(f"output {name!r}: eager {a.dtype}{list(a.shape)} but exported {b.dtype}{list(b.shape)}")
         if a.is_floating_point():
             if not torch.allclose(a, b, rtol=1e-4, atol=1e-5, equal_nan=True):
-                raise ExportError(f"output {name!r} of the exported program differs from eager by {(a - b).abs().max().item():.3g}")
+                raise ExportError(
+                    f"output {name!r} of the exported program differs from eager by {(a - b).abs().max().item():.3g}"
+                )
             worst = max(worst, float((a - b).abs().max()) if a.numel() else 0.0)
         elif not torch.equal(a, b):
             raise ExportError(f"output {name!r} of the exported program differs from eager")
@@ -339,10 +372,16 @@ def _check_target(export_dir: storage.Location) -> None:
     if isinstance(export_dir, storage.UrlPath):
         names = storage.listdir(export_dir)
         if names and SIGNATURE_FILE not in names:
-            raise ExportError(f"{export_dir} exists and is not an earlier export (no {SIGNATURE_FILE}); choose a new directory")
+            raise ExportError(
+                f"{export_dir} exists and is not an earlier export (no {SIGNATURE_FILE}); choose a new directory"
+            )
         return
-    if export_dir.exists() and (not export_dir.is_dir() or (any(export_dir.iterdir()) and not (export_dir / SIGNATURE_FILE).exists())):
-        raise ExportError(f"{export_dir} exists and is not an earlier export (no {SIGNATURE_FILE}); choose a new directory")
+    if export_dir.exists() and (
+        not export_dir.is_dir() or (any(export_dir.iterdir()) and not (export_dir / SIGNATURE_FILE).exists())
+    ):
+        raise ExportError(
+            f"{export_dir} exists and is not an earlier export (no {SIGNATURE_FILE}); choose a new directory"
+        )
 
 
 def _move_into_place(tmp: Path, export_dir: Path) -> None:
@@ -369,10 +408,13 @@ def _require_onnx() -> None:
         )
 
 
-def _write_onnx(program: torch.export.ExportedProgram, path: Path, input_names: list[str], output_names: list[str]) -> None:
+def _write_onnx(
+    program: torch.export.ExportedProgram, path: Path, input_names: list[str], output_names: list[str]
+) -> None:
     try:
-        torch.onnx.export(program, f=str(path), input_names=input_names, output_names=output_names,
-                          dynamo=True, external_data=False)
+        torch.onnx.export(
+            program, f=str(path), input_names=input_names, output_names=output_names, dynamo=True, external_data=False
+        )
     except Exception as e:  # noqa: BLE001 - the ONNX exporter raises many kinds of errors
         raise ExportError(f"ONNX export failed (the model.pt2 export worked): {type(e).__name__}: {e}") from e
 
@@ -439,19 +481,25 @@ def load_exported(export_path: str | os.PathLike[str], *, aot: bool | None = Non
     path = where
     if path.is_file() and path.name == AOT_FILE:
         if aot is False:
-            raise ExportError(f"{path} is an AOT package; aot=False asks for the torch.export program: give its directory")
+            raise ExportError(
+                f"{path} is an AOT package; aot=False asks for the torch.export program: give its directory"
+            )
         path, aot = path.parent, True
     sig_path = path / SIGNATURE_FILE
     if not sig_path.exists() or not (path / PROGRAM_FILE).exists():
-        raise ExportError(f"{path} is not a stoker export: it needs {SIGNATURE_FILE} and {PROGRAM_FILE} (run stoker export)")
+        raise ExportError(
+            f"{path} is not a stoker export: it needs {SIGNATURE_FILE} and {PROGRAM_FILE} (run stoker export)"
+        )
     signature = json.loads(sig_path.read_text())
     if signature.get("format") != EXPORT_FORMAT:
         raise ExportError(f"{sig_path} has format {signature.get('format')!r}; this stoker reads {EXPORT_FORMAT!r}")
     if aot:
         info = signature.get("aot")
         if not isinstance(info, dict) or not (path / AOT_FILE).exists():
-            raise ExportError(f"{path} holds no AOT package ({AOT_FILE}); export it with stoker export --aot "
-                              "(Estimator.export(..., aot=True)), or serve model.pt2")
+            raise ExportError(
+                f"{path} holds no AOT package ({AOT_FILE}); export it with stoker export --aot "
+                "(Estimator.export(..., aot=True)), or serve model.pt2"
+            )
         return ExportedModel(path, signature, load_package(path / AOT_FILE, info), info)
     program = torch.export.load(str(path / PROGRAM_FILE))
     return ExportedModel(path, signature, program.module())

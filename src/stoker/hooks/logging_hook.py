@@ -48,7 +48,11 @@ class LoggingHook(IntervalHook):
         if not interval.loss_n:
             return
         logs = run.logs
-        rates = (logs["steps_per_sec"], logs["examples_per_sec"], logs["input_wait_fraction"]) if "steps_per_sec" in logs else None
+        rates = (
+            (logs["steps_per_sec"], logs["examples_per_sec"], logs["input_wait_fraction"])
+            if "steps_per_sec" in logs
+            else None
+        )
         self._pending = (run.global_step, interval.loss_sum / interval.loss_n, interval.means(self.names), rates)
         self._line = None
         if run.is_chief and self.logger.isEnabledFor(logging.INFO):
@@ -61,7 +65,9 @@ class LoggingHook(IntervalHook):
             self._line = self._format(*self._pending) if self._pending is not None else ""
         return self._line
 
-    def _format(self, step: int, loss: float, values: dict[str, float], rates: tuple[float, float, float] | None) -> str:
+    def _format(
+        self, step: int, loss: float, values: dict[str, float], rates: tuple[float, float, float] | None
+    ) -> str:
         parts = [f"step {step}", f"loss = {loss:.4f}"]
         if self.language_model:
             parts.append(f"ppl = {math.exp(min(loss, 700.0)):.3f}")

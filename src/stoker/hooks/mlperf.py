@@ -46,8 +46,10 @@ class Evaluates(Protocol):
     @property
     def model_dir(self) -> str | None: ...
 
-    def evaluate(self, input_fn: InputFn, steps: int | None = None,
-                 checkpoint_path: str | Path | None = None) -> Mapping[str, Any]: ...
+    def evaluate(
+        self, input_fn: InputFn, steps: int | None = None, checkpoint_path: str | Path | None = None
+    ) -> Mapping[str, Any]: ...
+
 
 # The MLPerf keys (the values of mlperf_logging.mllog.constants).
 RUN_START, RUN_STOP = "run_start", "run_stop"
@@ -93,7 +95,9 @@ class MLLogger:
 
     def _log(self, event_type: str, key: str, value: Any, metadata: Mapping[str, Any] | None) -> None:
         if self._mllog is not None:
-            method = {"INTERVAL_START": self._mllog.start, "INTERVAL_END": self._mllog.end}.get(event_type, self._mllog.event)
+            method = {"INTERVAL_START": self._mllog.start, "INTERVAL_END": self._mllog.end}.get(
+                event_type, self._mllog.event
+            )
             method(key=key, value=value, metadata=dict(metadata or {}))
             return
         caller = inspect.stack(context=0)[2]  # who called start/end/event, as mllog records it
@@ -120,7 +124,7 @@ def read_mllog(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
     records = []
     for line in Path(path).read_text().splitlines():
         if line.startswith(":::MLLOG "):
-            records.append(json.loads(line[len(":::MLLOG "):]))
+            records.append(json.loads(line[len(":::MLLOG ") :]))
     return records
 
 
@@ -175,8 +179,14 @@ def _counting(input_fn: InputFn, counter: list[int]) -> InputFn:
     return wrapped
 
 
-def _timed_evaluation(estimator: Evaluates, input_fn: InputFn, *, steps: int | None, checkpoint_path: str | os.PathLike[str] | None,
-                      steps_per_epoch: int | None) -> dict[str, Any]:
+def _timed_evaluation(
+    estimator: Evaluates,
+    input_fn: InputFn,
+    *,
+    steps: int | None,
+    checkpoint_path: str | os.PathLike[str] | None,
+    steps_per_epoch: int | None,
+) -> dict[str, Any]:
     """Evaluate once; return a CSV row: checkpoint, step, epoch, metrics, time and throughput."""
     counter = [0]
     start = time.perf_counter()
@@ -217,11 +227,22 @@ class MLPerfLogHook(Hook):
 
     priority = 36  # after the checkpoint saver (30) and EvaluationHook (35), before logging
 
-    def __init__(self, path: str | os.PathLike[str] | None = None, *, estimator: Evaluates | None = None,
-                 eval_input_fn: InputFn | None = None, eval_every_n_steps: int | None = None, eval_steps: int | None = None,
-                 accuracy_key: str = "accuracy", target: float | None = None, lower_is_better: bool = False,
-                 steps_per_epoch: int | None = None, benchmark: str = "stoker",
-                 csv_path: str | os.PathLike[str] | None = None, use_mllog: bool | None = None) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str] | None = None,
+        *,
+        estimator: Evaluates | None = None,
+        eval_input_fn: InputFn | None = None,
+        eval_every_n_steps: int | None = None,
+        eval_steps: int | None = None,
+        accuracy_key: str = "accuracy",
+        target: float | None = None,
+        lower_is_better: bool = False,
+        steps_per_epoch: int | None = None,
+        benchmark: str = "stoker",
+        csv_path: str | os.PathLike[str] | None = None,
+        use_mllog: bool | None = None,
+    ) -> None:
         if (eval_input_fn is None) != (estimator is None):
             raise ValueError("MLPerfLogHook: give both estimator= and eval_input_fn= to evaluate, or neither")
         if eval_every_n_steps is not None and eval_every_n_steps < 1:
@@ -278,7 +299,11 @@ class MLPerfLogHook(Hook):
             # (loops are the granularity at which the host sees the step count).
             if _epoch_num(run.global_step + 1, self.steps_per_epoch) != self._open_epoch:
                 self._close_epoch(run)
-        if self.estimator is not None and self.eval_every_n_steps and every_n_steps_due(self._last_eval_step, run.global_step, self.eval_every_n_steps):
+        if (
+            self.estimator is not None
+            and self.eval_every_n_steps
+            and every_n_steps_due(self._last_eval_step, run.global_step, self.eval_every_n_steps)
+        ):
             self._evaluate(run)
 
     def end(self, run: RunContext) -> None:
@@ -314,8 +339,13 @@ class MLPerfLogHook(Hook):
         if self.logger:
             self.logger.start(EVAL_START, metadata=meta)
         self.estimator.global_step = run.global_step
-        row = _timed_evaluation(self.estimator, self.eval_input_fn, steps=self.eval_steps, checkpoint_path=None,
-                                steps_per_epoch=self.steps_per_epoch)
+        row = _timed_evaluation(
+            self.estimator,
+            self.eval_input_fn,
+            steps=self.eval_steps,
+            checkpoint_path=None,
+            steps_per_epoch=self.steps_per_epoch,
+        )
         self.last_results = row
         if self.logger:
             self.logger.end(EVAL_STOP, metadata=meta)
@@ -331,9 +361,16 @@ class MLPerfLogHook(Hook):
                 run.request_stop(f"{self.accuracy_key} = {value:.6g} reached the target {self.target}")
 
 
-def evaluate_checkpoints(estimator: Evaluates, input_fn: InputFn, csv_path: str | os.PathLike[str] | None = None, *,
-                         steps: int | None = None, steps_per_epoch: int | None = None,
-                         logger: MLLogger | None = None, accuracy_key: str = "accuracy") -> list[dict[str, Any]]:
+def evaluate_checkpoints(
+    estimator: Evaluates,
+    input_fn: InputFn,
+    csv_path: str | os.PathLike[str] | None = None,
+    *,
+    steps: int | None = None,
+    steps_per_epoch: int | None = None,
+    logger: MLLogger | None = None,
+    accuracy_key: str = "accuracy",
+) -> list[dict[str, Any]]:
     """Evaluate every retained checkpoint of ``estimator``'s model_dir, oldest first; append a
     row per checkpoint to ``csv_path`` (default ``model_dir/eval_results.csv``) and, with a
     ``logger``, log ``eval_start`` / ``eval_stop`` / ``eval_accuracy`` for each. Returns the rows."""
@@ -360,6 +397,12 @@ def evaluate_checkpoints(estimator: Evaluates, input_fn: InputFn, csv_path: str 
 
 
 __all__ = [
-    "DEFAULT_CSV_NAME", "DEFAULT_LOG_NAME", "EvalCSV", "Evaluates", "MLLogger", "MLPerfLogHook", "evaluate_checkpoints",
+    "DEFAULT_CSV_NAME",
+    "DEFAULT_LOG_NAME",
+    "EvalCSV",
+    "Evaluates",
+    "MLLogger",
+    "MLPerfLogHook",
+    "evaluate_checkpoints",
     "read_mllog",
 ]

@@ -61,7 +61,9 @@ class PreemptionHook(Hook):
             path = run.save_checkpoint()
             log.warning(
                 "%s at step %d: checkpoint %s written; rerun the same command to resume",
-                signal.Signals(self.received).name, run.global_step, path or "(no model_dir: nothing saved)",
+                signal.Signals(self.received).name,
+                run.global_step,
+                path or "(no model_dir: nothing saved)",
             )
 
     def end(self, run: RunContext) -> None:

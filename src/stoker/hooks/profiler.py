@@ -24,7 +24,9 @@ class ProfilerHook(Hook):
 
     priority = 70
 
-    def __init__(self, start_step: int = 10, num_steps: int = 10, trace_file: str | os.PathLike[str] | None = None) -> None:
+    def __init__(
+        self, start_step: int = 10, num_steps: int = 10, trace_file: str | os.PathLike[str] | None = None
+    ) -> None:
         if start_step < 0 or num_steps < 1:
             raise ValueError(f"ProfilerHook: start_step must be >= 0 and num_steps >= 1; got {start_step}, {num_steps}")
         self.start_step = start_step

@@ -14,7 +14,17 @@ from .recompute import RecomputeSpec, apply_recompute, recomputed_modules, selec
 from .stochastic_rounding import StochasticRounding, stochastic_round_bf16, to_bf16
 
 __all__ = [
-    "RecomputeSpec", "SavedActivations", "StochasticRounding", "apply_recompute", "host_memory_kept",
-    "keep_freed_host_memory", "optimizer_state_tensors", "recomputed_modules", "select_modules", "state_bytes",
-    "stochastic_round_bf16", "tensor_bytes", "to_bf16",
+    "RecomputeSpec",
+    "SavedActivations",
+    "StochasticRounding",
+    "apply_recompute",
+    "host_memory_kept",
+    "keep_freed_host_memory",
+    "optimizer_state_tensors",
+    "recomputed_modules",
+    "select_modules",
+    "state_bytes",
+    "stochastic_round_bf16",
+    "tensor_bytes",
+    "to_bf16",
 ]

@@ -120,7 +120,9 @@ class StochasticRounding(torch.optim.Optimizer):
     def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
         """One update of every parameter that has a gradient, one parameter at a time."""
         if closure is not None:
-            raise ValueError("precision='bf16-sr': optimizer.step(closure) is not supported (the step runs once per parameter)")
+            raise ValueError(
+                "precision='bf16-sr': optimizer.step(closure) is not supported (the step runs once per parameter)"
+            )
         pairs = self._pairs()
         saved = [inner["params"] for inner, _ in pairs]
         try:
@@ -181,7 +183,12 @@ class StochasticRounding(torch.optim.Optimizer):
             for p, stand_in in zip(mine_group["params"], inner["params"], strict=True):
                 state = self.inner.state.get(stand_in, {})
                 for k, v in state.items():  # cast to the fp32 stand-in's dtype on loading; it was bf16 (exact)
-                    if p.dtype == torch.bfloat16 and k != "step" and isinstance(v, torch.Tensor) and v.dtype == torch.float32:
+                    if (
+                        p.dtype == torch.bfloat16
+                        and k != "step"
+                        and isinstance(v, torch.Tensor)
+                        and v.dtype == torch.float32
+                    ):
                         state[k] = v.to(torch.bfloat16)
         self.generator.set_state(mine["generator"])
 

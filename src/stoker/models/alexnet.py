@@ -19,8 +19,9 @@ from .layers import Classifier, ConvBlock, dense, max_pool
 from .registry import register_model
 
 
-@register_model("alexnet", dataset="imagenet", default_image_size=227,
-                default_batch_size=512, default_learning_rate=0.005)
+@register_model(
+    "alexnet", dataset="imagenet", default_image_size=227, default_batch_size=512, default_learning_rate=0.005
+)
 def alexnet(num_classes: int) -> nn.Module:
     """AlexNet, single tower, 64-192-384-384-256 filters, 227x227 input."""
     features = nn.Sequential(
@@ -47,8 +48,7 @@ def _lrn() -> nn.LocalResponseNorm:
     return nn.LocalResponseNorm(size=9, alpha=0.001, beta=0.75, k=1.0)
 
 
-@register_model("alexnet", dataset="cifar10", default_image_size=32,
-                default_batch_size=128, default_learning_rate=0.1)
+@register_model("alexnet", dataset="cifar10", default_image_size=32, default_batch_size=128, default_learning_rate=0.1)
 def alexnet_cifar10(num_classes: int) -> nn.Module:
     """AlexNet-style network of TensorFlow's CIFAR-10 tutorial (2 convs + LRN, 384-192 dense)."""
     features = nn.Sequential(

@@ -79,7 +79,7 @@ class BiLSTM(nn.Module):
         with torch.no_grad():
             for b in self.bias:
                 if not b.is_meta:
-                    b[hidden_size:2 * hidden_size] = 1.0  # torch's gate order i, f, g, o: the forget gate
+                    b[hidden_size : 2 * hidden_size] = 1.0  # torch's gate order i, f, g, o: the forget gate
         # torch.lstm takes two biases per direction; the second stays zero.
         self.register_buffer("zero_bias", torch.zeros(gates), persistent=False)
 
@@ -161,13 +161,21 @@ def ctc_loss(outputs: tuple[torch.Tensor, torch.Tensor], labels: dict[str, torch
     """The reference's CTC loss: mean over the batch; an utterance whose labels do not fit counts 0."""
     logits, lengths = outputs
     log_probs = torch.log(torch.softmax(logits.float(), dim=-1) + _LOG_EPSILON).transpose(0, 1)  # [T, B, C]
-    losses = F.ctc_loss(log_probs, labels["labels"], lengths, labels["lengths"], blank=logits.shape[-1] - 1,
-                        reduction="none", zero_infinity=True)
+    losses = F.ctc_loss(
+        log_probs,
+        labels["labels"],
+        lengths,
+        labels["lengths"],
+        blank=logits.shape[-1] - 1,
+        reduction="none",
+        zero_infinity=True,
+    )
     return losses.mean()
 
 
-def synthetic_utterances(batch_size: int, num_classes: int, gen: torch.Generator,
-                         device: torch.device) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def synthetic_utterances(
+    batch_size: int, num_classes: int, gen: torch.Generator, device: torch.device
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """Padded LibriSpeech-shaped utterances of random lengths and transcripts that fit them."""
     frames = torch.randint(MAX_TIME_STEPS // 2, MAX_TIME_STEPS + 1, (batch_size,), generator=gen, device=device)
     spectrogram = torch.rand(batch_size, MAX_TIME_STEPS, NUM_FEATURE_BINS, generator=gen, device=device)
@@ -181,9 +189,16 @@ def synthetic_utterances(batch_size: int, num_classes: int, gen: torch.Generator
     return {"spectrogram": spectrogram, "lengths": frames}, {"labels": labels, "lengths": label_lengths}
 
 
-@register_model("deepspeech2", dataset="librispeech", default_image_size=0, default_batch_size=128,
-                default_learning_rate=0.0005, synthetic_batch=synthetic_utterances, loss=ctc_loss,
-                example="utterances")
+@register_model(
+    "deepspeech2",
+    dataset="librispeech",
+    default_image_size=0,
+    default_batch_size=128,
+    default_learning_rate=0.0005,
+    synthetic_batch=synthetic_utterances,
+    loss=ctc_loss,
+    example="utterances",
+)
 def deepspeech2(num_classes: int) -> nn.Module:
     """DeepSpeech2: 2 convolutions, 5 bidirectional LSTM layers of 800 units, CTC over 29 characters."""
     return DeepSpeech2(num_classes)

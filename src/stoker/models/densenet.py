@@ -28,9 +28,7 @@ class DenseLayer(nn.Module):
         self.bn = batch_norm(in_ch, BN_RESNET)
         self.relu = nn.ReLU(inplace=True)
         # tf_cnn_benchmarks' initialiser: stddev sqrt(2 / (9 * k)), the fan-out He init.
-        self.conv = ConvBlock(
-            in_ch, growth_rate, 3, activation=None, stddev=math.sqrt(2.0 / 9 / growth_rate)
-        )
+        self.conv = ConvBlock(in_ch, growth_rate, 3, activation=None, stddev=math.sqrt(2.0 / 9 / growth_rate))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([x, self.conv(self.relu(self.bn(x)))], dim=1)
@@ -59,22 +57,25 @@ def _densenet(depth: int, growth_rate: int, num_classes: int) -> Classifier:
     return Classifier(nn.Sequential(*layers), channels, num_classes)
 
 
-@register_model("densenet40_k12", dataset="cifar10", default_image_size=32,
-                default_batch_size=64, default_learning_rate=0.1)
+@register_model(
+    "densenet40_k12", dataset="cifar10", default_image_size=32, default_batch_size=64, default_learning_rate=0.1
+)
 def densenet40_k12(num_classes: int) -> nn.Module:
     """DenseNet-40, growth rate 12 (12 layers per block)."""
     return _densenet(40, 12, num_classes)
 
 
-@register_model("densenet100_k12", dataset="cifar10", default_image_size=32,
-                default_batch_size=64, default_learning_rate=0.1)
+@register_model(
+    "densenet100_k12", dataset="cifar10", default_image_size=32, default_batch_size=64, default_learning_rate=0.1
+)
 def densenet100_k12(num_classes: int) -> nn.Module:
     """DenseNet-100, growth rate 12 (32 layers per block)."""
     return _densenet(100, 12, num_classes)
 
 
-@register_model("densenet100_k24", dataset="cifar10", default_image_size=32,
-                default_batch_size=64, default_learning_rate=0.1)
+@register_model(
+    "densenet100_k24", dataset="cifar10", default_image_size=32, default_batch_size=64, default_learning_rate=0.1
+)
 def densenet100_k24(num_classes: int) -> nn.Module:
     """DenseNet-100, growth rate 24 (32 layers per block)."""
     return _densenet(100, 24, num_classes)

@@ -24,8 +24,14 @@ def _inception(in_channels: int, c1: int, c3r: int, c3: int, c5r: int, c5: int, 
     )
 
 
-@register_model("googlenet", dataset="imagenet", default_image_size=224, min_image_size=32,
-                default_batch_size=32, default_learning_rate=0.005)
+@register_model(
+    "googlenet",
+    dataset="imagenet",
+    default_image_size=224,
+    min_image_size=32,
+    default_batch_size=32,
+    default_learning_rate=0.005,
+)
 def googlenet(num_classes: int) -> nn.Module:
     """GoogLeNet (Inception v1) main tower, without LRN or auxiliary heads."""
     features = nn.Sequential(

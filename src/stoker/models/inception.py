@@ -30,9 +30,7 @@ from .layers import (
 from .registry import register_model
 
 
-def _conv(
-    in_channels: int, out_channels: int, kernel: Size2, stride: int = 1, padding: str = "same"
-) -> ConvBlock:
+def _conv(in_channels: int, out_channels: int, kernel: Size2, stride: int = 1, padding: str = "same") -> ConvBlock:
     """Convolution + shift-only batch norm + ReLU, the unit every Inception layer uses."""
     return ConvBlock(in_channels, out_channels, kernel, stride, padding, bn=BN_TF_CNN)
 
@@ -109,8 +107,14 @@ def _v3_e(c: int, pool: str) -> Concat:
     )
 
 
-@register_model("inception3", dataset="imagenet", default_image_size=299, min_image_size=75,
-                default_batch_size=32, default_learning_rate=0.005)
+@register_model(
+    "inception3",
+    dataset="imagenet",
+    default_image_size=299,
+    min_image_size=75,
+    default_batch_size=32,
+    default_learning_rate=0.005,
+)
 def inception3(num_classes: int) -> nn.Module:
     """Inception v3 without the auxiliary head; shift-only batch norm."""
     features = nn.Sequential(
@@ -224,8 +228,14 @@ def _v4_c(c: int) -> Concat:
     )
 
 
-@register_model("inception4", dataset="imagenet", default_image_size=299, min_image_size=75,
-                default_batch_size=32, default_learning_rate=0.005)
+@register_model(
+    "inception4",
+    dataset="imagenet",
+    default_image_size=299,
+    min_image_size=75,
+    default_batch_size=32,
+    default_learning_rate=0.005,
+)
 def inception4(num_classes: int) -> nn.Module:
     """Inception v4; shift-only batch norm, dropout 0.2 before the logits."""
     features = nn.Sequential(

@@ -92,11 +92,7 @@ def trunc_normal_init_(tensor: torch.Tensor, std: float) -> None:
     """
     if tensor.is_meta:
         return
-    out = (
-        tensor
-        if tensor.is_contiguous()
-        else torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    )
+    out = tensor if tensor.is_contiguous() else torch.empty_like(tensor, memory_format=torch.contiguous_format)
     flat = out.view(-1)
     flat.normal_()
     redraw = (flat.abs() > 2.0).nonzero().squeeze(1)  # about 4.6% of the draws
@@ -201,7 +197,9 @@ class FlattenDense(nn.Module):
     up to the order of the floating-point sums.
     """
 
-    def __init__(self, channels: int, height: int, width: int, out_features: int, *, activation: str | None = "relu") -> None:
+    def __init__(
+        self, channels: int, height: int, width: int, out_features: int, *, activation: str | None = "relu"
+    ) -> None:
         super().__init__()
         layer = dense(channels * height * width, out_features, activation=activation)
         self.fc: nn.Linear = layer.fc if isinstance(layer, nn.Sequential) else layer

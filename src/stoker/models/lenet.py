@@ -13,8 +13,7 @@ from .layers import Classifier, ConvBlock, dense, max_pool
 from .registry import register_model
 
 
-@register_model("lenet", dataset="imagenet", default_image_size=28,
-                default_batch_size=32, default_learning_rate=0.005)
+@register_model("lenet", dataset="imagenet", default_image_size=28, default_batch_size=32, default_learning_rate=0.005)
 def lenet(num_classes: int) -> nn.Module:
     """LeNet-5 (TensorFlow MNIST-tutorial variant) on 28x28 RGB input."""
     features = nn.Sequential(

@@ -56,9 +56,7 @@ def _conv(
     in_ch: int, out_ch: int, kernel: int, stride: int = 1, *, bn: BNConfig,
     groups: int = 1, activation: str | None = "relu6",
 ) -> ConvBlock:  # fmt: skip
-    return ConvBlock(
-        in_ch, out_ch, kernel, stride, bn=bn, groups=groups, activation=activation, stddev=_STDDEV
-    )
+    return ConvBlock(in_ch, out_ch, kernel, stride, bn=bn, groups=groups, activation=activation, stddev=_STDDEV)
 
 
 def _make_divisible(value: float, divisor: int = 8) -> int:
@@ -106,8 +104,14 @@ def _mobilenet_v2_features() -> nn.Sequential:
     return nn.Sequential(*layers)
 
 
-@register_model("mobilenet_v2_tf_cnn", dataset="imagenet", default_image_size=224, min_image_size=32,
-                default_batch_size=32, default_learning_rate=0.005)
+@register_model(
+    "mobilenet_v2_tf_cnn",
+    dataset="imagenet",
+    default_image_size=224,
+    min_image_size=32,
+    default_batch_size=32,
+    default_learning_rate=0.005,
+)
 def mobilenet_v2_tf_cnn(num_classes: int) -> nn.Module:
     """tf_cnn_benchmarks' 'mobilenet': MobileNet v2, slim's 1001-way logits, then the logits layer.
 
@@ -127,8 +131,14 @@ def mobilenet_v2(num_classes: int) -> nn.Module:
     return Classifier(_mobilenet_v2_features(), 1280, num_classes)
 
 
-@register_model("mobilenet", dataset="imagenet", default_image_size=224, min_image_size=32,
-                default_batch_size=32, default_learning_rate=0.005)
+@register_model(
+    "mobilenet",
+    dataset="imagenet",
+    default_image_size=224,
+    min_image_size=32,
+    default_batch_size=32,
+    default_learning_rate=0.005,
+)
 def mobilenet(num_classes: int) -> nn.Module:
     """MobileNet v1, width 1.0 (slim definition); tf_cnn_benchmarks' 'mobilenet' is mobilenet_v2_tf_cnn."""
     return mobilenet_v1(num_classes)

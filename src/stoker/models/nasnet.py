@@ -62,18 +62,51 @@ class NasnetConfig:
 
 
 MOBILE = NasnetConfig(num_cells=12, num_conv_filters=44, stem="imagenet", stem_multiplier=1.0, bn=BN_NASNET_IMAGENET)
-LARGE = NasnetConfig(num_cells=18, num_conv_filters=168, stem="imagenet", stem_multiplier=3.0, bn=BN_NASNET_IMAGENET,
-                     drop_path_keep_prob=0.7, skip_reduction_layer_input=True)
-CIFAR = NasnetConfig(num_cells=18, num_conv_filters=32, stem="cifar", stem_multiplier=3.0, bn=BN_NASNET_CIFAR,
-                     drop_path_keep_prob=0.6, total_training_steps=937_500)  # 600 epochs at batch 32
+LARGE = NasnetConfig(
+    num_cells=18,
+    num_conv_filters=168,
+    stem="imagenet",
+    stem_multiplier=3.0,
+    bn=BN_NASNET_IMAGENET,
+    drop_path_keep_prob=0.7,
+    skip_reduction_layer_input=True,
+)
+CIFAR = NasnetConfig(
+    num_cells=18,
+    num_conv_filters=32,
+    stem="cifar",
+    stem_multiplier=3.0,
+    bn=BN_NASNET_CIFAR,
+    drop_path_keep_prob=0.6,
+    total_training_steps=937_500,
+)  # 600 epochs at batch 32
 
 
-def _conv_bn(in_ch: int, out_ch: int, kernel: int, stride: int, bn: BNConfig, *, groups: int = 1,
-             padding: str = "same", with_bn: bool = True) -> ConvBlock:
+def _conv_bn(
+    in_ch: int,
+    out_ch: int,
+    kernel: int,
+    stride: int,
+    bn: BNConfig,
+    *,
+    groups: int = 1,
+    padding: str = "same",
+    with_bn: bool = True,
+) -> ConvBlock:
     # slim's variance_scaling_initializer(mode=FAN_OUT): truncated normal, stddev sqrt(1.3 * 2 / fan_out).
     fan_out = (out_ch // groups) * kernel * kernel
-    return ConvBlock(in_ch, out_ch, kernel, stride, padding, bn=bn if with_bn else None, activation=None,
-                     groups=groups, bias=False, stddev=math.sqrt(2.6 / fan_out))
+    return ConvBlock(
+        in_ch,
+        out_ch,
+        kernel,
+        stride,
+        padding,
+        bn=bn if with_bn else None,
+        activation=None,
+        groups=groups,
+        bias=False,
+        stddev=math.sqrt(2.6 / fan_out),
+    )
 
 
 class FactorizedReduction(nn.Module):
@@ -140,12 +173,24 @@ class Cell(nn.Module):
     depth factor of its drop-path probability.
     """
 
-    def __init__(self, *, reduction: bool, in_ch: int, prev_ch: int | None, prev_is_larger: bool, filters: int,
-                 layer_ratio: float, cfg: NasnetConfig) -> None:
+    def __init__(
+        self,
+        *,
+        reduction: bool,
+        in_ch: int,
+        prev_ch: int | None,
+        prev_is_larger: bool,
+        filters: int,
+        layer_ratio: float,
+        cfg: NasnetConfig,
+    ) -> None:
         super().__init__()
         bn = cfg.bn
-        ops, inputs, self.used = ((_REDUCTION_OPS, _REDUCTION_INPUTS, _REDUCTION_USED) if reduction
-                                  else (_NORMAL_OPS, _NORMAL_INPUTS, _NORMAL_USED))
+        ops, inputs, self.used = (
+            (_REDUCTION_OPS, _REDUCTION_INPUTS, _REDUCTION_USED)
+            if reduction
+            else (_NORMAL_OPS, _NORMAL_INPUTS, _NORMAL_USED)
+        )
         self.inputs = inputs
         self.ops_names = ops
         stride = 2 if reduction else 1
@@ -168,10 +213,13 @@ class Cell(nn.Module):
                 channels.append(filters)
         # Unused states whose width differs from the last one's are brought to it (slim keeps
         # this general; in NASNet-A it happens to the stand-in previous output of a first cell).
-        self.out_adjust = nn.ModuleDict({
-            str(i): FactorizedReduction(ch, filters, 1, bn)
-            for i, ch in enumerate(channels) if not self.used[i] and ch != filters
-        })
+        self.out_adjust = nn.ModuleDict(
+            {
+                str(i): FactorizedReduction(ch, filters, 1, bn)
+                for i, ch in enumerate(channels)
+                if not self.used[i] and ch != filters
+            }
+        )
         self.out_channels = filters * sum(1 for u in self.used if not u)
         self.keep_prob = 1.0 - layer_ratio * (1.0 - cfg.drop_path_keep_prob)
 
@@ -186,8 +234,11 @@ class Cell(nn.Module):
                 h = y if h is None else h + y
             assert h is not None
             states.append(h)
-        out = [self.out_adjust[str(i)](s) if str(i) in self.out_adjust else s
-               for i, s in enumerate(states) if not self.used[i]]
+        out = [
+            self.out_adjust[str(i)](s) if str(i) in self.out_adjust else s
+            for i, s in enumerate(states)
+            if not self.used[i]
+        ]
         return torch.cat(out, dim=1)
 
 
@@ -212,7 +263,7 @@ class NasnetFeatures(nn.Module):
         outputs: list[tuple[int, int] | None] = [None, (stem_ch, 0)]
         self.cells = nn.ModuleList()
         self.prev_index: list[int] = []  # which earlier output each cell reads as its second input
-        scaling = cfg.filter_scaling_rate ** -stem_cells
+        scaling = cfg.filter_scaling_rate**-stem_cells
         cell_num = 0
 
         def add(reduction: bool, prev_pos: int) -> None:
@@ -220,9 +271,15 @@ class NasnetFeatures(nn.Module):
             last, prev = outputs[-1], outputs[prev_pos]
             assert last is not None
             filters = int(cfg.num_conv_filters * scaling)
-            cell = Cell(reduction=reduction, in_ch=last[0], prev_ch=None if prev is None else prev[0],
-                        prev_is_larger=prev is not None and prev[1] < last[1], filters=filters,
-                        layer_ratio=(cell_num + 1) / total, cfg=cfg)
+            cell = Cell(
+                reduction=reduction,
+                in_ch=last[0],
+                prev_ch=None if prev is None else prev[0],
+                prev_is_larger=prev is not None and prev[1] < last[1],
+                filters=filters,
+                layer_ratio=(cell_num + 1) / total,
+                cfg=cfg,
+            )
             self.cells.append(cell)
             self.prev_index.append(len(outputs) + prev_pos if prev_pos < 0 else prev_pos)
             outputs.append((cell.out_channels, last[1] + (1 if reduction else 0)))
@@ -261,22 +318,40 @@ def _nasnet(cfg: NasnetConfig, num_classes: int) -> Classifier:
     return Classifier(features, features.num_features, num_classes)
 
 
-@register_model("nasnet", dataset="imagenet", default_image_size=224, min_image_size=32,
-                default_batch_size=32, default_learning_rate=0.005)
+@register_model(
+    "nasnet",
+    dataset="imagenet",
+    default_image_size=224,
+    min_image_size=32,
+    default_batch_size=32,
+    default_learning_rate=0.005,
+)
 def nasnet_mobile(num_classes: int) -> nn.Module:
     """NASNet-A mobile (4 @ 1056): 12 cells of 44 filters, 224x224 input."""
     return _nasnet(MOBILE, num_classes)
 
 
-@register_model("nasnetlarge", dataset="imagenet", default_image_size=331, min_image_size=32,
-                default_batch_size=16, default_learning_rate=0.005)
+@register_model(
+    "nasnetlarge",
+    dataset="imagenet",
+    default_image_size=331,
+    min_image_size=32,
+    default_batch_size=16,
+    default_learning_rate=0.005,
+)
 def nasnet_large(num_classes: int) -> nn.Module:
     """NASNet-A large (6 @ 4032): 18 cells of 168 filters, 331x331 input, drop-path."""
     return _nasnet(LARGE, num_classes)
 
 
-@register_model("nasnet", dataset="cifar10", default_image_size=32, min_image_size=8,
-                default_batch_size=32, default_learning_rate=0.025)
+@register_model(
+    "nasnet",
+    dataset="cifar10",
+    default_image_size=32,
+    min_image_size=8,
+    default_batch_size=32,
+    default_learning_rate=0.025,
+)
 def nasnet_cifar(num_classes: int) -> nn.Module:
     """NASNet-A for CIFAR-10 (6 @ 768): 18 cells of 32 filters, drop-path."""
     return _nasnet(CIFAR, num_classes)

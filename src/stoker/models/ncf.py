@@ -45,8 +45,13 @@ def _dense(in_features: int, out_features: int, *, lecun: bool = False) -> nn.Li
 class NeuMF(nn.Module):
     """GMF and MLP branches over shared per-user and per-item embedding rows; ``[B, 2]`` ids -> ``[B, 1]`` logits."""
 
-    def __init__(self, num_users: int = NUM_USERS_20M, num_items: int = NUM_ITEMS_20M, mf_dim: int = MF_DIM,
-                 mlp_layers: tuple[int, ...] = MLP_LAYERS) -> None:
+    def __init__(
+        self,
+        num_users: int = NUM_USERS_20M,
+        num_items: int = NUM_ITEMS_20M,
+        mf_dim: int = MF_DIM,
+        mlp_layers: tuple[int, ...] = MLP_LAYERS,
+    ) -> None:
         super().__init__()
         self.mf_dim = mf_dim
         width = mf_dim + mlp_layers[0] // 2
@@ -55,11 +60,13 @@ class NeuMF(nn.Module):
         for table in (self.embedding_user, self.embedding_item):
             if not table.weight.is_meta:
                 nn.init.normal_(table.weight, std=0.01)
-        self.mlp = nn.Sequential(*(
-            layer
-            for cin, cout in zip(mlp_layers, mlp_layers[1:], strict=False)
-            for layer in (_dense(cin, cout), nn.ReLU())
-        ))
+        self.mlp = nn.Sequential(
+            *(
+                layer
+                for cin, cout in zip(mlp_layers, mlp_layers[1:], strict=False)
+                for layer in (_dense(cin, cout), nn.ReLU())
+            )
+        )
         self.logits = _dense(mf_dim + mlp_layers[-1], 1, lecun=True)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -77,8 +84,9 @@ def ncf_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(torch.cat([torch.ones_like(logits), logits], dim=1), labels)
 
 
-def synthetic_interactions(batch_size: int, num_classes: int, gen: torch.Generator,
-                           device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def synthetic_interactions(
+    batch_size: int, num_classes: int, gen: torch.Generator, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Uniform ``[B, 2]`` (user, item) ids over MovieLens-20M's ranges and uniform 0/1 labels."""
     users = torch.randint(0, NUM_USERS_20M, (batch_size, 1), generator=gen, device=device)
     items = torch.randint(0, NUM_ITEMS_20M, (batch_size, 1), generator=gen, device=device)
@@ -86,9 +94,16 @@ def synthetic_interactions(batch_size: int, num_classes: int, gen: torch.Generat
     return torch.cat([users, items], dim=1), labels
 
 
-@register_model("ncf", dataset="movielens", default_image_size=0, default_batch_size=2048,
-                default_learning_rate=0.0005, synthetic_batch=synthetic_interactions, loss=ncf_loss,
-                example="examples")
+@register_model(
+    "ncf",
+    dataset="movielens",
+    default_image_size=0,
+    default_batch_size=2048,
+    default_learning_rate=0.0005,
+    synthetic_batch=synthetic_interactions,
+    loss=ncf_loss,
+    example="examples",
+)
 def ncf(num_classes: int) -> nn.Module:
     """NeuMF (GMF 64 + MLP 256-256-128-64) on MovieLens-20M's 138,493 users and 26,744 items."""
     if num_classes != 2:

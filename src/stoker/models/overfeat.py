@@ -12,8 +12,9 @@ from .layers import Classifier, ConvBlock, dense, max_pool
 from .registry import register_model
 
 
-@register_model("overfeat", dataset="imagenet", default_image_size=231,
-                default_batch_size=32, default_learning_rate=0.005)
+@register_model(
+    "overfeat", dataset="imagenet", default_image_size=231, default_batch_size=32, default_learning_rate=0.005
+)
 def overfeat(num_classes: int) -> nn.Module:
     """OverFeat (fast model), 231x231 input."""
     features = nn.Sequential(

@@ -24,8 +24,7 @@ DATASETS: tuple[str, ...] = ("imagenet", "cifar10", "movielens", "librispeech", 
 # leftover of the Inception preprocessing that its checkpoints and logits keep. MovieLens:
 # interacted or not; LibriSpeech: 28 characters and the CTC blank; COCO: 80 classes and the
 # background.
-DEFAULT_NUM_CLASSES: dict[str, int] = {"imagenet": 1001, "cifar10": 10, "movielens": 2, "librispeech": 29,
-                                       "coco": 81}
+DEFAULT_NUM_CLASSES: dict[str, int] = {"imagenet": 1001, "cifar10": 10, "movielens": 2, "librispeech": 29, "coco": 81}
 
 ModelFactory = Callable[..., nn.Module]
 #: ``(batch_size, num_classes, generator, device) -> (features, labels)``: one random batch.
@@ -75,8 +74,9 @@ class ModelInfo:
         """An image classifier: images in, logits out, softmax cross-entropy."""
         return self.synthetic_batch is None
 
-    def example_batch(self, batch_size: int, *, num_classes: int | None = None, device: str | torch.device = "cpu",
-                      seed: int = 0) -> tuple[Any, Any]:
+    def example_batch(
+        self, batch_size: int, *, num_classes: int | None = None, device: str | torch.device = "cpu", seed: int = 0
+    ) -> tuple[Any, Any]:
         """A random ``(features, labels)`` batch of this model's inputs at its default size.
 
         On the meta device the batch is made on the CPU and moved (shapes only), so a model
@@ -89,8 +89,10 @@ class ModelInfo:
         with torch.device(where):  # also inside a caller's `with torch.device("meta")`
             if self.synthetic_batch is None:
                 size = self.image_size
-                batch: tuple[Any, Any] = (torch.randn(batch_size, 3, size, size, generator=gen, device=where),
-                                          torch.randint(0, classes, (batch_size,), generator=gen, device=where))
+                batch: tuple[Any, Any] = (
+                    torch.randn(batch_size, 3, size, size, generator=gen, device=where),
+                    torch.randint(0, classes, (batch_size,), generator=gen, device=where),
+                )
             else:
                 batch = self.synthetic_batch(batch_size, classes, gen, where)
         if where != device:
@@ -142,9 +144,7 @@ def register_model(
             name=name,
             dataset=dataset,
             image_size=default_image_size,
-            num_classes=(
-                DEFAULT_NUM_CLASSES[dataset] if num_classes_default is None else num_classes_default
-            ),
+            num_classes=(DEFAULT_NUM_CLASSES[dataset] if num_classes_default is None else num_classes_default),
             factory=factory,
             description=description or (doc.splitlines()[0] if doc else name),
             min_image_size=default_image_size if min_image_size is None else min_image_size,
@@ -174,8 +174,7 @@ def get_model_info(name: str, dataset: str = "imagenet") -> ModelInfo:
         elsewhere = [d for d in DATASETS if (d, name) in _REGISTRY]
         hint = f" (it exists for dataset {', '.join(map(repr, elsewhere))})" if elsewhere else ""
         raise ValueError(
-            f"unknown model {name!r} for dataset {dataset!r}{hint}; "
-            f"allowed names: {', '.join(list_models(dataset))}"
+            f"unknown model {name!r} for dataset {dataset!r}{hint}; allowed names: {', '.join(list_models(dataset))}"
         )
     return info
 
@@ -190,9 +189,7 @@ def create_model(
     allocating or initialising weights (handy for counting parameters or FLOPs).
     """
     info = get_model_info(name, dataset)
-    return info.factory(
-        num_classes=info.num_classes if num_classes is None else num_classes, **kwargs
-    )
+    return info.factory(num_classes=info.num_classes if num_classes is None else num_classes, **kwargs)
 
 
 def _to_device(tree: Any, device: torch.device) -> Any:

@@ -145,50 +145,92 @@ def _tf_cnn_resnet(layer_counts: Sequence[int], version: str, num_classes: int) 
     return Classifier(nn.Sequential(*layers), in_ch, num_classes)
 
 
-@register_model("resnet50", dataset="imagenet", default_image_size=224, min_image_size=32,
-                default_batch_size=64, default_learning_rate=0.128)
+@register_model(
+    "resnet50",
+    dataset="imagenet",
+    default_image_size=224,
+    min_image_size=32,
+    default_batch_size=64,
+    default_learning_rate=0.128,
+)
 def resnet50(num_classes: int) -> nn.Module:
     """ResNet-50 v1 (tf_cnn_benchmarks): stride on the first 1x1 convolution of a block."""
     return _tf_cnn_resnet((3, 4, 6, 3), "v1", num_classes)
 
 
-@register_model("resnet50_v1.5", dataset="imagenet", default_image_size=224, min_image_size=32,
-                default_batch_size=64, default_learning_rate=0.128)
+@register_model(
+    "resnet50_v1.5",
+    dataset="imagenet",
+    default_image_size=224,
+    min_image_size=32,
+    default_batch_size=64,
+    default_learning_rate=0.128,
+)
 def resnet50_v1_5(num_classes: int) -> nn.Module:
     """ResNet-50 v1.5 (tf_cnn_benchmarks): stride on the 3x3 convolution of a block."""
     return _tf_cnn_resnet((3, 4, 6, 3), "v1.5", num_classes)
 
 
-@register_model("resnet50_v2", dataset="imagenet", default_image_size=224, min_image_size=32,
-                default_batch_size=64, default_learning_rate=0.128)
+@register_model(
+    "resnet50_v2",
+    dataset="imagenet",
+    default_image_size=224,
+    min_image_size=32,
+    default_batch_size=64,
+    default_learning_rate=0.128,
+)
 def resnet50_v2(num_classes: int) -> nn.Module:
     """ResNet-50 v2, pre-activation (tf_cnn_benchmarks)."""
     return _tf_cnn_resnet((3, 4, 6, 3), "v2", num_classes)
 
 
-@register_model("resnet101", dataset="imagenet", default_image_size=224, min_image_size=32,
-                default_batch_size=32, default_learning_rate=0.128)
+@register_model(
+    "resnet101",
+    dataset="imagenet",
+    default_image_size=224,
+    min_image_size=32,
+    default_batch_size=32,
+    default_learning_rate=0.128,
+)
 def resnet101(num_classes: int) -> nn.Module:
     """ResNet-101 v1 (tf_cnn_benchmarks)."""
     return _tf_cnn_resnet((3, 4, 23, 3), "v1", num_classes)
 
 
-@register_model("resnet101_v2", dataset="imagenet", default_image_size=224, min_image_size=32,
-                default_batch_size=32, default_learning_rate=0.128)
+@register_model(
+    "resnet101_v2",
+    dataset="imagenet",
+    default_image_size=224,
+    min_image_size=32,
+    default_batch_size=32,
+    default_learning_rate=0.128,
+)
 def resnet101_v2(num_classes: int) -> nn.Module:
     """ResNet-101 v2, pre-activation (tf_cnn_benchmarks)."""
     return _tf_cnn_resnet((3, 4, 23, 3), "v2", num_classes)
 
 
-@register_model("resnet152", dataset="imagenet", default_image_size=224, min_image_size=32,
-                default_batch_size=32, default_learning_rate=0.128)
+@register_model(
+    "resnet152",
+    dataset="imagenet",
+    default_image_size=224,
+    min_image_size=32,
+    default_batch_size=32,
+    default_learning_rate=0.128,
+)
 def resnet152(num_classes: int) -> nn.Module:
     """ResNet-152 v1 (tf_cnn_benchmarks)."""
     return _tf_cnn_resnet((3, 8, 36, 3), "v1", num_classes)
 
 
-@register_model("resnet152_v2", dataset="imagenet", default_image_size=224, min_image_size=32,
-                default_batch_size=32, default_learning_rate=0.128)
+@register_model(
+    "resnet152_v2",
+    dataset="imagenet",
+    default_image_size=224,
+    min_image_size=32,
+    default_batch_size=32,
+    default_learning_rate=0.128,
+)
 def resnet152_v2(num_classes: int) -> nn.Module:
     """ResNet-152 v2, pre-activation (tf_cnn_benchmarks)."""
     return _tf_cnn_resnet((3, 8, 36, 3), "v2", num_classes)
@@ -206,9 +248,7 @@ _OFFICIAL_BLOCKS: dict[int, tuple[int, ...]] = {
 }
 
 
-def _official_block(
-    in_ch: int, filters: int, stride: int, bottleneck: bool, v2: bool, first: bool
-) -> ResidualBlock:
+def _official_block(in_ch: int, filters: int, stride: int, bottleneck: bool, v2: bool, first: bool) -> ResidualBlock:
     out_ch = 4 * filters if bottleneck else filters
     out_bn = None if v2 else BN_OFFICIAL
     if bottleneck:
@@ -232,9 +272,7 @@ def _official_resnet(size: int, version: int, num_classes: int) -> Classifier:
     bottleneck = size >= 50
     v2 = version == 2
     # v2 leaves the stem un-normalised: the first block's pre-activation does it.
-    stem = ConvBlock(
-        3, 64, 7, 2, bn=None if v2 else BN_OFFICIAL, activation=None if v2 else "relu", bias=False
-    )
+    stem = ConvBlock(3, 64, 7, 2, bn=None if v2 else BN_OFFICIAL, activation=None if v2 else "relu", bias=False)
     layers: list[nn.Module] = [stem, max_pool(3, 2, "same")]
     in_ch = 64
     for stage, count in enumerate(_OFFICIAL_BLOCKS[size]):
@@ -249,96 +287,156 @@ def _official_resnet(size: int, version: int, num_classes: int) -> Classifier:
     return Classifier(nn.Sequential(*layers), in_ch, num_classes)
 
 
-@register_model("official_resnet18", dataset="imagenet", default_image_size=224, min_image_size=32,
-                default_batch_size=32, default_learning_rate=0.0125)
+@register_model(
+    "official_resnet18",
+    dataset="imagenet",
+    default_image_size=224,
+    min_image_size=32,
+    default_batch_size=32,
+    default_learning_rate=0.0125,
+)
 def official_resnet18(num_classes: int) -> nn.Module:
     """ResNet-18 v1, TensorFlow official r1 model."""
     return _official_resnet(18, 1, num_classes)
 
 
 @register_model(
-    "official_resnet18_v2", dataset="imagenet", default_image_size=224, min_image_size=32,
-    default_batch_size=32, default_learning_rate=0.0125,
+    "official_resnet18_v2",
+    dataset="imagenet",
+    default_image_size=224,
+    min_image_size=32,
+    default_batch_size=32,
+    default_learning_rate=0.0125,
 )
 def official_resnet18_v2(num_classes: int) -> nn.Module:
     """ResNet-18 v2, pre-activation, TensorFlow official r1 model."""
     return _official_resnet(18, 2, num_classes)
 
 
-@register_model("official_resnet34", dataset="imagenet", default_image_size=224, min_image_size=32,
-                default_batch_size=32, default_learning_rate=0.0125)
+@register_model(
+    "official_resnet34",
+    dataset="imagenet",
+    default_image_size=224,
+    min_image_size=32,
+    default_batch_size=32,
+    default_learning_rate=0.0125,
+)
 def official_resnet34(num_classes: int) -> nn.Module:
     """ResNet-34 v1, TensorFlow official r1 model."""
     return _official_resnet(34, 1, num_classes)
 
 
 @register_model(
-    "official_resnet34_v2", dataset="imagenet", default_image_size=224, min_image_size=32,
-    default_batch_size=32, default_learning_rate=0.0125,
+    "official_resnet34_v2",
+    dataset="imagenet",
+    default_image_size=224,
+    min_image_size=32,
+    default_batch_size=32,
+    default_learning_rate=0.0125,
 )
 def official_resnet34_v2(num_classes: int) -> nn.Module:
     """ResNet-34 v2, pre-activation, TensorFlow official r1 model."""
     return _official_resnet(34, 2, num_classes)
 
 
-@register_model("official_resnet50", dataset="imagenet", default_image_size=224, min_image_size=32,
-                default_batch_size=128, default_learning_rate=0.05)
+@register_model(
+    "official_resnet50",
+    dataset="imagenet",
+    default_image_size=224,
+    min_image_size=32,
+    default_batch_size=128,
+    default_learning_rate=0.05,
+)
 def official_resnet50(num_classes: int) -> nn.Module:
     """ResNet-50 v1 (stride on the 3x3 convolution), TensorFlow official r1 model."""
     return _official_resnet(50, 1, num_classes)
 
 
 @register_model(
-    "official_resnet50_v2", dataset="imagenet", default_image_size=224, min_image_size=32,
-    default_batch_size=128, default_learning_rate=0.05,
+    "official_resnet50_v2",
+    dataset="imagenet",
+    default_image_size=224,
+    min_image_size=32,
+    default_batch_size=128,
+    default_learning_rate=0.05,
 )
 def official_resnet50_v2(num_classes: int) -> nn.Module:
     """ResNet-50 v2, pre-activation, TensorFlow official r1 model."""
     return _official_resnet(50, 2, num_classes)
 
 
-@register_model("official_resnet101", dataset="imagenet", default_image_size=224, min_image_size=32,
-                default_batch_size=32, default_learning_rate=0.0125)
+@register_model(
+    "official_resnet101",
+    dataset="imagenet",
+    default_image_size=224,
+    min_image_size=32,
+    default_batch_size=32,
+    default_learning_rate=0.0125,
+)
 def official_resnet101(num_classes: int) -> nn.Module:
     """ResNet-101 v1 (stride on the 3x3 convolution), TensorFlow official r1 model."""
     return _official_resnet(101, 1, num_classes)
 
 
 @register_model(
-    "official_resnet101_v2", dataset="imagenet", default_image_size=224, min_image_size=32,
-    default_batch_size=32, default_learning_rate=0.0125,
+    "official_resnet101_v2",
+    dataset="imagenet",
+    default_image_size=224,
+    min_image_size=32,
+    default_batch_size=32,
+    default_learning_rate=0.0125,
 )
 def official_resnet101_v2(num_classes: int) -> nn.Module:
     """ResNet-101 v2, pre-activation, TensorFlow official r1 model."""
     return _official_resnet(101, 2, num_classes)
 
 
-@register_model("official_resnet152", dataset="imagenet", default_image_size=224, min_image_size=32,
-                default_batch_size=32, default_learning_rate=0.0125)
+@register_model(
+    "official_resnet152",
+    dataset="imagenet",
+    default_image_size=224,
+    min_image_size=32,
+    default_batch_size=32,
+    default_learning_rate=0.0125,
+)
 def official_resnet152(num_classes: int) -> nn.Module:
     """ResNet-152 v1 (stride on the 3x3 convolution), TensorFlow official r1 model."""
     return _official_resnet(152, 1, num_classes)
 
 
 @register_model(
-    "official_resnet152_v2", dataset="imagenet", default_image_size=224, min_image_size=32,
-    default_batch_size=32, default_learning_rate=0.0125,
+    "official_resnet152_v2",
+    dataset="imagenet",
+    default_image_size=224,
+    min_image_size=32,
+    default_batch_size=32,
+    default_learning_rate=0.0125,
 )
 def official_resnet152_v2(num_classes: int) -> nn.Module:
     """ResNet-152 v2, pre-activation, TensorFlow official r1 model."""
     return _official_resnet(152, 2, num_classes)
 
 
-@register_model("official_resnet200", dataset="imagenet", default_image_size=224, min_image_size=32,
-                default_batch_size=32, default_learning_rate=0.0125)
+@register_model(
+    "official_resnet200",
+    dataset="imagenet",
+    default_image_size=224,
+    min_image_size=32,
+    default_batch_size=32,
+    default_learning_rate=0.0125,
+)
 def official_resnet200(num_classes: int) -> nn.Module:
     """ResNet-200 v1 (stride on the 3x3 convolution), TensorFlow official r1 model."""
     return _official_resnet(200, 1, num_classes)
 
 
 @register_model(
-    "official_resnet200_v2", dataset="imagenet", default_image_size=224, min_image_size=32,
-    default_batch_size=32, default_learning_rate=0.0125,
+    "official_resnet200_v2",
+    dataset="imagenet",
+    default_image_size=224,
+    min_image_size=32,
+    default_batch_size=32,
+    default_learning_rate=0.0125,
 )
 def official_resnet200_v2(num_classes: int) -> nn.Module:
     """ResNet-200 v2, pre-activation, TensorFlow official r1 model."""
@@ -386,71 +484,73 @@ def _cifar_resnet(blocks_per_stage: int, v2: bool, num_classes: int) -> Classifi
     return Classifier(nn.Sequential(*layers), in_ch, num_classes)
 
 
-@register_model("resnet20", dataset="cifar10", default_image_size=32,
-                default_batch_size=128, default_learning_rate=0.1)
+@register_model("resnet20", dataset="cifar10", default_image_size=32, default_batch_size=128, default_learning_rate=0.1)
 def resnet20_cifar10(num_classes: int) -> nn.Module:
     """CIFAR-10 ResNet-20 v1 (3 blocks per stage)."""
     return _cifar_resnet(3, False, num_classes)
 
 
-@register_model("resnet20_v2", dataset="cifar10", default_image_size=32,
-                default_batch_size=128, default_learning_rate=0.1)
+@register_model(
+    "resnet20_v2", dataset="cifar10", default_image_size=32, default_batch_size=128, default_learning_rate=0.1
+)
 def resnet20_v2_cifar10(num_classes: int) -> nn.Module:
     """CIFAR-10 ResNet-20 v2, pre-activation (3 blocks per stage)."""
     return _cifar_resnet(3, True, num_classes)
 
 
-@register_model("resnet32", dataset="cifar10", default_image_size=32,
-                default_batch_size=128, default_learning_rate=0.1)
+@register_model("resnet32", dataset="cifar10", default_image_size=32, default_batch_size=128, default_learning_rate=0.1)
 def resnet32_cifar10(num_classes: int) -> nn.Module:
     """CIFAR-10 ResNet-32 v1 (5 blocks per stage)."""
     return _cifar_resnet(5, False, num_classes)
 
 
-@register_model("resnet32_v2", dataset="cifar10", default_image_size=32,
-                default_batch_size=128, default_learning_rate=0.1)
+@register_model(
+    "resnet32_v2", dataset="cifar10", default_image_size=32, default_batch_size=128, default_learning_rate=0.1
+)
 def resnet32_v2_cifar10(num_classes: int) -> nn.Module:
     """CIFAR-10 ResNet-32 v2, pre-activation (5 blocks per stage)."""
     return _cifar_resnet(5, True, num_classes)
 
 
-@register_model("resnet44", dataset="cifar10", default_image_size=32,
-                default_batch_size=128, default_learning_rate=0.1)
+@register_model("resnet44", dataset="cifar10", default_image_size=32, default_batch_size=128, default_learning_rate=0.1)
 def resnet44_cifar10(num_classes: int) -> nn.Module:
     """CIFAR-10 ResNet-44 v1 (7 blocks per stage)."""
     return _cifar_resnet(7, False, num_classes)
 
 
-@register_model("resnet44_v2", dataset="cifar10", default_image_size=32,
-                default_batch_size=128, default_learning_rate=0.1)
+@register_model(
+    "resnet44_v2", dataset="cifar10", default_image_size=32, default_batch_size=128, default_learning_rate=0.1
+)
 def resnet44_v2_cifar10(num_classes: int) -> nn.Module:
     """CIFAR-10 ResNet-44 v2, pre-activation (7 blocks per stage)."""
     return _cifar_resnet(7, True, num_classes)
 
 
-@register_model("resnet56", dataset="cifar10", default_image_size=32,
-                default_batch_size=128, default_learning_rate=0.1)
+@register_model("resnet56", dataset="cifar10", default_image_size=32, default_batch_size=128, default_learning_rate=0.1)
 def resnet56_cifar10(num_classes: int) -> nn.Module:
     """CIFAR-10 ResNet-56 v1 (9 blocks per stage)."""
     return _cifar_resnet(9, False, num_classes)
 
 
-@register_model("resnet56_v2", dataset="cifar10", default_image_size=32,
-                default_batch_size=128, default_learning_rate=0.1)
+@register_model(
+    "resnet56_v2", dataset="cifar10", default_image_size=32, default_batch_size=128, default_learning_rate=0.1
+)
 def resnet56_v2_cifar10(num_classes: int) -> nn.Module:
     """CIFAR-10 ResNet-56 v2, pre-activation (9 blocks per stage)."""
     return _cifar_resnet(9, True, num_classes)
 
 
-@register_model("resnet110", dataset="cifar10", default_image_size=32,
-                default_batch_size=128, default_learning_rate=0.1)
+@register_model(
+    "resnet110", dataset="cifar10", default_image_size=32, default_batch_size=128, default_learning_rate=0.1
+)
 def resnet110_cifar10(num_classes: int) -> nn.Module:
     """CIFAR-10 ResNet-110 v1 (18 blocks per stage)."""
     return _cifar_resnet(18, False, num_classes)
 
 
-@register_model("resnet110_v2", dataset="cifar10", default_image_size=32,
-                default_batch_size=128, default_learning_rate=0.1)
+@register_model(
+    "resnet110_v2", dataset="cifar10", default_image_size=32, default_batch_size=128, default_learning_rate=0.1
+)
 def resnet110_v2_cifar10(num_classes: int) -> nn.Module:
     """CIFAR-10 ResNet-110 v2, pre-activation (18 blocks per stage)."""
     return _cifar_resnet(18, True, num_classes)

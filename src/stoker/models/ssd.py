@@ -83,8 +83,9 @@ def box_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return inter / (area_a[:, None] + area_b[None, :] - inter)
 
 
-def encode_targets(gt_boxes: torch.Tensor, gt_classes: torch.Tensor,
-                   anchors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def encode_targets(
+    gt_boxes: torch.Tensor, gt_classes: torch.Tensor, anchors: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One image's training targets: ``(offsets [8732, 4], classes [8732], number of matches)``.
 
     ``gt_boxes``: ``[K, 4]`` corner boxes; ``gt_classes``: ``[K]`` in 1..80; ``anchors``: the
@@ -104,8 +105,9 @@ def encode_targets(gt_boxes: torch.Tensor, gt_classes: torch.Tensor,
     eps = 1e-8  # the reference coder's guard against zero sizes
     ah, aw, gh, gw = ah + eps, aw + eps, gh + eps, gw + eps
     sy, sx, sh, sw = BOX_CODER_SCALES
-    offsets = torch.stack([(gcy - acy) / ah * sy, (gcx - acx) / aw * sx,
-                           torch.log(gh / ah) * sh, torch.log(gw / aw) * sw], dim=-1)
+    offsets = torch.stack(
+        [(gcy - acy) / ah * sy, (gcx - acx) / aw * sx, torch.log(gh / ah) * sh, torch.log(gw / aw) * sw], dim=-1
+    )
     offsets = torch.where(matched[:, None], offsets, torch.zeros_like(offsets))
     classes = torch.where(matched, gt_classes[match.clamp(min=0)], torch.zeros_like(gt_classes[:1]))
     return offsets.float(), classes, matched.sum().float()
@@ -124,13 +126,15 @@ class SSD300(nn.Module):
                 layers.append(_basic_block(in_ch, depth, stride if i == 0 else 1))
                 in_ch = depth
         self.backbone = nn.Sequential(*layers)
-        self.extras = nn.ModuleList([
-            nn.Sequential(_ssd_conv(256, 256, 1, 1, 0), _ssd_conv(256, 512, 3, 2, 1)),
-            nn.Sequential(_ssd_conv(512, 256, 1, 1, 0), _ssd_conv(256, 512, 3, 2, 1)),
-            nn.Sequential(_ssd_conv(512, 128, 1, 1, 0), _ssd_conv(128, 256, 3, 2, 1)),
-            nn.Sequential(_ssd_conv(256, 128, 1, 1, 0), _ssd_conv(128, 256, 3, 1, 0)),
-            nn.Sequential(_ssd_conv(256, 128, 1, 1, 0), _ssd_conv(128, 256, 3, 1, 0)),
-        ])
+        self.extras = nn.ModuleList(
+            [
+                nn.Sequential(_ssd_conv(256, 256, 1, 1, 0), _ssd_conv(256, 512, 3, 2, 1)),
+                nn.Sequential(_ssd_conv(512, 256, 1, 1, 0), _ssd_conv(256, 512, 3, 2, 1)),
+                nn.Sequential(_ssd_conv(512, 128, 1, 1, 0), _ssd_conv(128, 256, 3, 2, 1)),
+                nn.Sequential(_ssd_conv(256, 128, 1, 1, 0), _ssd_conv(128, 256, 3, 1, 0)),
+                nn.Sequential(_ssd_conv(256, 128, 1, 1, 0), _ssd_conv(128, 256, 3, 1, 0)),
+            ]
+        )
         self.loc = nn.ModuleList([_head(c, n * 4) for c, n in zip(OUT_CHANNELS, NUM_DEFAULTS, strict=True)])
         self.conf = nn.ModuleList([_head(c, n * num_classes) for c, n in zip(OUT_CHANNELS, NUM_DEFAULTS, strict=True)])
 
@@ -194,8 +198,9 @@ def ssd_loss(outputs: tuple[torch.Tensor, torch.Tensor], labels: dict[str, torch
     return (box / matches).mean() + (cls / matches).mean()
 
 
-def synthetic_detections(batch_size: int, num_classes: int, gen: torch.Generator,
-                         device: torch.device) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+def synthetic_detections(
+    batch_size: int, num_classes: int, gen: torch.Generator, device: torch.device
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Random images and 1 to 8 random boxes of random classes per image, encoded as training targets."""
     images = torch.randn(batch_size, 3, IMAGE_SIZE, IMAGE_SIZE, generator=gen, device=device)
     anchors = default_boxes().to(device)
@@ -213,8 +218,15 @@ def synthetic_detections(batch_size: int, num_classes: int, gen: torch.Generator
     return images, {"boxes": torch.stack(offsets), "classes": torch.stack(classes), "num_matched": torch.stack(matches)}
 
 
-@register_model("ssd300", dataset="coco", default_image_size=300, default_batch_size=32, default_learning_rate=1e-3,
-                synthetic_batch=synthetic_detections, loss=ssd_loss)
+@register_model(
+    "ssd300",
+    dataset="coco",
+    default_image_size=300,
+    default_batch_size=32,
+    default_learning_rate=1e-3,
+    synthetic_batch=synthetic_detections,
+    loss=ssd_loss,
+)
 def ssd300(num_classes: int) -> nn.Module:
     """SSD300, ResNet-34 backbone: 8,732 default boxes over 6 maps, 81 classes (COCO and background)."""
     return SSD300(num_classes)

@@ -22,15 +22,15 @@ def _trivial(image_size: int, num_classes: int) -> Classifier:
     return Classifier(features, 4096, num_classes)
 
 
-@register_model("trivial", dataset="imagenet", default_image_size=227,
-                default_batch_size=32, default_learning_rate=0.005)
+@register_model(
+    "trivial", dataset="imagenet", default_image_size=227, default_batch_size=32, default_learning_rate=0.005
+)
 def trivial_imagenet(num_classes: int) -> nn.Module:
     """Trivial model: flatten, a 1-unit and a 4096-unit dense layer (227x227 input)."""
     return _trivial(227, num_classes)
 
 
-@register_model("trivial", dataset="cifar10", default_image_size=32,
-                default_batch_size=32, default_learning_rate=0.005)
+@register_model("trivial", dataset="cifar10", default_image_size=32, default_batch_size=32, default_learning_rate=0.005)
 def trivial_cifar10(num_classes: int) -> nn.Module:
     """Trivial model: flatten, a 1-unit and a 4096-unit dense layer (32x32 input)."""
     return _trivial(32, num_classes)

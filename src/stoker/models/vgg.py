@@ -35,22 +35,19 @@ def _vgg(convs_per_stage: Sequence[int], num_classes: int) -> Classifier:
     return Classifier(nn.Sequential(*layers), 4096, num_classes)
 
 
-@register_model("vgg11", dataset="imagenet", default_image_size=224,
-                default_batch_size=64, default_learning_rate=0.005)
+@register_model("vgg11", dataset="imagenet", default_image_size=224, default_batch_size=64, default_learning_rate=0.005)
 def vgg11(num_classes: int) -> nn.Module:
     """VGG-11 (configuration A), no batch norm."""
     return _vgg((1, 1, 2, 2, 2), num_classes)
 
 
-@register_model("vgg16", dataset="imagenet", default_image_size=224,
-                default_batch_size=64, default_learning_rate=0.005)
+@register_model("vgg16", dataset="imagenet", default_image_size=224, default_batch_size=64, default_learning_rate=0.005)
 def vgg16(num_classes: int) -> nn.Module:
     """VGG-16 (configuration D), no batch norm."""
     return _vgg((2, 2, 3, 3, 3), num_classes)
 
 
-@register_model("vgg19", dataset="imagenet", default_image_size=224,
-                default_batch_size=64, default_learning_rate=0.005)
+@register_model("vgg19", dataset="imagenet", default_image_size=224, default_batch_size=64, default_learning_rate=0.005)
 def vgg19(num_classes: int) -> nn.Module:
     """VGG-19 (configuration E), no batch norm."""
     return _vgg((2, 2, 4, 4, 4), num_classes)

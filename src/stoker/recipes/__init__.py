@@ -11,4 +11,3 @@ and nothing of stoker imports them by name.
 - ``bert``: a small byte-level BERT masked-LM pretraining, the showcase of activation
   recompute and bf16 weights with stochastic rounding (see docs/bert.md).
 """
-

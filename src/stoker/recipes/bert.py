@@ -78,7 +78,9 @@ class BertEmbeddings(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         t = tokens.shape[1]
         if t > self.position.num_embeddings:
-            raise ValueError(f"bert: sequences of {t} tokens, longer than the model's {self.position.num_embeddings} positions")
+            raise ValueError(
+                f"bert: sequences of {t} tokens, longer than the model's {self.position.num_embeddings} positions"
+            )
         positions = torch.arange(t, device=tokens.device)
         return self.drop(self.norm(self.token(tokens) + self.position(positions)))
 
@@ -112,7 +114,9 @@ class BertLayer(nn.Module):
         super().__init__()
         self.attention = SelfAttention(hidden_size, num_heads, dropout)
         self.norm1 = nn.LayerNorm(hidden_size, eps=1e-12)
-        self.ffn = nn.Sequential(nn.Linear(hidden_size, intermediate_size), nn.GELU(), nn.Linear(intermediate_size, hidden_size))
+        self.ffn = nn.Sequential(
+            nn.Linear(hidden_size, intermediate_size), nn.GELU(), nn.Linear(intermediate_size, hidden_size)
+        )
         self.norm2 = nn.LayerNorm(hidden_size, eps=1e-12)
         self.drop = nn.Dropout(dropout)
 
@@ -146,11 +150,21 @@ class BertMLM(nn.Module):
     wrapper around any of them (activation recompute) computes the same function.
     """
 
-    def __init__(self, *, hidden_size: int = 128, num_layers: int = 4, num_heads: int = 4,
-                 intermediate_size: int = 512, dropout: float = 0.1, max_positions: int = 64) -> None:
+    def __init__(
+        self,
+        *,
+        hidden_size: int = 128,
+        num_layers: int = 4,
+        num_heads: int = 4,
+        intermediate_size: int = 512,
+        dropout: float = 0.1,
+        max_positions: int = 64,
+    ) -> None:
         super().__init__()
         self.embeddings = BertEmbeddings(hidden_size, max_positions, dropout)
-        self.layers = nn.ModuleList(BertLayer(hidden_size, num_heads, intermediate_size, dropout) for _ in range(num_layers))
+        self.layers = nn.ModuleList(
+            BertLayer(hidden_size, num_heads, intermediate_size, dropout) for _ in range(num_layers)
+        )
         self.head = MLMHead(hidden_size)
         self.apply(_init_weights)
 
@@ -197,8 +211,9 @@ def _targets_per_row(logits: torch.Tensor, labels: torch.Tensor) -> tuple[torch.
     return nats, hits
 
 
-def bert_model_fn(model: nn.Module, features: torch.Tensor, labels: torch.Tensor | None, mode: ModeKeys,
-                  params: dict[str, Any]) -> EstimatorSpec:
+def bert_model_fn(
+    model: nn.Module, features: torch.Tensor, labels: torch.Tensor | None, mode: ModeKeys, params: dict[str, Any]
+) -> EstimatorSpec:
     """Masked-LM: TRAIN returns :func:`mlm_loss`; EVAL per-row MLM losses with ``mlm_accuracy``
     (over every target of the held-out text) and ``mlm_loss``; PREDICT the most likely byte at
     every position (``token_ids [B, T]``)."""
@@ -230,23 +245,45 @@ class MaskedTextWindows(IndexedSource):
     name = "masked_text"
     prefers_inline_fetch = True  # a batch is an index into a tensor in memory
 
-    def __init__(self, paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], *, seq_len: int, batch_size: int,
-                 mask_prob: float = 0.15, shuffle: bool = True, seed: int = 0, num_epochs: int | None = None,
-                 num_shards: int = 1, shard_index: int = 0) -> None:
+    def __init__(
+        self,
+        paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        *,
+        seq_len: int,
+        batch_size: int,
+        mask_prob: float = 0.15,
+        shuffle: bool = True,
+        seed: int = 0,
+        num_epochs: int | None = None,
+        num_shards: int = 1,
+        shard_index: int = 0,
+    ) -> None:
         if not isinstance(seq_len, int) or seq_len < 2:
             raise ValueError(f"masked_text: seq_len must be an integer >= 2; got {seq_len!r}")
         if not 0.0 < mask_prob < 1.0:
             raise ValueError(f"masked_text: mask_prob must be in (0, 1); got {mask_prob!r}")
         self.files = collect_text_files(paths, None)
-        data = np.concatenate([np.fromfile(f, dtype=np.uint8) for f in self.files]) if self.files else np.zeros(0, np.uint8)
+        data = (
+            np.concatenate([np.fromfile(f, dtype=np.uint8) for f in self.files])
+            if self.files
+            else np.zeros(0, np.uint8)
+        )
         self.seq_len = seq_len
         self.num_targets = max(1, round(mask_prob * seq_len))
         count = data.size // seq_len
         if count < 1:
-            raise DataError(f"masked_text: {data.size} bytes in {len(self.files)} file(s) do not fill one window of {seq_len}")
+            raise DataError(
+                f"masked_text: {data.size} bytes in {len(self.files)} file(s) do not fill one window of {seq_len}"
+            )
         self.windows = torch.from_numpy(data[: count * seq_len].reshape(count, seq_len).copy())
-        super().__init__(batch_size=batch_size, shuffle=shuffle, seed=seed, num_epochs=num_epochs,
-                         num_shards=num_shards, shard_index=shard_index)
+        super().__init__(
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            num_epochs=num_epochs,
+            num_shards=num_shards,
+            shard_index=shard_index,
+        )
 
     @property
     def num_examples(self) -> int:
@@ -262,7 +299,9 @@ class MaskedTextWindows(IndexedSource):
         positions = u[:, :t].argsort(1)[:, :k]  # k distinct positions, every k-subset equally likely
         choice, random_byte = u[:, t : t + k], (u[:, t + k :] * 256).long()
         original = tokens.gather(1, positions)
-        replaced = torch.where(choice < 0.8, torch.full_like(original, MASK_ID), torch.where(choice < 0.9, random_byte, original))
+        replaced = torch.where(
+            choice < 0.8, torch.full_like(original, MASK_ID), torch.where(choice < 0.9, random_byte, original)
+        )
         labels = torch.full_like(tokens, IGNORE).scatter_(1, positions, original)
         return tokens.scatter(1, positions, replaced), labels
 
@@ -279,13 +318,24 @@ PRECISION_CHOICES: tuple[str, ...] = ("fp32", "bf16", "bf16-sr")
 class BertConfig:
     """Everything the ``bert`` recipe needs; each field is also a ``stoker train bert`` flag."""
 
-    model_dir: str | None = field(default=None, metadata=_help("checkpoints, metrics.csv and run_spec.json (required on the command line)"))
-    text: list[str] | None = field(default=None, metadata=_help("text files or folders to train on (default: Python's standard-library sources)"))
-    eval_text: list[str] | None = field(default=None, metadata=_help("held-out text (default: the last files of the corpus, --eval_fraction of its bytes)"))
+    model_dir: str | None = field(
+        default=None, metadata=_help("checkpoints, metrics.csv and run_spec.json (required on the command line)")
+    )
+    text: list[str] | None = field(
+        default=None, metadata=_help("text files or folders to train on (default: Python's standard-library sources)")
+    )
+    eval_text: list[str] | None = field(
+        default=None,
+        metadata=_help("held-out text (default: the last files of the corpus, --eval_fraction of its bytes)"),
+    )
     corpus_bytes: int = field(default=4 * 2**20, metadata=_help("size of the standard-library corpus (bytes)"))
-    eval_fraction: float = field(default=0.05, metadata=_help("fraction of the corpus bytes held out for evaluation (whole files)"))
+    eval_fraction: float = field(
+        default=0.05, metadata=_help("fraction of the corpus bytes held out for evaluation (whole files)")
+    )
     seq_len: int = field(default=64, metadata=_help("bytes per example (window); also the model's positions"))
-    mask_prob: float = field(default=0.15, metadata=_help("fraction of each window's bytes that are prediction targets"))
+    mask_prob: float = field(
+        default=0.15, metadata=_help("fraction of each window's bytes that are prediction targets")
+    )
     hidden_size: int = field(default=128, metadata=_help("model width"))
     num_layers: int = field(default=4, metadata=_help("encoder layers"))
     num_heads: int = field(default=4, metadata=_help("attention heads"))
@@ -298,22 +348,42 @@ class BertConfig:
     weight_decay: float = field(default=0.01, metadata=_help("AdamW weight decay"))
     warmup_steps: int = field(default=50, metadata=_help("linear warm-up steps, then linear decay to 0 at max_steps"))
     clip_norm: float = field(default=1.0, metadata=_help("gradient norm clipping (0: none)"))
-    precision: str = field(default="fp32", metadata=_help(
-        f"numeric precision: {', '.join(PRECISION_CHOICES)} (bf16-sr: bf16 weights and AdamW state, stochastic rounding)"))
-    recompute: list[str] | None = field(default=None, metadata=_help(
-        "recompute activations in backward: 'all', or module-name patterns such as 'layers.*' (docs/memory.md)"))
-    hidden_layers_per_stage: int = field(default=0, metadata=_help(
-        "pipeline parallelism: encoder layers per stage (embeddings go with the first, the head with the last); "
-        "0: no pipeline. Under torchrun the processes are --replicas x stages (docs/model_parallel.md)"))
-    replicas: int = field(default=0, metadata=_help(
-        "data-parallel replicas; with --hidden_layers_per_stage, torchrun must start replicas x stages processes "
-        "(0: WORLD_SIZE / stages)"))
+    precision: str = field(
+        default="fp32",
+        metadata=_help(
+            f"numeric precision: {', '.join(PRECISION_CHOICES)} (bf16-sr: bf16 weights and AdamW state, stochastic rounding)"
+        ),
+    )
+    recompute: list[str] | None = field(
+        default=None,
+        metadata=_help(
+            "recompute activations in backward: 'all', or module-name patterns such as 'layers.*' (docs/memory.md)"
+        ),
+    )
+    hidden_layers_per_stage: int = field(
+        default=0,
+        metadata=_help(
+            "pipeline parallelism: encoder layers per stage (embeddings go with the first, the head with the last); "
+            "0: no pipeline. Under torchrun the processes are --replicas x stages (docs/model_parallel.md)"
+        ),
+    )
+    replicas: int = field(
+        default=0,
+        metadata=_help(
+            "data-parallel replicas; with --hidden_layers_per_stage, torchrun must start replicas x stages processes "
+            "(0: WORLD_SIZE / stages)"
+        ),
+    )
     pipeline_microbatches: int = field(default=4, metadata=_help("micro-batches per replica batch in a pipelined run"))
     pipeline_schedule: str = field(default="1f1b", metadata=_help("pipeline schedule: gpipe or 1f1b"))
     eval_every_n_steps: int = field(default=250, metadata=_help("evaluate (and checkpoint) every N steps"))
-    eval_steps: int | None = field(default=None, metadata=_help("batches per evaluation (default: all of the held-out text)"))
+    eval_steps: int | None = field(
+        default=None, metadata=_help("batches per evaluation (default: all of the held-out text)")
+    )
     save_checkpoints_steps: int = field(default=100, metadata=_help("checkpoint every N steps"))
-    keep_checkpoint_max: int = field(default=3, metadata=_help("newest checkpoints kept (the best by MLM accuracy is kept too)"))
+    keep_checkpoint_max: int = field(
+        default=3, metadata=_help("newest checkpoints kept (the best by MLM accuracy is kept too)")
+    )
     iterations_per_loop: int = field(default=10, metadata=_help("steps per device loop"))
     log_every_n_steps: int = field(default=50, metadata=_help("log the loss every N steps"))
     seed: int = field(default=0, metadata=_help("seed of the initial weights, data order, masks and dropout"))
@@ -366,20 +436,36 @@ def split_corpus(config: BertConfig) -> tuple[list[Path], list[Path]]:
     return held_out_split(files, config.eval_fraction, who="bert")
 
 
-def input_fns(config: BertConfig) -> tuple[Callable[[dict[str, Any]], Iterable[Any]], Callable[[dict[str, Any]], Iterable[Any]]]:
+def input_fns(
+    config: BertConfig,
+) -> tuple[Callable[[dict[str, Any]], Iterable[Any]], Callable[[dict[str, Any]], Iterable[Any]]]:
     """``(train_input_fn, eval_input_fn)``: shuffled masked windows of the training files, and
     one pass over the held-out windows with masks that are the same at every evaluation."""
     train_files, eval_files = split_corpus(config)
 
     def train_input_fn(params: dict[str, Any]) -> Iterable[Any]:
-        return MaskedTextWindows(train_files, seq_len=params["seq_len"], batch_size=params["batch_size"],
-                                 mask_prob=params["mask_prob"], seed=config.seed,
-                                 num_shards=params["num_replicas"], shard_index=params["replica_index"])
+        return MaskedTextWindows(
+            train_files,
+            seq_len=params["seq_len"],
+            batch_size=params["batch_size"],
+            mask_prob=params["mask_prob"],
+            seed=config.seed,
+            num_shards=params["num_replicas"],
+            shard_index=params["replica_index"],
+        )
 
     def eval_input_fn(params: dict[str, Any]) -> Iterable[Any]:
-        return MaskedTextWindows(eval_files, seq_len=params["seq_len"], batch_size=params["batch_size"],
-                                 mask_prob=params["mask_prob"], shuffle=False, seed=0, num_epochs=1,
-                                 num_shards=params["num_replicas"], shard_index=params["replica_index"])
+        return MaskedTextWindows(
+            eval_files,
+            seq_len=params["seq_len"],
+            batch_size=params["batch_size"],
+            mask_prob=params["mask_prob"],
+            shuffle=False,
+            seed=0,
+            num_epochs=1,
+            num_shards=params["num_replicas"],
+            shard_index=params["replica_index"],
+        )
 
     return train_input_fn, eval_input_fn
 
@@ -407,8 +493,13 @@ def make_optimizer(params: dict[str, Any], parameters: Iterable[nn.Parameter]) -
 
 def build_estimator(config: BertConfig, *, warm_start_from: str | os.PathLike[str] | None = None) -> Estimator:
     """The Estimator of ``config`` (checkpoints in ``config.model_dir``, best kept by ``mlm_accuracy``)."""
-    params = {**config.model_params(), "lr": config.lr, "weight_decay": config.weight_decay,
-              "warmup_steps": config.warmup_steps, "max_steps": config.max_steps}
+    params = {
+        **config.model_params(),
+        "lr": config.lr,
+        "weight_decay": config.weight_decay,
+        "warmup_steps": config.warmup_steps,
+        "max_steps": config.max_steps,
+    }
     return Estimator(
         model=BertMLM.from_params,
         model_fn=bert_model_fn,
@@ -434,9 +525,16 @@ def train_bert(config: BertConfig | None = None, **overrides: Any) -> dict[str, 
     train_fn, eval_fn = input_fns(config)
     est = build_estimator(config)
     if config.model_dir:
-        write_run_spec(config.model_dir, kind=RUN_SPEC_KIND, params=config.model_params(), config=dataclasses.asdict(config))
-    return est.train_and_evaluate(train_fn, eval_fn, max_steps=config.max_steps,
-                                  eval_every_n_steps=config.eval_every_n_steps, eval_steps=config.eval_steps)
+        write_run_spec(
+            config.model_dir, kind=RUN_SPEC_KIND, params=config.model_params(), config=dataclasses.asdict(config)
+        )
+    return est.train_and_evaluate(
+        train_fn,
+        eval_fn,
+        max_steps=config.max_steps,
+        eval_every_n_steps=config.eval_every_n_steps,
+        eval_steps=config.eval_steps,
+    )
 
 
 def _config_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> BertConfig:
@@ -444,7 +542,9 @@ def _config_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[
 
 
 @register_run_spec(RUN_SPEC_KIND)
-def estimator_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> tuple[Estimator, torch.Tensor]:
+def estimator_from_run_spec(
+    spec: Mapping[str, Any], model_dir: str | os.PathLike[str]
+) -> tuple[Estimator, torch.Tensor]:
     """An Estimator reading ``model_dir``'s checkpoints, and example features for export
     (``[2, seq_len]`` int64 tokens), from a ``run_spec.json`` written by :func:`train_bert`."""
     config = _config_from_run_spec(spec, model_dir)
@@ -452,7 +552,9 @@ def estimator_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLik
 
 
 @register_eval_input(RUN_SPEC_KIND)
-def eval_input_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> tuple[Callable[[dict[str, Any]], Iterable[Any]], int | None]:
+def eval_input_from_run_spec(
+    spec: Mapping[str, Any], model_dir: str | os.PathLike[str]
+) -> tuple[Callable[[dict[str, Any]], Iterable[Any]], int | None]:
     """The held-out text and ``eval_steps`` of a ``run_spec.json`` written by :func:`train_bert`
     (for ``stoker evaluate [--watch]``)."""
     config = _config_from_run_spec(spec, model_dir)
@@ -483,7 +585,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def config_error(config: BertConfig) -> str | None:
     """What is wrong with ``config``'s sizes, naming the flag (``None``: nothing)."""
-    for name in ("seq_len", "batch_size", "eval_batch_size", "max_steps", "hidden_size", "num_layers", "num_heads", "intermediate_size"):
+    for name in (
+        "seq_len",
+        "batch_size",
+        "eval_batch_size",
+        "max_steps",
+        "hidden_size",
+        "num_layers",
+        "num_heads",
+        "intermediate_size",
+    ):
         if getattr(config, name) < 1:
             return f"--{name} must be >= 1; got {getattr(config, name)}"
     if config.seq_len < 2:
@@ -518,11 +629,15 @@ def pipeline_error(config: BertConfig, world_size: int) -> str | None:
     split = config.pipeline_split()
     stages = 1 if split is None else len(split) + 1
     if world_size > 1 and config.replicas and config.replicas * stages != world_size:
-        return (f"--replicas {config.replicas} x {stages} stage(s) (--hidden_layers_per_stage {k} of {config.num_layers} "
-                f"layers) needs {config.replicas * stages} processes; torchrun started {world_size}")
+        return (
+            f"--replicas {config.replicas} x {stages} stage(s) (--hidden_layers_per_stage {k} of {config.num_layers} "
+            f"layers) needs {config.replicas * stages} processes; torchrun started {world_size}"
+        )
     if world_size == 1 and config.replicas > 1:
-        return (f"--replicas {config.replicas} needs torchrun: torchrun --nproc_per_node={config.replicas * stages} "
-                "-m stoker train bert ...")
+        return (
+            f"--replicas {config.replicas} needs torchrun: torchrun --nproc_per_node={config.replicas * stages} "
+            "-m stoker train bert ..."
+        )
     if world_size == 1:
         return None  # one process trains the unsplit model
     if world_size % stages:
@@ -532,8 +647,10 @@ def pipeline_error(config: BertConfig, world_size: int) -> str | None:
         if batch % replicas:
             return f"{flag} ({batch}) is not divisible by the {replicas} replicas"
     if split is not None and (config.batch_size // replicas) % config.pipeline_microbatches:
-        return (f"--pipeline_microbatches ({config.pipeline_microbatches}) must divide the per-replica batch "
-                f"(--batch_size {config.batch_size} / {replicas} replicas)")
+        return (
+            f"--pipeline_microbatches ({config.pipeline_microbatches}) must divide the per-replica batch "
+            f"(--batch_size {config.batch_size} / {replicas} replicas)"
+        )
     return None
 
 
@@ -566,8 +683,11 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m stoker.recipes.bert --model_dir DIR ...`` (the same flags as ``stoker train bert``)."""
-    parser = argparse.ArgumentParser(prog="python -m stoker.recipes.bert", description=DESCRIPTION,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m stoker.recipes.bert",
+        description=DESCRIPTION,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

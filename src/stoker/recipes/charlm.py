@@ -122,7 +122,9 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(d_model, d_inner), nn.GELU(), nn.Linear(d_inner, d_model))
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, h: torch.Tensor, memory: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, h: torch.Tensor, memory: torch.Tensor | None, pos: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
         x = self.norm1(h)
         context = x if memory is None else torch.cat([self.norm1(memory), x], dim=1)
         h = h + self.drop(self.attn(x, context, pos, mask))
@@ -137,8 +139,17 @@ class CharTransformerXL(nn.Module):
     of the same streams. It is returned detached, and ``None`` when ``mem_len == 0``.
     """
 
-    def __init__(self, *, d_model: int = 128, n_layer: int = 3, n_head: int = 4, d_head: int = 32,
-                 d_inner: int = 512, dropout: float = 0.1, mem_len: int = 64) -> None:
+    def __init__(
+        self,
+        *,
+        d_model: int = 128,
+        n_layer: int = 3,
+        n_head: int = 4,
+        d_head: int = 32,
+        d_inner: int = 512,
+        dropout: float = 0.1,
+        mem_len: int = 64,
+    ) -> None:
         super().__init__()
         if d_model % 2:
             raise ValueError(f"charlm: d_model must be even (sinusoidal encodings); got {d_model}")
@@ -184,7 +195,10 @@ class CharTransformerXL(nn.Module):
         # torch.export records as a node that torch.export.load then rejects) builds no graph.
         if memory is None:
             return tuple(x[:, -self.mem_len :].detach() for x in inputs)
-        return tuple(torch.cat([old.detach(), x.detach()], dim=1)[:, -self.mem_len :] for old, x in zip(memory, inputs, strict=True))
+        return tuple(
+            torch.cat([old.detach(), x.detach()], dim=1)[:, -self.mem_len :]
+            for old, x in zip(memory, inputs, strict=True)
+        )
 
 
 MODEL_KEYS: tuple[str, ...] = ("d_model", "n_layer", "n_head", "d_head", "d_inner", "dropout", "mem_len")
@@ -208,8 +222,9 @@ class Perplexity(BitsPerCharacter):
         return math.exp(min(totals["total"] / totals["count"], 700.0)) if totals["count"] else float("nan")
 
 
-def charlm_model_fn(model: nn.Module, features: torch.Tensor, labels: torch.Tensor | None, mode: ModeKeys,
-                    params: dict[str, Any]) -> EstimatorSpec:
+def charlm_model_fn(
+    model: nn.Module, features: torch.Tensor, labels: torch.Tensor | None, mode: ModeKeys, params: dict[str, Any]
+) -> EstimatorSpec:
     """Next-byte cross-entropy with the segment memory carried in ``EstimatorSpec.cache``.
 
     TRAIN: mean loss over every byte of the batch; the new memory as ``cache``. EVAL:
@@ -246,11 +261,20 @@ def _help(text: str) -> dict[str, str]:
 class CharLMConfig:
     """Everything the ``charlm`` recipe needs; each field is also a ``stoker train charlm`` flag."""
 
-    model_dir: str | None = field(default=None, metadata=_help("checkpoints, metrics.csv and run_spec.json (required on the command line)"))
-    text: list[str] | None = field(default=None, metadata=_help("text files or folders to train on (default: Python's standard-library sources)"))
-    eval_text: list[str] | None = field(default=None, metadata=_help("held-out text (default: the last files of the corpus, --eval_fraction of its bytes)"))
+    model_dir: str | None = field(
+        default=None, metadata=_help("checkpoints, metrics.csv and run_spec.json (required on the command line)")
+    )
+    text: list[str] | None = field(
+        default=None, metadata=_help("text files or folders to train on (default: Python's standard-library sources)")
+    )
+    eval_text: list[str] | None = field(
+        default=None,
+        metadata=_help("held-out text (default: the last files of the corpus, --eval_fraction of its bytes)"),
+    )
     corpus_bytes: int = field(default=4 * 2**20, metadata=_help("size of the standard-library corpus (bytes)"))
-    eval_fraction: float = field(default=0.05, metadata=_help("fraction of the corpus bytes held out for evaluation (whole files)"))
+    eval_fraction: float = field(
+        default=0.05, metadata=_help("fraction of the corpus bytes held out for evaluation (whole files)")
+    )
     seq_len: int = field(default=32, metadata=_help("bytes per segment (one step reads one segment of every stream)"))
     mem_len: int = field(default=64, metadata=_help("bytes of memory each layer attends to; 0 turns the memory off"))
     d_model: int = field(default=128, metadata=_help("model width"))
@@ -263,10 +287,19 @@ class CharLMConfig:
     eval_batch_size: int = field(default=16, metadata=_help("streams of the held-out text"))
     max_steps: int = field(default=500, metadata=_help("train to this global step"))
     lr: float = field(default=2e-3, metadata=_help("peak Adam learning rate"))
-    warmup_steps: int = field(default=50, metadata=_help("linear warm-up steps, then cosine decay to lr/10 at max_steps"))
+    warmup_steps: int = field(
+        default=50, metadata=_help("linear warm-up steps, then cosine decay to lr/10 at max_steps")
+    )
     clip_norm: float = field(default=0.25, metadata=_help("gradient norm clipping"))
-    eval_every_n_steps: int = field(default=250, metadata=_help("evaluate (and checkpoint) every N steps; 0: no evaluation in the training process (run `stoker evaluate --watch MODEL_DIR` beside it)"))
-    eval_steps: int | None = field(default=None, metadata=_help("batches per evaluation (default: all of the held-out text)"))
+    eval_every_n_steps: int = field(
+        default=250,
+        metadata=_help(
+            "evaluate (and checkpoint) every N steps; 0: no evaluation in the training process (run `stoker evaluate --watch MODEL_DIR` beside it)"
+        ),
+    )
+    eval_steps: int | None = field(
+        default=None, metadata=_help("batches per evaluation (default: all of the held-out text)")
+    )
     save_checkpoints_steps: int = field(default=100, metadata=_help("checkpoint every N steps"))
     keep_checkpoint_max: int = field(default=3, metadata=_help("newest checkpoints kept (the best by bpc is kept too)"))
     iterations_per_loop: int = field(default=10, metadata=_help("steps per device loop"))
@@ -288,18 +321,31 @@ def split_corpus(config: CharLMConfig) -> tuple[list[Path], list[Path]]:
     return held_out_split(files, config.eval_fraction, who="charlm")
 
 
-def input_fns(config: CharLMConfig) -> tuple[Callable[[dict[str, Any]], Iterable[Any]], Callable[[dict[str, Any]], Iterable[Any]]]:
+def input_fns(
+    config: CharLMConfig,
+) -> tuple[Callable[[dict[str, Any]], Iterable[Any]], Callable[[dict[str, Any]], Iterable[Any]]]:
     """``(train_input_fn, eval_input_fn)``: contiguous byte streams, in order (Transformer-XL
     batching: row ``i`` of each batch continues row ``i`` of the previous one)."""
     train_files, eval_files = split_corpus(config)
 
     def train_input_fn(params: dict[str, Any]) -> Iterable[Any]:
-        return text_chars(train_files, seq_len=params["seq_len"], batch_size=params["batch_size"],
-                          num_shards=params["num_replicas"], shard_index=params["replica_index"])
+        return text_chars(
+            train_files,
+            seq_len=params["seq_len"],
+            batch_size=params["batch_size"],
+            num_shards=params["num_replicas"],
+            shard_index=params["replica_index"],
+        )
 
     def eval_input_fn(params: dict[str, Any]) -> Iterable[Any]:
-        return text_chars(eval_files, seq_len=params["seq_len"], batch_size=params["batch_size"], num_epochs=1,
-                          num_shards=params["num_replicas"], shard_index=params["replica_index"])
+        return text_chars(
+            eval_files,
+            seq_len=params["seq_len"],
+            batch_size=params["batch_size"],
+            num_epochs=1,
+            num_shards=params["num_replicas"],
+            shard_index=params["replica_index"],
+        )
 
     return train_input_fn, eval_input_fn
 
@@ -332,7 +378,12 @@ def _schedule(params: dict[str, Any], optimizer: torch.optim.Optimizer) -> torch
 def build_estimator(config: CharLMConfig, *, warm_start_from: str | os.PathLike[str] | None = None) -> Estimator:
     """The Estimator of ``config`` (checkpoints in ``config.model_dir``, best kept by ``bpc``;
     ``warm_start_from``: initial weights, as ``Estimator(warm_start_from=...)``)."""
-    params = {**config.model_params(), "lr": config.lr, "warmup_steps": config.warmup_steps, "max_steps": config.max_steps}
+    params = {
+        **config.model_params(),
+        "lr": config.lr,
+        "warmup_steps": config.warmup_steps,
+        "max_steps": config.max_steps,
+    }
     run = RunConfig(
         model_dir=config.model_dir,
         seed=config.seed,
@@ -359,7 +410,9 @@ def build_estimator(config: CharLMConfig, *, warm_start_from: str | os.PathLike[
     )
 
 
-def train_charlm(config: CharLMConfig | None = None, *, hooks: Sequence[Hook] = (), **overrides: Any) -> dict[str, float]:
+def train_charlm(
+    config: CharLMConfig | None = None, *, hooks: Sequence[Hook] = (), **overrides: Any
+) -> dict[str, float]:
     """Train (or resume) the character LM to ``max_steps``, evaluating every
     ``eval_every_n_steps``; return the last evaluation (``loss``, ``bpc``, ``ppl``, ``global_step``).
     With ``eval_every_n_steps=0`` it only trains (a watching evaluator evaluates) and returns
@@ -373,14 +426,20 @@ def train_charlm(config: CharLMConfig | None = None, *, hooks: Sequence[Hook] = 
     train_fn, eval_fn = input_fns(config)
     est = build_estimator(config)
     if config.model_dir:
-        write_run_spec(config.model_dir, kind=RUN_SPEC_KIND, params=config.model_params(),
-                       config=dataclasses.asdict(config))
+        write_run_spec(
+            config.model_dir, kind=RUN_SPEC_KIND, params=config.model_params(), config=dataclasses.asdict(config)
+        )
     if config.eval_every_n_steps == 0:  # a watching evaluator (stoker evaluate --watch) evaluates
         est.train(train_fn, max_steps=config.max_steps, hooks=hooks)
         return {"global_step": float(est.global_step)}
-    return est.train_and_evaluate(train_fn, eval_fn, max_steps=config.max_steps,
-                                  eval_every_n_steps=config.eval_every_n_steps, eval_steps=config.eval_steps,
-                                  hooks=hooks)
+    return est.train_and_evaluate(
+        train_fn,
+        eval_fn,
+        max_steps=config.max_steps,
+        eval_every_n_steps=config.eval_every_n_steps,
+        eval_steps=config.eval_steps,
+        hooks=hooks,
+    )
 
 
 def _config_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> CharLMConfig:
@@ -388,7 +447,9 @@ def _config_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[
 
 
 @register_run_spec(RUN_SPEC_KIND)
-def estimator_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> tuple[Estimator, torch.Tensor]:
+def estimator_from_run_spec(
+    spec: Mapping[str, Any], model_dir: str | os.PathLike[str]
+) -> tuple[Estimator, torch.Tensor]:
     """An Estimator that reads ``model_dir``'s checkpoints, and example features for export
     (``[2, seq_len]`` int64 bytes), from a ``run_spec.json`` written by :func:`train_charlm`."""
     config = _config_from_run_spec(spec, model_dir)
@@ -396,7 +457,9 @@ def estimator_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLik
 
 
 @register_eval_input(RUN_SPEC_KIND)
-def eval_input_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> tuple[Callable[[dict[str, Any]], Iterable[Any]], int | None]:
+def eval_input_from_run_spec(
+    spec: Mapping[str, Any], model_dir: str | os.PathLike[str]
+) -> tuple[Callable[[dict[str, Any]], Iterable[Any]], int | None]:
     """The held-out text of a ``run_spec.json`` written by :func:`train_charlm`, and
     ``eval_steps``: what ``stoker evaluate [--watch]`` evaluates each checkpoint on."""
     config = _config_from_run_spec(spec, model_dir)
@@ -422,12 +485,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """``stoker train charlm``: train, then print the held-out result."""
     config = CharLMConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(CharLMConfig)})
-    for name in ("seq_len", "batch_size", "eval_batch_size", "max_steps", "d_model", "n_layer", "n_head", "d_head", "d_inner"):
+    for name in (
+        "seq_len",
+        "batch_size",
+        "eval_batch_size",
+        "max_steps",
+        "d_model",
+        "n_layer",
+        "n_head",
+        "d_head",
+        "d_inner",
+    ):
         if getattr(config, name) < 1:
             print(f"stoker train charlm: --{name} must be >= 1; got {getattr(config, name)}", file=sys.stderr)
             return 2
     if config.eval_every_n_steps < 0:
-        print(f"stoker train charlm: --eval_every_n_steps must be >= 0 (0: no evaluation while training); got {config.eval_every_n_steps}", file=sys.stderr)
+        print(
+            f"stoker train charlm: --eval_every_n_steps must be >= 0 (0: no evaluation while training); got {config.eval_every_n_steps}",
+            file=sys.stderr,
+        )
         return 2
     if config.mem_len < 0:
         print(f"stoker train charlm: --mem_len must be >= 0; got {config.mem_len}", file=sys.stderr)
@@ -438,7 +514,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"stoker train charlm: {e}", file=sys.stderr)
         return 1
     if "bpc" not in results:
-        print(f"trained to step {results['global_step']:.0f} without evaluating (--eval_every_n_steps 0; model_dir {config.model_dir})")
+        print(
+            f"trained to step {results['global_step']:.0f} without evaluating (--eval_every_n_steps 0; model_dir {config.model_dir})"
+        )
         return 0
     print(
         f"held-out at step {results['global_step']}: bpc = {results['bpc']:.4f}, ppl = {results['ppl']:.3f}, "
@@ -468,8 +546,11 @@ __all__ = [
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m stoker.recipes.charlm --model_dir DIR ...`` (the same flags as ``stoker train charlm``)."""
-    parser = argparse.ArgumentParser(prog="python -m stoker.recipes.charlm", description=DESCRIPTION,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m stoker.recipes.charlm",
+        description=DESCRIPTION,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

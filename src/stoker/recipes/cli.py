@@ -30,8 +30,12 @@ def add_parser(subparsers: Any) -> None:
             recipes.add_parser(name, help=f"unavailable: {e}")
             continue
         assert module is not None
-        sub = recipes.add_parser(name, help=module.HELP, description=module.DESCRIPTION,
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        sub = recipes.add_parser(
+            name,
+            help=module.HELP,
+            description=module.DESCRIPTION,
+            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        )
         module.add_arguments(sub)
         sub.set_defaults(func=module.run)
 

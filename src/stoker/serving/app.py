@@ -64,7 +64,9 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1 or self.body_timeout_s <= 0:
-            raise ValueError(f"max_body_bytes must be >= 1 and body_timeout_s > 0; got {self.max_body_bytes}, {self.body_timeout_s}")
+            raise ValueError(
+                f"max_body_bytes must be >= 1 and body_timeout_s > 0; got {self.max_body_bytes}, {self.body_timeout_s}"
+            )
 
 
 class ServeMetrics:
@@ -74,18 +76,35 @@ class ServeMetrics:
 
     def __init__(self, max_batch: int) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter("stoker_serve_requests", "HTTP requests answered, by route and status code",
-                                ["route", "code"], registry=self.registry)
-        self.latency = Histogram("stoker_serve_request_seconds", "time from request to the end of the answer, by route",
-                                 ["route"], registry=self.registry,
-                                 buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
-        rows = [float(2**i) for i in range(max_batch.bit_length())] + ([float(max_batch)] if max_batch & (max_batch - 1) else [])
-        self.batch_rows = Histogram("stoker_serve_batch_rows", "rows of each model call", registry=self.registry, buckets=rows)
-        self.batch_requests = Histogram("stoker_serve_batch_requests", "requests grouped into each model call",
-                                        registry=self.registry, buckets=(1, 2, 4, 8, 16, 32, 64, 128))
+        self.requests = Counter(
+            "stoker_serve_requests",
+            "HTTP requests answered, by route and status code",
+            ["route", "code"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "stoker_serve_request_seconds",
+            "time from request to the end of the answer, by route",
+            ["route"],
+            registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        rows = [float(2**i) for i in range(max_batch.bit_length())] + (
+            [float(max_batch)] if max_batch & (max_batch - 1) else []
+        )
+        self.batch_rows = Histogram(
+            "stoker_serve_batch_rows", "rows of each model call", registry=self.registry, buckets=rows
+        )
+        self.batch_requests = Histogram(
+            "stoker_serve_batch_requests",
+            "requests grouped into each model call",
+            registry=self.registry,
+            buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+        )
         self.model_seconds = Histogram("stoker_serve_model_seconds", "time of each model call", registry=self.registry)
-        self.pending = Gauge("stoker_serve_pending_requests", "requests admitted (decoding, queued or running)",
-                             registry=self.registry)
+        self.pending = Gauge(
+            "stoker_serve_pending_requests", "requests admitted (decoding, queued or running)", registry=self.registry
+        )
 
     def observe_batch(self, rows: int, requests: int, seconds: float) -> None:
         self.batch_rows.observe(rows)
@@ -156,20 +175,31 @@ class ServeApp:
         self.max_batch = config.batching.max_batch
         self.metrics = ServeMetrics(self.max_batch)
         self.metrics.pending.set_function(lambda: self.batcher.admitted)
-        self.batcher = DynamicBatcher(model, config.batching, can_batch=can_batch(self.signature),
-                                      observe=self.metrics.observe_batch)
+        self.batcher = DynamicBatcher(
+            model, config.batching, can_batch=can_batch(self.signature), observe=self.metrics.observe_batch
+        )
         self.requests_served = 0
         v2 = "/v2/models/{name}"
         routes = [
-            Route("/v2/health/live", self.live), Route("/v2/health/ready", self.ready), Route("/v2", self.server_metadata),
-            Route(v2, self.metadata), Route(v2 + "/versions/{version}", self.metadata),
-            Route(v2 + "/ready", self.model_ready), Route(v2 + "/versions/{version}/ready", self.model_ready),
-            Route(v2 + "/infer", self.infer, methods=["POST"]), Route(v2 + "/versions/{version}/infer", self.infer, methods=["POST"]),
-            Route("/healthz", self.healthz), Route("/signature", self.signature_route),
-            Route("/predict", self.predict, methods=["POST"]), Route("/metrics", self.metrics_route),
+            Route("/v2/health/live", self.live),
+            Route("/v2/health/ready", self.ready),
+            Route("/v2", self.server_metadata),
+            Route(v2, self.metadata),
+            Route(v2 + "/versions/{version}", self.metadata),
+            Route(v2 + "/ready", self.model_ready),
+            Route(v2 + "/versions/{version}/ready", self.model_ready),
+            Route(v2 + "/infer", self.infer, methods=["POST"]),
+            Route(v2 + "/versions/{version}/infer", self.infer, methods=["POST"]),
+            Route("/healthz", self.healthz),
+            Route("/signature", self.signature_route),
+            Route("/predict", self.predict, methods=["POST"]),
+            Route("/metrics", self.metrics_route),
         ]
-        starlette = Starlette(routes=routes, lifespan=self._lifespan,
-                              exception_handlers={HTTPException: self._http_error, _Refused: self._refused})
+        starlette = Starlette(
+            routes=routes,
+            lifespan=self._lifespan,
+            exception_handlers={HTTPException: self._http_error, _Refused: self._refused},
+        )
         self.app: ASGIApp = _Counted(starlette, self.metrics)
 
     @asynccontextmanager
@@ -199,8 +229,15 @@ class ServeApp:
         return JSONResponse({"name": self.name, "ready": True})
 
     async def healthz(self, request: Request) -> Response:
-        return JSONResponse({"status": "ok", "model": str(self.model.path), "kind": self.model.kind,
-                             "global_step": self.signature.get("global_step"), "requests_served": self.requests_served})
+        return JSONResponse(
+            {
+                "status": "ok",
+                "model": str(self.model.path),
+                "kind": self.model.kind,
+                "global_step": self.signature.get("global_step"),
+                "requests_served": self.requests_served,
+            }
+        )
 
     async def signature_route(self, request: Request) -> Response:
         return JSONResponse(self.signature)
@@ -213,6 +250,7 @@ class ServeApp:
         """``POST /v2/models/{name}/infer``: the Open Inference Protocol, JSON or binary tensors."""
         self._check_model(request)
         header_length = request.headers.get("inference-header-content-length")
+
         def decode(body: bytes) -> tuple[dict[str, Any], InferRequest]:
             decoded = decode_infer_request(body, header_length, self.signature, self.max_batch)
             return decoded.inputs, decoded
@@ -222,11 +260,15 @@ class ServeApp:
 
         answer, json_length = await self._run(request, decode, encode)
         headers = {} if json_length is None else {"Inference-Header-Content-Length": str(json_length)}
-        return Response(answer, media_type="application/json" if json_length is None else "application/octet-stream",
-                        headers=headers)
+        return Response(
+            answer,
+            media_type="application/json" if json_length is None else "application/octet-stream",
+            headers=headers,
+        )
 
     async def predict(self, request: Request) -> Response:
         """``POST /predict``: stoker's own JSON shape, kept as an alias of ``/infer``."""
+
         def decode(body: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
             inputs = validate_inputs(decode_json(body), self.signature, self.max_batch)
             return inputs, inputs
@@ -239,8 +281,12 @@ class ServeApp:
         answer, _ = await self._run(request, decode, encode)
         return Response(answer, media_type="application/json")
 
-    async def _run(self, request: Request, decode: Callable[[bytes], tuple[dict[str, Any], Any]],
-                   encode: Callable[[Any, dict[str, Any]], tuple[bytes, int | None]]) -> tuple[bytes, int | None]:
+    async def _run(
+        self,
+        request: Request,
+        decode: Callable[[bytes], tuple[dict[str, Any], Any]],
+        encode: Callable[[Any, dict[str, Any]], tuple[bytes, int | None]],
+    ) -> tuple[bytes, int | None]:
         """Admit, read, decode (``decode(body) -> (inputs, what encode needs)``), batch, run, encode."""
         try:
             async with self.batcher.slot():
@@ -330,7 +376,11 @@ class ServeApp:
     async def _http_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         routes = "GET /v2/health/live, /v2/health/ready, /v2/models/{name}, POST /v2/models/{name}/infer, POST /predict"
-        message = f"no route {request.method} {request.url.path}; routes: {routes}" if exc.status_code in (404, 405) else str(exc.detail)
+        message = (
+            f"no route {request.method} {request.url.path}; routes: {routes}"
+            if exc.status_code in (404, 405)
+            else str(exc.detail)
+        )
         return JSONResponse({"error": message}, status_code=exc.status_code, headers=exc.headers)
 
 
@@ -338,5 +388,6 @@ def can_batch(signature: dict[str, Any]) -> bool:
     """Whether requests can be concatenated: every input and output has the dynamic batch first."""
     tensors = [*signature["inputs"], *signature["outputs"]]
     return bool(signature.get("dynamic_batch")) and all(t["shape"] and t["shape"][0] == BATCH for t in tensors)
+
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "ServeApp", "ServeConfig", "ServeMetrics", "can_batch"]

@@ -68,8 +68,14 @@ _QUEUED: contextvars.ContextVar[list[bool]] = contextvars.ContextVar("stoker_ser
 class DynamicBatcher:
     """Runs ``model`` (dict of batched inputs -> dict of batched outputs) for concurrent requests."""
 
-    def __init__(self, model: Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]], config: BatchingConfig,
-                 *, can_batch: bool = True, observe: BatchObserver | None = None) -> None:
+    def __init__(
+        self,
+        model: Callable[[Mapping[str, torch.Tensor]], Mapping[str, torch.Tensor]],
+        config: BatchingConfig,
+        *,
+        can_batch: bool = True,
+        observe: BatchObserver | None = None,
+    ) -> None:
         self.model = model
         self.config = config
         self.batching = config.enabled and can_batch  # a model whose outputs lack a batch dimension cannot be split
@@ -187,7 +193,7 @@ class DynamicBatcher:
         outputs = self.model({n: torch.cat([item.inputs[n] for item in group]) for n in names})
         results, start = [], 0
         for item in group:
-            results.append({k: v[start:start + item.rows] for k, v in outputs.items()})
+            results.append({k: v[start : start + item.rows] for k, v in outputs.items()})
             start += item.rows
         return results
 

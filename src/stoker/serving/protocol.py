@@ -32,8 +32,14 @@ _FLOAT_KINDS, _INT_KINDS, _BOOL_KINDS = "iuf", "iu", "b"  # numpy dtype kinds ea
 
 # signature dtype -> Open Inference Protocol datatype (and the numpy dtype of its binary form)
 DATATYPES: dict[str, tuple[str, str]] = {
-    "bool": ("BOOL", "bool"), "uint8": ("UINT8", "<u1"), "int8": ("INT8", "<i1"), "int16": ("INT16", "<i2"),
-    "int32": ("INT32", "<i4"), "int64": ("INT64", "<i8"), "float16": ("FP16", "<f2"), "float32": ("FP32", "<f4"),
+    "bool": ("BOOL", "bool"),
+    "uint8": ("UINT8", "<u1"),
+    "int8": ("INT8", "<i1"),
+    "int16": ("INT16", "<i2"),
+    "int32": ("INT32", "<i4"),
+    "int64": ("INT64", "<i8"),
+    "float16": ("FP16", "<f2"),
+    "float32": ("FP32", "<f4"),
     "float64": ("FP64", "<f8"),
 }
 
@@ -43,7 +49,9 @@ class RequestError(ValueError):
 
 
 # ==================================================================== the checks
-def validate_inputs(body: Any, signature: Mapping[str, Any], max_batch: int = DEFAULT_MAX_BATCH) -> dict[str, torch.Tensor]:
+def validate_inputs(
+    body: Any, signature: Mapping[str, Any], max_batch: int = DEFAULT_MAX_BATCH
+) -> dict[str, torch.Tensor]:
     """Check a decoded ``/predict`` body against the export's signature; return input tensors.
 
     Raises ``RequestError`` naming the first problem (a missing or unknown input, a ragged or
@@ -67,24 +75,34 @@ def validate_inputs(body: Any, signature: Mapping[str, Any], max_batch: int = DE
             raise RequestError(f"input {name!r} is not a rectangular array ({e})") from e
         want_shape = spec["shape"]
         if array.ndim != len(want_shape):
-            raise RequestError(f"input {name!r} has {array.ndim} dimensions {list(array.shape)}; expected {len(want_shape)}: {want_shape}")
+            raise RequestError(
+                f"input {name!r} has {array.ndim} dimensions {list(array.shape)}; expected {len(want_shape)}: {want_shape}"
+            )
         for axis, (got, want) in enumerate(zip(array.shape, want_shape, strict=True)):
             if want != BATCH and got != want:
-                raise RequestError(f"input {name!r} has shape {list(array.shape)}; expected {want_shape} (dimension {axis} must be {want})")
+                raise RequestError(
+                    f"input {name!r} has shape {list(array.shape)}; expected {want_shape} (dimension {axis} must be {want})"
+                )
         dtype = getattr(torch, spec["dtype"])
         kinds = _BOOL_KINDS if dtype == torch.bool else (_FLOAT_KINDS if dtype.is_floating_point else _INT_KINDS)
         if array.size and array.dtype.kind not in kinds:
-            found = {"f": "floats", "b": "booleans", "i": "integers", "u": "integers"}.get(array.dtype.kind, "non-numbers")
+            found = {"f": "floats", "b": "booleans", "i": "integers", "u": "integers"}.get(
+                array.dtype.kind, "non-numbers"
+            )
             raise RequestError(f"input {name!r} must hold {spec['dtype']} values; got {found}")
         if want_shape and want_shape[0] == BATCH:
             rows = int(array.shape[0])
             if batch is not None and rows != batch:
-                raise RequestError(f"every input needs the same batch size; {name!r} has {rows}, an earlier input {batch}")
+                raise RequestError(
+                    f"every input needs the same batch size; {name!r} has {rows}, an earlier input {batch}"
+                )
             batch = rows
         if array.size and array.dtype.kind in _INT_KINDS and not dtype.is_floating_point and dtype != torch.bool:
             info = torch.iinfo(dtype)
             if int(array.min()) < info.min or int(array.max()) > info.max:
-                raise RequestError(f"input {name!r} has values outside the range of {spec['dtype']} [{info.min}, {info.max}]")
+                raise RequestError(
+                    f"input {name!r} has values outside the range of {spec['dtype']} [{info.min}, {info.max}]"
+                )
         try:
             tensors[name] = torch.as_tensor(array).to(dtype)
         except (TypeError, RuntimeError, OverflowError) as e:
@@ -105,12 +123,24 @@ def decode_json(body: bytes) -> Any:
 # ==================================================================== Open Inference Protocol
 def model_metadata(signature: Mapping[str, Any], name: str, platform: str) -> dict[str, Any]:
     """``GET /v2/models/{name}``: the signature's tensors with OIP datatypes, ``-1`` for the batch."""
-    def tensors(kind: str) -> list[dict[str, Any]]:
-        return [{"name": t["name"], "datatype": DATATYPES[t["dtype"]][0],
-                 "shape": [-1 if d == BATCH else int(d) for d in t["shape"]]} for t in signature[kind]]
 
-    return {"name": name, "versions": [model_version(signature)], "platform": platform,
-            "inputs": tensors("inputs"), "outputs": tensors("outputs")}
+    def tensors(kind: str) -> list[dict[str, Any]]:
+        return [
+            {
+                "name": t["name"],
+                "datatype": DATATYPES[t["dtype"]][0],
+                "shape": [-1 if d == BATCH else int(d) for d in t["shape"]],
+            }
+            for t in signature[kind]
+        ]
+
+    return {
+        "name": name,
+        "versions": [model_version(signature)],
+        "platform": platform,
+        "inputs": tensors("inputs"),
+        "outputs": tensors("outputs"),
+    }
 
 
 def model_version(signature: Mapping[str, Any]) -> str:
@@ -132,8 +162,9 @@ class InferRequest:
         return int(next(iter(self.inputs.values())).shape[0]) if self.inputs else 0
 
 
-def decode_infer_request(body: bytes, header_length: str | None, signature: Mapping[str, Any],
-                         max_batch: int = DEFAULT_MAX_BATCH) -> InferRequest:
+def decode_infer_request(
+    body: bytes, header_length: str | None, signature: Mapping[str, Any], max_batch: int = DEFAULT_MAX_BATCH
+) -> InferRequest:
     """Decode and check an OIP ``/infer`` body (JSON, or JSON + binary tensors); ``RequestError`` if bad."""
     json_part, binary = _split_binary(body, header_length)
     request = decode_json(json_part)
@@ -152,7 +183,9 @@ def decode_infer_request(body: bytes, header_length: str | None, signature: Mapp
             raise RequestError(f"unknown input {name!r}; the model's inputs are {list(by_name)}")
         arrays[name], offset = _decode_tensor(item, by_name[name], binary, offset)
     if offset != len(binary):
-        raise RequestError(f"the binary part has {len(binary)} bytes but the inputs' binary_data_size add up to {offset}")
+        raise RequestError(
+            f"the binary part has {len(binary)} bytes but the inputs' binary_data_size add up to {offset}"
+        )
     tensors = validate_inputs({"inputs": arrays}, signature, max_batch)
     outputs, binary_outputs = _requested_outputs(request, signature)
     request_id = request.get("id")
@@ -171,7 +204,9 @@ def _split_binary(body: bytes, header_length: str | None) -> tuple[bytes, bytes]
     return body[:n], body[n:]
 
 
-def _decode_tensor(item: Mapping[str, Any], spec: Mapping[str, Any], binary: bytes, offset: int) -> tuple[np.ndarray, int]:
+def _decode_tensor(
+    item: Mapping[str, Any], spec: Mapping[str, Any], binary: bytes, offset: int
+) -> tuple[np.ndarray, int]:
     """One OIP input tensor as a numpy array of its declared shape; the new offset into ``binary``."""
     name = item["name"]
     datatype, np_dtype = DATATYPES[spec["dtype"]]
@@ -186,12 +221,14 @@ def _decode_tensor(item: Mapping[str, Any], spec: Mapping[str, Any], binary: byt
     if size is not None:
         itemsize = np.dtype(np_dtype).itemsize
         if not isinstance(size, int) or size != count * itemsize or offset + size > len(binary):
-            raise RequestError(f"input {name!r}: binary_data_size {size!r} does not match shape {shape} of {datatype} "
-                               f"({count * itemsize} bytes) or the {len(binary) - offset} bytes left in the body")
+            raise RequestError(
+                f"input {name!r}: binary_data_size {size!r} does not match shape {shape} of {datatype} "
+                f"({count * itemsize} bytes) or the {len(binary) - offset} bytes left in the body"
+            )
         array = np.frombuffer(binary, dtype=np_dtype, count=count, offset=offset).reshape(shape).copy()  # writable
         return array, offset + size
     if "data" not in item:
-        raise RequestError(f"input {name!r} has no \"data\" (and no binary_data_size)")
+        raise RequestError(f'input {name!r} has no "data" (and no binary_data_size)')
     try:
         array = np.asarray(item["data"])
     except ValueError as e:
@@ -217,8 +254,9 @@ def _requested_outputs(request: Mapping[str, Any], signature: Mapping[str, Any])
     return [o["name"] for o in asked], binary
 
 
-def encode_infer_response(request: InferRequest, outputs: Mapping[str, torch.Tensor], signature: Mapping[str, Any],
-                          model_name: str) -> tuple[bytes, int | None]:
+def encode_infer_response(
+    request: InferRequest, outputs: Mapping[str, torch.Tensor], signature: Mapping[str, Any], model_name: str
+) -> tuple[bytes, int | None]:
     """The ``/infer`` answer body, and the JSON header's length when binary outputs follow it."""
     dtypes = {o["name"]: o["dtype"] for o in signature["outputs"]}
     items, chunks = [], []
@@ -242,5 +280,16 @@ def encode_infer_response(request: InferRequest, outputs: Mapping[str, torch.Ten
     return b"".join([header, *chunks]), len(header)
 
 
-__all__ = ["DATATYPES", "DEFAULT_MAX_BATCH", "DEFAULT_MAX_BODY_BYTES", "InferRequest", "RequestError", "decode_infer_request", "decode_json",
-           "encode_infer_response", "model_metadata", "model_version", "validate_inputs"]
+__all__ = [
+    "DATATYPES",
+    "DEFAULT_MAX_BATCH",
+    "DEFAULT_MAX_BODY_BYTES",
+    "InferRequest",
+    "RequestError",
+    "decode_infer_request",
+    "decode_json",
+    "encode_infer_response",
+    "model_metadata",
+    "model_version",
+    "validate_inputs",
+]

@@ -50,8 +50,10 @@ START_TIMEOUT_S = 30.0
 def _require_web_stack() -> None:
     missing = [m for m in ("starlette", "uvicorn", "prometheus_client") if not _importable(m)]
     if missing:
-        raise StokerError(f"stoker serve needs the {', '.join(missing)} package(s): pip install 'stoker[serve]' "
-                          "(starlette, uvicorn, prometheus-client)")
+        raise StokerError(
+            f"stoker serve needs the {', '.join(missing)} package(s): pip install 'stoker[serve]' "
+            "(starlette, uvicorn, prometheus-client)"
+        )
 
 
 def _importable(module: str) -> bool:
@@ -85,9 +87,15 @@ class Server:
         self.server_address = self.socket.getsockname()[:2]
         # limit_concurrency: a backstop on connections + tasks far above the app's own bound
         # (max_pending, answered with a JSON 503); uvicorn answers beyond it with a plain 503.
-        uv_config = uvicorn.Config(self.app.app, log_level="warning", access_log=False, lifespan="on",
-                                   timeout_keep_alive=5, limit_concurrency=4 * config.batching.max_pending + 64,
-                                   timeout_graceful_shutdown=10)
+        uv_config = uvicorn.Config(
+            self.app.app,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            timeout_keep_alive=5,
+            limit_concurrency=4 * config.batching.max_pending + 64,
+            timeout_graceful_shutdown=10,
+        )
         self.uvicorn = uvicorn.Server(uv_config)
         self._thread: threading.Thread | None = None
 
@@ -121,19 +129,30 @@ class Server:
             self._thread.join(timeout)
 
 
-def make_server(export_path: str | os.PathLike[str], host: str = "127.0.0.1", port: int = 8000, *,
-                aot: bool | None = None, model_name: str | None = None, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-                max_batch: int = DEFAULT_MAX_BATCH, batching: bool = True, window_ms: float = DEFAULT_WINDOW_MS,
-                max_pending: int = DEFAULT_MAX_PENDING) -> Server:
+def make_server(
+    export_path: str | os.PathLike[str],
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    aot: bool | None = None,
+    model_name: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_batch: int = DEFAULT_MAX_BATCH,
+    batching: bool = True,
+    window_ms: float = DEFAULT_WINDOW_MS,
+    max_pending: int = DEFAULT_MAX_PENDING,
+) -> Server:
     """Load an export (``aot=True`` or a ``model.aoti.pt2`` path: its AOT package) and bind a
     server to ``host:port``; call ``start()`` or ``serve_forever()`` on the result."""
     _require_web_stack()
     from .app import ServeConfig
     from .batcher import BatchingConfig
 
-    config = ServeConfig(model_name=model_name, max_body_bytes=max_body_bytes,
-                         batching=BatchingConfig(enabled=batching, max_batch=max_batch, window_ms=window_ms,
-                                                 max_pending=max_pending))
+    config = ServeConfig(
+        model_name=model_name,
+        max_body_bytes=max_body_bytes,
+        batching=BatchingConfig(enabled=batching, max_batch=max_batch, window_ms=window_ms, max_pending=max_pending),
+    )
     return Server(load_exported(export_path, aot=aot), host, port, config)
 
 

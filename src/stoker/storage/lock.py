@@ -82,8 +82,13 @@ _HOST = socket.gethostname()
 def _parse(data: bytes) -> LockOwner | None:
     try:
         fields = json.loads(data)
-        return LockOwner(owner=str(fields["owner"]), pid=int(fields["pid"]), host=str(fields["host"]),
-                         pidns=str(fields.get("pidns", "")), time=float(fields["time"]))
+        return LockOwner(
+            owner=str(fields["owner"]),
+            pid=int(fields["pid"]),
+            host=str(fields["host"]),
+            pidns=str(fields.get("pidns", "")),
+            time=float(fields["time"]),
+        )
     except (ValueError, KeyError, TypeError):
         return None  # empty (created, not yet written) or not ours
 
@@ -100,8 +105,13 @@ def _create_exclusive(fs: Any, key: str, data: bytes) -> bool:
         name = type(fs).__name__
         if name not in _warned_not_exclusive:
             _warned_not_exclusive.add(name)
-            log.warning("%s cannot create a file exclusively (%s): the index lock %s is a check-then-write, "
-                        "so two index writers in different processes may still collide", name, e, key)
+            log.warning(
+                "%s cannot create a file exclusively (%s): the index lock %s is a check-then-write, "
+                "so two index writers in different processes may still collide",
+                name,
+                e,
+                key,
+            )
     fs.invalidate_cache(key)
     if fs.exists(key):
         return False
@@ -165,7 +175,11 @@ def lock_file(path: UrlPath, *, stale_after: float = STALE_AFTER, retry: RetryPo
             unreadable_since = None
             stale = time.time() - holder.time > stale_after or holder.gone()
         if stale:
-            who = "unreadable" if holder is None else f"pid {holder.pid} on {holder.host}, taken {time.time() - holder.time:.0f} s ago"
+            who = (
+                "unreadable"
+                if holder is None
+                else f"pid {holder.pid} on {holder.host}, taken {time.time() - holder.time:.0f} s ago"
+            )
             log.warning("breaking the stale index lock %s (%s)", path, who)
             retry.call("remove", path, _remove, fs, key, data)
             continue

@@ -26,10 +26,29 @@ from ..errors import StorageError
 log = logging.getLogger("stoker")
 T = TypeVar("T")
 
-_TRANSIENT_ERRNOS = {errno.EAGAIN, errno.EBUSY, errno.EINTR, errno.ETIMEDOUT, errno.ECONNRESET,
-                     errno.ECONNABORTED, errno.ECONNREFUSED, errno.EPIPE}
-_TRANSIENT_CODES = {"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "InternalError",
-                    "ServiceUnavailable", "RequestLimitExceeded", "500", "502", "503", "504"}
+_TRANSIENT_ERRNOS = {
+    errno.EAGAIN,
+    errno.EBUSY,
+    errno.EINTR,
+    errno.ETIMEDOUT,
+    errno.ECONNRESET,
+    errno.ECONNABORTED,
+    errno.ECONNREFUSED,
+    errno.EPIPE,
+}
+_TRANSIENT_CODES = {
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestTimeout",
+    "InternalError",
+    "ServiceUnavailable",
+    "RequestLimitExceeded",
+    "500",
+    "502",
+    "503",
+    "504",
+}
 
 
 @dataclass(kw_only=True, frozen=True)
@@ -62,7 +81,15 @@ class RetryPolicy:
                 if not is_transient(e) or attempt == self.attempts:
                     tries = f" after {attempt} attempts" if attempt > 1 else ""
                     raise StorageError(f"cannot {what} {path}{tries}: {explain(e)}") from e
-                log.warning("%s %s failed (%s); retry %d of %d in %.2f s", what, path, explain(e), attempt, self.attempts - 1, wait)
+                log.warning(
+                    "%s %s failed (%s); retry %d of %d in %.2f s",
+                    what,
+                    path,
+                    explain(e),
+                    attempt,
+                    self.attempts - 1,
+                    wait,
+                )
                 time.sleep(wait * random.uniform(0.5, 1.0))
                 wait = min(wait * 2, self.max_backoff)
         raise AssertionError("unreachable")

@@ -89,7 +89,9 @@ def filesystem(path: UrlPath) -> Any:
     except (ImportError, ValueError) as e:
         extra = _EXTRAS.get(path.protocol)
         hint = f"pip install 'stoker[{extra}]'" if extra else f"install the fsspec implementation of {path.protocol}://"
-        raise StorageError(f"model_dir {str(path)!r}: the {path.protocol}:// protocol is not available ({e}); {hint}") from e
+        raise StorageError(
+            f"model_dir {str(path)!r}: the {path.protocol}:// protocol is not available ({e}); {hint}"
+        ) from e
 
 
 def _key(path: UrlPath) -> str:
@@ -192,7 +194,7 @@ def files_under(path: Location) -> list[str]:
         fs = filesystem(path)
         base = _key(path).rstrip("/") + "/"
         found = DEFAULT_RETRY.call("list", path, lambda: fs.find(_key(path)))
-        return sorted(str(p)[len(base):] for p in found if str(p).startswith(base))
+        return sorted(str(p)[len(base) :] for p in found if str(p).startswith(base))
     return sorted(p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file())
 
 
@@ -207,7 +209,7 @@ def file_sizes(path: Location, retry: RetryPolicy = DEFAULT_RETRY) -> dict[str, 
             return fs.find(_key(path), detail=True)
 
         found = retry.call("list", path, find)
-        return {k[len(base):]: int(v.get("size") or 0) for k, v in found.items() if k.startswith(base)}
+        return {k[len(base) :]: int(v.get("size") or 0) for k, v in found.items() if k.startswith(base)}
     return {p.relative_to(path).as_posix(): p.stat().st_size for p in path.rglob("*") if p.is_file()}
 
 
@@ -287,12 +289,20 @@ def _gcs_put(fs: Any, key: str, data: bytes, generation: str) -> None:
 
     bucket, name, _ = fs.split_path(key)
     boundary = f"stoker-{uuid.uuid4().hex}"  # random: cannot occur in the data
-    head = (f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{json.dumps({'name': name})}\r\n"
-            f"--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n")
+    head = (
+        f"--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{json.dumps({'name': name})}\r\n"
+        f"--{boundary}\r\nContent-Type: application/octet-stream\r\n\r\n"
+    )
     body = head.encode() + data + f"\r\n--{boundary}--\r\n".encode()
-    out = fs.call("POST", f"{fs._location}/upload/storage/v1/b/{quote(bucket, safe='')}/o", uploadType="multipart",
-                  ifGenerationMatch=generation, headers={"Content-Type": f'multipart/related; boundary="{boundary}"'},
-                  data=body, json_out=True)
+    out = fs.call(
+        "POST",
+        f"{fs._location}/upload/storage/v1/b/{quote(bucket, safe='')}/o",
+        uploadType="multipart",
+        ifGenerationMatch=generation,
+        headers={"Content-Type": f'multipart/related; boundary="{boundary}"'},
+        data=body,
+        json_out=True,
+    )
     if int(out.get("size", len(data))) != len(data):
         raise OSError(errno.EIO, f"the store kept {out.get('size')} of {len(data)} bytes")
 
@@ -319,8 +329,10 @@ def put_if(path: UrlPath, data: bytes, version: str | None, retry: RetryPolicy =
                 fs.pipe_file(key, data, IfMatch=version)
         except Exception as e:  # noqa: BLE001 - s3fs and gcsfs map HTTP 412 to several types
             text = f"{type(e).__name__} {e} {e.__cause__}"
-            if isinstance(e, FileExistsError) or getattr(e, "code", None) == 412 or any(
-                t in text for t in ("PreconditionFailed", "412", "ConditionalRequestConflict")
+            if (
+                isinstance(e, FileExistsError)
+                or getattr(e, "code", None) == 412
+                or any(t in text for t in ("PreconditionFailed", "412", "ConditionalRequestConflict"))
             ):
                 return False
             raise
@@ -356,7 +368,30 @@ def local_cache(path: UrlPath) -> Path:
 
 
 __all__ = [
-    "DEFAULT_RETRY", "Location", "RetryPolicy", "UrlPath", "exists", "explain", "file_sizes", "files_under", "filesystem",
-    "fsync_dir", "is_dir", "is_file", "is_transient", "listdir", "local_cache", "location", "makedirs",
-    "put_if", "read_bytes", "read_versioned", "remove_tree", "supports_conditional_writes", "upload", "url_lock", "write_all", "download",
+    "DEFAULT_RETRY",
+    "Location",
+    "RetryPolicy",
+    "UrlPath",
+    "exists",
+    "explain",
+    "file_sizes",
+    "files_under",
+    "filesystem",
+    "fsync_dir",
+    "is_dir",
+    "is_file",
+    "is_transient",
+    "listdir",
+    "local_cache",
+    "location",
+    "makedirs",
+    "put_if",
+    "read_bytes",
+    "read_versioned",
+    "remove_tree",
+    "supports_conditional_writes",
+    "upload",
+    "url_lock",
+    "write_all",
+    "download",
 ]

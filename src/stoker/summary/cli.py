@@ -15,14 +15,16 @@ from .inspect import format_inspection, inspect_run, plot_run
 def add_parser(subparsers: Any) -> None:
     """Register ``stoker inspect MODEL_DIR`` and ``stoker plot MODEL_DIR --out curves.png``."""
     p = subparsers.add_parser(
-        "inspect", help="show a model_dir: checkpoints (step, time, size, eval, best), latest metrics, run spec",
+        "inspect",
+        help="show a model_dir: checkpoints (step, time, size, eval, best), latest metrics, run spec",
         description="Show what a model_dir holds, from its files only (checkpoint.json, metrics.csv, run_spec.json).",
     )
     p.add_argument("model_dir")
     p.add_argument("--json", action="store_true", help="print the result as JSON instead of a table")
     p.set_defaults(func=_inspect_command)
     q = subparsers.add_parser(
-        "plot", help="plot a model_dir's loss, eval metrics, throughput and learning rate vs step into a PNG",
+        "plot",
+        help="plot a model_dir's loss, eval metrics, throughput and learning rate vs step into a PNG",
         description="Plot the curves in a model_dir's metrics.csv (matplotlib, Agg backend).",
     )
     q.add_argument("model_dir")

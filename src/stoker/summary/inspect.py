@@ -45,7 +45,11 @@ def inspect_run(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
     has_spec = storage.exists(spec_path)
     if not (has_index or has_csv or has_spec):
         raise InspectError(f"{root} is not a stoker model_dir: it has no {INDEX_NAME}, {CSV_NAME} or {RUN_SPEC_FILE}")
-    index = CheckpointManager(root, writer=False).index() if has_index else {"latest": None, "best": None, "checkpoints": []}
+    index = (
+        CheckpointManager(root, writer=False).index()
+        if has_index
+        else {"latest": None, "best": None, "checkpoints": []}
+    )
     best = index.get("best")
     checkpoints = [
         {
@@ -89,8 +93,14 @@ def format_inspection(info: Mapping[str, Any]) -> str:
     spec = info.get("run_spec")
     if spec:
         params = spec.get("params") or {}
-        what = spec.get("kind", "?") + (f" {spec['model']}" if "model" in spec else "") + (f" ({spec['dataset']})" if "dataset" in spec else "")
-        lines.append(f"run spec   {what}; written {spec.get('written', '?')} by stoker {spec.get('stoker_version', '?')}")
+        what = (
+            spec.get("kind", "?")
+            + (f" {spec['model']}" if "model" in spec else "")
+            + (f" ({spec['dataset']})" if "dataset" in spec else "")
+        )
+        lines.append(
+            f"run spec   {what}; written {spec.get('written', '?')} by stoker {spec.get('stoker_version', '?')}"
+        )
         if params:
             lines.append("           " + ", ".join(f"{k}={v}" for k, v in params.items()))
     else:
@@ -104,7 +114,11 @@ def format_inspection(info: Mapping[str, Any]) -> str:
     if not cks:
         lines.append("checkpoints: none")
     else:
-        best_text = (f"; best {best['name']} by {best['metric']} ({best['mode']}) = {best['value']:.6g}" if best else "; no best (RunConfig.keep_best unset or no evaluation yet)")
+        best_text = (
+            f"; best {best['name']} by {best['metric']} ({best['mode']}) = {best['value']:.6g}"
+            if best
+            else "; no best (RunConfig.keep_best unset or no evaluation yet)"
+        )
         lines.append(f"checkpoints: {len(cks)} retained; latest {info['latest']}{best_text}")
         lines.append(f"  {'name':<14}{'step':>9}  {'written':<19}  {'size':>9}  evaluation")
         for c in cks:
@@ -112,7 +126,9 @@ def format_inspection(info: Mapping[str, Any]) -> str:
             evals = ", ".join(f"{k}={v:.4g}" for k, v in sorted(c["metrics"].items())) or "-"
             size = _size(c["bytes"]) if c["bytes"] is not None else "?"
             written = _when(c["time"]) if c["time"] else "?"
-            lines.append(f"  {c['name'] + (' ' + marks if marks else ''):<14}{c['step']:>9}  {written:<19}  {size:>9}  {evals}")
+            lines.append(
+                f"  {c['name'] + (' ' + marks if marks else ''):<14}{c['step']:>9}  {written:<19}  {size:>9}  {evals}"
+            )
         lines.append("  (L = latest, B = best)")
     lines.append("")
     values = info["metrics"]
@@ -123,7 +139,9 @@ def format_inspection(info: Mapping[str, Any]) -> str:
         width = max(len(t) for t in values)
         for tag in sorted(values, key=lambda t: (t.startswith("eval"), t)):
             v = values[tag]
-            lines.append(f"  {tag:<{width}}  step {v['step']:>8}  {_number(v['value'])}{_derived(tag, v['value'], spec)}")
+            lines.append(
+                f"  {tag:<{width}}  step {v['step']:>8}  {_number(v['value'])}{_derived(tag, v['value'], spec)}"
+            )
     return "\n".join(lines)
 
 
@@ -183,7 +201,11 @@ def _plan_panels(series: dict[str, Any], spec: dict[str, Any] | None) -> list[tu
     lm = bool(spec and spec.get("kind") == "charlm")
     loss_unit = "loss (nats/char)" if lm else "loss"
     panels: list[tuple[str, str, list[tuple[str, str]]]] = []
-    loss_lines = [(t, label) for t, label in (("loss", "training (mean over the logging interval)"), ("eval/loss", "evaluation")) if t in series]
+    loss_lines = [
+        (t, label)
+        for t, label in (("loss", "training (mean over the logging interval)"), ("eval/loss", "evaluation"))
+        if t in series
+    ]
     if loss_lines:
         panels.append(("Loss", loss_unit, loss_lines))
     eval_metrics = sorted(t for t in series if t.startswith("eval") and "/" in t and not t.endswith("/loss"))
@@ -203,8 +225,14 @@ def _plan_panels(series: dict[str, Any], spec: dict[str, Any] | None) -> list[tu
     return panels
 
 
-def plot_run(model_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, width_in: float = 11.0,
-             panel_height_in: float = 3.4, dpi: int = 100) -> dict[str, Any]:
+def plot_run(
+    model_dir: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    width_in: float = 11.0,
+    panel_height_in: float = 3.4,
+    dpi: int = 100,
+) -> dict[str, Any]:
     """Draw the run's curves into a PNG: training loss (with evaluation loss), each evaluation
     metric, throughput and the learning rate, all against the global step.
 
@@ -230,7 +258,9 @@ def plot_run(model_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, 
     nrows = math.ceil(len(panels) / ncols)
     fig = Figure(figsize=(width_in, panel_height_in * nrows), dpi=dpi, layout="constrained")
     FigureCanvasAgg(fig)
-    title = root.resolve().name + (f"  ({spec.get('kind')}{' ' + spec['model'] if 'model' in spec else ''})" if spec else "")
+    title = root.resolve().name + (
+        f"  ({spec.get('kind')}{' ' + spec['model'] if 'model' in spec else ''})" if spec else ""
+    )
     fig.suptitle(title, fontsize=13)
     # One step range for every panel, so a single evaluation lines up with the loss curve.
     lo = min(min(steps) for steps, _ in series.values())
@@ -252,7 +282,11 @@ def plot_run(model_dir: str | os.PathLike[str], out: str | os.PathLike[str], *, 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, format="png", dpi=dpi)
-    return {"path": str(out), "panels": [p[0] for p in panels], "size": (round(width_in * dpi), round(panel_height_in * nrows * dpi))}
+    return {
+        "path": str(out),
+        "panels": [p[0] for p in panels],
+        "size": (round(width_in * dpi), round(panel_height_in * nrows * dpi)),
+    }
 
 
 __all__ = ["InspectError", "format_inspection", "inspect_run", "plot_run"]

@@ -56,11 +56,13 @@ class EventFileWriter:
         name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{uid}"
         self.path = Path(logdir) / name
         self._file = open(self.path, "wb")  # noqa: SIM115 - closed in close()
-        self._record(self._event(
-            wall_time=time.time(),
-            file_version="brain.Event:2",
-            source_metadata=event_pb2.SourceMetadata(writer="tensorboard.summary.writer.event_file_writer"),
-        ))
+        self._record(
+            self._event(
+                wall_time=time.time(),
+                file_version="brain.Event:2",
+                source_metadata=event_pb2.SourceMetadata(writer="tensorboard.summary.writer.event_file_writer"),
+            )
+        )
         self.flush()
 
     def _masked_crc32c(self, data: bytes) -> bytes:
