@@ -40,7 +40,7 @@ def seed_flags() -> list[str]:
 
 
 def bench_parser() -> argparse.ArgumentParser:
-    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    sub = next(a for a in build_parser("bench")._actions if isinstance(a, argparse._SubParsersAction))
     return sub.choices["bench"]
 
 
