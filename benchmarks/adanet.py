@@ -2,8 +2,9 @@
 
 One AdaNet iteration trains K candidate subnetworks (MLPs of depth 1..K, each with its own
 Adam) *and* evaluates their K candidate ensembles (GrowStrategy, SCALAR mixture weights:
-``--ensembler`` fixed at 1/N, learned with SGD or with Adam) in the same steps. The baseline trains the same K subnetworks one after another, each with a
-plain ``stoker.Estimator``, for the same number of steps on the same batches. Both write
+``--ensembler`` fixed at 1/N, learned with SGD or with Adam) in the same steps. The baseline
+trains the same K subnetworks one after another, each with a plain ``stoker.Estimator``,
+for the same number of steps on the same batches. Both write
 checkpoints to a temporary model_dir (one at the end) and use the same RunConfig. The
 ratio ``adanet / sequential`` is the cost of the search relative to training the
 candidates alone; below 1.0 the shared step (one batch fetch, one loop, one backward call)
@@ -175,12 +176,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 def report(r: dict[str, Any]) -> str:
     lines = [
         f"AdaNet iteration with {r['candidates']} candidates vs {r['candidates']} plain Estimators one after another "
-        f"({r['steps']} steps each, batch {r['batch']}, width {r['width']}, mixture weights {r['ensembler']}, {r['threads']} thread(s))",
+        f"({r['steps']} steps each, batch {r['batch']}, width {r['width']}, mixture weights {r['ensembler']}, "
+        f"{r['threads']} thread(s))",
     ]
     for i, (a, s, q) in enumerate(zip(r["adanet_seconds"], r["sequential_seconds"], r["ratio_per_round"], strict=True)):
         lines.append(f"  round {i}: adanet {a:.2f} s, sequential {s:.2f} s, ratio {q:.3f}")
     lines.append(
-        f"  median ratio adanet / sequential: wall {r['ratio_median']:.3f}, process CPU time {r['cpu_ratio_median']:.3f}"
+        f"  median ratio adanet / sequential: wall {r['ratio_median']:.3f}, process CPU time "
+        f"{r['cpu_ratio_median']:.3f}"
     )
     lines.append(
         f"  (1-minute load average at the end: {r['load_average']:.2f}; above the core count, compare CPU-time ratios)"
@@ -201,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         "--ensembler",
         choices=sorted(ENSEMBLERS),
         default="sgd",
-        help="mixture weights: fixed at 1/N (the original's default), learned with SGD or with Adam; default %(default)s",
+        help=(
+            "mixture weights: fixed at 1/N (the original's default), learned with SGD or with Adam; default %(default)s"
+        ),
     )
     p.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = p.parse_args(argv)

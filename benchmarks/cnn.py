@@ -1,4 +1,4 @@
-"""``stoker bench`` against a plain PyTorch loop and tf_cnn_benchmarks' figures.
+r"""``stoker bench`` against a plain PyTorch loop and tf_cnn_benchmarks' figures.
 
 For trivial (ImageNet), resnet20 (CIFAR-10) and resnet50 (ImageNet), batch 32, NHWC
 (channels_last), synthetic data, fp32, SGD with weight decay, as REFERENCE_NUMBERS.md's runs,
@@ -26,7 +26,8 @@ speed-up each target asks of plain PyTorch there (resnet50 11.5 / 7.6, resnet20 
 
     python benchmarks/cnn.py                      # all three models, 2 rounds
     python benchmarks/cnn.py --models resnet20 --rounds 3
-    python benchmarks/cnn.py --models resnet20 resnet50 --rounds 1 --configs stoker stoker_compile_module stoker_compile_step
+    python benchmarks/cnn.py --models resnet20 resnet50 --rounds 1 \
+        --configs stoker stoker_compile_module stoker_compile_step
     python benchmarks/cnn.py --configs stoker tensorflow      # against TensorFlow on this machine
 """
 
@@ -282,7 +283,8 @@ def main() -> None:
             )
         return
     print(
-        "| model (data set) | plain loop | stoker bench | stoker / plain | target's speed-up | stoker, C malloc | plain, kept memory "
+        "| model (data set) | plain loop | stoker bench | stoker / plain | target's speed-up | stoker, C malloc | "
+        "plain, kept memory "
         "| overhead (same malloc) | tf_cnn_benchmarks (reference machine) |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
@@ -290,8 +292,10 @@ def main() -> None:
         target = TARGET_SPEEDUP.get(case.model)
         overhead = f"{m['stoker_c_malloc'] / m['plain']:.2f}x / {m['stoker'] / m['plain_kept']:.2f}x"
         print(
-            f"| {case.model} ({case.dataset}) | {m['plain']:.1f} | {m['stoker']:.1f} | {m['stoker'] / m['plain']:.2f}x | "
-            f"{f'{target:.2f}x' if target else '-'} | {m['stoker_c_malloc']:.1f} | {m['plain_kept']:.1f} | {overhead} | "
+            f"| {case.model} ({case.dataset}) | {m['plain']:.1f} | {m['stoker']:.1f} | "
+            f"{m['stoker'] / m['plain']:.2f}x | "
+            f"{f'{target:.2f}x' if target else '-'} | {m['stoker_c_malloc']:.1f} | {m['plain_kept']:.1f} | "
+            f"{overhead} | "
             f"{case.tf_images_per_sec:g} |"
         )
 

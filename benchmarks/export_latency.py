@@ -1,4 +1,4 @@
-"""Inference latency: ``Estimator.predict`` vs the eager ``model_fn`` vs the exported program vs torch.compile vs the AOT package.
+"""Inference latency: ``Estimator.predict``, the eager ``model_fn``, the export, torch.compile and the AOT package.
 
 For each model (``resnet20`` on CIFAR-10 images, the ``charlm`` recipe on byte segments) and
 each batch size, one request is timed ``--iters`` times (after ``--warmup`` untimed calls)

@@ -239,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = run([workloads[w]() for w in args.workloads], device)
     load = os.getloadavg()
     print(
-        f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else platform.processor() or 'cpu'}), "
+        f"device {device} "
+        f"({torch.cuda.get_device_name(device) if device.type == 'cuda' else platform.processor() or 'cpu'}), "
         f"torch {torch.__version__}, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
     )
     print_table(rows)

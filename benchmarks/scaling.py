@@ -160,7 +160,8 @@ def main() -> None:
     print(f"{'1 process x 2 threads':<28}{best1:>12.1f}{1.0:>7.2f}x")
     print(f"{'2 replicas x 1 thread (DDP)':<28}{best2:>12.1f}{best2 / best1:>7.2f}x")
     print(
-        f"all-reduce of resnet20's {count_parameters(create_model('resnet20', dataset='cifar10')):,} gradients: {allreduce:.2f} ms"
+        f"all-reduce of resnet20's {count_parameters(create_model('resnet20', dataset='cifar10')):,} gradients: "
+        f"{allreduce:.2f} ms"
     )
 
 

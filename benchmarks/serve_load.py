@@ -177,7 +177,8 @@ def format_rows(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         lines.append(
             f"| {'on' if r['batching'] else 'off'} | {r['clients']} | {r['requests']} | {r['ok']} | {r['503']} | "
-            f"{r['other']} | {r['requests_per_s']:.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | {r['rows_per_call']:.2f} |"
+            f"{r['other']} | {r['requests_per_s']:.0f} | {r['p50_ms']:.1f} | {r['p99_ms']:.1f} | "
+            f"{r['rows_per_call']:.2f} |"
         )
     return "\n".join(lines)
 

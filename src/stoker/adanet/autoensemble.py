@@ -113,11 +113,13 @@ class AutoEnsembleEstimator(Estimator):
             if not isinstance(entry, AutoEnsembleSubestimator):
                 if not (isinstance(entry, nn.Module) or callable(entry)):
                     raise TypeError(
-                        f"candidate_pool[{name!r}] must be an AutoEnsembleSubestimator, an nn.Module or a factory; got {type(entry).__name__}"
+                        f"candidate_pool[{name!r}] must be an AutoEnsembleSubestimator, an nn.Module or a "
+                        f"factory; got {type(entry).__name__}"
                     )
                 if optimizer is None:
                     raise ValueError(
-                        f"candidate_pool[{name!r}] has no optimizer: wrap it in AutoEnsembleSubestimator(optimizer=...) or pass optimizer="
+                        f"candidate_pool[{name!r}] has no optimizer: wrap it in "
+                        "AutoEnsembleSubestimator(optimizer=...) or pass optimizer="
                     )
                 entry = AutoEnsembleSubestimator(model=entry, optimizer=optimizer)
             builders.append(_PoolBuilder(str(name), entry))

@@ -83,7 +83,8 @@ class Evaluator:
                 {k.split("/", 1)[1] for k in results if "/" in k and not k.startswith(("subnetwork/", "report/"))}
             )
             raise ValueError(
-                f"Evaluator.metric_name={self.metric_name!r} is not computed for every candidate; candidates have {known}"
+                f"Evaluator.metric_name={self.metric_name!r} is not computed for every candidate; candidates have "
+                f"{known}"
             )
         return [float(results[k]) for k in keys]
 

@@ -41,7 +41,8 @@ def as_subnetwork(output: Any) -> Subnetwork:
     if isinstance(output, torch.Tensor):
         return Subnetwork(last_layer=output, logits=output, complexity=0.0)
     raise TypeError(
-        f"a subnetwork module must return a stoker.adanet.Subnetwork or a logits tensor; it returned a {type(output).__name__}"
+        "a subnetwork module must return a stoker.adanet.Subnetwork or a logits tensor; it returned a "
+        f"{type(output).__name__}"
     )
 
 

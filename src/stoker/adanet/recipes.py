@@ -315,10 +315,12 @@ def _report(
         print(f"  held-out ensemble: {metric} {ensemble[metric]:.4f}, loss {ensemble['loss']:.4f}")
         for key, m in members.items():
             print(
-                f"  held-out {key} alone: {metric} {m[metric]:.4f}, loss {m['loss']:.4f} (|mixture weight|_1 {weights[key]:.3f})"
+                f"  held-out {key} alone: {metric} {m[metric]:.4f}, loss {m['loss']:.4f} (|mixture weight|_1 "
+                f"{weights[key]:.3f})"
             )
         print(
-            f"  best single subnetwork: {best_key} ({metric} {members[best_key][metric]:.4f}); ensemble {ensemble[metric]:.4f}"
+            f"  best single subnetwork: {best_key} ({metric} {members[best_key][metric]:.4f}); ensemble "
+            f"{ensemble[metric]:.4f}"
         )
     return {
         "architecture": est.architecture().serialize(),
@@ -362,7 +364,8 @@ def run_digits(cfg: RecipeConfig, which: Sequence[str] = ("linear", "dnn", "cnn"
         }
         if cfg.verbose:
             print(
-                f"\n== linear baseline ({root / 'linear'}): held-out accuracy {r['accuracy']:.4f}, loss {r['loss']:.4f} ({total_steps} steps)"
+                f"\n== linear baseline ({root / 'linear'}): held-out accuracy {r['accuracy']:.4f}, loss "
+                f"{r['loss']:.4f} ({total_steps} steps)"
             )
     generators: dict[str, Generator] = {
         # Small subnetworks: AdaNet grows capacity by ensembling them (wide ones would each

@@ -99,7 +99,8 @@ class SearchSpace:
             path = self.report_dir / REPORT_FILE.format(i)
             if not storage.exists(path):
                 raise ValueError(
-                    f"{path} is missing: the report of iteration {i}, which the generator of iteration {iteration_number} receives"
+                    f"{path} is missing: the report of iteration {i}, which the generator of iteration "
+                    f"{iteration_number} receives"
                 )
             reports = [MaterializedReport.from_dict(d) for d in json.loads(read_text(path))]
             every.extend(reports)
@@ -126,7 +127,8 @@ class SearchSpace:
             name = check_builder_name(b.name)
             if name in seen:
                 raise ValueError(
-                    f"two builders of iteration {iteration_number} are named {name!r}: builder names must be unique within an iteration"
+                    f"two builders of iteration {iteration_number} are named {name!r}: builder names must be "
+                    "unique within an iteration"
                 )
             seen.add(name)
         return builders
@@ -152,7 +154,8 @@ class SearchSpace:
             )
             if not isinstance(module, nn.Module):
                 raise TypeError(
-                    f"{type(builder).__name__}.build_subnetwork must return an nn.Module; it returned a {type(module).__name__}"
+                    f"{type(builder).__name__}.build_subnetwork must return an nn.Module; it returned a "
+                    f"{type(module).__name__}"
                 )
             module.to(device)
             was_training = module.training
@@ -183,7 +186,8 @@ class SearchSpace:
                     )
                     if display in seen:
                         raise ValueError(
-                            f"two candidate ensembles are named {display!r}: strategies must give unique candidate names"
+                            f"two candidate ensembles are named {display!r}: strategies must give unique "
+                            "candidate names"
                         )
                     seen.add(display)
                     out.append((display, cand, ensembler))
@@ -209,14 +213,16 @@ class SearchSpace:
                 match = [w for w in previous.weighted_subnetworks if w.builder is b]
                 if not match:
                     raise ValueError(
-                        f"candidate {cand.name!r} names a previous subnetwork {getattr(b, 'name', b)!r} that is not in the previous ensemble"
+                        f"candidate {cand.name!r} names a previous subnetwork {getattr(b, 'name', b)!r} that is "
+                        "not in the previous ensemble"
                     )
                 members.append(match[0])
         for b in cand.subnetwork_builders:
             key = subnetwork_key(iteration_number, b.name)
             if key not in new or new[key][0] is not b:
                 raise ValueError(
-                    f"candidate {cand.name!r} includes builder {b.name!r}, which is not one of iteration {iteration_number}'s builders"
+                    f"candidate {cand.name!r} includes builder {b.name!r}, which is not one of iteration "
+                    f"{iteration_number}'s builders"
                 )
             _, module, example = new[key]
             members.append(WeightedSubnetwork(b.name, iteration_number, example, module, None, b))
@@ -264,7 +270,8 @@ class SearchSpace:
         for name in wanted:
             if name not in by_name:
                 raise ValueError(
-                    f"Required subnetwork builder is missing for iteration {i}: {name!r} (architecture-{i}.json names it, "
+                    f"Required subnetwork builder is missing for iteration {i}: {name!r} (architecture-{i}.json "
+                    "names it, "
                     f"but the generator now gives {sorted(by_name)}). Generators must be deterministic: the same "
                     "previous ensemble, iteration number and reports must give builders with the same names."
                 )
@@ -277,7 +284,8 @@ class SearchSpace:
             if cand.name == arch.ensemble_candidate_name and ensembler.name == arch.ensembler_name:
                 return self.assemble(display, cand, ensembler, i, previous, new)
         raise ValueError(
-            f"Could not find the candidate {arch.ensemble_candidate_name!r} with ensembler {arch.ensembler_name!r} that "
+            f"Could not find the candidate {arch.ensemble_candidate_name!r} with ensembler "
+            f"{arch.ensembler_name!r} that "
             f"architecture-{i}.json names. Are the ensemble strategies and ensemblers the same, and deterministic?"
         )
 

@@ -47,7 +47,8 @@ def build_optimizers(model: IterationModel) -> CandidateOptimizers:
         opt = model.builders[key].build_subnetwork_optimizer(params)
         if not isinstance(opt, torch.optim.Optimizer):
             raise TypeError(
-                f"{type(model.builders[key]).__name__}.build_subnetwork_optimizer must return a torch.optim.Optimizer; got {type(opt).__name__}"
+                f"{type(model.builders[key]).__name__}.build_subnetwork_optimizer must return a "
+                f"torch.optim.Optimizer; got {type(opt).__name__}"
             )
         optimizers[f"subnetwork/{key}"] = opt
     by_ensembler: dict[str, tuple[Ensembler, list[nn.Parameter]]] = {}

@@ -257,7 +257,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     g.add_argument("--iterations", type=int, help="calls per thread (default 100)")
     g.add_argument(
         "--exported",
-        help="a directory written by `stoker export` (or Estimator.export) to benchmark instead of the zoo model; DIR/model.aoti.pt2 for its AOT package (stoker export --aot)",
+        help=(
+            "a directory written by `stoker export` (or Estimator.export) to benchmark instead of the zoo model; "
+            "DIR/model.aoti.pt2 for its AOT package (stoker export --aot)"
+        ),
     )
     _add_table_flags(p)
     _add_negations(p)

@@ -137,7 +137,8 @@ def describe(defaults: ModelDefaults, model: str) -> str:
         "constant": f"{defaults.learning_rate:g}",
         "resnet": "0.128 x global batch / 256 (--resnet_base_lr replaces 0.128), 5 warm-up epochs, "
         "x0.1 at epochs 30, 60, 80, 90",
-        "official_resnet": f"{defaults.learning_rate:g} x global batch / {defaults.batch_size}, x0.1 at epochs 30, 60, 80, 90",
+        "official_resnet": f"{defaults.learning_rate:g} x global batch / {defaults.batch_size}, "
+        "x0.1 at epochs 30, 60, 80, 90",
         "resnet_cifar": "0.1, then 0.01, 0.001, 0.0002 from epochs 82, 123, 300",
         "densenet_cifar": "0.1, then 0.01, 0.001, 0.0001 from epochs 150, 225, 300",
         "alexnet_cifar": f"{defaults.learning_rate:g}, x0.1 every 100 epochs",

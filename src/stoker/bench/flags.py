@@ -121,7 +121,8 @@ TABLE: tuple[Flag, ...] = (
        note="--trace_file is always a Chrome trace (torch.profiler)"),
     _f("tfprof_file", "str", None, "tfprof profile output",
        note="tfprof is TensorFlow's; use --trace_file (torch.profiler's Chrome trace)"),
-    _f("graph_file", "str", None, "write the graph", note=_TF_GRAPH + "; `stoker export` writes a torch.export program"),
+    _f("graph_file", "str", None, "write the graph",
+       note=_TF_GRAPH + "; `stoker export` writes a torch.export program"),
     _f("partitioned_graph_file_prefix", "str", None, "write the partitioned graphs", note=_TF_GRAPH),
     _f("use_unified_memory", "bool", None, "CUDA unified memory",
        note="PyTorch's CUDA caching allocator does not use unified memory"),
@@ -132,7 +133,8 @@ TABLE: tuple[Flag, ...] = (
     _f("gpu_kt_max_pending", "int", 0, "GPU kernel tracker", note="a TensorFlow allocator option"),
     _f("use_tf_layers", "bool", True, "build models with tf.layers",
        note="the zoo models are torch.nn modules"),
-    _f("debugger", "str", None, "TensorFlow debugger", note="tfdbg is TensorFlow's; use pdb or torch.autograd's anomaly mode"),
+    _f("debugger", "str", None, "TensorFlow debugger",
+       note="tfdbg is TensorFlow's; use pdb or torch.autograd's anomaly mode"),
     _f("use_python32_barrier", "bool", False, "threading.Barrier of Python 3.2",
        note="there are no per-GPU Python threads to synchronise"),
     _f("datasets_use_caching", "bool", False, "cache the compressed input in memory",
@@ -186,7 +188,8 @@ TABLE: tuple[Flag, ...] = (
        note="TensorFlow checkpoints cannot be loaded; the zoo builds models from their random initialisation"),
     _f("trt_mode", "str", "", "TensorRT precision", choices=("", "FP32", "FP16", "INT8"),
        note="TensorRT conversion is TensorFlow's; export with `stoker export` and convert the program outside"),
-    _f("trt_max_workspace_size_bytes", "int", 4 << 30, "TensorRT workspace", note="TensorRT conversion is TensorFlow's"),
+    _f("trt_max_workspace_size_bytes", "int", 4 << 30, "TensorRT workspace",
+       note="TensorRT conversion is TensorFlow's"),
 )
 # fmt: on
 

@@ -362,7 +362,8 @@ def format_model_table(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     for r in rows:
         size = f"{r['image_size']}x{r['image_size']}" if r["image_size"] else "-"  # not an image model
         lines.append(
-            f"{r['model']:<{width}}  {r['dataset']:<11}  {size:>7}  {r['params']:>12,}  {r['gflop_per_image']:>9.4f}  {r['description']}"
+            f"{r['model']:<{width}}  {r['dataset']:<11}  {size:>7}  {r['params']:>12,}  "
+            f"{r['gflop_per_image']:>9.4f}  {r['description']}"
         )
     return lines
 

@@ -396,7 +396,8 @@ class IndexedSource(ABC):
         end = self._end()
         if end is not None and target > end:
             raise ValueError(
-                f"{self.name}: cannot advance {batches} batches: the data ends {end - self._position()} batches from here"
+                f"{self.name}: cannot advance {batches} batches: the data ends {end - self._position()} batches "
+                "from here"
             )
         epoch, batch = divmod(target, self.batches_per_epoch)
         if batch == 0:  # the end of an epoch reads as (epoch, batches_per_epoch), as after next()

@@ -13,8 +13,9 @@ a Python loop of small kernels per parameter. ``CompiledTrainStep`` compiles two
    graph breaks (for ``no_grad``) would compile the optimizer class's ``step`` as a frame of
    its own, cached per optimizer *instance* on the class's code object, which runs out of
    dynamo's recompile limit after a few Estimators in one process. The step's hooks run
-   eagerly around it and ``no_grad`` is set outside the compiled region. The learning rate of every param group is handed in as a 0-dim tensor
-   for the duration of the call, so an LR schedule changes a tensor's value instead of a
+   eagerly around it and ``no_grad`` is set outside the compiled region. The learning rate of
+   every param group is handed in as a 0-dim tensor for the duration of the call, so an LR
+   schedule changes a tensor's value instead of a
    Python float the graph would specialise on (no recompiles), and the optimizer's
    ``state_dict`` keeps its plain float ``lr``: checkpoints are the eager format.
 
@@ -183,7 +184,10 @@ class CompiledTrainStep(TrainStep):
             warnings.warn(
                 "compile='step': model_fn does not compile as one graph; graph breaks: "
                 + "; ".join(_first_line(r) for r in mine)
-                + ". Each break runs Python between graphs; remove it (e.g. .item(), print, data-dependent if) for speed",
+                + (
+                    ". Each break runs Python between graphs; remove it (e.g. .item(), print, data-dependent if) for "
+                    "speed"
+                ),
                 stacklevel=2,
             )
         return out

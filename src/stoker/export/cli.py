@@ -98,7 +98,8 @@ def _export_command(args: argparse.Namespace) -> int:
         aot = signature["aot"]
         print(
             f"  aot:   {aot['file']} for {aot['device']}, torch {aot['torch_version']} "
-            f"(compiled in {aot['compile_s']:.1f} s, max difference from eager {aot['max_abs_difference_from_eager']:.3g})"
+            f"(compiled in {aot['compile_s']:.1f} s, max difference from eager "
+            f"{aot['max_abs_difference_from_eager']:.3g})"
         )
     return 0
 

@@ -203,7 +203,8 @@ def export(
     rows = {t.shape[0] if t.dim() else None for t in tensors}
     if len(rows) != 1 or None in rows:
         raise ExportError(
-            f"every example input needs the same batch size as its first dimension; got shapes {[list(t.shape) for t in tensors]}"
+            "every example input needs the same batch size as its first dimension; got shapes "
+            f"{[list(t.shape) for t in tensors]}"
         )
     if dynamic_batch and next(iter(rows)) < 2:
         # torch.export specialises a dimension of size 1 (broadcasting could depend on it), so

@@ -76,12 +76,14 @@ def validate_inputs(
         want_shape = spec["shape"]
         if array.ndim != len(want_shape):
             raise RequestError(
-                f"input {name!r} has {array.ndim} dimensions {list(array.shape)}; expected {len(want_shape)}: {want_shape}"
+                f"input {name!r} has {array.ndim} dimensions {list(array.shape)}; expected {len(want_shape)}: "
+                f"{want_shape}"
             )
         for axis, (got, want) in enumerate(zip(array.shape, want_shape, strict=True)):
             if want != BATCH and got != want:
                 raise RequestError(
-                    f"input {name!r} has shape {list(array.shape)}; expected {want_shape} (dimension {axis} must be {want})"
+                    f"input {name!r} has shape {list(array.shape)}; expected {want_shape} (dimension {axis} must "
+                    f"be {want})"
                 )
         dtype = getattr(torch, spec["dtype"])
         kinds = _BOOL_KINDS if dtype == torch.bool else (_FLOAT_KINDS if dtype.is_floating_point else _INT_KINDS)

@@ -66,7 +66,8 @@ Location = Path | UrlPath
 
 
 def location(path: str | os.PathLike[str] | PurePath) -> Location:
-    """``path`` as a local ``Path``, or a ``UrlPath`` for a URL with a protocol (``file://``, ``local://`` are local)."""
+    """``path`` as a local ``Path``, or a ``UrlPath`` for a URL with a protocol (``file://`` and
+    ``local://`` are local)."""
     if isinstance(path, (Path, UrlPath)):
         return path
     text = str(path)

@@ -1,4 +1,4 @@
-"""What a run records about itself, and reading it back: TensorBoard events, ``metrics.csv``, ``stoker inspect`` and ``stoker plot``.
+"""What a run records about itself, and reading it back: events, ``metrics.csv``, ``stoker inspect``, ``stoker plot``.
 
 Owns the writers that training and evaluation log through (:mod:`~stoker.summary.writer`:
 TensorBoard event files without TensorFlow, and a CSV of the same values), the inspection of
