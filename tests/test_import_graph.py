@@ -283,6 +283,7 @@ LAYERS: dict[str, set[str]] = {
     "stoker.checkpoint": {"stoker.errors", "stoker.storage", "stoker.distributed"},
     "stoker.summary": {"stoker.errors", "stoker.storage", "stoker.checkpoint", "stoker.run_spec"},
     "stoker.serving": {"stoker.errors", "stoker._version", "stoker.export"},
+    "stoker.hooks": {"stoker.errors", "stoker.checkpoint", "stoker.summary", "stoker.data", "stoker.config"},
 }
 # ... and what a package may never reach, through any chain of imports.
 NEVER_REACHES: dict[str, set[str]] = {
@@ -290,6 +291,10 @@ NEVER_REACHES: dict[str, set[str]] = {
     "stoker.checkpoint": {"stoker.engine", "stoker.estimator", "stoker.hooks", "stoker.export", "stoker.serving"},
     "stoker.summary": {"stoker.engine", "stoker.estimator"},
     "stoker.serving": {"stoker.estimator", "stoker.hooks", "stoker.bench", "stoker.recipes", "stoker.adanet"},
+    "stoker.distributed": {"stoker.engine", "stoker.estimator"},
+    "stoker.hooks": {"stoker.estimator", "stoker.engine"},
+    "stoker.bench": {"stoker.recipes", "stoker.adanet", "stoker.serving", "stoker.cli"},
+    "stoker.adanet": {"stoker.bench", "stoker.recipes", "stoker.serving", "stoker.cli"},
 }
 
 

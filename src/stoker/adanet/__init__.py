@@ -38,6 +38,9 @@ Layout of ``model_dir``::
     iteration-<t>/            iteration t's Estimator: ckpt-<step>/, checkpoint.json, selection.json
     final/ckpt-<step>/        the ensemble chosen when the iteration ending at <step> ended
     report/iteration-<t>.json materialised reports (with a ReportMaterializer)
+
+AdaNet sits above the engine, beside the harness: it may import the Estimator and the layers
+below it, never the harness, the recipes or the ``stoker`` command.
 """
 
 from . import replay

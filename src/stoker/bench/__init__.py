@@ -16,6 +16,9 @@ counts and MFU. The pieces:
   builder for ``stoker export``;
 - ``cli``: the ``stoker bench`` flags.
 
+The harness sits above the engine: it may import any of stoker but the recipes, AdaNet,
+serving and the ``stoker`` command, and nothing below it imports the harness.
+
 In Python::
 
     from stoker.bench import BenchConfig, run_benchmark, summary_lines

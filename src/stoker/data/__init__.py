@@ -10,6 +10,9 @@ worker processes.
 - :func:`text_chars`: byte-level language-model streams (:func:`stdlib_corpus`: a corpus
   on every machine).
 - :func:`synthetic_images`: one random batch on the device, for benchmarks.
+
+This package imports nothing of stoker but :mod:`stoker.errors`: a source knows nothing of the
+engine that reads it.
 """
 
 from .arrays import ArraySource, arrays

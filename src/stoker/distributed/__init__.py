@@ -14,6 +14,9 @@ pipeline       replicas x pipeline stages (``RunConfig.pipeline_split``): the mo
                stages run by ``torch.distributed.pipelining`` schedules, gradients averaged
                over the replicas of each stage; checkpoints as ``sharded``
 =============  ==========================================================================
+
+Strategies may import storage, memory and errors; never the engine or the Estimator, which
+ask a strategy what to do and never which strategy they hold.
 """
 
 from __future__ import annotations

@@ -10,7 +10,14 @@
 - ``ContinuousEvaluation``: a separate process evaluating each new checkpoint as training
   writes it, recording the results in the index.
 
-The bench harness, AdaNet and a watching evaluator can use any of them on their own.
+Also here: the device loop (``loop.py``) and the infeed (``infeed.py``) that drive a training
+step, the step variants ``steps.py`` picks (``compiled_step.py``, ``cuda_graph_step.py``,
+``pipeline_step.py``), and ``stoker evaluate`` (``cli.py``).
+
+The bench harness, AdaNet and a watching evaluator can use any of them on their own. The
+engine may import the layers below it (checkpoint, storage, data, distributed, hooks, memory,
+summary, run_spec and the top-level config, spec, precision, metrics, rng, errors); it never
+imports the harness, the recipes, AdaNet, serving or the ``stoker`` command.
 """
 
 from .evaluation import EvaluationRun
