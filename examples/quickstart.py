@@ -144,11 +144,13 @@ def main() -> int:
         confidence = row["probabilities"][row["class"]].item()
         print(f"held-out example {i}: predicted {row['class'].item()} (p={confidence:.2f}), true {y_test[i].item()}")
     print(
-        f"checkpoints are in {args.model_dir}; rerun the same command to resume (it only evaluates once max_steps is reached)"
+        f"checkpoints are in {args.model_dir}; rerun the same command to resume (it only evaluates once max_steps "
+        "is reached)"
     )
 
     print(
-        "\nstoker's overhead against a hand-written loop (benchmarks/overhead.py --steps 200 --rounds 1 --processes 1):",
+        "\nstoker's overhead against a hand-written loop (benchmarks/overhead.py --steps 200 --rounds 1 "
+        "--processes 1):",
         flush=True,
     )
     bench = [
