@@ -224,7 +224,7 @@ def test_stoker_train_bert_with_bf16_sr_and_recompute_trains_saves_bf16_and_expo
 
     from stoker.export import load_exported
     from stoker.export.cli import add_parser as add_export_parser
-    from stoker.recipes import add_parser as add_train_parser
+    from stoker.recipes.cli import add_parser as add_train_parser
     from test_bert import tiny_config
 
     parser = argparse.ArgumentParser(prog="stoker")

@@ -3,6 +3,9 @@
 Each recipe module has a keyword-only config dataclass, a ``train_<name>(config)`` entry, and
 ``add_arguments(parser)`` / ``run(args)`` for the command line; ``stoker train <recipe>``
 (:mod:`stoker.recipes.cli`) lists every recipe declared in the ``stoker.recipes`` entry points.
+All of that but the model, the data and the metrics is the shared skeleton
+(:mod:`stoker.recipes.skeleton`, whose docstring shows a whole recipe in one file);
+:mod:`stoker.recipes.corpus` is the text corpus and held-out split of the text recipes.
 Recipes sit above the engine: they may import anything of stoker but the CLI and the harness,
 and nothing of stoker imports them by name.
 

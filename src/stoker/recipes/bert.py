@@ -20,18 +20,17 @@ batch equals the mean of its micro-batches' means: splitting a batch changes not
 
 Entry points: :func:`train_bert` (Python), ``stoker train bert`` (command line; see
 :func:`add_arguments`), and :func:`estimator_from_run_spec` (``run_spec.json`` kind ``bert``,
-for ``stoker export``).
+for ``stoker export``). They are the shared recipe skeleton (:mod:`stoker.recipes.skeleton`)
+run on :data:`RECIPE`; this module fills in the model, the data, the metrics and the flags.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
 import math
 import os
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,16 +40,16 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import RunConfig
-from ..data import IndexedSource, example_uniforms, stdlib_corpus
+from ..data import IndexedSource, example_uniforms
 from ..data.base import DataError
 from ..data.text import _collect as collect_text_files  # same expansion rule as text_chars
-from ..data.text import held_out_split
-from ..errors import StokerError
-from ..estimator import Estimator
+from ..hooks import Hook
 from ..memory.recompute import select_modules
 from ..metrics import Mean
-from ..run_spec import recipe_config, register_eval_input, register_run_spec, write_run_spec
 from ..spec import EstimatorSpec, ModeKeys
+from . import corpus
+from .corpus import TextCorpusConfig
+from .skeleton import InputFn, Recipe, option, standard_run_config
 
 MASK_ID = 256  # bytes are 0..255
 VOCAB = 257
@@ -307,87 +306,59 @@ class MaskedTextWindows(IndexedSource):
 
 
 # ==================================================================== config
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
-
-
 PRECISION_CHOICES: tuple[str, ...] = ("fp32", "bf16", "bf16-sr")
 
 
 @dataclass(kw_only=True)
-class BertConfig:
+class BertConfig(TextCorpusConfig):
     """Everything the ``bert`` recipe needs; each field is also a ``stoker train bert`` flag."""
 
-    model_dir: str | None = field(
-        default=None, metadata=_help("checkpoints, metrics.csv and run_spec.json (required on the command line)")
+    seq_len: int = option(64, "bytes per example (window); also the model's positions")
+    mask_prob: float = option(0.15, "fraction of each window's bytes that are prediction targets")
+    hidden_size: int = option(128, "model width")
+    num_layers: int = option(4, "encoder layers")
+    num_heads: int = option(4, "attention heads")
+    intermediate_size: int = option(512, "hidden width of the feed-forward blocks")
+    dropout: float = option(0.1, "dropout rate")
+    batch_size: int = option(32, "global batch (windows per step)")
+    eval_batch_size: int = option(64, "windows per evaluation batch")
+    max_steps: int = option(500, "train to this global step")
+    lr: float = option(1e-3, "peak AdamW learning rate")
+    weight_decay: float = option(0.01, "AdamW weight decay")
+    warmup_steps: int = option(50, "linear warm-up steps, then linear decay to 0 at max_steps")
+    clip_norm: float = option(1.0, "gradient norm clipping (0: none)")
+    precision: str = option(
+        "fp32",
+        f"numeric precision: {', '.join(PRECISION_CHOICES)} "
+        "(bf16-sr: bf16 weights and AdamW state, stochastic rounding)",
+        choices=PRECISION_CHOICES,
     )
-    text: list[str] | None = field(
-        default=None, metadata=_help("text files or folders to train on (default: Python's standard-library sources)")
+    recompute: list[str] | None = option(
+        None,
+        "recompute activations in backward: 'all', or module-name patterns such as 'layers.*' (docs/memory.md)",
+        nargs="+",
+        metavar="MODULES",
     )
-    eval_text: list[str] | None = field(
-        default=None,
-        metadata=_help("held-out text (default: the last files of the corpus, --eval_fraction of its bytes)"),
+    hidden_layers_per_stage: int = option(
+        0,
+        "pipeline parallelism: encoder layers per stage (embeddings go with the first, the head with the last); "
+        "0: no pipeline. Under torchrun the processes are --replicas x stages (docs/model_parallel.md)",
     )
-    corpus_bytes: int = field(default=4 * 2**20, metadata=_help("size of the standard-library corpus (bytes)"))
-    eval_fraction: float = field(
-        default=0.05, metadata=_help("fraction of the corpus bytes held out for evaluation (whole files)")
+    replicas: int = option(
+        0,
+        "data-parallel replicas; with --hidden_layers_per_stage, torchrun must start replicas x stages processes "
+        "(0: WORLD_SIZE / stages)",
     )
-    seq_len: int = field(default=64, metadata=_help("bytes per example (window); also the model's positions"))
-    mask_prob: float = field(
-        default=0.15, metadata=_help("fraction of each window's bytes that are prediction targets")
-    )
-    hidden_size: int = field(default=128, metadata=_help("model width"))
-    num_layers: int = field(default=4, metadata=_help("encoder layers"))
-    num_heads: int = field(default=4, metadata=_help("attention heads"))
-    intermediate_size: int = field(default=512, metadata=_help("hidden width of the feed-forward blocks"))
-    dropout: float = field(default=0.1, metadata=_help("dropout rate"))
-    batch_size: int = field(default=32, metadata=_help("global batch (windows per step)"))
-    eval_batch_size: int = field(default=64, metadata=_help("windows per evaluation batch"))
-    max_steps: int = field(default=500, metadata=_help("train to this global step"))
-    lr: float = field(default=1e-3, metadata=_help("peak AdamW learning rate"))
-    weight_decay: float = field(default=0.01, metadata=_help("AdamW weight decay"))
-    warmup_steps: int = field(default=50, metadata=_help("linear warm-up steps, then linear decay to 0 at max_steps"))
-    clip_norm: float = field(default=1.0, metadata=_help("gradient norm clipping (0: none)"))
-    precision: str = field(
-        default="fp32",
-        metadata=_help(
-            f"numeric precision: {', '.join(PRECISION_CHOICES)} (bf16-sr: bf16 weights and AdamW state, stochastic rounding)"
-        ),
-    )
-    recompute: list[str] | None = field(
-        default=None,
-        metadata=_help(
-            "recompute activations in backward: 'all', or module-name patterns such as 'layers.*' (docs/memory.md)"
-        ),
-    )
-    hidden_layers_per_stage: int = field(
-        default=0,
-        metadata=_help(
-            "pipeline parallelism: encoder layers per stage (embeddings go with the first, the head with the last); "
-            "0: no pipeline. Under torchrun the processes are --replicas x stages (docs/model_parallel.md)"
-        ),
-    )
-    replicas: int = field(
-        default=0,
-        metadata=_help(
-            "data-parallel replicas; with --hidden_layers_per_stage, torchrun must start replicas x stages processes "
-            "(0: WORLD_SIZE / stages)"
-        ),
-    )
-    pipeline_microbatches: int = field(default=4, metadata=_help("micro-batches per replica batch in a pipelined run"))
-    pipeline_schedule: str = field(default="1f1b", metadata=_help("pipeline schedule: gpipe or 1f1b"))
-    eval_every_n_steps: int = field(default=250, metadata=_help("evaluate (and checkpoint) every N steps"))
-    eval_steps: int | None = field(
-        default=None, metadata=_help("batches per evaluation (default: all of the held-out text)")
-    )
-    save_checkpoints_steps: int = field(default=100, metadata=_help("checkpoint every N steps"))
-    keep_checkpoint_max: int = field(
-        default=3, metadata=_help("newest checkpoints kept (the best by MLM accuracy is kept too)")
-    )
-    iterations_per_loop: int = field(default=10, metadata=_help("steps per device loop"))
-    log_every_n_steps: int = field(default=50, metadata=_help("log the loss every N steps"))
-    seed: int = field(default=0, metadata=_help("seed of the initial weights, data order, masks and dropout"))
-    device: str = field(default="auto", metadata=_help("auto, cpu, cuda or cuda:N"))
+    pipeline_microbatches: int = option(4, "micro-batches per replica batch in a pipelined run")
+    pipeline_schedule: str = option("1f1b", "pipeline schedule: gpipe or 1f1b", choices=("gpipe", "1f1b"))
+    eval_every_n_steps: int = option(250, "evaluate (and checkpoint) every N steps")
+    eval_steps: int | None = option(None, "batches per evaluation (default: all of the held-out text)", type=int)
+    save_checkpoints_steps: int = option(100, "checkpoint every N steps")
+    keep_checkpoint_max: int = option(3, "newest checkpoints kept (the best by MLM accuracy is kept too)")
+    iterations_per_loop: int = option(10, "steps per device loop")
+    log_every_n_steps: int = option(50, "log the loss every N steps")
+    seed: int = option(0, "seed of the initial weights, data order, masks and dropout")
+    device: str = option("auto", "auto, cpu, cuda or cuda:N")
 
     def model_params(self) -> dict[str, Any]:
         """The ``params`` that define the model and its data shape (saved in ``run_spec.json``)."""
@@ -408,19 +379,11 @@ class BertConfig:
 
     def run_config(self) -> RunConfig:
         """The ``RunConfig`` of the run (checkpoints every ``save_checkpoints_steps``, best kept by accuracy)."""
-        return RunConfig(
-            model_dir=self.model_dir,
-            seed=self.seed,
-            iterations_per_loop=self.iterations_per_loop,
-            save_checkpoints_steps=self.save_checkpoints_steps,
-            keep_checkpoint_max=self.keep_checkpoint_max,
+        return standard_run_config(
+            self,
             keep_best=("mlm_accuracy", "max"),
-            log_every_n_steps=self.log_every_n_steps,
-            gradient_clip_norm=self.clip_norm or None,
-            precision=self.precision,  # type: ignore[arg-type]
+            precision=self.precision,
             recompute=self.recompute_spec(),
-            device=self.device,
-            progress_bar=False,
             pipeline_split=self.pipeline_split(),
             pipeline_microbatches=self.pipeline_microbatches if self.pipeline_split() else 1,
             pipeline_schedule=self.pipeline_schedule,
@@ -430,15 +393,10 @@ class BertConfig:
 def split_corpus(config: BertConfig) -> tuple[list[Path], list[Path]]:
     """Training and held-out files: ``eval_text`` if given, else the corpus's last whole files
     holding at least ``eval_fraction`` of its bytes."""
-    files = collect_text_files(config.text, None) if config.text else stdlib_corpus(config.corpus_bytes)
-    if config.eval_text:
-        return files, collect_text_files(config.eval_text, None)
-    return held_out_split(files, config.eval_fraction, who="bert")
+    return corpus.split_corpus(config, who="bert")
 
 
-def input_fns(
-    config: BertConfig,
-) -> tuple[Callable[[dict[str, Any]], Iterable[Any]], Callable[[dict[str, Any]], Iterable[Any]]]:
+def input_fns(config: BertConfig) -> tuple[InputFn, InputFn]:
     """``(train_input_fn, eval_input_fn)``: shuffled masked windows of the training files, and
     one pass over the held-out windows with masks that are the same at every evaluation."""
     train_files, eval_files = split_corpus(config)
@@ -470,7 +428,7 @@ def input_fns(
     return train_input_fn, eval_input_fn
 
 
-# ==================================================================== the Estimator
+# ==================================================================== optimizer and schedule
 def _schedule(params: dict[str, Any], optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
     warmup, total = max(int(params["warmup_steps"]), 1), max(int(params["max_steps"]), 1)
 
@@ -491,112 +449,9 @@ def make_optimizer(params: dict[str, Any], parameters: Iterable[nn.Parameter]) -
     return torch.optim.AdamW(groups, lr=params["lr"])
 
 
-def build_estimator(config: BertConfig, *, warm_start_from: str | os.PathLike[str] | None = None) -> Estimator:
-    """The Estimator of ``config`` (checkpoints in ``config.model_dir``, best kept by ``mlm_accuracy``)."""
-    params = {
-        **config.model_params(),
-        "lr": config.lr,
-        "weight_decay": config.weight_decay,
-        "warmup_steps": config.warmup_steps,
-        "max_steps": config.max_steps,
-    }
-    return Estimator(
-        model=BertMLM.from_params,
-        model_fn=bert_model_fn,
-        optimizer=make_optimizer,
-        lr_schedule=_schedule,
-        config=config.run_config(),
-        params=params,
-        train_batch_size=config.batch_size,
-        eval_batch_size=config.eval_batch_size,
-        predict_batch_size=config.eval_batch_size,
-        warm_start_from=warm_start_from,
-    )
-
-
-def train_bert(config: BertConfig | None = None, **overrides: Any) -> dict[str, float]:
-    """Train (or resume) to ``max_steps``, evaluating every ``eval_every_n_steps``; return the last
-    evaluation (``loss``, ``mlm_loss``, ``mlm_accuracy``, ``global_step``).
-
-    ``overrides`` replace fields of ``config`` (``train_bert(model_dir="runs/b", max_steps=100)``).
-    Writes ``run_spec.json`` into ``model_dir`` for ``stoker export`` / ``stoker inspect``.
-    """
-    config = dataclasses.replace(config or BertConfig(), **overrides)
-    train_fn, eval_fn = input_fns(config)
-    est = build_estimator(config)
-    if config.model_dir:
-        write_run_spec(
-            config.model_dir, kind=RUN_SPEC_KIND, params=config.model_params(), config=dataclasses.asdict(config)
-        )
-    return est.train_and_evaluate(
-        train_fn,
-        eval_fn,
-        max_steps=config.max_steps,
-        eval_every_n_steps=config.eval_every_n_steps,
-        eval_steps=config.eval_steps,
-    )
-
-
-def _config_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> BertConfig:
-    return recipe_config(BertConfig, spec, model_dir)
-
-
-@register_run_spec(RUN_SPEC_KIND)
-def estimator_from_run_spec(
-    spec: Mapping[str, Any], model_dir: str | os.PathLike[str]
-) -> tuple[Estimator, torch.Tensor]:
-    """An Estimator reading ``model_dir``'s checkpoints, and example features for export
-    (``[2, seq_len]`` int64 tokens), from a ``run_spec.json`` written by :func:`train_bert`."""
-    config = _config_from_run_spec(spec, model_dir)
-    return build_estimator(config), torch.zeros(2, config.seq_len, dtype=torch.int64)
-
-
-@register_eval_input(RUN_SPEC_KIND)
-def eval_input_from_run_spec(
-    spec: Mapping[str, Any], model_dir: str | os.PathLike[str]
-) -> tuple[Callable[[dict[str, Any]], Iterable[Any]], int | None]:
-    """The held-out text and ``eval_steps`` of a ``run_spec.json`` written by :func:`train_bert`
-    (for ``stoker evaluate [--watch]``)."""
-    config = _config_from_run_spec(spec, model_dir)
-    return input_fns(config)[1], config.eval_steps
-
-
-# ==================================================================== command line
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per :class:`BertConfig` field (``--model_dir`` required)."""
-    for f in dataclasses.fields(BertConfig):
-        flag = f"--{f.name}"
-        helptext = f.metadata.get("help", "")
-        if f.name == "model_dir":
-            parser.add_argument(flag, required=True, help=helptext)
-        elif f.name in ("text", "eval_text"):
-            parser.add_argument(flag, nargs="+", metavar="PATH", default=None, help=helptext)
-        elif f.name == "recompute":
-            parser.add_argument(flag, nargs="+", metavar="MODULES", default=None, help=helptext)
-        elif f.name == "eval_steps":
-            parser.add_argument(flag, type=int, default=None, help=helptext)
-        elif f.name == "precision":
-            parser.add_argument(flag, choices=PRECISION_CHOICES, default=f.default, help=helptext)
-        elif f.name == "pipeline_schedule":
-            parser.add_argument(flag, choices=("gpipe", "1f1b"), default=f.default, help=helptext)
-        else:
-            parser.add_argument(flag, type=type(f.default), default=f.default, help=helptext)
-
-
-def config_error(config: BertConfig) -> str | None:
-    """What is wrong with ``config``'s sizes, naming the flag (``None``: nothing)."""
-    for name in (
-        "seq_len",
-        "batch_size",
-        "eval_batch_size",
-        "max_steps",
-        "hidden_size",
-        "num_layers",
-        "num_heads",
-        "intermediate_size",
-    ):
-        if getattr(config, name) < 1:
-            return f"--{name} must be >= 1; got {getattr(config, name)}"
+# ==================================================================== flag checks and the report
+def _check(config: BertConfig) -> str | None:
+    """The bert checks after the sizes: window, heads, mask, layout and recompute flags."""
     if config.seq_len < 2:
         return f"--seq_len must be >= 2; got {config.seq_len}"
     if config.hidden_size % config.num_heads:
@@ -660,41 +515,61 @@ def _stages_note(config: BertConfig) -> str:
     return f"{stages} (one process: unsplit)" if stages > 1 and alone else str(stages)
 
 
-def run(args: argparse.Namespace) -> int:
-    """``stoker train bert``: train, then print the held-out result."""
-    config = BertConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(BertConfig)})
-    problem = config_error(config)
-    if problem is not None:
-        print(f"stoker train bert: {problem}", file=sys.stderr)
-        return 2
-    try:
-        results = train_bert(config)
-    except (StokerError, ValueError) as e:  # bad paths, too little text, a bad device name ...
-        print(f"stoker train bert: {e}", file=sys.stderr)
-        return 1
-    print(
+def _report(config: BertConfig, results: Mapping[str, float]) -> str:
+    return (
         f"held-out at step {results['global_step']}: mlm_accuracy = {results['mlm_accuracy']:.4f}, "
         f"mlm_loss = {results['mlm_loss']:.4f} nats (ppl {math.exp(min(results['mlm_loss'], 700.0)):.3f}), "
         f"precision {config.precision}, recompute {' '.join(config.recompute or ['none'])}, "
         f"stages {_stages_note(config)}, model_dir {config.model_dir}"
     )
-    return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m stoker.recipes.bert --model_dir DIR ...`` (the same flags as ``stoker train bert``)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m stoker.recipes.bert",
-        description=DESCRIPTION,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
+# ==================================================================== the recipe
+RECIPE: Recipe[BertConfig] = Recipe(
+    name=RUN_SPEC_KIND,
+    config_class=BertConfig,
+    help=HELP,
+    description=DESCRIPTION,
+    model=BertMLM.from_params,
+    model_fn=bert_model_fn,
+    input_fns=input_fns,
+    optimizer=make_optimizer,
+    lr_schedule=_schedule,
+    train_params=("lr", "weight_decay", "warmup_steps", "max_steps"),
+    run_config=BertConfig.run_config,
+    positive=(
+        "seq_len",
+        "batch_size",
+        "eval_batch_size",
+        "max_steps",
+        "hidden_size",
+        "num_layers",
+        "num_heads",
+        "intermediate_size",
+    ),
+    check=_check,
+    report=_report,
+    example_features=lambda config: torch.zeros(2, config.seq_len, dtype=torch.int64),
+)
+add_arguments, run, main = RECIPE.add_arguments, RECIPE.run, RECIPE.main
+build_estimator, config_error = RECIPE.build_estimator, RECIPE.config_error
+estimator_from_run_spec, eval_input_from_run_spec = RECIPE.register()
+
+
+def train_bert(config: BertConfig | None = None, *, hooks: Sequence[Hook] = (), **overrides: Any) -> dict[str, float]:
+    """Train (or resume) to ``max_steps``, evaluating every ``eval_every_n_steps``; return the last
+    evaluation (``loss``, ``mlm_loss``, ``mlm_accuracy``, ``global_step``).
+
+    ``overrides`` replace fields of ``config`` (``train_bert(model_dir="runs/b", max_steps=100)``).
+    Writes ``run_spec.json`` into ``model_dir`` for ``stoker export`` / ``stoker inspect``.
+    """
+    return RECIPE.train(config, hooks=hooks, **overrides)
 
 
 __all__ = [
     "IGNORE",
     "MASK_ID",
+    "RECIPE",
     "VOCAB",
     "BertConfig",
     "BertLayer",
@@ -705,6 +580,7 @@ __all__ = [
     "build_estimator",
     "config_error",
     "estimator_from_run_spec",
+    "eval_input_from_run_spec",
     "input_fns",
     "main",
     "make_optimizer",

@@ -18,19 +18,16 @@ every ``evaluate`` call. ``mem_len=0`` turns the memory off (then ``cache`` is a
 Entry points: :func:`train_charlm` (Python), ``stoker train charlm`` (command line; see
 :func:`add_arguments`), and :func:`estimator_from_run_spec` and :func:`eval_input_from_run_spec`
 (registered for the ``run_spec.json`` kind ``charlm``, for ``stoker export`` and ``stoker
-evaluate [--watch]``).
+evaluate [--watch]``). They are the shared recipe skeleton (:mod:`stoker.recipes.skeleton`) run
+on :data:`RECIPE`; this module fills in the model, the data, the metrics and the flags.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-import logging
 import math
-import os
 import sys
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,18 +35,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import RunConfig
-from ..data import stdlib_corpus, text_chars
-from ..data.text import _collect as collect_text_files  # same expansion rule as text_chars
-from ..data.text import held_out_split
-from ..errors import StokerError
+from ..data import text_chars
 from ..estimator import Estimator
 from ..hooks import Hook, LoggingHook
 from ..metrics import Metric
-from ..run_spec import recipe_config, register_eval_input, register_run_spec, write_run_spec
 from ..spec import EstimatorSpec, ModeKeys
-
-log = logging.getLogger("stoker")
+from . import corpus
+from .corpus import TextCorpusConfig
+from .skeleton import InputFn, Recipe, option
 
 VOCAB = 256  # bytes
 RUN_SPEC_KIND = "charlm"
@@ -253,59 +246,36 @@ def charlm_model_fn(
 
 
 # ==================================================================== config and data
-def _help(text: str) -> dict[str, str]:
-    return {"help": text}
-
-
 @dataclass(kw_only=True)
-class CharLMConfig:
+class CharLMConfig(TextCorpusConfig):
     """Everything the ``charlm`` recipe needs; each field is also a ``stoker train charlm`` flag."""
 
-    model_dir: str | None = field(
-        default=None, metadata=_help("checkpoints, metrics.csv and run_spec.json (required on the command line)")
+    seq_len: int = option(32, "bytes per segment (one step reads one segment of every stream)")
+    mem_len: int = option(64, "bytes of memory each layer attends to; 0 turns the memory off")
+    d_model: int = option(128, "model width")
+    n_layer: int = option(3, "Transformer blocks")
+    n_head: int = option(4, "attention heads")
+    d_head: int = option(32, "width of each head")
+    d_inner: int = option(512, "hidden width of the MLPs")
+    dropout: float = option(0.1, "dropout rate")
+    batch_size: int = option(16, "global batch: parallel streams of text")
+    eval_batch_size: int = option(16, "streams of the held-out text")
+    max_steps: int = option(500, "train to this global step")
+    lr: float = option(2e-3, "peak Adam learning rate")
+    warmup_steps: int = option(50, "linear warm-up steps, then cosine decay to lr/10 at max_steps")
+    clip_norm: float = option(0.25, "gradient norm clipping")
+    eval_every_n_steps: int = option(
+        250,
+        "evaluate (and checkpoint) every N steps; 0: no evaluation in the training process "
+        "(run `stoker evaluate --watch MODEL_DIR` beside it)",
     )
-    text: list[str] | None = field(
-        default=None, metadata=_help("text files or folders to train on (default: Python's standard-library sources)")
-    )
-    eval_text: list[str] | None = field(
-        default=None,
-        metadata=_help("held-out text (default: the last files of the corpus, --eval_fraction of its bytes)"),
-    )
-    corpus_bytes: int = field(default=4 * 2**20, metadata=_help("size of the standard-library corpus (bytes)"))
-    eval_fraction: float = field(
-        default=0.05, metadata=_help("fraction of the corpus bytes held out for evaluation (whole files)")
-    )
-    seq_len: int = field(default=32, metadata=_help("bytes per segment (one step reads one segment of every stream)"))
-    mem_len: int = field(default=64, metadata=_help("bytes of memory each layer attends to; 0 turns the memory off"))
-    d_model: int = field(default=128, metadata=_help("model width"))
-    n_layer: int = field(default=3, metadata=_help("Transformer blocks"))
-    n_head: int = field(default=4, metadata=_help("attention heads"))
-    d_head: int = field(default=32, metadata=_help("width of each head"))
-    d_inner: int = field(default=512, metadata=_help("hidden width of the MLPs"))
-    dropout: float = field(default=0.1, metadata=_help("dropout rate"))
-    batch_size: int = field(default=16, metadata=_help("global batch: parallel streams of text"))
-    eval_batch_size: int = field(default=16, metadata=_help("streams of the held-out text"))
-    max_steps: int = field(default=500, metadata=_help("train to this global step"))
-    lr: float = field(default=2e-3, metadata=_help("peak Adam learning rate"))
-    warmup_steps: int = field(
-        default=50, metadata=_help("linear warm-up steps, then cosine decay to lr/10 at max_steps")
-    )
-    clip_norm: float = field(default=0.25, metadata=_help("gradient norm clipping"))
-    eval_every_n_steps: int = field(
-        default=250,
-        metadata=_help(
-            "evaluate (and checkpoint) every N steps; 0: no evaluation in the training process (run `stoker evaluate --watch MODEL_DIR` beside it)"
-        ),
-    )
-    eval_steps: int | None = field(
-        default=None, metadata=_help("batches per evaluation (default: all of the held-out text)")
-    )
-    save_checkpoints_steps: int = field(default=100, metadata=_help("checkpoint every N steps"))
-    keep_checkpoint_max: int = field(default=3, metadata=_help("newest checkpoints kept (the best by bpc is kept too)"))
-    iterations_per_loop: int = field(default=10, metadata=_help("steps per device loop"))
-    log_every_n_steps: int = field(default=50, metadata=_help("log loss / ppl / bpc every N steps"))
-    seed: int = field(default=0, metadata=_help("seed of the initial weights and dropout"))
-    device: str = field(default="auto", metadata=_help("auto, cpu, cuda or cuda:N"))
+    eval_steps: int | None = option(None, "batches per evaluation (default: all of the held-out text)", type=int)
+    save_checkpoints_steps: int = option(100, "checkpoint every N steps")
+    keep_checkpoint_max: int = option(3, "newest checkpoints kept (the best by bpc is kept too)")
+    iterations_per_loop: int = option(10, "steps per device loop")
+    log_every_n_steps: int = option(50, "log loss / ppl / bpc every N steps")
+    seed: int = option(0, "seed of the initial weights and dropout")
+    device: str = option("auto", "auto, cpu, cuda or cuda:N")
 
     def model_params(self) -> dict[str, Any]:
         """The ``params`` that define the model and its data shape (saved in ``run_spec.json``)."""
@@ -315,15 +285,10 @@ class CharLMConfig:
 def split_corpus(config: CharLMConfig) -> tuple[list[Path], list[Path]]:
     """Training and held-out files: ``eval_text`` if given, else the corpus's last whole files
     holding at least ``eval_fraction`` of its bytes (held-out text the model never trained on)."""
-    files = collect_text_files(config.text, None) if config.text else stdlib_corpus(config.corpus_bytes)
-    if config.eval_text:
-        return files, collect_text_files(config.eval_text, None)
-    return held_out_split(files, config.eval_fraction, who="charlm")
+    return corpus.split_corpus(config, who="charlm")
 
 
-def input_fns(
-    config: CharLMConfig,
-) -> tuple[Callable[[dict[str, Any]], Iterable[Any]], Callable[[dict[str, Any]], Iterable[Any]]]:
+def input_fns(config: CharLMConfig) -> tuple[InputFn, InputFn]:
     """``(train_input_fn, eval_input_fn)``: contiguous byte streams, in order (Transformer-XL
     batching: row ``i`` of each batch continues row ``i`` of the previous one)."""
     train_files, eval_files = split_corpus(config)
@@ -375,39 +340,53 @@ def _schedule(params: dict[str, Any], optimizer: torch.optim.Optimizer) -> torch
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
 
-def build_estimator(config: CharLMConfig, *, warm_start_from: str | os.PathLike[str] | None = None) -> Estimator:
-    """The Estimator of ``config`` (checkpoints in ``config.model_dir``, best kept by ``bpc``;
-    ``warm_start_from``: initial weights, as ``Estimator(warm_start_from=...)``)."""
-    params = {
-        **config.model_params(),
-        "lr": config.lr,
-        "warmup_steps": config.warmup_steps,
-        "max_steps": config.max_steps,
-    }
-    run = RunConfig(
-        model_dir=config.model_dir,
-        seed=config.seed,
-        iterations_per_loop=config.iterations_per_loop,
-        save_checkpoints_steps=config.save_checkpoints_steps,
-        keep_checkpoint_max=config.keep_checkpoint_max,
-        keep_best=("bpc", "min"),
-        log_every_n_steps=config.log_every_n_steps,
-        gradient_clip_norm=config.clip_norm or None,
-        device=config.device,
-        progress_bar=False,
+def _adam(params: dict[str, Any], parameters: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
+    return torch.optim.Adam(parameters, lr=params["lr"])
+
+
+def _check(config: CharLMConfig) -> str | None:
+    return f"--mem_len must be >= 0; got {config.mem_len}" if config.mem_len < 0 else None
+
+
+def _report(config: CharLMConfig, results: Mapping[str, float]) -> str:
+    return (
+        f"held-out at step {results['global_step']}: bpc = {results['bpc']:.4f}, ppl = {results['ppl']:.3f}, "
+        f"loss = {results['loss']:.4f} nats/char (mem_len {config.mem_len}, model_dir {config.model_dir})"
     )
-    return CharLMEstimator(
-        model=CharTransformerXL.from_params,
-        model_fn=charlm_model_fn,
-        optimizer=lambda p, parameters: torch.optim.Adam(parameters, lr=p["lr"]),
-        lr_schedule=_schedule,
-        config=run,
-        params=params,
-        train_batch_size=config.batch_size,
-        eval_batch_size=config.eval_batch_size,
-        predict_batch_size=config.eval_batch_size,
-        warm_start_from=warm_start_from,
-    )
+
+
+# ==================================================================== the recipe
+RECIPE: Recipe[CharLMConfig] = Recipe(
+    name=RUN_SPEC_KIND,
+    config_class=CharLMConfig,
+    help=HELP,
+    description=DESCRIPTION,
+    model=CharTransformerXL.from_params,
+    model_fn=charlm_model_fn,
+    input_fns=input_fns,
+    optimizer=_adam,
+    lr_schedule=_schedule,
+    train_params=("lr", "warmup_steps", "max_steps"),
+    keep_best=("bpc", "min"),
+    estimator_class=CharLMEstimator,
+    positive=(
+        "seq_len",
+        "batch_size",
+        "eval_batch_size",
+        "max_steps",
+        "d_model",
+        "n_layer",
+        "n_head",
+        "d_head",
+        "d_inner",
+    ),
+    check=_check,
+    report=_report,
+    example_features=lambda config: torch.zeros(2, config.seq_len, dtype=torch.int64),
+)
+add_arguments, run, main = RECIPE.add_arguments, RECIPE.run, RECIPE.main
+build_estimator, config_error = RECIPE.build_estimator, RECIPE.config_error
+estimator_from_run_spec, eval_input_from_run_spec = RECIPE.register()
 
 
 def train_charlm(
@@ -422,110 +401,11 @@ def train_charlm(
     Writes ``run_spec.json`` into ``model_dir`` so ``stoker export`` / ``stoker inspect`` know
     how the run was made.
     """
-    config = dataclasses.replace(config or CharLMConfig(), **overrides)
-    train_fn, eval_fn = input_fns(config)
-    est = build_estimator(config)
-    if config.model_dir:
-        write_run_spec(
-            config.model_dir, kind=RUN_SPEC_KIND, params=config.model_params(), config=dataclasses.asdict(config)
-        )
-    if config.eval_every_n_steps == 0:  # a watching evaluator (stoker evaluate --watch) evaluates
-        est.train(train_fn, max_steps=config.max_steps, hooks=hooks)
-        return {"global_step": float(est.global_step)}
-    return est.train_and_evaluate(
-        train_fn,
-        eval_fn,
-        max_steps=config.max_steps,
-        eval_every_n_steps=config.eval_every_n_steps,
-        eval_steps=config.eval_steps,
-        hooks=hooks,
-    )
-
-
-def _config_from_run_spec(spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> CharLMConfig:
-    return recipe_config(CharLMConfig, spec, model_dir)
-
-
-@register_run_spec(RUN_SPEC_KIND)
-def estimator_from_run_spec(
-    spec: Mapping[str, Any], model_dir: str | os.PathLike[str]
-) -> tuple[Estimator, torch.Tensor]:
-    """An Estimator that reads ``model_dir``'s checkpoints, and example features for export
-    (``[2, seq_len]`` int64 bytes), from a ``run_spec.json`` written by :func:`train_charlm`."""
-    config = _config_from_run_spec(spec, model_dir)
-    return build_estimator(config), torch.zeros(2, config.seq_len, dtype=torch.int64)
-
-
-@register_eval_input(RUN_SPEC_KIND)
-def eval_input_from_run_spec(
-    spec: Mapping[str, Any], model_dir: str | os.PathLike[str]
-) -> tuple[Callable[[dict[str, Any]], Iterable[Any]], int | None]:
-    """The held-out text of a ``run_spec.json`` written by :func:`train_charlm`, and
-    ``eval_steps``: what ``stoker evaluate [--watch]`` evaluates each checkpoint on."""
-    config = _config_from_run_spec(spec, model_dir)
-    return input_fns(config)[1], config.eval_steps
-
-
-# ==================================================================== command line
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """One flag per :class:`CharLMConfig` field (``--model_dir`` required)."""
-    for f in dataclasses.fields(CharLMConfig):
-        flag = f"--{f.name}"
-        helptext = f.metadata.get("help", "")
-        if f.name == "model_dir":
-            parser.add_argument(flag, required=True, help=helptext)
-        elif f.name in ("text", "eval_text"):
-            parser.add_argument(flag, nargs="+", metavar="PATH", default=None, help=helptext)
-        elif f.name == "eval_steps":
-            parser.add_argument(flag, type=int, default=None, help=helptext)
-        else:
-            parser.add_argument(flag, type=type(f.default), default=f.default, help=helptext)
-
-
-def run(args: argparse.Namespace) -> int:
-    """``stoker train charlm``: train, then print the held-out result."""
-    config = CharLMConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(CharLMConfig)})
-    for name in (
-        "seq_len",
-        "batch_size",
-        "eval_batch_size",
-        "max_steps",
-        "d_model",
-        "n_layer",
-        "n_head",
-        "d_head",
-        "d_inner",
-    ):
-        if getattr(config, name) < 1:
-            print(f"stoker train charlm: --{name} must be >= 1; got {getattr(config, name)}", file=sys.stderr)
-            return 2
-    if config.eval_every_n_steps < 0:
-        print(
-            f"stoker train charlm: --eval_every_n_steps must be >= 0 (0: no evaluation while training); got {config.eval_every_n_steps}",
-            file=sys.stderr,
-        )
-        return 2
-    if config.mem_len < 0:
-        print(f"stoker train charlm: --mem_len must be >= 0; got {config.mem_len}", file=sys.stderr)
-        return 2
-    try:
-        results = train_charlm(config)
-    except (StokerError, ValueError) as e:  # bad paths, too little text, a bad device name ...
-        print(f"stoker train charlm: {e}", file=sys.stderr)
-        return 1
-    if "bpc" not in results:
-        print(
-            f"trained to step {results['global_step']:.0f} without evaluating (--eval_every_n_steps 0; model_dir {config.model_dir})"
-        )
-        return 0
-    print(
-        f"held-out at step {results['global_step']}: bpc = {results['bpc']:.4f}, ppl = {results['ppl']:.3f}, "
-        f"loss = {results['loss']:.4f} nats/char (mem_len {config.mem_len}, model_dir {config.model_dir})"
-    )
-    return 0
+    return RECIPE.train(config, hooks=hooks, **overrides)
 
 
 __all__ = [
+    "RECIPE",
     "BitsPerCharacter",
     "CharLMConfig",
     "CharLMEstimator",
@@ -534,6 +414,7 @@ __all__ = [
     "add_arguments",
     "build_estimator",
     "charlm_model_fn",
+    "config_error",
     "estimator_from_run_spec",
     "eval_input_from_run_spec",
     "input_fns",
@@ -542,17 +423,6 @@ __all__ = [
     "split_corpus",
     "train_charlm",
 ]
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m stoker.recipes.charlm --model_dir DIR ...`` (the same flags as ``stoker train charlm``)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m stoker.recipes.charlm",
-        description=DESCRIPTION,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
