@@ -308,7 +308,10 @@ def _check_values(cfg: BenchConfig) -> None:
         if value not in allowed:
             hint = ""
             if name == "variable_update" and value in _MULTI_PROCESS_UPDATES:
-                hint = " (multi-process training is not available in the engine yet)"
+                hint = (
+                    " (a TensorFlow cross-machine mode: stoker runs replicas as processes, with --num_gpus=N or "
+                    "under torchrun, and --variable_update=replicated or sharded)"
+                )
             raise _fail(f"--{name}={value!r} is not allowed{hint}; allowed values: {', '.join(allowed)}", name)
     if cfg.data_name is not None and cfg.data_name not in DATA_NAMES:
         raise _fail(
