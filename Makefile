@@ -8,7 +8,7 @@ STAMP   := $(VENV)/.stoker-installed
 # build of torch>=2.4 before `pip install stoker`, and pip then leaves it alone.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup run test test-slow lint bench gpu-check clean
+.PHONY: setup run test test-slow lint bench docs gpu-check clean
 
 setup: $(STAMP)
 
@@ -36,6 +36,10 @@ lint: setup
 bench: setup
 	$(BIN)/python benchmarks/overhead.py
 
+# The documentation site (mkdocs.yml) into site/; --strict: a broken link or reference fails it.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 # On a machine with an NVIDIA GPU and a CUDA build of torch installed for $(PY): the cuda-marked
 # tests, then the GPU benchmark set (benchmarks/gpu_check.py), writing gpu-check.json and
 # gpu-check.md. No venv, no setup, no downloads: `make gpu-check PY=python3`. Without a CUDA
@@ -47,4 +51,4 @@ gpu-check:
 	if [ $$rc -eq 3 ]; then exit 0; fi; exit $$rc
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info
+	rm -rf $(VENV) build site *.egg-info src/*.egg-info
