@@ -3,8 +3,8 @@
 Trains a zoo model (default resnet50, batch 32, SGD with momentum, synthetic data) with a
 checkpoint every ``--every`` steps into each store (``local``: a fresh temporary directory;
 ``s3``: a bucket on moto's S3 server on the loopback address, through s3fs) with
-``RunConfig(async_checkpoints=False)`` and ``True``. The stall of one checkpoint is the time
-the loop thread spends in the save (``ModelState.save``): for a synchronous save the whole
+``RunConfig(checkpoint_io=CheckpointIO(async_save=False))`` and ``True``. The stall of one
+checkpoint is the time the loop thread spends in the save (``ModelState.save``): for a synchronous save the whole
 serialise-write-commit, for an asynchronous one the copy of the state (plus any wait for
 the previous write). The background write time of asynchronous saves is reported beside it.
 
@@ -82,7 +82,7 @@ def run_one(model_dir: str, args: argparse.Namespace, async_checkpoints: bool) -
             model_dir=model_dir,
             iterations_per_loop=1,
             save_checkpoints_steps=args.every,
-            async_checkpoints=async_checkpoints,
+            checkpoint_io=stoker.CheckpointIO(async_save=async_checkpoints),
             log_every_n_steps=None,
             summaries=False,
             progress_bar=False,

@@ -77,9 +77,9 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
             iterations_per_loop=args.steps,
             log_every_n_steps=None,
             progress_bar=False,
-            pipeline_split=split,
-            pipeline_microbatches=args.microbatches if split else 1,
-            pipeline_schedule=args.schedule,
+            pipeline=stoker.PipelineConfig(split=split, microbatches=args.microbatches, schedule=args.schedule)
+            if split
+            else None,
         ),
     )
     data = lambda p: stoker.data.arrays(x, y, batch_size=p["batch_size"], seed=0)  # noqa: E731

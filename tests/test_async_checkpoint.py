@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from conftest import PYTHON, make_data, make_estimator, python_env, train_input
+from stoker.checkpoint import CheckpointIO
 from stoker.checkpoint.async_writer import AsyncCheckpointWriter, snapshot
 from stoker.errors import CheckpointError
 from stoker.storage import stores as storage_mod
@@ -50,11 +51,11 @@ def test_async_run_writes_the_same_checkpoints_and_resumes_bitwise(tmp_path, mon
         return real(path, data)
 
     monkeypatch.setattr(storage_mod, "_write_durably", slow)
-    make_estimator(tmp_path / "async", save_checkpoints_steps=4, async_checkpoints=True).train(
+    make_estimator(tmp_path / "async", save_checkpoints_steps=4, checkpoint_io=CheckpointIO(async_save=True)).train(
         train_input(x, y), max_steps=8
     )
     # a new process-like start resumes from the asynchronously written ckpt-8
-    make_estimator(tmp_path / "async", save_checkpoints_steps=4, async_checkpoints=True).train(
+    make_estimator(tmp_path / "async", save_checkpoints_steps=4, checkpoint_io=CheckpointIO(async_save=True)).train(
         train_input(x, y), max_steps=12
     )
     for step in (4, 8, 12):
@@ -76,7 +77,9 @@ def test_failed_async_save_stops_at_next_boundary_and_previous_stays_latest(tmp_
 
     monkeypatch.setattr(storage_mod, "_write_durably", fail_ckpt_8)
     run = tmp_path / "run"
-    est = make_estimator(run, save_checkpoints_steps=4, async_checkpoints=True, iterations_per_loop=2)
+    est = make_estimator(
+        run, save_checkpoints_steps=4, checkpoint_io=CheckpointIO(async_save=True), iterations_per_loop=2
+    )
     with pytest.raises(
         CheckpointError,
         match=r"asynchronous checkpoint ckpt-8 failed: checkpoint ckpt-8 was not written: cannot write .*model.safetensors: no space left on the device or quota exceeded.*ckpt-4' stays the latest checkpoint; training stopped",
@@ -87,7 +90,9 @@ def test_failed_async_save_stops_at_next_boundary_and_previous_stays_latest(tmp_
     assert _latest(run) == "ckpt-4" and not (run / "ckpt-8").exists() and not (run / "ckpt-12").exists()
     assert not [p for p in run.iterdir() if p.name.startswith(".tmp-")]
     monkeypatch.setattr(storage_mod, "_write_durably", real)
-    make_estimator(run, save_checkpoints_steps=4, async_checkpoints=True).train(train_input(x, y), max_steps=16)
+    make_estimator(run, save_checkpoints_steps=4, checkpoint_io=CheckpointIO(async_save=True)).train(
+        train_input(x, y), max_steps=16
+    )
     assert _files(run, 16)["model.safetensors"] == _files(ref, 16)["model.safetensors"]
 
 

@@ -140,8 +140,7 @@ def test_fp16_dynamic_scaling_accumulation_clipping_and_host_call(tmp_path):
         precision="fp16",
         gradient_accumulation_steps=2,
         gradient_clip_norm=0.5,
-        loss_scale_init=2.0**20,
-        loss_scale_growth_interval=3,
+        loss_scale=stoker.LossScale(init=2.0**20, growth_interval=3),
     )  # overflows at first: skipped steps
     eager = make(tmp_path / "e", compile=False, **kw)
     eager.train(train_input(x, y), max_steps=12)

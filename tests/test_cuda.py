@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from conftest import eval_input, make_data, make_estimator, state_equal, train_input
+from stoker.precision import LossScale
 
 pytestmark = [
     pytest.mark.cuda,
@@ -118,8 +119,7 @@ def test_cuda_graph_fp16_dynamic_scaling_stays_on_the_device(tmp_path):
     kw = dict(
         opt="adam_fused",
         precision="fp16",
-        loss_scale_init=2.0**24,
-        loss_scale_growth_interval=3,
+        loss_scale=LossScale(init=2.0**24, growth_interval=3),
         gradient_clip_norm=0.5,
     )
     eager = _graph_estimator(tmp_path / "e", **kw)

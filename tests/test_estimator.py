@@ -282,7 +282,7 @@ def test_static_loss_scale_fp16():
 
 def test_dynamic_loss_scale_halves_and_grows():
     x, y = make_data(64)
-    est = make_estimator(precision="fp16", loss_scale_init=2.0**40, loss_scale_growth_interval=2)
+    est = make_estimator(precision="fp16", loss_scale=stoker.LossScale(init=2.0**40, growth_interval=2))
     before = {k: v.clone() for k, v in est.model.state_dict().items()}
     est.train(train_input(x, y), max_steps=1)
     # 2**40 overflows fp16 gradients: the update is skipped and the scale halved

@@ -213,27 +213,27 @@ def _estimator(**config: object) -> stoker.Estimator:
     ],
 )
 def test_bad_split_points_are_named(split, message):
-    est = _estimator(pipeline_split=split)
+    est = _estimator(pipeline=stoker.PipelineConfig(split=split))
     with pytest.raises(ValueError, match=message):
         est.model  # noqa: B018 - building the model checks the split, also in one process
 
 
 def test_bad_pipeline_settings_are_named():
-    with pytest.raises(ValueError, match="pipeline_microbatches=3 does not divide"):
-        _estimator(pipeline_split=("2",), pipeline_microbatches=3)
-    with pytest.raises(ValueError, match="pipeline_schedule must be one of gpipe, 1f1b, interleaved1f1b"):
-        stoker.RunConfig(pipeline_split=("2",), pipeline_schedule="zb")
-    with pytest.raises(ValueError, match="interleaved1f1b' needs pipeline_stages_per_process >= 2"):
-        stoker.RunConfig(pipeline_split=("2",), pipeline_schedule="interleaved1f1b")
+    with pytest.raises(ValueError, match="PipelineConfig.microbatches=3 does not divide"):
+        _estimator(pipeline=stoker.PipelineConfig(split=("2",), microbatches=3))
+    with pytest.raises(ValueError, match="PipelineConfig.schedule must be one of gpipe, 1f1b, interleaved1f1b"):
+        stoker.RunConfig(pipeline=stoker.PipelineConfig(split=("2",), schedule="zb"))
+    with pytest.raises(ValueError, match="interleaved1f1b' needs stages_per_process >= 2"):
+        stoker.RunConfig(pipeline=stoker.PipelineConfig(split=("2",), schedule="interleaved1f1b"))
     with pytest.raises(ValueError, match="names a module twice"):
-        stoker.RunConfig(pipeline_split=("2", "2"))
+        stoker.RunConfig(pipeline=stoker.PipelineConfig(split=("2", "2")))
     with pytest.raises(ValueError, match="set gradient_accumulation_steps=1"):
-        stoker.RunConfig(pipeline_split=("2",), gradient_accumulation_steps=2)
+        stoker.RunConfig(pipeline=stoker.PipelineConfig(split=("2",)), gradient_accumulation_steps=2)
 
 
 def test_one_process_runs_a_pipelined_program_unsplit():
     x, y = make_data(64)
-    est = _estimator(pipeline_split=("2",), pipeline_microbatches=4, log_every_n_steps=None)
+    est = _estimator(pipeline=stoker.PipelineConfig(split=("2",), microbatches=4), log_every_n_steps=None)
     est.train(lambda params: stoker.data.arrays(x, y, batch_size=params["batch_size"]), max_steps=3)
     assert est.global_step == 3 and sorted(est.model.state_dict()) == [
         "0.0.bias",

@@ -18,7 +18,7 @@ def test_resume_is_bitwise_equal(tmp_path, precision, opt):
     x, y = make_data(100)  # 6 batches of 16 per epoch: the runs cross epoch boundaries
     kwargs = dict(precision=precision, opt=opt, iterations_per_loop=3, save_checkpoints_steps=5)
     if precision == "fp16":
-        kwargs.update(loss_scale_init=2.0**20, loss_scale_growth_interval=3)  # overflow, back off, grow
+        kwargs.update(loss_scale=stoker.LossScale(init=2.0**20, growth_interval=3))  # overflow, back off, grow
     whole = make_estimator(tmp_path / "whole", **kwargs)
     whole.train(train_input(x, y), max_steps=22)
 

@@ -77,7 +77,7 @@ def test_permanent_fault_stops_training_resumably(tmp_path, monkeypatch, referen
     x, y = make_data(64)
     make_estimator(tmp_path, save_checkpoints_steps=4).train(train_input(x, y), max_steps=4)
     faults = FailNth(monkeypatch, {2}, error)  # the second file of ckpt-8
-    est = make_estimator(tmp_path, save_checkpoints_steps=4, storage_retry=FAST)
+    est = make_estimator(tmp_path, save_checkpoints_steps=4, checkpoint_io=stoker.CheckpointIO(retry=FAST))
     with pytest.raises(
         StorageError,
         match=rf"checkpoint ckpt-8 was not written: cannot write {tmp_path}/\.tmp-ckpt-8-\w+/\S+: {cause}.*ckpt-4' stays the latest",
@@ -95,7 +95,9 @@ def test_transient_faults_are_retried_and_training_continues(tmp_path, monkeypat
     x, y = make_data(64)
     faults = FailNth(monkeypatch, {2, 5, 6}, OSError(errno.EAGAIN, "Resource temporarily unavailable"))
     with caplog.at_level(logging.WARNING, logger="stoker"):
-        make_estimator(tmp_path, save_checkpoints_steps=4, storage_retry=FAST).train(train_input(x, y), max_steps=12)
+        make_estimator(tmp_path, save_checkpoints_steps=4, checkpoint_io=stoker.CheckpointIO(retry=FAST)).train(
+            train_input(x, y), max_steps=12
+        )
     assert faults.n > 12  # every checkpoint written, plus the retries
     retries = [r.getMessage() for r in caplog.records if "retry" in r.getMessage()]
     assert len(retries) == 3 and all("Resource temporarily unavailable" in m for m in retries), retries
@@ -128,5 +130,8 @@ def test_a_store_that_stops_answering_times_out_with_a_clear_error(tmp_path, mon
 
 def test_retry_policy_is_a_run_config_field():
     with pytest.raises(TypeError):
-        stoker.RunConfig(storage_retry=RetryPolicy(attempts=2), no_such_field=1)  # type: ignore[call-arg]
+        stoker.RunConfig(
+            checkpoint_io=stoker.CheckpointIO(retry=RetryPolicy(attempts=2)),
+            no_such_field=1,  # type: ignore[call-arg]
+        )
     assert stoker.RunConfig().storage_retry.attempts == 5

@@ -48,7 +48,7 @@ def main() -> None:
         precision=args.precision,
         params={"sleep": args.sleep},
         log_every_n_steps=5,
-        async_checkpoints=args.async_checkpoints,
+        checkpoint_io=stoker.CheckpointIO(async_save=args.async_checkpoints),
     )
     est.model_fn = slow_fn
     est.train(train_input(x, y), max_steps=args.max_steps)

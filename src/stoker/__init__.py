@@ -17,8 +17,9 @@ from ._version import __version__
 
 if TYPE_CHECKING:
     from . import data, hooks, metrics, precision
-    from .checkpoint import WarmStartSettings
+    from .checkpoint import CheckpointIO, WarmStartSettings
     from .config import RunConfig
+    from .distributed import PipelineConfig
     from .errors import (
         CheckpointError,
         CorruptCheckpointError,
@@ -29,7 +30,9 @@ if TYPE_CHECKING:
     )
     from .estimator import Estimator
     from .memory import keep_freed_host_memory
+    from .precision import LossScale
     from .spec import EstimatorSpec, ModeKeys
+    from .storage import RetryPolicy
 
 #: public name -> the module that defines it (a module itself where the name is a subpackage)
 _EXPORTS = {
@@ -43,6 +46,10 @@ _EXPORTS = {
     "EstimatorSpec": ".spec",
     "ModeKeys": ".spec",
     "RunConfig": ".config",
+    "CheckpointIO": ".checkpoint",
+    "LossScale": ".precision",
+    "PipelineConfig": ".distributed",
+    "RetryPolicy": ".storage",
     "WarmStartSettings": ".checkpoint",
     "keep_freed_host_memory": ".memory",
 }
@@ -68,13 +75,17 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "CheckpointError",
+    "CheckpointIO",
     "CorruptCheckpointError",
     "StorageError",
     "Estimator",
     "EstimatorSpec",
+    "LossScale",
     "ModeKeys",
     "ModelFnError",
     "NanLossError",
+    "PipelineConfig",
+    "RetryPolicy",
     "RunConfig",
     "StokerError",
     "WarmStartSettings",

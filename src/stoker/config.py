@@ -3,22 +3,80 @@
 What the model *is* lives in ``params``; ``RunConfig`` only says how to run it. Every field is
 validated when the config is built, and a bad value raises ``ValueError`` naming the field and
 the values it accepts.
+
+The fields TPUEstimator users know (``model_dir``, ``save_checkpoints_steps``,
+``iterations_per_loop``, ``log_every_n_steps``, ``seed``, ...) are flat. stoker's own groups of
+settings are small config objects that live beside the component they configure and validate
+themselves: ``pipeline`` (``stoker.distributed.PipelineConfig``), ``loss_scale``
+(``stoker.precision.LossScale``) and ``checkpoint_io`` (``stoker.checkpoint.CheckpointIO``).
+``RunConfig`` checks how they combine with the rest of the run.
+
+The flat spellings of those groups before 0.2 (``pipeline_split=``, ``loss_scale_init=``,
+``async_checkpoints=``, ... see ``DEPRECATED``) still work for one release, as keywords and as
+attributes, with a ``DeprecationWarning`` naming the new spelling.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
-from dataclasses import dataclass, field
-from typing import Literal
+import warnings
+from dataclasses import dataclass
+from typing import Any, Literal
 
-from .storage.stores import RetryPolicy
+from .checkpoint.io_config import CheckpointIO
+from .distributed.pipeline import PIPELINE_SCHEDULES, PipelineConfig, check_schedule  # noqa: F401 - re-exported
+from .precision import LossScale
 
 Precision = Literal["fp32", "bf16", "fp16", "bf16-sr"]
 PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "bf16-sr")
 STRATEGIES: tuple[str, ...] = ("auto", "single", "replicated", "sharded", "independent", "pipeline")
-PIPELINE_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved1f1b")
 COMPILE_MODES: tuple[str, ...] = ("none", "module", "step")  # also True (= "module") and False (= "none")
+
+#: the groups' defaults; a field that still holds its default object was not given (see ``_new_spelling``)
+_DEFAULT_LOSS_SCALE = LossScale()
+_DEFAULT_CHECKPOINT_IO = CheckpointIO()
+_GROUPS: dict[str, type] = {"pipeline": PipelineConfig, "loss_scale": LossScale, "checkpoint_io": CheckpointIO}
+_GROUP_DEFAULTS: dict[str, object] = {
+    "pipeline": None,
+    "loss_scale": _DEFAULT_LOSS_SCALE,
+    "checkpoint_io": _DEFAULT_CHECKPOINT_IO,
+}
+
+#: the flat spellings before 0.2 (keywords and attributes) -> (the RunConfig field, the group's field);
+#: they go away in the release after 0.2
+DEPRECATED: dict[str, tuple[str, str]] = {
+    "pipeline_split": ("pipeline", "split"),
+    "pipeline_microbatches": ("pipeline", "microbatches"),
+    "pipeline_schedule": ("pipeline", "schedule"),
+    "pipeline_stages_per_process": ("pipeline", "stages_per_process"),
+    "loss_scale_init": ("loss_scale", "init"),
+    "loss_scale_growth_interval": ("loss_scale", "growth_interval"),
+    "async_checkpoints": ("checkpoint_io", "async_save"),
+    "storage_retry": ("checkpoint_io", "retry"),
+}
+
+
+def _old_attribute(name: str) -> property:
+    """The flat attribute ``name`` before 0.2: reads its group's field with a ``DeprecationWarning``."""
+    group, attr = DEPRECATED[name]
+    where = f"RunConfig.{group}.{attr}" + (
+        " (RunConfig.pipeline is None without a pipeline)" if group == "pipeline" else ""
+    )
+
+    def read(config: RunConfig) -> Any:
+        warnings.warn(
+            f"RunConfig.{name} is deprecated; read {where}; the old attribute goes away after 0.2",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        value = getattr(config, group)
+        if value is None:  # no pipeline: what the flat fields held then
+            return {"split": None, "microbatches": 1, "schedule": "1f1b", "stages_per_process": 1}[attr]
+        return getattr(LossScale.of(value) if group == "loss_scale" else value, attr)
+
+    return property(read, doc=f"Deprecated: read {where}.")
 
 
 @dataclass(kw_only=True)
@@ -47,10 +105,12 @@ class RunConfig:
         precision: ``fp32``, ``bf16`` (autocast) or ``fp16`` (autocast + loss scaling) keep fp32
             master weights; ``bf16-sr`` keeps the weights and the optimizer state in bf16 and
             rounds every update stochastically (``stoker.memory.stochastic_rounding``, ``docs/memory.md``).
-        loss_scale: fp16 only: a number for a static scale (e.g. 128) or ``"dynamic"``.
-        loss_scale_init / loss_scale_growth_interval: dynamic scaling starts at
-            ``loss_scale_init``, halves (and skips the update) on inf/NaN gradients and doubles
-            after ``loss_scale_growth_interval`` good steps.
+        loss_scale: fp16 only: a ``stoker.precision.LossScale`` (``LossScale(init=2.0**15,
+            growth_interval=1000)`` is the default: dynamic scaling starts at ``init``, halves
+            (and skips the update) on inf/NaN gradients and doubles after ``growth_interval``
+            good steps), or the short forms ``"dynamic"`` (the default ``LossScale()``) and a
+            number for a static scale (e.g. ``128``: ``LossScale(dynamic=False, init=128.0)``).
+            It is held as a ``LossScale``.
         gradient_accumulation_steps: micro-batches per optimizer step. The global batch is the
             batch of one optimizer step, so each micro-batch holds
             ``train_batch_size / (replicas * gradient_accumulation_steps)`` examples.
@@ -74,28 +134,18 @@ class RunConfig:
             ``"layers.*"`` whose modules drop their activations after the forward pass and
             recompute them in backward (``torch.utils.checkpoint``, non-reentrant; gradients
             are bitwise the same). A pattern that matches no module is an error listing them.
-        pipeline_split: pipeline parallelism (``docs/model_parallel.md``): the module names to
-            split the model *before*, e.g. ``("layers.2",)`` for two stages. Names are the
-            model's pipeline units: its children in order, with ``nn.ModuleList`` /
-            ``nn.Sequential`` children opened one level (``embeddings``, ``layers.0``, ...,
-            ``head``); the model's forward must be exactly their composition. Under torchrun the
-            processes form ``replicas x stages`` (``WORLD_SIZE / stages`` replicas); in one
-            process the model runs unsplit (the names are still checked).
-        pipeline_microbatches: micro-batches each replica's batch is cut into (must divide it).
-        pipeline_schedule: ``gpipe``, ``1f1b`` or ``interleaved1f1b``
-            (``torch.distributed.pipelining``'s ScheduleGPipe / Schedule1F1B /
-            ScheduleInterleaved1F1B).
-        pipeline_stages_per_process: stages each process holds (the interleaved schedule's
-            virtual stages; 1 for ``gpipe`` and ``1f1b``, at least 2 for ``interleaved1f1b``).
         mlperf_log: write MLPerf-style ``:::MLLOG`` events to ``model_dir/mlperf.log`` (RUN_START,
             EPOCH_START/STOP, RUN_STOP; ``stoker.hooks.MLPerfLogHook`` adds evaluations).
-        async_checkpoints: write checkpoints on a background thread: the loop waits only for a
-            copy of the state (``stoker.checkpoint.async_writer``); a failed write stops training at
-            the next loop boundary with the previous checkpoint still the latest. Sharded
-            (``dcp/``) checkpoints are always written synchronously.
-        storage_retry: how storage faults are retried and how long one storage operation may
-            take (``stoker.storage.RetryPolicy``; default 5 attempts, backoff from 0.2 s,
-            600 s timeout).
+        pipeline: pipeline parallelism (``docs/model_parallel.md``): ``None`` (no pipeline) or a
+            ``stoker.distributed.PipelineConfig``: the module names to split the model before,
+            the micro-batches, the schedule and the stages per process. Under torchrun the
+            processes form ``replicas x stages``; in one process the model runs unsplit (the
+            names are still checked). It runs the eager step in fp32 or bf16, with
+            ``strategy`` ``auto`` or ``pipeline`` and ``gradient_accumulation_steps=1``.
+        checkpoint_io: how checkpoints are written, a ``stoker.checkpoint.CheckpointIO``:
+            ``async_save`` (write on a background thread; the loop waits only for a copy of
+            the state) and ``retry`` (how storage faults are retried and timed out, a
+            ``stoker.storage.RetryPolicy``).
     """
 
     model_dir: str | os.PathLike[str] | None = None
@@ -107,9 +157,7 @@ class RunConfig:
     keep_best: tuple[str, str] | None = None
     log_every_n_steps: int | None = 100
     precision: Precision = "fp32"
-    loss_scale: float | Literal["dynamic"] = "dynamic"
-    loss_scale_init: float = 2.0**15
-    loss_scale_growth_interval: int = 1000
+    loss_scale: LossScale | float | Literal["dynamic"] = _DEFAULT_LOSS_SCALE
     gradient_accumulation_steps: int = 1
     gradient_clip_norm: float | None = None
     device: str = "auto"
@@ -124,23 +172,22 @@ class RunConfig:
     deterministic: bool = False
     mlperf_log: bool = False
     recompute: str | tuple[str, ...] | None = None
-    pipeline_split: tuple[str, ...] | None = None
-    pipeline_microbatches: int = 1
-    pipeline_schedule: str = "1f1b"
-    pipeline_stages_per_process: int = 1
-    async_checkpoints: bool = False
-    storage_retry: RetryPolicy = field(default_factory=RetryPolicy)
+    pipeline: PipelineConfig | None = None
+    checkpoint_io: CheckpointIO = _DEFAULT_CHECKPOINT_IO
 
     def __post_init__(self) -> None:
-        if not isinstance(self.async_checkpoints, bool):
-            raise ValueError(f"RunConfig.async_checkpoints must be True or False; got {self.async_checkpoints!r}")
+        if not isinstance(self.checkpoint_io, CheckpointIO):
+            raise ValueError(
+                "RunConfig.checkpoint_io must be a stoker.checkpoint.CheckpointIO(async_save=..., retry=...); "
+                f"got {self.checkpoint_io!r}"
+            )
+        self.loss_scale = LossScale.of(self.loss_scale)
         if self.model_dir is not None:
             self.model_dir = os.fspath(self.model_dir)
         _positive_int("iterations_per_loop", self.iterations_per_loop)
         _positive_int("gradient_accumulation_steps", self.gradient_accumulation_steps)
         if self.log_every_n_steps is not None:
             _positive_int("log_every_n_steps", self.log_every_n_steps)
-        _positive_int("loss_scale_growth_interval", self.loss_scale_growth_interval)
         if self.keep_checkpoint_max < 0:
             raise ValueError(
                 f"RunConfig.keep_checkpoint_max must be >= 0 (0 keeps all), got {self.keep_checkpoint_max}"
@@ -160,10 +207,6 @@ class RunConfig:
             raise ValueError(f"RunConfig.precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
         if self.precision == "bf16-sr":
             self._check_bf16_sr()
-        if self.loss_scale != "dynamic" and not (isinstance(self.loss_scale, (int, float)) and self.loss_scale > 0):
-            raise ValueError(f"RunConfig.loss_scale must be a positive number or 'dynamic'; got {self.loss_scale!r}")
-        if not self.loss_scale_init > 0:
-            raise ValueError(f"RunConfig.loss_scale_init must be > 0; got {self.loss_scale_init}")
         if self.keep_best is not None:
             if (
                 not isinstance(self.keep_best, (tuple, list))
@@ -201,10 +244,12 @@ class RunConfig:
 
     def _check_bf16_sr(self) -> None:
         """bf16-sr's update runs eagerly, one parameter at a time, and needs no loss scaling."""
-        if self.loss_scale != "dynamic":
+        scale = LossScale.of(self.loss_scale)
+        if not scale.dynamic:
             raise ValueError(
-                f"RunConfig.loss_scale={self.loss_scale!r} is fp16 loss scaling; precision='bf16-sr' has fp32's "
-                "exponent range and scales no loss (leave loss_scale unset, or use precision='fp16')"
+                f"RunConfig.loss_scale={scale.describe()} is fp16 loss scaling; "
+                "precision='bf16-sr' has fp32's exponent range and scales no loss (leave loss_scale unset, or "
+                "use precision='fp16')"
             )
         if self.compile == "step" or self.cuda_graph:
             raise ValueError(
@@ -213,51 +258,30 @@ class RunConfig:
             )
 
     def _check_pipeline(self) -> None:
-        split = self.pipeline_split
-        if split is not None:
-            names = [split] if isinstance(split, str) else split
-            if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) and n for n in names):
-                raise ValueError(
-                    "RunConfig.pipeline_split must be None or module names to split before (a string or a "
-                    f"list of strings such as ('layers.2',)); got {split!r}"
-                )
-            if len(set(names)) != len(names):
-                raise ValueError(f"RunConfig.pipeline_split names a module twice: {list(names)!r}")
-            self.pipeline_split = tuple(names)
-        _positive_int("pipeline_microbatches", self.pipeline_microbatches)
-        _positive_int("pipeline_stages_per_process", self.pipeline_stages_per_process)
-        if self.pipeline_schedule not in PIPELINE_SCHEDULES:
-            raise ValueError(
-                f"RunConfig.pipeline_schedule must be one of {', '.join(PIPELINE_SCHEDULES)}; got {self.pipeline_schedule!r}"
-            )
-        interleaved = self.pipeline_schedule == "interleaved1f1b"
-        if interleaved != (self.pipeline_stages_per_process > 1):
-            raise ValueError(
-                "RunConfig: pipeline_schedule='interleaved1f1b' needs pipeline_stages_per_process >= 2, and "
-                f"'gpipe' / '1f1b' need 1; got {self.pipeline_schedule!r} with {self.pipeline_stages_per_process}"
-            )
-        if self.pipeline_split is None:
+        """How ``pipeline`` combines with the rest of the run (``PipelineConfig`` checks itself)."""
+        pipeline = self.pipeline
+        if pipeline is None:
             if self.strategy == "pipeline":
                 raise ValueError(
-                    "RunConfig.strategy='pipeline' needs pipeline_split (the module names to split before)"
+                    "RunConfig.strategy='pipeline' needs pipeline=PipelineConfig(split=...) (the module names to "
+                    "split before)"
                 )
             return
-        stages = len(self.pipeline_split) + 1
-        if stages % self.pipeline_stages_per_process:
+        if not isinstance(pipeline, PipelineConfig):
             raise ValueError(
-                f"RunConfig: {stages} pipeline stages (pipeline_split names {stages - 1} modules) cannot be "
-                f"spread evenly at pipeline_stages_per_process={self.pipeline_stages_per_process}"
+                "RunConfig.pipeline must be None or a stoker.distributed.PipelineConfig(split=..., ...); "
+                f"got {pipeline!r}"
             )
         if self.strategy not in ("auto", "pipeline"):
-            raise ValueError(f"RunConfig.pipeline_split needs strategy 'auto' or 'pipeline'; got {self.strategy!r}")
+            raise ValueError(f"RunConfig.pipeline needs strategy 'auto' or 'pipeline'; got {self.strategy!r}")
         if self.gradient_accumulation_steps != 1:
             raise ValueError(
-                "RunConfig: with pipeline_split, micro-batches are pipeline_microbatches; set "
+                "RunConfig: with a pipeline, micro-batches are PipelineConfig.microbatches; set "
                 f"gradient_accumulation_steps=1 (got {self.gradient_accumulation_steps})"
             )
         if self.precision in ("fp16", "bf16-sr") or self.compile_mode != "none" or self.cuda_graph:
             raise ValueError(
-                "RunConfig: pipeline_split runs the eager step in fp32 or bf16; fp16 loss scaling, bf16-sr "
+                "RunConfig: a pipeline runs the eager step in fp32 or bf16; fp16 loss scaling, bf16-sr "
                 f"weights, compile and cuda_graph are not supported with it (got precision={self.precision!r}, "
                 f"compile={self.compile!r}, cuda_graph={self.cuda_graph})"
             )
@@ -265,7 +289,7 @@ class RunConfig:
     @property
     def pipeline_stages(self) -> int:
         """The number of pipeline stages (1: no pipeline)."""
-        return 1 if self.pipeline_split is None else len(self.pipeline_split) + 1
+        return 1 if self.pipeline is None else self.pipeline.stages
 
     @property
     def compile_mode(self) -> str:
@@ -275,11 +299,111 @@ class RunConfig:
         return self.compile
 
     def replace(self, **changes: object) -> RunConfig:
-        """A copy with some fields changed (validated again)."""
-        return dataclasses.replace(self, **changes)
+        """A copy with some fields changed (validated again).
+
+        A deprecated flat name (``pipeline_microbatches=8``) changes that setting of the group
+        this config holds, with a ``DeprecationWarning`` (``dataclasses.replace`` passes every
+        field, so there a deprecated name collides with its group).
+        """
+        return dataclasses.replace(self, **_new_spelling(changes, base=self))
+
+    # The flat attributes before 0.2, read with a DeprecationWarning naming the new one.
+    pipeline_split = _old_attribute("pipeline_split")
+    pipeline_microbatches = _old_attribute("pipeline_microbatches")
+    pipeline_schedule = _old_attribute("pipeline_schedule")
+    pipeline_stages_per_process = _old_attribute("pipeline_stages_per_process")
+    loss_scale_init = _old_attribute("loss_scale_init")
+    loss_scale_growth_interval = _old_attribute("loss_scale_growth_interval")
+    async_checkpoints = _old_attribute("async_checkpoints")
+    storage_retry = _old_attribute("storage_retry")
 
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
+
+
+_dataclass_init = RunConfig.__init__
+
+
+@functools.wraps(_dataclass_init)
+def _init(self: RunConfig, **kwargs: Any) -> None:
+    _dataclass_init(self, **_new_spelling(kwargs))
+
+
+RunConfig.__init__ = _init  # type: ignore[method-assign]  # the deprecated flat keywords, then the dataclass's
+
+
+# ==================================================================== the spellings before 0.2
+_CLASS_NAMES = {"pipeline": "PipelineConfig", "loss_scale": "LossScale", "checkpoint_io": "CheckpointIO"}
+
+
+def _new_spelling(kwargs: dict[str, Any], base: RunConfig | None = None) -> dict[str, Any]:
+    """``kwargs`` with the deprecated flat keywords folded into their groups (a warning each).
+
+    Building a config (``base`` is ``None``), an old keyword beside its group given as an object
+    (anything but the default) is a ``ValueError``; the short forms ``loss_scale="dynamic"`` /
+    ``128`` are not group objects and take ``loss_scale_init`` / ``loss_scale_growth_interval``
+    as before. Replacing (``base`` given), the old keywords change ``base``'s group, and an old
+    keyword beside its group is an error.
+    """
+    old = {name: kwargs[name] for name in kwargs if name in DEPRECATED}
+    if not old:
+        return kwargs
+    new = {k: v for k, v in kwargs.items() if k not in DEPRECATED}
+    by_group: dict[str, dict[str, Any]] = {}
+    for name, value in old.items():
+        group, attr = DEPRECATED[name]
+        by_group.setdefault(group, {})[attr] = value
+    for group, values in by_group.items():
+        names = [n for n in old if DEPRECATED[n][0] == group]
+        given = group in new and (base is not None or _is_group_object(group, new[group]))
+        if given:
+            spelled = ", ".join(f"{n}=" for n in names)
+            raise ValueError(
+                f"RunConfig: {spelled} and {group}= both given; {spelled} is the deprecated spelling of "
+                f"{group}={_CLASS_NAMES[group]}(...): pass only {group}={_new_form(group, values)}"
+            )
+    for name in old:
+        group, attr = DEPRECATED[name]
+        warnings.warn(
+            f"RunConfig({name}=...) is deprecated; use RunConfig({group}={_CLASS_NAMES[group]}({attr}=...)) "
+            f"(stoker.{_CLASS_NAMES[group]}); the old keyword goes away after 0.2",
+            DeprecationWarning,
+            stacklevel=3,  # the caller of RunConfig(...) or RunConfig.replace(...)
+        )
+    for group, values in by_group.items():
+        start = getattr(base, group) if base is not None else new.get(group, _GROUP_DEFAULTS[group])
+        new[group] = _merge(group, start, values)
+    return new
+
+
+def _is_group_object(group: str, value: object) -> bool:
+    """Whether ``value`` is a group object someone passed (not the field's default)."""
+    return isinstance(value, _GROUPS[group]) and value is not _GROUP_DEFAULTS[group]
+
+
+def _merge(group: str, start: Any, values: dict[str, Any]) -> Any:
+    """``start`` (the group, its default or a short form) with the deprecated keywords' ``values`` set."""
+    if group == "loss_scale":
+        scale = LossScale.of(start)
+        if not scale.dynamic:  # as before 0.2: a static scale has no initial scale to set
+            values = {k: v for k, v in values.items() if k != "init"}
+        return dataclasses.replace(scale, **values)
+    if group == "checkpoint_io":
+        return dataclasses.replace(start, **values)
+    # pipeline: the split makes a pipeline; the other keywords without one are checked and have no effect
+    current = {} if start is None else {f.name: getattr(start, f.name) for f in dataclasses.fields(start)}
+    settings = {**current, **values}
+    if settings.get("split") is None:
+        check_schedule(
+            settings.get("microbatches", 1), settings.get("schedule", "1f1b"), settings.get("stages_per_process", 1)
+        )
+        return None
+    return PipelineConfig(**settings)
+
+
+def _new_form(group: str, values: dict[str, Any]) -> str:
+    """How the deprecated keywords' ``values`` are spelled now, e.g. ``LossScale(init=1048576.0)``."""
+    return f"{_CLASS_NAMES[group]}({', '.join(f'{k}={v!r}' for k, v in values.items())})"
 
 
 def _recompute_spec(value: object) -> str | tuple[str, ...] | None:

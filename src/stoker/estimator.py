@@ -27,7 +27,7 @@ from torch import nn
 
 from .checkpoint.manager import CheckpointManager, WarmStartSettings
 from .config import RunConfig
-from .distributed import PipelineConfig, Strategy, make_strategy
+from .distributed import Strategy, make_strategy
 from .engine import (
     ContinuousEvalConfig,
     ContinuousEvalResult,
@@ -95,16 +95,8 @@ class Estimator:
             raise TypeError(f"model must be an nn.Module or a function params -> nn.Module; got {type(model).__name__}")
         self.model_fn = model_fn
         cfg = self.config
-        pipeline = None
-        if cfg.pipeline_split is not None:
-            pipeline = PipelineConfig(
-                split=cfg.pipeline_split,
-                microbatches=cfg.pipeline_microbatches,
-                schedule=cfg.pipeline_schedule,
-                stages_per_process=cfg.pipeline_stages_per_process,
-            )
         self.strategy: Strategy = make_strategy(
-            cfg.strategy, cfg.device, cfg.distributed_timeout, pipeline, bucket_cap_mb=cfg.ddp_bucket_cap_mb
+            cfg.strategy, cfg.device, cfg.distributed_timeout, cfg.pipeline, bucket_cap_mb=cfg.ddp_bucket_cap_mb
         )
         self.inputs = InputPlan(
             params=self.params,
@@ -120,7 +112,7 @@ class Estimator:
                 keep_checkpoint_max=cfg.keep_checkpoint_max,
                 keep_best=cfg.keep_best,
                 writer=self.strategy.is_chief,
-                retry=cfg.storage_retry,
+                retry=cfg.checkpoint_io.retry,
             )
             if cfg.model_dir
             else None

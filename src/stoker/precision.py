@@ -2,20 +2,27 @@
 
 Master weights stay fp32 in ``fp32``, ``bf16`` and ``fp16``; only the forward (and its
 backward) runs in the lower precision. ``bf16-sr`` keeps the weights themselves in bf16 and
-runs the same bf16 autocast; its update is :mod:`stoker.memory.stochastic_rounding`'s. fp16 gradients underflow without loss scaling, so the loss is multiplied by a scale
-before ``backward`` and the gradients divided by it before the update:
+runs the same bf16 autocast; its update is :mod:`stoker.memory.stochastic_rounding`'s. fp16
+gradients underflow without loss scaling, so the loss is multiplied by a scale before
+``backward`` and the gradients divided by it before the update:
 
-- **static** (``loss_scale=128``): a fixed scale, no checks, no host sync.
-- **dynamic** (``loss_scale="dynamic"``, tf_cnn_benchmarks' auto loss scale): on inf/NaN
-  gradients the update is skipped and the scale halved; after ``growth_interval`` good steps
-  in a row it doubles. Deciding to skip needs one host read of an "any inf" flag per step,
-  the same cost as ``torch.amp.GradScaler``.
+- **static** (``loss_scale=128``, or ``LossScale(dynamic=False, init=128)``): a fixed scale,
+  no checks, no host sync.
+- **dynamic** (``loss_scale="dynamic"``, or ``LossScale(init=..., growth_interval=...)``,
+  tf_cnn_benchmarks' auto loss scale): on inf/NaN gradients the update is skipped and the scale
+  halved; after ``growth_interval`` good steps in a row it doubles. Deciding to skip needs one
+  host read of an "any inf" flag per step, the same cost as ``torch.amp.GradScaler``.
+
+``LossScale`` is how ``RunConfig.loss_scale`` holds the setting; ``LossScaler`` is the running
+state built from it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -28,6 +35,56 @@ def autocast_context(precision: str, device: torch.device) -> contextlib.Abstrac
     if precision == "fp32":
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=_DTYPES[precision])
+
+
+@dataclass(frozen=True, kw_only=True)
+class LossScale:
+    """fp16 loss scaling as ``RunConfig(loss_scale=...)`` takes it (other precisions ignore it).
+
+    Attributes:
+        dynamic: ``True``: start at ``init``, halve the scale (and skip the update) on inf/NaN
+            gradients, double it after ``growth_interval`` good steps in a row. ``False``: a
+            fixed scale of ``init``, no checks and no host sync.
+        init: the scale (static) or the scale to start from (dynamic); a positive number.
+        growth_interval: good steps in a row before a dynamic scale doubles; a positive integer.
+
+    ``RunConfig`` also takes the short forms ``loss_scale="dynamic"`` (``LossScale()``) and
+    ``loss_scale=128`` (``LossScale(dynamic=False, init=128.0)``) and stores them as a
+    ``LossScale``. A bad value raises ``ValueError`` naming the field and what it accepts.
+    """
+
+    dynamic: bool = True
+    init: float = 2.0**15
+    growth_interval: int = 1000
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.dynamic, bool):
+            raise ValueError(f"LossScale.dynamic must be True or False; got {self.dynamic!r}")
+        init = self.init
+        if isinstance(init, bool) or not isinstance(init, (int, float)) or not (init > 0 and math.isfinite(init)):
+            raise ValueError(f"LossScale.init must be a positive finite number; got {init!r}")
+        object.__setattr__(self, "init", float(init))
+        interval = self.growth_interval
+        if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
+            raise ValueError(f"LossScale.growth_interval must be a positive integer; got {interval!r}")
+
+    @classmethod
+    def of(cls, value: LossScale | float | str) -> LossScale:
+        """``value`` as a ``LossScale``: itself, ``"dynamic"`` (the defaults) or a positive number (a static scale)."""
+        if isinstance(value, LossScale):
+            return value
+        if value == "dynamic":
+            return cls()
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
+            raise ValueError(
+                "RunConfig.loss_scale must be a positive number or 'dynamic' (or a stoker.precision.LossScale); "
+                f"got {value!r}"
+            )
+        return cls(dynamic=False, init=float(value))
+
+    def describe(self) -> str:
+        """The short form: ``'dynamic'`` or the static scale (``128``)."""
+        return "'dynamic'" if self.dynamic else f"{self.init:g}"
 
 
 class LossScaler:
@@ -104,12 +161,10 @@ class LossScaler:
         self.skipped_steps = int(state["skipped_steps"])
 
 
-def make_loss_scaler(
-    precision: str, loss_scale: float | str, init_scale: float, growth_interval: int
-) -> LossScaler | None:
+def make_loss_scaler(precision: str, loss_scale: LossScale) -> LossScaler | None:
     """The loss scaler a precision needs: ``None`` for fp32, bf16 and bf16-sr."""
     if precision != "fp16":
         return None
-    if loss_scale == "dynamic":
-        return LossScaler(dynamic=True, init_scale=init_scale, growth_interval=growth_interval)
-    return LossScaler(dynamic=False, init_scale=float(loss_scale))
+    if loss_scale.dynamic:
+        return LossScaler(dynamic=True, init_scale=loss_scale.init, growth_interval=loss_scale.growth_interval)
+    return LossScaler(dynamic=False, init_scale=loss_scale.init)

@@ -36,6 +36,7 @@ from ..errors import CheckpointError
 from ..estimator import Estimator
 from ..hooks import Hook, LoopResult, ProfilerHook, RunContext, every_n_steps_due
 from ..memory.host import keep_freed_host_memory
+from ..precision import LossScale
 from .config import (
     DEFAULT_FP16_LOSS_SCALE,
     MODE_EVAL,
@@ -200,10 +201,11 @@ def build_estimator(
     depth = prefetch_depth(cfg)
     if cfg.fp16_vars and cfg.precision == "fp16":
         model = _fp16_weights(model)
-    loss_scale: float | str = "dynamic"
-    init_scale = float(cfg.fp16_loss_scale or DEFAULT_FP16_LOSS_SCALE)
-    if not cfg.fp16_enable_auto_loss_scale:
-        loss_scale = init_scale
+    loss_scale = LossScale(  # static unless --fp16_enable_auto_loss_scale (the growth interval is then unused)
+        dynamic=bool(cfg.fp16_enable_auto_loss_scale),
+        init=float(cfg.fp16_loss_scale or DEFAULT_FP16_LOSS_SCALE),
+        growth_interval=cfg.fp16_inc_loss_scale_every_n or 1000,
+    )
     config = RunConfig(
         model_dir=cfg.train_dir,
         seed=cfg.tf_random_seed,
@@ -214,9 +216,7 @@ def build_estimator(
         keep_checkpoint_max=cfg.max_ckpts_to_keep,
         log_every_n_steps=None,  # the harness prints its own progress lines
         precision=cfg.precision,  # type: ignore[arg-type]
-        loss_scale=loss_scale,  # type: ignore[arg-type]
-        loss_scale_init=init_scale,
-        loss_scale_growth_interval=cfg.fp16_inc_loss_scale_every_n or 1000,
+        loss_scale=loss_scale,
         device=str(workload.device),
         compile=cfg.compile_mode,  # type: ignore[arg-type]
         cuda_graph=cfg.cuda_graph,

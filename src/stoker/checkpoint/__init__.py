@@ -4,10 +4,12 @@ Owns everything a ``model_dir``'s ``ckpt-<step>/`` directories and ``checkpoint.
 of and read back through: :mod:`~stoker.checkpoint.manager` (the commit protocol on local disks
 and object stores, retention, ``keep_best``, warm start), :mod:`~stoker.checkpoint.files` (file
 names, serialisation, sha256-verified loading), :mod:`~stoker.checkpoint.async_writer` (saves on
-a background thread), :mod:`~stoker.checkpoint.safe_load` (decoding that never runs code from a
-file) and ``stoker checkpoint`` (:mod:`~stoker.checkpoint.cli`). It may import
-:mod:`stoker.storage`, :mod:`stoker.errors` and the sharded-checkpoint helpers of
-:mod:`stoker.distributed`; it never imports the engine, the Estimator or anything above them.
+a background thread), :mod:`~stoker.checkpoint.io_config` (``CheckpointIO``: whether a run
+writes them in the background, with which storage retries), :mod:`~stoker.checkpoint.safe_load`
+(decoding that never runs code from a file) and ``stoker checkpoint``
+(:mod:`~stoker.checkpoint.cli`). It may import :mod:`stoker.storage`, :mod:`stoker.errors` and
+the sharded-checkpoint helpers of :mod:`stoker.distributed`; it never imports the engine, the
+Estimator or anything above them.
 See docs/checkpoints.md.
 """
 
@@ -27,6 +29,7 @@ from .files import (
     serialize_input_state,
     step_of,
 )
+from .io_config import CheckpointIO
 from .manager import (
     FINISHED_NAME,
     CheckpointManager,
@@ -43,6 +46,7 @@ __all__ = [
     "INDEX_NAME",
     "MODEL_FILE",
     "TRAIN_STATE_FILE",
+    "CheckpointIO",
     "CheckpointManager",
     "LoadedCheckpoint",
     "WarmStartReport",

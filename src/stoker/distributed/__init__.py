@@ -10,7 +10,7 @@ sharded        FSDP2 (``fully_shard``): parameters, gradients and optimizer stat
                over replicas, for models whose training state does not fit one device;
                checkpoints go to ``ckpt-<step>/dcp/`` (torch.distributed.checkpoint)
 independent    replicas train without syncing gradients: to benchmark the step alone
-pipeline       replicas x pipeline stages (``RunConfig.pipeline_split``): the model cut into
+pipeline       replicas x pipeline stages (``RunConfig.pipeline``): the model cut into
                stages run by ``torch.distributed.pipelining`` schedules, gradients averaged
                over the replicas of each stage; checkpoints as ``sharded``
 =============  ==========================================================================

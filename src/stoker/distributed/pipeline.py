@@ -1,8 +1,8 @@
-"""Pipeline parallelism: a model cut into stages, replicas x stages processes (``RunConfig.pipeline_split``).
+"""Pipeline parallelism: a model cut into stages, replicas x stages processes (``RunConfig.pipeline``).
 
 How a model is split. Its *pipeline units* are its children in order, with ``nn.ModuleList``
 and ``nn.Sequential`` children opened one level (``embeddings``, ``layers.0``, ...,
-``head``). ``pipeline_split`` names the units to split *before*; a stage is a run of
+``head``). ``PipelineConfig.split`` names the units to split *before*; a stage is a run of
 consecutive units, and the model's forward pass must be exactly their composition (each unit
 takes what the previous one returned). Each process keeps only its stages' units: the others
 are deleted from the model it built, so the parameter names of what remains are those of the
@@ -35,19 +35,72 @@ from torch import nn
 from .pipeline_runtime import PipelinedModule, PipelineRuntime
 from .process_group import ProcessGroupStrategy
 
+PIPELINE_SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "interleaved1f1b")
+
 
 @dataclass(frozen=True, kw_only=True)
 class PipelineConfig:
-    """How the model is split and scheduled (``RunConfig``'s ``pipeline_*`` fields)."""
+    """Pipeline parallelism as ``RunConfig(pipeline=...)`` takes it (``docs/model_parallel.md``).
+
+    Attributes:
+        split: the module names to split the model *before*, e.g. ``("layers.2",)`` for two
+            stages (a single string is one name). Names are the model's pipeline units: its
+            children in order, with ``nn.ModuleList`` / ``nn.Sequential`` children opened one
+            level (``embeddings``, ``layers.0``, ..., ``head``); the model's forward must be
+            exactly their composition. Under torchrun the processes form ``replicas x stages``
+            (``WORLD_SIZE / stages`` replicas); in one process the model runs unsplit (the
+            names are still checked).
+        microbatches: micro-batches each replica's batch is cut into (must divide it).
+        schedule: ``gpipe``, ``1f1b`` or ``interleaved1f1b`` (``torch.distributed.pipelining``'s
+            ScheduleGPipe / Schedule1F1B / ScheduleInterleaved1F1B).
+        stages_per_process: stages each process holds (the interleaved schedule's virtual
+            stages; 1 for ``gpipe`` and ``1f1b``, at least 2 for ``interleaved1f1b``); it must
+            divide the number of stages.
+
+    A bad value raises ``ValueError`` naming the field and what it accepts; how the pipeline
+    combines with the rest of the run (strategy, precision, accumulation) ``RunConfig`` checks.
+    """
 
     split: tuple[str, ...]
     microbatches: int = 1
     schedule: str = "1f1b"
     stages_per_process: int = 1
 
+    def __post_init__(self) -> None:
+        split = self.split
+        names = [split] if isinstance(split, str) else split
+        if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) and n for n in names):
+            raise ValueError(
+                "PipelineConfig.split must be the module names to split before (a string or a list of strings "
+                f"such as ('layers.2',)); got {split!r}"
+            )
+        if len(set(names)) != len(names):
+            raise ValueError(f"PipelineConfig.split names a module twice: {list(names)!r}")
+        object.__setattr__(self, "split", tuple(names))
+        check_schedule(self.microbatches, self.schedule, self.stages_per_process)
+        if self.stages % self.stages_per_process:
+            raise ValueError(
+                f"PipelineConfig: {self.stages} pipeline stages (split names {self.stages - 1} modules) cannot be "
+                f"spread evenly at stages_per_process={self.stages_per_process}"
+            )
+
     @property
     def stages(self) -> int:
         return len(self.split) + 1
+
+
+def check_schedule(microbatches: object, schedule: object, stages_per_process: object) -> None:
+    """``PipelineConfig``'s checks of the fields other than ``split`` (a ``ValueError`` naming the field)."""
+    for name, value in (("microbatches", microbatches), ("stages_per_process", stages_per_process)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"PipelineConfig.{name} must be a positive integer; got {value!r}")
+    if schedule not in PIPELINE_SCHEDULES:
+        raise ValueError(f"PipelineConfig.schedule must be one of {', '.join(PIPELINE_SCHEDULES)}; got {schedule!r}")
+    if (schedule == "interleaved1f1b") != (stages_per_process > 1):  # type: ignore[operator]
+        raise ValueError(
+            "PipelineConfig: schedule='interleaved1f1b' needs stages_per_process >= 2, and 'gpipe' / '1f1b' "
+            f"need 1; got {schedule!r} with {stages_per_process}"
+        )
 
 
 # ==================================================================== splitting a model
@@ -63,7 +116,7 @@ def pipeline_units(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def plan_stages(model: nn.Module, split: Sequence[str]) -> list[list[str]]:
-    """The unit names of every stage; a ``ValueError`` naming ``RunConfig.pipeline_split`` when
+    """The unit names of every stage; a ``ValueError`` naming ``PipelineConfig.split`` when
     a name is not a unit, the names are out of order, or there are more stages than units."""
     names = [n for n, _ in pipeline_units(model)]
     what = type(model).__name__
@@ -71,26 +124,24 @@ def plan_stages(model: nn.Module, split: Sequence[str]) -> list[list[str]]:
     own = [n for n, _ in model.named_parameters(recurse=False)] + [n for n, _ in model.named_buffers(recurse=False)]
     if own:
         raise ValueError(
-            f"RunConfig.pipeline_split: {what} holds parameters or buffers itself ({', '.join(own)}), which no "
+            f"PipelineConfig.split: {what} holds parameters or buffers itself ({', '.join(own)}), which no "
             "stage can own; move them into a child module"
         )
     if len(split) + 1 > len(names):
         raise ValueError(
-            f"RunConfig.pipeline_split asks for {len(split) + 1} stages, but {what} has only {len(names)} "
+            f"PipelineConfig.split asks for {len(split) + 1} stages, but {what} has only {len(names)} "
             f"pipeline units ({listing}); name at most {len(names) - 1} split points"
         )
     for name in split:
         if name not in names:
             raise ValueError(
-                f"RunConfig.pipeline_split: {name!r} is not a pipeline unit of {what}; split before one of: {listing}"
+                f"PipelineConfig.split: {name!r} is not a pipeline unit of {what}; split before one of: {listing}"
             )
     cuts = [names.index(n) for n in split]
     if cuts[0] == 0:
-        raise ValueError(f"RunConfig.pipeline_split: splitting before the first unit {names[0]!r} leaves stage 0 empty")
+        raise ValueError(f"PipelineConfig.split: splitting before the first unit {names[0]!r} leaves stage 0 empty")
     if cuts != sorted(cuts):
-        raise ValueError(
-            f"RunConfig.pipeline_split: give the names in the model's order ({listing}); got {list(split)!r}"
-        )
+        raise ValueError(f"PipelineConfig.split: give the names in the model's order ({listing}); got {list(split)!r}")
     bounds = [0, *cuts, len(names)]
     return [names[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
 
@@ -123,7 +174,7 @@ def keep_only(model: nn.Module, names: Sequence[str]) -> None:
 
 # ==================================================================== the strategy
 class PipelineStrategy(ProcessGroupStrategy):
-    """Replicas x pipeline stages under torchrun (``RunConfig.pipeline_split``)."""
+    """Replicas x pipeline stages under torchrun (``RunConfig.pipeline``)."""
 
     shards_state = True  # each stage holds its part: checkpoints go through torch.distributed.checkpoint
 
@@ -136,14 +187,14 @@ class PipelineStrategy(ProcessGroupStrategy):
         pp = config.stages // per_process
         if self.world_size % pp:
             raise ValueError(
-                f"RunConfig.pipeline_split gives {config.stages} stages ({pp} processes per pipeline at "
-                f"pipeline_stages_per_process={per_process}), but WORLD_SIZE={self.world_size} is not a multiple "
+                f"PipelineConfig.split gives {config.stages} stages ({pp} processes per pipeline at "
+                f"stages_per_process={per_process}), but WORLD_SIZE={self.world_size} is not a multiple "
                 f"of {pp}; start replicas x {pp} processes"
             )
         rounds = max(1, config.microbatches // pp)
         if config.schedule == "interleaved1f1b" and config.microbatches % rounds:
             raise ValueError(
-                f"RunConfig.pipeline_microbatches={config.microbatches}: interleaved1f1b runs micro-batches in rounds "
+                f"PipelineConfig.microbatches={config.microbatches}: interleaved1f1b runs micro-batches in rounds "
                 f"of {pp} (the processes per pipeline); use a multiple of {pp}"
             )
         self.mesh = init_device_mesh(self.device.type, (self.world_size // pp, pp), mesh_dim_names=("dp", "pp"))
@@ -206,4 +257,12 @@ class PipelineStrategy(ProcessGroupStrategy):
         return full
 
 
-__all__ = ["PipelineConfig", "PipelineStrategy", "StageModule", "keep_only", "pipeline_units", "plan_stages"]
+__all__ = [
+    "PIPELINE_SCHEDULES",
+    "PipelineConfig",
+    "PipelineStrategy",
+    "StageModule",
+    "keep_only",
+    "pipeline_units",
+    "plan_stages",
+]

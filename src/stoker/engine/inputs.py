@@ -69,15 +69,12 @@ class InputPlan:
                 f"{what}={global_batch} is not divisible by {world * accumulation} ({detail}); "
                 f"use a multiple of {world * accumulation}"
             )
-        micro = (
-            self.config.pipeline_microbatches
-            if self.config.pipeline_split is not None and mode is ModeKeys.TRAIN
-            else 1
-        )
+        pipeline = self.config.pipeline
+        micro = pipeline.microbatches if pipeline is not None and mode is ModeKeys.TRAIN else 1
         if (global_batch // world) % micro:
             raise ValueError(
                 f"{what}={global_batch} gives {global_batch // world} examples per replica ({world} replicas), "
-                f"which RunConfig.pipeline_microbatches={micro} does not divide; use a multiple of {world * micro}"
+                f"which PipelineConfig.microbatches={micro} does not divide; use a multiple of {world * micro}"
             )
         return global_batch // (world * accumulation)
 

@@ -44,7 +44,7 @@ from ..distributed.sharded import DCP_DIR, load_sharded, save_sharded
 from ..errors import CheckpointError, NanLossError
 from ..memory.recompute import apply_recompute
 from ..memory.stochastic_rounding import StochasticRounding, to_bf16
-from ..precision import make_loss_scaler
+from ..precision import LossScale, make_loss_scaler
 from ..rng import rng_state, seed_everything, set_rng_state
 from ..storage.stores import location
 
@@ -97,9 +97,7 @@ class ModelState:
         self.module: nn.Module | None = None  # what model_fn receives: wrapped (DDP/FSDP), maybe compiled
         self.optimizer: torch.optim.Optimizer | None = None
         self.schedule: Any = None
-        self.scaler = make_loss_scaler(
-            config.precision, config.loss_scale, config.loss_scale_init, config.loss_scale_growth_interval
-        )
+        self.scaler = make_loss_scaler(config.precision, LossScale.of(config.loss_scale))
         self.global_step = 0
         self.cache: Any = None
         self.holds: Path | str | None = "fresh"  # see the module docstring
@@ -108,7 +106,7 @@ class ModelState:
         self.pending_input_state: Any = None
         self.pending_hook_state: dict[str, Any] = {}
         self.writer: AsyncCheckpointWriter | None = None
-        if config.async_checkpoints and checkpoints is not None and checkpoints.writer:
+        if config.checkpoint_io.async_save and checkpoints is not None and checkpoints.writer:
             self.writer = AsyncCheckpointWriter(checkpoints.latest_path)
 
     # ---------------------------------------------------------------- building
@@ -145,10 +143,8 @@ class ModelState:
         if self.config.recompute is not None:  # before wrapping: DDP/FSDP/compile see the recomputing forward
             names = apply_recompute(self._model, self.config.recompute)
             log.info("recompute: %s", ", ".join(n or "the whole model" for n in names))
-        if self.config.pipeline_split is not None and self.strategy.world_size == 1:
-            plan_stages(
-                self._model, self.config.pipeline_split
-            )  # one process runs it unsplit; the names must still fit
+        if self.config.pipeline is not None and self.strategy.world_size == 1:
+            plan_stages(self._model, self.config.pipeline.split)  # one process runs it unsplit; the names must fit
         module = self.strategy.wrap_model(self._model)
         # compile="step" compiles the training step instead (stoker.engine.compiled_step), not the module.
         self.module = torch.compile(module) if self.config.compile_mode == "module" else module
@@ -275,7 +271,7 @@ class ModelState:
         if saved_stages != self.pipeline_stages:
             raise CheckpointError(
                 f"checkpoint {str(ckpt.path)!r} was trained as {saved_stages} pipeline stage(s) and this run has "
-                f"{self.pipeline_stages}: resume training with the same layout (RunConfig.pipeline_split and "
+                f"{self.pipeline_stages}: resume training with the same layout (RunConfig.pipeline and "
                 "WORLD_SIZE), or start a new run from its weights with warm_start_from (evaluate and predict "
                 "read it in any layout)"
             )

@@ -1,7 +1,7 @@
-"""The training step of a pipelined run (``RunConfig.pipeline_split`` under torchrun).
+"""The training step of a pipelined run (``RunConfig.pipeline`` under torchrun).
 
 One step is one batch: the schedule (``torch.distributed.pipelining``) cuts it into
-``pipeline_microbatches`` micro-batches and runs their forward and backward passes through the
+``PipelineConfig.microbatches`` micro-batches and runs their forward and backward passes through the
 stages; then the replicas of each stage average their gradients, the norm over all stages clips
 them, and each stage's optimizer updates its own parameters.
 
@@ -78,13 +78,11 @@ class PipelineTrainStep(TrainStep):
                 f"{model.calls} times): the last stage hands model_fn the pipeline's output through that call"
             )
         if spec.cache is not None:
-            raise ModelFnError("EstimatorSpec.cache is not supported with RunConfig.pipeline_split")
+            raise ModelFnError("EstimatorSpec.cache is not supported with RunConfig.pipeline")
         host = spec.host_call
         if host is not None:
             if not isinstance(host, dict):
-                raise ModelFnError(
-                    "with RunConfig.pipeline_split, EstimatorSpec.host_call must be a dict of scalar tensors"
-                )
+                raise ModelFnError("with RunConfig.pipeline, EstimatorSpec.host_call must be a dict of scalar tensors")
             if self.host_keys is None:
                 self.host_keys = tuple(host)
             self._host.append(torch.stack([v.detach().float().reshape(()) for v in host.values()]))

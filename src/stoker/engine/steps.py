@@ -20,7 +20,7 @@ log = logging.getLogger("stoker")
 def make_train_step(config: RunConfig, strategy: Strategy, kwargs: dict[str, Any]) -> TrainStep:
     """The step ``config`` asks for, built from ``TrainStep``'s keyword arguments."""
     runtime = getattr(strategy, "runtime", None)
-    if runtime is not None:  # the model was cut into pipeline stages (RunConfig.pipeline_split)
+    if runtime is not None:  # the model was cut into pipeline stages (RunConfig.pipeline)
         from .pipeline_step import PipelineTrainStep
 
         return PipelineTrainStep(runtime=runtime, **kwargs)

@@ -43,6 +43,7 @@ from ..config import RunConfig
 from ..data import IndexedSource, example_uniforms
 from ..data.base import DataError
 from ..data.text import _collect as collect_text_files  # same expansion rule as text_chars
+from ..distributed import PipelineConfig
 from ..hooks import Hook
 from ..memory.recompute import select_modules
 from ..metrics import Mean
@@ -371,11 +372,18 @@ class BertConfig(TextCorpusConfig):
         return "all" if list(self.recompute) == ["all"] else tuple(self.recompute)
 
     def pipeline_split(self) -> tuple[str, ...] | None:
-        """``RunConfig.pipeline_split`` for ``hidden_layers_per_stage`` (``None``: one stage)."""
+        """``PipelineConfig.split`` for ``hidden_layers_per_stage`` (``None``: one stage)."""
         k = self.hidden_layers_per_stage
         if k < 1 or k >= self.num_layers:
             return None
         return tuple(f"layers.{i}" for i in range(k, self.num_layers, k))
+
+    def pipeline(self) -> PipelineConfig | None:
+        """``RunConfig.pipeline`` for ``hidden_layers_per_stage`` (``None``: one stage)."""
+        split = self.pipeline_split()
+        if split is None:
+            return None
+        return PipelineConfig(split=split, microbatches=self.pipeline_microbatches, schedule=self.pipeline_schedule)
 
     def run_config(self) -> RunConfig:
         """The ``RunConfig`` of the run (checkpoints every ``save_checkpoints_steps``, best kept by accuracy)."""
@@ -384,9 +392,7 @@ class BertConfig(TextCorpusConfig):
             keep_best=("mlm_accuracy", "max"),
             precision=self.precision,
             recompute=self.recompute_spec(),
-            pipeline_split=self.pipeline_split(),
-            pipeline_microbatches=self.pipeline_microbatches if self.pipeline_split() else 1,
-            pipeline_schedule=self.pipeline_schedule,
+            pipeline=self.pipeline(),
         )
 
 

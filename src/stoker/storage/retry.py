@@ -59,13 +59,22 @@ class RetryPolicy:
         attempts: tries of one operation before a transient fault becomes an error.
         backoff: seconds before the first retry; doubled each retry (with jitter), at most
             ``max_backoff``.
-        timeout: seconds one operation may take before the store counts as not answering.
+        timeout: seconds one operation may take before the store counts as not answering
+            (0: no limit).
     """
 
     attempts: int = 5
     backoff: float = 0.2
     max_backoff: float = 10.0
     timeout: float = 600.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.attempts, int) or isinstance(self.attempts, bool) or self.attempts < 1:
+            raise ValueError(f"RetryPolicy.attempts must be a positive integer; got {self.attempts!r}")
+        for name in ("backoff", "max_backoff", "timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+                raise ValueError(f"RetryPolicy.{name} must be a number >= 0 (seconds); got {value!r}")
 
     def call(self, what: str, path: Any, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` with retries and a timeout; a failure raises ``StorageError``."""
