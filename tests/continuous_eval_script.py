@@ -5,7 +5,9 @@ tests/test_continuous_eval.py (not a test module).
 ``--save_steps`` steps; ``--role evaluate`` watches the same model_dir and appends each step it
 evaluated to ``--evaluated_log`` (one line per evaluation, flushed and fsynced). Both keep
 ``--keep`` checkpoints and the best by accuracy. ``--no_lock`` replaces the index lock by
-nothing (the mutation check: the tests must then fail).
+nothing (the mutation check: the tests must then fail). ``--order`` is the evaluator's order
+(default ``oldest`` here: tests/test_continuous_eval.py checks that every retained checkpoint is
+evaluated); ``--eval_sleep`` makes each evaluation batch slow (tests/test_evaluator_lease.py).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ def main() -> None:
     p.add_argument("--evaluated_log", default=None)
     p.add_argument("--timeout_secs", type=float, default=60.0)
     p.add_argument("--no_lock", action="store_true")
+    p.add_argument("--order", choices=("newest", "oldest"), default="oldest", help="the evaluator's order")
+    p.add_argument("--eval_sleep", type=float, default=0.0, help="seconds per eval batch (a slow evaluator)")
     args = p.parse_args()
     torch.set_num_threads(1)
     if args.no_lock:
@@ -50,7 +54,8 @@ def main() -> None:
     )
 
     def slow_fn(model, features, labels, mode, params):  # noqa: ANN001, ANN201
-        time.sleep(args.sleep)  # slows the run (so the processes overlap); changes no number
+        time.sleep(args.eval_sleep if mode == stoker.ModeKeys.EVAL and args.eval_sleep else args.sleep)
+        # slows the run (so the processes overlap); changes no number
         return classifier_fn(model, features, labels, mode, params)
 
     est.model_fn = slow_fn
@@ -69,9 +74,10 @@ def main() -> None:
                 os.fsync(f.fileno())
 
     result = est.evaluate_continuously(
-        eval_input(x, y), timeout_secs=args.timeout_secs, poll_secs=0.02, on_result=record
+        eval_input(x, y), timeout_secs=args.timeout_secs, poll_secs=0.02, on_result=record, order=args.order
     )
     print(f"stopped: {result.stop_reason}; evaluated {result.evaluated}; skipped {result.skipped}", flush=True)
+    print(f"superseded {result.superseded}; discarded {result.discarded}; totals {result.coverage_line()}", flush=True)
 
 
 if __name__ == "__main__":
