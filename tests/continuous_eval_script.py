@@ -39,9 +39,14 @@ def main() -> None:
     p.add_argument("--timeout_secs", type=float, default=60.0)
     p.add_argument("--no_lock", action="store_true")
     p.add_argument("--order", choices=("newest", "oldest"), default="oldest", help="the evaluator's order")
+    p.add_argument("--wait_for", default=None, help="train: start once this file exists (imports done before)")
     p.add_argument("--eval_sleep", type=float, default=0.0, help="seconds per eval batch (a slow evaluator)")
     args = p.parse_args()
     torch.set_num_threads(1)
+    if os.environ.get("STOKER_SHARED_STORE"):  # tests/shared_store.py: a store with a lock object
+        import shared_store
+
+        shared_store.register()
     if args.no_lock:
         stoker.checkpoint.CheckpointManager.index_lock = lambda self: contextlib.nullcontext()  # type: ignore[method-assign]
     est = make_estimator(
@@ -60,6 +65,8 @@ def main() -> None:
 
     est.model_fn = slow_fn
     if args.role == "train":
+        while args.wait_for and not os.path.exists(args.wait_for):
+            time.sleep(0.01)
         x, y = make_data(100)
         est.train(train_input(x, y), max_steps=args.max_steps)
         print(f"trained {est.global_step}", flush=True)
@@ -73,6 +80,7 @@ def main() -> None:
                 f.flush()
                 os.fsync(f.fileno())
 
+    print("watching", flush=True)  # the Estimator is built: the watch starts now
     result = est.evaluate_continuously(
         eval_input(x, y), timeout_secs=args.timeout_secs, poll_secs=0.02, on_result=record, order=args.order
     )

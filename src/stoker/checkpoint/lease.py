@@ -131,7 +131,14 @@ def remove_if_unchanged(path: Location, expected: bytes, retry: RetryPolicy = DE
     except (OSError, StorageError):  # gone already
         return
     if bytes(current) == expected:
-        storage.remove_tree(path)
+        _delete(path)
+
+
+def _delete(path: Location) -> None:
+    if isinstance(path, Path):
+        path.unlink(missing_ok=True)
+    else:
+        storage.remove_tree(path)  # one object
 
 
 def live_leases(model_dir: Location, retry: RetryPolicy = DEFAULT_RETRY, *, who: str = "retention") -> list[Lease]:
@@ -234,9 +241,9 @@ class LeaseHolder:
             self.current = None
             if isinstance(self.path, UrlPath) and not storage.supports_conditional_writes(self.path):
                 with store_lock.index_lock(self.path.parent / INDEX_NAME, self.retry):
-                    storage.remove_tree(self.path)
+                    _delete(self.path)
             else:
-                storage.remove_tree(self.path)
+                _delete(self.path)
 
 
 __all__ = [
