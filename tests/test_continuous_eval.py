@@ -585,7 +585,11 @@ def test_bench_eval_interval_secs_watches_the_training_process(tmp_path):
     evaluated = [int(m) for m in re.findall(r"^Evaluated checkpoint .*/ckpt-(\d+) ", out, re.M)]
     assert evaluated == sorted(set(evaluated)) and evaluated[-1] == 18
     index = read_index(train_dir)
-    assert all(set(r["metrics"]) == {"loss", "top_1_accuracy", "top_5_accuracy"} for r in index["checkpoints"])
+    # newest-first: each retained checkpoint is evaluated, or superseded by a newer one
+    assert all(
+        set(r["metrics"]) == {"loss", "top_1_accuracy", "top_5_accuracy"} or r.get("superseded")
+        for r in index["checkpoints"]
+    )
     assert {r["step"] for r in index["checkpoints"] if not r.get("superseded")} <= set(evaluated)
 
 
