@@ -273,8 +273,8 @@ class Estimator:
         on_result: Callable[[int, dict[str, float]], None] | None = None,
         order: str = "newest",
     ) -> ContinuousEvalResult:
-        """Evaluate every new checkpoint in ``model_dir`` once, in step order, as training writes
-        them (run this in its own process, beside the trainer); see docs/evaluation.md.
+        """Evaluate the new checkpoints in ``model_dir`` as training writes them (run this in its
+        own process, beside the trainer); see docs/evaluation.md.
 
         Each result is recorded on its checkpoint in the index (so ``keep_best`` chooses from
         it) and logged at the checkpoint's step in ``model_dir/eval``. Stops when training has
