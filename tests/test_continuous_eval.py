@@ -156,7 +156,7 @@ def test_evaluates_each_checkpoint_once_in_step_order_and_stops_at_the_marker(tm
     evaluator = make_estimator(tmp_path, keep_checkpoint_max=0, keep_best=("accuracy", "max"))
     seen: list[int] = []
     result = evaluator.evaluate_continuously(
-        eval_input(ex, ey), timeout_secs=30, poll_secs=0.01, on_result=lambda step, r: seen.append(step)
+        eval_input(ex, ey), timeout_secs=30, poll_secs=0.01, on_result=lambda step, r: seen.append(step), order="oldest"
     )
     assert result.evaluated == seen == [2, 4, 6] and result.skipped == []
     assert "training finished at step 6" in result.stop_reason
@@ -180,7 +180,7 @@ def test_evaluates_each_checkpoint_once_in_step_order_and_stops_at_the_marker(tm
     assert not (tmp_path / "finished.json").exists()
     t0 = time.monotonic()
     later = make_estimator(tmp_path, keep_checkpoint_max=0, keep_best=("accuracy", "max"))
-    result = later.evaluate_continuously(eval_input(ex, ey), timeout_secs=0.3, poll_secs=0.01)
+    result = later.evaluate_continuously(eval_input(ex, ey), timeout_secs=0.3, poll_secs=0.01, order="oldest")
     assert result.evaluated == [7] and "no new checkpoint for 0.3 s" in result.stop_reason
     assert time.monotonic() - t0 >= 0.3
 
@@ -207,7 +207,9 @@ def trained_to_step_4(model_dir, iterations_per_loop: int = 2):  # noqa: ANN001,
 def test_last_step_ignores_an_earlier_finished_marker(tmp_path):
     ex, ey = trained_to_step_4(tmp_path)
     est = make_estimator(tmp_path, keep_checkpoint_max=0)
-    result = est.evaluate_continuously(eval_input(ex, ey), timeout_secs=0.2, poll_secs=0.01, last_step=6)
+    result = est.evaluate_continuously(
+        eval_input(ex, ey), timeout_secs=0.2, poll_secs=0.01, last_step=6, order="oldest"
+    )
     assert result.evaluated == [2, 4] and result.stop_reason == "no new checkpoint for 0.2 s"
     result = est.evaluate_continuously(eval_input(ex, ey), timeout_secs=0.2, poll_secs=0.01, last_step=4)
     assert result.evaluated == [] and result.stop_reason.startswith("training finished at step 4")
@@ -234,8 +236,10 @@ def test_evaluating_on_another_device_gives_the_same_results(tmp_path):
     shutil.copytree(tmp_path, tmp_path / "copy", dirs_exist_ok=True, ignore=shutil.ignore_patterns("copy"))
     there = make_estimator(tmp_path, keep_checkpoint_max=0)
     assert there.config.device == "auto"
-    other = there.evaluate_continuously(eval_input(ex, ey), timeout_secs=5, poll_secs=0.01, device="cpu")
-    same = here.evaluate_continuously(eval_input(ex, ey), timeout_secs=5, poll_secs=0.01)
+    other = there.evaluate_continuously(
+        eval_input(ex, ey), timeout_secs=5, poll_secs=0.01, device="cpu", order="oldest"
+    )
+    same = here.evaluate_continuously(eval_input(ex, ey), timeout_secs=5, poll_secs=0.01, order="oldest")
     assert other.evaluated == same.evaluated == [2, 4]
     assert other.results == same.results
     assert there.state._model is None  # the Estimator's own model was never built: a copy ran on "cpu"
@@ -245,7 +249,7 @@ def test_a_step_saved_again_is_evaluated_again_with_its_new_weights(tmp_path):
     ex, ey = trained_to_step_4(tmp_path)
     est = make_estimator(tmp_path, keep_checkpoint_max=0)
     watcher = ContinuousEvaluation(
-        est.evaluation, est.state.checkpoints, ContinuousEvalConfig(timeout_secs=5, poll_secs=0.01)
+        est.evaluation, est.state.checkpoints, ContinuousEvalConfig(timeout_secs=5, poll_secs=0.01, order="oldest")
     )
     first = watcher.run(eval_input(ex, ey))
     assert first.evaluated == [2, 4]
@@ -273,7 +277,9 @@ def test_evaluator_on_cuda_beside_a_cpu_trainer(tmp_path):
         eval_input(ex, ey), checkpoint_path=tmp_path / "ckpt-4", name="c"
     )
     est = make_estimator(tmp_path, device="cpu", keep_checkpoint_max=0, keep_best=("accuracy", "max"))
-    result = est.evaluate_continuously(eval_input(ex, ey), timeout_secs=5, poll_secs=0.01, device="cuda")
+    result = est.evaluate_continuously(
+        eval_input(ex, ey), timeout_secs=5, poll_secs=0.01, device="cuda", order="oldest"
+    )
     assert result.evaluated == [2, 4]
     assert result.results[4]["accuracy"] == cpu["accuracy"]
     assert result.results[4]["loss"] == pytest.approx(cpu["loss"], rel=1e-5)
@@ -296,7 +302,7 @@ def test_a_checkpoint_removed_before_its_evaluation_is_skipped_with_one_line(tmp
 
     evaluator.model_fn = remove_ckpt_2
     with caplog.at_level("INFO", logger="stoker"):
-        result = evaluator.evaluate_continuously(eval_input(ex, ey), timeout_secs=0.2, poll_secs=0.01)
+        result = evaluator.evaluate_continuously(eval_input(ex, ey), timeout_secs=0.2, poll_secs=0.01, order="oldest")
     assert result.evaluated == [2] and result.skipped == []  # ckpt-4 left the index: never pending
     # a checkpoint named by a stale read of the index, then removed: skipped with one line
     evaluator2 = make_estimator(tmp_path, keep_checkpoint_max=0)
@@ -447,8 +453,11 @@ def test_stoker_evaluate_watch_beside_stoker_train_charlm(tmp_path):
     out = finish(watcher)
     assert "training finished at step 12" in out
     index = read_index(model_dir)
-    assert all(r["metrics"] for r in index["checkpoints"])
-    best = min((r for r in index["checkpoints"]), key=lambda r: r["metrics"]["bpc"])
+    # the default order, newest: a checkpoint is evaluated, or superseded by a newer one
+    assert all(bool(r["metrics"]) != bool(r.get("superseded")) for r in index["checkpoints"])
+    assert index["checkpoints"][-1]["metrics"]  # the final checkpoint always is evaluated
+    assert re.search(r"model_dir totals: \d+ evaluated, \d+ superseded, \d+ removed before reading, 0 discarded", out)
+    best = min((r for r in index["checkpoints"] if r["metrics"]), key=lambda r: r["metrics"]["bpc"])
     assert index["best"]["metric"] == "bpc" and index["best"]["value"] == best["metrics"]["bpc"]
     assert f"best {index['best']['name']} with bpc" in out
     with open(model_dir / "eval" / "metrics.csv", newline="") as f:
@@ -576,11 +585,15 @@ def test_bench_eval_interval_secs_watches_the_training_process(tmp_path):
     evaluated = [int(m) for m in re.findall(r"^Evaluated checkpoint .*/ckpt-(\d+) ", out, re.M)]
     assert evaluated == sorted(set(evaluated)) and evaluated[-1] == 18
     index = read_index(train_dir)
-    assert all(set(r["metrics"]) == {"loss", "top_1_accuracy", "top_5_accuracy"} for r in index["checkpoints"])
-    assert {r["step"] for r in index["checkpoints"]} <= set(evaluated)
+    # newest-first: each retained checkpoint is evaluated, or superseded by a newer one
+    assert all(
+        set(r["metrics"]) == {"loss", "top_1_accuracy", "top_5_accuracy"} or r.get("superseded")
+        for r in index["checkpoints"]
+    )
+    assert {r["step"] for r in index["checkpoints"] if not r.get("superseded")} <= set(evaluated)
 
 
-def test_bench_eval_interval_secs_evaluates_each_retained_checkpoint(tmp_path):
+def test_bench_eval_interval_secs_evaluates_the_newest_and_supersedes_the_rest(tmp_path):
     # in one process, after training (the two processes at once: the slow test above)
     train = BenchConfig(
         model="trivial",
@@ -599,12 +612,21 @@ def test_bench_eval_interval_secs_evaluates_each_retained_checkpoint(tmp_path):
     result = run_benchmark(
         train.replace(eval=True, eval_interval_secs=0.01, num_batches=2, save_model_steps=None), log=lines.append
     )
-    assert [e["global_step"] for e in result["evaluations"]] == [6, 8, 10]
+    # all three retained checkpoints were pending: the newest is evaluated, as tf_cnn_benchmarks does
+    assert [e["global_step"] for e in result["evaluations"]] == [10]
+    assert result["superseded_checkpoints"] == [6, 8]
     assert lines[-1] == "Stopped watching: training finished at step 10 and every checkpoint up to it is evaluated"
+    assert (
+        "Checkpoints of " + str(tmp_path) + ": 1 evaluated, 2 superseded, 0 removed before reading, 0 discarded"
+        in lines
+    )
     index = read_index(tmp_path)
-    assert [r["metrics"]["top_1_accuracy"] for r in index["checkpoints"]] == [
-        e["top_1_accuracy"] for e in result["evaluations"]
+    assert [r["metrics"].get("top_1_accuracy") for r in index["checkpoints"]] == [
+        None,
+        None,
+        result["evaluations"][0]["top_1_accuracy"],
     ]
+    assert [bool(r.get("superseded")) for r in index["checkpoints"]] == [True, True, False]
     assert result["global_step"] == 10 and result["top_1_accuracy"] == result["evaluations"][-1]["top_1_accuracy"]
 
 

@@ -339,7 +339,7 @@ def test_watching_evaluator_on_a_memory_store():
         url, iterations_per_loop=1, save_checkpoints_steps=2, keep_checkpoint_max=0, keep_best=("accuracy", "max")
     ).train(train_input(x, y), max_steps=6)
     evaluator = make_estimator(url, keep_checkpoint_max=0, keep_best=("accuracy", "max"))
-    result = evaluator.evaluate_continuously(eval_input(ex, ey), timeout_secs=30, poll_secs=0.01)
+    result = evaluator.evaluate_continuously(eval_input(ex, ey), timeout_secs=30, poll_secs=0.01, order="oldest")
     assert result.evaluated == [2, 4, 6] and "training finished at step 6" in result.stop_reason
     index = CheckpointManager(url, writer=False).index()
     assert all(r["metrics"] for r in index["checkpoints"]) and index["best"] is not None

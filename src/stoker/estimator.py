@@ -263,9 +263,10 @@ class Estimator:
         last_step: int | None = None,
         device: str | None = None,
         on_result: Callable[[int, dict[str, float]], None] | None = None,
+        order: str = "newest",
     ) -> ContinuousEvalResult:
-        """Evaluate every new checkpoint in ``model_dir`` once, in step order, as training writes
-        them (run this in its own process, beside the trainer); see docs/evaluation.md.
+        """Evaluate the new checkpoints in ``model_dir`` as training writes them (run this in its
+        own process, beside the trainer); see docs/evaluation.md.
 
         Each result is recorded on its checkpoint in the index (so ``keep_best`` chooses from
         it) and logged at the checkpoint's step in ``model_dir/eval``. Stops when training has
@@ -275,6 +276,8 @@ class Estimator:
         not evaluated again, so a killed evaluator restarted carries on. ``device`` evaluates
         on another device than ``config.device`` (e.g. ``"cuda:1"`` beside a trainer on
         ``"cuda:0"``); ``on_result(step, results)`` is called after each evaluation.
+        ``order="newest"`` (default) evaluates the newest pending checkpoint and records older
+        pending ones as superseded; ``"oldest"`` evaluates each in step order.
         """
         checkpoints = self.state.checkpoints
         if checkpoints is None:
@@ -289,6 +292,7 @@ class Estimator:
             poll_secs=poll_secs,
             last_step=last_step,
             summaries=self.config.summaries,
+            order=order,
         )
         evaluation = evaluation_on_device(self._evaluation, device)
         return ContinuousEvaluation(evaluation, checkpoints, config, on_result=on_result).run(input_fn)

@@ -231,7 +231,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--eval_interval_secs",
         type=float,
         default=0.0,
-        help="with --eval: look for a new checkpoint in --train_dir every N seconds and evaluate each one, "
+        help="with --eval: look for new checkpoints in --train_dir every N seconds and evaluate the newest "
+        "(older pending ones are recorded as superseded), "
         "beside the training process, until training has finished; 0 (default) evaluates the newest once",
     )
     g.add_argument("--stop_at_top_1_accuracy", type=float, help="stop once an evaluation reaches this top-1")

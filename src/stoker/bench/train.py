@@ -514,9 +514,10 @@ def _evaluate_checkpoint(
 def _watch_checkpoints(
     cfg: BenchConfig, workload: Workload, est: Estimator, input_fn: InputFn, log: LogFn
 ) -> dict[str, Any]:
-    """``--eval --eval_interval_secs=N``: evaluate each new checkpoint of ``--train_dir`` (exact
+    """``--eval --eval_interval_secs=N``: evaluate the new checkpoints of ``--train_dir`` (exact
     top-1 / top-5 on ``--num_batches`` batches), looking every N seconds, until the training
-    process has finished (or an hour passes without a new checkpoint)."""
+    process has finished (or an hour passes without a new checkpoint). As tf_cnn_benchmarks'
+    loop, the newest: older pending checkpoints are recorded as superseded."""
     evaluations: list[dict[str, float]] = []
     examples = workload.num_batches * workload.batch_size
 
@@ -535,8 +536,16 @@ def _watch_checkpoints(
     watched = est.evaluate_continuously(
         input_fn, steps=workload.num_batches, poll_secs=cfg.eval_interval_secs, on_result=report
     )
+    if watched.superseded:
+        log(f"Superseded (a newer checkpoint was evaluated instead): steps {watched.superseded}")
+    log(f"Checkpoints of {cfg.train_dir}: {watched.coverage_line()}")
     log(f"Stopped watching: {watched.stop_reason}")
-    out: dict[str, Any] = {"evaluations": evaluations, "skipped_checkpoints": watched.skipped, "num_examples": examples}
+    out: dict[str, Any] = {
+        "evaluations": evaluations,
+        "skipped_checkpoints": watched.skipped,
+        "superseded_checkpoints": watched.superseded,
+        "num_examples": examples,
+    }
     if evaluations:
         out.update(evaluations[-1])
     return out

@@ -82,6 +82,7 @@ from .files import (
     serialize_input_state,
     step_of,
 )
+from .lease import live_leases
 
 log = logging.getLogger("stoker")
 
@@ -151,6 +152,36 @@ def _attach_eval(index: dict[str, Any], step: int, kept: dict[str, float], keep_
         index["best"] = {"name": name, "step": step, "metric": metric, "mode": mode, "value": value}
         return True
     return False
+
+
+COVERAGE_KINDS = ("evaluated", "superseded", "removed", "discarded")
+
+
+def note_coverage(index: dict[str, Any], kind: str, step: int) -> None:
+    """Count ``step`` under ``kind`` in the index's ``coverage`` (only once a watching evaluator
+    has started one: ``{"evaluated", "superseded", "removed", "discarded"}``, lists of steps)."""
+    cov = index.get("coverage")
+    if cov is None:
+        return
+    steps = cov.setdefault(kind, [])
+    if step not in steps:
+        steps.append(step)
+
+
+def start_coverage(index: dict[str, Any]) -> None:
+    """Make the index count what a watching evaluator does with each checkpoint from now on."""
+    cov = index.setdefault("coverage", {})
+    for kind in COVERAGE_KINDS:
+        cov.setdefault(kind, [])
+
+
+def coverage_line(coverage: Mapping[str, list[int]] | None) -> str:
+    """``N evaluated, N superseded, N removed before reading, N discarded``: an index's ``coverage``."""
+    cov = coverage or {}
+    return (
+        f"{len(cov.get('evaluated', []))} evaluated, {len(cov.get('superseded', []))} superseded, "
+        f"{len(cov.get('removed', []))} removed before reading, {len(cov.get('discarded', []))} discarded"
+    )
 
 
 def _remove_leftovers(model_dir: Path) -> None:
@@ -414,20 +445,37 @@ class CheckpointManager:
         replaced = self.update_index(_adding(record))  # the commit point
         return prefix, replaced
 
-    def record_eval(self, step: int, metrics: Mapping[str, float]) -> bool:
+    def record_eval(self, step: int, metrics: Mapping[str, float], *, coverage: bool = False) -> bool:
         """Attach evaluation results to ``ckpt-<step>``; returns whether it became the best.
 
         Returns False (and records nothing) when the index no longer names the checkpoint,
-        e.g. retention removed it before an evaluator got to it.
+        e.g. retention removed it before an evaluator got to it. ``coverage`` (a watching
+        evaluator): the step is also counted in the index's ``coverage`` as evaluated (or, when
+        the checkpoint is gone, as an evaluation computed and discarded), in the same write.
         """
         if not self.writer:
             return False
         kept = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and k != "global_step"}
 
-        return bool(self.update_index(lambda index: _attach_eval(index, step, kept, self.keep_best)))
+        def mutate(index: dict[str, Any]) -> bool:
+            named = any(r["name"] == f"ckpt-{step}" for r in index["checkpoints"])
+            became_best = _attach_eval(index, step, kept, self.keep_best)
+            if coverage:
+                start_coverage(index)
+                note_coverage(index, "evaluated" if named else "discarded", step)
+            return became_best
+
+        return bool(self.update_index(mutate))
 
     def _retain(self, index: dict[str, Any]) -> list[str]:
-        """Drop from ``index`` the records retention no longer keeps; return their directories."""
+        """Drop from ``index`` the records retention no longer keeps; return their directories.
+
+        Kept: the newest ``keep_checkpoint_max``, the best, the latest, and any checkpoint a
+        live evaluation lease names (``stoker.checkpoint.lease``; listed only when there is
+        something to drop). With an evaluator's ``coverage`` in the index, a dropped
+        checkpoint that was neither evaluated nor superseded is counted as removed before
+        reading.
+        """
         records = index["checkpoints"]
         keep = {r["name"] for r in records}
         if self.keep_checkpoint_max > 0:
@@ -435,9 +483,20 @@ class CheckpointManager:
         if index["best"] is not None:
             keep.add(index["best"]["name"])
         keep.add(index["latest"])
-        removed = [record_dir(r) for r in records if r["name"] not in keep]
+        if any(r["name"] not in keep for r in records):
+            leased = {lease.dir for lease in live_leases(self.model_dir, self.retry)}
+            keep |= {r["name"] for r in records if record_dir(r) in leased}
+        dropped = [r for r in records if r["name"] not in keep]
+        for r in dropped:
+            if not r.get("metrics") and not r.get("superseded"):
+                note_coverage(index, "removed", int(r["step"]))
         index["checkpoints"] = [r for r in records if r["name"] in keep]
-        return removed
+        return [record_dir(r) for r in dropped]
+
+    def apply_retention(self) -> None:
+        """Run a retention pass now (an index update that changes nothing else): an evaluator
+        that released its lease deletes what the lease kept, without waiting for the next save."""
+        self.update_index(lambda index: None)
 
     def _remove(self, dirs: list[str]) -> None:
         # Delete only after the index no longer names them: a crash here leaves a harmless orphan.

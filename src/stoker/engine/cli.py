@@ -21,6 +21,7 @@ from .. import storage
 from ..errors import StokerError
 from ..run_spec import RUN_SPEC_FILE, estimator_from_model_dir, eval_input_from_run_spec
 from . import evaluation_on_device
+from .evaluator import ORDERS
 
 _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 
@@ -32,9 +33,11 @@ def add_parser(subparsers: Any) -> None:
         help="evaluate a model_dir's checkpoints; --watch: each new one as training writes it",
         description="Evaluate the checkpoints of a model_dir written by a stoker recipe (it needs "
         f"{RUN_SPEC_FILE}) on the recipe's held-out data, and record each result on its checkpoint "
-        "in the index (keep_best chooses from it). --watch runs beside training: every new "
-        "checkpoint once, in step order, until training has finished or --timeout_secs pass "
-        "without a new checkpoint. See docs/evaluation.md.",
+        "in the index (keep_best chooses from it). --watch runs beside training until training has "
+        "finished or --timeout_secs pass without a new checkpoint: by default it evaluates the newest "
+        "checkpoint and records the older pending ones as superseded (--order oldest: each in step "
+        "order), holding a lease so retention never deletes the checkpoint it evaluates. "
+        "See docs/evaluation.md.",
     )
     p.add_argument("model_dir", help=f"a model_dir with {RUN_SPEC_FILE} (written when its training starts)")
     p.add_argument(
@@ -64,6 +67,14 @@ def add_parser(subparsers: Any) -> None:
         help="--watch: also stop once the checkpoint of this step is evaluated, and ignore a "
         "finished.json of an earlier step (continuing a finished run to a larger max_steps)",
     )
+    p.add_argument(
+        "--order",
+        choices=ORDERS,
+        default="newest",
+        help="--watch: newest (default): when several checkpoints are pending, evaluate the newest and "
+        "record the older ones as superseded, so a slow evaluator keeps up; oldest: evaluate every "
+        "pending checkpoint in step order (those retention deletes first are lost)",
+    )
     p.set_defaults(func=_evaluate_command)
 
 
@@ -78,6 +89,8 @@ def _usage_error(args: argparse.Namespace) -> str | None:
         return f"--poll_secs must be > 0; got {args.poll_secs}"
     if args.last_step is not None and (args.last_step < 0 or not args.watch):
         return f"--last_step applies only with --watch and must be >= 0; got {args.last_step}"
+    if args.order != "newest" and not args.watch:
+        return "--order applies only with --watch"
     if args.watch and args.checkpoint is not None:
         return "--checkpoint evaluates one checkpoint; it cannot be used with --watch"
     if not args.watch and not storage.exists(storage.location(args.model_dir)):
@@ -105,11 +118,14 @@ def _evaluate_command(args: argparse.Namespace) -> int:
                 poll_secs=args.poll_secs,
                 last_step=args.last_step,
                 device=args.device,
+                order=args.order,
             )
             best = result.best
             print(
                 f"stoker evaluate: stopped ({result.stop_reason}); evaluated steps {result.evaluated or 'none'}, "
-                f"skipped {result.skipped or 'none'} (removed by retention first)"
+                f"superseded {result.superseded or 'none'}, skipped {result.skipped or 'none'} "
+                f"(removed by retention first), discarded {result.discarded or 'none'}; "
+                f"model_dir totals: {result.coverage_line()}"
                 + (f"; best {best['name']} with {best['metric']} = {best['value']:.6g}" if best else "")
             )
             return 0

@@ -1,24 +1,38 @@
-"""``ContinuousEvaluation``: evaluate every new checkpoint of a ``model_dir`` while training writes them.
+"""``ContinuousEvaluation``: evaluate the checkpoints of a ``model_dir`` while training writes them.
 
 It runs in its own process (``Estimator.evaluate_continuously``, ``stoker evaluate --watch``),
 beside the trainer and possibly on another device, so evaluation never stalls training.
 
 *Iterate* and *step* are apart, as in the training loop: :meth:`ContinuousEvaluation.watch`
-iterates the checkpoints still to evaluate, oldest first, waiting for new ones; and
-:meth:`ContinuousEvaluation.evaluate_one` evaluates one and reports it. The index is the whole
-state: a checkpoint whose index record holds ``metrics`` is done, so a killed evaluator that
-is started again carries on without repeating an evaluation, and needs no file of its own.
+iterates the checkpoints to evaluate, waiting for new ones; and
+:meth:`ContinuousEvaluation.evaluate_one` evaluates one and reports it. Two orders:
+
+* ``"newest"`` (the default, TensorFlow's ``checkpoints_iterator``): when several checkpoints
+  are pending, the newest is evaluated and the older ones are recorded as **superseded** (a
+  flag on their index record and a count in the index's ``coverage``; logged once), so an
+  evaluator slower than training keeps up and never works on what retention deletes next;
+* ``"oldest"``: every pending checkpoint in step order (what retention keeps long enough).
+
+While a checkpoint is read and evaluated, the evaluator holds a **lease** on it
+(``stoker.checkpoint.lease``): retention keeps it until the lease ends, so no evaluation is
+computed and then thrown away. After recording the result the evaluator releases the lease and
+runs one retention pass itself, which deletes the checkpoint if nothing else keeps it.
+
+The index is the whole state: a checkpoint whose record holds ``metrics`` is done, one marked
+``superseded`` is never evaluated, so a killed evaluator that is started again carries on
+without repeating an evaluation or a report, and needs no file of its own. The index's
+``coverage`` counts, for the model_dir, the checkpoints evaluated, superseded, removed by
+retention before an evaluator read them, and evaluated but discarded.
 
 Two processes write the index, so every write goes through ``CheckpointManager.update_index``
-/ ``record_eval`` under the index lock (``checkpoint.lock``). The trainer's retention may
-remove a checkpoint before the evaluator reaches it, or while it reads it: that checkpoint
-is skipped with one log line. A result is recorded on its checkpoint (feeding
-``RunConfig.keep_best``: the best checkpoint is then kept by retention), then logged as
-scalars at the checkpoint's step in ``model_dir/eval`` (TensorBoard events, ``metrics.csv``).
+/ ``record_eval`` under the index lock (``checkpoint.lock``). A result is recorded on its
+checkpoint (feeding ``RunConfig.keep_best``: the best checkpoint is then kept by retention),
+then logged as scalars at the checkpoint's step in ``model_dir/eval`` (TensorBoard events,
+``metrics.csv``), only for checkpoints really evaluated.
 
 The watch ends when training has finished (``finished.json``, written when training reaches
-``max_steps``) and every checkpoint up to it is evaluated, or when no new checkpoint came for
-``timeout_secs``.
+``max_steps``) and every checkpoint up to it is evaluated or superseded, or when no new
+checkpoint came for ``timeout_secs``.
 """
 
 from __future__ import annotations
@@ -35,7 +49,8 @@ from typing import Any
 
 from .. import storage
 from ..checkpoint.files import record_dir
-from ..checkpoint.manager import CheckpointManager
+from ..checkpoint.lease import LEASE_STALE_AFTER, LeaseHolder, live_leases
+from ..checkpoint.manager import CheckpointManager, coverage_line, note_coverage, start_coverage
 from ..distributed import make_strategy
 from ..errors import CheckpointError
 from ..storage.stores import Location
@@ -47,6 +62,7 @@ from .model_state import ModelState
 log = logging.getLogger("stoker")
 
 EVAL_SUBDIR = "eval"
+ORDERS = ("newest", "oldest")
 
 
 @dataclass(kw_only=True)
@@ -63,6 +79,10 @@ class ContinuousEvalConfig:
             ``finished.json`` of an earlier step).
         summaries: write TensorBoard events and ``metrics.csv`` into ``model_dir/<subdir>``.
         subdir: where the scalars go, under ``model_dir``.
+        order: ``"newest"``: when several checkpoints are pending, evaluate the newest and
+            record the older ones as superseded; ``"oldest"``: every pending one, oldest first.
+        lease_secs: hold a lease on the checkpoint being evaluated, renewed every fifth of
+            this; retention breaks it after this long without renewal (``None``: no lease).
     """
 
     steps: int | None = None
@@ -71,6 +91,8 @@ class ContinuousEvalConfig:
     last_step: int | None = None
     summaries: bool = True
     subdir: str = EVAL_SUBDIR
+    order: str = "newest"
+    lease_secs: float | None = LEASE_STALE_AFTER
 
     def __post_init__(self) -> None:
         if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
@@ -83,21 +105,40 @@ class ContinuousEvalConfig:
             raise ValueError(
                 f"evaluate_continuously: last_step must be a non-negative integer or None; got {self.last_step!r}"
             )
+        if self.order not in ORDERS:
+            raise ValueError(f"evaluate_continuously: order must be 'newest' or 'oldest'; got {self.order!r}")
+        if self.lease_secs is not None and not self.lease_secs > 0:
+            raise ValueError(f"evaluate_continuously: lease_secs must be > 0 or None; got {self.lease_secs!r}")
 
 
 @dataclass
 class ContinuousEvalResult:
-    """What one watch did: the steps it evaluated (in order), those it skipped, and why it stopped."""
+    """What one watch did, and why it stopped.
+
+    ``evaluated``: the steps it evaluated and recorded, in order; ``superseded``: the steps it
+    passed over for a newer one (order ``"newest"``); ``skipped``: those it could not read
+    (removed by retention before reading, or damaged); ``discarded``: evaluated, but the
+    checkpoint was gone before the result could be recorded (never, while the lease holds).
+    ``coverage``: the model_dir's totals over every evaluator (the index's ``coverage``:
+    lists of steps ``evaluated``, ``superseded``, ``removed`` before reading, ``discarded``).
+    """
 
     evaluated: list[int] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
     results: dict[int, dict[str, float]] = field(default_factory=dict)
     stop_reason: str = ""
     best: dict[str, Any] | None = None
+    superseded: list[int] = field(default_factory=list)
+    discarded: list[int] = field(default_factory=list)
+    coverage: dict[str, list[int]] | None = None
+
+    def coverage_line(self) -> str:
+        """``N evaluated, N superseded, N removed before reading, N discarded`` (model_dir totals)."""
+        return coverage_line(self.coverage)
 
 
 class ContinuousEvaluation:
-    """Evaluates each new checkpoint of ``checkpoints.model_dir`` once, in step order.
+    """Evaluates the new checkpoints of ``checkpoints.model_dir``: the newest, or each in step order.
 
     Args:
         evaluation: the ``EvaluationRun`` (its model is built on the device it should run on).
@@ -127,11 +168,15 @@ class ContinuousEvaluation:
         self._writer: ScalarWriter | None = None
         self._logged_steps: set[int] | None = None
         self._passed: set[tuple[str, float]] = set()  # (name, save time): handled in this process
+        self._lease: LeaseHolder | None = None
+        if self.config.lease_secs is not None:
+            self._lease = LeaseHolder(checkpoints.model_dir, self.config.lease_secs, checkpoints.retry)
 
     # ------------------------------------------------------------ iterate
     def watch(self, result: ContinuousEvalResult | None = None) -> Iterator[dict[str, Any]]:
-        """Yield the index record of each checkpoint still to evaluate, oldest first, waiting
-        for new ones until training has finished or ``timeout_secs`` passed without one."""
+        """Yield the index record of each checkpoint to evaluate (order ``"newest"``: the newest
+        pending one, the older ones recorded as superseded; ``"oldest"``: each, oldest first),
+        waiting for new ones until training has finished or ``timeout_secs`` passed without one."""
         cfg = self.config
         result = result if result is not None else ContinuousEvalResult()
         last_news = self._clock()
@@ -144,8 +189,12 @@ class ContinuousEvaluation:
                 finished = None  # an earlier train() call's end (e.g. a warm-up), not the run's
             pending = self.pending()
             if pending:
-                self._passed.add((pending[0]["name"], pending[0].get("time", 0.0)))
-                yield pending[0]
+                take = pending[0]
+                if cfg.order == "newest" and len(pending) > 1:
+                    take = pending[-1]
+                    self._supersede(pending[:-1], take, result)
+                self._passed.add((take["name"], take.get("time", 0.0)))
+                yield take
                 last_news, waiting_logged = self._clock(), False
                 continue
             if finished is not None:
@@ -163,10 +212,39 @@ class ContinuousEvaluation:
             time.sleep(cfg.poll_secs)
 
     def pending(self) -> list[dict[str, Any]]:
-        """Index records without an evaluation that this process has not passed yet, by step."""
+        """Index records without an evaluation, not superseded, that this process has not passed yet, by step."""
         records = self.checkpoints.records()
-        todo = [r for r in records if not r.get("metrics") and (r["name"], r.get("time", 0.0)) not in self._passed]
+        todo = [
+            r
+            for r in records
+            if not r.get("metrics") and not r.get("superseded") and (r["name"], r.get("time", 0.0)) not in self._passed
+        ]
         return sorted(todo, key=lambda r: r["step"])
+
+    def _supersede(self, older: list[dict[str, Any]], newest: dict[str, Any], result: ContinuousEvalResult) -> None:
+        """Record ``older`` as superseded by ``newest`` in the index (durably, in one write); log it once."""
+        keys = {(r["name"], r.get("time", 0.0)) for r in older}
+        self._passed |= keys
+
+        def mutate(index: dict[str, Any]) -> list[int]:
+            start_coverage(index)
+            marked = []
+            for r in index["checkpoints"]:
+                if (r["name"], r.get("time", 0.0)) in keys and not r.get("metrics") and not r.get("superseded"):
+                    r["superseded"] = True
+                    note_coverage(index, "superseded", int(r["step"]))
+                    marked.append(int(r["step"]))
+            return marked
+
+        marked = self.checkpoints.update_index(mutate)
+        if marked:
+            log.info(
+                "evaluator: %d checkpoint(s) behind; evaluating the newest, %s; superseded steps %s",
+                len(marked),
+                newest["name"],
+                marked,
+            )
+            result.superseded.extend(marked)
 
     def _done_through(self, step: int) -> bool:
         return any(r["step"] >= step and r.get("metrics") for r in self.checkpoints.records())
@@ -178,25 +256,34 @@ class ContinuousEvaluation:
         """Evaluate the checkpoint of ``record``, record and log the result; ``None`` if skipped."""
         name, step = record["name"], int(record["step"])
         self._passed.add((name, record.get("time", 0.0)))
-        path = self.checkpoints.model_dir / record_dir(record)  # on an object store: its unique prefix
-        self.evaluation.state.weights_of = None  # always read the files: a step saved again has new weights
+        if self._lease is not None and not self._take_lease(record):
+            log.info("evaluator: %s was removed by retention before it was evaluated; skipped", name)
+            result.skipped.append(step)
+            return None
         try:
-            results, _ = self.evaluation.compute(input_fn, self.config.steps, path)
-        except CheckpointError as e:
-            if self._indexed(name):
-                # Still named by the index, so not retention's doing: a damaged checkpoint.
-                # The trainer resumes from an earlier one; evaluation goes on with the next.
-                log.warning("evaluator: %s cannot be evaluated, skipped: %s", name, e)
-            else:
-                log.info("evaluator: %s was removed by retention before it was evaluated; skipped", name)
-            result.skipped.append(step)
-            return None
-        # The index first (it is the evaluator's state), then the scalars, at most once per step.
-        became_best = self.checkpoints.record_eval(step, results)
-        if not became_best and not self._indexed(name):
-            log.info("evaluator: %s was removed by retention before its result was recorded; skipped", name)
-            result.skipped.append(step)
-            return None
+            path = self.checkpoints.model_dir / record_dir(record)  # on an object store: its unique prefix
+            self.evaluation.state.weights_of = None  # always read the files: a step saved again has new weights
+            try:
+                results, _ = self.evaluation.compute(input_fn, self.config.steps, path)
+            except CheckpointError as e:
+                if self._indexed(name):
+                    # Still named by the index, so not retention's doing: a damaged checkpoint.
+                    # The trainer resumes from an earlier one; evaluation goes on with the next.
+                    log.warning("evaluator: %s cannot be evaluated, skipped: %s", name, e)
+                else:
+                    log.info("evaluator: %s was removed by retention before it was evaluated; skipped", name)
+                result.skipped.append(step)
+                return None
+            # The index first (it is the evaluator's state), then the scalars, at most once per step.
+            became_best = self.checkpoints.record_eval(step, results, coverage=True)
+            if not became_best and not self._indexed(name):
+                log.warning(
+                    "evaluator: %s was removed by retention before its result was recorded; result discarded", name
+                )
+                result.discarded.append(step)
+                return None
+        finally:
+            self._release_lease()
         self._log(step, results, became_best)
         result.evaluated.append(step)
         result.results[step] = results
@@ -204,22 +291,64 @@ class ContinuousEvaluation:
             self.on_result(step, results)
         return results
 
+    def _take_lease(self, record: dict[str, Any]) -> bool:
+        """Lease ``record``'s checkpoint; False (no lease held) if retention removed it first.
+
+        The lease is written first, then the index is updated (it must still name this very
+        checkpoint): retention reads the leases after the index and writes the index
+        conditionally or under its lock, so it either sees the lease or removed the checkpoint
+        before this update, which then finds it gone (see ``stoker.checkpoint.lease``).
+        """
+        assert self._lease is not None
+        key = (record["name"], record.get("time", 0.0))
+        self._lease.take(record)
+
+        def mutate(index: dict[str, Any]) -> bool:
+            start_coverage(index)
+            return any((r["name"], r.get("time", 0.0)) == key for r in index["checkpoints"])
+
+        try:
+            present = bool(self.checkpoints.update_index(mutate))
+        except BaseException:
+            self._lease.release()
+            raise
+        if not present:
+            self._lease.release()
+        return present
+
+    def _release_lease(self) -> None:
+        """End the lease and run one retention pass: what only the lease kept is deleted now."""
+        if self._lease is None or self._lease.current is None:
+            return
+        self._lease.release()
+        self.checkpoints.apply_retention()
+
     def run(self, input_fn: InputFn) -> ContinuousEvalResult:
         """Watch and evaluate until training has finished or the timeout; return what was done."""
         result = ContinuousEvalResult()
+        if self._lease is not None:
+            live_leases(self.checkpoints.model_dir, self.checkpoints.retry, who="evaluator")  # break dead ones
         try:
             for record in self.watch(result):
                 self.evaluate_one(input_fn, record, result)
         finally:
+            if self._lease is not None:
+                self._lease.release()
             if self._writer is not None:
                 self._writer.close()
                 self._writer = None
-        result.best = self.checkpoints.best()
+        index = self.checkpoints.index()
+        result.best = index["best"]
+        result.coverage = index.get("coverage")
         log.info(
-            "evaluator: stopped (%s); evaluated %d checkpoint(s), skipped %d",
+            "evaluator: stopped (%s); this evaluator evaluated %d checkpoint(s), superseded %d, skipped %d, "
+            "discarded %d; model_dir totals: %s",
             result.stop_reason,
             len(result.evaluated),
+            len(result.superseded),
             len(result.skipped),
+            len(result.discarded),
+            result.coverage_line(),
         )
         return result
 
@@ -294,5 +423,6 @@ __all__ = [
     "ContinuousEvalConfig",
     "ContinuousEvalResult",
     "ContinuousEvaluation",
+    "ORDERS",
     "evaluation_on_device",
 ]

@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import storage
 from ..checkpoint.files import record_dir
-from ..checkpoint.manager import INDEX_NAME, CheckpointManager
+from ..checkpoint.manager import INDEX_NAME, CheckpointManager, coverage_line
 from ..errors import StokerError
 from ..run_spec import RUN_SPEC_FILE  # a light module: no torch.export, no recipe
 from .writer import CSV_NAME, read_metrics_csv
@@ -60,6 +60,7 @@ def inspect_run(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
             "metrics": rec.get("metrics") or {},
             "latest": rec["name"] == index.get("latest"),
             "best": best is not None and rec["name"] == best.get("name"),
+            "superseded": bool(rec.get("superseded")),
             "present": storage.is_dir(root / record_dir(rec)),  # on an object store: its unique prefix
         }
         for rec in index.get("checkpoints", [])
@@ -80,6 +81,7 @@ def inspect_run(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "checkpoints": checkpoints,
         "latest": index.get("latest"),
         "best": best,
+        "coverage": index.get("coverage"),  # what watching evaluators did: lists of steps
         "metrics": latest_values,
         "metric_rows": len(rows),
         "first_logged": min((r["wall_time"] for r in rows), default=None),
@@ -123,13 +125,17 @@ def format_inspection(info: Mapping[str, Any]) -> str:
         lines.append(f"  {'name':<14}{'step':>9}  {'written':<19}  {'size':>9}  evaluation")
         for c in cks:
             marks = ("L" if c["latest"] else "") + ("B" if c["best"] else "") + ("" if c["present"] else " missing")
-            evals = ", ".join(f"{k}={v:.4g}" for k, v in sorted(c["metrics"].items())) or "-"
+            evals = ", ".join(f"{k}={v:.4g}" for k, v in sorted(c["metrics"].items())) or (
+                "superseded" if c.get("superseded") else "-"
+            )
             size = _size(c["bytes"]) if c["bytes"] is not None else "?"
             written = _when(c["time"]) if c["time"] else "?"
             lines.append(
                 f"  {c['name'] + (' ' + marks if marks else ''):<14}{c['step']:>9}  {written:<19}  {size:>9}  {evals}"
             )
         lines.append("  (L = latest, B = best)")
+    if info.get("coverage") is not None:
+        lines.append(f"watching evaluator: {coverage_line(info['coverage'])}")
     lines.append("")
     values = info["metrics"]
     if not values:
