@@ -27,7 +27,6 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import Any, TypeVar
 
 from . import plugins, storage
@@ -51,7 +50,7 @@ class RunSpecError(ExportError):
 
 def write_run_spec(
     model_dir: str | os.PathLike[str], *, kind: str, params: Mapping[str, Any] | None = None, **fields: Any
-) -> Path:
+) -> storage.Location:
     """Record in ``model_dir/run_spec.json`` how the run's model is built.
 
     ``kind`` names the builder (``"zoo"``: ``model``, ``dataset`` and optional ``num_classes``
@@ -69,7 +68,7 @@ def write_run_spec(
     where = storage.location(model_dir)
     if isinstance(where, storage.UrlPath):  # one object PUT is atomic
         storage.write_all([(where / RUN_SPEC_FILE, text.encode())])
-        return where / RUN_SPEC_FILE  # type: ignore[return-value]
+        return where / RUN_SPEC_FILE
     path = where / RUN_SPEC_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{RUN_SPEC_FILE}.{uuid.uuid4().hex[:8]}.tmp")

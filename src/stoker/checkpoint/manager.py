@@ -186,7 +186,7 @@ class CheckpointManager:
         self.writer = writer
         self.retry = retry
         self._leftovers_checked = False  # see the module docstring: at the first save, not here
-        if self.remote:
+        if isinstance(self.model_dir, UrlPath):  # self.remote, spelled out so the type narrows
             storage.filesystem(self.model_dir)  # a missing extra (s3fs, gcsfs) is named now
         if writer:
             storage.makedirs(self.model_dir, retry)

@@ -50,7 +50,7 @@ class Sharded(ProcessGroupStrategy):
 
 
 def save_sharded(
-    directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, optimizer_key: str = "optimizer"
+    directory: storage.Location, model: nn.Module, optimizer: torch.optim.Optimizer, optimizer_key: str = "optimizer"
 ) -> None:
     """Every replica writes its slices of the model and optimizer state (collective).
 
@@ -66,7 +66,10 @@ def save_sharded(
 
 
 def load_sharded(
-    directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, optimizer_key: str = "optimizer"
+    directory: storage.Location,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    optimizer_key: str = "optimizer",
 ) -> None:
     """Load a ``dcp/`` checkpoint into ``model`` (and ``optimizer``), re-slicing as needed."""
     import torch.distributed.checkpoint as dcp

@@ -12,6 +12,7 @@ the model back into training mode if it was.
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ class EvaluationRun:
         self,
         input_fn: InputFn,
         steps: int | None = None,
-        checkpoint_path: str | Path | None = None,
+        checkpoint_path: str | os.PathLike[str] | None = None,
         name: str | None = None,
     ) -> dict[str, float]:
         """``loss``, every metric and ``global_step`` of ``input_fn`` (all, or ``steps`` batches)."""
@@ -53,14 +54,15 @@ class EvaluationRun:
         return results
 
     def compute(
-        self, input_fn: InputFn, steps: int | None = None, checkpoint_path: str | Path | None = None
+        self, input_fn: InputFn, steps: int | None = None, checkpoint_path: str | os.PathLike[str] | None = None
     ) -> tuple[dict[str, float], Path | None]:
         """The results of :meth:`run` and the checkpoint evaluated (``None``: weights in memory),
         without reporting them (a watching evaluator reports its own way)."""
         if steps is not None and (not isinstance(steps, int) or steps < 1):
             raise ValueError(f"evaluate: steps must be a positive integer or None; got {steps!r}")
         params = self.inputs.mode_params(ModeKeys.EVAL)
-        step, evaluated = self.state.weights_for_inference(checkpoint_path, "evaluate")
+        # weights_for_inference reads any path-like (a Location too); its annotation says str | Path
+        step, evaluated = self.state.weights_for_inference(checkpoint_path, "evaluate")  # type: ignore[arg-type]
         model = self.state.build_model()
         was_training = model.training
         model.eval()
