@@ -176,6 +176,7 @@ class Estimator:
         report_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         _check_arguments(head, subnetwork_generator, max_iteration_steps, max_iterations, adanet_loss_decay, config)
+        assert config is not None and config.model_dir is not None  # _check_arguments raised otherwise
         ensemblers = list(ensemblers) if ensemblers else [ComplexityRegularizedEnsembler()]
         names = [e.name for e in ensemblers]
         if len(set(names)) != len(names):

@@ -573,7 +573,8 @@ def warm_start(model: nn.Module, settings: WarmStartSettings | str | os.PathLike
         else:
             from ..distributed.sharded import consolidate
 
-            source = consolidate(loaded.dcp_dir)  # type: ignore[arg-type]
+            assert loaded.dcp_dir is not None  # no model_state: a sharded checkpoint, in dcp_dir
+            source = consolidate(loaded.dcp_dir)
     patterns = settings.vars_to_warm_start
     patterns = [patterns] if isinstance(patterns, str) else list(patterns)
     selected = [re.compile(p) for p in patterns]

@@ -64,6 +64,8 @@ class EvaluationRun:
         # weights_for_inference reads any path-like (a Location too); its annotation says str | Path
         step, evaluated = self.state.weights_for_inference(checkpoint_path, "evaluate")  # type: ignore[arg-type]
         model = self.state.build_model()
+        module = self.state.module
+        assert module is not None  # build_model() set it
         was_training = model.training
         model.eval()
         sums = _EvalSums(self.strategy.device)
@@ -74,7 +76,7 @@ class EvaluationRun:
         ):
             for i, batch in enumerate(self.inputs.in_lockstep(infeed)):
                 with autocast_context(self.config.precision, self.strategy.device):
-                    spec = self.model_fn(self.state.module, batch.features, batch.labels, ModeKeys.EVAL, params)
+                    spec = self.model_fn(module, batch.features, batch.labels, ModeKeys.EVAL, params)
                 spec = check_spec(spec, ModeKeys.EVAL)
                 params["cache"] = detach_cache(spec.cache)
                 sums.add(spec, batch)
@@ -107,7 +109,8 @@ class EvaluationRun:
         if name is None and evaluated is not None and evaluated.parent == checkpoints.model_dir:
             self.state.wait_for_checkpoint()  # the index names an asynchronous save once it is written
             if checkpoints.record_eval(step, results):
-                log.info("ckpt-%d is the best so far by %s", step, self.config.keep_best[0])  # type: ignore[index]
+                assert self.config.keep_best is not None  # record_eval finds a best only with keep_best
+                log.info("ckpt-%d is the best so far by %s", step, self.config.keep_best[0])
 
 
 class _EvalSums:

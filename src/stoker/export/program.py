@@ -204,8 +204,8 @@ def export(
     else:
         export_dir = target
     names, tensors, structure = _flatten_features(example_features)
-    rows = {t.shape[0] if t.dim() else None for t in tensors}
-    if len(rows) != 1 or None in rows:
+    rows = {t.shape[0] for t in tensors if t.dim()}
+    if len(rows) != 1 or any(not t.dim() for t in tensors):
         raise ExportError(
             "every example input needs the same batch size as its first dimension; got shapes "
             f"{[list(t.shape) for t in tensors]}"

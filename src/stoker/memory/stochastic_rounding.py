@@ -145,7 +145,9 @@ class StochasticRounding(torch.optim.Optimizer):
             self.inner.step()
             stand_in.data, stand_in.grad = _empty_like(stand_in), None
             return
-        stand_in.data, stand_in.grad = p.float(), p.grad.float()  # type: ignore[union-attr]
+        grad = p.grad
+        assert grad is not None  # step() passes only parameters that have a gradient
+        stand_in.data, stand_in.grad = p.float(), grad.float()
         for k, v in state.items():
             if k != "step" and _is_bf16(v):
                 state[k] = v.float()
