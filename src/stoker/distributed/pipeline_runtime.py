@@ -163,6 +163,8 @@ class PipelinedModule(nn.Module):
     """What ``model_fn`` receives in evaluation and prediction: calling it runs the whole
     pipeline and returns the last stage's output on every process."""
 
+    runtime: PipelineRuntime  # in __dict__, not a submodule
+
     def __init__(self, runtime: PipelineRuntime) -> None:
         super().__init__()
         self.__dict__["runtime"] = runtime  # not a submodule: the stages' parameters belong to the model

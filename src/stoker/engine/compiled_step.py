@@ -42,6 +42,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch._dynamo.exc  # named in an except clause: imported here, not left to torch.compile
+import torch._dynamo.utils
 import torch.optim.optimizer as _optim
 
 from ..data._tree import batch_rows
