@@ -27,11 +27,14 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import plugins, storage
 from ._version import __version__
 from .errors import ExportError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 RUN_SPEC_FILE = "run_spec.json"
 RUN_SPEC_FORMAT = "stoker-run-spec/1"
@@ -119,7 +122,7 @@ EvalInputBuilder = Callable[
     [Mapping[str, Any], str | os.PathLike[str]], tuple[Callable[[dict[str, Any]], Any], int | None]
 ]
 _E = TypeVar("_E", bound=EvalInputBuilder)
-_C = TypeVar("_C")
+_C = TypeVar("_C", bound="DataclassInstance")
 _T = TypeVar("_T")
 
 #: run_spec kind -> the builder of its evaluation input; filled by :func:`register_eval_input`
@@ -156,10 +159,10 @@ def recipe_config(config_cls: type[_C], spec: Mapping[str, Any], model_dir: str 
     """A recipe's config dataclass from a ``run_spec.json`` it wrote: the saved ``config`` with
     ``params`` over it and ``model_dir`` set to where the spec was read; keys the class does not
     have (a newer or older writer's) are ignored."""
-    known = {f.name for f in dataclasses.fields(config_cls)}  # type: ignore[arg-type]
+    known = {f.name for f in dataclasses.fields(config_cls)}
     saved = {k: v for k, v in (spec.get("config") or {}).items() if k in known}
     config = config_cls(**saved)
-    return dataclasses.replace(  # type: ignore[type-var]
+    return dataclasses.replace(
         config, model_dir=os.fspath(model_dir), **{k: v for k, v in spec["params"].items() if k in known}
     )
 

@@ -55,7 +55,7 @@ from typing import Any
 try:  # POSIX; elsewhere the index has one writer at a time by convention
     import fcntl
 except ImportError:  # pragma: no cover
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # no fcntl module here: checked for None where used
 
 import torch
 from torch import nn

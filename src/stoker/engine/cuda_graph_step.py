@@ -143,7 +143,7 @@ class CudaGraphTrainStep(TrainStep):
             try:
                 self.optimizer.step()
             finally:
-                del self.optimizer.found_inf  # type: ignore[attr-defined]
+                del self.optimizer.found_inf  # type: ignore[attr-defined]  # set just above
             assert scaler is not None
             torch._amp_update_scale_(
                 self._scale,

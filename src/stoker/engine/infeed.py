@@ -265,7 +265,7 @@ class Infeed:
             )
             event = torch.cuda.Event()
             event.record(self._stream)
-        return _CudaBatch(moved, event)  # type: ignore[return-value]
+        return _CudaBatch(moved, event)  # type: ignore[return-value]  # typed Batch: see __next__
 
     def _produce(self) -> None:
         assert self._queue is not None
@@ -306,6 +306,7 @@ class Infeed:
             if self._probe is not None:
                 self._measure(seconds)
             if self._cuda:  # prefetch_depth=0 on CUDA: the copy was still made on the side stream
+                # _prepare returns a _CudaBatch on CUDA, typed Batch so that this hot path needs no isinstance
                 return batch.wait()  # type: ignore[attr-defined]
             return batch
         entry = self._queue.get()

@@ -110,7 +110,7 @@ class TrainingRun:
             runner.after_setup(run)
             params = self.inputs.mode_params(ModeKeys.TRAIN)
             infeed = self.inputs.infeed(input_fn, ModeKeys.TRAIN, params, restore=state.pending_input_state)
-            run._save = lambda: self._save(run, runner, infeed, step)  # type: ignore[arg-type]
+            run._save = lambda: self._save(run, runner, infeed, step)
             loop = DeviceLoop(step, run, run.global_batch_size, self.strategy)
             state.build_model().train()
             state.holds, state.weights_of, started = "memory", None, True

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     import torch
@@ -81,7 +81,7 @@ class RunContext:
 
     @property
     def model_dir(self) -> str | None:
-        return self.config.model_dir  # type: ignore[return-value]
+        return cast("str | None", self.config.model_dir)  # RunConfig.__post_init__ made it a str
 
     def request_stop(self, reason: str = "") -> None:
         """Ask training to stop after the current step."""

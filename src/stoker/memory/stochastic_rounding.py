@@ -117,6 +117,7 @@ class StochasticRounding(torch.optim.Optimizer):
         return pairs
 
     @torch.no_grad()
+    # override: torch overloads step on closure (a closure -> float); this step refuses a closure
     def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
         """One update of every parameter that has a gradient, one parameter at a time."""
         if closure is not None:
@@ -219,7 +220,7 @@ def to_bf16(model: nn.Module) -> nn.Module:
     model.to(torch.bfloat16)
     if not getattr(model, "_stoker_bf16_inputs", False):
         model.register_forward_pre_hook(_inputs_to_bf16, with_kwargs=True)
-        model._stoker_bf16_inputs = True  # type: ignore[assignment]
+        model._stoker_bf16_inputs = True  # type: ignore[assignment]  # Module.__setattr__ is typed Tensor | Module
     return model
 
 
