@@ -186,7 +186,7 @@ class _WeightedSum(Combiner):
         members: Sequence[str],
         weights: Sequence[torch.Tensor],
         bias: torch.Tensor | None,
-        mixture_weight_type: MixtureWeightType,
+        mixture_weight_type: MixtureWeightType | str,
         adanet_lambda: float,
         adanet_beta: float,
         trainable: bool,

@@ -111,8 +111,9 @@ class Infeed:
         skip = int(restore.get("skip", 0)) if restore is not None else 0
         if restore is not None:
             self._restore(restore)
-            if skip and callable(getattr(source, "advance", None)):
-                source.advance(skip)  # jump (stoker's sources): nothing is decoded to be thrown away
+            advance = getattr(source, "advance", None) if skip else None
+            if callable(advance):
+                advance(skip)  # jump (stoker's sources): nothing is decoded to be thrown away
                 skip = 0
         self._it = iter(source)
         self._skip(skip)
