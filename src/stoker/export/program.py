@@ -160,8 +160,8 @@ def export(
     checkpoint_path: str | os.PathLike[str] | None = None,
     aot: bool = False,
     aot_device: str = "cpu",
-) -> Path:
-    """Export ``estimator``'s PREDICT computation to ``export_dir``; return its path.
+) -> storage.Location:
+    """Export ``estimator``'s PREDICT computation to ``export_dir``; return its path (a ``UrlPath`` for a URL).
 
     Args:
         estimator: the trained ``Estimator``.
@@ -293,7 +293,7 @@ def export(
     log.info(
         "exported %s (step %d, %s) to %s: %s", source or "the weights in memory", step, which, target, ", ".join(files)
     )
-    return target  # type: ignore[return-value]
+    return target
 
 
 def _write_aot(
