@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -21,6 +20,7 @@ import torch
 from ..metrics import MetricAccumulator
 from ..precision import autocast_context
 from ..spec import EstimatorSpec, ModeKeys
+from ..storage import Location
 from ..summary.writer import ScalarWriter
 from .infeed import Batch
 from .inputs import InputFn, InputPlan, isolated_rng
@@ -55,7 +55,7 @@ class EvaluationRun:
 
     def compute(
         self, input_fn: InputFn, steps: int | None = None, checkpoint_path: str | os.PathLike[str] | None = None
-    ) -> tuple[dict[str, float], Path | None]:
+    ) -> tuple[dict[str, float], Location | None]:
         """The results of :meth:`run` and the checkpoint evaluated (``None``: weights in memory),
         without reporting them (a watching evaluator reports its own way)."""
         if steps is not None and (not isinstance(steps, int) or steps < 1):
@@ -88,7 +88,7 @@ class EvaluationRun:
             model.train()
         return results, evaluated
 
-    def _report(self, step: int, evaluated: Path | None, results: dict[str, float], name: str | None) -> None:
+    def _report(self, step: int, evaluated: Location | None, results: dict[str, float], name: str | None) -> None:
         if not self.strategy.is_chief:
             return
         label = f"eval_{name}" if name else "eval"
