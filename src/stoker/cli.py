@@ -51,7 +51,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def add_parser(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``stoker info``."""
     info = subparsers.add_parser("info", help=COMMANDS["info"][1])
     info.set_defaults(func=_info)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -29,7 +30,7 @@ import torch
 class Metric:
     """Base class: ``update`` gives per-example statistics, ``compute`` turns their sums into a value."""
 
-    def update(self, *args: torch.Tensor, **kwargs: torch.Tensor) -> dict[str, torch.Tensor]:
+    def update(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:
         """Per-example statistics of one batch: a dict of tensors of shape ``[batch]``."""
         raise NotImplementedError(f"{type(self).__name__} must implement update()")
 

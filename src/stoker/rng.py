@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -25,7 +25,9 @@ def seed_everything(seed: int) -> None:
 def rng_state() -> dict[str, Any]:
     """The state of every global RNG, in types ``torch.load(weights_only=True)`` accepts."""
     version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    # The legacy tuple (the default, legacy=True): numpy's stub picks its legacy=False overload, a dict.
+    legacy = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state())
+    kind, keys, pos, has_gauss, cached = legacy
     state: dict[str, Any] = {
         # Python's 625 state words as one int64 tensor: a list of ints pickles and (above all)
         # unpickles with weights_only several times slower.

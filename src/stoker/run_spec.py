@@ -27,12 +27,14 @@ import os
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import plugins, storage
 from ._version import __version__
 from .errors import ExportError
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 RUN_SPEC_FILE = "run_spec.json"
 RUN_SPEC_FORMAT = "stoker-run-spec/1"
@@ -51,7 +53,7 @@ class RunSpecError(ExportError):
 
 def write_run_spec(
     model_dir: str | os.PathLike[str], *, kind: str, params: Mapping[str, Any] | None = None, **fields: Any
-) -> Path:
+) -> storage.Location:
     """Record in ``model_dir/run_spec.json`` how the run's model is built.
 
     ``kind`` names the builder (``"zoo"``: ``model``, ``dataset`` and optional ``num_classes``
@@ -69,7 +71,7 @@ def write_run_spec(
     where = storage.location(model_dir)
     if isinstance(where, storage.UrlPath):  # one object PUT is atomic
         storage.write_all([(where / RUN_SPEC_FILE, text.encode())])
-        return where / RUN_SPEC_FILE  # type: ignore[return-value]
+        return where / RUN_SPEC_FILE
     path = where / RUN_SPEC_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{RUN_SPEC_FILE}.{uuid.uuid4().hex[:8]}.tmp")
@@ -120,7 +122,7 @@ EvalInputBuilder = Callable[
     [Mapping[str, Any], str | os.PathLike[str]], tuple[Callable[[dict[str, Any]], Any], int | None]
 ]
 _E = TypeVar("_E", bound=EvalInputBuilder)
-_C = TypeVar("_C")
+_C = TypeVar("_C", bound="DataclassInstance")
 _T = TypeVar("_T")
 
 #: run_spec kind -> the builder of its evaluation input; filled by :func:`register_eval_input`
@@ -157,10 +159,10 @@ def recipe_config(config_cls: type[_C], spec: Mapping[str, Any], model_dir: str 
     """A recipe's config dataclass from a ``run_spec.json`` it wrote: the saved ``config`` with
     ``params`` over it and ``model_dir`` set to where the spec was read; keys the class does not
     have (a newer or older writer's) are ignored."""
-    known = {f.name for f in dataclasses.fields(config_cls)}  # type: ignore[arg-type]
+    known = {f.name for f in dataclasses.fields(config_cls)}
     saved = {k: v for k, v in (spec.get("config") or {}).items() if k in known}
     config = config_cls(**saved)
-    return dataclasses.replace(  # type: ignore[type-var]
+    return dataclasses.replace(
         config, model_dir=os.fspath(model_dir), **{k: v for k, v in spec["params"].items() if k in known}
     )
 

@@ -73,6 +73,6 @@ def _set_predictions(spec: EstimatorSpec, value: Any) -> None:
     spec._predictions = value
 
 
-EstimatorSpec.predictions = property(  # type: ignore[assignment]
+EstimatorSpec.predictions = property(  # type: ignore[assignment,misc]  # a property replaces the dataclass field
     _get_predictions, _set_predictions, doc="The predictions dict (a function given is called on first read)."
 )

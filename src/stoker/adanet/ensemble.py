@@ -17,7 +17,7 @@ import abc
 import enum
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -186,7 +186,7 @@ class _WeightedSum(Combiner):
         members: Sequence[str],
         weights: Sequence[torch.Tensor],
         bias: torch.Tensor | None,
-        mixture_weight_type: MixtureWeightType,
+        mixture_weight_type: MixtureWeightType | str,
         adanet_lambda: float,
         adanet_beta: float,
         trainable: bool,
@@ -240,6 +240,8 @@ class BatchedWeightedSum(nn.Module):
     ``Combiner`` (which is what is saved and rebuilt).
     """
 
+    columns: torch.Tensor  # a buffer (register_buffer)
+
     def __init__(self, combiners: Sequence[_WeightedSum]) -> None:
         super().__init__()
         first = combiners[0]
@@ -267,8 +269,9 @@ class BatchedWeightedSum(nn.Module):
             "columns", torch.tensor(cols, dtype=torch.long, device=device).reshape(-1), persistent=False
         )
         self.bias = None
-        if first.bias is not None:
-            self.bias = nn.Parameter(torch.stack([c.bias.detach() for c in combiners]), requires_grad=trainable)  # type: ignore[union-attr]
+        if first.bias is not None:  # the combiners share one signature(): each has a bias
+            biases = [cast(nn.Parameter, c.bias).detach() for c in combiners]
+            self.bias = nn.Parameter(torch.stack(biases), requires_grad=trainable)
         self.vector = first.mixture_weight_type is MixtureWeightType.VECTOR
         self.adanet_lambda = first.adanet_lambda
         self.adanet_beta = first.adanet_beta

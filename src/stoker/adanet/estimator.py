@@ -176,6 +176,7 @@ class Estimator:
         report_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         _check_arguments(head, subnetwork_generator, max_iteration_steps, max_iterations, adanet_loss_decay, config)
+        assert config is not None and config.model_dir is not None  # _check_arguments raised otherwise
         ensemblers = list(ensemblers) if ensemblers else [ComplexityRegularizedEnsembler()]
         names = [e.name for e in ensemblers]
         if len(set(names)) != len(names):
@@ -423,12 +424,14 @@ class Estimator:
     def evaluate(self, input_fn: InputFn, steps: int | None = None, name: str | None = None) -> dict[str, float]:
         """Evaluate the latest chosen ensemble (loss, the head's metrics and ``metric_fn``'s)."""
         est, ckpt = self._final_estimator()
-        return est.evaluate(input_fn, steps=steps, checkpoint_path=ckpt, name=name)
+        # Estimator.evaluate reads any path-like (a UrlPath too); its annotation says str | Path
+        return est.evaluate(input_fn, steps=steps, checkpoint_path=ckpt, name=name)  # type: ignore[arg-type]
 
     def predict(self, input_fn: InputFn, yield_single_examples: bool = True) -> Iterator[dict[str, torch.Tensor]]:
         """The head's predictions of the latest chosen ensemble for every example of ``input_fn``."""
         est, ckpt = self._final_estimator()
-        return est.predict(input_fn, checkpoint_path=ckpt, yield_single_examples=yield_single_examples)
+        # Estimator.predict reads any path-like (a UrlPath too); its annotation says str | Path
+        return est.predict(input_fn, checkpoint_path=ckpt, yield_single_examples=yield_single_examples)  # type: ignore[arg-type]
 
     def export(self, directory: str | os.PathLike[str], example_features: Any = None) -> storage.Location:
         """Write the final ensemble as a ``torch.export`` program (``ensemble.pt2``, any batch

@@ -28,14 +28,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import torch
 from torch import nn
 
 from ..hooks.base import Hook, LoopResult, RunContext
 from ..spec import EstimatorSpec, ModeKeys
-from .ensemble import BatchedWeightedSum, Combiner, Ensemble, Ensembler
+from .ensemble import BatchedWeightedSum, Combiner, Ensemble, Ensembler, _WeightedSum
 from .heads import Head, MetricFn
 from .subnetwork import Builder, Report, Subnetwork, as_subnetwork
 from .training import (
@@ -100,6 +100,12 @@ class IterationModel(nn.Module):
     candidates, see ``BatchedWeightedSum``) and ``ensembles.<candidate>.*`` (candidates that
     are not batched, e.g. MATRIX weights).
     """
+
+    # buffers (register_buffer in _add_selection_state)
+    iteration_number: torch.Tensor
+    iteration_step: torch.Tensor
+    adanet_loss_ema: torch.Tensor
+    previous_adanet_loss: torch.Tensor
 
     def __init__(
         self,
@@ -384,7 +390,9 @@ def _plan_units(candidates: Sequence[CandidateRecord]) -> tuple[list[_Unit], dic
             c = candidates[indices[0]]
             units.append(_Unit(c.ensemble.combiner, list(c.ensemble.combiner.members), indices, False))
             continue
-        module = BatchedWeightedSum([candidates[i].ensemble.combiner for i in indices])
+        # signature() is None for any other combiner: these are all _WeightedSums
+        combiners = cast("list[_WeightedSum]", [candidates[i].ensemble.combiner for i in indices])
+        module = BatchedWeightedSum(combiners)
         batched[candidates[indices[0]].ensembler.name] = module
         units.append(_Unit(module, list(module.keys), indices, True))
     return units, batched

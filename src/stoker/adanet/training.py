@@ -144,17 +144,17 @@ class CandidateOptimizers(torch.optim.Optimizer):
         self._optimizer_step_post_hooks: dict[int, Any] = {}
 
     @property
-    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]
+    def param_groups(self) -> list[dict[str, Any]]:  # type: ignore[override]  # a read-only view over the optimizers
         return [g for opt in self.optimizers.values() for g in opt.param_groups]
 
     @property
-    def state(self) -> dict[Any, Any]:  # type: ignore[override]
+    def state(self) -> dict[Any, Any]:  # type: ignore[override]  # a read-only view over the optimizers
         merged: dict[Any, Any] = {}
         for opt in self.optimizers.values():
             merged.update(opt.state)
         return merged
 
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]  # torch overloads step on closure
         for opt in self.optimizers.values():
             opt.step()
 
@@ -166,10 +166,10 @@ class CandidateOptimizers(torch.optim.Optimizer):
         for opt in self.optimizers.values():
             opt.zero_grad(set_to_none=False)
 
-    def state_dict(self) -> dict[str, Any]:  # type: ignore[override]
+    def state_dict(self) -> dict[str, Any]:
         return {"optimizers": {name: opt.state_dict() for name, opt in self.optimizers.items()}}
 
-    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:  # type: ignore[override]
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
         saved = state_dict.get("optimizers")
         if not isinstance(saved, Mapping) or set(saved) != set(self.optimizers):
             got = sorted(saved) if isinstance(saved, Mapping) else type(saved).__name__

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import BenchFlagError
 from .errors import fail as _fail
@@ -199,7 +200,7 @@ class BenchConfig:
             return parse_piecewise_schedule(self.piecewise_learning_rate_schedule)[1][0]
         return DEFAULT_LEARNING_RATE if self.init_learning_rate is None else self.init_learning_rate
 
-    def replace(self, **changes: object) -> BenchConfig:
+    def replace(self, **changes: Any) -> BenchConfig:
         """A copy with some fields changed (validated again)."""
         return dataclasses.replace(self, **changes)
 

@@ -134,7 +134,8 @@ def _exported_call(cfg: BenchConfig, workload: Workload) -> tuple[Callable[[], A
     """One call of an exported program (``stoker export``) on a synthetic batch of its input shape."""
     from ..export.program import load_exported  # only this mode needs the export format
 
-    exported = load_exported(cfg.exported)  # type: ignore[arg-type]
+    assert cfg.exported is not None  # the caller runs this for --exported only
+    exported = load_exported(cfg.exported)
     inputs = exported.signature["inputs"]
     shape = inputs[0]["shape"] if len(inputs) == 1 else []
     if len(shape) != 4 or shape[1] != 3 or shape[2] != shape[3]:
@@ -156,7 +157,8 @@ def _exported_call(cfg: BenchConfig, workload: Workload) -> tuple[Callable[[], A
                 f"{exported.device.type}; run the benchmark with --device={exported.device.type}",
             )
     elif workload.device.type != "cpu":
-        exported.module.to(workload.device)  # the program's nn.Module
+        assert isinstance(exported.module, nn.Module)  # not an AOT package: the program's nn.Module
+        exported.module.to(workload.device)
     images = _images(cfg, workload, int(shape[2]))
     name = inputs[0]["name"]
 

@@ -91,7 +91,7 @@ class TaskModelFn:
 def l2_loss(model: nn.Module) -> torch.Tensor:
     """``sum(w^2) / 2`` over the trainable parameters (TensorFlow's ``tf.nn.l2_loss`` summed),
     as a value without gradient."""
-    params = [p for p in model.parameters() if p.requires_grad]
+    params: list[torch.Tensor] = [p for p in model.parameters() if p.requires_grad]
     # One fused norm per parameter list instead of a Python loop of small kernels.
     return 0.5 * torch.stack(torch._foreach_norm(params)).float().square().sum()
 
@@ -106,7 +106,10 @@ def zoo_model(cfg: BenchConfig, workload: Workload) -> ModelFactory:
 
     def factory(params: dict[str, Any]) -> nn.Module:
         model = create_model(cfg.model, dataset=workload.dataset, num_classes=workload.num_classes)
-        return model.to(memory_format=torch.channels_last) if cfg.channels_last else model
+        if not cfg.channels_last:
+            return model
+        # Module.to(memory_format=...) works, but torch's stub has no overload with memory_format alone
+        return model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
 
     return factory
 

@@ -60,6 +60,7 @@ class TFRMSProp(torch.optim.Optimizer):
         super().__init__(params, {"lr": lr, "decay": decay, "momentum": momentum, "eps": eps})
 
     @torch.no_grad()
+    # override: torch overloads step on closure (None -> None, a closure -> float), this is one def
     def step(self, closure: Callable[[], float] | None = None) -> float | None:  # type: ignore[override]
         loss = None
         if closure is not None:

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from .. import storage
 from ..config import RunConfig
 from ..estimator import Estimator
 from ..models import create_model, get_model_info
@@ -31,7 +31,7 @@ def write_zoo_run_spec(
     num_classes: int | None,
     image_size: int,
     written_by: str = "stoker bench",
-) -> Path:
+) -> storage.Location:
     """Record in ``train_dir`` how to rebuild a zoo model, so ``stoker export TRAIN_DIR`` works."""
     return write_run_spec(
         train_dir,

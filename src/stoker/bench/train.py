@@ -24,14 +24,14 @@ import contextlib
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, cast
 
 import torch
 
 from ..checkpoint.manager import CheckpointManager
-from ..config import RunConfig
+from ..config import Precision, RunConfig
 from ..errors import CheckpointError
 from ..estimator import Estimator
 from ..hooks import Hook, LoopResult, ProfilerHook, RunContext, every_n_steps_due
@@ -199,6 +199,7 @@ def build_estimator(
     ``bucket_mb``: DDP's gradient bucket size (``--gradient_repacking``, see :func:`repacking_bucket_mb`).
     """
     depth = prefetch_depth(cfg)
+    prefetch: dict[str, Any] = {} if depth is None else {"prefetch_depth": depth}  # else RunConfig's default
     if cfg.fp16_vars and cfg.precision == "fp16":
         model = _fp16_weights(model)
     loss_scale = LossScale(  # static unless --fp16_enable_auto_loss_scale (the growth interval is then unused)
@@ -215,10 +216,10 @@ def build_estimator(
         save_checkpoints_secs=None if cfg.save_model_steps else (cfg.save_model_secs or math.inf),
         keep_checkpoint_max=cfg.max_ckpts_to_keep,
         log_every_n_steps=None,  # the harness prints its own progress lines
-        precision=cfg.precision,  # type: ignore[arg-type]
+        precision=cast(Precision, cfg.precision),  # one of PRECISIONS: BenchConfig checked it
         loss_scale=loss_scale,
         device=str(workload.device),
-        compile=cfg.compile_mode,  # type: ignore[arg-type]
+        compile=cast("bool | Literal['none', 'module', 'step']", cfg.compile_mode),  # RunConfig checks it
         cuda_graph=cfg.cuda_graph,
         # One process: every strategy is the same single replica. Under torchrun: DDP
         # (replicated), FSDP2 (sharded) or no gradient exchange (independent).
@@ -226,7 +227,7 @@ def build_estimator(
         ddp_bucket_cap_mb=bucket_mb,
         progress_bar=False,
         summaries=False,
-        **({} if depth is None else {"prefetch_depth": depth}),
+        **prefetch,
     )
     optimizer_fn, schedule_fn = optimizer_and_schedule(
         cfg,
@@ -556,7 +557,10 @@ def _timed_batches(
 ) -> Iterator[tuple[int, float, dict[str, torch.Tensor], float]]:
     """Predict batch by batch: skip ``warmup`` batches, then yield ``(index, seconds, predictions,
     seconds since the first timed batch started)`` for ``steps`` batches (fewer if the data ends)."""
-    predictions = est.predict(input_fn, yield_single_examples=False)
+    # predict returns a generator (typed Iterator); closed below
+    predictions = cast(
+        "Generator[dict[str, torch.Tensor], None, None]", est.predict(input_fn, yield_single_examples=False)
+    )
     trace_at = max(0, warmup - 2) if warmup else 0
     try:
         for i in range(warmup):
@@ -573,7 +577,7 @@ def _timed_batches(
             yield i, now - last, preds, now - start
             last = time.perf_counter()  # the caller's bookkeeping is not part of the next batch
     finally:
-        predictions.close()  # type: ignore[attr-defined]
+        predictions.close()
 
 
 @contextlib.contextmanager

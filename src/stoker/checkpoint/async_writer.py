@@ -21,12 +21,12 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..errors import CheckpointError
+from ..storage import Location
 
 log = logging.getLogger("stoker")
 
@@ -53,7 +53,7 @@ class AsyncCheckpointWriter:
     so in the error.
     """
 
-    def __init__(self, latest: Callable[[], Path | None]) -> None:
+    def __init__(self, latest: Callable[[], Location | None]) -> None:
         self._latest = latest
         self._thread: threading.Thread | None = None
         self._name = ""

@@ -55,7 +55,7 @@ from typing import Any
 try:  # POSIX; elsewhere the index has one writer at a time by convention
     import fcntl
 except ImportError:  # pragma: no cover
-    fcntl = None  # type: ignore[assignment]
+    fcntl = None  # type: ignore[assignment]  # no fcntl module here: checked for None where used
 
 import torch
 from torch import nn
@@ -217,7 +217,7 @@ class CheckpointManager:
         self.writer = writer
         self.retry = retry
         self._leftovers_checked = False  # see the module docstring: at the first save, not here
-        if self.remote:
+        if isinstance(self.model_dir, UrlPath):  # self.remote, spelled out so the type narrows
             storage.filesystem(self.model_dir)  # a missing extra (s3fs, gcsfs) is named now
         if writer:
             storage.makedirs(self.model_dir, retry)
@@ -632,7 +632,8 @@ def warm_start(model: nn.Module, settings: WarmStartSettings | str | os.PathLike
         else:
             from ..distributed.sharded import consolidate
 
-            source = consolidate(loaded.dcp_dir)  # type: ignore[arg-type]
+            assert loaded.dcp_dir is not None  # no model_state: a sharded checkpoint, in dcp_dir
+            source = consolidate(loaded.dcp_dir)
     patterns = settings.vars_to_warm_start
     patterns = [patterns] if isinstance(patterns, str) else list(patterns)
     selected = [re.compile(p) for p in patterns]

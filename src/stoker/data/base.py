@@ -32,7 +32,7 @@ from __future__ import annotations
 import copy
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import numpy as np
@@ -69,7 +69,9 @@ def _splitmix64(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-def example_uniforms(seed: int, epoch: int, indices: torch.Tensor | np.ndarray, count: int) -> np.ndarray:
+def example_uniforms(
+    seed: int, epoch: int, indices: torch.Tensor | np.ndarray | Sequence[int], count: int
+) -> np.ndarray:
     """``count`` uniform floats in [0, 1) for each example: float64 array ``[len(indices), count]``.
 
     Value ``k`` of example ``i`` depends only on ``(seed, epoch, i, k)``: a counter-based

@@ -47,7 +47,7 @@ def read_cifar_binary(
         records = raw.reshape(-1, _RECORD)
         lab = records[:, 0].astype(np.int64)
         bad = np.flatnonzero(lab >= num_classes)
-        keep = slice(None)
+        keep: slice | np.ndarray = slice(None)
         if bad.size:
             if not skip_bad_examples:
                 raise DataError(
@@ -63,7 +63,7 @@ def read_cifar_binary(
                 int(bad[0]),
             )
             skipped += int(bad.size)
-            keep = lab < num_classes  # type: ignore[assignment]
+            keep = lab < num_classes
         images.append(records[keep, 1:].reshape(-1, 3, 32, 32))
         labels.append(lab[keep])
     return np.concatenate(images), np.concatenate(labels)

@@ -35,7 +35,7 @@ _DRAWS = 23
 def random_resized_crop_box(
     width: int,
     height: int,
-    u: Sequence[float],
+    u: Sequence[float] | np.ndarray,
     scale: tuple[float, float] = (0.08, 1.0),
     ratio: tuple[float, float] = (3 / 4, 4 / 3),
 ) -> tuple[int, int, int, int]:
@@ -108,7 +108,12 @@ RESIZE_METHODS: tuple[str, ...] = (*RESIZE_FILTERS, "round_robin", "crop")
 
 
 def augment_image(
-    im: Image.Image, image_size: int, u: Sequence[float] | None, *, resize_method: str = "bilinear", position: int = 0
+    im: Image.Image,
+    image_size: int,
+    u: Sequence[float] | np.ndarray | None,
+    *,
+    resize_method: str = "bilinear",
+    position: int = 0,
 ) -> np.ndarray:
     """``image_size`` square uint8 HWC array: train augmentation from ``u``, or eval centre crop if None.
 
@@ -132,7 +137,9 @@ def augment_image(
         else:
             resample = RESIZE_FILTERS[resize_method]
         if u is None:
-            box: tuple[float, ...] = center_crop_box(width, height, image_size, int(round(image_size / 0.875)))
+            box: tuple[float, float, float, float] = center_crop_box(
+                width, height, image_size, int(round(image_size / 0.875))
+            )
         else:
             left, top, w, h = random_resized_crop_box(width, height, u)
             box = (left, top, left + w, top + h)

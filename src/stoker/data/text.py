@@ -35,7 +35,7 @@ def _collect(paths: PathLike | Sequence[PathLike], extensions: Sequence[str] | N
         if p.is_file():
             files.append(p)
         elif p.is_dir():
-            found = []
+            found: list[Path] = []
             for dirpath, dirnames, filenames in os.walk(p, followlinks=True):
                 dirnames[:] = [d for d in dirnames if not d.startswith(".")]
                 found.extend(

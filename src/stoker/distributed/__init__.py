@@ -70,8 +70,7 @@ def make_strategy(
     if world == 1:
         return SingleDevice(device)  # every strategy is the identity with one replica (a pipeline runs unsplit)
     if pipeline is not None:
-        strategy = PipelineStrategy(device, timeout, pipeline)
-        return strategy
+        return PipelineStrategy(device, timeout, pipeline)
     if name == "single":
         raise ValueError(
             f"RunConfig.strategy='single' but WORLD_SIZE={world}: use 'auto' or 'replicated' under torchrun"

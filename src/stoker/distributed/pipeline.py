@@ -225,7 +225,7 @@ class PipelineStrategy(ProcessGroupStrategy):
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         plan = plan_stages(model, self.config.split)
-        stages = [StageModule(model, plan[i]) for i in self.stage_indices]
+        stages: list[nn.Module] = [StageModule(model, plan[i]) for i in self.stage_indices]
         recomputes = getattr(model, "_stoker_recompute", False)  # RunConfig.recompute="all": each stage
         keep_only(model, [n for i in self.stage_indices for n in plan[i]])
         if recomputes:

@@ -75,6 +75,7 @@ class PipelineRuntime:
         """Forward and backward of one batch in micro-batches; the last stage calls
         ``loss_fn(output, rows)`` per micro-batch (``rows``: that micro-batch's row indices)."""
         if self._train is None:
+            # self._loss_fn: set below, before the schedule first calls this (None not callable: misc)
             self._train = self._schedule(self.microbatches, lambda out, rows: self._loss_fn(out, rows))  # type: ignore[misc]
         self._loss_fn = loss_fn
         inputs = args if self.holds_first else ()
@@ -162,6 +163,8 @@ class PipelineRuntime:
 class PipelinedModule(nn.Module):
     """What ``model_fn`` receives in evaluation and prediction: calling it runs the whole
     pipeline and returns the last stage's output on every process."""
+
+    runtime: PipelineRuntime  # in __dict__, not a submodule
 
     def __init__(self, runtime: PipelineRuntime) -> None:
         super().__init__()

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -46,11 +46,12 @@ class Sharded(ProcessGroupStrategy):
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
-        return {k: v.detach().cpu() for k, v in full.items()}
+        # every value of a full model state dict is a tensor (the stub allows any state value)
+        return {k: cast(torch.Tensor, v).detach().cpu() for k, v in full.items()}
 
 
 def save_sharded(
-    directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer, optimizer_key: str = "optimizer"
+    directory: storage.Location, model: nn.Module, optimizer: torch.optim.Optimizer, optimizer_key: str = "optimizer"
 ) -> None:
     """Every replica writes its slices of the model and optimizer state (collective).
 
@@ -66,7 +67,10 @@ def save_sharded(
 
 
 def load_sharded(
-    directory: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None, optimizer_key: str = "optimizer"
+    directory: storage.Location,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    optimizer_key: str = "optimizer",
 ) -> None:
     """Load a ``dcp/`` checkpoint into ``model`` (and ``optimizer``), re-slicing as needed."""
     import torch.distributed.checkpoint as dcp

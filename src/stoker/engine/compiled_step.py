@@ -42,14 +42,16 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch._dynamo.exc  # named in an except clause: imported here, not left to torch.compile
+import torch._dynamo.utils
 import torch.optim.optimizer as _optim
 
 from ..data._tree import batch_rows
-from ..errors import StokerError
+from ..errors import ModelFnError, StokerError
 from ..precision import autocast_context
 from ..spec import ModeKeys
 from .infeed import Infeed
-from .loop import TrainStep, _check_train_batch, _snapshot_host_call, check_spec, detach_cache
+from .loop import _NO_TRAIN_LOSS, TrainStep, _check_train_batch, _snapshot_host_call, check_spec, detach_cache
 
 log = logging.getLogger("stoker")
 
@@ -240,6 +242,8 @@ class CompiledTrainStep(TrainStep):
                 check_spec(spec, ModeKeys.TRAIN)
                 _check_train_batch(batch_rows(batch.features) or 0, self.params["batch_size"])
                 self._checked = True
+            if spec.loss is None:  # check_spec ran at the first step only
+                raise ModelFnError(_NO_TRAIN_LOSS)
             if spec.cache is not None or self.carries_cache:
                 self.params["cache"] = detach_cache(spec.cache)
                 self.carries_cache = True

@@ -43,7 +43,7 @@ from ..errors import ModelFnError
 from ..precision import autocast_context
 from ..spec import ModeKeys
 from .infeed import Infeed
-from .loop import TrainStep, _check_train_batch, _snapshot_host_call, check_spec
+from .loop import _NO_TRAIN_LOSS, TrainStep, _check_train_batch, _snapshot_host_call, check_spec
 
 log = logging.getLogger("stoker")
 
@@ -121,6 +121,8 @@ class CudaGraphTrainStep(TrainStep):
                 "set RunConfig(cuda_graph=False)"
             )
         loss = spec.loss
+        if loss is None:  # check_spec ran at the first call only
+            raise ModelFnError(_NO_TRAIN_LOSS)
         scaler = self.scaler
         if scaler is None:
             loss.backward()
@@ -141,7 +143,7 @@ class CudaGraphTrainStep(TrainStep):
             try:
                 self.optimizer.step()
             finally:
-                del self.optimizer.found_inf  # type: ignore[attr-defined]
+                del self.optimizer.found_inf  # type: ignore[attr-defined]  # set just above
             assert scaler is not None
             torch._amp_update_scale_(
                 self._scale,

@@ -12,7 +12,7 @@ the model back into training mode if it was.
 from __future__ import annotations
 
 import logging
-from pathlib import Path
+import os
 from typing import Any
 
 import torch
@@ -20,6 +20,7 @@ import torch
 from ..metrics import MetricAccumulator
 from ..precision import autocast_context
 from ..spec import EstimatorSpec, ModeKeys
+from ..storage import Location
 from ..summary.writer import ScalarWriter
 from .infeed import Batch
 from .inputs import InputFn, InputPlan, isolated_rng
@@ -44,7 +45,7 @@ class EvaluationRun:
         self,
         input_fn: InputFn,
         steps: int | None = None,
-        checkpoint_path: str | Path | None = None,
+        checkpoint_path: str | os.PathLike[str] | None = None,
         name: str | None = None,
     ) -> dict[str, float]:
         """``loss``, every metric and ``global_step`` of ``input_fn`` (all, or ``steps`` batches)."""
@@ -53,15 +54,18 @@ class EvaluationRun:
         return results
 
     def compute(
-        self, input_fn: InputFn, steps: int | None = None, checkpoint_path: str | Path | None = None
-    ) -> tuple[dict[str, float], Path | None]:
+        self, input_fn: InputFn, steps: int | None = None, checkpoint_path: str | os.PathLike[str] | None = None
+    ) -> tuple[dict[str, float], Location | None]:
         """The results of :meth:`run` and the checkpoint evaluated (``None``: weights in memory),
         without reporting them (a watching evaluator reports its own way)."""
         if steps is not None and (not isinstance(steps, int) or steps < 1):
             raise ValueError(f"evaluate: steps must be a positive integer or None; got {steps!r}")
         params = self.inputs.mode_params(ModeKeys.EVAL)
-        step, evaluated = self.state.weights_for_inference(checkpoint_path, "evaluate")
+        # weights_for_inference reads any path-like (a Location too); its annotation says str | Path
+        step, evaluated = self.state.weights_for_inference(checkpoint_path, "evaluate")  # type: ignore[arg-type]
         model = self.state.build_model()
+        module = self.state.module
+        assert module is not None  # build_model() set it
         was_training = model.training
         model.eval()
         sums = _EvalSums(self.strategy.device)
@@ -72,7 +76,7 @@ class EvaluationRun:
         ):
             for i, batch in enumerate(self.inputs.in_lockstep(infeed)):
                 with autocast_context(self.config.precision, self.strategy.device):
-                    spec = self.model_fn(self.state.module, batch.features, batch.labels, ModeKeys.EVAL, params)
+                    spec = self.model_fn(module, batch.features, batch.labels, ModeKeys.EVAL, params)
                 spec = check_spec(spec, ModeKeys.EVAL)
                 params["cache"] = detach_cache(spec.cache)
                 sums.add(spec, batch)
@@ -84,7 +88,7 @@ class EvaluationRun:
             model.train()
         return results, evaluated
 
-    def _report(self, step: int, evaluated: Path | None, results: dict[str, float], name: str | None) -> None:
+    def _report(self, step: int, evaluated: Location | None, results: dict[str, float], name: str | None) -> None:
         if not self.strategy.is_chief:
             return
         label = f"eval_{name}" if name else "eval"
@@ -105,7 +109,8 @@ class EvaluationRun:
         if name is None and evaluated is not None and evaluated.parent == checkpoints.model_dir:
             self.state.wait_for_checkpoint()  # the index names an asynchronous save once it is written
             if checkpoints.record_eval(step, results):
-                log.info("ckpt-%d is the best so far by %s", step, self.config.keep_best[0])  # type: ignore[index]
+                assert self.config.keep_best is not None  # record_eval finds a best only with keep_best
+                log.info("ckpt-%d is the best so far by %s", step, self.config.keep_best[0])
 
 
 class _EvalSums:

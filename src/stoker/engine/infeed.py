@@ -111,8 +111,9 @@ class Infeed:
         skip = int(restore.get("skip", 0)) if restore is not None else 0
         if restore is not None:
             self._restore(restore)
-            if skip and callable(getattr(source, "advance", None)):
-                source.advance(skip)  # jump (stoker's sources): nothing is decoded to be thrown away
+            advance = getattr(source, "advance", None) if skip else None
+            if callable(advance):
+                advance(skip)  # jump (stoker's sources): nothing is decoded to be thrown away
                 skip = 0
         self._it = iter(source)
         self._skip(skip)
@@ -265,7 +266,7 @@ class Infeed:
             )
             event = torch.cuda.Event()
             event.record(self._stream)
-        return _CudaBatch(moved, event)  # type: ignore[return-value]
+        return _CudaBatch(moved, event)  # type: ignore[return-value]  # typed Batch: see __next__
 
     def _produce(self) -> None:
         assert self._queue is not None
@@ -306,6 +307,7 @@ class Infeed:
             if self._probe is not None:
                 self._measure(seconds)
             if self._cuda:  # prefetch_depth=0 on CUDA: the copy was still made on the side stream
+                # _prepare returns a _CudaBatch on CUDA, typed Batch so that this hot path needs no isinstance
                 return batch.wait()  # type: ignore[attr-defined]
             return batch
         entry = self._queue.get()

@@ -33,6 +33,8 @@ log = logging.getLogger("stoker")
 
 ModelFn = Callable[[nn.Module, Any, Any, ModeKeys, dict[str, Any]], EstimatorSpec]
 
+_NO_TRAIN_LOSS = "model_fn returned EstimatorSpec(loss=None) in TRAIN mode; training needs a scalar loss tensor"
+
 
 def check_spec(spec: Any, mode: ModeKeys) -> EstimatorSpec:
     """Validate what ``model_fn`` returned in ``mode``; one-line errors that say what to change."""
@@ -40,9 +42,7 @@ def check_spec(spec: Any, mode: ModeKeys) -> EstimatorSpec:
         raise ModelFnError(f"model_fn must return a stoker.EstimatorSpec; it returned a {type(spec).__name__}")
     if mode is ModeKeys.TRAIN:
         if spec.loss is None:
-            raise ModelFnError(
-                "model_fn returned EstimatorSpec(loss=None) in TRAIN mode; training needs a scalar loss tensor"
-            )
+            raise ModelFnError(_NO_TRAIN_LOSS)
         if not isinstance(spec.loss, torch.Tensor) or spec.loss.dim() != 0:
             shape = list(spec.loss.shape) if isinstance(spec.loss, torch.Tensor) else type(spec.loss).__name__
             raise ModelFnError(
@@ -113,6 +113,8 @@ class TrainStep:
                 _check_train_batch(batch_rows(batch.features) or 0, self.params["batch_size"])
                 self._checked = True
             loss = spec.loss
+            if loss is None:  # checked at the first step only: a later step's spec may still lack it
+                raise ModelFnError(_NO_TRAIN_LOSS)
             if spec.cache is not None or self.carries_cache:
                 self.params["cache"] = detach_cache(spec.cache)
                 self.carries_cache = True
@@ -161,6 +163,8 @@ class TrainStep:
         batch = next(infeed)
         spec = self.model_fn(self.module, batch.features, batch.labels, ModeKeys.TRAIN, self.params)
         loss = spec.loss
+        if loss is None:  # check_spec ran at the first step only
+            raise ModelFnError(_NO_TRAIN_LOSS)
         if spec.cache is not None or self.carries_cache:
             self.params["cache"] = detach_cache(spec.cache)
             self.carries_cache = True

@@ -86,8 +86,10 @@ class PipelineTrainStep(TrainStep):
             if self.host_keys is None:
                 self.host_keys = tuple(host)
             self._host.append(torch.stack([v.detach().float().reshape(()) for v in host.values()]))
-        self._losses.append(spec.loss.detach().float())
-        return spec.loss
+        loss = spec.loss
+        assert loss is not None  # check_spec above raised otherwise
+        self._losses.append(loss.detach().float())
+        return loss
 
     def _shared_values(self) -> tuple[torch.Tensor, Any]:
         """The step's loss (mean over micro-batches) and host_call values, from the last stage."""

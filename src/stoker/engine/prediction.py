@@ -32,6 +32,8 @@ class PredictionRun:
     def run(self, input_fn: InputFn, single: bool) -> Iterator[dict[str, torch.Tensor]]:
         """Rows (``single``) or batches of predictions as dicts of CPU tensors."""
         model = self.state.build_model()
+        module = self.state.module
+        assert module is not None  # build_model() set it
         was_training = model.training
         model.eval()
         params = self.inputs.mode_params(ModeKeys.PREDICT)
@@ -41,7 +43,7 @@ class PredictionRun:
             with self.inputs.infeed(input_fn, ModeKeys.PREDICT, params) as infeed:
                 for batch in self.inputs.in_lockstep(infeed):
                     with torch.no_grad(), autocast_context(precision, device):
-                        spec = self.model_fn(self.state.module, batch.features, batch.labels, ModeKeys.PREDICT, params)
+                        spec = self.model_fn(module, batch.features, batch.labels, ModeKeys.PREDICT, params)
                     spec = check_spec(spec, ModeKeys.PREDICT)
                     params["cache"] = detach_cache(spec.cache)
                     preds = check_predictions(spec.predictions, params["batch_size"])

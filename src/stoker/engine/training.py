@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from ..config import RunConfig
 from ..hooks import (
@@ -30,6 +29,7 @@ from ..hooks import (
 )
 from ..hooks.base import sorted_hooks
 from ..spec import ModeKeys
+from ..storage import Location
 from .infeed import Infeed
 from .inputs import InputFn, InputPlan
 from .loop import DeviceLoop, ModelFn, TrainStep
@@ -110,7 +110,7 @@ class TrainingRun:
             runner.after_setup(run)
             params = self.inputs.mode_params(ModeKeys.TRAIN)
             infeed = self.inputs.infeed(input_fn, ModeKeys.TRAIN, params, restore=state.pending_input_state)
-            run._save = lambda: self._save(run, runner, infeed, step)  # type: ignore[arg-type]
+            run._save = lambda: self._save(run, runner, infeed, step)
             loop = DeviceLoop(step, run, run.global_batch_size, self.strategy)
             state.build_model().train()
             state.holds, state.weights_of, started = "memory", None, True
@@ -234,12 +234,13 @@ class TrainingRun:
             last_checkpoint_step=state.checkpoints.latest_step() if state.checkpoints else None,
         )
 
-    def _save(self, run: RunContext, runner: HookRunner, infeed: Infeed, step: TrainStep) -> Path | None:
+    def _save(self, run: RunContext, runner: HookRunner, infeed: Infeed, step: TrainStep) -> Location | None:
         state = self.state
         state.global_step = run.global_step
         state.cache = step.params.get("cache")
         finished = self._max_steps is not None and run.global_step >= self._max_steps
-        path = state.save(runner.state_dict(), infeed.state_dict(), run.last_checkpoint, finished=finished)
+        # ModelState.save only prints last_checkpoint (in a NanLossError): any Location; its annotation says Path
+        path = state.save(runner.state_dict(), infeed.state_dict(), run.last_checkpoint, finished=finished)  # type: ignore[arg-type]
         self._finished_saved = finished and path is not None
         if path is not None:
             run.last_checkpoint, run.last_checkpoint_step = path, run.global_step

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from .. import storage
 from ..errors import StokerError
 from ..run_spec import RUN_SPEC_FILE, estimator_from_model_dir
 from .aot import AOT_DEVICES
@@ -85,7 +86,7 @@ def _export_command(args: argparse.Namespace) -> int:
     except (StokerError, ValueError) as e:
         print(f"stoker export: {e}", file=sys.stderr)
         return 1
-    signature = json.loads((out / SIGNATURE_FILE).read_text())
+    signature = json.loads(storage.read_bytes(out / SIGNATURE_FILE))  # out may be a URL
     print(
         f"exported {signature['checkpoint'] or 'weights in memory'} (step {signature['global_step']}, "
         f"{signature['checkpoint_choice']}) of a {spec['kind']} run to {out}"

@@ -160,8 +160,8 @@ def export(
     checkpoint_path: str | os.PathLike[str] | None = None,
     aot: bool = False,
     aot_device: str = "cpu",
-) -> Path:
-    """Export ``estimator``'s PREDICT computation to ``export_dir``; return its path.
+) -> storage.Location:
+    """Export ``estimator``'s PREDICT computation to ``export_dir``; return its path (a ``UrlPath`` for a URL).
 
     Args:
         estimator: the trained ``Estimator``.
@@ -197,11 +197,15 @@ def export(
     target = storage.location(export_dir)
     _check_target(target)
     # An export to an fsspec URL is built in a local directory, then uploaded (signature last).
-    staging = Path(tempfile.mkdtemp(prefix="stoker-export-")) if isinstance(target, storage.UrlPath) else None
-    export_dir = staging / "export" if staging is not None else target
+    staging: Path | None = None
+    if isinstance(target, storage.UrlPath):
+        staging = Path(tempfile.mkdtemp(prefix="stoker-export-"))
+        export_dir = staging / "export"
+    else:
+        export_dir = target
     names, tensors, structure = _flatten_features(example_features)
-    rows = {t.shape[0] if t.dim() else None for t in tensors}
-    if len(rows) != 1 or None in rows:
+    rows = {t.shape[0] for t in tensors if t.dim()}
+    if len(rows) != 1 or any(not t.dim() for t in tensors):
         raise ExportError(
             "every example input needs the same batch size as its first dimension; got shapes "
             f"{[list(t.shape) for t in tensors]}"
@@ -289,7 +293,7 @@ def export(
     log.info(
         "exported %s (step %d, %s) to %s: %s", source or "the weights in memory", step, which, target, ", ".join(files)
     )
-    return target  # type: ignore[return-value]
+    return target
 
 
 def _write_aot(
@@ -318,9 +322,9 @@ def _write_aot(
 
 def _load_weights(
     estimator: Exportable, checkpoint_path: str | os.PathLike[str] | None
-) -> tuple[Path | None, int, str]:
+) -> tuple[storage.Location | None, int, str]:
     """Put the weights to export into ``estimator.model``; return ``(checkpoint, step, choice)``."""
-    path: Path | None = None
+    path: storage.Location | None = None
     which = "given"
     if checkpoint_path is not None:
         path = storage.location(checkpoint_path)
@@ -338,7 +342,8 @@ def _load_weights(
         if estimator.state.holds == "fresh" and estimator.state.warm_start_from is None:
             log.warning("export: no checkpoint and no training: exporting the initial (untrained) weights")
         return None, estimator.global_step, "memory"
-    step, loaded = estimator.state.weights_for_inference(path, "export")
+    # weights_for_inference reads any path-like (a Location too); its annotation says str | Path
+    step, loaded = estimator.state.weights_for_inference(path, "export")  # type: ignore[arg-type]
     return loaded, step, which
 
 

@@ -13,13 +13,13 @@ import math
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     import torch
 
     from ..config import RunConfig
+    from ..storage import Location
 
 log = logging.getLogger("stoker")
 
@@ -65,7 +65,7 @@ class RunContext:
     world_size: int = 1
     stop_requested: bool = False
     stop_reason: str = ""
-    last_checkpoint: Path | None = None
+    last_checkpoint: Location | None = None  # a UrlPath when model_dir is an fsspec URL
     last_checkpoint_step: int | None = None
     # Set by a hook that wants the process to exit once training has shut down cleanly.
     exit_code: int | None = None
@@ -75,13 +75,13 @@ class RunContext:
     totals: RunTotals = field(default_factory=lambda: RunTotals())
     # Called with the path after each checkpoint save_checkpoint writes (e.g. SummaryHook
     # flushes its queued rows, so a resume from that checkpoint lacks none before it).
-    on_checkpoint: list[Callable[[Path], None]] = field(default_factory=list)
-    _save: Callable[[], Path | None] | None = None
+    on_checkpoint: list[Callable[[Location], None]] = field(default_factory=list)
+    _save: Callable[[], Location | None] | None = None
     _any_replica: Callable[[bool], bool] = bool
 
     @property
     def model_dir(self) -> str | None:
-        return self.config.model_dir  # type: ignore[return-value]
+        return cast("str | None", self.config.model_dir)  # RunConfig.__post_init__ made it a str
 
     def request_stop(self, reason: str = "") -> None:
         """Ask training to stop after the current step."""
@@ -97,7 +97,7 @@ class RunContext:
         """
         return self._any_replica(flag)
 
-    def save_checkpoint(self) -> Path | None:
+    def save_checkpoint(self) -> Location | None:
         """Write a checkpoint of the current step now (once per step; no-op without model_dir).
 
         With several replicas this is collective: every replica must call it at the same step.

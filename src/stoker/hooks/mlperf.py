@@ -47,7 +47,7 @@ class Evaluates(Protocol):
     def model_dir(self) -> str | None: ...
 
     def evaluate(
-        self, input_fn: InputFn, steps: int | None = None, checkpoint_path: str | Path | None = None
+        self, input_fn: InputFn, steps: int | None = None, checkpoint_path: str | os.PathLike[str] | None = None
     ) -> Mapping[str, Any]: ...
 
 

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..summary.writer import ScalarWriter
 from .base import IntervalHook, LoopResult, RunContext
+
+if TYPE_CHECKING:
+    from ..storage import Location
 
 
 class SummaryHook(IntervalHook):
@@ -32,7 +35,7 @@ class SummaryHook(IntervalHook):
             # hook is not due at: a run resumed from it after a kill -9 never writes them again.
             run.on_checkpoint.append(self._checkpointed)
 
-    def _checkpointed(self, path: Path) -> None:
+    def _checkpointed(self, path: Location) -> None:
         if self._writer is not None:
             self._writer.flush()
 

@@ -70,7 +70,7 @@ def apply_recompute(model: nn.Module, spec: RecomputeSpec) -> list[str]:
         module = model.get_submodule(name)
         if getattr(module, _MARK, False):
             continue
-        module.forward = _recomputing(module)  # type: ignore[method-assign]
+        module.forward = _recomputing(module)
         setattr(module, _MARK, True)
     return names
 

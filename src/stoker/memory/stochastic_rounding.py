@@ -117,6 +117,7 @@ class StochasticRounding(torch.optim.Optimizer):
         return pairs
 
     @torch.no_grad()
+    # override: torch overloads step on closure (a closure -> float); this step refuses a closure
     def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
         """One update of every parameter that has a gradient, one parameter at a time."""
         if closure is not None:
@@ -145,7 +146,9 @@ class StochasticRounding(torch.optim.Optimizer):
             self.inner.step()
             stand_in.data, stand_in.grad = _empty_like(stand_in), None
             return
-        stand_in.data, stand_in.grad = p.float(), p.grad.float()  # type: ignore[union-attr]
+        grad = p.grad
+        assert grad is not None  # step() passes only parameters that have a gradient
+        stand_in.data, stand_in.grad = p.float(), grad.float()
         for k, v in state.items():
             if k != "step" and _is_bf16(v):
                 state[k] = v.float()
@@ -217,7 +220,7 @@ def to_bf16(model: nn.Module) -> nn.Module:
     model.to(torch.bfloat16)
     if not getattr(model, "_stoker_bf16_inputs", False):
         model.register_forward_pre_hook(_inputs_to_bf16, with_kwargs=True)
-        model._stoker_bf16_inputs = True  # type: ignore[assignment]
+        model._stoker_bf16_inputs = True  # type: ignore[assignment]  # Module.__setattr__ is typed Tensor | Module
     return model
 
 

@@ -66,6 +66,8 @@ class BiLSTM(nn.Module):
     Returns ``[B, T, 2 * hidden_size]``: the forward outputs, then the backward ones.
     """
 
+    zero_bias: torch.Tensor  # a buffer (register_buffer)
+
     def __init__(self, input_size: int, hidden_size: int) -> None:
         super().__init__()
         self.hidden_size = hidden_size

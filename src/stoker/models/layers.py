@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import nn
@@ -202,8 +203,9 @@ class FlattenDense(nn.Module):
     ) -> None:
         super().__init__()
         layer = dense(channels * height * width, out_features, activation=activation)
-        self.fc: nn.Linear = layer.fc if isinstance(layer, nn.Sequential) else layer
-        self.act = layer.act if isinstance(layer, nn.Sequential) else nn.Identity()
+        fc, act = (layer.fc, layer.act) if isinstance(layer, nn.Sequential) else (layer, nn.Identity())
+        self.fc = cast(nn.Linear, fc)  # dense() builds an nn.Linear (then its activation)
+        self.act = cast(nn.Module, act)
         self.image_shape = (channels, height, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -245,6 +245,8 @@ class Cell(nn.Module):
 class NasnetFeatures(nn.Module):
     """Stem and cells of a NASNet-A network, ending in ReLU and a global mean: ``[B, C]``."""
 
+    drop_path_steps: torch.Tensor  # a buffer (register_buffer)
+
     def __init__(self, cfg: NasnetConfig) -> None:
         super().__init__()
         self.cfg = cfg

@@ -51,7 +51,7 @@ MAX_SYNTHETIC_BOXES = 8
 
 def default_boxes() -> torch.Tensor:
     """The 8,732 default boxes as ``[cy, cx, h, w]`` in image fractions, each value clipped to [0, 1]."""
-    boxes: list[tuple[float, float, float, float]] = []
+    boxes: list[tuple[float, ...]] = []  # [cy, cx, h, w]
     for idx, size in enumerate(FEATURE_SIZES):
         fk = IMAGE_SIZE / STEPS[idx]
         sk1, sk2 = SCALES[idx] / IMAGE_SIZE, SCALES[idx + 1] / IMAGE_SIZE
@@ -63,7 +63,7 @@ def default_boxes() -> torch.Tensor:
         for w, h in shapes:
             for i, j in itertools.product(range(size), repeat=2):
                 cx, cy = (j + 0.5) / fk, (i + 0.5) / fk
-                boxes.append(tuple(min(max(v, 0.0), 1.0) for v in (cy, cx, h, w)))  # type: ignore[arg-type]
+                boxes.append(tuple(min(max(v, 0.0), 1.0) for v in (cy, cx, h, w)))
     return torch.tensor(boxes, dtype=torch.float64)
 
 

@@ -242,7 +242,9 @@ def _decode_tensor(
 
 def _requested_outputs(request: Mapping[str, Any], signature: Mapping[str, Any]) -> tuple[list[str], set[str]]:
     names = [o["name"] for o in signature["outputs"]]
-    params = request.get("parameters") if isinstance(request.get("parameters"), Mapping) else {}
+    params = request.get("parameters")
+    if not isinstance(params, Mapping):
+        params = {}
     all_binary = bool(params.get("binary_data_output", False))
     asked = request.get("outputs")
     if asked is None:

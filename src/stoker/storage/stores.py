@@ -30,6 +30,7 @@ import logging
 import os
 import threading
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import wait
 from pathlib import Path, PurePath, PurePosixPath
 from typing import Any, TypeVar
@@ -128,7 +129,7 @@ def _write_one(path: Location, data: bytes, retry: RetryPolicy) -> str:
     return retry.call("write", path, lambda: _write_durably(path, data))
 
 
-def write_all(jobs: list[tuple[Location, bytes]], retry: RetryPolicy = DEFAULT_RETRY) -> list[str]:
+def write_all(jobs: Sequence[tuple[Location, bytes]], retry: RetryPolicy = DEFAULT_RETRY) -> list[str]:
     """Write (and locally fsync) each ``(path, data)`` concurrently; their sha256s, in order.
 
     fsync releases the GIL and the filesystem commits concurrent fsyncs together; object
