@@ -30,8 +30,13 @@ test: setup
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow
 
+# Lint and types: ruff's rules (line length 120 included), the formatter's layout, and mypy on
+# src/ (its settings in pyproject.toml's [tool.mypy]).
+LINT_PATHS := src tests benchmarks examples docs/_ext
 lint: setup
-	$(BIN)/ruff check src tests benchmarks examples
+	$(BIN)/ruff check $(LINT_PATHS)
+	$(BIN)/ruff format --check $(LINT_PATHS)
+	$(BIN)/mypy
 
 bench: setup
 	$(BIN)/python benchmarks/overhead.py

@@ -409,7 +409,7 @@ def _new_form(group: str, values: dict[str, Any]) -> str:
 def _recompute_spec(value: object) -> str | tuple[str, ...] | None:
     """``None``, ``"all"`` or a tuple of non-empty glob patterns (a single pattern or a list is accepted)."""
     if value is None or value == "all":
-        return value  # type: ignore[return-value]
+        return value
     patterns = [value] if isinstance(value, str) else value
     if (
         not isinstance(patterns, (list, tuple))

@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -49,6 +48,7 @@ from .engine import (
 from .hooks import Hook, RunContext
 from .hooks.base import LoopResult, every_n_steps_due
 from .spec import EstimatorSpec
+from .storage import Location
 
 log = logging.getLogger("stoker")
 
@@ -85,7 +85,7 @@ class Estimator:
         eval_batch_size: int | None = None,
         predict_batch_size: int | None = None,
         lr_schedule: ScheduleFn | None = None,
-        warm_start_from: str | Path | WarmStartSettings | None = None,
+        warm_start_from: str | os.PathLike[str] | WarmStartSettings | None = None,
     ) -> None:
         if config is not None and not isinstance(config, RunConfig):
             raise TypeError(f"config must be a stoker.RunConfig; got {type(config).__name__}")
@@ -189,7 +189,7 @@ class Estimator:
         replicas (then every replica must call this)."""
         return self.state.full_state_dict()
 
-    def latest_checkpoint(self) -> Path | None:
+    def latest_checkpoint(self) -> Location | None:
         """The newest checkpoint in ``model_dir`` (``None`` if there is none)."""
         return self.state.latest_checkpoint()
 
@@ -242,7 +242,7 @@ class Estimator:
         self,
         input_fn: InputFn,
         steps: int | None = None,
-        checkpoint_path: str | Path | None = None,
+        checkpoint_path: str | os.PathLike[str] | None = None,
         name: str | None = None,
     ) -> dict[str, float]:
         """Evaluate on ``input_fn`` (all of it, or ``steps`` batches).
@@ -300,7 +300,7 @@ class Estimator:
     def predict(
         self,
         input_fn: InputFn,
-        checkpoint_path: str | Path | None = None,
+        checkpoint_path: str | os.PathLike[str] | None = None,
         yield_single_examples: bool = True,
     ) -> Iterator[dict[str, torch.Tensor]]:
         """Yield predictions for every example of ``input_fn``, in order, padding removed.
@@ -348,7 +348,7 @@ class Estimator:
         checkpoint_path: str | os.PathLike[str] | None = None,
         aot: bool = False,
         aot_device: str = "cpu",
-    ) -> Path:
+    ) -> Location:
         """Export the PREDICT computation as a ``torch.export`` program (``model.pt2``), plus
         ``model.safetensors`` and ``signature.json`` (and ``model.onnx`` if asked; with ``aot=True``
         also ``model.aoti.pt2``, the program compiled by AOTInductor for ``aot_device``). Uses the

@@ -424,14 +424,12 @@ class Estimator:
     def evaluate(self, input_fn: InputFn, steps: int | None = None, name: str | None = None) -> dict[str, float]:
         """Evaluate the latest chosen ensemble (loss, the head's metrics and ``metric_fn``'s)."""
         est, ckpt = self._final_estimator()
-        # Estimator.evaluate reads any path-like (a UrlPath too); its annotation says str | Path
-        return est.evaluate(input_fn, steps=steps, checkpoint_path=ckpt, name=name)  # type: ignore[arg-type]
+        return est.evaluate(input_fn, steps=steps, checkpoint_path=ckpt, name=name)
 
     def predict(self, input_fn: InputFn, yield_single_examples: bool = True) -> Iterator[dict[str, torch.Tensor]]:
         """The head's predictions of the latest chosen ensemble for every example of ``input_fn``."""
         est, ckpt = self._final_estimator()
-        # Estimator.predict reads any path-like (a UrlPath too); its annotation says str | Path
-        return est.predict(input_fn, checkpoint_path=ckpt, yield_single_examples=yield_single_examples)  # type: ignore[arg-type]
+        return est.predict(input_fn, checkpoint_path=ckpt, yield_single_examples=yield_single_examples)
 
     def export(self, directory: str | os.PathLike[str], example_features: Any = None) -> storage.Location:
         """Write the final ensemble as a ``torch.export`` program (``ensemble.pt2``, any batch

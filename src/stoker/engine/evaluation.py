@@ -61,8 +61,7 @@ class EvaluationRun:
         if steps is not None and (not isinstance(steps, int) or steps < 1):
             raise ValueError(f"evaluate: steps must be a positive integer or None; got {steps!r}")
         params = self.inputs.mode_params(ModeKeys.EVAL)
-        # weights_for_inference reads any path-like (a Location too); its annotation says str | Path
-        step, evaluated = self.state.weights_for_inference(checkpoint_path, "evaluate")  # type: ignore[arg-type]
+        step, evaluated = self.state.weights_for_inference(checkpoint_path, "evaluate")
         model = self.state.build_model()
         module = self.state.module
         assert module is not None  # build_model() set it

@@ -18,10 +18,10 @@ slices through ``torch.distributed.checkpoint``).
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 from collections.abc import Callable, Iterable, Mapping
-from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -46,7 +46,7 @@ from ..memory.recompute import apply_recompute
 from ..memory.stochastic_rounding import StochasticRounding, to_bf16
 from ..precision import LossScale, make_loss_scaler
 from ..rng import rng_state, seed_everything, set_rng_state
-from ..storage.stores import location
+from ..storage.stores import Location, location
 
 log = logging.getLogger("stoker")
 
@@ -80,7 +80,7 @@ class ModelState:
         checkpoints: CheckpointManager | None,
         optimizer: OptimizerFn | None = None,
         lr_schedule: ScheduleFn | None = None,
-        warm_start_from: str | Path | WarmStartSettings | None = None,
+        warm_start_from: str | os.PathLike[str] | WarmStartSettings | None = None,
     ) -> None:
         if not (isinstance(model, nn.Module) or callable(model)):
             raise TypeError(f"model must be an nn.Module or a function params -> nn.Module; got {type(model).__name__}")
@@ -100,8 +100,8 @@ class ModelState:
         self.scaler = make_loss_scaler(config.precision, LossScale.of(config.loss_scale))
         self.global_step = 0
         self.cache: Any = None
-        self.holds: Path | str | None = "fresh"  # see the module docstring
-        self.weights_of: Path | None = None  # the checkpoint whose weights are in the model
+        self.holds: Location | str | None = "fresh"  # see the module docstring
+        self.weights_of: Location | None = None  # the checkpoint whose weights are in the model
         # Handed from a restored checkpoint (or a finished train()) to the next training run.
         self.pending_input_state: Any = None
         self.pending_hook_state: dict[str, Any] = {}
@@ -147,7 +147,7 @@ class ModelState:
             plan_stages(self._model, self.config.pipeline.split)  # one process runs it unsplit; the names must fit
         module = self.strategy.wrap_model(self._model)
         # compile="step" compiles the training step instead (stoker.engine.compiled_step), not the module.
-        self.module = torch.compile(module) if self.config.compile_mode == "module" else module
+        self.module = cast(nn.Module, torch.compile(module)) if self.config.compile_mode == "module" else module
         if self.strategy.world_size > 1:  # same initial weights, but each replica its own dropout
             seed_everything(self.config.seed + 1_000_003 * self.strategy.rank)
         return self._model
@@ -184,7 +184,7 @@ class ModelState:
         return self.strategy.full_state_dict(self.build_model())
 
     # ---------------------------------------------------------------- restoring
-    def latest_checkpoint(self) -> Path | None:
+    def latest_checkpoint(self) -> Location | None:
         self.wait_for_checkpoint()  # the newest checkpoint may still be on its way
         return self.checkpoints.latest_path() if self.checkpoints else None
 
@@ -209,7 +209,9 @@ class ModelState:
         if latest is not None and self.weights_of != latest:
             self.apply(load_checkpoint(latest), full=False)
 
-    def weights_for_inference(self, checkpoint_path: str | Path | None, what: str) -> tuple[int, Path | None]:
+    def weights_for_inference(
+        self, checkpoint_path: str | os.PathLike[str] | None, what: str
+    ) -> tuple[int, Location | None]:
         """Put the weights to use in the model; return their step and checkpoint (``None``: memory)."""
         self.build_model()
         if checkpoint_path is None and self.holds == "memory":
@@ -345,8 +347,8 @@ class ModelState:
         }
 
     def save(
-        self, hook_state: Mapping[str, Any], input_state: Any, last_checkpoint: Path | None, finished: bool = False
-    ) -> Path | None:
+        self, hook_state: Mapping[str, Any], input_state: Any, last_checkpoint: Location | None, finished: bool = False
+    ) -> Location | None:
         """Write a checkpoint of ``global_step`` (collective); ``None`` without a model_dir.
         ``finished``: training ends here (``max_steps``); the commit also writes ``finished.json``."""
         if self.checkpoints is None:
@@ -359,7 +361,7 @@ class ModelState:
         mine = {"input": input_state, "rng": rng_state(), "cache": _to_cpu(self.cache)}
         everyone = strategy.all_gather_object(mine)
         path = self.checkpoints.model_dir / f"ckpt-{self.global_step}"
-        tmp: Path | None = None
+        tmp: Location | None = None
         if strategy.shards_state:  # every replica writes its slices into the chief's tmp dir
             tmp = location(
                 strategy.broadcast_object(str(self.checkpoints.begin(self.global_step)) if strategy.is_chief else None)

@@ -239,8 +239,7 @@ class TrainingRun:
         state.global_step = run.global_step
         state.cache = step.params.get("cache")
         finished = self._max_steps is not None and run.global_step >= self._max_steps
-        # ModelState.save only prints last_checkpoint (in a NanLossError): any Location; its annotation says Path
-        path = state.save(runner.state_dict(), infeed.state_dict(), run.last_checkpoint, finished=finished)  # type: ignore[arg-type]
+        path = state.save(runner.state_dict(), infeed.state_dict(), run.last_checkpoint, finished=finished)
         self._finished_saved = finished and path is not None
         if path is not None:
             run.last_checkpoint, run.last_checkpoint_step = path, run.global_step

@@ -342,8 +342,7 @@ def _load_weights(
         if estimator.state.holds == "fresh" and estimator.state.warm_start_from is None:
             log.warning("export: no checkpoint and no training: exporting the initial (untrained) weights")
         return None, estimator.global_step, "memory"
-    # weights_for_inference reads any path-like (a Location too); its annotation says str | Path
-    step, loaded = estimator.state.weights_for_inference(path, "export")  # type: ignore[arg-type]
+    step, loaded = estimator.state.weights_for_inference(path, "export")
     return loaded, step, which
 
 

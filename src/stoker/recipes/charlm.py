@@ -132,6 +132,8 @@ class CharTransformerXL(nn.Module):
     of the same streams. It is returned detached, and ``None`` when ``mem_len == 0``.
     """
 
+    inv_freq: torch.Tensor  # a buffer (register_buffer), typed for the checker
+
     def __init__(
         self,
         *,
@@ -201,7 +203,7 @@ MODEL_KEYS: tuple[str, ...] = ("d_model", "n_layer", "n_head", "d_head", "d_inne
 class BitsPerCharacter(Metric):
     """Mean negative log-likelihood in bits: per-example mean loss (nats) summed, / count / ln 2."""
 
-    def update(self, nats: torch.Tensor) -> dict[str, torch.Tensor]:  # type: ignore[override]
+    def update(self, nats: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"total": nats.detach().to(torch.float64), "count": torch.ones_like(nats, dtype=torch.float64)}
 
     def compute(self, totals: Mapping[str, float]) -> float:

@@ -84,7 +84,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar, cast
 
 import torch
 from torch import nn
@@ -214,7 +214,8 @@ class Recipe(Generic[C]):
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         """One flag per config field (``--model_dir`` required)."""
         for f in dataclasses.fields(self.config_class):  # type: ignore[arg-type]
-            default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+            factory = cast(Callable[[], Any], f.default_factory)  # a field without a default has a factory here
+            default = factory() if f.default is dataclasses.MISSING else f.default
             kwargs: dict[str, Any] = {"default": default, "help": f.metadata.get("help", "")}
             if f.name == "model_dir":
                 kwargs["required"] = True
@@ -308,7 +309,7 @@ class Recipe(Generic[C]):
             train_batch_size=config.batch_size,
             eval_batch_size=config.eval_batch_size,
             predict_batch_size=config.eval_batch_size,
-            warm_start_from=warm_start_from,  # type: ignore[arg-type]
+            warm_start_from=warm_start_from,
         )
 
     def train(self, config: C | None = None, *, hooks: Sequence[Hook] = (), **overrides: Any) -> dict[str, float]:
@@ -344,7 +345,8 @@ class Recipe(Generic[C]):
     # ------------------------------------------------------------ run_spec.json
     def config_from_run_spec(self, spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> C:
         """The config a ``run_spec.json`` written by :meth:`train` records, reading ``model_dir``."""
-        return recipe_config(self.config_class, spec, model_dir)
+        # recipe_config wants a dataclass type; a recipe's config class is one (RecipeFields cannot say so)
+        return cast(C, recipe_config(cast(Any, self.config_class), spec, model_dir))
 
     def register(
         self,
