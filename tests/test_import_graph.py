@@ -283,7 +283,14 @@ LAYERS: dict[str, set[str]] = {
     "stoker.checkpoint": {"stoker.errors", "stoker.storage", "stoker.distributed"},
     "stoker.summary": {"stoker.errors", "stoker.storage", "stoker.checkpoint", "stoker.run_spec"},
     "stoker.serving": {"stoker.errors", "stoker._version", "stoker.export"},
-    "stoker.hooks": {"stoker.errors", "stoker.checkpoint", "stoker.summary", "stoker.data", "stoker.config"},
+    "stoker.hooks": {
+        "stoker.errors",
+        "stoker.storage",
+        "stoker.checkpoint",
+        "stoker.summary",
+        "stoker.data",
+        "stoker.config",
+    },
 }
 # ... and what a package may never reach, through any chain of imports.
 NEVER_REACHES: dict[str, set[str]] = {

@@ -28,7 +28,7 @@ from conftest import PYTHON, python_env
 from stoker import storage
 from stoker.checkpoint import CheckpointManager
 from stoker.errors import StorageError
-from stoker.storage import location
+from stoker.storage import location, stores
 from stoker.storage import lock as store_lock
 
 TESTS = Path(__file__).resolve().parent
@@ -49,7 +49,7 @@ def _url() -> str:
 def _plant(lock_url: str, **fields: object) -> None:
     """A lock object as another holder would have left it."""
     owner = {"owner": "someone-else", "pid": 1, "host": "another-host", "pidns": "", "time": time.time(), **fields}
-    fs, key = storage.filesystem(location(lock_url)), storage._key(location(lock_url))
+    fs, key = storage.filesystem(location(lock_url)), stores._key(location(lock_url))
     fs.pipe_file(key, json.dumps(owner).encode())
 
 
@@ -119,7 +119,7 @@ def test_a_stale_lock_is_broken_after_the_timeout_with_a_warning(shared, caplog)
 
 def test_an_unreadable_lock_is_broken_after_the_timeout(shared, caplog):
     lock = _url() + "/checkpoint.json.lock"
-    storage.filesystem(location(lock)).pipe_file(storage._key(location(lock)), b"")  # created, never written
+    storage.filesystem(location(lock)).pipe_file(stores._key(location(lock)), b"")  # created, never written
     with caplog.at_level(logging.WARNING, logger="stoker"), store_lock.lock_file(location(lock), stale_after=0.3):
         pass
     assert any("(unreadable)" in r.getMessage() for r in caplog.records)

@@ -6,8 +6,8 @@ import struct
 
 import pytest
 
-from stoker import summary
 from stoker.summary import EVENTS_DIR, ScalarWriter
+from stoker.summary import writer as summary
 
 pytest.importorskip("tensorboard")
 

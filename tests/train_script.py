@@ -30,7 +30,7 @@ def main() -> None:
     p.add_argument("--slow_write", type=float, default=0.0, help="seconds each checkpoint file write sleeps first")
     args = p.parse_args()
     if args.slow_write:  # widens the window in which a kill lands inside a checkpoint write
-        from stoker import storage
+        from stoker.storage import stores as storage  # where write_all looks _write_one up
 
         real = storage._write_one
 

@@ -1,7 +1,7 @@
 """Training hooks: the ``Hook`` base class and the built-ins, one module each.
 
 A hook's methods are no-ops unless overridden; the training run calls them between device
-loops (docs/hooks.md). Hooks may import checkpoint, summary, data, config and errors; they never
+loops (docs/hooks.md). Hooks may import checkpoint, storage, summary, data, config and errors; they never
 import the Estimator (they see it through small Protocols) or anything above the engine.
 """
 
