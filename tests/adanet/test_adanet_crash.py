@@ -11,10 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, python_env
+from helpers.paths import SCRIPTS
+from helpers.processes import PYTHON, python_env
 
-SCRIPT = Path(__file__).with_name("adanet_script.py")
-FINAL_STEP = 72  # 3 iterations of 24 steps (adanet_script.make_search)
+SCRIPT = SCRIPTS / "adanet_script.py"
+FINAL_STEP = 72  # 3 iterations of 24 steps (helpers.adanet.make_search)
 
 
 def run_to_end(model_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from conftest import launch_replicas
+from helpers.paths import SCRIPTS
+from helpers.processes import launch_replicas
 
-SCRIPT = Path(__file__).with_name("adanet_script.py")
-FINAL_STEP = 72  # 3 iterations of 24 steps (adanet_script.make_search)
+SCRIPT = SCRIPTS / "adanet_script.py"
+FINAL_STEP = 72  # 3 iterations of 24 steps (helpers.adanet.make_search)
 
 
 def run_replicas(model_dir: Path, *args: str, nproc: int = 2) -> None:

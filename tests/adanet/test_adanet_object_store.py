@@ -9,20 +9,9 @@ import fsspec
 import pytest
 import torch
 
-from adanet_script import eval_input, make_data, make_search, train_input
+from helpers.adanet import ITERATIONS, STEPS, eval_input, make_data, train_input
+from helpers.adanet import small_search as _search
 from stoker import adanet, storage
-
-STEPS, ITERATIONS = 8, 2
-
-
-def _search(model_dir: str, **kwargs: object):  # noqa: ANN202
-    return make_search(
-        model_dir,
-        steps=STEPS,
-        iterations=ITERATIONS,
-        run={"save_checkpoints_steps": 4, "iterations_per_loop": 4},
-        **kwargs,
-    )
 
 
 def _url() -> str:

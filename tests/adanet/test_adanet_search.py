@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 import stoker
-from adanet_script import (
+from helpers.adanet import (
     CLASSES,
     IN,
     GrowingGenerator,

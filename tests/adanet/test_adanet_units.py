@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import stoker
-from adanet_script import CLASSES, IN, MLPBuilder
+from helpers.adanet import CLASSES, IN, MLPBuilder
 from stoker import adanet
 from stoker.adanet.ensemble import BatchedWeightedSum, Member
 from stoker.adanet.search import SearchSpace

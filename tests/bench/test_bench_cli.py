@@ -12,7 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import PYTHON, ROOT, python_env, run_main
+from helpers.cli import run_main
+from helpers.paths import ROOT
+from helpers.processes import PYTHON, python_env
 from stoker.bench import BenchConfig, run_benchmark
 from stoker.models import DATASETS, list_models
 

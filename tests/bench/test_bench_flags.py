@@ -14,13 +14,15 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import PYTHON, ROOT, python_env, run_main
+from helpers.cli import run_main
+from helpers.paths import ROOT
+from helpers.processes import PYTHON, python_env
 from stoker.bench.cli import config_from_args
 from stoker.bench.config import BenchConfig
 from stoker.bench.flags import BY_NAME, NOTED, TABLE
 from stoker.cli import build_parser
 
-SEED_FLAGS = ROOT / "tests" / "data" / "tf_cnn_benchmarks_flags.txt"
+SEED_FLAGS = Path(__file__).with_name("data") / "tf_cnn_benchmarks_flags.txt"
 # Seed flags implemented under another BenchConfig field.
 ALIASES = {"use_fp16": "precision"}
 TINY = [

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import PYTHON, ROOT, free_port, python_env
+from helpers.paths import ROOT
+from helpers.processes import PYTHON, free_port, python_env
 from stoker.bench.launch import lost_replica_message
 from stoker.cli import main
 

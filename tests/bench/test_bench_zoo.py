@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from conftest import run_main
+from helpers.cli import run_main
 from stoker.models import get_model_info
 
 TOTAL_RE = re.compile(r"total images/sec: ([\d.]+)")

@@ -12,12 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import PYTHON, make_data, make_estimator, python_env, train_input
+from helpers.paths import SCRIPTS
+from helpers.processes import PYTHON, python_env
+from helpers.tiny import make_data, make_estimator, train_input
 from stoker.checkpoint.async_writer import AsyncCheckpointWriter, snapshot
 from stoker.errors import CheckpointError
 from stoker.storage import stores as storage_mod
 
-SCRIPT = Path(__file__).with_name("train_script.py")
+SCRIPT = SCRIPTS / "train_script.py"
 
 
 def _files(model_dir: Path, step: int) -> dict[str, bytes]:

@@ -11,7 +11,7 @@ import safetensors.torch
 import torch
 
 import stoker
-from conftest import TinyNet, eval_input, make_data, make_estimator, train_input
+from helpers.tiny import TinyNet, eval_input, make_data, make_estimator, train_input
 from stoker import checkpoint as ckpt_mod
 from stoker.errors import CheckpointError, CorruptCheckpointError, StorageError
 from stoker.storage import stores as storage_mod

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import eval_input, make_data, make_estimator, train_input
+from helpers.tiny import eval_input, make_data, make_estimator, train_input
 from stoker.checkpoint import CheckpointManager, load_checkpoint, warm_start
 from stoker.checkpoint.safe_load import load_dcp_metadata
 from stoker.errors import CorruptCheckpointError

@@ -13,10 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import PYTHON, python_env, state_equal
-from data_train_script import input_fn, make_estimator, make_image_tree
+from helpers.images import input_fn, make_estimator, make_image_tree
+from helpers.paths import SCRIPTS
+from helpers.processes import PYTHON, python_env
+from helpers.tiny import state_equal
 
-SCRIPT = Path(__file__).with_name("data_train_script.py")
+SCRIPT = SCRIPTS / "data_train_script.py"
 MAX_STEPS = 40  # 60 images in batches of 8: 7 batches per epoch, so the runs cross 5 epoch boundaries
 
 

@@ -11,10 +11,9 @@ import torch
 from PIL import Image
 
 import stoker
-from data_train_script import make_image_tree
+from helpers.images import make_image_tree, write_cifar
 from stoker.data import DataError, cifar_binary, image_folder, text_chars
 from stoker.data.images import IMAGENET_MEAN, IMAGENET_STD
-from test_data_resume import write_cifar
 
 
 def corrupt(path: Path, how: str) -> Path:

@@ -9,12 +9,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 import stoker
-from data_train_script import make_image_tree, make_index_tree
+from helpers.images import make_image_tree, make_index_tree, write_cifar
 from stoker.data import cifar_binary, image_folder, text_chars
 from stoker.data.cifar import CIFAR10_MEAN, CIFAR10_STD
 from stoker.data.images import IMAGENET_MEAN, IMAGENET_STD
@@ -82,22 +81,6 @@ def cut_points(per_epoch: int, total: int, rng: random.Random) -> list[int]:
 @pytest.fixture(scope="module")
 def image_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_image_tree(tmp_path_factory.mktemp("images"), classes=3, per_class=12, size=20)
-
-
-def write_cifar(folder: Path, per_file: int = 20, files: tuple[str, ...] | None = None, seed: int = 0) -> Path:
-    """Fake CIFAR-10 binary files; record k of the set has pixel 0 = k % 256, pixel 1 = k // 256."""
-    rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    names = files or tuple(f"data_batch_{i}.bin" for i in range(1, 6)) + ("test_batch.bin",)
-    k = 0
-    for name in names:
-        rec = rng.integers(0, 256, (per_file, 3073), dtype=np.uint8)
-        rec[:, 0] = rng.integers(0, 10, per_file)
-        for r in range(per_file):
-            rec[r, 1], rec[r, 2] = k % 256, k // 256
-            k += 1
-        rec.tofile(folder / name)
-    return folder
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from conftest import make_data, make_estimator, state_equal
+from helpers.tiny import make_data, make_estimator, state_equal
 
 grain = pytest.importorskip("grain")
 

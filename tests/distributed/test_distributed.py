@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import PYTHON, launch_replicas, python_env
+from helpers.paths import SCRIPTS
+from helpers.processes import PYTHON, launch_replicas, python_env
 
-SCRIPT = Path(__file__).with_name("dist_script.py")
+SCRIPT = SCRIPTS / "dist_script.py"
 
 
 def launch(nproc: int, *args: str) -> list[subprocess.Popen[str]]:

@@ -14,9 +14,11 @@ import pytest
 import torch
 
 import stoker
-from conftest import PYTHON, classifier_fn, launch_replicas, make_data, python_env
+from helpers.paths import SCRIPTS
+from helpers.processes import PYTHON, launch_replicas, python_env
+from helpers.tiny import classifier_fn, make_data
 
-SCRIPT = Path(__file__).with_name("pipe_script.py")
+SCRIPT = SCRIPTS / "pipe_script.py"
 
 
 def run(nproc: int, *args: str) -> list[str]:
@@ -72,7 +74,7 @@ def test_two_stage_1f1b_equals_one_process_and_its_checkpoint_reads_in_one_proce
     assert stoker_cli(["checkpoint", "consolidate", str(model_dir)]) == 0
     import safetensors.torch
 
-    from pipe_script import make_model
+    from helpers.pipeline import make_model
 
     unsplit = make_model({})
     unsplit.load_state_dict(safetensors.torch.load_file(str(ckpt / "model.safetensors")))
@@ -192,7 +194,7 @@ def test_kill_9_or_sigterm_of_a_stage_and_the_rerun_resumes_bitwise(tmp_path):
 
 # ------------------------------------------------------------------ clear errors, in one process
 def _estimator(**config: object) -> stoker.Estimator:
-    from pipe_script import make_model
+    from helpers.pipeline import make_model
 
     return stoker.Estimator(
         model=make_model,

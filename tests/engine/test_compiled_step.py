@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import stoker
-from conftest import TinyNet, classifier_fn, make_data, state_equal, train_input
+from helpers.tiny import TinyNet, classifier_fn, make_data, state_equal, train_input
 from stoker.engine import compiled_step
 
 

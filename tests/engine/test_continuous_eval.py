@@ -1,6 +1,6 @@
 """Continuous evaluation: a watching evaluator beside training, both writing the index.
 
-Real processes (tests/continuous_eval_script.py): a trainer with a checkpoint every 2 steps
+Real processes (tests/helpers/scripts/continuous_eval_script.py): a trainer with a checkpoint every 2 steps
 and keep-3 retention, and an evaluator watching the same model_dir. Every retained checkpoint
 gets exactly one evaluation, the index always parses, keep_best points at the evaluator's best,
 a kill -9'd evaluator resumes without repeating an evaluation, and without the index lock the
@@ -23,21 +23,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import (
-    PYTHON,
-    classifier_fn,
-    eval_input,
-    make_data,
-    make_estimator,
-    python_env,
-    train_input,
-)
+from helpers.paths import SCRIPTS
+from helpers.processes import PYTHON, python_env
+from helpers.tiny import classifier_fn, eval_input, make_data, make_estimator, train_input
 from stoker.bench import BenchConfig, run_benchmark
 from stoker.checkpoint import load_checkpoint
 from stoker.cli import main
 from stoker.engine import ContinuousEvalConfig, ContinuousEvalResult, ContinuousEvaluation
 
-SCRIPT = Path(__file__).with_name("continuous_eval_script.py")
+SCRIPT = SCRIPTS / "continuous_eval_script.py"
 
 
 # ============================================================== helpers

@@ -7,15 +7,7 @@ import pytest
 import torch
 
 import stoker
-from conftest import (
-    TinyNet,
-    classifier_fn,
-    eval_input,
-    make_data,
-    make_estimator,
-    state_equal,
-    train_input,
-)
+from helpers.tiny import TinyNet, classifier_fn, eval_input, make_data, make_estimator, state_equal, train_input
 from stoker.checkpoint import CheckpointManager
 from stoker.distributed import make_strategy
 from stoker.engine import (

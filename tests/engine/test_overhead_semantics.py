@@ -14,7 +14,9 @@ import fsspec
 import pytest
 import torch
 
-from conftest import PYTHON, classifier_fn, make_data, make_estimator, python_env, train_input
+from helpers.paths import TESTS
+from helpers.processes import PYTHON, python_env
+from helpers.tiny import classifier_fn, make_data, make_estimator, train_input
 from stoker import storage
 from stoker.checkpoint import CheckpointManager, load_checkpoint
 from stoker.engine.loop import grad_clearer
@@ -29,7 +31,7 @@ KILLED_RUN = textwrap.dedent(
     sys.path.insert(0, {tests!r})
     import stoker
     from stoker.hooks import Hook
-    from conftest import make_data, make_estimator, train_input
+    from helpers.tiny import make_data, make_estimator, train_input
 
     class KillAt(Hook):
         priority = 99  # after every built-in hook of the loop boundary
@@ -45,11 +47,7 @@ KILLED_RUN = textwrap.dedent(
 
 
 def _run(model_dir, kill_at: int, max_steps: int) -> subprocess.CompletedProcess[str]:  # noqa: ANN001
-    from pathlib import Path
-
-    code = KILLED_RUN.format(
-        tests=str(Path(__file__).parent), model_dir=str(model_dir), kill_at=kill_at, max_steps=max_steps
-    )
+    code = KILLED_RUN.format(tests=str(TESTS), model_dir=str(model_dir), kill_at=kill_at, max_steps=max_steps)
     return subprocess.run([PYTHON, "-c", code], env=python_env(), capture_output=True, text=True, timeout=300)
 
 

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 
 import stoker
-from conftest import PYTHON, eval_input, make_data, make_estimator, train_input
+from helpers.processes import PYTHON
+from helpers.tiny import eval_input, make_data, make_estimator, train_input
 from stoker.export import (
     ExportError,
     export,
@@ -105,7 +106,7 @@ def test_dict_features_in_memory_estimator_and_replacing_an_export(tmp_path):
         loss = None if labels is None else F.cross_entropy(logits, labels)
         return stoker.EstimatorSpec(loss=loss, predictions={"p": logits.softmax(-1)})
 
-    from conftest import TinyNet
+    from helpers.tiny import TinyNet
 
     est = stoker.Estimator(
         model=lambda p: TinyNet(),

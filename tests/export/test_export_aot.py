@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 import stoker
-from conftest import PYTHON
+from helpers.processes import PYTHON
 from stoker.errors import ExportError
 from stoker.export import AOT_FILE, export, load_exported, write_run_spec
 from stoker.export.aot import AOT_FORMAT
@@ -169,7 +169,7 @@ def test_a_sidecar_that_disagrees_with_the_package_metadata_is_refused(resnet20_
 
 
 def test_no_package_and_no_compiler_are_clear_errors(resnet20_aot, tmp_path, monkeypatch, capsys):
-    from conftest import make_data, make_estimator
+    from helpers.tiny import make_data, make_estimator
 
     with pytest.raises(ExportError, match="holds no AOT package"):
         load_exported(_without_aot(resnet20_aot[1], tmp_path), aot=True)
@@ -259,7 +259,7 @@ def test_stoker_serve_serves_the_package_to_tritonclient(resnet20_aot):
 
 @pytest.mark.slow  # inductor generates the code before the compiler fails: ~9 s
 def test_a_failed_compile_writes_nothing_and_says_so(tmp_path):
-    from conftest import make_data, make_estimator
+    from helpers.tiny import make_data, make_estimator
 
     x, _ = make_data(4)
     # a compiler that is found but fails every build, and no cached build to fall back on

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import stoker
-from conftest import classifier_fn, make_data, make_estimator, train_input
+from helpers.tiny import classifier_fn, make_data, make_estimator, train_input
 from stoker.hooks import (
     Hook,
     HookRunner,

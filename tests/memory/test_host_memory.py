@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from conftest import PYTHON, ROOT, python_env
+from helpers.paths import ROOT
+from helpers.processes import PYTHON, python_env
 
 # After 3 rounds, allocates and frees a 64 MiB tensor 5 times and prints the minor page faults that cost.
 # With glibc's defaults each allocation is a fresh mmap (16384 pages faulted in); with the

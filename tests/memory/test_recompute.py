@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 import stoker
+from helpers.bert import windows
 from stoker.memory import SavedActivations
 from stoker.memory.recompute import apply_recompute, recomputed_modules, select_modules
 from stoker.recipes.bert import BertMLM, MaskedTextWindows, bert_model_fn, mlm_loss
-from test_bert import windows
 
 
 def bert(seed: int = 0, dropout: float = 0.1) -> BertMLM:

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import stoker
-from conftest import make_data, make_estimator, state_equal, train_input
+from helpers.paths import SCRIPTS
+from helpers.tiny import make_data, make_estimator, state_equal, train_input
 from stoker.memory import state_bytes
 from stoker.memory.stochastic_rounding import (
     STATE_KEY,
@@ -222,10 +223,10 @@ def test_stoker_train_bert_with_bf16_sr_and_recompute_trains_saves_bf16_and_expo
 
     from safetensors.torch import load_file
 
+    from helpers.bert import tiny_config
     from stoker.export import load_exported
     from stoker.export.cli import add_parser as add_export_parser
     from stoker.recipes import add_parser as add_train_parser
-    from test_bert import tiny_config
 
     parser = argparse.ArgumentParser(prog="stoker")
     sub = parser.add_subparsers(dest="command")
@@ -272,11 +273,10 @@ def test_stoker_train_bert_with_bf16_sr_and_recompute_trains_saves_bf16_and_expo
 
 
 def test_replicas_round_alike_and_stay_identical(tmp_path):
-    from pathlib import Path
 
-    from conftest import launch_replicas
+    from helpers.processes import launch_replicas
 
-    procs = launch_replicas(Path(__file__).with_name("sr_dist_script.py"), 2, "--out", str(tmp_path / "two"))
+    procs = launch_replicas(SCRIPTS / "sr_dist_script.py", 2, "--out", str(tmp_path / "two"))
     for proc in procs:
         _, err = proc.communicate(timeout=240)
         assert proc.returncode == 0, err

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 import stoker
-from charlm_script import tiny_config
-from conftest import PYTHON, python_env
+from helpers.charlm import tiny_config
+from helpers.paths import SCRIPTS
+from helpers.processes import PYTHON, python_env
 from stoker.recipes.charlm import (
     CharTransformerXL,
     build_estimator,
@@ -25,7 +26,7 @@ from stoker.recipes.charlm import (
 )
 from stoker.recipes.cli import add_parser as add_train_parser
 
-SCRIPT = Path(__file__).with_name("charlm_script.py")
+SCRIPT = SCRIPTS / "charlm_script.py"
 
 
 def tiny_model(mem_len: int = 8, dropout: float = 0.0) -> CharTransformerXL:

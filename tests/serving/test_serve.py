@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import make_data, make_estimator, train_input
+from helpers.tiny import make_data, make_estimator, train_input
 from stoker.export import export, load_exported
 from stoker.serving.server import RequestError, make_server, validate_inputs
 
@@ -298,7 +298,7 @@ def test_stoker_serve_as_a_process_answers_at_once_and_stops_on_sigterm(exported
     import signal
     import subprocess
 
-    from conftest import PYTHON, python_env
+    from helpers.processes import PYTHON, python_env
 
     proc = subprocess.Popen(
         [PYTHON, "-m", "stoker", "serve", str(exported[0]), "--port", "0"],

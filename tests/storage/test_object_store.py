@@ -16,21 +16,16 @@ import fsspec
 import pytest
 import torch
 
-from conftest import (
-    PYTHON,
-    kill_9_at_a_checkpoint_twice,
-    make_data,
-    make_estimator,
-    python_env,
-    stale_index_write_is_refused_and_loses_nothing,
-    train_input,
-)
+from helpers.paths import SCRIPTS
+from helpers.processes import PYTHON, kill_9_at_a_checkpoint_twice, python_env
+from helpers.stores import stale_index_write_is_refused_and_loses_nothing
+from helpers.tiny import make_data, make_estimator, train_input
 from stoker import storage
 from stoker.checkpoint import CheckpointManager, load_checkpoint
 from stoker.errors import StorageError
 from stoker.storage import RetryPolicy, UrlPath, location
 
-SCRIPT = Path(__file__).with_name("train_script.py")
+SCRIPT = SCRIPTS / "train_script.py"
 
 
 def _memory_url() -> str:
@@ -330,7 +325,7 @@ def test_bench_train_dir_on_a_memory_store(capsys):
 
 
 def test_watching_evaluator_on_a_memory_store():
-    from conftest import eval_input
+    from helpers.tiny import eval_input
 
     x, y = make_data(100)
     ex, ey = make_data(64, seed=1)
@@ -348,10 +343,10 @@ def test_watching_evaluator_on_a_memory_store():
 
 def test_adanet_search_on_s3_equals_local(s3_env, tmp_path):
     """An AdaNet search on a real S3-protocol server (moto) equals the local one: conditional
-    index writes, ETags (the memory:// cases are in tests/test_adanet_object_store.py)."""
-    from adanet_script import make_data as adanet_data
-    from adanet_script import train_input as adanet_input
-    from test_adanet_object_store import _search as _adanet_search
+    index writes, ETags (the memory:// cases are in tests/adanet/test_adanet_object_store.py)."""
+    from helpers.adanet import make_data as adanet_data
+    from helpers.adanet import small_search as _adanet_search
+    from helpers.adanet import train_input as adanet_input
 
     torch.set_num_threads(1)
     x, y = adanet_data(48)

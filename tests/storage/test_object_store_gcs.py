@@ -14,22 +14,15 @@ import tempfile
 import time
 import urllib.request
 import uuid
-from pathlib import Path
 
 import fsspec
 import pytest
 import torch
 
-from conftest import (
-    PYTHON,
-    free_port,
-    kill_9_at_a_checkpoint_twice,
-    make_data,
-    make_estimator,
-    python_env,
-    stale_index_write_is_refused_and_loses_nothing,
-    train_input,
-)
+from helpers.paths import SCRIPTS
+from helpers.processes import PYTHON, free_port, kill_9_at_a_checkpoint_twice, python_env
+from helpers.stores import stale_index_write_is_refused_and_loses_nothing
+from helpers.tiny import make_data, make_estimator, train_input
 from stoker import storage
 from stoker.checkpoint import CheckpointManager, load_checkpoint
 from stoker.storage import location
@@ -231,7 +224,7 @@ def test_gcs_trainer_and_a_second_index_writer_racing(gcs_env, monkeypatch):
     assert sorted(evaluated) == list(range(n)) and index["best"]["step"] == n - 1
 
 
-SCRIPT = Path(__file__).with_name("train_script.py")
+SCRIPT = SCRIPTS / "train_script.py"
 
 
 def _gs_latest(url: str) -> str | None:

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import stoker
-from conftest import make_data, make_estimator, train_input
+from helpers.tiny import make_data, make_estimator, train_input
 from stoker.checkpoint import CheckpointManager
 from stoker.errors import StorageError
 from stoker.storage import RetryPolicy

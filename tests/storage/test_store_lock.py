@@ -1,6 +1,6 @@
 """The index lock object on fsspec stores without conditional writes (``stoker.storage.lock``).
 
-Two processes share ``shared://`` (tests/shared_store.py: an fsspec store over one local
+Two processes share ``shared://`` (tests/helpers/shared_store.py: an fsspec store over one local
 directory, with no conditional writes, whose ``"xb"`` is an ``O_EXCL`` create): the trainer
 saving and an evaluator recording results must both land every update. The lock's own rules
 (exclusive, removed on exit, waited for, stale ones broken with a warning) are tested in one
@@ -16,22 +16,20 @@ import subprocess
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import fsspec
 import pytest
 import torch
 from fsspec.implementations.memory import MemoryFileSystem
 
-import shared_store
-from conftest import PYTHON, python_env
+from helpers import shared_store
+from helpers.paths import TESTS
+from helpers.processes import PYTHON, python_env
 from stoker import storage
 from stoker.checkpoint import CheckpointManager
 from stoker.errors import StorageError
 from stoker.storage import location
 from stoker.storage import lock as store_lock
-
-TESTS = Path(__file__).resolve().parent
 
 
 @pytest.fixture
@@ -160,7 +158,7 @@ def test_a_store_that_cannot_create_exclusively_is_named_and_still_locks(caplog)
 _EVALUATOR = """
 import json, sys, time
 sys.path.insert(0, sys.argv[3])
-import shared_store
+from helpers import shared_store
 shared_store.register()
 from stoker import storage
 from stoker.checkpoint import CheckpointManager

@@ -10,7 +10,7 @@ import fsspec
 import safetensors.torch
 import torch
 
-from conftest import make_data, make_estimator, train_input
+from helpers.tiny import make_data, make_estimator, train_input
 from stoker import storage
 from stoker.checkpoint import CheckpointManager
 from stoker.cli import main as stoker_cli

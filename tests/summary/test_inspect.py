@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from conftest import eval_input, make_data, make_estimator, train_input
+from helpers.tiny import eval_input, make_data, make_estimator, train_input
 from stoker.export import write_run_spec
 from stoker.hooks.mlperf import EvalCSV, MLLogger, MLPerfLogHook, evaluate_checkpoints, read_mllog
 from stoker.summary.cli import add_parser

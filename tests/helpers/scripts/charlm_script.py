@@ -7,43 +7,19 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from stoker.data import stdlib_corpus
-from stoker.hooks import Hook
-from stoker.recipes.charlm import CharLMConfig, train_charlm
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for helpers
+
+from helpers.charlm import tiny_config  # noqa: E402
+from stoker.hooks import Hook  # noqa: E402
+from stoker.recipes.charlm import train_charlm  # noqa: E402
 
 torch.set_num_threads(1)  # identical arithmetic in the reference and the resumed run
-
-TINY = dict(
-    d_model=32,
-    n_layer=2,
-    n_head=2,
-    d_head=16,
-    d_inner=64,
-    dropout=0.1,
-    seq_len=16,
-    mem_len=16,
-    batch_size=4,
-    eval_batch_size=4,
-    lr=3e-3,
-    warmup_steps=5,
-    eval_steps=3,
-    eval_every_n_steps=10,
-    save_checkpoints_steps=4,
-    iterations_per_loop=2,
-    log_every_n_steps=10,
-    keep_checkpoint_max=0,
-    device="cpu",
-)
-
-
-def tiny_config(model_dir: str, max_steps: int, mem_len: int = 16) -> CharLMConfig:
-    """The tests' charlm: 2 small layers on ~150 KB of standard-library text."""
-    text = [str(p) for p in stdlib_corpus(150_000)]
-    return CharLMConfig(model_dir=model_dir, text=text, max_steps=max_steps, **{**TINY, "mem_len": mem_len})
 
 
 class Sleep(Hook):

@@ -1,5 +1,5 @@
 """A trainer or a watching evaluator on one model_dir, run as real processes by
-tests/test_continuous_eval.py (not a test module).
+tests/engine/test_continuous_eval.py (not a test module).
 
 ``--role train`` trains the tiny classifier to ``--max_steps`` with a checkpoint every
 ``--save_steps`` steps; ``--role evaluate`` watches the same model_dir and appends each step it
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for helpers
 
 import stoker  # noqa: E402
-from conftest import classifier_fn, eval_input, make_data, make_estimator, train_input  # noqa: E402
+from helpers.tiny import classifier_fn, eval_input, make_data, make_estimator, train_input  # noqa: E402
 
 
 def main() -> None:

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for helpers
 
 import stoker  # noqa: E402
-from conftest import TinyNet, classifier_fn, make_data  # noqa: E402
+from helpers.tiny import TinyNet, classifier_fn, make_data  # noqa: E402
 from stoker.hooks import Hook  # noqa: E402
 
 

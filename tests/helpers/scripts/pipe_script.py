@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 
 import torch
-from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for helpers
 
 import stoker  # noqa: E402
-from conftest import classifier_fn, make_data  # noqa: E402
+from helpers.pipeline import make_model  # noqa: E402
+from helpers.tiny import classifier_fn, make_data  # noqa: E402
 from stoker.hooks import Hook  # noqa: E402
 
 
@@ -27,16 +27,6 @@ class LossLog(Hook):
     def after_loop(self, run, result):  # noqa: ANN001
         self.losses.extend(result.losses)
         self.host.extend(result.values.get("mean_logit", []))
-
-
-def make_model(params: dict) -> nn.Module:  # noqa: ARG001
-    # four pipeline units with parameters, so 2 and 4 stages both have work
-    return nn.Sequential(
-        nn.Sequential(nn.Linear(8, 16), nn.Tanh()),
-        nn.Sequential(nn.Linear(16, 16), nn.Tanh()),
-        nn.Sequential(nn.Linear(16, 16), nn.Tanh()),
-        nn.Linear(16, 3),
-    )
 
 
 def model_fn(model, features, labels, mode, params):  # noqa: ANN001, ANN201

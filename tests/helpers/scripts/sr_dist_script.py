@@ -1,4 +1,4 @@
-"""Replicated bf16-sr training as real processes, one per replica (run by test_stochastic_rounding.py)."""
+"""Replicated bf16-sr training as real processes, one per replica (run by memory/test_stochastic_rounding.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for helpers
 
 import stoker  # noqa: E402
-from conftest import TinyNet, classifier_fn, make_data  # noqa: E402
+from helpers.tiny import TinyNet, classifier_fn, make_data  # noqa: E402
 
 
 def main() -> None:

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for helpers
 
 import stoker  # noqa: E402
-from conftest import classifier_fn, make_data, make_estimator, train_input  # noqa: E402
+from helpers.tiny import classifier_fn, make_data, make_estimator, train_input  # noqa: E402
 
 
 def slow_fn(model, features, labels, mode, params):  # noqa: ANN001, ANN201
