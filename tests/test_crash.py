@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, python_env
+from helpers.paths import SCRIPTS
+from helpers.processes import PYTHON, python_env
 
-SCRIPT = Path(__file__).with_name("train_script.py")
+SCRIPT = SCRIPTS / "train_script.py"
 MAX_STEPS = 60
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import eval_input, make_data, make_estimator, state_equal, train_input
+from helpers.tiny import eval_input, make_data, make_estimator, state_equal, train_input
 from stoker.precision import LossScale
 
 pytestmark = [
@@ -45,7 +45,7 @@ def test_cuda_infeed_copies_on_a_side_stream_and_eval_is_exact(tmp_path):
 
 def _graph_estimator(model_dir=None, *, opt="adam_capturable", model_fn=None, dropout=0.0, **config):  # noqa: ANN001, ANN003, ANN202
     import stoker
-    from conftest import TinyNet, classifier_fn
+    from helpers.tiny import TinyNet, classifier_fn
 
     optimizers = {
         "adam_capturable": lambda p, ps: torch.optim.Adam(ps, lr=0.01, capturable=True),

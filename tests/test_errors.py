@@ -9,16 +9,8 @@ import torch
 from torch import nn
 
 import stoker
-from conftest import (
-    PYTHON,
-    TinyNet,
-    classifier_fn,
-    eval_input,
-    make_data,
-    make_estimator,
-    python_env,
-    train_input,
-)
+from helpers.processes import PYTHON, python_env
+from helpers.tiny import TinyNet, classifier_fn, eval_input, make_data, make_estimator, train_input
 from stoker.errors import ModelFnError
 
 
@@ -39,7 +31,10 @@ def test_tensorflow_style_model_fn_signature():
 
     with pytest.raises(
         ModelFnError,
-        match=r"must take \(model, features, labels, mode, params\); it takes \(features, labels, mode, params\) \(a TensorFlow-style",
+        match=(
+            r"must take \(model, features, labels, mode, params\); it takes \(features, labels, mode, params\) \(a "
+            r"TensorFlow-style"
+        ),
     ):
         estimator(tf_style)
 

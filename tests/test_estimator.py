@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import stoker
-from conftest import eval_input, make_data, make_estimator, train_input
+from helpers.tiny import eval_input, make_data, make_estimator, train_input
 from stoker.hooks import Hook
 
 

@@ -17,7 +17,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import PYTHON, ROOT, python_env
+from helpers.paths import ROOT
+from helpers.processes import PYTHON, python_env
 
 _spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
 gc = importlib.util.module_from_spec(_spec)

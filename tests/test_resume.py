@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import stoker
-from conftest import TinyNet, make_data, make_estimator, state_equal, train_input
+from helpers.tiny import TinyNet, make_data, make_estimator, state_equal, train_input
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])

@@ -13,7 +13,9 @@ import warnings
 import pytest
 import torch
 
-from conftest import ROOT, make_data, make_estimator, python_env, state_equal, train_input
+from helpers.paths import ROOT
+from helpers.processes import python_env
+from helpers.tiny import make_data, make_estimator, state_equal, train_input
 from stoker import CheckpointIO, LossScale, PipelineConfig, RetryPolicy, RunConfig
 from stoker.config import DEPRECATED
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 import stoker
-from conftest import TinyNet, eval_input, make_data, train_input
+from helpers.tiny import TinyNet, eval_input, make_data, train_input
 
 
 def tpu_style_fn(lazy: bool, calls: dict[str, int]):  # noqa: ANN201

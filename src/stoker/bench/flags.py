@@ -9,7 +9,7 @@ Every flag of ``benchmark_cnn.py`` is accounted for: the core flags are declared
   when given, reported by a one-line ``Note: --flag=value has no effect here: <why>`` in the run
   header. Nothing is dropped silently.
 
-``tests/test_bench_flags.py`` walks the seed's list of flag names and fails on any flag that
+``tests/bench/test_bench_flags.py`` walks the seed's list of flag names and fails on any flag that
 is neither declared in ``cli.py`` nor a row here.
 """
 

@@ -1,0 +1,163 @@
+"""Two real processes on CPU (gloo): replicated training equals one process, and survives crashes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from helpers.paths import SCRIPTS
+from helpers.processes import PYTHON, launch_replicas, python_env
+
+SCRIPT = SCRIPTS / "dist_script.py"
+
+
+def launch(nproc: int, *args: str) -> list[subprocess.Popen[str]]:
+    return launch_replicas(SCRIPT, nproc, *args)
+
+
+def run(nproc: int, *args: str) -> list[tuple[int, str]]:
+    procs = launch(nproc, *args)
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=240)
+        results.append((p.returncode, err))
+    for code, err in results:
+        assert code == 0, err
+    return results
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
+
+
+@pytest.mark.parametrize("opt", ["sgd", pytest.param("momentum", marks=pytest.mark.slow)])
+def test_replicated_equals_one_process_with_the_same_global_batch(tmp_path, opt):
+    run(1, "--opt", opt, "--out", str(tmp_path / "one.json"))
+    run(2, "--opt", opt, "--out", str(tmp_path / "two.json"))
+    one, two = load(tmp_path / "one.json"), load(tmp_path / "two.json")
+    assert two["world_size"] == 2 and one["world_size"] == 1
+    np.testing.assert_allclose(two["losses"], one["losses"], rtol=1e-5)
+    np.testing.assert_allclose(two["thirds"], one["thirds"], rtol=1e-5)  # host_call, averaged over replicas
+    np.testing.assert_allclose(one["thirds"], np.array(one["losses"]) / 3, rtol=1e-6)
+    for k in one["weights"]:
+        np.testing.assert_allclose(two["weights"][k], one["weights"][k], rtol=1e-5, atol=1e-6)
+    # eval on 203 examples (ragged: 101 + 102 per replica, last batches padded and masked)
+    assert two["metrics"]["accuracy"] == pytest.approx(one["metrics"]["accuracy"], abs=1e-12)
+    assert two["metrics"]["loss"] == pytest.approx(one["metrics"]["loss"], rel=1e-5)
+    # predict: every example once, in input order, on the chief
+    assert len(two["predictions"]) == 203
+    assert two["predictions"] == one["predictions"]
+
+
+def test_replicated_resume_is_bitwise_and_one_process_can_resume(tmp_path):
+    run(2, "--model_dir", str(tmp_path / "whole"), "--max_steps", "12", "--out", str(tmp_path / "whole.json"))
+    run(2, "--model_dir", str(tmp_path / "split"), "--max_steps", "6")
+    run(2, "--model_dir", str(tmp_path / "split"), "--max_steps", "12", "--out", str(tmp_path / "split.json"))
+    whole = (tmp_path / "whole" / "ckpt-12" / "model.safetensors").read_bytes()
+    assert (tmp_path / "split" / "ckpt-12" / "model.safetensors").read_bytes() == whole
+    assert sorted(p.name for p in (tmp_path / "whole" / "ckpt-12").iterdir()) == [
+        "input-0.json",
+        "input-1.json",
+        "model.safetensors",
+        "train_state.pt",
+    ]
+    # the same checkpoint resumed by a single process: weights, optimizer and step carry over
+    ((code, err),) = run(
+        1, "--model_dir", str(tmp_path / "split"), "--max_steps", "14", "--out", str(tmp_path / "one.json")
+    )
+    assert "written by 2 replica(s) and this run has 1" in err
+    assert "re-shard" not in err and "replaying" not in err  # the input position carried over
+    assert load(tmp_path / "one.json")["world_size"] == 1
+    # the input was re-sharded, not restarted: one process continues on the same examples
+    run(2, "--model_dir", str(tmp_path / "whole"), "--max_steps", "14", "--out", str(tmp_path / "two.json"))
+    one, two = load(tmp_path / "one.json"), load(tmp_path / "two.json")
+    for k in two["weights"]:
+        np.testing.assert_allclose(one["weights"][k], two["weights"][k], rtol=1e-5, atol=1e-6)
+
+
+def test_kill_9_of_one_replica_names_it_and_rerun_resumes(tmp_path):
+    model_dir = tmp_path / "run"
+    procs = launch(2, "--model_dir", str(model_dir), "--max_steps", "400", "--sleep", "0.01", "--timeout", "30")
+    deadline = time.monotonic() + 120
+    while not (model_dir / "checkpoint.json").exists():
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+        time.sleep(0.05)
+    time.sleep(0.5)
+    started = time.monotonic()
+    procs[1].send_signal(signal.SIGKILL)
+    out, err = procs[0].communicate(timeout=90)
+    procs[1].wait()
+    assert procs[0].returncode not in (0, None)
+    assert time.monotonic() - started < 60
+    assert "replica 1 (silent for" in err and "stopped responding" in err, err[-2000:]
+    index = json.loads((model_dir / "checkpoint.json").read_text())
+    last = index["latest"]
+    assert (model_dir / last / "input-1.json").exists()  # the index names only complete checkpoints
+    run(2, "--model_dir", str(model_dir), "--max_steps", str(int(last.split("-")[1]) + 4))
+    assert os.path.exists(model_dir / f"ckpt-{int(last.split('-')[1]) + 4}")
+
+
+def test_sharded_equals_replicated_and_resumes_from_dcp(tmp_path):
+    run(2, "--opt", "momentum", "--strategy", "replicated", "--out", str(tmp_path / "rep.json"))
+    run(2, "--opt", "momentum", "--strategy", "sharded", "--model_dir", str(tmp_path / "sh"), "--max_steps", "6")
+    run(
+        2,
+        "--opt",
+        "momentum",
+        "--strategy",
+        "sharded",
+        "--model_dir",
+        str(tmp_path / "sh"),
+        "--max_steps",
+        "12",
+        "--out",
+        str(tmp_path / "sh.json"),
+    )
+    rep, sh = load(tmp_path / "rep.json"), load(tmp_path / "sh.json")
+    np.testing.assert_allclose(sh["losses"], rep["losses"][6:], rtol=1e-5)
+    for k in rep["weights"]:
+        np.testing.assert_allclose(sh["weights"][k], rep["weights"][k], rtol=1e-5, atol=1e-6)
+    assert sh["predictions"] == rep["predictions"]
+    ckpt = tmp_path / "sh" / "ckpt-12"
+    assert (ckpt / "dcp" / ".metadata").exists() and not (ckpt / "model.safetensors").exists()
+    index = json.loads((tmp_path / "sh" / "checkpoint.json").read_text())
+    assert any(f.startswith("dcp/") for f in index["checkpoints"][-1]["files"])
+    # consolidated weights equal what the run ended with
+    from stoker.distributed.sharded import consolidate
+
+    full = consolidate(ckpt / "dcp")
+    for k, v in full.items():
+        np.testing.assert_allclose(v.numpy(), np.asarray(sh["weights"][k]), rtol=0, atol=0)
+    # the command line writes the same consolidated weights as one safetensors file
+    import subprocess as _sp
+
+    import safetensors.torch
+
+    out = _sp.run(
+        [
+            PYTHON,
+            "-m",
+            "stoker",
+            "checkpoint",
+            "consolidate",
+            str(tmp_path / "sh"),
+            "--out",
+            str(tmp_path / "full.safetensors"),
+        ],
+        env=python_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+    cli_full = safetensors.torch.load_file(str(tmp_path / "full.safetensors"))
+    assert set(cli_full) == set(full) and all((cli_full[k] == full[k]).all() for k in full)
+    # and one process resumes from the sharded checkpoint
+    run(1, "--opt", "momentum", "--model_dir", str(tmp_path / "sh"), "--max_steps", "14")
+    assert (tmp_path / "sh" / "ckpt-14" / "model.safetensors").exists()

@@ -1,0 +1,118 @@
+"""Small image data for the data tests: image trees, fake CIFAR-10 files, and a tiny conv net
+trained on them (also by helpers/scripts/data_train_script.py)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from torch import nn
+
+import stoker
+
+IMAGE_SIZE = 16
+BATCH = 8
+
+
+def make_image_tree(
+    root: Path, classes: int = 3, per_class: int = 20, size: int = 16, seed: int = 0, fmt: str = "jpg"
+) -> Path:
+    """``root/class_<c>/img_<i>.<fmt>``: random RGB images, deterministic in ``seed``."""
+    rng = np.random.default_rng(seed)
+    for c in range(classes):
+        folder = root / f"class_{c}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            pixels = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+            pixels[..., c % 3] //= 2  # some class signal for the model to learn
+            Image.fromarray(pixels).save(folder / f"img_{i:03d}.{fmt}")
+    return root
+
+
+def make_index_tree(root: Path, classes: int = 3, per_class: int = 7, size: int = 12) -> Path:
+    """Lossless PNGs of one flat colour each: example ``k`` (file order) has red = k, green = 7."""
+    k = 0
+    for c in range(classes):
+        folder = root / f"class_{c}"
+        folder.mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            Image.new("RGB", (size + i, size), (k, 7, 0)).save(folder / f"img_{i:03d}.png")
+            k += 1
+    return root
+
+
+class TinyConv(nn.Module):
+    def __init__(self, classes: int = 3) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.drop = nn.Dropout(0.1)
+        self.fc = nn.Linear(8, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.relu(self.conv(x)).mean((2, 3))
+        return self.fc(self.drop(h))
+
+
+def model_fn(model, features, labels, mode, params):  # noqa: ANN001, ANN201
+    if params.get("sleep"):
+        time.sleep(params["sleep"])  # slows the run so a kill lands mid-way; changes no number
+    logits = model(features)
+    reduction = "mean" if mode == stoker.ModeKeys.TRAIN else "none"
+    return stoker.EstimatorSpec(
+        loss=F.cross_entropy(logits, labels, reduction=reduction),
+        eval_metrics={"accuracy": stoker.metrics.Accuracy()(logits, labels)},
+    )
+
+
+def make_estimator(model_dir: str | Path | None, sleep: float = 0.0, **config: object) -> stoker.Estimator:
+    cfg: dict[str, object] = {
+        "model_dir": model_dir,
+        "progress_bar": False,
+        "iterations_per_loop": 2,
+        "save_checkpoints_steps": 3,
+        "log_every_n_steps": 5,
+    }
+    cfg.update(config)
+    return stoker.Estimator(
+        model=lambda p: TinyConv(),
+        model_fn=model_fn,
+        optimizer=lambda p, ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
+        config=stoker.RunConfig(**cfg),  # type: ignore[arg-type]
+        params={"sleep": sleep},
+        train_batch_size=BATCH,
+    )
+
+
+def input_fn(data: str | Path, num_workers: int = 2):  # noqa: ANN201
+    def fn(params: dict) -> stoker.data.ImageFolderSource:
+        return stoker.data.image_folder(
+            data,
+            batch_size=params["batch_size"],
+            image_size=IMAGE_SIZE,
+            num_workers=num_workers,
+            num_shards=params["num_replicas"],
+            shard_index=params["replica_index"],
+            seed=3,
+        )
+
+    return fn
+
+
+def write_cifar(folder: Path, per_file: int = 20, files: tuple[str, ...] | None = None, seed: int = 0) -> Path:
+    """Fake CIFAR-10 binary files; record k of the set has pixel 0 = k % 256, pixel 1 = k // 256."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    names = files or tuple(f"data_batch_{i}.bin" for i in range(1, 6)) + ("test_batch.bin",)
+    k = 0
+    for name in names:
+        rec = rng.integers(0, 256, (per_file, 3073), dtype=np.uint8)
+        rec[:, 0] = rng.integers(0, 10, per_file)
+        for r in range(per_file):
+            rec[r, 1], rec[r, 2] = k % 256, k // 256
+            k += 1
+        rec.tofile(folder / name)
+    return folder

@@ -1,0 +1,60 @@
+"""A training job run as a real subprocess by the crash tests (not a test module)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for helpers
+
+import stoker  # noqa: E402
+from helpers.tiny import classifier_fn, make_data, make_estimator, train_input  # noqa: E402
+
+
+def slow_fn(model, features, labels, mode, params):  # noqa: ANN001, ANN201
+    time.sleep(params["sleep"])  # slows the run so a kill lands mid-way; changes no number
+    return classifier_fn(model, features, labels, mode, params)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--model_dir", required=True)
+    p.add_argument("--max_steps", type=int, default=60)
+    p.add_argument("--sleep", type=float, default=0.0)
+    p.add_argument("--precision", default="fp32")
+    p.add_argument("--async_checkpoints", action="store_true")
+    p.add_argument("--slow_write", type=float, default=0.0, help="seconds each checkpoint file write sleeps first")
+    args = p.parse_args()
+    if args.slow_write:  # widens the window in which a kill lands inside a checkpoint write
+        from stoker.storage import stores as storage  # where write_all looks _write_one up
+
+        real = storage._write_one
+
+        def slow(path, data, retry):  # noqa: ANN001, ANN202
+            time.sleep(args.slow_write)
+            return real(path, data, retry)
+
+        storage._write_one = slow
+    torch.set_num_threads(1)
+    x, y = make_data(100)
+    est = make_estimator(
+        args.model_dir,
+        iterations_per_loop=2,
+        save_checkpoints_steps=3,
+        precision=args.precision,
+        params={"sleep": args.sleep},
+        log_every_n_steps=5,
+        checkpoint_io=stoker.CheckpointIO(async_save=args.async_checkpoints),
+    )
+    est.model_fn = slow_fn
+    est.train(train_input(x, y), max_steps=args.max_steps)
+    print(f"done {est.global_step}", flush=True)
+    assert isinstance(est, stoker.Estimator)
+
+
+if __name__ == "__main__":
+    main()
