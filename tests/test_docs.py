@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers.paths import ROOT
 
 
 def public_modules() -> set[str]:

@@ -6,11 +6,9 @@ import importlib
 import json
 import subprocess
 import sys
-from pathlib import Path
 
+from helpers.paths import ROOT
 from stoker._moved import MOVED
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_each_old_module_name_warns_and_is_the_moved_module():

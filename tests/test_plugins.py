@@ -18,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers.paths import ROOT
+from helpers.processes import python_env
 from stoker import plugins
 
 DEMO = """
@@ -96,7 +98,8 @@ def site(tmp_path_factory) -> Path:
 
 
 def stoker(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))
+    env = python_env()
+    env["PYTHONPATH"] = str(site) + os.pathsep + env["PYTHONPATH"]
     return subprocess.run([sys.executable, "-m", "stoker", *args], capture_output=True, text=True, env=env, timeout=240)
 
 
@@ -151,6 +154,6 @@ def test_the_builtin_table_is_what_pyproject_declares():
     # Without package metadata (a source tree on PYTHONPATH) stoker falls back to plugins.BUILTIN.
     import tomllib
 
-    pyproject = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     declared = pyproject["project"]["entry-points"]
     assert {group: dict(declared[group]) for group in plugins.BUILTIN} == plugins.BUILTIN
