@@ -6,6 +6,8 @@ worker processes.
 
 - :func:`arrays`: in-memory tensors / numpy arrays.
 - :func:`image_folder`: a class-per-folder tree of JPEG/PNG files (ImageNet layout).
+- :func:`imagenet_tfrecords`: tf_cnn_benchmarks' ImageNet TFRecord shards (``train-*-of-*``),
+  read without TensorFlow (:func:`write_tfrecords`, :func:`write_imagenet_tfrecords` write them).
 - :func:`cifar_binary`: CIFAR-10's binary files.
 - :func:`text_chars`: byte-level language-model streams (:func:`stdlib_corpus`: a corpus
   on every machine).
@@ -21,6 +23,8 @@ from .cifar import CifarSource, cifar_binary
 from .images import ImageFolderSource, image_folder
 from .synthetic import RepeatedBatch, SyntheticImages, synthetic_images
 from .text import TextSource, stdlib_corpus, text_chars
+from .tfrecord import TFRecordImageSource, imagenet_tfrecords, write_imagenet_tfrecords
+from .tfrecord_io import write_tfrecords
 
 __all__ = [
     "ArraySource",
@@ -30,13 +34,17 @@ __all__ = [
     "IndexedSource",
     "RepeatedBatch",
     "SyntheticImages",
+    "TFRecordImageSource",
     "TextSource",
     "arrays",
     "cifar_binary",
     "epoch_generator",
     "example_uniforms",
     "image_folder",
+    "imagenet_tfrecords",
     "stdlib_corpus",
     "synthetic_images",
     "text_chars",
+    "write_imagenet_tfrecords",
+    "write_tfrecords",
 ]

@@ -1,0 +1,456 @@
+"""TFRecord files without TensorFlow: record framing, ``tf.train.Example`` messages, and a
+per-shard offset index so that records are read by number.
+
+**Framing** (TensorFlow's ``core/lib/io/record_writer``): each record is ``uint64 length``
+(little-endian), ``uint32 masked crc32c(length)``, the data, ``uint32 masked crc32c(data)``.
+Both checksums are verified on every read (``google_crc32c``, in C); a bad checksum, a
+truncated record or a length that disagrees with the index raises a
+:class:`~stoker.data.DataError` naming the file, the record number, its byte offset and what
+is wrong.
+
+**Examples** are parsed by protobuf's own runtime from the message definitions of TensorFlow's
+``core/example/feature.proto`` and ``example.proto`` (``Example``, ``Features``, ``Feature``,
+``BytesList``, ``FloatList``, ``Int64List``, field for field), declared in a private descriptor
+pool: tensorboard ships no ``example_pb2``, and the ``tfrecord`` package's registers the
+``tensorflow.*`` names in protobuf's default pool, which makes a process that also imports
+TensorFlow fail with "duplicate symbol" whichever is imported first. A private pool coexists
+with TensorFlow; the wire format is the same (a test reads records TensorFlow wrote).
+
+**Index**: one per shard, ``(offset, length)`` of every record, built once by reading the
+12-byte headers (length checksums checked; the data is checked when read) and cached in
+``<shard folder>/.stoker-index/<shard>.idx`` (a hidden folder, so ``train-*-of-*`` globs,
+TensorFlow's included, never match it). When the data folder is read-only the index goes to
+``$XDG_CACHE_HOME/stoker/tfrecord-index/<hash of the folder's path>/`` (``~/.cache`` when
+unset); ``index_dir=`` puts it elsewhere. Each index records its shard's size and
+modification time (ns); an index whose shard has changed is rebuilt, never trusted.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import logging
+import os
+import struct
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import google_crc32c
+import numpy as np
+
+from .base import DataError
+
+log = logging.getLogger("stoker")
+
+_HEADER = struct.Struct("<QI")  # length, masked crc32c of the 8 length bytes
+_FOOTER = 4  # masked crc32c of the data
+_MASK_DELTA = 0xA282EAD8
+_INDEX_MAGIC = b"STKTFRI1"
+INDEX_FOLDER = ".stoker-index"
+
+
+def masked_crc32c(data: bytes) -> int:
+    """TensorFlow's masked CRC-32C of ``data`` (rotate right by 15, add a constant)."""
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+def frame_record(data: bytes) -> bytes:
+    """``data`` as one framed TFRecord: length, its checksum, the data, its checksum."""
+    length = struct.pack("<Q", len(data))
+    return length + struct.pack("<I", masked_crc32c(length)) + data + struct.pack("<I", masked_crc32c(data))
+
+
+def write_tfrecords(path: str | os.PathLike[str], records: Iterable[bytes]) -> int:
+    """Write ``records`` (raw bytes each, e.g. serialised ``tf.train.Example`` s) as a TFRecord
+    file readable by TensorFlow's ``TFRecordDataset``; returns how many were written.
+
+    The file is written under a hidden temporary name and renamed when complete, so a reader
+    globbing ``train-*-of-*`` never sees a half-written shard.
+    """
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    count = 0
+    try:
+        with open(tmp, "wb") as f:
+            for data in records:
+                f.write(frame_record(bytes(data)))
+                count += 1
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return count
+
+
+def _where(path: str | os.PathLike[str], index: int, offset: int) -> str:
+    return f"TFRecord file {path}: record {index} at byte {offset}"
+
+
+def _check_header(head: bytes, path: str | os.PathLike[str], index: int, offset: int) -> int:
+    """The data length of a record from its 12 header bytes, its checksum verified."""
+    if len(head) < _HEADER.size:
+        raise DataError(
+            f"{_where(path, index, offset)}: truncated: the file ends {len(head)} bytes into the "
+            f"{_HEADER.size}-byte record header"
+        )
+    length, stored = _HEADER.unpack_from(head)
+    computed = masked_crc32c(head[:8])
+    if computed != stored:
+        raise DataError(
+            f"{_where(path, index, offset)}: corrupt length field: length checksum mismatch "
+            f"(stored 0x{stored:08x}, computed 0x{computed:08x})"
+        )
+    return int(length)
+
+
+def _check_data(data: bytes, stored: int, path: str | os.PathLike[str], index: int, offset: int) -> None:
+    computed = masked_crc32c(data)
+    if computed != stored:
+        raise DataError(
+            f"{_where(path, index, offset)}: corrupt data: data checksum mismatch "
+            f"(stored 0x{stored:08x}, computed 0x{computed:08x})"
+        )
+
+
+def read_record(fd: int, path: str | os.PathLike[str], index: int, offset: int, length: int) -> bytes:
+    """The data of record ``index`` of the open file ``fd`` (one ``pread``), both checksums checked."""
+    want = _HEADER.size + length + _FOOTER
+    buf = os.pread(fd, want, offset)
+    if len(buf) < _HEADER.size:
+        _check_header(buf, path, index, offset)  # raises: truncated header
+    stored_length = _check_header(buf[: _HEADER.size], path, index, offset)
+    if stored_length != length:
+        raise DataError(
+            f"{_where(path, index, offset)}: wrong length: the record says {stored_length} bytes, its index "
+            f"{length}; the file changed after it was indexed"
+        )
+    if len(buf) < want:
+        raise DataError(
+            f"{_where(path, index, offset)}: truncated: the record needs {want} bytes, the file holds "
+            f"{len(buf)} from there"
+        )
+    data = buf[_HEADER.size : _HEADER.size + length]
+    _check_data(data, int.from_bytes(buf[-_FOOTER:], "little"), path, index, offset)
+    return data
+
+
+def read_tfrecords(path: str | os.PathLike[str]) -> Iterator[bytes]:
+    """Every record of a TFRecord file in order, both checksums checked (no index)."""
+    with open(path, "rb") as f:
+        offset, index = 0, 0
+        while head := f.read(_HEADER.size):
+            length = _check_header(head, path, index, offset)
+            body = f.read(length + _FOOTER)
+            if len(body) < length + _FOOTER:
+                raise DataError(
+                    f"{_where(path, index, offset)}: truncated: the record needs {_HEADER.size + length + _FOOTER} "
+                    f"bytes, the file holds {_HEADER.size + len(body)} from there"
+                )
+            data = body[:length]
+            _check_data(data, int.from_bytes(body[length:], "little"), path, index, offset)
+            yield data
+            offset += _HEADER.size + length + _FOOTER
+            index += 1
+
+
+# ---------------------------------------------------------------------- tf.train.Example
+
+
+@functools.cache
+def example_class() -> Any:
+    """The ``tf.train.Example`` message class (protobuf's runtime, private pool; see the module doc)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    F = descriptor_pb2.FieldDescriptorProto
+    file = descriptor_pb2.FileDescriptorProto(
+        name="stoker/tensorflow_core_example.proto", package="tensorflow", syntax="proto3"
+    )
+
+    def message(name: str, fields: Sequence[tuple[str, int, int, int, str]], into: Any = file) -> Any:
+        m = into.message_type.add(name=name) if into is file else into.nested_type.add(name=name)
+        for fname, number, label, ftype, type_name in fields:
+            field = m.field.add(name=fname, number=number, label=label, type=ftype)
+            if type_name:
+                field.type_name = type_name
+        return m
+
+    rep, opt = F.LABEL_REPEATED, F.LABEL_OPTIONAL
+    message("BytesList", [("value", 1, rep, F.TYPE_BYTES, "")])
+    message("FloatList", [("value", 1, rep, F.TYPE_FLOAT, "")]).field[0].options.packed = True
+    message("Int64List", [("value", 1, rep, F.TYPE_INT64, "")]).field[0].options.packed = True
+    feature = message(
+        "Feature",
+        [
+            ("bytes_list", 1, opt, F.TYPE_MESSAGE, ".tensorflow.BytesList"),
+            ("float_list", 2, opt, F.TYPE_MESSAGE, ".tensorflow.FloatList"),
+            ("int64_list", 3, opt, F.TYPE_MESSAGE, ".tensorflow.Int64List"),
+        ],
+    )
+    feature.oneof_decl.add(name="kind")
+    for field in feature.field:
+        field.oneof_index = 0
+    features = message("Features", [("feature", 1, rep, F.TYPE_MESSAGE, ".tensorflow.Features.FeatureEntry")])
+    entry = message(
+        "FeatureEntry",
+        [("key", 1, opt, F.TYPE_STRING, ""), ("value", 2, opt, F.TYPE_MESSAGE, ".tensorflow.Feature")],
+        into=features,
+    )
+    entry.options.map_entry = True
+    message("Example", [("features", 1, opt, F.TYPE_MESSAGE, ".tensorflow.Features")])
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.Example"))
+
+
+def make_example(
+    features: Mapping[str, bytes | int | float | Sequence[bytes] | Sequence[int] | Sequence[float]],
+) -> bytes:
+    """A serialised ``tf.train.Example``: ``bytes`` values become a ``bytes_list``, ``int`` s an
+    ``int64_list``, ``float`` s a ``float_list`` (a single value or a list; an empty list is an
+    empty ``float_list``)."""
+    example = example_class()()
+    for key, value in features.items():
+        values = [value] if isinstance(value, (bytes, int, float)) else list(value)
+        feature = example.features.feature[key]
+        if values and all(isinstance(v, bytes) for v in values):
+            feature.bytes_list.value.extend(values)
+        elif values and all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+            feature.int64_list.value.extend(values)
+        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            feature.float_list.value.extend(float(v) for v in values)
+        else:
+            raise TypeError(f"make_example: {key!r} mixes types or holds a {type(values[0]).__name__}")
+    return bytes(example.SerializeToString())
+
+
+# ---------------------------------------------------------------------- the offset index
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    """Where each record of one shard starts and how long its data is.
+
+    Attributes:
+        path: the shard.
+        offsets / lengths: uint64 per record (the offset of its header; the length of its data).
+        error: what broke the framing after the last indexed record (a truncated tail, a corrupt
+            length), or ``None`` when the whole file is whole records.
+        index_path: where the index is cached (``None`` when no location was writable).
+        built: ``True`` when it was built now, ``False`` when read from the cache.
+    """
+
+    path: Path
+    offsets: np.ndarray
+    lengths: np.ndarray
+    error: str | None
+    index_path: Path | None
+    built: bool
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+
+def _scan(path: Path) -> tuple[np.ndarray, np.ndarray, str | None]:
+    offsets: list[int] = []
+    lengths: list[int] = []
+    error = None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        offset = 0
+        while offset < size:
+            try:
+                length = _check_header(os.pread(fd, _HEADER.size, offset), path, len(offsets), offset)
+                end = offset + _HEADER.size + length + _FOOTER
+                if end > size:
+                    raise DataError(
+                        f"{_where(path, len(offsets), offset)}: truncated: the record needs {end - offset} bytes, "
+                        f"the file holds {size - offset} from there"
+                    )
+            except DataError as e:
+                error = str(e)  # the framing is lost: nothing after this point can be found
+                break
+            offsets.append(offset)
+            lengths.append(length)
+            offset = end
+    finally:
+        os.close(fd)
+    return np.asarray(offsets, dtype=np.uint64), np.asarray(lengths, dtype=np.uint64), error
+
+
+def index_locations(shard: Path, index_dir: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Where the index of ``shard`` is looked for, in order (the first writable one is written)."""
+    name = shard.name + ".idx"
+    if index_dir is not None:
+        return [Path(index_dir) / name]
+    folder = shard.resolve().parent
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    digest = hashlib.sha256(str(folder).encode()).hexdigest()[:16]
+    return [folder / INDEX_FOLDER / name, cache / "stoker" / "tfrecord-index" / digest / name]
+
+
+def _load(index_path: Path, shard: Path, stat: os.stat_result) -> ShardIndex | None:
+    try:
+        raw = index_path.read_bytes()
+        if not raw.startswith(_INDEX_MAGIC):
+            return None
+        (size,) = struct.unpack_from("<I", raw, len(_INDEX_MAGIC))
+        start = len(_INDEX_MAGIC) + 4
+        meta = json.loads(raw[start : start + size])
+        if meta["size"] != stat.st_size or meta["mtime_ns"] != stat.st_mtime_ns:
+            return None  # the shard changed: stale
+        n = int(meta["count"])
+        arrays = np.frombuffer(raw, dtype="<u8", count=2 * n, offset=start + size)
+    except (OSError, ValueError, KeyError):
+        return None  # missing, unreadable or damaged: rebuild
+    return ShardIndex(shard, arrays[:n].copy(), arrays[n:].copy(), meta["error"], index_path, built=False)
+
+
+def _store(index_path: Path, stat: os.stat_result, offsets: np.ndarray, lengths: np.ndarray, error: str | None) -> bool:
+    meta = json.dumps(
+        {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "count": len(offsets), "error": error}
+    ).encode()
+    tmp = index_path.with_name(f".{index_path.name}.tmp-{os.getpid()}")
+    try:
+        index_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(_INDEX_MAGIC + struct.pack("<I", len(meta)) + meta)
+            f.write(offsets.astype("<u8").tobytes() + lengths.astype("<u8").tobytes())
+        os.replace(tmp, index_path)  # atomic: replicas building the same index at once are harmless
+        return True
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        return False
+
+
+def shard_index(shard: str | os.PathLike[str], *, index_dir: str | os.PathLike[str] | None = None) -> ShardIndex:
+    """The index of ``shard``: the cached one when it matches the shard's size and mtime, else
+    built now and cached at the first writable location of :func:`index_locations`."""
+    shard = Path(shard)
+    try:
+        stat = shard.stat()
+    except OSError as e:
+        raise DataError(f"TFRecord file {shard}: cannot read it: {e}") from None
+    locations = index_locations(shard, index_dir)
+    for location in locations:
+        cached = _load(location, shard, stat)
+        if cached is not None:
+            return cached
+    offsets, lengths, error = _scan(shard)
+    where = next((loc for loc in locations if _store(loc, stat, offsets, lengths, error)), None)
+    if where is None:
+        log.warning("TFRecord index of %s could not be cached (tried %s)", shard, ", ".join(map(str, locations)))
+    return ShardIndex(shard, offsets, lengths, error, where, built=True)
+
+
+class RecordShards:
+    """The records of several shards as one sequence, read by global number (``pread``).
+
+    Record ``i`` is record ``i - start[k]`` of shard ``k`` (shards in the given order). Open
+    files are cached (at most ``max_open`` at once); a copy for a worker process carries the
+    index, not the files.
+
+    Args:
+        paths: the shard files.
+        index_dir: where to cache the indexes (default: see the module doc).
+        lenient: a shard whose framing breaks (a truncated tail, a corrupt length) contributes
+            the records before the break, with a warning; otherwise it raises :class:`DataError`.
+        progress: show a tqdm bar when indexing takes more than a second.
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[str | os.PathLike[str]],
+        *,
+        index_dir: str | os.PathLike[str] | None = None,
+        lenient: bool = False,
+        progress: bool = True,
+        max_open: int = 64,
+    ) -> None:
+        from tqdm.auto import tqdm
+
+        self.paths = [Path(p) for p in paths]
+        self.indexes: list[ShardIndex] = []
+        bar = tqdm(self.paths, desc="indexing TFRecord shards", unit="shard", delay=1.0, disable=not progress)
+        for path in bar:
+            index = shard_index(path, index_dir=index_dir)
+            if index.error is not None:
+                if not lenient:
+                    raise DataError(f"{index.error} (skip_bad_examples=True reads the {len(index)} records before it)")
+                log.warning("%s; reading the %d records before it", index.error, len(index))
+            self.indexes.append(index)
+        counts = np.array([len(i) for i in self.indexes], dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.max_open = max_open
+        self._fds: OrderedDict[int, int] = OrderedDict()
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """``(shard number, record number in that shard)`` of global record ``i``."""
+        if not 0 <= i < len(self):
+            raise IndexError(f"record {i} of {len(self)}")
+        k = int(np.searchsorted(self.starts, i, side="right")) - 1
+        return k, i - int(self.starts[k])
+
+    def describe(self, i: int) -> str:
+        """``<shard path> record <n>``, for messages."""
+        k, j = self.locate(i)
+        return f"{self.paths[k]} record {j}"
+
+    def read(self, i: int) -> bytes:
+        """The data of global record ``i``, both checksums checked."""
+        k, j = self.locate(i)
+        index = self.indexes[k]
+        return read_record(self._fd(k), index.path, j, int(index.offsets[j]), int(index.lengths[j]))
+
+    def _fd(self, k: int) -> int:
+        fd = self._fds.get(k)
+        if fd is not None:
+            self._fds.move_to_end(k)
+            return fd
+        try:
+            fd = os.open(self.paths[k], os.O_RDONLY)
+        except OSError as e:
+            raise DataError(f"TFRecord file {self.paths[k]}: cannot open it: {e}") from None
+        self._fds[k] = fd
+        if len(self._fds) > self.max_open:
+            os.close(self._fds.popitem(last=False)[1])
+        return fd
+
+    def close(self) -> None:
+        """Close the open files (reads reopen them)."""
+        while self._fds:
+            os.close(self._fds.popitem()[1])
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_fds"] = OrderedDict()  # file descriptors mean nothing in another process
+        return state
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: os may be gone
+            pass
+
+
+__all__ = [
+    "INDEX_FOLDER",
+    "RecordShards",
+    "ShardIndex",
+    "example_class",
+    "frame_record",
+    "index_locations",
+    "make_example",
+    "masked_crc32c",
+    "read_record",
+    "read_tfrecords",
+    "shard_index",
+    "write_tfrecords",
+]
