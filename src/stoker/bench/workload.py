@@ -12,6 +12,9 @@ Data:
 - **CIFAR-10 binaries** (``data_batch_*.bin``, ``test_batch.bin``) via ``stoker.data.cifar_binary``.
 - **an image folder** (``root/<class>/<image>``; ``root/train`` and ``root/validation`` or
   ``root/val`` when present) via ``stoker.data.image_folder``, decoded in worker processes.
+- **TFRecord shards** in tf_cnn_benchmarks' ImageNet layout (``train-*-of-*``, evaluation from
+  ``validation-*-of-*`` when present) via ``stoker.data.imagenet_tfrecords``: picked when the
+  folder holds ``train-*-of-*`` files; a folder holding both shards and class folders is refused.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ from typing import Any
 
 import torch
 
-from ..data import RepeatedBatch, cifar_binary, image_folder, synthetic_images
+from ..data import RepeatedBatch, cifar_binary, image_folder, imagenet_tfrecords, synthetic_images
 from ..data.images import IMAGE_EXTENSIONS, scan_image_folder
+from ..data.tfrecord import expected_layouts, find_shards
+from ..data.tfrecord_io import RecordShards
 from ..distributed import torchrun_world_size
 from ..models import DATASETS, DEFAULT_NUM_CLASSES, ModelInfo, get_model_info
 from .config import DEFAULT_NUM_BATCHES, MODE_EVAL, MODE_INFERENCE, BenchConfig, BenchFlagError
@@ -79,6 +84,8 @@ class Workload:
         model_rate: the model's rate schedule by global step (used without a rate flag), or ``None``.
         defaults_used: what came from the model's defaults, one phrase each (the header's ``Defaults:``).
         model_info: the registry's entry of ``--model`` (``None`` for a caller's own model).
+        data_layout: what ``--data_dir`` holds: ``TFRecord shards``, ``image folder``,
+            ``CIFAR-10 binaries`` (empty for synthetic data).
     """
 
     dataset: str
@@ -98,6 +105,7 @@ class Workload:
     model_rate: LearningRate | None = None
     defaults_used: tuple[str, ...] = ()
     model_info: ModelInfo | None = None
+    data_layout: str = ""
 
     @property
     def example(self) -> str:
@@ -110,7 +118,9 @@ class Workload:
 
     @property
     def dataset_label(self) -> str:
-        return self.dataset + (" (synthetic)" if self.synthetic else "")
+        return self.dataset + (
+            " (synthetic)" if self.synthetic else f" ({self.data_layout})" if self.data_layout else ""
+        )
 
     @property
     def device_names(self) -> list[str]:
@@ -225,7 +235,7 @@ def resolve_workload(
         assert cfg.data_dir is not None
         if not Path(cfg.data_dir).is_dir():
             raise BenchFlagError(("data_dir",), f"--data_dir={cfg.data_dir}: no such directory")
-        train_examples, eval_examples, folder_classes = _count_examples(dataset, Path(cfg.data_dir))
+        train_examples, eval_examples, folder_classes, layout = _count_examples(dataset, Path(cfg.data_dir))
         if folder_classes is not None and num_classes is not None and folder_classes > num_classes:
             num_classes = folder_classes  # more class folders than the model's default logits
     evaluating = cfg.benchmark_mode == MODE_EVAL
@@ -274,6 +284,7 @@ def resolve_workload(
         model_rate=model_rate,
         defaults_used=used,
         model_info=info,
+        data_layout="" if synthetic else layout,
     )
 
 
@@ -311,8 +322,38 @@ def _image_folder_roots(data_dir: Path) -> tuple[Path, Path]:
     return (train if train.is_dir() else data_dir), (train if train.is_dir() else data_dir)
 
 
-def _count_examples(dataset: str, data_dir: Path) -> tuple[int, int, int | None]:
-    """Examples in the training and evaluation data (and the number of class folders)."""
+TFRECORDS, IMAGE_FOLDER, CIFAR_BINARIES = "TFRecord shards", "image folder", "CIFAR-10 binaries"
+
+
+def _has_class_folders(root: Path) -> bool:
+    """A visible subfolder of ``root`` (or of ``root/train``) directly holds an image file."""
+    for top in (root, root / "train"):
+        if not top.is_dir():
+            continue
+        for sub in os.scandir(top):
+            if sub.is_dir() and not sub.name.startswith("."):
+                if any(f.name.lower().endswith(IMAGE_EXTENSIONS) for f in os.scandir(sub.path)):
+                    return True
+    return False
+
+
+def _count_records(data_dir: Path) -> tuple[int, int]:
+    """Examples in the ``train-*-of-*`` and ``validation-*-of-*`` shards (the training ones when
+    there are no validation shards); indexing them on first use."""
+    counts: list[int] = []
+    for split in ("train", "validation"):
+        shards = find_shards(data_dir, split)
+        try:
+            counts.append(len(RecordShards(shards)) if shards else counts[0])
+        except ValueError as e:
+            raise BenchFlagError(("data_dir",), f"--data_dir={data_dir}: {e}") from None
+    return counts[0], counts[1]
+
+
+def _count_examples(dataset: str, data_dir: Path) -> tuple[int, int, int | None, str]:
+    """Examples in the training and evaluation data, the number of class folders (image
+    folders only) and the layout: TFRecord shards when ``train-*-of-*`` files are there, else
+    an image folder (CIFAR-10 binaries for ``cifar10``)."""
     if dataset == "cifar10":
         root = data_dir / "cifar-10-batches-bin" if (data_dir / "cifar-10-batches-bin").is_dir() else data_dir
         train = sum(f.stat().st_size for f in root.glob("data_batch_*.bin")) // _CIFAR_RECORD_BYTES
@@ -321,14 +362,25 @@ def _count_examples(dataset: str, data_dir: Path) -> tuple[int, int, int | None]
         )
         if train == 0:
             raise BenchFlagError(("data_dir",), f"--data_dir={data_dir}: no CIFAR-10 data_batch_*.bin files")
-        return int(train), int(test or train), None
+        return int(train), int(test or train), None, CIFAR_BINARIES
+    if find_shards(data_dir, "train"):
+        if _has_class_folders(data_dir):
+            raise BenchFlagError(
+                ("data_dir",),
+                f"--data_dir={data_dir} holds both train-*-of-* TFRecord shards and folders of images; "
+                f"point it at one kind: {expected_layouts(data_dir)}",
+            )
+        return *_count_records(data_dir), None, TFRECORDS
     train_root, eval_root = _image_folder_roots(data_dir)
     try:
         classes, train_paths, _ = scan_image_folder(train_root, IMAGE_EXTENSIONS)
         eval_paths = train_paths if eval_root == train_root else scan_image_folder(eval_root, IMAGE_EXTENSIONS)[1]
     except ValueError as e:
-        raise BenchFlagError(("data_dir",), f"--data_dir={data_dir}: {e}") from None
-    return len(train_paths), len(eval_paths), len(classes)
+        raise BenchFlagError(
+            ("data_dir",),
+            f"--data_dir={data_dir}: no TFRecord shards, and not an image folder ({e}); {expected_layouts(data_dir)}",
+        ) from None
+    return len(train_paths), len(eval_paths), len(classes), IMAGE_FOLDER
 
 
 def make_input_fn(cfg: BenchConfig, workload: Workload, *, train: bool, repeat: bool = True) -> InputFn:
@@ -387,6 +439,26 @@ def make_input_fn(cfg: BenchConfig, workload: Workload, *, train: bool, repeat: 
             )
 
         return _cached(cifar_input_fn) if cfg.datasets_repeat_cached_sample and train else cifar_input_fn
+    if workload.data_layout == TFRECORDS:
+
+        def records_input_fn(params: dict[str, Any]) -> Iterable[Any]:
+            return imagenet_tfrecords(
+                data_dir,
+                batch_size=params["batch_size"],
+                image_size=workload.image_size,
+                train=train,
+                split="train" if train or not find_shards(data_dir, "validation") else "validation",
+                seed=cfg.tf_random_seed,
+                num_epochs=epochs,
+                num_workers=workers,
+                num_shards=params["num_replicas"],
+                shard_index=params["replica_index"],
+                augment=augment,
+                resize_method=cfg.resize_method,
+                num_classes=workload.num_classes,
+            )
+
+        return _cached(records_input_fn) if cfg.datasets_repeat_cached_sample and train else records_input_fn
     train_root, eval_root = _image_folder_roots(data_dir)
 
     def folder_input_fn(params: dict[str, Any]) -> Iterable[Any]:

@@ -33,7 +33,7 @@ import logging
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -97,8 +97,8 @@ def expected_layouts(data_dir: str | os.PathLike[str]) -> str:
     )
 
 
-def _feature_values(features: object, key: str, kind: str, name: str, required: bool) -> Sequence[object]:
-    container = features.feature  # type: ignore[attr-defined]
+def _feature_values(features: Any, key: str, kind: str, name: str, required: bool) -> Sequence[Any]:
+    container = features.feature
     if key not in container:
         if required:
             raise DataError(f"imagenet_tfrecords: {name}: the Example has no {key!r} feature")
@@ -109,7 +109,7 @@ def _feature_values(features: object, key: str, kind: str, name: str, required: 
         return ()
     if which != kind:
         raise DataError(f"imagenet_tfrecords: {name}: {key!r} holds a {which}, expected a {kind}")
-    return getattr(feature, kind).value  # type: ignore[no-any-return]
+    return getattr(feature, kind).value
 
 
 def parse_imagenet_example(data: bytes, name: str, num_classes: int = IMAGENET_NUM_CLASSES) -> EncodedExample:
@@ -127,7 +127,7 @@ def parse_imagenet_example(data: bytes, name: str, num_classes: int = IMAGENET_N
         raise DataError(f"imagenet_tfrecords: {name}: {ENCODED_KEY!r} must hold one non-empty image")
     if len(labels) != 1:
         raise DataError(f"imagenet_tfrecords: {name}: {LABEL_KEY!r} must hold one label; it holds {len(labels)}")
-    label = int(labels[0])  # type: ignore[call-overload]
+    label = int(labels[0])
     if not 0 <= label < num_classes:
         raise DataError(
             f"imagenet_tfrecords: {name}: label {label} is outside [0, {num_classes}) "
@@ -140,7 +140,7 @@ def parse_imagenet_example(data: bytes, name: str, num_classes: int = IMAGENET_N
             sizes = ", ".join(f"{k.rsplit('/', 1)[1]}={len(c)}" for k, c in zip(BBOX_KEYS, coords, strict=True))
             raise DataError(f"imagenet_tfrecords: {name}: the box lists differ in length ({sizes})")
         bbox = np.stack([np.asarray(c, dtype=np.float32) for c in coords], axis=1)
-    return EncodedExample(bytes(encoded[0]), label, bbox, name)  # type: ignore[arg-type]
+    return EncodedExample(bytes(encoded[0]), label, bbox, name)
 
 
 def decode_image_bytes(data: bytes, name: str) -> Image.Image:

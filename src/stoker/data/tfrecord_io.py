@@ -214,7 +214,7 @@ def make_example(
     empty ``float_list``)."""
     example = example_class()()
     for key, value in features.items():
-        values = [value] if isinstance(value, (bytes, int, float)) else list(value)
+        values: list[Any] = [value] if isinstance(value, (bytes, int, float)) else list(value)
         feature = example.features.feature[key]
         if values and all(isinstance(v, bytes) for v in values):
             feature.bytes_list.value.extend(values)
@@ -323,7 +323,10 @@ def _store(index_path: Path, stat: os.stat_result, offsets: np.ndarray, lengths:
         os.replace(tmp, index_path)  # atomic: replicas building the same index at once are harmless
         return True
     except OSError:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # its folder could not be made: nothing was written
         return False
 
 
@@ -399,9 +402,9 @@ class RecordShards:
         return k, i - int(self.starts[k])
 
     def describe(self, i: int) -> str:
-        """``<shard path> record <n>``, for messages."""
+        """``TFRecord file <shard>: record <n> at byte <offset>``, for messages."""
         k, j = self.locate(i)
-        return f"{self.paths[k]} record {j}"
+        return _where(self.paths[k], j, int(self.indexes[k].offsets[j]))
 
     def read(self, i: int) -> bytes:
         """The data of global record ``i``, both checksums checked."""

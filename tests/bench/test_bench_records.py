@@ -1,0 +1,48 @@
+"""``stoker bench --data_dir`` picks TFRecord shards or an image folder by what the folder holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from helpers.cli import run_main
+from helpers.images import make_image_tree
+from stoker.data import write_imagenet_tfrecords
+
+BENCH = ["bench", "--model=trivial", "--batch_size=4", "--num_batches=2", "--num_warmup_batches=0", "--device=cpu"]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_image_tree(tmp_path_factory.mktemp("folder"), classes=2, per_class=6, size=16)
+
+
+def test_bench_trains_on_tfrecord_shards(capsys: pytest.CaptureFixture[str], folder: Path, tmp_path: Path) -> None:
+    write_imagenet_tfrecords(folder, tmp_path, num_shards=2)
+    code, out, err = run_main(capsys, *BENCH, f"--data_dir={tmp_path}", "--datasets_num_private_threads=1")
+    assert code == 0, err
+    assert "Dataset:     imagenet (TFRecord shards)" in out.splitlines()
+    assert "total images/sec:" in out
+    assert (tmp_path / ".stoker-index" / "train-00000-of-00002.idx").exists()
+
+
+def test_bench_names_the_image_folder_layout(capsys: pytest.CaptureFixture[str], folder: Path) -> None:
+    code, out, err = run_main(capsys, *BENCH, f"--data_dir={folder}", "--nouse_datasets")
+    assert code == 0, err
+    assert "Dataset:     imagenet (image folder)" in out.splitlines()
+
+
+def test_bench_refuses_empty_and_mixed_folders_saying_what_it_expects(
+    capsys: pytest.CaptureFixture[str], folder: Path, tmp_path: Path
+) -> None:
+    expected = "should hold either TFRecord shards named train-*-of-* / validation-*-of-*"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    code, _, err = run_main(capsys, *BENCH, f"--data_dir={empty}")
+    assert code == 2 and "no TFRecord shards, and not an image folder" in err and expected in err
+    mixed = tmp_path / "mixed"
+    make_image_tree(mixed, classes=2, per_class=2, size=8)
+    write_imagenet_tfrecords(folder, mixed, num_shards=1)
+    code, _, err = run_main(capsys, *BENCH, f"--data_dir={mixed}")
+    assert code == 2 and "holds both train-*-of-* TFRecord shards and folders of images" in err and expected in err

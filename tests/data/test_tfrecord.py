@@ -1,0 +1,337 @@
+"""TFRecord shards without TensorFlow: framing and checksums, the offset index and its cache,
+the ImageNet source (the same order, augmentation, resume and sharding as image_folder), bad
+data, and records TensorFlow itself wrote."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import struct
+import subprocess
+from pathlib import Path
+
+import google_crc32c
+import numpy as np
+import pytest
+import torch
+
+from helpers.images import make_image_tree
+from stoker.data import DataError, image_folder, imagenet_tfrecords, write_imagenet_tfrecords, write_tfrecords
+from stoker.data.tfrecord import find_shards, imagenet_example, parse_imagenet_example
+from stoker.data.tfrecord_io import (
+    INDEX_FOLDER,
+    RecordShards,
+    frame_record,
+    make_example,
+    read_tfrecords,
+    shard_index,
+)
+
+TF_PYTHON = Path.home() / ".cache" / "stoker-peers" / "tfvenv" / "bin" / "python"
+
+
+def masked(data: bytes) -> int:
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def batches(src: object, n: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    it = iter(src)  # type: ignore[call-overload]
+    out = [next(it) for _ in range(n)]
+    getattr(src, "close", lambda: None)()
+    return out
+
+
+def same(
+    a: list[tuple[torch.Tensor, torch.Tensor]], b: list[tuple[torch.Tensor, torch.Tensor]], shift: int = 0
+) -> bool:
+    """Bitwise equal images and equal labels (``b``'s labels + ``shift``: records are 1-based)."""
+    return len(a) == len(b) and all(
+        torch.equal(x, y) and torch.equal(lx, ly + shift) for (x, lx), (y, ly) in zip(a, b, strict=True)
+    )
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_image_tree(tmp_path_factory.mktemp("images"), classes=3, per_class=6, size=20)
+
+
+@pytest.fixture(scope="module")
+def records(tree: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("records")
+    write_imagenet_tfrecords(tree, out, num_shards=3)
+    return out
+
+
+# ---------------------------------------------------------------------------------- framing
+def test_framing_round_trip_is_tensorflows_bytes(tmp_path: Path) -> None:
+    # length 5 (uint64 LE) | masked crc32c of the length | data | masked crc32c of the data
+    assert frame_record(b"hello") == bytes.fromhex("0500000000000000eab2043e68656c6c6fbb1f1c19")
+    assert masked(struct.pack("<Q", 5)) == 0x3E04B2EA and masked(b"hello") == 0x191C1FBB
+    path = tmp_path / "r"
+    records = [b"", b"hello", bytes(range(256)) * 40]
+    assert write_tfrecords(path, records) == 3
+    assert path.read_bytes() == b"".join(frame_record(r) for r in records)
+    assert list(read_tfrecords(path)) == records
+    assert [p.name for p in tmp_path.iterdir()] == ["r"]  # no temporary file left
+
+
+def _two_record_file(tmp_path: Path) -> tuple[Path, bytearray]:
+    path = tmp_path / "train-00000-of-00001"
+    write_tfrecords(path, [b"first", b"second record"])
+    return path, bytearray(path.read_bytes())
+
+
+def test_a_corrupt_length_is_caught_by_the_length_checksum(tmp_path: Path) -> None:
+    path, raw = _two_record_file(tmp_path)
+    offset = 12 + 5 + 4  # record 1
+    raw[offset] ^= 0x01  # length 13 -> 12
+    path.write_bytes(raw)
+    stored = int.from_bytes(raw[offset + 8 : offset + 12], "little")
+    computed = masked(bytes(raw[offset : offset + 8]))
+    message = (
+        f"TFRecord file {path}: record 1 at byte 21: corrupt length field: length checksum mismatch "
+        f"(stored 0x{stored:08x}, computed 0x{computed:08x})"
+    )
+    with pytest.raises(DataError) as sequential:
+        list(read_tfrecords(path))
+    assert str(sequential.value) == message
+    with pytest.raises(DataError) as indexed:
+        RecordShards([path])
+    assert str(indexed.value) == message + " (skip_bad_examples=True reads the 1 records before it)"
+    assert len(RecordShards([path], lenient=True)) == 1
+
+
+def test_corrupt_data_is_caught_by_the_data_checksum(tmp_path: Path) -> None:
+    path, raw = _two_record_file(tmp_path)
+    shards = RecordShards([path])  # indexed while whole: the index reads headers only
+    raw[21 + 12 + 3] ^= 0xFF  # a byte of "second record"
+    path.write_bytes(raw)
+    stored = int.from_bytes(raw[-4:], "little")
+    computed = masked(bytes(raw[21 + 12 : 21 + 12 + 13]))
+    message = (
+        f"TFRecord file {path}: record 1 at byte 21: corrupt data: data checksum mismatch "
+        f"(stored 0x{stored:08x}, computed 0x{computed:08x})"
+    )
+    assert shards.read(0) == b"first"
+    with pytest.raises(DataError) as indexed:
+        shards.read(1)
+    assert str(indexed.value) == message
+    with pytest.raises(DataError) as sequential:
+        list(read_tfrecords(path))
+    assert str(sequential.value) == message
+
+
+def test_a_truncated_file_names_the_record_and_offset(tmp_path: Path) -> None:
+    path, raw = _two_record_file(tmp_path)
+    path.write_bytes(raw[:-6])  # record 1 loses its last data bytes and checksum
+    message = f"TFRecord file {path}: record 1 at byte 21: truncated: the record needs 29 bytes, the file holds 23"
+    with pytest.raises(DataError, match="^" + message.replace("(", r"\(")):
+        RecordShards([path])
+    with pytest.raises(DataError, match=message):
+        list(read_tfrecords(path))
+    path.write_bytes(raw[:25])  # 4 bytes of record 1's header
+    with pytest.raises(DataError, match=r"record 1 at byte 21: truncated: the file ends 4 bytes into the 12-byte"):
+        RecordShards([path])
+
+
+# ---------------------------------------------------------------------------------- the index
+def test_the_index_is_built_once_cached_and_rebuilt_when_the_shard_changes(tmp_path: Path) -> None:
+    path = tmp_path / "train-00000-of-00001"
+    write_tfrecords(path, [b"a", b"bb", b"ccc"])
+    first = shard_index(path)
+    assert first.built and first.index_path == tmp_path / INDEX_FOLDER / (path.name + ".idx")
+    assert first.offsets.tolist() == [0, 17, 35] and first.lengths.tolist() == [1, 2, 3]
+    again = shard_index(path)
+    assert not again.built and again.offsets.tolist() == first.offsets.tolist()
+    assert find_shards(tmp_path, "train") == [path]  # the cache folder is hidden from the glob
+
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))  # same size, newer mtime
+    assert shard_index(path).built and not shard_index(path).built
+    with open(path, "ab") as f:  # a record appended: another size
+        f.write(frame_record(b"dddd"))
+    grown = shard_index(path)
+    assert grown.built and grown.lengths.tolist() == [1, 2, 3, 4]
+
+
+def test_the_index_goes_to_the_user_cache_when_the_data_folder_is_not_writable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    path = data / "train-00000-of-00001"
+    write_tfrecords(path, [b"a", b"bb"])
+    (data / INDEX_FOLDER).write_text("a file where the index folder would go")  # cannot create it
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    built = shard_index(path)
+    assert built.built and built.index_path is not None
+    assert built.index_path.is_relative_to(tmp_path / "cache" / "stoker" / "tfrecord-index")
+    assert not shard_index(path).built
+
+
+def test_reading_by_index_equals_reading_in_order(records: Path) -> None:
+    shards = find_shards(records, "train")
+    assert [p.name for p in shards] == [f"train-0000{k}-of-00003" for k in range(3)]
+    sequential = [r for p in shards for r in read_tfrecords(p)]
+    by_index = RecordShards(shards)
+    assert len(by_index) == len(sequential) == 18
+    order = np.random.default_rng(0).permutation(18).tolist()
+    assert [by_index.read(i) for i in order] == [sequential[i] for i in order]
+    second = RecordShards([shards[1]]).indexes[0].offsets[1]
+    assert by_index.describe(7) == f"TFRecord file {shards[1]}: record 1 at byte {second}"
+
+
+# ---------------------------------------------------------------------------------- the source
+def test_examples_keep_the_folder_images_with_1_based_labels(tree: Path, records: Path) -> None:
+    example = parse_imagenet_example(RecordShards(find_shards(records, "train")).read(6), "x")
+    assert example.label == 2 and example.bbox is None  # class_1's first file
+    assert example.data == (tree / "class_1" / "img_000.jpg").read_bytes()
+    boxed = parse_imagenet_example(imagenet_example(b"jpeg", 5, bbox=[(0.1, 0.2, 0.6, 0.9)]), "y")
+    assert boxed.bbox is not None and boxed.bbox.dtype == np.float32
+    assert np.array_equal(boxed.bbox, np.float32([[0.1, 0.2, 0.6, 0.9]]))
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_same_order_augmentation_and_batches_as_image_folder(tree: Path, records: Path, train: bool) -> None:
+    kw = dict(batch_size=4, image_size=8, seed=5, train=train)
+    split = {"split": "train"}
+    ours = batches(imagenet_tfrecords(records, **kw, **split), 9 if train else 5)  # 9: past an epoch of 4
+    folder = batches(image_folder(tree, **kw), 9 if train else 5)
+    assert same(ours, folder, shift=1)
+    if train:
+        assert not torch.equal(ours[0][0], ours[4][0])  # epochs reshuffle
+
+
+def _resume(make: object, total: int, cut: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    first_src = make()  # type: ignore[operator]
+    first = batches(first_src, cut)
+    state = json.loads(json.dumps(first_src.state_dict()))
+    second = make()  # type: ignore[operator]
+    second.load_state_dict(state)
+    return first + batches(second, total - cut)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_mid_epoch_resume_is_bitwise_the_uninterrupted_run(records: Path, workers: int) -> None:
+    def make() -> object:
+        return imagenet_tfrecords(records, batch_size=4, image_size=8, seed=2, num_workers=workers)
+
+    whole = batches(make(), 7)
+    for cut in (2, 4, 5):  # mid-epoch, at the epoch boundary (4 batches), after it
+        assert same(_resume(make, 7, cut), whole), cut
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 1), (1, 2)])
+def test_resharding_gives_the_examples_image_folder_gives(tree: Path, records: Path, before: int, after: int) -> None:
+    def run(make: object) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+        old = [make(num_shards=before, shard_index=r, batch_size=4 // before) for r in range(before)]  # type: ignore[operator]
+        seen = [batches(s, 1) for s in old]
+        states = [s.state_dict() for s in old]
+        new = [make(num_shards=after, shard_index=r, batch_size=4 // after) for r in range(after)]  # type: ignore[operator]
+        for s in new:
+            s.load_state_dict(s.reshard_state_dict(states))
+        return seen + [batches(s, 3) for s in new]
+
+    def ours(**kw: int) -> object:
+        return imagenet_tfrecords(records, image_size=8, seed=7, **kw)
+
+    def folder(**kw: int) -> object:
+        return image_folder(tree, image_size=8, seed=7, **kw)
+
+    mine, theirs = run(ours), run(folder)
+    assert all(same(a, b, shift=1) for a, b in zip(mine, theirs, strict=True))
+    # and the resharded run goes on with exactly the examples one replica would have read
+    whole = batches(imagenet_tfrecords(records, image_size=8, seed=7, batch_size=4), 4)
+    labels = sorted(torch.cat([lab for part in mine for _, lab in part]).tolist())
+    assert labels == sorted(torch.cat([lab for _, lab in whole]).tolist())
+
+
+def test_an_example_without_a_label_names_the_shard_record_and_key(tmp_path: Path) -> None:
+    good = imagenet_example(b"\xff\xd8", 3)
+    write_tfrecords(tmp_path / "train-00000-of-00001", [good, make_example({"image/encoded": b"\xff\xd8"})])
+    src = imagenet_tfrecords(tmp_path, batch_size=2, image_size=8, train=False, split="train")
+    with pytest.raises(DataError) as e:
+        src._encoded(1)
+    shard = tmp_path / "train-00000-of-00001"
+    offset = len(frame_record(good))
+    assert str(e.value) == (
+        f"imagenet_tfrecords: TFRecord file {shard}: record 1 at byte {offset}: "
+        "the Example has no 'image/class/label' feature"
+    )
+    assert src._encoded(0).label == 3
+
+
+def test_a_folder_without_shards_says_what_was_expected(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match=r"holds no train-\*-of-\* shards; .* should hold either TFRecord shards"):
+        imagenet_tfrecords(tmp_path, batch_size=2)
+
+
+def _corrupt_record(records: Path, tmp_path: Path, record: int) -> Path:
+    """A copy of ``records`` with one data byte of global record ``record`` flipped."""
+    out = tmp_path / "bad"
+    out.mkdir()
+    for p in find_shards(records, "train"):
+        (out / p.name).write_bytes(p.read_bytes())
+    shards = RecordShards(find_shards(out, "train"))
+    k, j = shards.locate(record)
+    index = shards.indexes[k]
+    raw = bytearray(index.path.read_bytes())
+    raw[int(index.offsets[j]) + 12 + 100] ^= 0xFF
+    index.path.write_bytes(raw)
+    return out
+
+
+def test_skipped_examples_are_counted_and_identical_after_a_resume(
+    records: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    bad = _corrupt_record(records, tmp_path, 9)
+
+    def make(skip: bool = True) -> object:
+        return imagenet_tfrecords(bad, batch_size=4, image_size=8, seed=2, skip_bad_examples=skip)
+
+    strict = make(skip=False)
+    with pytest.raises(DataError, match=r"train-00001-of-00003: record 3 at byte \d+: corrupt data: data checksum"):
+        batches(strict, 4)
+    with caplog.at_level(logging.WARNING, logger="stoker"):
+        src = make()
+        whole = batches(src, 8)  # two epochs: the bad example is met once in each
+    met = [e for e in range(2) if 9 in src.epoch_order(e)[:16].tolist()]  # 16 of 18 read per epoch
+    assert len(met) >= 1 and src.bad_examples_skipped == len(met)
+    logged = [r.getMessage() for r in caplog.records if "skipped a bad example" in r.getMessage()]
+    assert len(logged) == len(met) and all("train-00001-of-00003: record 3 at byte" in m for m in logged)
+    assert same(_resume(make, 8, 3), whole) and same(_resume(make, 8, 5), whole)
+    clean = batches(imagenet_tfrecords(records, batch_size=4, image_size=8, seed=2), 8)
+    differs = [i for i in range(8) if not same(whole[i : i + 1], clean[i : i + 1])]
+    assert len(differs) == len(met)  # only the batches that held example 9
+
+
+# ---------------------------------------------------------------------------------- TensorFlow
+@pytest.mark.skipif(not TF_PYTHON.exists(), reason="the TensorFlow peer is not installed")
+def test_records_tensorflow_wrote_read_the_same(tmp_path: Path, tree: Path) -> None:
+    jpeg = (tree / "class_2" / "img_004.jpg").read_bytes()
+    (tmp_path / "image.jpg").write_bytes(jpeg)
+    script = """
+import sys, tensorflow as tf
+jpeg = open(sys.argv[1] + "/image.jpg", "rb").read()
+with tf.io.TFRecordWriter(sys.argv[1] + "/train-00000-of-00001") as w:
+    for label, boxes in ((7, ()), (1000, ((0.1, 0.2, 0.5, 0.75),))):
+        f = {"image/encoded": tf.train.Feature(bytes_list=tf.train.BytesList(value=[jpeg])),
+             "image/class/label": tf.train.Feature(int64_list=tf.train.Int64List(value=[label]))}
+        for i, k in enumerate(("ymin", "xmin", "ymax", "xmax")):
+            f["image/object/bbox/" + k] = tf.train.Feature(float_list=tf.train.FloatList(value=[b[i] for b in boxes]))
+        w.write(tf.train.Example(features=tf.train.Features(feature=f)).SerializeToString())
+with tf.io.TFRecordWriter(sys.argv[1] + "/plain") as w:
+    w.write(b"hello")
+"""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"TF_CPP_MIN_LOG_LEVEL": "3"}
+    subprocess.run([str(TF_PYTHON), "-c", script, str(tmp_path)], check=True, env=env, timeout=300)
+    assert (tmp_path / "plain").read_bytes() == frame_record(b"hello")
+    src = imagenet_tfrecords(tmp_path, batch_size=2, image_size=8, train=False, split="train")
+    first, second = src._encoded(0), src._encoded(1)
+    assert (first.data, first.label, first.bbox) == (jpeg, 7, None)
+    assert second.label == 1000 and second.bbox is not None
+    assert np.allclose(second.bbox, [[0.1, 0.2, 0.5, 0.75]])
+    images, labels = next(iter(src))
+    assert images.shape == (2, 3, 8, 8) and labels.tolist() == [7, 1000]
