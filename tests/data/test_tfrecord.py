@@ -19,14 +19,8 @@ import torch
 from helpers.images import make_image_tree
 from stoker.data import DataError, image_folder, imagenet_tfrecords, write_imagenet_tfrecords, write_tfrecords
 from stoker.data.tfrecord import find_shards, imagenet_example, parse_imagenet_example
-from stoker.data.tfrecord_io import (
-    INDEX_FOLDER,
-    RecordShards,
-    frame_record,
-    make_example,
-    read_tfrecords,
-    shard_index,
-)
+from stoker.data.tfrecord_index import INDEX_FOLDER, RecordShards, shard_index
+from stoker.data.tfrecord_io import frame_record, make_example, read_tfrecords
 
 TF_PYTHON = Path.home() / ".cache" / "stoker-peers" / "tfvenv" / "bin" / "python"
 

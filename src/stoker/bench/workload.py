@@ -31,7 +31,7 @@ import torch
 from ..data import RepeatedBatch, cifar_binary, image_folder, imagenet_tfrecords, synthetic_images
 from ..data.images import IMAGE_EXTENSIONS, scan_image_folder
 from ..data.tfrecord import expected_layouts, find_shards
-from ..data.tfrecord_io import RecordShards
+from ..data.tfrecord_index import RecordShards
 from ..distributed import torchrun_world_size
 from ..models import DATASETS, DEFAULT_NUM_CLASSES, ModelInfo, get_model_info
 from .config import DEFAULT_NUM_BATCHES, MODE_EVAL, MODE_INFERENCE, BenchConfig, BenchFlagError

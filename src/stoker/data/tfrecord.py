@@ -50,7 +50,8 @@ from .images import (
     normalize_images,
     scan_image_folder,
 )
-from .tfrecord_io import RecordShards, example_class, make_example, write_tfrecords
+from .tfrecord_index import RecordShards
+from .tfrecord_io import example_class, make_example, write_tfrecords
 
 log = logging.getLogger("stoker")
 
@@ -289,10 +290,12 @@ def imagenet_tfrecords(
     (:mod:`stoker.data.tfrecord_io`: ``<data_dir>/.stoker-index/``, or the user cache when the
     data folder is read-only).
 
+    ``batch_size``, ``image_size``, ``train``, ``shuffle``, ``seed``, ``num_epochs``,
+    ``drop_remainder``, ``num_workers``, ``num_shards``, ``shard_index``, ``start_method``,
+    ``augment`` and ``resize_method`` mean what they mean for :func:`~stoker.data.image_folder`.
+
     Args:
         data_dir: the folder holding the shards.
-        batch_size, image_size, train, shuffle, seed, num_epochs, drop_remainder, num_workers,
-            num_shards, shard_index, start_method, augment, resize_method: as :func:`~stoker.data.image_folder`.
         split: the shard name prefix (default ``train`` / ``validation`` by ``train``).
         skip_bad_examples: replace an unreadable example (bad checksum, truncated record, missing
             key, undecodable image) by the next readable one in the epoch's order, counted in

@@ -1,0 +1,249 @@
+"""The offset index of TFRecord shards: records read by number, the index cached per shard.
+
+One index per shard, ``(offset, length)`` of every record, built once by reading the
+12-byte headers (length checksums checked; the data is checked when read) and cached in
+``<shard folder>/.stoker-index/<shard>.idx`` (a hidden folder, so ``train-*-of-*`` globs,
+TensorFlow's included, never match it). When the data folder is read-only the index goes to
+``$XDG_CACHE_HOME/stoker/tfrecord-index/<hash of the folder's path>/`` (``~/.cache`` when
+unset); ``index_dir=`` puts it elsewhere. Each index records its shard's size and
+modification time (ns); an index whose shard has changed is rebuilt, never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import struct
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .base import DataError
+from .tfrecord_io import _FOOTER, _HEADER, _check_header, _where, read_record
+
+log = logging.getLogger("stoker")
+
+_INDEX_MAGIC = b"STKTFRI1"
+INDEX_FOLDER = ".stoker-index"
+
+
+@dataclass(frozen=True)
+class ShardIndex:
+    """Where each record of one shard starts and how long its data is.
+
+    Attributes:
+        path: the shard.
+        offsets / lengths: uint64 per record (the offset of its header; the length of its data).
+        error: what broke the framing after the last indexed record (a truncated tail, a corrupt
+            length), or ``None`` when the whole file is whole records.
+        index_path: where the index is cached (``None`` when no location was writable).
+        built: ``True`` when it was built now, ``False`` when read from the cache.
+    """
+
+    path: Path
+    offsets: np.ndarray
+    lengths: np.ndarray
+    error: str | None
+    index_path: Path | None
+    built: bool
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+
+def _scan(path: Path) -> tuple[np.ndarray, np.ndarray, str | None]:
+    offsets: list[int] = []
+    lengths: list[int] = []
+    error = None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        offset = 0
+        while offset < size:
+            try:
+                length = _check_header(os.pread(fd, _HEADER.size, offset), path, len(offsets), offset)
+                end = offset + _HEADER.size + length + _FOOTER
+                if end > size:
+                    raise DataError(
+                        f"{_where(path, len(offsets), offset)}: truncated: the record needs {end - offset} bytes, "
+                        f"the file holds {size - offset} from there"
+                    )
+            except DataError as e:
+                error = str(e)  # the framing is lost: nothing after this point can be found
+                break
+            offsets.append(offset)
+            lengths.append(length)
+            offset = end
+    finally:
+        os.close(fd)
+    return np.asarray(offsets, dtype=np.uint64), np.asarray(lengths, dtype=np.uint64), error
+
+
+def index_locations(shard: Path, index_dir: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Where the index of ``shard`` is looked for, in order (the first writable one is written)."""
+    name = shard.name + ".idx"
+    if index_dir is not None:
+        return [Path(index_dir) / name]
+    folder = shard.resolve().parent
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    digest = hashlib.sha256(str(folder).encode()).hexdigest()[:16]
+    return [folder / INDEX_FOLDER / name, cache / "stoker" / "tfrecord-index" / digest / name]
+
+
+def _load(index_path: Path, shard: Path, stat: os.stat_result) -> ShardIndex | None:
+    try:
+        raw = index_path.read_bytes()
+        if not raw.startswith(_INDEX_MAGIC):
+            return None
+        (size,) = struct.unpack_from("<I", raw, len(_INDEX_MAGIC))
+        start = len(_INDEX_MAGIC) + 4
+        meta = json.loads(raw[start : start + size])
+        if meta["size"] != stat.st_size or meta["mtime_ns"] != stat.st_mtime_ns:
+            return None  # the shard changed: stale
+        n = int(meta["count"])
+        arrays = np.frombuffer(raw, dtype="<u8", count=2 * n, offset=start + size)
+    except (OSError, ValueError, KeyError):
+        return None  # missing, unreadable or damaged: rebuild
+    return ShardIndex(shard, arrays[:n].copy(), arrays[n:].copy(), meta["error"], index_path, built=False)
+
+
+def _store(index_path: Path, stat: os.stat_result, offsets: np.ndarray, lengths: np.ndarray, error: str | None) -> bool:
+    meta = json.dumps(
+        {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "count": len(offsets), "error": error}
+    ).encode()
+    tmp = index_path.with_name(f".{index_path.name}.tmp-{os.getpid()}")
+    try:
+        index_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(_INDEX_MAGIC + struct.pack("<I", len(meta)) + meta)
+            f.write(offsets.astype("<u8").tobytes() + lengths.astype("<u8").tobytes())
+        os.replace(tmp, index_path)  # atomic: replicas building the same index at once are harmless
+        return True
+    except OSError:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # its folder could not be made: nothing was written
+        return False
+
+
+def shard_index(shard: str | os.PathLike[str], *, index_dir: str | os.PathLike[str] | None = None) -> ShardIndex:
+    """The index of ``shard``: the cached one when it matches the shard's size and mtime, else
+    built now and cached at the first writable location of :func:`index_locations`."""
+    shard = Path(shard)
+    try:
+        stat = shard.stat()
+    except OSError as e:
+        raise DataError(f"TFRecord file {shard}: cannot read it: {e}") from None
+    locations = index_locations(shard, index_dir)
+    for location in locations:
+        cached = _load(location, shard, stat)
+        if cached is not None:
+            return cached
+    offsets, lengths, error = _scan(shard)
+    where = next((loc for loc in locations if _store(loc, stat, offsets, lengths, error)), None)
+    if where is None:
+        log.warning("TFRecord index of %s could not be cached (tried %s)", shard, ", ".join(map(str, locations)))
+    return ShardIndex(shard, offsets, lengths, error, where, built=True)
+
+
+class RecordShards:
+    """The records of several shards as one sequence, read by global number (``pread``).
+
+    Record ``i`` is record ``i - start[k]`` of shard ``k`` (shards in the given order). Open
+    files are cached (at most ``max_open`` at once); a copy for a worker process carries the
+    index, not the files.
+
+    Args:
+        paths: the shard files.
+        index_dir: where to cache the indexes (default: see the module doc).
+        lenient: a shard whose framing breaks (a truncated tail, a corrupt length) contributes
+            the records before the break, with a warning; otherwise it raises :class:`DataError`.
+        progress: show a tqdm bar when indexing takes more than a second.
+    """
+
+    def __init__(
+        self,
+        paths: Sequence[str | os.PathLike[str]],
+        *,
+        index_dir: str | os.PathLike[str] | None = None,
+        lenient: bool = False,
+        progress: bool = True,
+        max_open: int = 64,
+    ) -> None:
+        from tqdm.auto import tqdm
+
+        self.paths = [Path(p) for p in paths]
+        self.indexes: list[ShardIndex] = []
+        bar = tqdm(self.paths, desc="indexing TFRecord shards", unit="shard", delay=1.0, disable=not progress)
+        for path in bar:
+            index = shard_index(path, index_dir=index_dir)
+            if index.error is not None:
+                if not lenient:
+                    raise DataError(f"{index.error} (skip_bad_examples=True reads the {len(index)} records before it)")
+                log.warning("%s; reading the %d records before it", index.error, len(index))
+            self.indexes.append(index)
+        counts = np.array([len(i) for i in self.indexes], dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.max_open = max_open
+        self._fds: OrderedDict[int, int] = OrderedDict()
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """``(shard number, record number in that shard)`` of global record ``i``."""
+        if not 0 <= i < len(self):
+            raise IndexError(f"record {i} of {len(self)}")
+        k = int(np.searchsorted(self.starts, i, side="right")) - 1
+        return k, i - int(self.starts[k])
+
+    def describe(self, i: int) -> str:
+        """``TFRecord file <shard>: record <n> at byte <offset>``, for messages."""
+        k, j = self.locate(i)
+        return _where(self.paths[k], j, int(self.indexes[k].offsets[j]))
+
+    def read(self, i: int) -> bytes:
+        """The data of global record ``i``, both checksums checked."""
+        k, j = self.locate(i)
+        index = self.indexes[k]
+        return read_record(self._fd(k), index.path, j, int(index.offsets[j]), int(index.lengths[j]))
+
+    def _fd(self, k: int) -> int:
+        fd = self._fds.get(k)
+        if fd is not None:
+            self._fds.move_to_end(k)
+            return fd
+        try:
+            fd = os.open(self.paths[k], os.O_RDONLY)
+        except OSError as e:
+            raise DataError(f"TFRecord file {self.paths[k]}: cannot open it: {e}") from None
+        self._fds[k] = fd
+        if len(self._fds) > self.max_open:
+            os.close(self._fds.popitem(last=False)[1])
+        return fd
+
+    def close(self) -> None:
+        """Close the open files (reads reopen them)."""
+        while self._fds:
+            os.close(self._fds.popitem()[1])
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_fds"] = OrderedDict()  # file descriptors mean nothing in another process
+        return state
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: os may be gone
+            pass
+
+
+__all__ = ["INDEX_FOLDER", "RecordShards", "ShardIndex", "index_locations", "shard_index"]
