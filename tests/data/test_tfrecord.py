@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import struct
 import subprocess
 from pathlib import Path
@@ -125,6 +126,8 @@ def test_a_truncated_file_names_the_record_and_offset(tmp_path: Path) -> None:
         RecordShards([path])
     with pytest.raises(DataError, match=message):
         list(read_tfrecords(path))
+    lenient = RecordShards([path], lenient=True)  # skip_bad_examples: the records before the break
+    assert len(lenient) == 1 and lenient.read(0) == b"first"
     path.write_bytes(raw[:25])  # 4 bytes of record 1's header
     with pytest.raises(DataError, match=r"record 1 at byte 21: truncated: the file ends 4 bytes into the 12-byte"):
         RecordShards([path])
@@ -240,6 +243,14 @@ def test_resharding_gives_the_examples_image_folder_gives(tree: Path, records: P
     whole = batches(imagenet_tfrecords(records, image_size=8, seed=7, batch_size=4), 4)
     labels = sorted(torch.cat([lab for part in mine for _, lab in part]).tolist())
     assert labels == sorted(torch.cat([lab for _, lab in whole]).tolist())
+
+
+def test_a_copy_for_a_spawned_worker_reads_the_same_without_the_open_files(records: Path) -> None:
+    src = imagenet_tfrecords(records, batch_size=4, image_size=8, seed=1)
+    src.records.read(0)
+    assert src.records._fds  # the shard opened by the read
+    copy = pickle.loads(pickle.dumps(src))
+    assert not copy.records._fds and same(batches(copy, 2), batches(src, 2))
 
 
 def test_an_example_without_a_label_names_the_shard_record_and_key(tmp_path: Path) -> None:

@@ -84,8 +84,8 @@ class Workload:
         model_rate: the model's rate schedule by global step (used without a rate flag), or ``None``.
         defaults_used: what came from the model's defaults, one phrase each (the header's ``Defaults:``).
         model_info: the registry's entry of ``--model`` (``None`` for a caller's own model).
-        data_layout: what ``--data_dir`` holds: ``TFRecord shards``, ``image folder``,
-            ``CIFAR-10 binaries`` (empty for synthetic data).
+        data_layout: what an ImageNet ``--data_dir`` holds, ``TFRecord shards`` or ``image folder``
+            (the header's ``Dataset:`` line says it); empty for synthetic data and CIFAR-10.
     """
 
     dataset: str
@@ -322,7 +322,7 @@ def _image_folder_roots(data_dir: Path) -> tuple[Path, Path]:
     return (train if train.is_dir() else data_dir), (train if train.is_dir() else data_dir)
 
 
-TFRECORDS, IMAGE_FOLDER, CIFAR_BINARIES = "TFRecord shards", "image folder", "CIFAR-10 binaries"
+TFRECORDS, IMAGE_FOLDER = "TFRecord shards", "image folder"
 
 
 def _has_class_folders(root: Path) -> bool:
@@ -362,7 +362,7 @@ def _count_examples(dataset: str, data_dir: Path) -> tuple[int, int, int | None,
         )
         if train == 0:
             raise BenchFlagError(("data_dir",), f"--data_dir={data_dir}: no CIFAR-10 data_batch_*.bin files")
-        return int(train), int(test or train), None, CIFAR_BINARIES
+        return int(train), int(test or train), None, ""  # the data set names the layout
     if find_shards(data_dir, "train"):
         if _has_class_folders(data_dir):
             raise BenchFlagError(

@@ -165,7 +165,7 @@ class RecordShards:
         index_dir: where to cache the indexes (default: see the module doc).
         lenient: a shard whose framing breaks (a truncated tail, a corrupt length) contributes
             the records before the break, with a warning; otherwise it raises :class:`DataError`.
-        progress: show a tqdm bar when indexing takes more than a second.
+        progress: show a tqdm bar when indexing takes more than a second (on a terminal).
     """
 
     def __init__(
@@ -181,7 +181,9 @@ class RecordShards:
 
         self.paths = [Path(p) for p in paths]
         self.indexes: list[ShardIndex] = []
-        bar = tqdm(self.paths, desc="indexing TFRecord shards", unit="shard", delay=1.0, disable=not progress)
+        bar = tqdm(
+            self.paths, desc="indexing TFRecord shards", unit="shard", delay=1.0, disable=None if progress else True
+        )
         for path in bar:
             index = shard_index(path, index_dir=index_dir)
             if index.error is not None:
