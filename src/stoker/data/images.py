@@ -4,8 +4,13 @@ Training batches are augmented the Inception/ResNet way: a random crop of 8%-100
 area and aspect ratio 3/4-4/3 (torchvision's ``RandomResizedCrop`` algorithm: ten tries,
 then a central crop), resized to ``image_size`` with bilinear filtering, then a random
 horizontal flip. Evaluation batches resize the shorter side to ``image_size / 0.875`` and
-take the central ``image_size`` square. Both are done in one Pillow ``resize`` of the needed
-source box (no full-size intermediate), and the batch is normalised in one vectorised step.
+take the central ``image_size`` square. Only the needed source box is decoded (at the
+smallest DCT scale that keeps it at least ``image_size``) and resized, into a uint8 batch;
+the float cast and normalisation is one vectorised step, in the loader (``output="float32"``)
+or on the device (``output="uint8"``).
+
+Decoding goes through :mod:`stoker.data.jpeg` (the crop's DCT scale, uint8 resize); the
+shared batch builder :class:`EncodedImageSource` serves image folders and TFRecords alike.
 
 The random numbers of example ``i`` in epoch ``e`` come from
 :func:`~stoker.data.base.example_uniforms` ``(seed, e, i)``, so a batch is the same whichever
@@ -16,14 +21,17 @@ from __future__ import annotations
 
 import math
 import os
+from abc import abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 from PIL import Image
 
 from .base import DataError, IndexedSource, example_uniforms
+from .jpeg import RESIZE_METHODS, RESIZE_MODES, ImageDecodeError, decode_crop_resize, get_decoder
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -96,15 +104,16 @@ def decode_rgb(path: str, what: str = "image_folder") -> Image.Image:
         raise DataError(f"{what}: cannot read image {path}: {type(e).__name__}: {e}") from e
 
 
-#: ``resize_method`` names (tf_cnn_benchmarks') and Pillow's filters; ``round_robin`` cycles
-#: through the four by the example's position in its batch, ``crop`` crops without resizing.
+#: ``resize_method`` names and Pillow's filters, for :func:`augment_image` (the Pillow reference
+#: transform; the sources resize with torch, see :mod:`stoker.data.jpeg`).
 RESIZE_FILTERS: dict[str, Image.Resampling] = {
     "nearest": Image.Resampling.NEAREST,
     "bilinear": Image.Resampling.BILINEAR,
     "bicubic": Image.Resampling.BICUBIC,
     "area": Image.Resampling.BOX,  # TensorFlow's AREA: each output pixel averages its source box
 }
-RESIZE_METHODS: tuple[str, ...] = (*RESIZE_FILTERS, "round_robin", "crop")
+#: What an encoded-image source yields: ``float32`` normalised NCHW (the default) or the ``uint8`` NHWC batch.
+OUTPUTS: tuple[str, ...] = ("float32", "uint8")
 
 
 def augment_image(
@@ -185,8 +194,220 @@ def scan_image_folder(
     return classes, paths, np.asarray(labels, dtype=np.int64)
 
 
-class ImageFolderSource(IndexedSource):
-    """Decoded, augmented, normalised image batches from a folder tree. See :func:`image_folder`."""
+class EncodedExample(NamedTuple):
+    """One encoded image as a source stores it: the bytes, the label, the object box
+    (``(ymin, xmin, ymax, xmax)`` in [0, 1], as TFRecords hold it; ``None`` when there is none)
+    and a name for messages (a path, or "train-00003-of-01024 record 17")."""
+
+    data: bytes
+    label: int
+    bbox: tuple[float, float, float, float] | None
+    name: str
+
+
+class EncodedImageSource(IndexedSource):
+    """The shared batch builder of encoded-image sources (image folders, TFRecords).
+
+    Subclasses set up their data, call ``super().__init__``, and implement
+    :attr:`num_examples`, :attr:`classes` and :meth:`_encoded`. This class decodes each
+    example's crop (:func:`stoker.data.jpeg.decode_crop_resize`: header, crop box, DCT-scaled
+    decode, uint8 resize, flip) straight into a uint8 ``[N, H, W, 3]`` batch. With worker
+    processes the batch is built in a shared-memory slot (:mod:`stoker.data._workers`) and only
+    the slot number and the labels cross the process boundary.
+
+    ``output="uint8"`` yields the uint8 ``[N, H, W, 3]`` images as they are (the float cast and
+    normalisation then belong in the step, on the device: ``stoker bench`` does this);
+    ``output="float32"`` (the default) normalises them in the loader to float32
+    ``[N, 3, H, W]``, as before. ``decode_on_device=True`` decodes batches with nvJPEG on the
+    GPU (``torchvision.io.decode_jpeg``) and crops and resizes them there.
+    """
+
+    name = "encoded_images"
+
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        image_size: int = 224,
+        train: bool = True,
+        augment: bool | None = None,
+        resize_method: str = "bilinear",
+        output: str = "float32",
+        decoder: str = "auto",
+        decode_on_device: bool | str = False,
+        mean: Sequence[float] = IMAGENET_MEAN,
+        std: Sequence[float] = IMAGENET_STD,
+        **indexed: Any,
+    ) -> None:
+        if not isinstance(image_size, int) or image_size < 1:
+            raise ValueError(f"{self.name}: image_size must be a positive integer; got {image_size!r}")
+        if resize_method not in RESIZE_METHODS:
+            raise ValueError(
+                f"{self.name}: resize_method must be one of {', '.join(RESIZE_METHODS)}; got {resize_method!r}"
+            )
+        if output not in OUTPUTS:
+            raise ValueError(f"{self.name}: output must be one of {', '.join(OUTPUTS)}; got {output!r}")
+        self.image_size = image_size
+        self.train = bool(train)
+        self.augment = self.train if augment is None else bool(augment)
+        self.resize_method = resize_method
+        self.output = output
+        self.mean, self.std = tuple(mean), tuple(std)
+        self.decoder = get_decoder(decoder)
+        self._device_decoder = None
+        if decode_on_device:
+            from .gpu_decode import DeviceDecoder
+
+            self._device_decoder = DeviceDecoder("cuda" if decode_on_device is True else str(decode_on_device))
+            indexed["num_workers"] = 0  # the GPU decodes whole batches in this process; reading bytes is cheap
+        super().__init__(batch_size=batch_size, **indexed)
+
+    # ------------------------------------------------------------------ to implement
+    @property
+    @abstractmethod
+    def classes(self) -> list[str]:
+        """Class names; a label is an index into this list."""
+
+    @abstractmethod
+    def _encoded(self, index: int) -> EncodedExample:
+        """Example ``index``'s bytes, label, object box and name (raise :class:`DataError` if unreadable)."""
+
+    # ------------------------------------------------------------------ one example
+    def _identity(self) -> dict[str, int]:
+        # A different batch size would make the saved batch number point at other examples.
+        return {"num_classes": len(self.classes), "batch_size": self.batch_size}
+
+    @property
+    def decoder_name(self) -> str:
+        """What decodes: ``simplejpeg``, ``pillow`` or ``nvjpeg``."""
+        return "nvjpeg" if self._device_decoder is not None else self.decoder.name
+
+    def _box(
+        self, width: int, height: int, u: np.ndarray | None, example: EncodedExample
+    ) -> tuple[float, float, float, float]:
+        """``(left, top, w, h)`` of the source region: the random crop from ``u``, else the
+        evaluation centre crop (``crop``: an ``image_size`` square, at random or centred)."""
+        size = self.image_size
+        if self.resize_method == "crop":
+            if width < size or height < size:
+                raise DataError(
+                    f"--resize_method=crop needs images of at least {size}x{size}; {example.name} is {width}x{height}"
+                )
+            top = int(u[20] * (height - size + 1)) if u is not None else (height - size) // 2
+            left = int(u[21] * (width - size + 1)) if u is not None else (width - size) // 2
+            return left, top, size, size
+        if u is None:
+            x0, y0, x1, y1 = center_crop_box(width, height, size, int(round(size / 0.875)))
+            return x0, y0, x1 - x0, y1 - y0
+        return random_resized_crop_box(width, height, u)
+
+    def _method(self, position: int) -> str:
+        if self.resize_method == "round_robin":
+            return RESIZE_MODES[position % len(RESIZE_MODES)]
+        return self.resize_method
+
+    def _read(self, index: int) -> EncodedExample:
+        try:
+            return self._encoded(index)
+        except OSError as e:
+            raise DataError(f"{self.name}: cannot read example {index}: {type(e).__name__}: {e}") from e
+
+    def _decode_into(self, index: int, u: np.ndarray | None, position: int, out: np.ndarray) -> int:
+        """Decode example ``index`` into ``out`` (uint8 ``[H, W, 3]``); its label."""
+        example = self._read(index)
+        try:
+            width, height = self.decoder.size(example.data)
+            box = self._box(width, height, u, example)
+            flip = u is not None and u[22] < 0.5
+            decode_crop_resize(
+                example.data, box, self.image_size, self._method(position), flip, decoder=self.decoder, out=out
+            )
+        except ImageDecodeError as e:
+            raise DataError(f"{self.name}: cannot read image {example.name} (example {index}): {e}") from e
+        return example.label
+
+    def _uniforms(self, epoch: int, indices: np.ndarray) -> np.ndarray | None:
+        return example_uniforms(self.seed, epoch, indices, _DRAWS) if self.augment else None
+
+    # ------------------------------------------------------------------ batches
+    def batch_buffers(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]] | None:
+        if self._device_decoder is not None:
+            return None
+        size = self.image_size
+        return {"images": ((self.batch_size, size, size, 3), torch.uint8)}
+
+    def fill_batch(self, indices: torch.Tensor, epoch: int, buffers: dict[str, torch.Tensor]) -> np.ndarray:
+        """Decode the examples ``indices`` into ``buffers["images"]`` rows ``0..len(indices)``; the labels."""
+        idx = indices.numpy()
+        draws = self._uniforms(epoch, idx)
+        images = buffers["images"].numpy()
+        labels = np.empty(len(idx), dtype=np.int64)
+        for j, i in enumerate(idx.tolist()):
+
+            def load_one(k: int, i: int = i, j: int = j) -> int:
+                if draws is None:
+                    return self._decode_into(k, None, j, images[j])
+                # A replacement example keeps its own augmentation: it depends on k, not the slot.
+                u = draws[j] if k == i else example_uniforms(self.seed, epoch, [k], _DRAWS)[0]
+                return self._decode_into(k, u, j, images[j])
+
+            labels[j] = self.load_or_replace(epoch, i, load_one)
+        return labels
+
+    def assemble(self, buffers: dict[str, torch.Tensor], rest: Any, *, copy: bool) -> tuple[Any, torch.Tensor]:
+        """The batch from filled ``buffers`` (``copy``: they are a shared slot that will be reused)."""
+        images = buffers["images"]
+        if self.output == "float32":
+            return normalize_images(images, self.mean, self.std), torch.as_tensor(rest)
+        return (images.clone() if copy else images), torch.as_tensor(rest)
+
+    def load_batch(self, indices: torch.Tensor, epoch: int) -> tuple[Any, torch.Tensor]:
+        if self._device_decoder is not None:
+            return self._load_on_device(indices, epoch)
+        size = self.image_size
+        buffers = {"images": torch.empty((len(indices), size, size, 3), dtype=torch.uint8)}
+        return self.assemble(buffers, self.fill_batch(indices, epoch, buffers), copy=False)
+
+    def _load_on_device(self, indices: torch.Tensor, epoch: int) -> tuple[Any, torch.Tensor]:
+        """nvJPEG: read and size every example here, decode the batch on the GPU, crop and resize there."""
+        assert self._device_decoder is not None
+        idx = indices.numpy()
+        draws = self._uniforms(epoch, idx)
+        examples: list[EncodedExample] = []
+        plans: list[tuple[tuple[float, float, float, float], str, bool]] = []
+        for j, i in enumerate(idx.tolist()):
+
+            def plan_one(k: int, i: int = i, j: int = j) -> tuple[EncodedExample, tuple[Any, str, bool]]:
+                u = (
+                    None
+                    if draws is None
+                    else draws[j]
+                    if k == i
+                    else example_uniforms(self.seed, epoch, [k], _DRAWS)[0]
+                )
+                example = self._read(k)
+                try:
+                    width, height = self.decoder.size(example.data)
+                except ImageDecodeError as e:
+                    raise DataError(f"{self.name}: cannot read image {example.name} (example {k}): {e}") from e
+                flip = u is not None and u[22] < 0.5
+                return example, (self._box(width, height, u, example), self._method(j), flip)
+
+            example, plan = self.load_or_replace(epoch, i, plan_one)
+            examples.append(example)
+            plans.append(plan)
+        try:
+            images = self._device_decoder.decode_batch([e.data for e in examples], plans, self.image_size)
+        except ImageDecodeError as e:
+            raise DataError(f"{self.name}: {e}") from e
+        labels = torch.tensor([e.label for e in examples], dtype=torch.int64)
+        if self.output == "float32":
+            return normalize_images(images, self.mean, self.std), labels
+        return images, labels
+
+
+class ImageFolderSource(EncodedImageSource):
+    """Decoded, augmented image batches from a folder tree. See :func:`image_folder`."""
 
     name = "image_folder"
 
@@ -209,22 +430,22 @@ class ImageFolderSource(IndexedSource):
         start_method: str | None = None,
         augment: bool | None = None,
         resize_method: str = "bilinear",
+        output: str = "float32",
+        decoder: str = "auto",
+        decode_on_device: bool | str = False,
     ) -> None:
-        if not isinstance(image_size, int) or image_size < 1:
-            raise ValueError(f"image_folder: image_size must be a positive integer; got {image_size!r}")
-        if resize_method not in RESIZE_METHODS:
-            raise ValueError(
-                f"image_folder: resize_method must be one of {', '.join(RESIZE_METHODS)}; got {resize_method!r}"
-            )
-        self.augment = bool(train) if augment is None else bool(augment)
-        self.resize_method = resize_method
         self.root = Path(root)
-        self.classes, self.paths, self.targets = scan_image_folder(root, extensions)
-        self.image_size = image_size
-        self.train = bool(train)
-        shuffle, num_epochs = self.mode_defaults(self.train, shuffle, num_epochs)
+        self._classes, self.paths, self.targets = scan_image_folder(root, extensions)
+        shuffle, num_epochs = self.mode_defaults(bool(train), shuffle, num_epochs)
         super().__init__(
             batch_size=batch_size,
+            image_size=image_size,
+            train=train,
+            augment=augment,
+            resize_method=resize_method,
+            output=output,
+            decoder=decoder,
+            decode_on_device=decode_on_device,
             shuffle=shuffle,
             seed=seed,
             num_epochs=num_epochs,
@@ -240,33 +461,18 @@ class ImageFolderSource(IndexedSource):
     def num_examples(self) -> int:
         return len(self.paths)
 
-    def _identity(self) -> dict[str, int]:
-        # A different batch size would make the saved batch number point at other examples.
-        return {"num_classes": len(self.classes), "batch_size": self.batch_size}
+    @property
+    def classes(self) -> list[str]:
+        return self._classes
 
-    def _example(self, index: int, u: np.ndarray | None, position: int = 0) -> tuple[np.ndarray, int]:
-        image = augment_image(
-            decode_rgb(self.paths[index]), self.image_size, u, resize_method=self.resize_method, position=position
-        )
-        return image, int(self.targets[index])
-
-    def load_batch(self, indices: torch.Tensor, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = indices.numpy()
-        draws = example_uniforms(self.seed, epoch, idx, _DRAWS) if self.augment else None
-        size = self.image_size
-        images = np.empty((len(idx), size, size, 3), dtype=np.uint8)
-        labels = np.empty(len(idx), dtype=np.int64)
-
-        for j, i in enumerate(idx.tolist()):
-
-            def load_one(k: int, i: int = i, j: int = j) -> tuple[np.ndarray, int]:
-                if draws is None:
-                    return self._example(k, None, j)
-                # A replacement example keeps its own augmentation: it depends on k, not the slot.
-                return self._example(k, draws[j] if k == i else example_uniforms(self.seed, epoch, [k], _DRAWS)[0], j)
-
-            images[j], labels[j] = self.load_or_replace(epoch, i, load_one)
-        return normalize_images(images, IMAGENET_MEAN, IMAGENET_STD), torch.from_numpy(labels)
+    def _encoded(self, index: int) -> EncodedExample:
+        path = self.paths[index]
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise DataError(f"{self.name}: cannot read image {path} (example {index}): {type(e).__name__}: {e}") from e
+        return EncodedExample(data, int(self.targets[index]), None, path)
 
 
 def image_folder(
@@ -287,12 +493,18 @@ def image_folder(
     start_method: str | None = None,
     augment: bool | None = None,
     resize_method: str = "bilinear",
+    output: str = "float32",
+    decoder: str = "auto",
+    decode_on_device: bool | str = False,
 ) -> ImageFolderSource:
-    """``(images, labels)`` batches from ``root/<class>/**/<image>`` files, decoded with Pillow.
+    """``(images, labels)`` batches from ``root/<class>/**/<image>`` files.
 
     Classes are the sorted subfolder names (``.classes``) and labels their index; files are
     sorted. Images are float32 ``[batch, 3, image_size, image_size]`` normalised by the
-    ImageNet mean and std, labels int64.
+    ImageNet mean and std (``output="uint8"``: the uint8 ``[batch, image_size, image_size, 3]``
+    batch, to normalise on the device), labels int64. JPEGs are decoded with simplejpeg when it
+    is installed (else Pillow), at the smallest DCT scale the crop allows
+    (:mod:`stoker.data.jpeg`); other formats with Pillow.
 
     Args:
         root: the folder holding one subfolder per class.
@@ -316,6 +528,10 @@ def image_folder(
             evaluation transform (tf_cnn_benchmarks' ``--nodistortions``).
         resize_method: ``bilinear`` (default), ``nearest``, ``bicubic``, ``area``,
             ``round_robin`` (the four by position in the batch) or ``crop`` (no resizing).
+        output: ``float32`` (normalised NCHW, the default) or ``uint8`` (NHWC, as decoded).
+        decoder: ``auto`` (simplejpeg if installed, else Pillow), ``simplejpeg`` or ``pillow``.
+        decode_on_device: ``True`` (or a CUDA device name): decode batches with nvJPEG on the
+            GPU and crop and resize them there (needs torchvision with CUDA); no worker processes.
 
     Raises:
         DataError: the root is missing or has no class folders, or a class folder has no images.
@@ -337,10 +553,16 @@ def image_folder(
         start_method=start_method,
         augment=augment,
         resize_method=resize_method,
+        output=output,
+        decoder=decoder,
+        decode_on_device=decode_on_device,
     )
 
 
 __all__ = [
+    "OUTPUTS",
+    "EncodedExample",
+    "EncodedImageSource",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "RESIZE_METHODS",
