@@ -22,9 +22,9 @@ from __future__ import annotations
 import math
 import os
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import torch
@@ -32,6 +32,15 @@ from PIL import Image
 
 from .base import DataError, IndexedSource, example_uniforms
 from .jpeg import RESIZE_METHODS, RESIZE_MODES, ImageDecodeError, decode_crop_resize, get_decoder
+from .preprocessing import (
+    FLIP_INDEX,
+    TRAIN_DRAWS,
+    ImagePreprocessor,
+    color_params,
+    eval_crop_box,
+    random_crop_box,
+    sample_distorted_box,
+)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -114,6 +123,9 @@ RESIZE_FILTERS: dict[str, Image.Resampling] = {
 }
 #: What an encoded-image source yields: ``float32`` normalised NCHW (the default) or the ``uint8`` NHWC batch.
 OUTPUTS: tuple[str, ...] = ("float32", "uint8")
+#: Training crop samplers: torchvision's ``RandomResizedCrop`` box, or tf_cnn_benchmarks'.
+CROPS: tuple[str, ...] = ("inception", "tf_cnn")
+T = TypeVar("T")
 
 
 def augment_image(
@@ -215,11 +227,19 @@ class EncodedImageSource(IndexedSource):
     processes the batch is built in a shared-memory slot (:mod:`stoker.data._workers`) and only
     the slot number and the labels cross the process boundary.
 
-    ``output="uint8"`` yields the uint8 ``[N, H, W, 3]`` images as they are (the float cast and
-    normalisation then belong in the step, on the device: ``stoker bench`` does this);
-    ``output="float32"`` (the default) normalises them in the loader to float32
-    ``[N, 3, H, W]``, as before. ``decode_on_device=True`` decodes batches with nvJPEG on the
-    GPU (``torchvision.io.decode_jpeg``) and crops and resizes them there.
+    ``output="uint8"`` yields the uint8 ``[N, H, W, 3]`` images as they are, or with
+    ``distortions`` a dict ``{"images": uint8 [N, H, W, 3], "color": float32 [N, COLOR_PARAMS]}``:
+    the float cast, colour distortions and normalisation then belong in the step, on the device
+    (:class:`~stoker.data.preprocessing.ImagePreprocessor`; ``stoker bench`` does this).
+    ``output="float32"`` (the default) applies that same ImagePreprocessor in the loader:
+    float32 ``[N, 3, H, W]``, as before. ``decode_on_device=True`` decodes batches with nvJPEG
+    on the GPU (``torchvision.io.decode_jpeg``) and crops and resizes them there.
+
+    Training crops (``augment``): ``crop="inception"`` (the default) is torchvision's
+    ``RandomResizedCrop`` box (area 8%-100%, aspect 3/4-4/3) and evaluation resizes the shorter
+    side to ``image_size / 0.875``; ``crop="tf_cnn"`` is tf_cnn_benchmarks' (TensorFlow's
+    ``sample_distorted_bounding_box`` with its arguments, honouring the example's object
+    boxes; evaluation: its ``eval_image`` box), see :mod:`stoker.data.preprocessing`.
     """
 
     name = "encoded_images"
@@ -232,6 +252,8 @@ class EncodedImageSource(IndexedSource):
         train: bool = True,
         augment: bool | None = None,
         resize_method: str = "bilinear",
+        crop: str = "inception",
+        distortions: bool = False,
         output: str = "float32",
         decoder: str = "auto",
         decode_on_device: bool | str = False,
@@ -247,13 +269,20 @@ class EncodedImageSource(IndexedSource):
             )
         if output not in OUTPUTS:
             raise ValueError(f"{self.name}: output must be one of {', '.join(OUTPUTS)}; got {output!r}")
+        if crop not in CROPS:
+            raise ValueError(f"{self.name}: crop must be one of {', '.join(CROPS)}; got {crop!r}")
         self.image_size = image_size
         self.train = bool(train)
         self.augment = self.train if augment is None else bool(augment)
         self.resize_method = resize_method
+        self.crop = crop
+        self.distortions = bool(distortions) and self.augment  # colour distortions go with the random crop
         self.output = output
         self.mean, self.std = tuple(mean), tuple(std)
         self.decoder = get_decoder(decoder)
+        self._draws = TRAIN_DRAWS if crop == "tf_cnn" or self.distortions else _DRAWS
+        self._flip_index = FLIP_INDEX if crop == "tf_cnn" else 22
+        self._preprocess = ImagePreprocessor(self.mean, self.std, distortions=self.distortions, channels_last=False)
         self._device_decoder = None
         if decode_on_device:
             from .gpu_decode import DeviceDecoder
@@ -286,16 +315,24 @@ class EncodedImageSource(IndexedSource):
         self, width: int, height: int, u: np.ndarray | None, example: EncodedExample
     ) -> tuple[float, float, float, float]:
         """``(left, top, w, h)`` of the source region: the random crop from ``u``, else the
-        evaluation centre crop (``crop``: an ``image_size`` square, at random or centred)."""
+        evaluation crop (``crop`` resize: an ``image_size`` square, at random or centred)."""
         size = self.image_size
         if self.resize_method == "crop":
             if width < size or height < size:
                 raise DataError(
                     f"--resize_method=crop needs images of at least {size}x{size}; {example.name} is {width}x{height}"
                 )
-            top = int(u[20] * (height - size + 1)) if u is not None else (height - size) // 2
-            left = int(u[21] * (width - size + 1)) if u is not None else (width - size) // 2
-            return left, top, size, size
+            if u is None:
+                return (width - size) // 2, (height - size) // 2, size, size
+            if self.crop == "tf_cnn":
+                left, top = random_crop_box(width, height, size, u)
+                return left, top, size, size
+            return int(u[21] * (width - size + 1)), int(u[20] * (height - size + 1)), size, size
+        if self.crop == "tf_cnn":
+            if u is None:
+                return eval_crop_box(width, height, size)
+            bbox = None if example.bbox is None else np.asarray(example.bbox, dtype=np.float32).reshape(-1, 4)
+            return sample_distorted_box(width, height, u, bbox)
         if u is None:
             x0, y0, x1, y1 = center_crop_box(width, height, size, int(round(size / 0.875)))
             return x0, y0, x1 - x0, y1 - y0
@@ -312,13 +349,22 @@ class EncodedImageSource(IndexedSource):
         except OSError as e:
             raise DataError(f"{self.name}: cannot read example {index}: {type(e).__name__}: {e}") from e
 
-    def _decode_into(self, index: int, u: np.ndarray | None, position: int, out: np.ndarray) -> int:
-        """Decode example ``index`` into ``out`` (uint8 ``[H, W, 3]``); its label."""
+    def _plan_example(
+        self, index: int, u: np.ndarray | None
+    ) -> tuple[EncodedExample, tuple[float, float, float, float], bool]:
+        """Example ``index`` read, its crop box and flip decided (from its header only)."""
         example = self._read(index)
         try:
             width, height = self.decoder.size(example.data)
-            box = self._box(width, height, u, example)
-            flip = u is not None and u[22] < 0.5
+        except ImageDecodeError as e:
+            raise DataError(f"{self.name}: cannot read image {example.name} (example {index}): {e}") from e
+        flip = u is not None and bool(u[self._flip_index] < 0.5)
+        return example, self._box(width, height, u, example), flip
+
+    def _decode_into(self, index: int, u: np.ndarray | None, position: int, out: np.ndarray) -> int:
+        """Decode example ``index`` into ``out`` (uint8 ``[H, W, 3]``); its label."""
+        example, box, flip = self._plan_example(index, u)
+        try:
             decode_crop_resize(
                 example.data, box, self.image_size, self._method(position), flip, decoder=self.decoder, out=out
             )
@@ -326,8 +372,31 @@ class EncodedImageSource(IndexedSource):
             raise DataError(f"{self.name}: cannot read image {example.name} (example {index}): {e}") from e
         return example.label
 
-    def _uniforms(self, epoch: int, indices: np.ndarray) -> np.ndarray | None:
-        return example_uniforms(self.seed, epoch, indices, _DRAWS) if self.augment else None
+    def _uniforms_of(self, epoch: int, indices: np.ndarray) -> np.ndarray | None:
+        return example_uniforms(self.seed, epoch, indices, self._draws) if self.augment else None
+
+    def _each_example(
+        self, epoch: int, idx: np.ndarray, draws: np.ndarray | None, load: Callable[[int, np.ndarray | None, int], T]
+    ) -> list[tuple[int, T]]:
+        """``(index used, load(index, uniforms, position))`` per example, bad ones replaced
+        (:meth:`load_or_replace`): a replacement keeps its own augmentation (it depends on the
+        example, not the slot)."""
+        results: list[tuple[int, T]] = []
+        for j, i in enumerate(idx.tolist()):
+
+            def load_one(k: int, i: int = i, j: int = j) -> tuple[int, T]:
+                if draws is None:
+                    return k, load(k, None, j)
+                u = draws[j] if k == i else example_uniforms(self.seed, epoch, [k], self._draws)[0]
+                return k, load(k, u, j)
+
+            results.append(self.load_or_replace(epoch, i, load_one))
+        return results
+
+    def _color(self, epoch: int, used: list[int]) -> np.ndarray | None:
+        if not self.distortions:
+            return None
+        return color_params(example_uniforms(self.seed, epoch, used, self._draws))
 
     # ------------------------------------------------------------------ batches
     def batch_buffers(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]] | None:
@@ -336,30 +405,33 @@ class EncodedImageSource(IndexedSource):
         size = self.image_size
         return {"images": ((self.batch_size, size, size, 3), torch.uint8)}
 
-    def fill_batch(self, indices: torch.Tensor, epoch: int, buffers: dict[str, torch.Tensor]) -> np.ndarray:
-        """Decode the examples ``indices`` into ``buffers["images"]`` rows ``0..len(indices)``; the labels."""
+    def fill_batch(
+        self, indices: torch.Tensor, epoch: int, buffers: dict[str, torch.Tensor]
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Decode the examples ``indices`` into ``buffers["images"]`` rows ``0..len(indices)``;
+        ``(labels, colour parameters or None)``."""
         idx = indices.numpy()
-        draws = self._uniforms(epoch, idx)
         images = buffers["images"].numpy()
-        labels = np.empty(len(idx), dtype=np.int64)
-        for j, i in enumerate(idx.tolist()):
+        done = self._each_example(
+            epoch, idx, self._uniforms_of(epoch, idx), lambda k, u, j: self._decode_into(k, u, j, images[j])
+        )
+        labels = np.fromiter((label for _, label in done), dtype=np.int64, count=len(done))
+        return labels, self._color(epoch, [k for k, _ in done])
 
-            def load_one(k: int, i: int = i, j: int = j) -> int:
-                if draws is None:
-                    return self._decode_into(k, None, j, images[j])
-                # A replacement example keeps its own augmentation: it depends on k, not the slot.
-                u = draws[j] if k == i else example_uniforms(self.seed, epoch, [k], _DRAWS)[0]
-                return self._decode_into(k, u, j, images[j])
-
-            labels[j] = self.load_or_replace(epoch, i, load_one)
-        return labels
-
-    def assemble(self, buffers: dict[str, torch.Tensor], rest: Any, *, copy: bool) -> tuple[Any, torch.Tensor]:
-        """The batch from filled ``buffers`` (``copy``: they are a shared slot that will be reused)."""
-        images = buffers["images"]
+    def _finish(self, images: torch.Tensor, labels: torch.Tensor, color: np.ndarray | None, copy: bool) -> Any:
+        color_t = None if color is None else torch.from_numpy(color).to(images.device)
         if self.output == "float32":
-            return normalize_images(images, self.mean, self.std), torch.as_tensor(rest)
-        return (images.clone() if copy else images), torch.as_tensor(rest)
+            return self._preprocess(images, color_t), labels
+        if copy:
+            images = images.clone()
+        return (images if color_t is None else {"images": images, "color": color_t}), labels
+
+    def assemble(
+        self, buffers: dict[str, torch.Tensor], rest: tuple[np.ndarray, np.ndarray | None], *, copy: bool
+    ) -> tuple[Any, torch.Tensor]:
+        """The batch from filled ``buffers`` (``copy``: they are a shared slot that will be reused)."""
+        labels, color = rest
+        return self._finish(buffers["images"], torch.from_numpy(labels), color, copy)
 
     def load_batch(self, indices: torch.Tensor, epoch: int) -> tuple[Any, torch.Tensor]:
         if self._device_decoder is not None:
@@ -372,38 +444,18 @@ class EncodedImageSource(IndexedSource):
         """nvJPEG: read and size every example here, decode the batch on the GPU, crop and resize there."""
         assert self._device_decoder is not None
         idx = indices.numpy()
-        draws = self._uniforms(epoch, idx)
-        examples: list[EncodedExample] = []
-        plans: list[tuple[tuple[float, float, float, float], str, bool]] = []
-        for j, i in enumerate(idx.tolist()):
-
-            def plan_one(k: int, i: int = i, j: int = j) -> tuple[EncodedExample, tuple[Any, str, bool]]:
-                u = (
-                    None
-                    if draws is None
-                    else draws[j]
-                    if k == i
-                    else example_uniforms(self.seed, epoch, [k], _DRAWS)[0]
-                )
-                example = self._read(k)
-                try:
-                    width, height = self.decoder.size(example.data)
-                except ImageDecodeError as e:
-                    raise DataError(f"{self.name}: cannot read image {example.name} (example {k}): {e}") from e
-                flip = u is not None and u[22] < 0.5
-                return example, (self._box(width, height, u, example), self._method(j), flip)
-
-            example, plan = self.load_or_replace(epoch, i, plan_one)
-            examples.append(example)
-            plans.append(plan)
+        planned = self._each_example(
+            epoch, idx, self._uniforms_of(epoch, idx), lambda k, u, j: self._plan_example(k, u)
+        )
+        examples = [example for _, (example, _, _) in planned]
+        plans = [(box, self._method(j), flip) for j, (_, (_, box, flip)) in enumerate(planned)]
         try:
             images = self._device_decoder.decode_batch([e.data for e in examples], plans, self.image_size)
         except ImageDecodeError as e:
-            raise DataError(f"{self.name}: {e}") from e
+            names = ", ".join(f"{e.name} (example {k})" for (k, _), e in zip(planned, examples, strict=True))
+            raise DataError(f"{self.name}: cannot decode the batch of {names}: {e}") from e
         labels = torch.tensor([e.label for e in examples], dtype=torch.int64)
-        if self.output == "float32":
-            return normalize_images(images, self.mean, self.std), labels
-        return images, labels
+        return self._finish(images, labels, self._color(epoch, [k for k, _ in planned]), copy=False)
 
 
 class ImageFolderSource(EncodedImageSource):
@@ -430,6 +482,8 @@ class ImageFolderSource(EncodedImageSource):
         start_method: str | None = None,
         augment: bool | None = None,
         resize_method: str = "bilinear",
+        crop: str = "inception",
+        distortions: bool = False,
         output: str = "float32",
         decoder: str = "auto",
         decode_on_device: bool | str = False,
@@ -443,6 +497,8 @@ class ImageFolderSource(EncodedImageSource):
             train=train,
             augment=augment,
             resize_method=resize_method,
+            crop=crop,
+            distortions=distortions,
             output=output,
             decoder=decoder,
             decode_on_device=decode_on_device,
@@ -493,6 +549,8 @@ def image_folder(
     start_method: str | None = None,
     augment: bool | None = None,
     resize_method: str = "bilinear",
+    crop: str = "inception",
+    distortions: bool = False,
     output: str = "float32",
     decoder: str = "auto",
     decode_on_device: bool | str = False,
@@ -528,6 +586,11 @@ def image_folder(
             evaluation transform (tf_cnn_benchmarks' ``--nodistortions``).
         resize_method: ``bilinear`` (default), ``nearest``, ``bicubic``, ``area``,
             ``round_robin`` (the four by position in the batch) or ``crop`` (no resizing).
+        crop: ``inception`` (torchvision's random-resized-crop box, the default) or ``tf_cnn``
+            (tf_cnn_benchmarks' training and evaluation boxes, :mod:`stoker.data.preprocessing`).
+        distortions: also tf_cnn's colour distortions (brightness, saturation, hue, contrast)
+            on augmented batches: applied in the loader for ``float32``; with ``uint8`` the
+            features are ``{"images", "color"}`` for an ``ImagePreprocessor(distortions=True)``.
         output: ``float32`` (normalised NCHW, the default) or ``uint8`` (NHWC, as decoded).
         decoder: ``auto`` (simplejpeg if installed, else Pillow), ``simplejpeg`` or ``pillow``.
         decode_on_device: ``True`` (or a CUDA device name): decode batches with nvJPEG on the
@@ -553,6 +616,8 @@ def image_folder(
         start_method=start_method,
         augment=augment,
         resize_method=resize_method,
+        crop=crop,
+        distortions=distortions,
         output=output,
         decoder=decoder,
         decode_on_device=decode_on_device,
@@ -560,6 +625,7 @@ def image_folder(
 
 
 __all__ = [
+    "CROPS",
     "OUTPUTS",
     "EncodedExample",
     "EncodedImageSource",
