@@ -179,10 +179,15 @@ def dct_scale(box_w: float, box_h: float, size: int) -> int:
     return 1
 
 
+def _contiguous(a: np.ndarray) -> np.ndarray:
+    """``a`` as a C-contiguous, writable array (torch refuses to wrap read-only memory silently)."""
+    return a if a.flags.c_contiguous and a.flags.writeable else np.array(a)
+
+
 def resize_uint8(crop: np.ndarray, size: int, method: str) -> torch.Tensor:
     """uint8 HWC ``crop`` resized to ``size`` x ``size`` with ``method`` (one of :data:`RESIZE_MODES`):
     uint8 ``[size, size, 3]`` (a strided view; copy it out)."""
-    x = torch.from_numpy(np.ascontiguousarray(crop)).permute(2, 0, 1).unsqueeze(0)
+    x = torch.from_numpy(_contiguous(crop)).permute(2, 0, 1).unsqueeze(0)
     if x.shape[-2:] == (size, size):
         return x[0].permute(1, 2, 0)
     if method == "area":  # torch's area resize (adaptive average pooling) has no uint8 kernel
@@ -231,7 +236,7 @@ def decode_crop_resize(
     if resize_method == "crop":
         if crop.shape[:2] != (size, size):
             raise ImageDecodeError(f"is {image.shape[1]}x{image.shape[0]}, smaller than the {size}x{size} crop")
-        result = torch.from_numpy(crop)
+        result = torch.from_numpy(_contiguous(crop))
     else:
         result = resize_uint8(crop, size, resize_method)
     if flip:
