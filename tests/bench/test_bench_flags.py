@@ -12,8 +12,8 @@ import subprocess
 from pathlib import Path
 
 import numpy as np
-import torch
 import pytest
+import torch
 from PIL import Image
 
 from helpers.cli import run_main
