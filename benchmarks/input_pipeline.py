@@ -17,12 +17,30 @@ and the cost of checkpointing the input position: ``state_dict()`` + ``json.dump
 (median over 1000, target < 1 ms) and its size (target < 4 KiB). ``--startup`` also times the
 worker start methods (iter() to the first batch) for fork, forkserver and spawn.
 The machine load (``os.getloadavg()``) is printed at the start.
+
+``--real`` adds the real-image rows (issue 25): ImageNet-shaped JPEGs (~500x375, quality 90,
+smooth content plus mild noise; generated once into ``--real_data``, default
+``~/.cache/stoker-bench/imagenet-like-<n>``), batch 32, 224px training crops, side by side in
+one run (interleaved rounds):
+
+- ``stoker real W=n``: ``image_folder(output="uint8", crop="tf_cnn", num_workers=n)`` (DCT-scaled
+  decode, uint8 resize, shared-memory slots), the batch normalised in the main process by
+  ``ImagePreprocessor`` (what ``stoker bench`` does in the step on a CPU);
+- ``plain real W=n``: what a PyTorch user writes: a ``DataLoader(num_workers=n)`` over a
+  Dataset doing Pillow open, random-resized crop + resize (``Image.resize(box=...)``), flip,
+  uint8 tensor, default collate, then the uint8 batch normalised in the main process;
+
+with images/sec and the ratio stoker/plain (target >= 2x). ``--decoders`` prints the per-core
+table: images/sec on one core of each decoder's full decode and of the training transform
+(header, tf_cnn crop box, DCT-scaled decode, resize, flip) per decoder, the Pillow reference
+transform, and the training transform on 2 threads against 2 processes.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import random
 import statistics
@@ -34,14 +52,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stoker.data import image_folder
+from stoker.data import example_uniforms, image_folder
 from stoker.data.images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     augment_image,
     decode_rgb,
+    random_resized_crop_box,
     scan_image_folder,
 )
+from stoker.data.jpeg import available_decoders, decode_crop_resize, get_decoder
+from stoker.data.preprocessing import TRAIN_DRAWS, ImagePreprocessor, flip_of, sample_distorted_box
+
+REAL_BATCH = 32
+REAL_SIZE = 224
 
 BATCH = 64
 IMAGE_SIZE = 56
@@ -86,6 +110,141 @@ class PlainDataset(torch.utils.data.Dataset):
         return x.sub_(self.mean).div_(self.std), int(self.labels[i])
 
 
+def make_imagenet_like(root: Path, count: int = 1280, classes: int = 10, seed: int = 0) -> Path:
+    """``count`` ImageNet-shaped JPEGs (500x375, quality 90: smooth content plus mild noise, which
+    compresses like a photo), written once (a marker file says the tree is complete)."""
+    from PIL import Image
+
+    marker = root / f".complete-{count}x{classes}-{seed}"
+    if marker.exists():
+        return root
+    rng = np.random.default_rng(seed)
+    for k in range(count):
+        folder = root / f"class_{k % classes:03d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        small = rng.integers(0, 256, (375 // 6, 500 // 6, 3), dtype=np.uint8)
+        smooth = np.asarray(Image.fromarray(small).resize((500, 375), Image.Resampling.BICUBIC), dtype=np.int16)
+        noisy = np.clip(smooth + rng.integers(-12, 12, smooth.shape), 0, 255).astype(np.uint8)
+        Image.fromarray(noisy).save(folder / f"{k:05d}.jpg", quality=90)
+    marker.touch()
+    return root
+
+
+class PlainRealDataset(torch.utils.data.Dataset):
+    """The PyTorch user's version: Pillow decode, random-resized crop + resize, flip, uint8 tensor."""
+
+    def __init__(self, root: Path) -> None:
+        _, self.paths, self.labels = scan_image_folder(root, (".jpg",))
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        from PIL import Image
+
+        with Image.open(self.paths[i]) as im:
+            im = im.convert("RGB")
+            left, top, w, h = random_resized_crop_box(*im.size, [random.random() for _ in range(22)])
+            im = im.resize((REAL_SIZE, REAL_SIZE), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
+            if random.random() < 0.5:
+                im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        return torch.from_numpy(np.asarray(im).copy()), int(self.labels[i])
+
+
+class Normalised:
+    """Iterates ``make()``'s uint8 batches and normalises each in this process, as the step would."""
+
+    def __init__(self, source: Iterable[object]) -> None:
+        self.source = source
+        self.pre = ImagePreprocessor()
+
+    def __iter__(self):  # noqa: ANN204
+        for images, labels in self.source:  # type: ignore[misc]
+            yield self.pre(images), labels
+
+    def close(self) -> None:
+        close = getattr(self.source, "close", None)
+        if close is not None:
+            close()
+
+
+def stoker_real(root: Path, workers: int) -> Callable[[], Iterable[object]]:
+    return lambda: Normalised(
+        image_folder(
+            root, batch_size=REAL_BATCH, image_size=REAL_SIZE, num_workers=workers, output="uint8", crop="tf_cnn"
+        )
+    )
+
+
+def plain_real(root: Path, workers: int) -> Callable[[], Iterable[object]]:
+    dataset = PlainRealDataset(root)
+    return lambda: Normalised(
+        torch.utils.data.DataLoader(dataset, batch_size=REAL_BATCH, shuffle=True, drop_last=True, num_workers=workers)
+    )
+
+
+def _train_transform(decoder_name: str, data: list[bytes]) -> Callable[[int], object]:
+    decoder = get_decoder(decoder_name)
+    draws = example_uniforms(0, 0, np.arange(len(data)), TRAIN_DRAWS)
+
+    def one(k: int) -> object:
+        u = draws[k % len(data)]
+        b = data[k % len(data)]
+        w, h = decoder.size(b)
+        return decode_crop_resize(b, sample_distorted_box(w, h, u), REAL_SIZE, "bilinear", flip_of(u), decoder=decoder)
+
+    return one
+
+
+_TABLE_DATA: list[bytes] = []  # the encoded images, inherited by forked pool processes (not pickled per task)
+
+
+def _chunk(args: tuple[str, range]) -> int:
+    torch.set_num_threads(1)
+    one = _train_transform(args[0], _TABLE_DATA)
+    for k in args[1]:
+        one(k)
+    return len(args[1])
+
+
+def decoder_table(root: Path, count: int = 256, rounds: int = 3) -> dict[str, float]:
+    """Images/sec on one core (best of ``rounds``) per decoder and transform, and 2 threads vs 2 processes."""
+    from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+
+    _, paths, _ = scan_image_folder(root, (".jpg",))
+    data = [Path(p).read_bytes() for p in paths[:count]]
+    _TABLE_DATA[:] = data
+    rows: dict[str, Callable[[int], object]] = {}
+    for name in available_decoders():
+        decoder = get_decoder(name)
+        rows[f"{name}: full decode"] = lambda k, d=decoder: d.decode(data[k % len(data)])
+        rows[f"{name}: train transform"] = _train_transform(name, data)
+    pil_u = example_uniforms(0, 0, np.arange(len(data)), 23)
+    rows["pillow reference (augment_image)"] = lambda k: augment_image(
+        decode_rgb(paths[k % len(data)]), REAL_SIZE, pil_u[k % len(data)]
+    )
+    best: dict[str, float] = {name: 0.0 for name in rows}
+    for _ in range(rounds):  # interleaved: noise hits every row alike
+        for name, fn in rows.items():
+            start = time.perf_counter()
+            for k in range(len(data)):
+                fn(k)
+            best[name] = max(best[name], len(data) / (time.perf_counter() - start))
+    chunks = [range(i, min(i + 32, len(data))) for i in range(0, len(data), 32)]
+    for name in available_decoders():
+        for kind, pool in (("2 threads", ThreadPoolExecutor), ("2 processes", ProcessPoolExecutor)):
+            ctx = {"mp_context": multiprocessing.get_context("fork")} if pool is ProcessPoolExecutor else {}
+            with pool(2, **ctx) as ex:  # type: ignore[operator]
+                list(ex.map(_chunk, [(name, range(2))] * 2))  # start the workers
+                rate_ = 0.0
+                for _ in range(rounds):
+                    start = time.perf_counter()
+                    done = sum(ex.map(_chunk, [(name, c) for c in chunks]))
+                    rate_ = max(rate_, done / (time.perf_counter() - start))
+            best[f"{name}: train transform, {kind}"] = rate_
+    return best
+
+
 def rate(make: Callable[[], Iterable[object]], batches: int) -> tuple[float, float]:
     """(batches/sec after the first batch, seconds to the first batch)."""
     start = time.perf_counter()
@@ -128,6 +287,42 @@ def checkpoint_cost(root: Path) -> tuple[float, int]:
     return statistics.median(times) * 1e6, len(text.encode())
 
 
+def real_rows(args: argparse.Namespace, root: Path) -> dict[str, object]:
+    """The real-image rows: stoker vs the plain DataLoader, interleaved, with the ratio."""
+    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}; usable cores {len(os.sched_getaffinity(0))}")
+    variants: dict[str, Callable[[], Iterable[object]]] = {}
+    for w in args.workers:
+        variants[f"stoker real W={w}"] = stoker_real(root, w)
+        variants[f"plain real W={w}"] = plain_real(root, w)
+    for make in variants.values():
+        rate(make, 1)
+    rates: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(args.rounds):
+        for name, make in variants.items():
+            rates[name].append(rate(make, args.real_batches)[0] * REAL_BATCH)
+    print(
+        f"\nreal images: {REAL_SIZE}px training crops of 500x375 JPEGs, batch {REAL_BATCH}, "
+        f"{args.real_batches} batches x {args.rounds} rounds, decoder {get_decoder().name}"
+    )
+    print(f"{'variant':<18}{'images/s':>10}{'stoker/plain':>14}")
+    out: dict[str, object] = {}
+    for w in args.workers:
+        s, p = statistics.median(rates[f"stoker real W={w}"]), statistics.median(rates[f"plain real W={w}"])
+        print(f"{f'stoker real W={w}':<18}{s:>10.0f}{s / p:>13.2f}x")
+        print(f"{f'plain real W={w}':<18}{p:>10.0f}")
+        out[f"stoker real W={w}"], out[f"plain real W={w}"], out[f"real ratio W={w}"] = s, p, s / p
+    print(f"load average: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    return out
+
+
+def print_decoders(root: Path) -> dict[str, float]:
+    table = decoder_table(root)
+    print(f"\nper-core decode table (images/sec, one process, 1 torch thread; {REAL_SIZE}px training crops):")
+    for name, value in table.items():
+        print(f"  {name:<44}{value:>8.0f}")
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", help="folder for the generated JPEG tree (default: a temporary one)")
@@ -137,9 +332,27 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads in the main process")
     parser.add_argument("--startup", action="store_true", help="also time the worker start methods")
     parser.add_argument("--json", help="also write the results to this JSON file")
+    parser.add_argument("--real", action="store_true", help="also the real-image rows (ImageNet-shaped JPEGs)")
+    parser.add_argument("--real_only", action="store_true", help="only the real-image rows (and --decoders)")
+    parser.add_argument("--real_data", help="folder of the generated ImageNet-shaped JPEGs (cached)")
+    parser.add_argument("--real_count", type=int, default=1280, help="ImageNet-shaped JPEGs to generate")
+    parser.add_argument("--real_batches", type=int, default=20, help="batches of 32 timed per real measurement")
+    parser.add_argument("--decoders", action="store_true", help="the per-core decoder table")
     args = parser.parse_args()
-    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     torch.set_num_threads(args.threads)
+    if args.real or args.real_only or args.decoders:
+        real_root = Path(args.real_data or Path.home() / ".cache" / "stoker-bench" / f"imagenet-like-{args.real_count}")
+        start = time.perf_counter()
+        make_imagenet_like(real_root, args.real_count)
+        print(
+            f"real data: {real_root} ({args.real_count} JPEGs 500x375 q90; ready in {time.perf_counter() - start:.1f}s)"
+        )
+    if args.real_only:
+        real_rows(args, real_root)
+        if args.decoders:
+            print_decoders(real_root)
+        return
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     tmp = None
     if args.data:
         root = Path(args.data)
@@ -178,6 +391,11 @@ def main() -> None:
             print(f"{name:<13}{med:>11.1f}{med * BATCH:>10.0f}{first:>12.2f}s{ratio}")
             results[name] = {"batches_per_sec": med, "all": rates[name], "first_batch_s": first}
         results[f"ratio W={w}"] = s / p
+
+    if args.real:
+        results.update(real_rows(args, real_root))
+    if args.decoders:
+        results["decoders"] = print_decoders(real_root)
 
     micros, size = checkpoint_cost(root)
     print(

@@ -7,11 +7,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from helpers.cli import run_main
@@ -292,16 +294,19 @@ def _image_folder(root: Path, classes: int = 2, per_class: int = 4, size: int = 
 
 
 def test_nodistortions_and_resize_method_reach_the_image_folder(tmp_path: Path) -> None:
+    from stoker.bench.model import device_images
     from stoker.bench.workload import make_input_fn, resolve_workload
 
     data = _image_folder(tmp_path / "data", size=232)  # crop needs at least trivial's 227 x 227
     batches = {}
-    for flags in (
-        (),
-        ("--nodistortions",),
-        ("--nodistortions", "--resize_method=nearest"),
-        ("--nodistortions", "--resize_method=crop"),
-    ):
+    runs = {
+        "default": ((), True),
+        "nodistortions": (("--nodistortions",), True),
+        "eval": (("--nodistortions",), False),
+        "nearest": (("--nodistortions", "--resize_method=nearest"), False),
+        "crop": (("--nodistortions", "--resize_method=crop"), False),
+    }
+    for name, (flags, train) in runs.items():
         cfg = parse(
             "--model=trivial",
             f"--data_dir={data}",
@@ -312,13 +317,22 @@ def test_nodistortions_and_resize_method_reach_the_image_folder(tmp_path: Path) 
             *flags,
         )
         workload = resolve_workload(cfg)
-        source = make_input_fn(cfg, workload, train=True)({"batch_size": 4, "num_replicas": 1, "replica_index": 0})
-        batches[flags] = next(iter(source))[0]
-    plain = batches[("--nodistortions",)]
-    # --nodistortions is the deterministic evaluation transform; the default draws random crops.
-    assert not batches[()].equal(plain)
-    assert not batches[("--nodistortions", "--resize_method=nearest")].equal(plain)
-    assert not batches[("--nodistortions", "--resize_method=crop")].equal(plain)
+        source = make_input_fn(cfg, workload, train=train)({"batch_size": 4, "num_replicas": 1, "replica_index": 0})
+        batches[name] = next(iter(source))[0]
+    # --distortions (the default): uint8 crops plus the colour parameters the step applies.
+    assert set(batches["default"]) == {"images", "color"} and batches["default"]["color"].shape == (4, 5)
+    # --nodistortions: tf_cnn's default training preprocessing, the same random crops without colour.
+    assert torch.equal(batches["default"]["images"], batches["nodistortions"])
+    assert batches["nodistortions"].dtype == torch.uint8 and batches["nodistortions"].shape == (4, 227, 227, 3)
+    # the evaluation transform is another (deterministic) box; nearest and crop resize differently
+    assert not batches["eval"].equal(batches["nodistortions"])
+    assert not batches["nearest"].equal(batches["eval"]) and not batches["crop"].equal(batches["eval"])
+    # the step makes the float batch, with the colour distortions when they came along
+    params = {"channels_last": False}
+    plain = device_images(batches["nodistortions"], params)
+    distorted = device_images(batches["default"], params)
+    assert plain.dtype == torch.float32 and plain.shape == (4, 3, 227, 227) and -1 <= plain.min() <= plain.max() <= 1
+    assert not torch.equal(plain, distorted)
 
 
 # ---------------------------------------------------------------------------- published command lines
@@ -521,6 +535,7 @@ def test_eval_epochs_and_input_pipeline_flags(tmp_path: Path) -> None:
     assert prefetch_depth(parse("--datasets_prefetch_buffer_size=3", "--batch_group_size=2")) == 6
     assert prefetch_depth(parse("--nodatasets_use_prefetch")) == 0
     assert data_workers(parse("--nouse_datasets")) == 0 and data_workers(parse("--datasets_num_private_threads=3")) == 3
+    assert data_workers(parse()) == len(os.sched_getaffinity(0))  # one per usable core
     data = _image_folder(tmp_path / "data", size=232)
     cfg = parse(
         "--model=trivial",
@@ -539,7 +554,7 @@ def test_eval_epochs_and_input_pipeline_flags(tmp_path: Path) -> None:
         )({"batch_size": 2, "num_replicas": 1, "replica_index": 0})
     )
     first, second = next(batches), next(batches)
-    assert first[0].equal(second[0]) and first[1].equal(second[1])  # one batch read, then repeated
+    assert first[0]["images"].equal(second[0]["images"]) and first[1].equal(second[1])  # one batch read, repeated
 
 
 def test_xla_flags_choose_the_engines_compile_mode() -> None:

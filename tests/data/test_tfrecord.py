@@ -340,3 +340,19 @@ with tf.io.TFRecordWriter(sys.argv[1] + "/plain") as w:
     assert np.allclose(second.bbox, [[0.1, 0.2, 0.5, 0.75]])
     images, labels = next(iter(src))
     assert images.shape == (2, 3, 8, 8) and labels.tolist() == [7, 1000]
+
+
+def test_the_object_boxes_steer_tf_cnns_training_crop(tree: Path, tmp_path: Path) -> None:
+    from stoker.data.base import example_uniforms
+    from stoker.data.preprocessing import TRAIN_DRAWS, sample_distorted_box
+
+    jpeg = (tree / "class_0" / "img_000.jpg").read_bytes()  # 20 x 20
+    box = [(0.05, 0.1, 0.3, 0.45)]  # a small object near the top left
+    write_tfrecords(tmp_path / "train-00000-of-00001", [imagenet_example(jpeg, 1), imagenet_example(jpeg, 1, bbox=box)])
+    src = imagenet_tfrecords(tmp_path, batch_size=2, image_size=8, crop="tf_cnn", seed=3)
+    u = example_uniforms(3, 0, list(range(20)), TRAIN_DRAWS)  # 20 draws of the uniforms
+    wholes = [src._plan_example(0, row)[1] for row in u]
+    boxed = [src._plan_example(1, row)[1] for row in u]
+    assert wholes == [sample_distorted_box(20, 20, row, None) for row in u]
+    assert boxed == [sample_distorted_box(20, 20, row, np.float32(box)) for row in u]
+    assert boxed != wholes  # the box changed some crops

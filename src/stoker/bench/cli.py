@@ -181,6 +181,21 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="CUDA only: capture the training step once as a CUDA graph and replay it",
     )
     g.add_argument(
+        "--decode_on_device",
+        type=_bool,
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="BOOL",
+        help="CUDA only, real JPEG data: decode batches with nvJPEG on the GPU (needs torchvision) and crop there",
+    )
+    g.add_argument(
+        "--image_decoder",
+        choices=("auto", "simplejpeg", "pillow"),
+        default="auto",
+        help="JPEG decoder of real data on the CPU (auto: simplejpeg if installed, else Pillow); default %(default)s",
+    )
+    g.add_argument(
         "--tf_random_seed",
         type=int,
         default=d.tf_random_seed,

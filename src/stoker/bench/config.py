@@ -76,6 +76,8 @@ class BenchConfig:
     variable_update: str = "replicated"
     compile: bool | str = False  # True/"module": the model; "step": the whole training step
     cuda_graph: bool = False  # replay the training step as a captured CUDA graph (CUDA only)
+    decode_on_device: bool = False  # real JPEG data decoded by nvJPEG on the GPU (CUDA only)
+    image_decoder: str = "auto"  # the CPU JPEG decoder of real data: auto, simplejpeg or pillow
     tf_random_seed: int = 1234
     num_intra_threads: int | None = None
     num_inter_threads: int | None = None
@@ -151,6 +153,12 @@ class BenchConfig:
                 f"--compile={self.compile!r} is not allowed; allowed values: true, false, module, step", "compile"
             )
         check_tf_flags(self)
+        if self.decode_on_device and self.device == "cpu":
+            raise _fail(
+                "--decode_on_device needs a CUDA device; --device=cpu (use --device=cuda or drop --decode_on_device)",
+                "decode_on_device",
+                "device",
+            )
         if self.cuda_graph and self.device == "cpu":
             raise _fail(
                 "--cuda_graph needs a CUDA device; --device=cpu (use --device=cuda or drop --cuda_graph)",

@@ -70,14 +70,15 @@ TABLE: tuple[Flag, ...] = (
     _f("batch_group_size", "int", 1, "batches the input pipeline prepares per group (the infeed's prefetch depth)"),
     _f("display_perf_ewma", "float", None, "progress lines show an exponentially weighted moving average of "
        "images/sec with this weight on the newest step (0 < w <= 1)"),
-    _f("distortions", "bool", True, "image-folder training augmentation (random crop and flip); "
-       "--nodistortions: resize and centre crop"),
+    _f("distortions", "bool", True, "image-folder training: tf_cnn's colour distortions on top of its random "
+       "crop and flip (--nodistortions: crop and flip only, tf_cnn's default training preprocessing)"),
     _f("resize_method", "str", "bilinear", "resizing of image-folder images",
        choices=("bilinear", "nearest", "bicubic", "area", "round_robin", "crop")),
     _f("use_datasets", "bool", True, "decode real data in worker processes (false: in the training process)"),
     _f("datasets_use_prefetch", "bool", True, "prepare batches ahead in the infeed's thread"),
     _f("datasets_prefetch_buffer_size", "int", 1, "batches prepared ahead per device"),
-    _f("datasets_num_private_threads", "int", None, "worker processes decoding real data (default: min(8, cores))"),
+    _f("datasets_num_private_threads", "int", None,
+       "worker processes decoding real data (default: one per usable core)"),
     _f("datasets_repeat_cached_sample", "bool", False, "read one batch of the real data and repeat it forever"),
     _f("gradient_repacking", "int", 0, "all-reduce the gradients in N DDP buckets of equal size (0: DDP's 25 MB)"),
     _f("xla", "bool", False, "torch.compile the model (TensorFlow: XLA auto-jit)"),

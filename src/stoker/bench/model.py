@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..data.preprocessing import TF_CNN_MEAN, TF_CNN_STD, ImagePreprocessor
 from ..metrics import Accuracy, TopKAccuracy
 from ..models import LossFn, create_model
 from ..spec import EstimatorSpec, ModeKeys
@@ -34,6 +35,7 @@ def bench_model_fn(
     EVAL: per-example losses and exact top-1 / top-5 metrics. PREDICT: per-example top-1 /
     top-5 hits (or the classes without labels).
     """
+    features = device_images(features, params)
     if params["channels_last"] and features.dim() == 4:
         features = features.contiguous(memory_format=torch.channels_last)  # a no-op when it already is
     logits = model(features)
@@ -60,6 +62,35 @@ def bench_model_fn(
             top1, top5 = _hits(logits, labels)
             host_call = {"top_1_accuracy": top1.float().mean(), "top_5_accuracy": top5.float().mean()}
     return EstimatorSpec(loss=loss, host_call=host_call)
+
+
+_PREPROCESSORS: dict[tuple[Any, ...], ImagePreprocessor] = {}
+
+
+def device_images(features: Any, params: dict[str, Any]) -> Any:
+    """Real-data image batches, as the input pipeline hands them over (uint8 ``[N, H, W, 3]``, or
+    ``{"images": ..., "color": ...}`` with colour distortions), made normalised float32
+    ``[N, 3, H, W]`` where they are, on the device: the float cast, tf_cnn's colour distortions
+    and its normalisation to [-1, 1] (:class:`~stoker.data.preprocessing.ImagePreprocessor`),
+    channels-last for ``--data_format=NHWC``. Float features (synthetic data) pass unchanged.
+
+    Doing it in the step, not in the input workers, moves a quarter of the bytes between
+    processes and to the GPU, and on a GPU the cast and normalisation cost nothing.
+    """
+    color = None
+    images = features
+    if isinstance(features, dict) and "images" in features:
+        images, color = features["images"], features.get("color")
+    if not isinstance(images, torch.Tensor) or images.dtype != torch.uint8:
+        return features
+    key = (images.device, color is not None, bool(params.get("channels_last")))
+    pre = _PREPROCESSORS.get(key)
+    if pre is None:  # one per device and layout; its constants live on the device
+        pre = ImagePreprocessor(
+            TF_CNN_MEAN, TF_CNN_STD, distortions=color is not None, channels_last=bool(params.get("channels_last"))
+        ).to(images.device)
+        _PREPROCESSORS[key] = pre
+    return pre(images, color)
 
 
 class TaskModelFn:
@@ -122,4 +153,4 @@ def model_fn_for(workload: Workload) -> Callable[..., EstimatorSpec]:
     return TaskModelFn(info.loss)
 
 
-__all__ = ["ModelFactory", "TaskModelFn", "bench_model_fn", "l2_loss", "model_fn_for", "zoo_model"]
+__all__ = ["ModelFactory", "TaskModelFn", "bench_model_fn", "device_images", "l2_loss", "model_fn_for", "zoo_model"]

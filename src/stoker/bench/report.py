@@ -40,7 +40,7 @@ from .config import (
 from .flags import note_lines
 from .outputs import mlperf_log_path
 from .stats import DASHES, format_total
-from .workload import Workload, data_workers, prefetch_depth
+from .workload import Workload, data_decoder, data_workers, prefetch_depth, usable_cores
 
 TRAINING_FLOPS_FACTOR = 3.0
 PEAK_MATMUL_SIZE = 2048
@@ -207,7 +207,8 @@ def _optional_lines(cfg: BenchConfig, workload: Workload, bucket_mb: float | Non
         lines.append(
             _line(
                 "Input",
-                f"{data_workers(cfg)} decoding worker(s), "
+                f"{data_workers(cfg)} decoding worker(s) ({usable_cores()} usable cores), "
+                f"{data_decoder(cfg) if workload.dataset != 'cifar10' else 'raw'} decoder, "
                 f"{'default' if depth is None else depth} batch(es) prefetched, "
                 f"distortions {'on' if cfg.distortions else 'off'}, resize {cfg.resize_method}"
                 + (", first batch repeated" if cfg.datasets_repeat_cached_sample else ""),

@@ -11,10 +11,17 @@ Data:
   those data sets are synthetic only.
 - **CIFAR-10 binaries** (``data_batch_*.bin``, ``test_batch.bin``) via ``stoker.data.cifar_binary``.
 - **an image folder** (``root/<class>/<image>``; ``root/train`` and ``root/validation`` or
-  ``root/val`` when present) via ``stoker.data.image_folder``, decoded in worker processes.
+  ``root/val`` when present) via ``stoker.data.image_folder``, decoded in worker processes
+  (one per core this process may run on) into uint8 batches in shared memory, with
+  tf_cnn_benchmarks' preprocessing: its random crop and flip for training (plus its colour
+  distortions with ``--distortions``), its evaluation crop otherwise. The float cast, colour
+  distortions and normalisation (to [-1, 1], as tf_cnn's) run in the step, on the device
+  (``bench.model.device_images``), so only uint8 bytes cross process and host-to-device
+  boundaries.
 - **TFRecord shards** in tf_cnn_benchmarks' ImageNet layout (``train-*-of-*``, evaluation from
-  ``validation-*-of-*`` when present) via ``stoker.data.imagenet_tfrecords``: picked when the
-  folder holds ``train-*-of-*`` files; a folder holding both shards and class folders is refused.
+  ``validation-*-of-*`` when present) via ``stoker.data.imagenet_tfrecords``, decoded the same
+  way: picked when the folder holds ``train-*-of-*`` files; a folder holding both shards and
+  class folders is refused.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import torch
 
 from ..data import RepeatedBatch, cifar_binary, image_folder, imagenet_tfrecords, synthetic_images
 from ..data.images import IMAGE_EXTENSIONS, scan_image_folder
+from ..data.jpeg import get_decoder
 from ..data.tfrecord import expected_layouts, find_shards
 from ..data.tfrecord_index import RecordShards
 from ..distributed import torchrun_world_size
@@ -424,6 +432,8 @@ def make_input_fn(cfg: BenchConfig, workload: Workload, *, train: bool, repeat: 
     epochs = None if train else (1_000_000 if repeat else 1)
     augment = train and cfg.distortions
     workers = data_workers(cfg)
+    # tf_cnn's training preprocessing always crops at random and flips; --distortions adds colour.
+    folder_train, distort = train, train and cfg.distortions
     if workload.dataset == "cifar10":
 
         def cifar_input_fn(params: dict[str, Any]) -> Iterable[Any]:
@@ -453,8 +463,13 @@ def make_input_fn(cfg: BenchConfig, workload: Workload, *, train: bool, repeat: 
                 num_workers=workers,
                 num_shards=params["num_replicas"],
                 shard_index=params["replica_index"],
-                augment=augment,
+                augment=folder_train,
                 resize_method=cfg.resize_method,
+                crop="tf_cnn",
+                distortions=distort,
+                output="uint8",  # normalised on the device by the model_fn (bench.model.device_images)
+                decoder=cfg.image_decoder,
+                decode_on_device=cfg.decode_on_device,
                 num_classes=workload.num_classes,
             )
 
@@ -472,8 +487,13 @@ def make_input_fn(cfg: BenchConfig, workload: Workload, *, train: bool, repeat: 
             num_workers=workers,
             num_shards=params["num_replicas"],
             shard_index=params["replica_index"],
-            augment=augment,
+            augment=folder_train,
             resize_method=cfg.resize_method,
+            crop="tf_cnn",
+            distortions=distort,
+            output="uint8",  # normalised on the device by the model_fn (bench.model.device_images)
+            decoder=cfg.image_decoder,
+            decode_on_device=cfg.decode_on_device,
         )
 
     return _cached(folder_input_fn) if cfg.datasets_repeat_cached_sample and train else folder_input_fn
@@ -489,14 +509,32 @@ def prefetch_depth(cfg: BenchConfig) -> int | None:
     return cfg.datasets_prefetch_buffer_size * cfg.batch_group_size
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a container or ``taskset`` narrows)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
 def data_workers(cfg: BenchConfig) -> int:
-    """Processes decoding real data: none with ``--nouse_datasets``, ``--datasets_num_private_threads``
-    when given, else one per core up to 8."""
-    if not cfg.use_datasets:
+    """Processes decoding real data: none with ``--nouse_datasets`` or ``--decode_on_device`` (the GPU
+    decodes), ``--datasets_num_private_threads`` when given, else one per usable core, shared
+    by the replicas of this machine (torchrun's ``LOCAL_WORLD_SIZE``)."""
+    if not cfg.use_datasets or cfg.decode_on_device:
         return 0
     if cfg.datasets_num_private_threads is not None:
         return cfg.datasets_num_private_threads
-    return min(8, os.cpu_count() or 1)
+    local_replicas = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
+    return max(1, usable_cores() // max(1, local_replicas))
+
+
+def data_decoder(cfg: BenchConfig) -> str:
+    """What decodes real JPEG data: ``nvjpeg`` (``--decode_on_device``), else ``--image_decoder``
+    resolved (``simplejpeg`` when installed, else ``pillow``)."""
+    if cfg.decode_on_device:
+        return "nvjpeg"
+    return get_decoder(cfg.image_decoder).name
 
 
 def _cached(input_fn: InputFn) -> InputFn:

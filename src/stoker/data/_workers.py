@@ -31,6 +31,18 @@ intra-op thread by the DataLoader, so it never uses a lock or OpenMP pool inheri
 another thread of the parent; (c) nothing in a worker touches CUDA (sources that put data
 on the GPU, such as :func:`~stoker.data.synthetic_images`, never use workers). It is also
 what ``torch.utils.data.DataLoader`` does by default on Linux.
+
+Shared-memory batch slots. A source whose batches are fixed-shape buffers (``batch_buffers()``
+not None: the uint8 image batches of :class:`~stoker.data.images.EncodedImageSource`) gets a
+:class:`_SlotRing` allocated in shared memory *before* the workers start (inherited through
+``fork``; with ``spawn`` its file descriptors are sent once, with the worker's copy of the
+source). A worker builds batch ``g`` directly into slot ``g % slots`` and sends back only the
+slot number and the small rest (labels): no per-batch tensor is pickled, no file descriptor
+passed per tensor. The ring holds ``prefetch_factor x num_workers + 2`` slots: the loader never
+has more than ``prefetch_factor x num_workers`` batches requested ahead of the one the
+training process is reading, and it requests batch ``g + slots`` only after batch ``g`` was
+returned to the caller, who copied it out of its slot (``assemble(..., copy=True)``: the one
+copy, or the normalisation when the source yields float32) before asking for the next.
 """
 
 from __future__ import annotations
@@ -40,7 +52,7 @@ import itertools
 import logging
 import sys
 import weakref
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import torch
 
@@ -54,8 +66,39 @@ class IndexedSource(Protocol):
     num_workers: int
     start_method: str | None
     seed: int
+    _slots: _SlotRing | None
 
     def _build_numbered(self, g: int) -> tuple[int, Any, list[str], str | None]: ...
+
+    def batch_buffers(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]] | None: ...
+
+
+_PREFETCH_FACTOR = 2
+
+
+class InSlot(NamedTuple):
+    """A worker's answer for a batch built in a shared slot: the slot, the rows filled, the rest (labels)."""
+
+    slot: int
+    rows: int
+    rest: Any
+
+
+class _SlotRing:
+    """``count`` shared-memory copies of a source's batch buffers; batch ``g`` uses slot ``g % count``."""
+
+    def __init__(self, layout: dict[str, tuple[tuple[int, ...], torch.dtype]], count: int) -> None:
+        self.count = count
+        self.buffers = {
+            name: torch.empty((count, *shape), dtype=dtype).share_memory_() for name, (shape, dtype) in layout.items()
+        }
+
+    def slot_of(self, g: int) -> int:
+        return g % self.count
+
+    def views(self, slot: int, rows: int) -> dict[str, torch.Tensor]:
+        """The first ``rows`` rows of slot ``slot`` of every buffer."""
+        return {name: buf[slot, :rows] for name, buf in self.buffers.items()}
 
 
 T = TypeVar("T")
@@ -104,6 +147,7 @@ class _BatchWorkers:
     def __init__(self) -> None:
         self.loader_it: Any = None
         self.next_batch = -1
+        self.ring: _SlotRing | None = None
         self._finalizer: weakref.finalize | None = None
 
     def ready_at(self, g: int) -> bool:
@@ -113,8 +157,12 @@ class _BatchWorkers:
     def start(self, source: IndexedSource, start: int, end: int | None) -> None:
         """Start ``source.num_workers`` workers building batches ``start``, ``start + 1``, ... (to ``end``)."""
         sampler = itertools.count(start) if end is None else range(start, end)
+        worker_view = copy.copy(source)  # a copy without the loader: no reference cycle
+        layout = source.batch_buffers()
+        self.ring = None if layout is None else _SlotRing(layout, _PREFETCH_FACTOR * source.num_workers + 2)
+        worker_view._slots = self.ring
         loader = torch.utils.data.DataLoader(
-            _BatchPlan(copy.copy(source)),  # a copy without the loader: no reference cycle
+            _BatchPlan(worker_view),
             batch_size=None,
             sampler=sampler,
             num_workers=source.num_workers,
@@ -123,7 +171,7 @@ class _BatchWorkers:
             # The loader draws its workers' base seed from this generator, not from torch's
             # global RNG, which belongs to the training step (dropout) and must not move.
             generator=torch.Generator().manual_seed(source.seed % 2**63),
-            prefetch_factor=2,
+            prefetch_factor=_PREFETCH_FACTOR,  # the slot ring's size depends on it
         )
         self.loader_it = iter(loader)
         self.next_batch = start
@@ -147,5 +195,6 @@ class _BatchWorkers:
         finalizer, self._finalizer = self._finalizer, None
         self.loader_it = None
         self.next_batch = -1
+        self.ring = None
         if finalizer is not None:
             finalizer()  # runs _stop_loader once

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from ..errors import StokerError
-from ._workers import _BatchWorkers
+from ._workers import InSlot, _BatchWorkers, _SlotRing
 
 log = logging.getLogger("stoker")
 
@@ -277,6 +277,8 @@ class IndexedSource(ABC):
         self.bad_examples_skipped = 0
         self._bad: list[str] = []
         self._workers = _BatchWorkers()
+        #: Set only in a worker's copy: the shared-memory slots its batches are built into.
+        self._slots: _SlotRing | None = None
 
     # ------------------------------------------------------------------ to implement
     @property
@@ -295,6 +297,26 @@ class IndexedSource(ABC):
     def _identity(self) -> dict[str, int]:
         """Extra integers that must match on resume (besides seed, data size and sharding)."""
         return {}
+
+    # ------------------------------------------------------------------ fixed-shape batches (optional)
+    def batch_buffers(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]] | None:
+        """Shapes (batch dimension first, ``batch_size`` rows) and dtypes of the buffers a batch
+        is built into, or None (the default: batches are whatever :meth:`load_batch` returns).
+
+        A source that returns them also implements :meth:`fill_batch` and :meth:`assemble`; its
+        worker processes then build batches in shared-memory slots (:mod:`stoker.data._workers`).
+        """
+        return None
+
+    def fill_batch(self, indices: torch.Tensor, epoch: int, buffers: dict[str, torch.Tensor]) -> Any:
+        """Write the examples ``indices`` into rows ``0..len(indices)`` of ``buffers``; return the
+        small rest of the batch (labels) to hand to :meth:`assemble`."""
+        raise TypeError(f"{self.name}: batch_buffers() is given, so fill_batch() must be implemented")
+
+    def assemble(self, buffers: dict[str, torch.Tensor], rest: Any, *, copy: bool) -> Any:
+        """The batch from filled ``buffers`` and ``rest``; ``copy``: the buffers are a shared slot
+        that will be overwritten, so nothing of the result may alias them."""
+        raise TypeError(f"{self.name}: batch_buffers() is given, so assemble() must be implemented")
 
     # ------------------------------------------------------------------ the plan
     def _count_batches(self) -> int:
@@ -343,7 +365,13 @@ class IndexedSource(ABC):
         ``(g, batch, bad-example reasons, error text or None)``."""
         epoch, b = divmod(g, self.batches_per_epoch)
         try:
-            out = self._build(epoch, b)
+            if self._slots is None:
+                out = self._build(epoch, b)
+            else:  # build it in its shared slot; only the slot number and the labels go back
+                indices = self.batch_indices(epoch, b)
+                slot = self._slots.slot_of(g)
+                rest = self.fill_batch(indices, epoch, self._slots.views(slot, len(indices)))
+                out = InSlot(slot, len(indices), rest)
         except DataError as e:
             # Sent back as text and raised by the training process as the same DataError, so the
             # message names the file without a worker traceback around it.
@@ -429,6 +457,10 @@ class IndexedSource(ABC):
         if error is not None:
             self.close()
             raise DataError(error)
+        if isinstance(out, InSlot):
+            ring = self._workers.ring
+            assert ring is not None  # the workers fill slots only when the ring exists
+            out = self.assemble(ring.views(out.slot, out.rows), out.rest, copy=True)
         return out, bad
 
     @property

@@ -4,8 +4,13 @@ Training batches are augmented the Inception/ResNet way: a random crop of 8%-100
 area and aspect ratio 3/4-4/3 (torchvision's ``RandomResizedCrop`` algorithm: ten tries,
 then a central crop), resized to ``image_size`` with bilinear filtering, then a random
 horizontal flip. Evaluation batches resize the shorter side to ``image_size / 0.875`` and
-take the central ``image_size`` square. Both are done in one Pillow ``resize`` of the needed
-source box (no full-size intermediate), and the batch is normalised in one vectorised step.
+take the central ``image_size`` square. Only the needed source box is decoded (at the
+smallest DCT scale that keeps it at least ``image_size``) and resized, into a uint8 batch;
+the float cast and normalisation is one vectorised step, in the loader (``output="float32"``)
+or on the device (``output="uint8"``).
+
+Decoding goes through :mod:`stoker.data.jpeg` (the crop's DCT scale, uint8 resize); the
+shared batch builder :class:`EncodedImageSource` serves image folders and TFRecords alike.
 
 The random numbers of example ``i`` in epoch ``e`` come from
 :func:`~stoker.data.base.example_uniforms` ``(seed, e, i)``, so a batch is the same whichever
@@ -16,14 +21,26 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from abc import abstractmethod
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import torch
 from PIL import Image
 
 from .base import DataError, IndexedSource, example_uniforms
+from .jpeg import RESIZE_METHODS, RESIZE_MODES, ImageDecodeError, decode_crop_resize, get_decoder
+from .preprocessing import (
+    FLIP_INDEX,
+    TRAIN_DRAWS,
+    ImagePreprocessor,
+    color_params,
+    eval_crop_box,
+    random_crop_box,
+    sample_distorted_box,
+)
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -96,15 +113,19 @@ def decode_rgb(path: str, what: str = "image_folder") -> Image.Image:
         raise DataError(f"{what}: cannot read image {path}: {type(e).__name__}: {e}") from e
 
 
-#: ``resize_method`` names (tf_cnn_benchmarks') and Pillow's filters; ``round_robin`` cycles
-#: through the four by the example's position in its batch, ``crop`` crops without resizing.
+#: ``resize_method`` names and Pillow's filters, for :func:`augment_image` (the Pillow reference
+#: transform; the sources resize with torch, see :mod:`stoker.data.jpeg`).
 RESIZE_FILTERS: dict[str, Image.Resampling] = {
     "nearest": Image.Resampling.NEAREST,
     "bilinear": Image.Resampling.BILINEAR,
     "bicubic": Image.Resampling.BICUBIC,
     "area": Image.Resampling.BOX,  # TensorFlow's AREA: each output pixel averages its source box
 }
-RESIZE_METHODS: tuple[str, ...] = (*RESIZE_FILTERS, "round_robin", "crop")
+#: What an encoded-image source yields: ``float32`` normalised NCHW (the default) or the ``uint8`` NHWC batch.
+OUTPUTS: tuple[str, ...] = ("float32", "uint8")
+#: Training crop samplers: torchvision's ``RandomResizedCrop`` box, or tf_cnn_benchmarks'.
+CROPS: tuple[str, ...] = ("inception", "tf_cnn")
+T = TypeVar("T")
 
 
 def augment_image(
@@ -185,8 +206,260 @@ def scan_image_folder(
     return classes, paths, np.asarray(labels, dtype=np.int64)
 
 
-class ImageFolderSource(IndexedSource):
-    """Decoded, augmented, normalised image batches from a folder tree. See :func:`image_folder`."""
+class EncodedExample(NamedTuple):
+    """One encoded image as a source stores it: the bytes, the label, the object boxes
+    (``(ymin, xmin, ymax, xmax)`` in [0, 1], as TFRecords hold them: one box or ``[K, 4]``;
+    ``None`` when there is none) and a name for messages (a path, or "train-00003-of-01024 record 17")."""
+
+    data: bytes
+    label: int
+    bbox: np.ndarray | tuple[float, float, float, float] | None
+    name: str
+
+
+class EncodedImageSource(IndexedSource):
+    """The shared batch builder of encoded-image sources (image folders, TFRecords).
+
+    Subclasses set up their data, call ``super().__init__``, and implement
+    :attr:`num_examples`, :attr:`classes` and :meth:`_encoded`. This class decodes each
+    example's crop (:func:`stoker.data.jpeg.decode_crop_resize`: header, crop box, DCT-scaled
+    decode, uint8 resize, flip) straight into a uint8 ``[N, H, W, 3]`` batch. With worker
+    processes the batch is built in a shared-memory slot (:mod:`stoker.data._workers`) and only
+    the slot number and the labels cross the process boundary.
+
+    ``output="uint8"`` yields the uint8 ``[N, H, W, 3]`` images as they are, or with
+    ``distortions`` a dict ``{"images": uint8 [N, H, W, 3], "color": float32 [N, COLOR_PARAMS]}``:
+    the float cast, colour distortions and normalisation then belong in the step, on the device
+    (:class:`~stoker.data.preprocessing.ImagePreprocessor`; ``stoker bench`` does this).
+    ``output="float32"`` (the default) applies that same ImagePreprocessor in the loader:
+    float32 ``[N, 3, H, W]``, as before. ``decode_on_device=True`` decodes batches with nvJPEG
+    on the GPU (``torchvision.io.decode_jpeg``) and crops and resizes them there.
+
+    Training crops (``augment``): ``crop="inception"`` (the default) is torchvision's
+    ``RandomResizedCrop`` box (area 8%-100%, aspect 3/4-4/3) and evaluation resizes the shorter
+    side to ``image_size / 0.875``; ``crop="tf_cnn"`` is tf_cnn_benchmarks' (TensorFlow's
+    ``sample_distorted_bounding_box`` with its arguments, honouring the example's object
+    boxes; evaluation: its ``eval_image`` box), see :mod:`stoker.data.preprocessing`.
+    """
+
+    name = "encoded_images"
+
+    def __init__(
+        self,
+        *,
+        batch_size: int,
+        image_size: int = 224,
+        train: bool = True,
+        augment: bool | None = None,
+        resize_method: str = "bilinear",
+        crop: str = "inception",
+        distortions: bool = False,
+        output: str = "float32",
+        decoder: str = "auto",
+        decode_on_device: bool | str = False,
+        mean: Sequence[float] = IMAGENET_MEAN,
+        std: Sequence[float] = IMAGENET_STD,
+        **indexed: Any,
+    ) -> None:
+        if not isinstance(image_size, int) or image_size < 1:
+            raise ValueError(f"{self.name}: image_size must be a positive integer; got {image_size!r}")
+        if resize_method not in RESIZE_METHODS:
+            raise ValueError(
+                f"{self.name}: resize_method must be one of {', '.join(RESIZE_METHODS)}; got {resize_method!r}"
+            )
+        if output not in OUTPUTS:
+            raise ValueError(f"{self.name}: output must be one of {', '.join(OUTPUTS)}; got {output!r}")
+        if crop not in CROPS:
+            raise ValueError(f"{self.name}: crop must be one of {', '.join(CROPS)}; got {crop!r}")
+        self.image_size = image_size
+        self.train = bool(train)
+        self.augment = self.train if augment is None else bool(augment)
+        self.resize_method = resize_method
+        self.crop = crop
+        self.distortions = bool(distortions) and self.augment  # colour distortions go with the random crop
+        self.output = output
+        self.mean, self.std = tuple(mean), tuple(std)
+        self.decoder = get_decoder(decoder)
+        self._draws = TRAIN_DRAWS if crop == "tf_cnn" or self.distortions else _DRAWS
+        self._flip_index = FLIP_INDEX if crop == "tf_cnn" else 22
+        self._preprocess = ImagePreprocessor(self.mean, self.std, distortions=self.distortions, channels_last=False)
+        self._device_decoder = None
+        if decode_on_device:
+            from .gpu_decode import DeviceDecoder
+
+            self._device_decoder = DeviceDecoder("cuda" if decode_on_device is True else str(decode_on_device))
+            indexed["num_workers"] = 0  # the GPU decodes whole batches in this process; reading bytes is cheap
+        super().__init__(batch_size=batch_size, **indexed)
+
+    # ------------------------------------------------------------------ to implement
+    @property
+    @abstractmethod
+    def classes(self) -> list[str]:
+        """Class names; a label is an index into this list."""
+
+    @abstractmethod
+    def _encoded(self, index: int) -> EncodedExample:
+        """Example ``index``'s bytes, label, object box and name (raise :class:`DataError` if unreadable)."""
+
+    # ------------------------------------------------------------------ one example
+    def _identity(self) -> dict[str, int]:
+        # A different batch size would make the saved batch number point at other examples.
+        return {"num_classes": len(self.classes), "batch_size": self.batch_size}
+
+    @property
+    def decoder_name(self) -> str:
+        """What decodes: ``simplejpeg``, ``pillow`` or ``nvjpeg``."""
+        return "nvjpeg" if self._device_decoder is not None else self.decoder.name
+
+    def _box(
+        self, width: int, height: int, u: np.ndarray | None, example: EncodedExample
+    ) -> tuple[float, float, float, float]:
+        """``(left, top, w, h)`` of the source region: the random crop from ``u``, else the
+        evaluation crop (``crop`` resize: an ``image_size`` square, at random or centred)."""
+        size = self.image_size
+        if self.resize_method == "crop":
+            if width < size or height < size:
+                raise DataError(
+                    f"--resize_method=crop needs images of at least {size}x{size}; {example.name} is {width}x{height}"
+                )
+            if u is None:
+                return (width - size) // 2, (height - size) // 2, size, size
+            if self.crop == "tf_cnn":
+                left, top = random_crop_box(width, height, size, u)
+                return left, top, size, size
+            return int(u[21] * (width - size + 1)), int(u[20] * (height - size + 1)), size, size
+        if self.crop == "tf_cnn":
+            if u is None:
+                return eval_crop_box(width, height, size)
+            bbox = None if example.bbox is None else np.asarray(example.bbox, dtype=np.float32).reshape(-1, 4)
+            return sample_distorted_box(width, height, u, bbox)
+        if u is None:
+            x0, y0, x1, y1 = center_crop_box(width, height, size, int(round(size / 0.875)))
+            return x0, y0, x1 - x0, y1 - y0
+        return random_resized_crop_box(width, height, u)
+
+    def _method(self, position: int) -> str:
+        if self.resize_method == "round_robin":
+            return RESIZE_MODES[position % len(RESIZE_MODES)]
+        return self.resize_method
+
+    def _read(self, index: int) -> EncodedExample:
+        try:
+            return self._encoded(index)
+        except OSError as e:
+            raise DataError(f"{self.name}: cannot read example {index}: {type(e).__name__}: {e}") from e
+
+    def _plan_example(
+        self, index: int, u: np.ndarray | None
+    ) -> tuple[EncodedExample, tuple[float, float, float, float], bool]:
+        """Example ``index`` read, its crop box and flip decided (from its header only)."""
+        example = self._read(index)
+        try:
+            width, height = self.decoder.size(example.data)
+        except ImageDecodeError as e:
+            raise DataError(f"{self.name}: cannot read image {example.name} (example {index}): {e}") from e
+        flip = u is not None and bool(u[self._flip_index] < 0.5)
+        return example, self._box(width, height, u, example), flip
+
+    def _decode_into(self, index: int, u: np.ndarray | None, position: int, out: np.ndarray) -> int:
+        """Decode example ``index`` into ``out`` (uint8 ``[H, W, 3]``); its label."""
+        example, box, flip = self._plan_example(index, u)
+        try:
+            decode_crop_resize(
+                example.data, box, self.image_size, self._method(position), flip, decoder=self.decoder, out=out
+            )
+        except ImageDecodeError as e:
+            raise DataError(f"{self.name}: cannot read image {example.name} (example {index}): {e}") from e
+        return example.label
+
+    def _uniforms_of(self, epoch: int, indices: np.ndarray) -> np.ndarray | None:
+        return example_uniforms(self.seed, epoch, indices, self._draws) if self.augment else None
+
+    def _each_example(
+        self, epoch: int, idx: np.ndarray, draws: np.ndarray | None, load: Callable[[int, np.ndarray | None, int], T]
+    ) -> list[tuple[int, T]]:
+        """``(index used, load(index, uniforms, position))`` per example, bad ones replaced
+        (:meth:`load_or_replace`): a replacement keeps its own augmentation (it depends on the
+        example, not the slot)."""
+        results: list[tuple[int, T]] = []
+        for j, i in enumerate(idx.tolist()):
+
+            def load_one(k: int, i: int = i, j: int = j) -> tuple[int, T]:
+                if draws is None:
+                    return k, load(k, None, j)
+                u = draws[j] if k == i else example_uniforms(self.seed, epoch, [k], self._draws)[0]
+                return k, load(k, u, j)
+
+            results.append(self.load_or_replace(epoch, i, load_one))
+        return results
+
+    def _color(self, epoch: int, used: list[int]) -> np.ndarray | None:
+        if not self.distortions:
+            return None
+        return color_params(example_uniforms(self.seed, epoch, used, self._draws))
+
+    # ------------------------------------------------------------------ batches
+    def batch_buffers(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]] | None:
+        if self._device_decoder is not None:
+            return None
+        size = self.image_size
+        return {"images": ((self.batch_size, size, size, 3), torch.uint8)}
+
+    def fill_batch(
+        self, indices: torch.Tensor, epoch: int, buffers: dict[str, torch.Tensor]
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Decode the examples ``indices`` into ``buffers["images"]`` rows ``0..len(indices)``;
+        ``(labels, colour parameters or None)``."""
+        idx = indices.numpy()
+        images = buffers["images"].numpy()
+        done = self._each_example(
+            epoch, idx, self._uniforms_of(epoch, idx), lambda k, u, j: self._decode_into(k, u, j, images[j])
+        )
+        labels = np.fromiter((label for _, label in done), dtype=np.int64, count=len(done))
+        return labels, self._color(epoch, [k for k, _ in done])
+
+    def _finish(self, images: torch.Tensor, labels: torch.Tensor, color: np.ndarray | None, copy: bool) -> Any:
+        color_t = None if color is None else torch.from_numpy(color).to(images.device)
+        if self.output == "float32":
+            return self._preprocess(images, color_t), labels
+        if copy:
+            images = images.clone()
+        return (images if color_t is None else {"images": images, "color": color_t}), labels
+
+    def assemble(
+        self, buffers: dict[str, torch.Tensor], rest: tuple[np.ndarray, np.ndarray | None], *, copy: bool
+    ) -> tuple[Any, torch.Tensor]:
+        """The batch from filled ``buffers`` (``copy``: they are a shared slot that will be reused)."""
+        labels, color = rest
+        return self._finish(buffers["images"], torch.from_numpy(labels), color, copy)
+
+    def load_batch(self, indices: torch.Tensor, epoch: int) -> tuple[Any, torch.Tensor]:
+        if self._device_decoder is not None:
+            return self._load_on_device(indices, epoch)
+        size = self.image_size
+        buffers = {"images": torch.empty((len(indices), size, size, 3), dtype=torch.uint8)}
+        return self.assemble(buffers, self.fill_batch(indices, epoch, buffers), copy=False)
+
+    def _load_on_device(self, indices: torch.Tensor, epoch: int) -> tuple[Any, torch.Tensor]:
+        """nvJPEG: read and size every example here, decode the batch on the GPU, crop and resize there."""
+        assert self._device_decoder is not None
+        idx = indices.numpy()
+        planned = self._each_example(
+            epoch, idx, self._uniforms_of(epoch, idx), lambda k, u, j: self._plan_example(k, u)
+        )
+        examples = [example for _, (example, _, _) in planned]
+        plans = [(box, self._method(j), flip) for j, (_, (_, box, flip)) in enumerate(planned)]
+        try:
+            images = self._device_decoder.decode_batch([e.data for e in examples], plans, self.image_size)
+        except ImageDecodeError as e:
+            names = ", ".join(f"{e.name} (example {k})" for (k, _), e in zip(planned, examples, strict=True))
+            raise DataError(f"{self.name}: cannot decode the batch of {names}: {e}") from e
+        labels = torch.tensor([e.label for e in examples], dtype=torch.int64)
+        return self._finish(images, labels, self._color(epoch, [k for k, _ in planned]), copy=False)
+
+
+class ImageFolderSource(EncodedImageSource):
+    """Decoded, augmented image batches from a folder tree. See :func:`image_folder`."""
 
     name = "image_folder"
 
@@ -209,22 +482,26 @@ class ImageFolderSource(IndexedSource):
         start_method: str | None = None,
         augment: bool | None = None,
         resize_method: str = "bilinear",
+        crop: str = "inception",
+        distortions: bool = False,
+        output: str = "float32",
+        decoder: str = "auto",
+        decode_on_device: bool | str = False,
     ) -> None:
-        if not isinstance(image_size, int) or image_size < 1:
-            raise ValueError(f"image_folder: image_size must be a positive integer; got {image_size!r}")
-        if resize_method not in RESIZE_METHODS:
-            raise ValueError(
-                f"image_folder: resize_method must be one of {', '.join(RESIZE_METHODS)}; got {resize_method!r}"
-            )
-        self.augment = bool(train) if augment is None else bool(augment)
-        self.resize_method = resize_method
         self.root = Path(root)
-        self.classes, self.paths, self.targets = scan_image_folder(root, extensions)
-        self.image_size = image_size
-        self.train = bool(train)
-        shuffle, num_epochs = self.mode_defaults(self.train, shuffle, num_epochs)
+        self._classes, self.paths, self.targets = scan_image_folder(root, extensions)
+        shuffle, num_epochs = self.mode_defaults(bool(train), shuffle, num_epochs)
         super().__init__(
             batch_size=batch_size,
+            image_size=image_size,
+            train=train,
+            augment=augment,
+            resize_method=resize_method,
+            crop=crop,
+            distortions=distortions,
+            output=output,
+            decoder=decoder,
+            decode_on_device=decode_on_device,
             shuffle=shuffle,
             seed=seed,
             num_epochs=num_epochs,
@@ -240,33 +517,18 @@ class ImageFolderSource(IndexedSource):
     def num_examples(self) -> int:
         return len(self.paths)
 
-    def _identity(self) -> dict[str, int]:
-        # A different batch size would make the saved batch number point at other examples.
-        return {"num_classes": len(self.classes), "batch_size": self.batch_size}
+    @property
+    def classes(self) -> list[str]:
+        return self._classes
 
-    def _example(self, index: int, u: np.ndarray | None, position: int = 0) -> tuple[np.ndarray, int]:
-        image = augment_image(
-            decode_rgb(self.paths[index]), self.image_size, u, resize_method=self.resize_method, position=position
-        )
-        return image, int(self.targets[index])
-
-    def load_batch(self, indices: torch.Tensor, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = indices.numpy()
-        draws = example_uniforms(self.seed, epoch, idx, _DRAWS) if self.augment else None
-        size = self.image_size
-        images = np.empty((len(idx), size, size, 3), dtype=np.uint8)
-        labels = np.empty(len(idx), dtype=np.int64)
-
-        for j, i in enumerate(idx.tolist()):
-
-            def load_one(k: int, i: int = i, j: int = j) -> tuple[np.ndarray, int]:
-                if draws is None:
-                    return self._example(k, None, j)
-                # A replacement example keeps its own augmentation: it depends on k, not the slot.
-                return self._example(k, draws[j] if k == i else example_uniforms(self.seed, epoch, [k], _DRAWS)[0], j)
-
-            images[j], labels[j] = self.load_or_replace(epoch, i, load_one)
-        return normalize_images(images, IMAGENET_MEAN, IMAGENET_STD), torch.from_numpy(labels)
+    def _encoded(self, index: int) -> EncodedExample:
+        path = self.paths[index]
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError as e:
+            raise DataError(f"{self.name}: cannot read image {path} (example {index}): {type(e).__name__}: {e}") from e
+        return EncodedExample(data, int(self.targets[index]), None, path)
 
 
 def image_folder(
@@ -287,12 +549,20 @@ def image_folder(
     start_method: str | None = None,
     augment: bool | None = None,
     resize_method: str = "bilinear",
+    crop: str = "inception",
+    distortions: bool = False,
+    output: str = "float32",
+    decoder: str = "auto",
+    decode_on_device: bool | str = False,
 ) -> ImageFolderSource:
-    """``(images, labels)`` batches from ``root/<class>/**/<image>`` files, decoded with Pillow.
+    """``(images, labels)`` batches from ``root/<class>/**/<image>`` files.
 
     Classes are the sorted subfolder names (``.classes``) and labels their index; files are
     sorted. Images are float32 ``[batch, 3, image_size, image_size]`` normalised by the
-    ImageNet mean and std, labels int64.
+    ImageNet mean and std (``output="uint8"``: the uint8 ``[batch, image_size, image_size, 3]``
+    batch, to normalise on the device), labels int64. JPEGs are decoded with simplejpeg when it
+    is installed (else Pillow), at the smallest DCT scale the crop allows
+    (:mod:`stoker.data.jpeg`); other formats with Pillow.
 
     Args:
         root: the folder holding one subfolder per class.
@@ -316,6 +586,15 @@ def image_folder(
             evaluation transform (tf_cnn_benchmarks' ``--nodistortions``).
         resize_method: ``bilinear`` (default), ``nearest``, ``bicubic``, ``area``,
             ``round_robin`` (the four by position in the batch) or ``crop`` (no resizing).
+        crop: ``inception`` (torchvision's random-resized-crop box, the default) or ``tf_cnn``
+            (tf_cnn_benchmarks' training and evaluation boxes, :mod:`stoker.data.preprocessing`).
+        distortions: also tf_cnn's colour distortions (brightness, saturation, hue, contrast)
+            on augmented batches: applied in the loader for ``float32``; with ``uint8`` the
+            features are ``{"images", "color"}`` for an ``ImagePreprocessor(distortions=True)``.
+        output: ``float32`` (normalised NCHW, the default) or ``uint8`` (NHWC, as decoded).
+        decoder: ``auto`` (simplejpeg if installed, else Pillow), ``simplejpeg`` or ``pillow``.
+        decode_on_device: ``True`` (or a CUDA device name): decode batches with nvJPEG on the
+            GPU and crop and resize them there (needs torchvision with CUDA); no worker processes.
 
     Raises:
         DataError: the root is missing or has no class folders, or a class folder has no images.
@@ -337,10 +616,19 @@ def image_folder(
         start_method=start_method,
         augment=augment,
         resize_method=resize_method,
+        crop=crop,
+        distortions=distortions,
+        output=output,
+        decoder=decoder,
+        decode_on_device=decode_on_device,
     )
 
 
 __all__ = [
+    "CROPS",
+    "OUTPUTS",
+    "EncodedExample",
+    "EncodedImageSource",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "RESIZE_METHODS",

@@ -16,8 +16,10 @@ the per-replica sharding are those of every :class:`~stoker.data.IndexedSource`.
   this source (``num_classes=1001``; a label outside ``[0, num_classes)`` is a
   :class:`~stoker.data.DataError`). A model trained on it has 1001 logits, as tf_cnn's.
 - ``image/object/bbox/{xmin,ymin,xmax,ymax}`` (float lists, optional, normalised to [0, 1]):
-  object boxes, handed to the crop as ``bbox`` ``[n, 4]`` in TensorFlow's ``(ymin, xmin, ymax,
-  xmax)`` order; none (or empty lists) means the whole image, as in tf_cnn.
+  object boxes, handed to the crop as the example's ``bbox``, ``[n, 4]`` in TensorFlow's
+  ``(ymin, xmin, ymax, xmax)`` order; ``crop="tf_cnn"`` samples its training crop around them
+  as tf_cnn does (TensorFlow's ``sample_distorted_bounding_box``); none (or empty lists) means
+  the whole image.
 
 A record whose checksum fails, a truncated record, an Example missing a required key or with a
 bad label raise :class:`~stoker.data.DataError` naming the shard, the record number (and byte
@@ -33,23 +35,13 @@ import logging
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
-import torch
 from PIL import Image
 
-from .base import DataError, IndexedSource, example_uniforms
-from .images import (
-    _DRAWS,
-    IMAGE_EXTENSIONS,
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    RESIZE_METHODS,
-    augment_image,
-    normalize_images,
-    scan_image_folder,
-)
+from .base import DataError
+from .images import IMAGE_EXTENSIONS, EncodedExample, EncodedImageSource, scan_image_folder
 from .tfrecord_index import RecordShards
 from .tfrecord_io import example_class, make_example, write_tfrecords
 
@@ -61,19 +53,6 @@ ENCODED_KEY = "image/encoded"
 LABEL_KEY = "image/class/label"
 BBOX_KEYS = ("image/object/bbox/ymin", "image/object/bbox/xmin", "image/object/bbox/ymax", "image/object/bbox/xmax")
 _INDEX_SUFFIXES = (".idx", ".index")  # other tools' index files next to the shards (DALI, tfrecord)
-
-
-class EncodedExample(NamedTuple):
-    """One example before decoding: the encoded image, its label, its boxes, a name for messages.
-
-    ``bbox`` is float32 ``[n, 4]`` ``(ymin, xmin, ymax, xmax)`` in [0, 1], or ``None`` for the
-    whole image.
-    """
-
-    data: bytes
-    label: int
-    bbox: np.ndarray | None
-    name: str
 
 
 def find_shards(data_dir: str | os.PathLike[str], split: str) -> list[Path]:
@@ -144,19 +123,8 @@ def parse_imagenet_example(data: bytes, name: str, num_classes: int = IMAGENET_N
     return EncodedExample(bytes(encoded[0]), label, bbox, name)
 
 
-def decode_image_bytes(data: bytes, name: str) -> Image.Image:
-    """An encoded image decoded to RGB; a :class:`DataError` naming ``name`` if it cannot be."""
-    try:
-        with Image.open(io.BytesIO(data)) as im:
-            im.load()
-            return im if im.mode == "RGB" else im.convert("RGB")
-    except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError ... for bad data
-        raise DataError(f"imagenet_tfrecords: cannot decode the image of {name}: {type(e).__name__}: {e}") from e
-
-
-class TFRecordImageSource(IndexedSource):
-    """Decoded, augmented, normalised image batches from ImageNet TFRecord shards.
-    See :func:`imagenet_tfrecords`."""
+class TFRecordImageSource(EncodedImageSource):
+    """Decoded, augmented image batches from ImageNet TFRecord shards. See :func:`imagenet_tfrecords`."""
 
     name = "imagenet_tfrecords"
 
@@ -179,15 +147,14 @@ class TFRecordImageSource(IndexedSource):
         start_method: str | None = None,
         augment: bool | None = None,
         resize_method: str = "bilinear",
+        crop: str = "inception",
+        distortions: bool = False,
+        output: str = "float32",
+        decoder: str = "auto",
+        decode_on_device: bool | str = False,
         num_classes: int = IMAGENET_NUM_CLASSES,
         index_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        if not isinstance(image_size, int) or image_size < 1:
-            raise ValueError(f"imagenet_tfrecords: image_size must be a positive integer; got {image_size!r}")
-        if resize_method not in RESIZE_METHODS:
-            raise ValueError(
-                f"imagenet_tfrecords: resize_method must be one of {', '.join(RESIZE_METHODS)}; got {resize_method!r}"
-            )
         self.data_dir = Path(data_dir)
         self.split = split or ("train" if train else "validation")
         if not self.data_dir.is_dir():
@@ -200,13 +167,18 @@ class TFRecordImageSource(IndexedSource):
             )
         self.records = RecordShards(shards, index_dir=index_dir, lenient=skip_bad_examples)
         self.num_classes = int(num_classes)
-        self.image_size = image_size
-        self.train = bool(train)
-        self.augment = self.train if augment is None else bool(augment)
-        self.resize_method = resize_method
-        shuffle, num_epochs = self.mode_defaults(self.train, shuffle, num_epochs)
+        shuffle, num_epochs = self.mode_defaults(bool(train), shuffle, num_epochs)
         super().__init__(
             batch_size=batch_size,
+            image_size=image_size,
+            train=train,
+            augment=augment,
+            resize_method=resize_method,
+            crop=crop,
+            distortions=distortions,
+            output=output,
+            decoder=decoder,
+            decode_on_device=decode_on_device,
             shuffle=shuffle,
             seed=seed,
             num_epochs=num_epochs,
@@ -227,36 +199,9 @@ class TFRecordImageSource(IndexedSource):
         """Class names by label: ``"background"`` then ``"1"`` .. (the records store numbers only)."""
         return ["background", *map(str, range(1, self.num_classes))]
 
-    def _identity(self) -> dict[str, int]:
-        return {"num_classes": self.num_classes, "batch_size": self.batch_size}
-
     def _encoded(self, index: int) -> EncodedExample:
-        """Example ``index`` read (checksums checked) and parsed, not decoded."""
+        """Example ``index`` read (both checksums checked) and parsed, not decoded."""
         return parse_imagenet_example(self.records.read(index), self.records.describe(index), self.num_classes)
-
-    def _example(self, index: int, u: np.ndarray | None, position: int = 0) -> tuple[np.ndarray, int]:
-        # Until the decode-and-crop batch builder lands, the crop ignores ``bbox`` (whole image).
-        example = self._encoded(index)
-        image = decode_image_bytes(example.data, example.name)
-        return augment_image(
-            image, self.image_size, u, resize_method=self.resize_method, position=position
-        ), example.label
-
-    def load_batch(self, indices: torch.Tensor, epoch: int) -> tuple[torch.Tensor, torch.Tensor]:
-        # As ImageFolderSource.load_batch: a replacement example keeps its own augmentation.
-        idx = indices.numpy()
-        draws = example_uniforms(self.seed, epoch, idx, _DRAWS) if self.augment else None
-        images = np.empty((len(idx), self.image_size, self.image_size, 3), dtype=np.uint8)
-        labels = np.empty(len(idx), dtype=np.int64)
-        for j, i in enumerate(idx.tolist()):
-
-            def load_one(k: int, i: int = i, j: int = j) -> tuple[np.ndarray, int]:
-                if draws is None:
-                    return self._example(k, None, j)
-                return self._example(k, draws[j] if k == i else example_uniforms(self.seed, epoch, [k], _DRAWS)[0], j)
-
-            images[j], labels[j] = self.load_or_replace(epoch, i, load_one)
-        return normalize_images(images, IMAGENET_MEAN, IMAGENET_STD), torch.from_numpy(labels)
 
 
 def imagenet_tfrecords(
@@ -277,6 +222,11 @@ def imagenet_tfrecords(
     start_method: str | None = None,
     augment: bool | None = None,
     resize_method: str = "bilinear",
+    crop: str = "inception",
+    distortions: bool = False,
+    output: str = "float32",
+    decoder: str = "auto",
+    decode_on_device: bool | str = False,
     num_classes: int = IMAGENET_NUM_CLASSES,
     index_dir: str | os.PathLike[str] | None = None,
 ) -> TFRecordImageSource:
@@ -285,14 +235,18 @@ def imagenet_tfrecords(
     Reads ``data_dir/train-*-of-*`` (``train=True``) or ``data_dir/validation-*-of-*``; the keys,
     the 1-based labels with the background class 0 (``num_classes=1001``) and the boxes are in
     :mod:`stoker.data.tfrecord`. Images are float32 ``[batch, 3, image_size, image_size]``
-    normalised by the ImageNet mean and std, labels int64 as stored. The first use of a shard
+    normalised by the ImageNet mean and std (``output="uint8"``: uint8 ``[batch, image_size,
+    image_size, 3]``, to normalise on the device), labels int64 as stored. The first use of a shard
     builds its offset index (a tqdm bar when that takes more than a second) and caches it
     (:mod:`stoker.data.tfrecord_io`: ``<data_dir>/.stoker-index/``, or the user cache when the
     data folder is read-only).
 
     ``batch_size``, ``image_size``, ``train``, ``shuffle``, ``seed``, ``num_epochs``,
     ``drop_remainder``, ``num_workers``, ``num_shards``, ``shard_index``, ``start_method``,
-    ``augment`` and ``resize_method`` mean what they mean for :func:`~stoker.data.image_folder`.
+    ``augment``, ``resize_method``, ``crop``, ``distortions``, ``output``, ``decoder`` and
+    ``decode_on_device`` mean what they mean for :func:`~stoker.data.image_folder` (the
+    decode-and-crop batch builder is :class:`~stoker.data.images.EncodedImageSource`);
+    ``crop="tf_cnn"`` crops around the example's object boxes as tf_cnn does.
 
     Args:
         data_dir: the folder holding the shards.
@@ -325,6 +279,11 @@ def imagenet_tfrecords(
         start_method=start_method,
         augment=augment,
         resize_method=resize_method,
+        crop=crop,
+        distortions=distortions,
+        output=output,
+        decoder=decoder,
+        decode_on_device=decode_on_device,
         num_classes=num_classes,
         index_dir=index_dir,
     )
@@ -419,9 +378,7 @@ def write_imagenet_tfrecords(
 
 __all__ = [
     "IMAGENET_NUM_CLASSES",
-    "EncodedExample",
     "TFRecordImageSource",
-    "decode_image_bytes",
     "expected_layouts",
     "find_shards",
     "imagenet_example",

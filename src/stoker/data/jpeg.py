@@ -1,0 +1,264 @@
+"""Decoding encoded images into crops: the decoders, DCT scaling, and the resize.
+
+A training example needs only its crop, resized to ``image_size``. So the work is:
+
+1. read the image's size from its header (no pixels decoded);
+2. choose the crop box in full-image coordinates (the caller's sampler);
+3. decode at the smallest DCT scale (1/8, 1/4, 1/2 or 1) at which the crop is still at least
+   ``image_size`` on both sides: libjpeg-turbo's scaled IDCT skips most of the work for the
+   large crops of typical training (a 500x375 image whose crop is >= 448 pixels decodes at half
+   size, a quarter of the pixels), with the fast integer DCT (tf_cnn_benchmarks decodes with
+   ``dct_method='INTEGER_FAST'`` too) and the fast chroma upsampling;
+4. crop the box out of the scaled image and resize it with torch's uint8 kernels
+   (``F.interpolate``, ``antialias=False``: TensorFlow's ``resize_images`` semantics, and the
+   DCT scaling above leaves at most a factor 2 to shrink, where antialiasing changes little);
+   flip by writing the rows reversed.
+
+Why not decode only the crop window (libjpeg-turbo's ``jpeg_crop_scanline`` /
+``jpeg_skip_scanlines``, as tf.data's ``decode_and_crop_jpeg`` does)? No maintained Python
+binding that installs here exposes it: PyTurboJPEG 2.x needs libturbojpeg 3 (this machine has
+libjpeg-turbo 2.1), simplejpeg and imagecodecs decode whole images, OpenCV's decoder is slower
+than simplejpeg and a 61 MB wheel. DCT scaling gets most of the saving for crops of at least
+twice the output, which are most of tf_cnn's crops (area 5%-100% of a ~500x375 image).
+
+Decoders (:data:`DECODERS`, measured per core by ``benchmarks/input_pipeline.py --decoders``):
+``simplejpeg`` (libjpeg-turbo bundled in its wheel; the default when it is installed) and
+``pillow`` (always there; ``Image.draft`` gives it the same DCT scaling). Files that are not
+JPEG (PNG, BMP) and JPEGs simplejpeg cannot convert (CMYK) go to Pillow. Both release the GIL
+while decoding, but the resize and the Python between calls do not; threads against processes
+is measured in ``docs/data.md``.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+#: ``resize_method`` names (tf_cnn_benchmarks'); ``round_robin`` cycles through the first four
+#: by the example's position in its batch, ``crop`` crops without resizing.
+RESIZE_MODES: tuple[str, ...] = ("nearest", "bilinear", "bicubic", "area")
+RESIZE_METHODS: tuple[str, ...] = (*RESIZE_MODES, "round_robin", "crop")
+#: DCT scale denominators libjpeg-turbo decodes cheaply, largest first.
+_DCT_SCALES = (8, 4, 2, 1)
+
+
+class ImageDecodeError(ValueError):
+    """Bytes that are not a decodable image (the caller adds the file name and example index)."""
+
+
+class Decoder(Protocol):
+    """An image decoder: ``size`` from the header, ``decode`` to RGB uint8 HWC at a DCT scale."""
+
+    name: str
+
+    def size(self, data: bytes) -> tuple[int, int]:
+        """``(width, height)`` of the encoded image, from its header."""
+        ...
+
+    def decode(self, data: bytes, scale: int = 1) -> np.ndarray:
+        """RGB uint8 ``[H, W, 3]`` at about ``1/scale`` of the full size (at least ``ceil(side/scale)``)."""
+        ...
+
+
+def is_jpeg(data: bytes) -> bool:
+    """The bytes start with a JPEG start-of-image marker."""
+    return data[:3] == b"\xff\xd8\xff"
+
+
+class PillowDecoder:
+    """Pillow (libjpeg-turbo in its wheels): any format it reads; ``draft`` for JPEG DCT scaling."""
+
+    name = "pillow"
+
+    def size(self, data: bytes) -> tuple[int, int]:
+        try:
+            with Image.open(io.BytesIO(data)) as im:
+                return im.size
+        except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, ... for bad bytes
+            raise ImageDecodeError(f"{type(e).__name__}: {e}") from e
+
+    def decode(self, data: bytes, scale: int = 1) -> np.ndarray:
+        try:
+            with Image.open(io.BytesIO(data)) as im:
+                if scale > 1 and im.format == "JPEG":
+                    w, h = im.size
+                    im.draft("RGB", (-(-w // scale), -(-h // scale)))  # the smallest DCT scale >= that size
+                im.load()
+                rgb = im if im.mode == "RGB" else im.convert("RGB")
+                return np.asarray(rgb)
+        except Exception as e:
+            raise ImageDecodeError(f"{type(e).__name__}: {e}") from e
+
+
+class SimpleJpegDecoder:
+    """simplejpeg (libjpeg-turbo in its wheel) for JPEGs, with the fast DCT and upsampling;
+    everything else (PNG, CMYK JPEGs) through :class:`PillowDecoder`."""
+
+    name = "simplejpeg"
+
+    def __init__(self) -> None:
+        self._fallback = PillowDecoder()
+
+    def _header(self, data: bytes) -> tuple[int, int, str]:
+        import simplejpeg
+
+        try:
+            height, width, colorspace, _ = simplejpeg.decode_jpeg_header(data)
+        except ValueError as e:
+            raise ImageDecodeError(f"not a readable JPEG header: {e}") from e
+        return int(width), int(height), str(colorspace)
+
+    def size(self, data: bytes) -> tuple[int, int]:
+        if not is_jpeg(data):
+            return self._fallback.size(data)
+        width, height, _ = self._header(data)
+        return width, height
+
+    def decode(self, data: bytes, scale: int = 1) -> np.ndarray:
+        import simplejpeg
+
+        if not is_jpeg(data):
+            return self._fallback.decode(data, scale)
+        width, height, colorspace = self._header(data)
+        if colorspace in ("CMYK", "YCCK"):
+            return self._fallback.decode(data, scale)  # libjpeg-turbo does not convert these to RGB
+        # min_width/min_height pick the smallest M/8 scale giving at least this size: exactly 1/scale.
+        try:
+            return simplejpeg.decode_jpeg(
+                data,
+                colorspace="RGB",
+                fastdct=True,
+                fastupsample=True,
+                min_width=-(-width // scale),
+                min_height=-(-height // scale),
+            )
+        except ValueError as e:  # strict mode: truncated data and corrupt entropy coding raise
+            raise ImageDecodeError(f"corrupt or truncated JPEG: {e}") from e
+
+
+def _simplejpeg_available() -> bool:
+    try:
+        import simplejpeg  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+#: Decoder names and constructors, fastest first (``benchmarks/input_pipeline.py --decoders``).
+DECODERS: dict[str, Callable[[], Decoder]] = {"simplejpeg": SimpleJpegDecoder, "pillow": PillowDecoder}
+
+
+def available_decoders() -> list[str]:
+    """The decoders that import here, fastest first."""
+    return [name for name in DECODERS if name != "simplejpeg" or _simplejpeg_available()]
+
+
+def get_decoder(name: str = "auto") -> Decoder:
+    """A decoder by name; ``auto``: the fastest installed (simplejpeg, else Pillow)."""
+    if name == "auto":
+        name = available_decoders()[0]
+    if name not in DECODERS:
+        raise ValueError(f"decoder must be auto or one of {', '.join(DECODERS)}; got {name!r}")
+    if name == "simplejpeg" and not _simplejpeg_available():
+        raise ValueError("decoder='simplejpeg' needs the simplejpeg package: pip install simplejpeg")
+    return DECODERS[name]()
+
+
+def dct_scale(box_w: float, box_h: float, size: int) -> int:
+    """The largest DCT scale denominator (8, 4, 2 or 1) that keeps the crop >= ``size`` on both sides."""
+    for d in _DCT_SCALES:
+        if box_w / d >= size and box_h / d >= size:
+            return d
+    return 1
+
+
+def _contiguous(a: np.ndarray) -> np.ndarray:
+    """``a`` as a C-contiguous, writable array (torch refuses to wrap read-only memory silently)."""
+    return a if a.flags.c_contiguous and a.flags.writeable else np.array(a)
+
+
+def resize_uint8(crop: np.ndarray, size: int, method: str) -> torch.Tensor:
+    """uint8 HWC ``crop`` resized to ``size`` x ``size`` with ``method`` (one of :data:`RESIZE_MODES`):
+    uint8 ``[size, size, 3]`` (a strided view; copy it out)."""
+    x = torch.from_numpy(_contiguous(crop)).permute(2, 0, 1).unsqueeze(0)
+    if x.shape[-2:] == (size, size):
+        return x[0].permute(1, 2, 0)
+    if method == "area":  # torch's area resize (adaptive average pooling) has no uint8 kernel
+        y = F.interpolate(x.float(), size=(size, size), mode="area").round_().to(torch.uint8)
+    elif method == "nearest":
+        y = F.interpolate(x, size=(size, size), mode="nearest")
+    else:
+        y = F.interpolate(x, size=(size, size), mode=method, align_corners=False, antialias=False)
+    return y[0].permute(1, 2, 0)
+
+
+def decode_crop_resize(
+    data: bytes,
+    box: tuple[float, float, float, float],
+    size: int,
+    resize_method: str = "bilinear",
+    flip: bool = False,
+    *,
+    decoder: Decoder | None = None,
+    out: np.ndarray | torch.Tensor | None = None,
+) -> np.ndarray:
+    """The ``box = (left, top, width, height)`` region of the encoded image, resized to
+    ``size`` x ``size`` (``resize_method``: one of :data:`RESIZE_MODES`, or ``crop``: the box is
+    taken as is and must be ``size`` x ``size``), flipped left-right when ``flip``: uint8 ``[size, size, 3]``.
+
+    Decodes at the smallest DCT scale that keeps the box at least ``size`` on both sides. Writes
+    into ``out`` (uint8 ``[size, size, 3]``) when given and returns it.
+
+    Raises:
+        ImageDecodeError: the bytes are not a decodable image.
+    """
+    decoder = decoder or get_decoder()
+    left, top, bw, bh = box
+    scale = 1 if resize_method == "crop" else dct_scale(bw, bh, size)
+    if scale > 1:
+        width, height = decoder.size(data)
+    image = decoder.decode(data, scale)
+    if scale > 1:
+        fx, fy = image.shape[1] / width, image.shape[0] / height
+    else:
+        fx = fy = 1.0
+    x0, y0 = int(math.floor(left * fx)), int(math.floor(top * fy))
+    x1 = max(x0 + 1, min(image.shape[1], int(round((left + bw) * fx))))
+    y1 = max(y0 + 1, min(image.shape[0], int(round((top + bh) * fy))))
+    crop = image[y0:y1, x0:x1]
+    if resize_method == "crop":
+        if crop.shape[:2] != (size, size):
+            raise ImageDecodeError(f"is {image.shape[1]}x{image.shape[0]}, smaller than the {size}x{size} crop")
+        result = torch.from_numpy(_contiguous(crop))
+    else:
+        result = resize_uint8(crop, size, resize_method)
+    if flip:
+        result = result.flip(1)
+    if out is None:
+        return result.contiguous().numpy()
+    torch.as_tensor(out).copy_(result)
+    return out if isinstance(out, np.ndarray) else out.numpy()
+
+
+__all__ = [
+    "DECODERS",
+    "RESIZE_METHODS",
+    "RESIZE_MODES",
+    "Decoder",
+    "ImageDecodeError",
+    "PillowDecoder",
+    "SimpleJpegDecoder",
+    "available_decoders",
+    "decode_crop_resize",
+    "dct_scale",
+    "get_decoder",
+    "is_jpeg",
+    "resize_uint8",
+]

@@ -1,0 +1,222 @@
+"""The encoded-image pipeline: decoders, crop/resize/flip, uint8 and float outputs, shared-memory
+worker slots (bitwise the main process's batches), resume, bad JPEGs, and GPU decoding."""
+
+from __future__ import annotations
+
+import io
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from stoker.data import DataError, image_folder
+from stoker.data import jpeg as jpeg_module
+from stoker.data.jpeg import available_decoders, dct_scale, decode_crop_resize, get_decoder
+from stoker.data.preprocessing import COLOR_PARAMS, ImagePreprocessor
+
+
+def coordinate_png(width: int = 40, height: int = 30) -> bytes:
+    """Lossless image whose pixel (y, x) is (x, y, 7): every crop, flip and nearest resize is checkable."""
+    pixels = np.zeros((height, width, 3), dtype=np.uint8)
+    pixels[..., 0] = np.arange(width)[None, :]
+    pixels[..., 1] = np.arange(height)[:, None]
+    pixels[..., 2] = 7
+    buf = io.BytesIO()
+    Image.fromarray(pixels).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def smooth_jpeg(width: int = 120, height: int = 90, seed: int = 0, quality: int = 90) -> bytes:
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, (height // 10, width // 10, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(small).resize((width, height), Image.Resampling.BICUBIC).save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def jpeg_tree(root: Path, classes: int = 2, per_class: int = 10, size: tuple[int, int] = (120, 90)) -> Path:
+    for c in range(classes):
+        (root / f"class_{c}").mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            (root / f"class_{c}" / f"img_{i:03d}.jpg").write_bytes(smooth_jpeg(*size, seed=100 * c + i))
+    return root
+
+
+# ---------------------------------------------------------------------------- jpeg.py
+@pytest.mark.parametrize("decoder", ["simplejpeg", "pillow"])
+def test_crop_flip_and_nearest_resize_are_exact(decoder: str) -> None:
+    data, dec = coordinate_png(), get_decoder(decoder)
+    out = decode_crop_resize(data, (10, 5, 8, 8), 8, "crop", flip=False, decoder=dec)
+    assert out.shape == (8, 8, 3) and out.dtype == np.uint8
+    assert out[..., 0].tolist() == [list(range(10, 18))] * 8 and out[:, 0, 1].tolist() == list(range(5, 13))
+    flipped = decode_crop_resize(data, (10, 5, 8, 8), 8, "crop", flip=True, decoder=dec)
+    assert np.array_equal(flipped, out[:, ::-1])
+    # nearest, 16x16 -> 8x8: output column j reads source column 2j
+    near = decode_crop_resize(data, (10, 4, 16, 16), 8, "nearest", decoder=dec)
+    assert near[0, :, 0].tolist() == [10 + 2 * j for j in range(8)] and near[:, 0, 1].tolist() == [
+        4 + 2 * i for i in range(8)
+    ]
+    into = np.zeros((8, 8, 3), dtype=np.uint8)
+    assert decode_crop_resize(data, (10, 5, 8, 8), 8, "crop", decoder=dec, out=into) is into and np.array_equal(
+        into, out
+    )
+
+
+def test_dct_scale_picks_the_largest_scale_that_keeps_the_crop_large_enough() -> None:
+    assert [dct_scale(w, h, 224) for w, h in ((500, 375), (448, 448), (1000, 900), (1800, 1800), (447, 900))] == [
+        1,
+        2,
+        4,
+        8,
+        1,
+    ]
+    data = smooth_jpeg(480, 360)
+    for name in available_decoders():
+        dec = get_decoder(name)
+        assert dec.size(data) == (480, 360)
+        assert dec.decode(data, 2).shape == (180, 240, 3) and dec.decode(data, 4).shape == (90, 120, 3)
+        # a crop >= 2x the output decodes at half size and still lands close to the full decode's result
+        full = decode_crop_resize(data, (0, 0, 480, 360), 100, "area", decoder=dec)
+        assert full.shape == (100, 100, 3)
+
+
+def test_decoders_agree_and_auto_prefers_simplejpeg(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = smooth_jpeg()
+    box = (7, 3, 100, 80)
+    a = decode_crop_resize(data, box, 32, "bilinear", decoder=get_decoder("simplejpeg")).astype(int)
+    b = decode_crop_resize(data, box, 32, "bilinear", decoder=get_decoder("pillow")).astype(int)
+    assert np.abs(a - b).mean() < 2 and np.abs(a - b).max() <= 12  # fast vs accurate integer DCT
+    assert get_decoder().name == "simplejpeg" and available_decoders() == ["simplejpeg", "pillow"]
+    monkeypatch.setattr(jpeg_module, "_simplejpeg_available", lambda: False)
+    assert get_decoder().name == "pillow" and available_decoders() == ["pillow"]
+    with pytest.raises(ValueError, match="pip install simplejpeg"):
+        get_decoder("simplejpeg")
+    with pytest.raises(ValueError, match="auto or one of simplejpeg, pillow; got 'turbo'"):
+        get_decoder("turbo")
+
+
+# ---------------------------------------------------------------------------- the source
+@pytest.mark.parametrize("crop", ["inception", "tf_cnn"])
+def test_float_output_is_the_preprocessor_of_the_uint8_output(tmp_path: Path, crop: str) -> None:
+    root = jpeg_tree(tmp_path)
+    for distortions in (False, True):
+        kw = {"batch_size": 6, "image_size": 24, "seed": 4, "crop": crop, "distortions": distortions}
+        as_float = image_folder(root, **kw)
+        as_uint8 = image_folder(root, output="uint8", **kw)
+        pre = ImagePreprocessor(distortions=distortions, channels_last=False)
+        for _ in range(4):
+            (xf, yf), (xu, yu) = next(as_float), next(as_uint8)
+            assert torch.equal(yf, yu)
+            if distortions:
+                assert xu["images"].dtype == torch.uint8 and xu["color"].shape == (6, COLOR_PARAMS)
+                assert torch.equal(xf, pre(xu["images"], xu["color"]))
+            else:
+                assert xu.dtype == torch.uint8 and xu.shape == (6, 24, 24, 3)
+                assert torch.equal(xf, pre(xu))
+
+
+@pytest.mark.parametrize("output", ["uint8", "float32"])
+def test_shared_memory_slots_give_bitwise_the_main_process_batches(tmp_path: Path, output: str) -> None:
+    root = jpeg_tree(tmp_path, per_class=7)
+    kw = {"batch_size": 4, "image_size": 16, "seed": 2, "output": output, "crop": "tf_cnn", "distortions": True}
+    reference = image_folder(root, **kw)
+    expected = [next(reference) for _ in range(11)]  # 14 examples: 3 batches an epoch, across 3 epochs
+    src = image_folder(root, num_workers=2, **kw)
+    got = [next(iter(src)) for _ in range(11)]
+    ring = src._workers.ring
+    assert ring is not None and ring.count == 2 * 2 + 2  # prefetch 2 x 2 workers, plus the one being read
+    src.close()
+    # Every batch kept to the end still holds its values: none aliases a slot the workers reused.
+    for (xe, ye), (xg, yg) in zip(expected, got, strict=True):
+        if output == "uint8":
+            assert torch.equal(xe["images"], xg["images"]) and torch.equal(xe["color"], xg["color"])
+        else:
+            assert torch.equal(xe, xg)
+        assert torch.equal(ye, yg)
+
+
+def test_resume_with_workers_is_exact(tmp_path: Path) -> None:
+    root = jpeg_tree(tmp_path, per_class=7)
+    make = lambda: image_folder(  # noqa: E731
+        root, batch_size=4, image_size=16, seed=5, output="uint8", crop="tf_cnn", num_workers=2
+    )
+    straight = make()
+    expected = [next(iter(straight)) for _ in range(8)]
+    first = make()
+    for _ in range(4):
+        next(iter(first))
+    state = first.state_dict()
+    first.close()
+    resumed = make()
+    resumed.load_state_dict(state)
+    got = [next(iter(resumed)) for _ in range(4)]
+    for (xe, ye), (xg, yg) in zip(expected[4:], got, strict=True):
+        assert torch.equal(xe, xg) and torch.equal(ye, yg)
+    straight.close()
+    resumed.close()
+
+
+@pytest.mark.parametrize("decoder", ["simplejpeg", "pillow"])
+@pytest.mark.parametrize("workers", [0, 2])
+def test_bad_jpeg_names_the_file_the_example_and_the_fault(tmp_path: Path, decoder: str, workers: int) -> None:
+    root = jpeg_tree(tmp_path, per_class=3)
+    bad = root / "class_1" / "img_001.jpg"  # example 4 in file order
+    data = bad.read_bytes()
+    bad.write_bytes(data[: len(data) // 2])  # the header intact, the scan cut short
+    src = image_folder(root, batch_size=6, image_size=16, train=False, decoder=decoder, num_workers=workers)
+    fault = "corrupt or truncated JPEG: Premature end" if decoder == "simplejpeg" else "image file is truncated"
+    with pytest.raises(DataError, match=rf"image_folder: cannot read image {bad} \(example 4\): .*{fault}"):
+        next(iter(src))
+    src.close()
+
+
+def test_skipped_bad_examples_are_identical_after_a_resume(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = jpeg_tree(tmp_path, per_class=5)
+    (root / "class_0" / "img_002.jpg").write_bytes(b"\xff\xd8\xff not really a jpeg")
+    make = lambda: image_folder(  # noqa: E731
+        root, batch_size=3, image_size=16, seed=1, output="uint8", skip_bad_examples=True, num_workers=2
+    )
+    straight = make()
+    expected = [next(iter(straight)) for _ in range(9)]  # 3 epochs: the bad one is met once each
+    assert straight.bad_examples_skipped == 3
+    first = make()
+    for _ in range(4):
+        next(iter(first))
+    state = first.state_dict()
+    first.close()
+    with caplog.at_level(logging.WARNING, logger="stoker"):
+        resumed = make()
+        resumed.load_state_dict(state)
+        got = [next(iter(resumed)) for _ in range(5)]
+    for (xe, ye), (xg, yg) in zip(expected[4:], got, strict=True):
+        assert torch.equal(xe, xg) and torch.equal(ye, yg)
+    assert resumed.bad_examples_skipped == 2  # epochs 1 and 2 (the resume started inside epoch 1)
+    assert any("img_002.jpg (example 2)" in r.getMessage() for r in caplog.records), caplog.records
+    straight.close()
+    resumed.close()
+
+
+def test_decode_on_device_without_cuda_says_what_it_needs(tmp_path: Path) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    root = jpeg_tree(tmp_path, per_class=2)
+    with pytest.raises(ValueError, match="decode_on_device needs a CUDA device"):
+        image_folder(root, batch_size=2, decode_on_device=True)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_decode_on_device_matches_the_cpu_path(tmp_path: Path) -> None:
+    pytest.importorskip("torchvision.io", reason="nvJPEG decoding needs torchvision")
+    root = jpeg_tree(tmp_path, per_class=4)
+    kw = {"batch_size": 4, "image_size": 32, "seed": 3, "output": "uint8", "crop": "tf_cnn"}
+    cpu, gpu = image_folder(root, **kw), image_folder(root, decode_on_device=True, **kw)
+    for _ in range(3):
+        (xc, yc), (xg, yg) = next(cpu), next(gpu)
+        assert xg.device.type == "cuda" and xg.dtype == torch.uint8 and xg.shape == xc.shape
+        assert torch.equal(yc, yg.cpu())
+        # nvJPEG's IDCT is not libjpeg-turbo's fast integer one: close, not equal
+        assert (xg.cpu().int() - xc.int()).abs().float().mean() < 3
