@@ -29,6 +29,18 @@ speed-up each target asks of plain PyTorch there (resnet50 11.5 / 7.6, resnet20 
     python benchmarks/cnn.py --models resnet20 resnet50 --rounds 1 \
         --configs stoker stoker_compile_module stoker_compile_step
     python benchmarks/cnn.py --configs stoker tensorflow      # against TensorFlow on this machine
+    python benchmarks/cnn.py --models trivial --data_dir DIR --configs stoker plain tensorflow
+
+``--data_dir DIR``: real images instead of synthetic data (issue 25). ``DIR`` is a JPEG folder
+(``DIR/<class>/<image>.jpg``); ``--generate N`` first fills it (once) with N ImageNet-shaped
+JPEGs (500x375, quality 90, ``benchmarks/input_pipeline.py``'s generator). Then, side by side:
+``stoker`` is ``stoker bench --data_dir=DIR`` (the JPEG folder, ``--nodistortions``: tf_cnn's
+default training preprocessing); ``stoker_records`` the same on the TFRecords below (once
+stoker reads TFRecords); ``plain`` a plain ``DataLoader(num_workers=<cores>)`` with Pillow's
+random-resized crop and flip, uint8 batches normalised in the main process, and the same
+step; ``tensorflow`` tf_cnn_benchmarks on the same images as its ImageNet TFRecords
+(``train-0000k-of-0000n``, written once into ``DIR.tfrecords`` by the TensorFlow peer's own
+Python with ``tf.io.TFRecordWriter``: labels 1-based, as tf_cnn's ``ImagenetDataset`` reads them).
 """
 
 from __future__ import annotations
@@ -87,8 +99,15 @@ BATCH = 32
 WEIGHT_DECAY = 4e-5  # tf_cnn_benchmarks' default, also in the plain loop
 
 
-def stoker_images_per_sec(case: Case, keep_host_memory: bool = True, compile: bool | str = False) -> float:
+DATA_DIR: str | None = None  # --data_dir: real images (a JPEG folder) instead of synthetic data
+
+
+def stoker_images_per_sec(
+    case: Case, keep_host_memory: bool = True, compile: bool | str = False, data_dir: str | None = None
+) -> float:
+    real = {} if data_dir is None else {"data_dir": data_dir, "distortions": False}
     cfg = BenchConfig(
+        **real,
         compile=compile,
         model=case.model,
         data_name=case.dataset,
@@ -103,6 +122,95 @@ def stoker_images_per_sec(case: Case, keep_host_memory: bool = True, compile: bo
         init_learning_rate=0.005,
     )  # the plain loop's constant rate, not the model's schedule
     return run_benchmark(cfg, log=lambda line: None)["images_per_sec"]
+
+
+def plain_real_images_per_sec(case: Case, data_dir: str) -> float:
+    """What a PyTorch user writes for real images: DataLoader + Pillow crop/flip, uint8 batches
+    normalised in the main process, then the same step as :func:`plain_images_per_sec`."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from input_pipeline import PlainRealDataset  # noqa: PLC0415  (a sibling script)
+
+    from stoker.data.preprocessing import TF_CNN_MEAN, TF_CNN_STD, ImagePreprocessor
+
+    info = get_model_info(case.model, case.dataset)
+    torch.manual_seed(1234)
+    model = create_model(case.model, dataset=case.dataset).to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.005, weight_decay=WEIGHT_DECAY)
+    pre = ImagePreprocessor(TF_CNN_MEAN, TF_CNN_STD)
+    loader = torch.utils.data.DataLoader(
+        PlainRealDataset(Path(data_dir), info.image_size),
+        batch_size=case.batch,
+        shuffle=True,
+        drop_last=True,
+        num_workers=len(os.sched_getaffinity(0)),
+        persistent_workers=True,
+    )
+
+    def batches():  # noqa: ANN202
+        while True:
+            yield from loader
+
+    it = batches()
+
+    def step() -> float:
+        images, labels = next(it)
+        logits = model(pre(images))
+        loss = F.cross_entropy(logits, labels) + WEIGHT_DECAY * l2_loss(model)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    for _ in range(case.num_warmup_batches):
+        step()
+    start = time.perf_counter()
+    for _ in range(case.num_batches):
+        step()
+    return case.num_batches * case.batch / (time.perf_counter() - start)
+
+
+_TF_WRITER = r"""
+import os, sys, tensorflow as tf
+root, out, shards = sys.argv[1], sys.argv[2], int(sys.argv[3])
+classes = sorted(d for d in os.listdir(root) if os.path.isdir(os.path.join(root, d)) and not d.startswith("."))
+files = [(os.path.join(root, c, f), i + 1, c) for i, c in enumerate(classes)
+         for f in sorted(os.listdir(os.path.join(root, c))) if f.lower().endswith((".jpg", ".jpeg"))]
+def b(v): return tf.train.Feature(bytes_list=tf.train.BytesList(value=[v]))
+def n(v): return tf.train.Feature(int64_list=tf.train.Int64List(value=[v]))
+os.makedirs(out, exist_ok=True)
+for s in range(shards):
+    with tf.io.TFRecordWriter(os.path.join(out, f"train-{s:05d}-of-{shards:05d}")) as w:
+        for path, label, text in files[s::shards]:
+            data = open(path, "rb").read()
+            h, wd, _ = tf.image.decode_jpeg(data).shape
+            w.write(tf.train.Example(features=tf.train.Features(feature={
+                "image/encoded": b(data), "image/format": b(b"JPEG"), "image/class/label": n(label),
+                "image/class/text": b(text.encode()), "image/filename": b(os.path.basename(path).encode()),
+                "image/height": n(h), "image/width": n(wd), "image/colorspace": b(b"RGB"), "image/channels": n(3),
+            })).SerializeToString())
+print(len(files))
+"""
+
+
+def tf_records_of(data_dir: str, shards: int = 8) -> Path:
+    """tf_cnn's ImageNet TFRecords of the JPEG folder ``data_dir`` (written once, by TensorFlow itself)."""
+    out = Path(str(data_dir).rstrip("/") + ".tfrecords")
+    marker = out / f".complete-{shards}"
+    if marker.exists():
+        return out
+    python = PEERS_DIR / "tfvenv" / "bin" / "python"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run(
+        [str(python), "-c", _TF_WRITER, str(data_dir), str(out), str(shards)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=3600,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"writing TFRecords with TensorFlow failed: {done.stderr[-2000:]}")
+    marker.touch()
+    return out
 
 
 def plain_images_per_sec(case: Case) -> float:
@@ -161,6 +269,8 @@ def tensorflow_images_per_sec(case: Case, threads: int) -> float:
         "--num_inter_threads=1",
         f"--weight_decay={WEIGHT_DECAY}",
     ]
+    if DATA_DIR is not None:  # the same images as tf_cnn's ImageNet TFRecords; its default preprocessing
+        cmd += [f"--data_dir={tf_records_of(DATA_DIR)}", "--data_name=imagenet", "--nodistortions"]
     tf_data_name = case.tf_data_name or case.dataset
     if tf_data_name != "imagenet":
         cmd.append(f"--data_name={tf_data_name}")
@@ -180,6 +290,7 @@ def uptime() -> str:
 
 
 CONFIGS = ("stoker", "plain", "stoker_c_malloc", "plain_kept")
+REAL_CONFIGS = ("stoker_records",)  # --data_dir only: stoker on the TFRecords tensorflow reads
 COMPILE_CONFIGS = {"stoker_compile_module": "module", "stoker_compile_step": "step"}
 OTHER_CONFIGS = ("tensorflow",)
 # Images/sec that issue 4's targets ask for, over plain PyTorch on REFERENCE_NUMBERS' machine.
@@ -191,7 +302,10 @@ def measure(config: str, case: Case) -> float:
     if config == "plain_kept":
         keep_freed_host_memory()
     if config.startswith("plain"):
-        return plain_images_per_sec(case)
+        return plain_images_per_sec(case) if DATA_DIR is None else plain_real_images_per_sec(case, DATA_DIR)
+    if DATA_DIR is not None:
+        data = str(tf_records_of(DATA_DIR)) if config == "stoker_records" else DATA_DIR
+        return stoker_images_per_sec(case, keep_host_memory=config != "stoker_c_malloc", data_dir=data)
     if config in COMPILE_CONFIGS:
         return stoker_images_per_sec(case, compile=COMPILE_CONFIGS[config])
     return stoker_images_per_sec(case, keep_host_memory=config == "stoker")
@@ -203,6 +317,8 @@ def measure_in_child(config: str, case: Case, threads: int, num_batches: int | N
             case = case.with_batches(num_batches)
         return tensorflow_images_per_sec(case, threads)
     extra = ["--num_batches", str(num_batches)] if num_batches else []
+    if DATA_DIR is not None:
+        extra += ["--data_dir", DATA_DIR]
     out = subprocess.run(
         [sys.executable, __file__, "--one", config, case.model, "--threads", str(threads), *extra],
         capture_output=True,
@@ -220,11 +336,13 @@ def main() -> None:
     parser.add_argument(
         "--configs",
         nargs="+",
-        choices=CONFIGS + tuple(COMPILE_CONFIGS) + OTHER_CONFIGS,
+        choices=CONFIGS + tuple(COMPILE_CONFIGS) + OTHER_CONFIGS + REAL_CONFIGS,
         default=list(CONFIGS),
         help="which configurations to run (default: the four without compilation)",
     )
     parser.add_argument("--num_batches", type=int, help="timed steps per model (default: each model's own)")
+    parser.add_argument("--data_dir", help="real images: a JPEG folder DIR/<class>/<image>.jpg (see the docstring)")
+    parser.add_argument("--generate", type=int, help="with --data_dir: first fill it with N ImageNet-shaped JPEGs")
     parser.add_argument(
         "--one", nargs=2, metavar=("CONFIG", "MODEL"), help=argparse.SUPPRESS
     )  # a child's one measurement
@@ -233,6 +351,15 @@ def main() -> None:
         busy = busy_cores()
         args.threads = max(1, min(torch.get_num_threads(), round(torch.get_num_threads() - (busy or 0.0))))
     torch.set_num_threads(args.threads)
+    global DATA_DIR
+    DATA_DIR = args.data_dir
+    if args.data_dir and args.generate and not args.one:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from input_pipeline import make_imagenet_like  # noqa: PLC0415  (a sibling script)
+
+        make_imagenet_like(Path(args.data_dir), args.generate)
+    if args.data_dir and not args.one and {"tensorflow", "stoker_records"} & set(args.configs):
+        print(f"TFRecords: {tf_records_of(args.data_dir)}")
     if args.one:
         config, model = args.one
         case = CASES[model]
@@ -260,10 +387,16 @@ def main() -> None:
         print(f"  {name}: " + ", ".join(f"{c} {[round(x, 1) for x in v]}" for c, v in runs.items()), flush=True)
     print(f"after:  {uptime()}")
     print()
+    if args.data_dir:
+        print(f"real data: {args.data_dir} (JPEG folder; TFRecords for tensorflow/stoker_records), --nodistortions")
     if set(args.configs) != set(CONFIGS):  # a comparison with eager stoker: images/sec and ratios to it
         # TensorFlow is the baseline stoker is measured against (stoker / tensorflow); the
         # compiled variants are measured against eager stoker (variant / stoker).
-        pairs = [("stoker", c) if c in OTHER_CONFIGS else (c, "stoker") for c in args.configs if c != "stoker"]
+        pairs = [
+            ("stoker", c) if c in OTHER_CONFIGS or c == "plain" else (c, "stoker")
+            for c in args.configs
+            if c != "stoker"
+        ]
         print(
             "| model (data set) | "
             + " | ".join(args.configs)

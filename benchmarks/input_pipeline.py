@@ -133,8 +133,9 @@ def make_imagenet_like(root: Path, count: int = 1280, classes: int = 10, seed: i
 class PlainRealDataset(torch.utils.data.Dataset):
     """The PyTorch user's version: Pillow decode, random-resized crop + resize, flip, uint8 tensor."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, size: int = REAL_SIZE) -> None:
         _, self.paths, self.labels = scan_image_folder(root, (".jpg",))
+        self.size = size
 
     def __len__(self) -> int:
         return len(self.paths)
@@ -145,7 +146,7 @@ class PlainRealDataset(torch.utils.data.Dataset):
         with Image.open(self.paths[i]) as im:
             im = im.convert("RGB")
             left, top, w, h = random_resized_crop_box(*im.size, [random.random() for _ in range(22)])
-            im = im.resize((REAL_SIZE, REAL_SIZE), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
+            im = im.resize((self.size, self.size), Image.Resampling.BILINEAR, box=(left, top, left + w, top + h))
             if random.random() < 0.5:
                 im = im.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         return torch.from_numpy(np.asarray(im).copy()), int(self.labels[i])

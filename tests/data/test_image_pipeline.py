@@ -220,3 +220,35 @@ def test_decode_on_device_matches_the_cpu_path(tmp_path: Path) -> None:
         assert torch.equal(yc, yg.cpu())
         # nvJPEG's IDCT is not libjpeg-turbo's fast integer one: close, not equal
         assert (xg.cpu().int() - xc.int()).abs().float().mean() < 3
+
+
+def test_skipped_examples_reach_the_summaries(tmp_path: Path) -> None:
+    from helpers.images import make_estimator
+    from stoker.summary import read_metrics_csv
+
+    root = jpeg_tree(tmp_path / "data", classes=3, per_class=4)
+    (root / "class_1" / "img_000.jpg").write_bytes(b"garbage")
+    est = make_estimator(tmp_path / "run", iterations_per_loop=2, log_every_n_steps=2, summaries=True)
+
+    def input_fn(params: dict) -> object:
+        return image_folder(root, batch_size=params["batch_size"], image_size=16, skip_bad_examples=True, seed=1)
+
+    est.train(input_fn, max_steps=6)  # batch 8 of 12 examples: one epoch a step and a half
+    rows = [r for r in read_metrics_csv(tmp_path / "run") if r["tag"] == "bad_examples_skipped"]
+    assert rows and all(r["value"] >= 1 for r in rows)
+    assert [r["value"] for r in rows] == sorted(r["value"] for r in rows)  # a running count
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("workers", [0, 2])
+def test_uint8_batches_come_pinned_for_a_cuda_infeed(tmp_path: Path, workers: int) -> None:
+    root = jpeg_tree(tmp_path, per_class=4)
+    kw = {"batch_size": 4, "image_size": 16, "seed": 3, "output": "uint8"}
+    pinned = image_folder(root, pin_memory=True, num_workers=workers, **kw)
+    plain = image_folder(root, **kw)
+    for _ in range(3):
+        (xp, yp), (x, y) = next(iter(pinned)), next(plain)
+        assert xp.is_pinned() and xp.pin_memory() is xp  # the infeed's pin_memory() then copies nothing
+        assert torch.equal(xp, x) and torch.equal(yp, y)
+    pinned.close()

@@ -259,6 +259,7 @@ class EncodedImageSource(IndexedSource):
         decode_on_device: bool | str = False,
         mean: Sequence[float] = IMAGENET_MEAN,
         std: Sequence[float] = IMAGENET_STD,
+        pin_memory: bool = False,
         **indexed: Any,
     ) -> None:
         if not isinstance(image_size, int) or image_size < 1:
@@ -279,6 +280,9 @@ class EncodedImageSource(IndexedSource):
         self.distortions = bool(distortions) and self.augment  # colour distortions go with the random crop
         self.output = output
         self.mean, self.std = tuple(mean), tuple(std)
+        # uint8 batches in pinned host memory (CUDA): the infeed's copy to the GPU is then
+        # asynchronous with no extra staging copy (pin_memory() of a pinned tensor is a no-op).
+        self.pin_memory = bool(pin_memory) and output == "uint8"
         self.decoder = get_decoder(decoder)
         self._draws = TRAIN_DRAWS if crop == "tf_cnn" or self.distortions else _DRAWS
         self._flip_index = FLIP_INDEX if crop == "tf_cnn" else 22
@@ -422,8 +426,8 @@ class EncodedImageSource(IndexedSource):
         color_t = None if color is None else torch.from_numpy(color).to(images.device)
         if self.output == "float32":
             return self._preprocess(images, color_t), labels
-        if copy:
-            images = images.clone()
+        if copy:  # out of the shared slot (into pinned memory for a CUDA infeed)
+            images = torch.empty_like(images, pin_memory=self.pin_memory).copy_(images)
         return (images if color_t is None else {"images": images, "color": color_t}), labels
 
     def assemble(
@@ -437,7 +441,7 @@ class EncodedImageSource(IndexedSource):
         if self._device_decoder is not None:
             return self._load_on_device(indices, epoch)
         size = self.image_size
-        buffers = {"images": torch.empty((len(indices), size, size, 3), dtype=torch.uint8)}
+        buffers = {"images": torch.empty((len(indices), size, size, 3), dtype=torch.uint8, pin_memory=self.pin_memory)}
         return self.assemble(buffers, self.fill_batch(indices, epoch, buffers), copy=False)
 
     def _load_on_device(self, indices: torch.Tensor, epoch: int) -> tuple[Any, torch.Tensor]:
@@ -487,6 +491,7 @@ class ImageFolderSource(EncodedImageSource):
         output: str = "float32",
         decoder: str = "auto",
         decode_on_device: bool | str = False,
+        pin_memory: bool = False,
     ) -> None:
         self.root = Path(root)
         self._classes, self.paths, self.targets = scan_image_folder(root, extensions)
@@ -502,6 +507,7 @@ class ImageFolderSource(EncodedImageSource):
             output=output,
             decoder=decoder,
             decode_on_device=decode_on_device,
+            pin_memory=pin_memory,
             shuffle=shuffle,
             seed=seed,
             num_epochs=num_epochs,
@@ -554,6 +560,7 @@ def image_folder(
     output: str = "float32",
     decoder: str = "auto",
     decode_on_device: bool | str = False,
+    pin_memory: bool = False,
 ) -> ImageFolderSource:
     """``(images, labels)`` batches from ``root/<class>/**/<image>`` files.
 
@@ -595,6 +602,7 @@ def image_folder(
         decoder: ``auto`` (simplejpeg if installed, else Pillow), ``simplejpeg`` or ``pillow``.
         decode_on_device: ``True`` (or a CUDA device name): decode batches with nvJPEG on the
             GPU and crop and resize them there (needs torchvision with CUDA); no worker processes.
+        pin_memory: ``uint8`` batches in pinned host memory (for a CUDA infeed; needs CUDA).
 
     Raises:
         DataError: the root is missing or has no class folders, or a class folder has no images.
@@ -621,6 +629,7 @@ def image_folder(
         output=output,
         decoder=decoder,
         decode_on_device=decode_on_device,
+        pin_memory=pin_memory,
     )
 
 

@@ -284,6 +284,12 @@ class Infeed:
             if entry is _END or isinstance(entry, _Failure):
                 return
 
+    @property
+    def bad_examples_skipped(self) -> int:
+        """Examples the source replaced so far in this process (``skip_bad_examples=True``); 0 for
+        sources that never skip."""
+        return int(getattr(self._source, "bad_examples_skipped", 0) or 0)
+
     # ------------------------------------------------------------------ consuming
     def __iter__(self) -> Infeed:
         return self

@@ -174,6 +174,9 @@ class TrainingRun:
                 run.request_stop(f"input_fn's data ended at step {run.global_step}")
             if run.logs:
                 run.logs.clear()  # values hooks share are fresh at every loop boundary
+            skipped = infeed.bad_examples_skipped
+            if skipped:  # unreadable examples replaced so far: a summary scalar beside the warnings
+                run.logs["bad_examples_skipped"] = skipped
             totals.add(result)
             runner.after_loop(run, result)
             if check_checkpoint is not None:
