@@ -18,7 +18,14 @@ import pytest
 import torch
 
 from helpers.images import make_image_tree
-from stoker.data import DataError, image_folder, imagenet_tfrecords, write_imagenet_tfrecords, write_tfrecords
+from stoker.data import (
+    DataError,
+    image_folder,
+    imagenet_tfrecords,
+    tfrecord_io,
+    write_imagenet_tfrecords,
+    write_tfrecords,
+)
 from stoker.data.tfrecord import find_shards, imagenet_example, parse_imagenet_example
 from stoker.data.tfrecord_index import INDEX_FOLDER, RecordShards, shard_index
 from stoker.data.tfrecord_io import frame_record, make_example, read_tfrecords
@@ -329,9 +336,19 @@ with tf.io.TFRecordWriter(sys.argv[1] + "/train-00000-of-00001") as w:
         w.write(tf.train.Example(features=tf.train.Features(feature=f)).SerializeToString())
 with tf.io.TFRecordWriter(sys.argv[1] + "/plain") as w:
     w.write(b"hello")
+# stoker's private-pool Example builds in a process that has TensorFlow's (no "duplicate symbol"):
+# run example_class's own source here (the peer has no torch, so stoker.data cannot be imported)
+import ast, functools, typing, collections.abc
+fn = next(n for n in ast.parse(open(sys.argv[2]).read()).body if getattr(n, "name", "") == "example_class")
+ns = {"functools": functools, "Any": typing.Any, "Sequence": collections.abc.Sequence}
+exec(compile(ast.Module([fn], []), "example_class", "exec"), ns)
+data = tf.train.Example(features=tf.train.Features(feature={"k": tf.train.Feature(
+    int64_list=tf.train.Int64List(value=[5]))})).SerializeToString()
+assert ns["example_class"]().FromString(data).features.feature["k"].int64_list.value[0] == 5
 """
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {"TF_CPP_MIN_LOG_LEVEL": "3"}
-    subprocess.run([str(TF_PYTHON), "-c", script, str(tmp_path)], check=True, env=env, timeout=300)
+    io_module = Path(tfrecord_io.__file__)
+    subprocess.run([str(TF_PYTHON), "-c", script, str(tmp_path), str(io_module)], check=True, env=env, timeout=300)
     assert (tmp_path / "plain").read_bytes() == frame_record(b"hello")
     src = imagenet_tfrecords(tmp_path, batch_size=2, image_size=8, train=False, split="train")
     first, second = src._encoded(0), src._encoded(1)
