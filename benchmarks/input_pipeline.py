@@ -160,8 +160,9 @@ class Normalised:
         self.pre = ImagePreprocessor()
 
     def __iter__(self):  # noqa: ANN204
-        for images, labels in self.source:  # type: ignore[misc]
-            yield self.pre(images), labels
+        while True:  # epochs back to back (stoker's training source never ends; the DataLoader's does)
+            for images, labels in self.source:  # type: ignore[misc]
+                yield self.pre(images), labels
 
     def close(self) -> None:
         close = getattr(self.source, "close", None)
@@ -180,7 +181,14 @@ def stoker_real(root: Path, workers: int) -> Callable[[], Iterable[object]]:
 def plain_real(root: Path, workers: int) -> Callable[[], Iterable[object]]:
     dataset = PlainRealDataset(root)
     return lambda: Normalised(
-        torch.utils.data.DataLoader(dataset, batch_size=REAL_BATCH, shuffle=True, drop_last=True, num_workers=workers)
+        torch.utils.data.DataLoader(
+            dataset,
+            batch_size=REAL_BATCH,
+            shuffle=True,
+            drop_last=True,
+            num_workers=workers,
+            persistent_workers=workers > 0,  # the baseline's best setting: no worker restart per epoch
+        )
     )
 
 

@@ -127,6 +127,21 @@ def _stop_loader(loader_iter: Any) -> None:
         log.debug("input workers stopped with an error, ignored: %s", e)
 
 
+def build_in_slot(source: Any, ring: _SlotRing, g: int, indices: torch.Tensor, epoch: int) -> InSlot:
+    """Worker side: batch ``g`` (the examples ``indices`` of ``epoch``) built by
+    ``source.fill_batch`` into its slot; what goes back to the training process."""
+    slot = ring.slot_of(g)
+    return InSlot(slot, len(indices), source.fill_batch(indices, epoch, ring.views(slot, len(indices))))
+
+
+def read_slot(source: Any, ring: _SlotRing | None, answer: InSlot) -> Any:
+    """Training-process side: the batch out of its slot (``source.assemble`` copies it out, so
+    the workers may reuse the slot once the next batch is asked for)."""
+    if ring is None:  # the workers fill slots only when the ring exists
+        raise RuntimeError("input workers answered with a shared-memory slot, but no slots are allocated")
+    return source.assemble(ring.views(answer.slot, answer.rows), answer.rest, copy=True)
+
+
 class _BatchPlan(torch.utils.data.Dataset):
     """Map-style view for workers: item ``g`` is batch ``g`` counted from the start of epoch 0."""
 

@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from ..errors import StokerError
-from ._workers import InSlot, _BatchWorkers, _SlotRing
+from ._workers import InSlot, _BatchWorkers, _SlotRing, build_in_slot, read_slot
 
 log = logging.getLogger("stoker")
 
@@ -300,23 +300,12 @@ class IndexedSource(ABC):
 
     # ------------------------------------------------------------------ fixed-shape batches (optional)
     def batch_buffers(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]] | None:
-        """Shapes (batch dimension first, ``batch_size`` rows) and dtypes of the buffers a batch
-        is built into, or None (the default: batches are whatever :meth:`load_batch` returns).
-
-        A source that returns them also implements :meth:`fill_batch` and :meth:`assemble`; its
-        worker processes then build batches in shared-memory slots (:mod:`stoker.data._workers`).
-        """
+        """Shapes (``batch_size`` rows first) and dtypes of the buffers a batch is built into, or
+        None (the default). A source returning them also implements ``fill_batch(indices, epoch,
+        buffers) -> rest`` and ``assemble(buffers, rest, *, copy) -> batch`` (as
+        :class:`~stoker.data.images.EncodedImageSource`), and its workers build batches in
+        shared-memory slots (:mod:`stoker.data._workers`)."""
         return None
-
-    def fill_batch(self, indices: torch.Tensor, epoch: int, buffers: dict[str, torch.Tensor]) -> Any:
-        """Write the examples ``indices`` into rows ``0..len(indices)`` of ``buffers``; return the
-        small rest of the batch (labels) to hand to :meth:`assemble`."""
-        raise TypeError(f"{self.name}: batch_buffers() is given, so fill_batch() must be implemented")
-
-    def assemble(self, buffers: dict[str, torch.Tensor], rest: Any, *, copy: bool) -> Any:
-        """The batch from filled ``buffers`` and ``rest``; ``copy``: the buffers are a shared slot
-        that will be overwritten, so nothing of the result may alias them."""
-        raise TypeError(f"{self.name}: batch_buffers() is given, so assemble() must be implemented")
 
     # ------------------------------------------------------------------ the plan
     def _count_batches(self) -> int:
@@ -367,11 +356,8 @@ class IndexedSource(ABC):
         try:
             if self._slots is None:
                 out = self._build(epoch, b)
-            else:  # build it in its shared slot; only the slot number and the labels go back
-                indices = self.batch_indices(epoch, b)
-                slot = self._slots.slot_of(g)
-                rest = self.fill_batch(indices, epoch, self._slots.views(slot, len(indices)))
-                out = InSlot(slot, len(indices), rest)
+            else:  # built in its shared slot; only the slot number and the labels go back
+                out = build_in_slot(self, self._slots, g, self.batch_indices(epoch, b), epoch)
         except DataError as e:
             # Sent back as text and raised by the training process as the same DataError, so the
             # message names the file without a worker traceback around it.
@@ -458,9 +444,7 @@ class IndexedSource(ABC):
             self.close()
             raise DataError(error)
         if isinstance(out, InSlot):
-            ring = self._workers.ring
-            assert ring is not None  # the workers fill slots only when the ring exists
-            out = self.assemble(ring.views(out.slot, out.rows), out.rest, copy=True)
+            out = read_slot(self, self._workers.ring, out)
         return out, bad
 
     @property

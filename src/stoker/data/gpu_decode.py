@@ -42,12 +42,6 @@ class DeviceDecoder:
         self._decode_jpeg, self._rgb = _torchvision_decode_jpeg()
         self._pillow = PillowDecoder()
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"device": str(self.device)}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["device"])  # type: ignore[misc]
-
     def _decode(self, data: list[bytes]) -> list[torch.Tensor]:
         """CHW uint8 images on the device, in order."""
         out: list[torch.Tensor | None] = [None] * len(data)
