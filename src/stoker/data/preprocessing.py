@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -87,17 +88,44 @@ def _uniform_int(u: float, n: int) -> int:
     return min(int(u * n), n - 1)
 
 
+class CropDraws(Protocol):
+    """The random source of :func:`sample_distorted_box_from`: what one attempt draws."""
+
+    def rand_float(self, attempt: int) -> np.float32:
+        """A float32 in [0, 1) (the aspect ratio's draw)."""
+        ...
+
+    def uniform(self, attempt: int, slot: int, n: int) -> int:
+        """An integer in [0, n): ``slot`` 1 is the height, 2 the top offset, 3 the left offset."""
+        ...
+
+
+class UniformDraws:
+    """:class:`CropDraws` from a row of uniforms: attempt ``t`` reads ``u[4t:4t+4]``."""
+
+    def __init__(self, u: Sequence[float] | np.ndarray) -> None:
+        self.u = u
+
+    def rand_float(self, attempt: int) -> np.float32:
+        return _rand_float(float(self.u[DRAWS_PER_ATTEMPT * attempt]))
+
+    def uniform(self, attempt: int, slot: int, n: int) -> int:
+        return _uniform_int(float(self.u[DRAWS_PER_ATTEMPT * attempt + slot]), n)
+
+
 def _random_crop(
     width: int,
     height: int,
     min_area_frac: np.float32,
     max_area_frac: np.float32,
     aspect: np.float32,
-    u: Sequence[float] | np.ndarray,
+    draws: CropDraws,
+    attempt: int,
 ) -> tuple[int, int, int, int] | None:
     """One attempt of TensorFlow's ``GenerateRandomCrop``: ``(x, y, w, h)`` or None if it fails.
 
-    The arithmetic is float32 where TensorFlow's is, so the same uniforms give the same box.
+    The arithmetic is float32 where TensorFlow's is, and the draws happen under the same
+    conditions, so the same random stream gives the same box.
     """
     min_area = min_area_frac * _F32(width) * _F32(height)
     max_area = max_area_frac * _F32(width) * _F32(height)
@@ -111,7 +139,7 @@ def _random_crop(
     max_h = min(max_h, height)
     h = min(h, max_h)
     if h < max_h:
-        h += _uniform_int(u[1], max_h - h + 1)
+        h += draws.uniform(attempt, 1, max_h - h + 1)
     w = _lrintf(_F32(h) * aspect)
     area = _F32(w * h)
     # Rounding may leave the area just outside the range: try one row more, then one less.
@@ -127,8 +155,8 @@ def _random_crop(
         return None
     # Uniform(n) draws from [0, n): TensorFlow's crop never touches the bottom or right edge
     # unless it spans the whole side.
-    y = _uniform_int(u[2], height - h) if h < height else 0
-    x = _uniform_int(u[3], width - w) if w < width else 0
+    y = draws.uniform(attempt, 2, height - h) if h < height else 0
+    x = draws.uniform(attempt, 3, width - w) if w < width else 0
     return x, y, w, h
 
 
@@ -160,6 +188,53 @@ def _covers(crop: tuple[int, int, int, int], boxes: list[tuple], min_object_cove
     return False
 
 
+def _check_box_arguments(
+    width: int,
+    height: int,
+    min_object_covered: float,
+    aspect_ratio_range: tuple[float, float],
+    area_range: tuple[float, float],
+    max_attempts: int,
+) -> None:
+    if width < 1 or height < 1:
+        raise ValueError(f"sample_distorted_box: the image size must be positive; got {width}x{height}")
+    if max_attempts < 1:
+        raise ValueError(f"sample_distorted_box: max_attempts must be >= 1; got {max_attempts}")
+    if not (0 < area_range[0] <= area_range[1] <= 1):
+        raise ValueError(f"sample_distorted_box: area_range must satisfy 0 < lo <= hi <= 1; got {area_range}")
+    if not (0 < aspect_ratio_range[0] <= aspect_ratio_range[1]):
+        raise ValueError(
+            f"sample_distorted_box: aspect_ratio_range must satisfy 0 < lo <= hi; got {aspect_ratio_range}"
+        )
+    if min_object_covered < 0:
+        raise ValueError(f"sample_distorted_box: min_object_covered must be >= 0; got {min_object_covered}")
+
+
+def sample_distorted_box_from(
+    width: int,
+    height: int,
+    draws: CropDraws,
+    bbox: np.ndarray | Sequence[Sequence[float]] | None = None,
+    *,
+    min_object_covered: float = MIN_OBJECT_COVERED,
+    aspect_ratio_range: tuple[float, float] = ASPECT_RATIO_RANGE,
+    area_range: tuple[float, float] = AREA_RANGE,
+    max_attempts: int = MAX_ATTEMPTS,
+) -> tuple[int, int, int, int]:
+    """:func:`sample_distorted_box` with any random source (the tests give it TensorFlow's own)."""
+    _check_box_arguments(width, height, min_object_covered, aspect_ratio_range, area_range, max_attempts)
+    boxes = _boxes_in_pixels(bbox, width, height) or [(0, 0, width, height)]
+    lo_ratio, hi_ratio = _F32(aspect_ratio_range[0]), _F32(aspect_ratio_range[1])
+    lo_area, hi_area = _F32(area_range[0]), _F32(area_range[1])
+    covered = _F32(min_object_covered)
+    for t in range(max_attempts):
+        aspect = draws.rand_float(t) * (hi_ratio - lo_ratio) + lo_ratio
+        crop = _random_crop(width, height, lo_area, hi_area, aspect, draws, t)
+        if crop is not None and _covers(crop, boxes, covered):
+            return crop
+    return 0, 0, width, height
+
+
 def sample_distorted_box(
     width: int,
     height: int,
@@ -178,7 +253,8 @@ def sample_distorted_box(
     uniformly from ``aspect_ratio_range``, derives the height range from ``area_range``,
     draws the height in it, rounds the width, then draws the offsets; it keeps the first crop
     covering at least ``min_object_covered`` of one of the boxes, and after ``max_attempts``
-    failures returns the whole image.
+    failures returns the whole image. A uniform ``v`` stands for TensorFlow's float draw
+    ``floor(v * 2**23) / 2**23`` and its integer draw in [0, n) ``floor(v * n)``.
 
     Args:
         width, height: the image's size in pixels.
@@ -193,34 +269,21 @@ def sample_distorted_box(
         ValueError: an argument TensorFlow would refuse, or too few uniforms.
         DataError: a box coordinate outside [0, 1].
     """
-    if width < 1 or height < 1:
-        raise ValueError(f"sample_distorted_box: the image size must be positive; got {width}x{height}")
-    if max_attempts < 1:
-        raise ValueError(f"sample_distorted_box: max_attempts must be >= 1; got {max_attempts}")
-    if not (0 < area_range[0] <= area_range[1] <= 1):
-        raise ValueError(f"sample_distorted_box: area_range must satisfy 0 < lo <= hi <= 1; got {area_range}")
-    if not (0 < aspect_ratio_range[0] <= aspect_ratio_range[1]):
-        raise ValueError(
-            f"sample_distorted_box: aspect_ratio_range must satisfy 0 < lo <= hi; got {aspect_ratio_range}"
-        )
-    if min_object_covered < 0:
-        raise ValueError(f"sample_distorted_box: min_object_covered must be >= 0; got {min_object_covered}")
     if len(u) < DRAWS_PER_ATTEMPT * max_attempts:
         raise ValueError(
             f"sample_distorted_box: needs {DRAWS_PER_ATTEMPT * max_attempts} uniforms for {max_attempts} "
             f"attempts; got {len(u)}"
         )
-    boxes = _boxes_in_pixels(bbox, width, height) or [(0, 0, width, height)]
-    lo_ratio, hi_ratio = _F32(aspect_ratio_range[0]), _F32(aspect_ratio_range[1])
-    lo_area, hi_area = _F32(area_range[0]), _F32(area_range[1])
-    covered = _F32(min_object_covered)
-    for t in range(max_attempts):
-        draws = u[DRAWS_PER_ATTEMPT * t : DRAWS_PER_ATTEMPT * (t + 1)]
-        aspect = _rand_float(float(draws[0])) * (hi_ratio - lo_ratio) + lo_ratio
-        crop = _random_crop(width, height, lo_area, hi_area, aspect, draws)
-        if crop is not None and _covers(crop, boxes, covered):
-            return crop
-    return 0, 0, width, height
+    return sample_distorted_box_from(
+        width,
+        height,
+        UniformDraws(u),
+        bbox,
+        min_object_covered=min_object_covered,
+        aspect_ratio_range=aspect_ratio_range,
+        area_range=area_range,
+        max_attempts=max_attempts,
+    )
 
 
 def random_crop_box(width: int, height: int, image_size: int, u: Sequence[float] | np.ndarray) -> tuple[int, int]:
@@ -507,7 +570,9 @@ __all__ = [
     "TF_CNN_MEAN",
     "TF_CNN_STD",
     "TRAIN_DRAWS",
+    "CropDraws",
     "ImagePreprocessor",
+    "UniformDraws",
     "color_params",
     "distort_color_batch",
     "distort_color_reference",
@@ -516,4 +581,5 @@ __all__ = [
     "flip_of",
     "random_crop_box",
     "sample_distorted_box",
+    "sample_distorted_box_from",
 ]
