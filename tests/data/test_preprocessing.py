@@ -202,6 +202,15 @@ def test_batch_colour_ops_match_the_reference(channels_last: bool) -> None:
     assert (np.abs(got[:-1] - img / 255).max(axis=(1, 2, 3)) > 8 / 255).all()
 
 
+def test_the_accelerator_path_merging_orders_with_where_matches_the_cpu_path() -> None:
+    """On a GPU the batch goes at once, the two orders merged by ``where``; run that path on the
+    CPU (the private step the accelerator uses) against the chunked CPU path."""
+    img, params = _test_image(), torch.from_numpy(_params())
+    x = torch.from_numpy(img)[None].repeat(len(params), 1, 1, 1).permute(0, 3, 1, 2).contiguous().float() / 255
+    merged = P._distort(x.clone(), params, (params[:, 4] >= 0.5).view(-1, 1, 1, 1))
+    torch.testing.assert_close(merged, P.distort_color_batch(x, params), atol=1e-6, rtol=0)
+
+
 # ------------------------------------------------------------------------------------------
 # ImagePreprocessor: cast and normalisation
 

@@ -30,7 +30,7 @@ This module does no file I/O and holds no state.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -447,45 +447,87 @@ def distort_color_reference(image: np.ndarray, params: Sequence[float] | np.ndar
     return np.clip(x, _F32(0), _F32(1))
 
 
+#: Images per chunk of the CPU path: a chunk and its temporaries stay in the core's cache.
+CPU_CHUNK = 2
+
+
 def _adjust_contrast(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    # (x - mean) * f + mean, as x * f + mean * (1 - f): one pass over the pixels.
     mean = x.mean(dim=(2, 3), keepdim=True)
-    return (x - mean).mul_(factor).add_(mean)
+    return torch.addcmul(mean * (1 - factor), x, factor)
 
 
 def _adjust_saturation_hue(x: torch.Tensor, saturation: torch.Tensor, hue: torch.Tensor) -> torch.Tensor:
-    """Saturation then hue in one trip through HSV (TensorFlow makes two; the same up to rounding:
-    scaling the saturation keeps the hue and the value, and a pixel the saturation kernel greys
-    out has no hue to rotate)."""
-    r, g, b = x[:, 0], x[:, 1], x[:, 2]
+    """Saturation then hue of planar ``[N, 3, H, W]`` in one trip through HSV.
+
+    TensorFlow makes two trips; one is the same up to rounding: scaling the saturation keeps
+    each pixel's hue and value, and a pixel the saturation kernel greys out (value <= 0) has
+    no hue left to rotate.
+    """
+    r, g, b = x.unbind(1)
     vmax = torch.maximum(torch.maximum(r, g), b)
     rng = vmax - torch.minimum(torch.minimum(r, g), b)
-    has_hue = rng > 0
-    safe = torch.where(has_hue, rng, torch.ones_like(rng))
-    h6 = torch.where(r == vmax, (g - b) / safe, torch.where(g == vmax, (b - r) / safe + 2, (r - g) / safe + 4))
-    h6 = torch.where(has_hue, h6, torch.zeros_like(h6))
-    h6 = torch.remainder(h6 + hue.view(-1, 1, 1) * 6, 6)
-    positive = vmax > 0
-    s = torch.where(positive, rng / torch.where(positive, vmax, torch.ones_like(vmax)), torch.zeros_like(vmax))
-    chroma = s.mul_(saturation.view(-1, 1, 1)).clamp_(0, 1).mul_(vmax)
-    channels = []
-    for n in (5.0, 3.0, 1.0):  # R, G, B of the standard HSV-to-RGB formula
-        k = torch.remainder(h6 + n, 6)
-        ramp = torch.minimum(k, 4 - k).clamp_(0, 1)
-        channels.append(vmax - chroma * ramp)
-    return torch.stack(channels, dim=1)
+    # Hue in [0, 6) sectors; a grey pixel (rng 0) gets 0 / tiny = 0, TensorFlow's hue for grey.
+    h = torch.where(
+        r == vmax, g - b, torch.where(g == vmax, torch.add(b - r, rng, alpha=2), torch.add(r - g, rng, alpha=4))
+    )
+    h.div_(rng.clamp_min(1e-30)).add_(hue.view(-1, 1, 1) * 6).remainder_(6)
+    # New chroma = clamp(s * factor, 0, 1) * v with s = rng / v, and 0 where v <= 0 (TensorFlow's s = 0).
+    chroma = torch.minimum(rng.mul_(saturation.view(-1, 1, 1)), vmax).clamp_min_(0)
+    base = vmax.sub_(chroma)
+    out = torch.empty_like(x)
+    # Each channel is base + chroma * (its level in the pure colour of hue h).
+    torch.addcmul(base, chroma, (h - 3).abs_().sub_(1).clamp_(0, 1), out=out[:, 0])
+    torch.addcmul(base, chroma, (h - 2).abs_().neg_().add_(2).clamp_(0, 1), out=out[:, 1])
+    torch.addcmul(base, chroma, (h - 4).abs_().neg_().add_(2).clamp_(0, 1), out=out[:, 2])
+    return out
+
+
+def _distort(x: torch.Tensor, p: torch.Tensor, contrast_first: bool | torch.Tensor) -> torch.Tensor:
+    """Brightness, then saturation and hue with contrast before (``contrast_first``) or after;
+    ``contrast_first`` a per-image ``[N, 1, 1, 1]`` bool tensor or one bool for all."""
+    contrast = p[:, 3].view(-1, 1, 1, 1)
+    x = x + p[:, 0].view(-1, 1, 1, 1)
+    if isinstance(contrast_first, torch.Tensor):
+        x = torch.where(contrast_first, _adjust_contrast(x, contrast), x)
+    elif contrast_first:
+        x = _adjust_contrast(x, contrast)
+    x = _adjust_saturation_hue(x, p[:, 1], p[:, 2])
+    if isinstance(contrast_first, torch.Tensor):
+        x = torch.where(contrast_first, x, _adjust_contrast(x, contrast))
+    elif not contrast_first:
+        x = _adjust_contrast(x, contrast)
+    return x.clamp_(0, 1)
+
+
+_Step = Callable[[torch.Tensor, torch.Tensor, "bool | torch.Tensor"], torch.Tensor]
+
+
+def _by_order(x: torch.Tensor, p: torch.Tensor, step: _Step, memory_format: torch.memory_format) -> torch.Tensor:
+    """``step(images, params, contrast_first)`` over the batch.
+
+    On an accelerator the whole batch goes at once, the two orders merged with ``where``
+    (no host synchronisation); on the CPU the images go by order and in chunks of
+    :data:`CPU_CHUNK`, each chunk from its input bytes to its output in one go, so that its
+    temporaries stay in the core's cache (a third of the time of whole-batch passes).
+    """
+    contrast_first = p[:, 4] >= 0.5
+    if x.device.type != "cpu":
+        return step(x, p, contrast_first.view(-1, 1, 1, 1)).contiguous(memory_format=memory_format)
+    out = torch.empty(x.shape, dtype=torch.float32, memory_format=memory_format)
+    for first in (False, True):
+        for chunk in torch.nonzero(contrast_first == first).flatten().split(CPU_CHUNK):
+            out[chunk] = step(x[chunk], p[chunk], first)
+    return out
 
 
 def distort_color_batch(x: torch.Tensor, color: torch.Tensor) -> torch.Tensor:
     """The colour distortion of a float ``[N, 3, H, W]`` batch in [0, 1], per-image parameters
-    ``color`` ``[N, COLOR_PARAMS]`` (:func:`color_params`); clipped to [0, 1]."""
-    p = color.to(device=x.device, dtype=x.dtype)
-    brightness, saturation, hue, contrast = (p[:, i].view(-1, 1, 1, 1) for i in range(4))
-    order1 = (p[:, 4] >= 0.5).view(-1, 1, 1, 1)
-    x = x + brightness
-    x = torch.where(order1, _adjust_contrast(x, contrast), x)
-    x = _adjust_saturation_hue(x, saturation.view(-1), hue.view(-1))
-    x = torch.where(order1, x, _adjust_contrast(x, contrast))
-    return x.clamp_(0, 1)
+    ``color`` ``[N, COLOR_PARAMS]`` (:func:`color_params`): float32, clipped to [0, 1], planar."""
+    p = color.to(device=x.device, dtype=torch.float32)
+    return _by_order(
+        x, p, lambda xc, pc, first: _distort(xc.to(torch.float32).contiguous(), pc, first), torch.contiguous_format
+    )
 
 
 class ImagePreprocessor(torch.nn.Module):
@@ -538,21 +580,26 @@ class ImagePreprocessor(torch.nn.Module):
         if not self.distortions and color is not None:
             raise ValueError("ImagePreprocessor(distortions=False) was given color parameters")
         x = images.permute(0, 3, 1, 2)  # a channels_last view of the NHWC bytes
-        if not self.channels_last:
-            x = x.contiguous()
-        x = x.to(torch.float32)  # keeps the strides: channels_last stays channels_last
         dev = x.device
         if color is None:
-            return x.sub_(self.mean255.to(dev)).div_(self.std255.to(dev))
+            if not self.channels_last:
+                x = x.contiguous()
+            # to() keeps the strides: channels_last stays channels_last.
+            return x.to(torch.float32).sub_(self.mean255.to(dev)).div_(self.std255.to(dev))
         if color.dim() != 2 or color.shape != (images.shape[0], COLOR_PARAMS):
             raise ValueError(
                 f"ImagePreprocessor: color must be [N, {COLOR_PARAMS}] for {images.shape[0]} images; "
                 f"got {tuple(color.shape)}"
             )
-        x = distort_color_batch(x.div_(255), color)
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return x.sub_(self.mean.to(dev)).div_(self.std.to(dev))
+        mean, std = self.mean.to(dev), self.std.to(dev)
+
+        def step(xc: torch.Tensor, pc: torch.Tensor, first: bool | torch.Tensor) -> torch.Tensor:
+            # Planar float in [0, 1] (the colour ops work on whole channels), distorted, normalised.
+            planar = xc.contiguous().to(torch.float32).div_(255)
+            return _distort(planar, pc, first).sub_(mean).div_(std)
+
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        return _by_order(x, color.to(device=dev, dtype=torch.float32), step, fmt)
 
 
 __all__ = [
@@ -560,6 +607,7 @@ __all__ = [
     "ASPECT_RATIO_RANGE",
     "COLOR_PARAMS",
     "COLOR_SLICE",
+    "CPU_CHUNK",
     "DRAWS_PER_ATTEMPT",
     "EVAL_SCALE_FACTOR",
     "FLIP_INDEX",
