@@ -147,6 +147,20 @@ def test_random_crop_box_and_flip() -> None:
     assert not P.flip_of(u)
 
 
+def test_resize_method_for_round_robin_cycles_tf_cnns_order() -> None:
+    assert [P.resize_method_for("round_robin", i) for i in range(6)] == [
+        "nearest",
+        "bilinear",
+        "bicubic",
+        "area",
+        "nearest",
+        "bilinear",
+    ]
+    assert P.resize_method_for("bicubic", 3) == "bicubic"
+    with pytest.raises(ValueError, match="--resize_method must be one of nearest, bilinear"):
+        P.resize_method_for("lanczos", 0)
+
+
 # ------------------------------------------------------------------------------------------
 # colour
 

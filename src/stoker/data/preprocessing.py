@@ -324,6 +324,30 @@ def eval_crop_box(width: int, height: int, image_size: int) -> tuple[float, floa
     return left * sx, top * sy, image_size * sx, image_size * sy
 
 
+#: tf_cnn's ``--resize_method`` names; ``round_robin`` cycles through the first four in this
+#: order (its ``_RESIZE_METHOD_MAP``), ``crop`` takes an ``image_size`` square without resizing.
+#: tf_cnn calls TensorFlow 1's ``resize_images`` (``align_corners=False``): the legacy mapping
+#: ``source = i * in / out`` (no half-pixel centres) and no antialiasing. PyTorch's closest:
+#: ``interpolate(mode="nearest")`` is identical; ``bilinear`` / ``bicubic`` (same a = -0.75
+#: kernel) with ``antialias=False`` differ by the half-pixel shift; TensorFlow's ``area``
+#: averages exact fractional source boxes (Pillow's ``BOX``; ``interpolate(mode="area")`` uses
+#: integer bins). docs/data.md has the measured differences.
+RESIZE_METHODS = ("nearest", "bilinear", "bicubic", "area", "round_robin", "crop")
+
+
+def resize_method_for(resize_method: str, position: int) -> str:
+    """The concrete method (``nearest``, ``bilinear``, ``bicubic``, ``area`` or ``crop``) for an
+    example at ``position``: ``round_robin`` takes ``RESIZE_METHODS[position % 4]``.
+
+    tf_cnn's ``position`` is its ``batch_position``: a counter modulo the batch size attached
+    to each record in file order, before the shuffle, so it follows the example, not the slot
+    of the batch it lands in; the example's index is the faithful equivalent.
+    """
+    if resize_method not in RESIZE_METHODS:
+        raise ValueError(f"--resize_method must be one of {', '.join(RESIZE_METHODS)}; got {resize_method!r}")
+    return RESIZE_METHODS[position % 4] if resize_method == "round_robin" else resize_method
+
+
 def flip_of(u: Sequence[float] | np.ndarray) -> bool:
     """Whether a training example is mirrored left-right (``random_flip_left_right``: u < 0.5)."""
     return bool(u[FLIP_INDEX] < 0.5)
@@ -615,6 +639,7 @@ __all__ = [
     "IMAGENET_STD",
     "MAX_ATTEMPTS",
     "MIN_OBJECT_COVERED",
+    "RESIZE_METHODS",
     "TF_CNN_MEAN",
     "TF_CNN_STD",
     "TRAIN_DRAWS",
@@ -628,6 +653,7 @@ __all__ = [
     "eval_resize_shape",
     "flip_of",
     "random_crop_box",
+    "resize_method_for",
     "sample_distorted_box",
     "sample_distorted_box_from",
 ]
