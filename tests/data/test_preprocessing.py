@@ -304,8 +304,8 @@ for case in a["box_cases"]:
     seeds = tf.constant([[case["seed"], i] for i in range(case["n"])], tf.int64)
     def one(seed):
         begin, sz, _ = tf.image.stateless_sample_distorted_bounding_box(
-            size, boxes, seed=seed, min_object_covered=case["cover"], aspect_ratio_range=[0.75, 1.33],
-            area_range=[0.05, 1.0], max_attempts=100, use_image_if_no_bounding_boxes=True)
+            size, boxes, seed=seed, min_object_covered=case["cover"], aspect_ratio_range=case["aspect"],
+            area_range=case["area"], max_attempts=100, use_image_if_no_bounding_boxes=True)
         return tf.stack([begin[1], begin[0], sz[1], sz[0]])
     draw = tf.function(lambda s: tf.map_fn(one, s, fn_output_signature=tf.int32))
     res["boxes"].append(draw(seeds).numpy().tolist())
@@ -335,9 +335,10 @@ if a["tf_cnn"]:
 print(json.dumps(res))
 """
 TF_CNN = TF_PYTHON.parents[2] / "benchmarks" / "scripts" / "tf_cnn_benchmarks"
+_TF_CNN_RANGES = {"aspect": [0.75, 1.33], "area": [0.05, 1.0]}
 BOX_CASES = [
-    {"width": 500, "height": 375, "bbox": [], "cover": 0.1, "seed": 1, "n": 2000},
-    {"width": 375, "height": 500, "bbox": [[0.1, 0.2, 0.5, 0.6]], "cover": 0.1, "seed": 2, "n": 300},
+    {"width": 500, "height": 375, "bbox": [], "cover": 0.1, "seed": 1, "n": 2000, **_TF_CNN_RANGES},
+    {"width": 375, "height": 500, "bbox": [[0.1, 0.2, 0.5, 0.6]], "cover": 0.1, "seed": 2, "n": 300, **_TF_CNN_RANGES},
     {
         "width": 640,
         "height": 427,
@@ -345,8 +346,31 @@ BOX_CASES = [
         "cover": 0.5,
         "seed": 3,
         "n": 300,
+        **_TF_CNN_RANGES,
     },
-    {"width": 300, "height": 7, "bbox": [], "cover": 0.1, "seed": 4, "n": 200},
+    {"width": 300, "height": 7, "bbox": [], "cover": 0.1, "seed": 4, "n": 200, **_TF_CNN_RANGES},
+    # Small images and other ranges: rounding pushes areas past both ends of the range, so the
+    # one-row-more and one-row-less corrections both run (24 and 9 times in these 600 seeds).
+    {
+        "width": 31,
+        "height": 17,
+        "bbox": [],
+        "cover": 0.1,
+        "seed": 5,
+        "n": 300,
+        "aspect": [0.3, 3.0],
+        "area": [0.1, 0.5],
+    },
+    {
+        "width": 97,
+        "height": 61,
+        "bbox": [],
+        "cover": 0.1,
+        "seed": 5,
+        "n": 300,
+        "aspect": [0.5, 2.0],
+        "area": [0.05, 0.3],
+    },
 ]
 EVAL_SIZES = [(500, 375), (375, 500), (640, 480), (300, 300), (1000, 201)]
 
@@ -367,9 +391,10 @@ def tf_peer() -> dict:
 
 
 def test_tensorflows_boxes_are_reproduced_exactly_from_its_random_stream(tf_peer: dict) -> None:
-    """tf.image.stateless_sample_distorted_bounding_box for 2,800 seeds: our algorithm fed
+    """tf.image.stateless_sample_distorted_bounding_box for 3,400 seeds: our algorithm fed
     TensorFlow's Philox stream for each seed gives every box exactly (no bbox, a bbox, two boxes
-    with a higher coverage, a thin image that falls back to the whole)."""
+    with a higher coverage, a thin image that falls back to the whole, small images with other
+    ranges)."""
     for case, tf_boxes in zip(BOX_CASES, tf_peer["boxes"], strict=True):
         ours = [
             list(
@@ -379,6 +404,8 @@ def test_tensorflows_boxes_are_reproduced_exactly_from_its_random_stream(tf_peer
                     PhiloxDraws(case["seed"], i),
                     case["bbox"] or None,
                     min_object_covered=case["cover"],
+                    aspect_ratio_range=tuple(case["aspect"]),
+                    area_range=tuple(case["area"]),
                 )
             )
             for i in range(case["n"])
