@@ -30,7 +30,8 @@ This module does no file I/O and holds no state.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -87,17 +88,44 @@ def _uniform_int(u: float, n: int) -> int:
     return min(int(u * n), n - 1)
 
 
+class CropDraws(Protocol):
+    """The random source of :func:`sample_distorted_box_from`: what one attempt draws."""
+
+    def rand_float(self, attempt: int) -> np.float32:
+        """A float32 in [0, 1) (the aspect ratio's draw)."""
+        ...
+
+    def uniform(self, attempt: int, slot: int, n: int) -> int:
+        """An integer in [0, n): ``slot`` 1 is the height, 2 the top offset, 3 the left offset."""
+        ...
+
+
+class UniformDraws:
+    """:class:`CropDraws` from a row of uniforms: attempt ``t`` reads ``u[4t:4t+4]``."""
+
+    def __init__(self, u: Sequence[float] | np.ndarray) -> None:
+        self.u = u
+
+    def rand_float(self, attempt: int) -> np.float32:
+        return _rand_float(float(self.u[DRAWS_PER_ATTEMPT * attempt]))
+
+    def uniform(self, attempt: int, slot: int, n: int) -> int:
+        return _uniform_int(float(self.u[DRAWS_PER_ATTEMPT * attempt + slot]), n)
+
+
 def _random_crop(
     width: int,
     height: int,
     min_area_frac: np.float32,
     max_area_frac: np.float32,
     aspect: np.float32,
-    u: Sequence[float] | np.ndarray,
+    draws: CropDraws,
+    attempt: int,
 ) -> tuple[int, int, int, int] | None:
     """One attempt of TensorFlow's ``GenerateRandomCrop``: ``(x, y, w, h)`` or None if it fails.
 
-    The arithmetic is float32 where TensorFlow's is, so the same uniforms give the same box.
+    The arithmetic is float32 where TensorFlow's is, and the draws happen under the same
+    conditions, so the same random stream gives the same box.
     """
     min_area = min_area_frac * _F32(width) * _F32(height)
     max_area = max_area_frac * _F32(width) * _F32(height)
@@ -111,7 +139,7 @@ def _random_crop(
     max_h = min(max_h, height)
     h = min(h, max_h)
     if h < max_h:
-        h += _uniform_int(u[1], max_h - h + 1)
+        h += draws.uniform(attempt, 1, max_h - h + 1)
     w = _lrintf(_F32(h) * aspect)
     area = _F32(w * h)
     # Rounding may leave the area just outside the range: try one row more, then one less.
@@ -127,8 +155,8 @@ def _random_crop(
         return None
     # Uniform(n) draws from [0, n): TensorFlow's crop never touches the bottom or right edge
     # unless it spans the whole side.
-    y = _uniform_int(u[2], height - h) if h < height else 0
-    x = _uniform_int(u[3], width - w) if w < width else 0
+    y = draws.uniform(attempt, 2, height - h) if h < height else 0
+    x = draws.uniform(attempt, 3, width - w) if w < width else 0
     return x, y, w, h
 
 
@@ -160,6 +188,53 @@ def _covers(crop: tuple[int, int, int, int], boxes: list[tuple], min_object_cove
     return False
 
 
+def _check_box_arguments(
+    width: int,
+    height: int,
+    min_object_covered: float,
+    aspect_ratio_range: tuple[float, float],
+    area_range: tuple[float, float],
+    max_attempts: int,
+) -> None:
+    if width < 1 or height < 1:
+        raise ValueError(f"sample_distorted_box: the image size must be positive; got {width}x{height}")
+    if max_attempts < 1:
+        raise ValueError(f"sample_distorted_box: max_attempts must be >= 1; got {max_attempts}")
+    if not (0 < area_range[0] <= area_range[1] <= 1):
+        raise ValueError(f"sample_distorted_box: area_range must satisfy 0 < lo <= hi <= 1; got {area_range}")
+    if not (0 < aspect_ratio_range[0] <= aspect_ratio_range[1]):
+        raise ValueError(
+            f"sample_distorted_box: aspect_ratio_range must satisfy 0 < lo <= hi; got {aspect_ratio_range}"
+        )
+    if min_object_covered < 0:
+        raise ValueError(f"sample_distorted_box: min_object_covered must be >= 0; got {min_object_covered}")
+
+
+def sample_distorted_box_from(
+    width: int,
+    height: int,
+    draws: CropDraws,
+    bbox: np.ndarray | Sequence[Sequence[float]] | None = None,
+    *,
+    min_object_covered: float = MIN_OBJECT_COVERED,
+    aspect_ratio_range: tuple[float, float] = ASPECT_RATIO_RANGE,
+    area_range: tuple[float, float] = AREA_RANGE,
+    max_attempts: int = MAX_ATTEMPTS,
+) -> tuple[int, int, int, int]:
+    """:func:`sample_distorted_box` with any random source (the tests give it TensorFlow's own)."""
+    _check_box_arguments(width, height, min_object_covered, aspect_ratio_range, area_range, max_attempts)
+    boxes = _boxes_in_pixels(bbox, width, height) or [(0, 0, width, height)]
+    lo_ratio, hi_ratio = _F32(aspect_ratio_range[0]), _F32(aspect_ratio_range[1])
+    lo_area, hi_area = _F32(area_range[0]), _F32(area_range[1])
+    covered = _F32(min_object_covered)
+    for t in range(max_attempts):
+        aspect = draws.rand_float(t) * (hi_ratio - lo_ratio) + lo_ratio
+        crop = _random_crop(width, height, lo_area, hi_area, aspect, draws, t)
+        if crop is not None and _covers(crop, boxes, covered):
+            return crop
+    return 0, 0, width, height
+
+
 def sample_distorted_box(
     width: int,
     height: int,
@@ -178,7 +253,8 @@ def sample_distorted_box(
     uniformly from ``aspect_ratio_range``, derives the height range from ``area_range``,
     draws the height in it, rounds the width, then draws the offsets; it keeps the first crop
     covering at least ``min_object_covered`` of one of the boxes, and after ``max_attempts``
-    failures returns the whole image.
+    failures returns the whole image. A uniform ``v`` stands for TensorFlow's float draw
+    ``floor(v * 2**23) / 2**23`` and its integer draw in [0, n) ``floor(v * n)``.
 
     Args:
         width, height: the image's size in pixels.
@@ -193,34 +269,21 @@ def sample_distorted_box(
         ValueError: an argument TensorFlow would refuse, or too few uniforms.
         DataError: a box coordinate outside [0, 1].
     """
-    if width < 1 or height < 1:
-        raise ValueError(f"sample_distorted_box: the image size must be positive; got {width}x{height}")
-    if max_attempts < 1:
-        raise ValueError(f"sample_distorted_box: max_attempts must be >= 1; got {max_attempts}")
-    if not (0 < area_range[0] <= area_range[1] <= 1):
-        raise ValueError(f"sample_distorted_box: area_range must satisfy 0 < lo <= hi <= 1; got {area_range}")
-    if not (0 < aspect_ratio_range[0] <= aspect_ratio_range[1]):
-        raise ValueError(
-            f"sample_distorted_box: aspect_ratio_range must satisfy 0 < lo <= hi; got {aspect_ratio_range}"
-        )
-    if min_object_covered < 0:
-        raise ValueError(f"sample_distorted_box: min_object_covered must be >= 0; got {min_object_covered}")
     if len(u) < DRAWS_PER_ATTEMPT * max_attempts:
         raise ValueError(
             f"sample_distorted_box: needs {DRAWS_PER_ATTEMPT * max_attempts} uniforms for {max_attempts} "
             f"attempts; got {len(u)}"
         )
-    boxes = _boxes_in_pixels(bbox, width, height) or [(0, 0, width, height)]
-    lo_ratio, hi_ratio = _F32(aspect_ratio_range[0]), _F32(aspect_ratio_range[1])
-    lo_area, hi_area = _F32(area_range[0]), _F32(area_range[1])
-    covered = _F32(min_object_covered)
-    for t in range(max_attempts):
-        draws = u[DRAWS_PER_ATTEMPT * t : DRAWS_PER_ATTEMPT * (t + 1)]
-        aspect = _rand_float(float(draws[0])) * (hi_ratio - lo_ratio) + lo_ratio
-        crop = _random_crop(width, height, lo_area, hi_area, aspect, draws)
-        if crop is not None and _covers(crop, boxes, covered):
-            return crop
-    return 0, 0, width, height
+    return sample_distorted_box_from(
+        width,
+        height,
+        UniformDraws(u),
+        bbox,
+        min_object_covered=min_object_covered,
+        aspect_ratio_range=aspect_ratio_range,
+        area_range=area_range,
+        max_attempts=max_attempts,
+    )
 
 
 def random_crop_box(width: int, height: int, image_size: int, u: Sequence[float] | np.ndarray) -> tuple[int, int]:
@@ -259,6 +322,30 @@ def eval_crop_box(width: int, height: int, image_size: int) -> tuple[float, floa
     resize_w, resize_h, left, top = eval_resize_shape(width, height, image_size)
     sx, sy = width / resize_w, height / resize_h
     return left * sx, top * sy, image_size * sx, image_size * sy
+
+
+#: tf_cnn's ``--resize_method`` names; ``round_robin`` cycles through the first four in this
+#: order (its ``_RESIZE_METHOD_MAP``), ``crop`` takes an ``image_size`` square without resizing.
+#: tf_cnn calls TensorFlow 1's ``resize_images`` (``align_corners=False``): the legacy mapping
+#: ``source = i * in / out`` (no half-pixel centres) and no antialiasing. PyTorch's closest:
+#: ``interpolate(mode="nearest")`` is identical; ``bilinear`` / ``bicubic`` (same a = -0.75
+#: kernel) with ``antialias=False`` differ by the half-pixel shift; TensorFlow's ``area``
+#: averages exact fractional source boxes (Pillow's ``BOX``; ``interpolate(mode="area")`` uses
+#: integer bins). docs/data.md has the measured differences.
+RESIZE_METHODS = ("nearest", "bilinear", "bicubic", "area", "round_robin", "crop")
+
+
+def resize_method_for(resize_method: str, position: int) -> str:
+    """The concrete method (``nearest``, ``bilinear``, ``bicubic``, ``area`` or ``crop``) for an
+    example at ``position``: ``round_robin`` takes ``RESIZE_METHODS[position % 4]``.
+
+    tf_cnn's ``position`` is its ``batch_position``: a counter modulo the batch size attached
+    to each record in file order, before the shuffle, so it follows the example, not the slot
+    of the batch it lands in; the example's index is the faithful equivalent.
+    """
+    if resize_method not in RESIZE_METHODS:
+        raise ValueError(f"--resize_method must be one of {', '.join(RESIZE_METHODS)}; got {resize_method!r}")
+    return RESIZE_METHODS[position % 4] if resize_method == "round_robin" else resize_method
 
 
 def flip_of(u: Sequence[float] | np.ndarray) -> bool:
@@ -385,44 +472,86 @@ def distort_color_reference(image: np.ndarray, params: Sequence[float] | np.ndar
 
 
 def _adjust_contrast(x: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    # (x - mean) * f + mean, as x * f + mean * (1 - f): one pass over the pixels.
     mean = x.mean(dim=(2, 3), keepdim=True)
-    return (x - mean).mul_(factor).add_(mean)
+    return torch.addcmul(mean * (1 - factor), x, factor)
 
 
 def _adjust_saturation_hue(x: torch.Tensor, saturation: torch.Tensor, hue: torch.Tensor) -> torch.Tensor:
-    """Saturation then hue in one trip through HSV (TensorFlow makes two; the same up to rounding:
-    scaling the saturation keeps the hue and the value, and a pixel the saturation kernel greys
-    out has no hue to rotate)."""
-    r, g, b = x[:, 0], x[:, 1], x[:, 2]
+    """Saturation then hue of planar ``[N, 3, H, W]`` in one trip through HSV.
+
+    TensorFlow makes two trips; one is the same up to rounding: scaling the saturation keeps
+    each pixel's hue and value, and a pixel the saturation kernel greys out (value <= 0) has
+    no hue left to rotate.
+    """
+    r, g, b = x.unbind(1)
     vmax = torch.maximum(torch.maximum(r, g), b)
     rng = vmax - torch.minimum(torch.minimum(r, g), b)
-    has_hue = rng > 0
-    safe = torch.where(has_hue, rng, torch.ones_like(rng))
-    h6 = torch.where(r == vmax, (g - b) / safe, torch.where(g == vmax, (b - r) / safe + 2, (r - g) / safe + 4))
-    h6 = torch.where(has_hue, h6, torch.zeros_like(h6))
-    h6 = torch.remainder(h6 + hue.view(-1, 1, 1) * 6, 6)
-    positive = vmax > 0
-    s = torch.where(positive, rng / torch.where(positive, vmax, torch.ones_like(vmax)), torch.zeros_like(vmax))
-    chroma = s.mul_(saturation.view(-1, 1, 1)).clamp_(0, 1).mul_(vmax)
-    channels = []
-    for n in (5.0, 3.0, 1.0):  # R, G, B of the standard HSV-to-RGB formula
-        k = torch.remainder(h6 + n, 6)
-        ramp = torch.minimum(k, 4 - k).clamp_(0, 1)
-        channels.append(vmax - chroma * ramp)
-    return torch.stack(channels, dim=1)
+    # Hue in [0, 6) sectors; a grey pixel (rng 0) gets 0 / tiny = 0, TensorFlow's hue for grey.
+    h = torch.where(
+        r == vmax, g - b, torch.where(g == vmax, torch.add(b - r, rng, alpha=2), torch.add(r - g, rng, alpha=4))
+    )
+    h.div_(rng.clamp_min(1e-30)).add_(hue.view(-1, 1, 1) * 6).remainder_(6)
+    # New chroma = clamp(s * factor, 0, 1) * v with s = rng / v, and 0 where v <= 0 (TensorFlow's s = 0).
+    chroma = torch.minimum(rng.mul_(saturation.view(-1, 1, 1)), vmax).clamp_min_(0)
+    base = vmax.sub_(chroma)
+    out = torch.empty_like(x)
+    # Each channel is base + chroma * (its level in the pure colour of hue h).
+    torch.addcmul(base, chroma, (h - 3).abs_().sub_(1).clamp_(0, 1), out=out[:, 0])
+    torch.addcmul(base, chroma, (h - 2).abs_().neg_().add_(2).clamp_(0, 1), out=out[:, 1])
+    torch.addcmul(base, chroma, (h - 4).abs_().neg_().add_(2).clamp_(0, 1), out=out[:, 2])
+    return out
+
+
+def _distort(x: torch.Tensor, p: torch.Tensor, contrast_first: bool | torch.Tensor) -> torch.Tensor:
+    """Brightness, then saturation and hue with contrast before (``contrast_first``) or after;
+    ``contrast_first`` a per-image ``[N, 1, 1, 1]`` bool tensor or one bool for all."""
+    contrast = p[:, 3].view(-1, 1, 1, 1)
+    x = x + p[:, 0].view(-1, 1, 1, 1)
+    if isinstance(contrast_first, torch.Tensor):
+        x = torch.where(contrast_first, _adjust_contrast(x, contrast), x)
+    elif contrast_first:
+        x = _adjust_contrast(x, contrast)
+    x = _adjust_saturation_hue(x, p[:, 1], p[:, 2])
+    if isinstance(contrast_first, torch.Tensor):
+        x = torch.where(contrast_first, x, _adjust_contrast(x, contrast))
+    elif not contrast_first:
+        x = _adjust_contrast(x, contrast)
+    return x.clamp_(0, 1)
+
+
+# step(images, params, contrast_first, out): writes its result into out and returns it.
+_Step = Callable[[torch.Tensor, torch.Tensor, "bool | torch.Tensor", torch.Tensor], torch.Tensor]
+
+
+def _by_order(x: torch.Tensor, p: torch.Tensor, step: _Step, memory_format: torch.memory_format) -> torch.Tensor:
+    """``step(images, params, contrast_first, out)`` over the batch, into a new float32 tensor.
+
+    On an accelerator the whole batch goes at once, the two orders merged with ``where``
+    (no host synchronisation). On the CPU the images go one at a time, each from its input
+    bytes to its output in one go, so that its temporaries stay in the core's cache (a third
+    of the time of whole-batch passes; slices, not index tensors, whose gather and scatter
+    cost a third of the time again).
+    """
+    contrast_first = p[:, 4] >= 0.5
+    out = torch.empty(x.shape, dtype=torch.float32, device=x.device, memory_format=memory_format)
+    if x.device.type != "cpu":
+        return step(x, p, contrast_first.view(-1, 1, 1, 1), out)
+    for i, first in enumerate(contrast_first.tolist()):
+        step(x[i : i + 1], p[i : i + 1], first, out[i : i + 1])
+    return out
 
 
 def distort_color_batch(x: torch.Tensor, color: torch.Tensor) -> torch.Tensor:
     """The colour distortion of a float ``[N, 3, H, W]`` batch in [0, 1], per-image parameters
-    ``color`` ``[N, COLOR_PARAMS]`` (:func:`color_params`); clipped to [0, 1]."""
-    p = color.to(device=x.device, dtype=x.dtype)
-    brightness, saturation, hue, contrast = (p[:, i].view(-1, 1, 1, 1) for i in range(4))
-    order1 = (p[:, 4] >= 0.5).view(-1, 1, 1, 1)
-    x = x + brightness
-    x = torch.where(order1, _adjust_contrast(x, contrast), x)
-    x = _adjust_saturation_hue(x, saturation.view(-1), hue.view(-1))
-    x = torch.where(order1, x, _adjust_contrast(x, contrast))
-    return x.clamp_(0, 1)
+    ``color`` ``[N, COLOR_PARAMS]`` (:func:`color_params`): float32, clipped to [0, 1], planar."""
+    p = color.to(device=x.device, dtype=torch.float32)
+    return _by_order(
+        x,
+        p,
+        lambda xc, pc, first, out: out.copy_(_distort(xc.to(torch.float32).contiguous(), pc, first)),
+        torch.contiguous_format,
+    )
 
 
 class ImagePreprocessor(torch.nn.Module):
@@ -475,21 +604,27 @@ class ImagePreprocessor(torch.nn.Module):
         if not self.distortions and color is not None:
             raise ValueError("ImagePreprocessor(distortions=False) was given color parameters")
         x = images.permute(0, 3, 1, 2)  # a channels_last view of the NHWC bytes
-        if not self.channels_last:
-            x = x.contiguous()
-        x = x.to(torch.float32)  # keeps the strides: channels_last stays channels_last
         dev = x.device
         if color is None:
-            return x.sub_(self.mean255.to(dev)).div_(self.std255.to(dev))
+            if not self.channels_last:
+                x = x.contiguous()
+            # to() keeps the strides: channels_last stays channels_last.
+            return x.to(torch.float32).sub_(self.mean255.to(dev)).div_(self.std255.to(dev))
         if color.dim() != 2 or color.shape != (images.shape[0], COLOR_PARAMS):
             raise ValueError(
                 f"ImagePreprocessor: color must be [N, {COLOR_PARAMS}] for {images.shape[0]} images; "
                 f"got {tuple(color.shape)}"
             )
-        x = distort_color_batch(x.div_(255), color)
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return x.sub_(self.mean.to(dev)).div_(self.std.to(dev))
+        mean, std = self.mean.to(dev), self.std.to(dev)
+
+        def step(xc: torch.Tensor, pc: torch.Tensor, first: bool | torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+            # Planar float in [0, 1] (the colour ops work on whole channels), distorted, then
+            # normalised straight into the output's layout (no separate layout copy).
+            planar = xc.contiguous().to(torch.float32).div_(255)
+            return torch.div(_distort(planar, pc, first).sub_(mean), std, out=out)
+
+        fmt = torch.channels_last if self.channels_last else torch.contiguous_format
+        return _by_order(x, color.to(device=dev, dtype=torch.float32), step, fmt)
 
 
 __all__ = [
@@ -504,10 +639,13 @@ __all__ = [
     "IMAGENET_STD",
     "MAX_ATTEMPTS",
     "MIN_OBJECT_COVERED",
+    "RESIZE_METHODS",
     "TF_CNN_MEAN",
     "TF_CNN_STD",
     "TRAIN_DRAWS",
+    "CropDraws",
     "ImagePreprocessor",
+    "UniformDraws",
     "color_params",
     "distort_color_batch",
     "distort_color_reference",
@@ -515,5 +653,7 @@ __all__ = [
     "eval_resize_shape",
     "flip_of",
     "random_crop_box",
+    "resize_method_for",
     "sample_distorted_box",
+    "sample_distorted_box_from",
 ]
