@@ -98,7 +98,7 @@ def test_no_note_when_no_noted_flag_is_given(capsys: pytest.CaptureFixture[str])
 @pytest.mark.parametrize(
     ("flags", "value"),
     [
-        ((), True),
+        ((), False),
         (("--distortions",), True),
         (("--nodistortions",), False),
         (("--distortions=false",), False),
@@ -172,7 +172,7 @@ def test_bad_values_exit_2_naming_the_flag(
 
 def test_implemented_flags_this_run_cannot_use_get_a_note(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_main(
-        capsys, *TINY, "--nodistortions", "--gradient_repacking=4", "--eval_batch_size=3", "--resize_method=area"
+        capsys, *TINY, "--distortions", "--gradient_repacking=4", "--eval_batch_size=3", "--resize_method=area"
     )
     assert code == 0
     assert [line.split(":")[1] for line in out.splitlines() if line.startswith("Note: --")] == [
@@ -301,6 +301,7 @@ def test_nodistortions_and_resize_method_reach_the_image_folder(tmp_path: Path) 
     batches = {}
     runs = {
         "default": ((), True),
+        "distortions": (("--distortions",), True),
         "nodistortions": (("--nodistortions",), True),
         "eval": (("--nodistortions",), False),
         "nearest": (("--nodistortions", "--resize_method=nearest"), False),
@@ -319,10 +320,12 @@ def test_nodistortions_and_resize_method_reach_the_image_folder(tmp_path: Path) 
         workload = resolve_workload(cfg)
         source = make_input_fn(cfg, workload, train=train)({"batch_size": 4, "num_replicas": 1, "replica_index": 0})
         batches[name] = next(iter(source))[0]
-    # --distortions (the default): uint8 crops plus the colour parameters the step applies.
-    assert set(batches["default"]) == {"images", "color"} and batches["default"]["color"].shape == (4, 5)
-    # --nodistortions: tf_cnn's default training preprocessing, the same random crops without colour.
-    assert torch.equal(batches["default"]["images"], batches["nodistortions"])
+    # --distortions: uint8 crops plus the colour parameters the step applies.
+    assert set(batches["distortions"]) == {"images", "color"} and batches["distortions"]["color"].shape == (4, 5)
+    # --nodistortions (the default, as in TF 2's tf_cnn): its training preprocessing, the same random crops
+    # without colour.
+    assert torch.equal(batches["default"], batches["nodistortions"])
+    assert torch.equal(batches["distortions"]["images"], batches["nodistortions"])
     assert batches["nodistortions"].dtype == torch.uint8 and batches["nodistortions"].shape == (4, 227, 227, 3)
     # the evaluation transform is another (deterministic) box; nearest and crop resize differently
     assert not batches["eval"].equal(batches["nodistortions"])
@@ -330,7 +333,7 @@ def test_nodistortions_and_resize_method_reach_the_image_folder(tmp_path: Path) 
     # the step makes the float batch, with the colour distortions when they came along
     params = {"channels_last": False}
     plain = device_images(batches["nodistortions"], params)
-    distorted = device_images(batches["default"], params)
+    distorted = device_images(batches["distortions"], params)
     assert plain.dtype == torch.float32 and plain.shape == (4, 3, 227, 227) and -1 <= plain.min() <= plain.max() <= 1
     assert not torch.equal(plain, distorted)
 
@@ -554,7 +557,7 @@ def test_eval_epochs_and_input_pipeline_flags(tmp_path: Path) -> None:
         )({"batch_size": 2, "num_replicas": 1, "replica_index": 0})
     )
     first, second = next(batches), next(batches)
-    assert first[0]["images"].equal(second[0]["images"]) and first[1].equal(second[1])  # one batch read, repeated
+    assert first[0].equal(second[0]) and first[1].equal(second[1])  # one batch read, repeated
 
 
 def test_xla_flags_choose_the_engines_compile_mode() -> None:

@@ -124,7 +124,7 @@ class BenchConfig:
     eval_during_training_at_specified_epochs: tuple[float, ...] = ()
     batch_group_size: int = 1
     display_perf_ewma: float | None = None
-    distortions: bool = True
+    distortions: bool = False
     resize_method: str = "bilinear"
     use_datasets: bool = True
     datasets_use_prefetch: bool = True

@@ -70,8 +70,8 @@ TABLE: tuple[Flag, ...] = (
     _f("batch_group_size", "int", 1, "batches the input pipeline prepares per group (the infeed's prefetch depth)"),
     _f("display_perf_ewma", "float", None, "progress lines show an exponentially weighted moving average of "
        "images/sec with this weight on the newest step (0 < w <= 1)"),
-    _f("distortions", "bool", True, "image-folder training: tf_cnn's colour distortions on top of its random "
-       "crop and flip (--nodistortions: crop and flip only, tf_cnn's default training preprocessing)"),
+    _f("distortions", "bool", False, "real-image training: tf_cnn's colour distortions on top of its random "
+       "crop and flip (off by default, as in TF 2's tf_cnn: crop and flip only)"),
     _f("resize_method", "str", "bilinear", "resizing of image-folder images",
        choices=("bilinear", "nearest", "bicubic", "area", "round_robin", "crop")),
     _f("use_datasets", "bool", True, "decode real data in worker processes (false: in the training process)"),
@@ -154,9 +154,9 @@ TABLE: tuple[Flag, ...] = (
     _f("allow_growth", "bool", None, "grow GPU memory on demand",
        note="PyTorch's caching allocator always grows on demand"),
     _f("fuse_decode_and_crop", "bool", True, "fuse JPEG decoding and cropping",
-       note="image_folder crops the needed source box in one Pillow resize already"),
+       note="stoker decodes at the smallest DCT scale the crop allows, then crops and resizes (see docs/data.md)"),
     _f("distort_color_in_yiq", "bool", True, "colour distortions in YIQ space",
-       note="image_folder's training augmentation has no colour distortion"),
+       note="--distortions uses TF 2's RGB/HSV colour ops (TF 2 removed the YIQ variant)"),
     _f("enable_optimizations", "bool", True, "grappler graph optimisations", note=_TF_GRAPH),
     _f("rewriter_config", "str", None, "grappler rewriter configuration", note=_TF_GRAPH),
     _f("single_l2_loss_op", "bool", False, "one L2 loss op over all variables",

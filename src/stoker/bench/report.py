@@ -152,7 +152,7 @@ def unused_flag_notes(cfg: BenchConfig, workload: Workload) -> list[str]:
         given = [
             n
             for n, default in (
-                ("distortions", True),
+                ("distortions", False),
                 ("resize_method", "bilinear"),
                 ("use_datasets", True),
                 ("datasets_num_private_threads", None),

@@ -470,6 +470,7 @@ def make_input_fn(cfg: BenchConfig, workload: Workload, *, train: bool, repeat: 
                 output="uint8",  # normalised on the device by the model_fn (bench.model.device_images)
                 decoder=cfg.image_decoder,
                 decode_on_device=cfg.decode_on_device,
+                pin_memory=workload.device.type == "cuda",  # the infeed's H2D copy starts from pinned memory
                 num_classes=workload.num_classes,
             )
 

@@ -152,6 +152,7 @@ class TFRecordImageSource(EncodedImageSource):
         output: str = "float32",
         decoder: str = "auto",
         decode_on_device: bool | str = False,
+        pin_memory: bool = False,
         num_classes: int = IMAGENET_NUM_CLASSES,
         index_dir: str | os.PathLike[str] | None = None,
     ) -> None:
@@ -179,6 +180,7 @@ class TFRecordImageSource(EncodedImageSource):
             output=output,
             decoder=decoder,
             decode_on_device=decode_on_device,
+            pin_memory=pin_memory,
             shuffle=shuffle,
             seed=seed,
             num_epochs=num_epochs,
@@ -227,6 +229,7 @@ def imagenet_tfrecords(
     output: str = "float32",
     decoder: str = "auto",
     decode_on_device: bool | str = False,
+    pin_memory: bool = False,
     num_classes: int = IMAGENET_NUM_CLASSES,
     index_dir: str | os.PathLike[str] | None = None,
 ) -> TFRecordImageSource:
@@ -243,8 +246,8 @@ def imagenet_tfrecords(
 
     ``batch_size``, ``image_size``, ``train``, ``shuffle``, ``seed``, ``num_epochs``,
     ``drop_remainder``, ``num_workers``, ``num_shards``, ``shard_index``, ``start_method``,
-    ``augment``, ``resize_method``, ``crop``, ``distortions``, ``output``, ``decoder`` and
-    ``decode_on_device`` mean what they mean for :func:`~stoker.data.image_folder` (the
+    ``augment``, ``resize_method``, ``crop``, ``distortions``, ``output``, ``decoder``,
+    ``decode_on_device`` and ``pin_memory`` mean what they mean for :func:`~stoker.data.image_folder` (the
     decode-and-crop batch builder is :class:`~stoker.data.images.EncodedImageSource`);
     ``crop="tf_cnn"`` crops around the example's object boxes as tf_cnn does.
 
@@ -284,6 +287,7 @@ def imagenet_tfrecords(
         output=output,
         decoder=decoder,
         decode_on_device=decode_on_device,
+        pin_memory=pin_memory,
         num_classes=num_classes,
         index_dir=index_dir,
     )
