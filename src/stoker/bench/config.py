@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ..kernels.linear import FAST_LINEAR_MODES
 from .errors import BenchFlagError
 from .errors import fail as _fail
 from .tf_checks import EVAL_DURING_TRAINING_FLAGS, check_tf_flags
@@ -76,6 +77,7 @@ class BenchConfig:
     variable_update: str = "replicated"
     compile: bool | str = False  # True/"module": the model; "step": the whole training step
     cuda_graph: bool = False  # replay the training step as a captured CUDA graph (CUDA only)
+    fast_linear: str = "auto"  # nn.Linear on oneDNN where it measured faster here (stoker.kernels.linear)
     tf_random_seed: int = 1234
     num_intra_threads: int | None = None
     num_inter_threads: int | None = None
@@ -220,6 +222,7 @@ _CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("optimizer", OPTIMIZERS),
     ("variable_update", VARIABLE_UPDATES),
     ("mode", RUN_MODES),
+    ("fast_linear", FAST_LINEAR_MODES),
 )
 #: Integer flags that always have a value, and their minimum.
 _INTS: tuple[tuple[str, int], ...] = (
