@@ -18,7 +18,9 @@ def slow_cpu(monkeypatch):
     """A CPU with neither fast bf16 nor fast fp16 and the figures measured on an AVX2 EPYC."""
     monkeypatch.setattr(report, "cpu_has_fast", lambda precision: precision == "fp32")
     monkeypatch.setattr(
-        report, "measured_peak", lambda device, precision: Peak(FIGURES[precision], f"BLAS gemm {precision}", "2026-11-25")
+        report,
+        "measured_peak",
+        lambda device, precision: Peak(FIGURES[precision], f"BLAS gemm {precision}", "2026-11-25"),
     )
 
 

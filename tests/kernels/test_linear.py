@@ -29,7 +29,9 @@ def _fresh_choices(tmp_path, monkeypatch):
 
 def _mlp(bias: bool = True) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(48, 96, bias=bias), nn.GELU(), nn.Linear(96, 96, bias=bias), nn.Tanh(), nn.Linear(96, 10))
+    return nn.Sequential(
+        nn.Linear(48, 96, bias=bias), nn.GELU(), nn.Linear(96, 96, bias=bias), nn.Tanh(), nn.Linear(96, 10)
+    )
 
 
 def _forward_backward(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:

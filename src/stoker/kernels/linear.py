@@ -31,7 +31,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -67,7 +67,7 @@ class OneDNNLinearFunction(torch.autograd.Function):
         return _lp(x, weight, bias)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, weight = ctx.saved_tensors
         grad_x = grad_w = grad_b = None
         g2 = grad.reshape(-1, grad.shape[-1])
@@ -256,7 +256,7 @@ def use_fast_linear(model: nn.Module, mode: str = "auto") -> list[str]:
     for name, module in model.named_modules():
         if type(module) is nn.Linear or type(module) is OneDNNLinear:
             module.__class__ = OneDNNLinear
-            module.mode = mode
+            cast(OneDNNLinear, module).mode = mode
             names.append(name)
     return names
 
@@ -265,8 +265,8 @@ def use_plain_linear(model: nn.Module) -> int:
     """Turn every :class:`OneDNNLinear` of ``model`` back into an ``nn.Linear``; return how many."""
     count = 0
     for module in model.modules():
-        if type(module) is OneDNNLinear:
-            module.__class__ = nn.Linear
+        if isinstance(module, OneDNNLinear):
+            cast(nn.Module, module).__class__ = nn.Linear
             module.__dict__.pop("mode", None)
             count += 1
     return count
