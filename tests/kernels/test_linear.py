@@ -159,3 +159,14 @@ def test_run_config_checks_fast_linear():
     assert stoker.RunConfig().fast_linear == "off"
     with pytest.raises(ValueError, match="RunConfig.fast_linear must be one of auto, on, off; got 'yes'"):
         stoker.RunConfig(fast_linear="yes")  # type: ignore[arg-type]
+
+
+def test_an_exported_program_holds_a_plain_linear():
+    """Export traces F.linear (portable), not the oneDNN operator the eager layer calls."""
+    model = _mlp()
+    fl.use_fast_linear(model, "on")
+    program = torch.export.export(model, (torch.randn(4, 48),))
+    targets = [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+    assert sum("linear" in t for t in targets) == 3 and not any("mkldnn" in t for t in targets)
+    x = torch.randn(4, 48)
+    assert _rel(program.module()(x), model(x)) < 1e-5

@@ -220,6 +220,7 @@ class OneDNNLinear(nn.Linear):
         if (
             torch.compiler.is_compiling()
             or type(x) is not torch.Tensor  # fake, functional and other tensor subclasses: traced, not run
+            or type(w) not in (torch.Tensor, nn.Parameter)  # e.g. a sharded DTensor weight
             or x.device.type != "cpu"
             or x.dtype != w.dtype
             or (b is not None and b.dtype != w.dtype)
