@@ -28,6 +28,7 @@ from torch import nn
 from ..config import RunConfig
 from ..data import synthetic_images
 from ..estimator import Estimator
+from ..kernels.linear import reset_choices
 from ..precision import autocast_context
 from .config import BenchConfig, BenchFlagError
 from .model import bench_model_fn, zoo_model
@@ -62,6 +63,7 @@ def run_inference(
     for line in header_lines(cfg, workload, model_name, peak=peak):
         log(line)
 
+    reset_choices()  # the "Linear:" lines list this run's layer shapes
     log("Running warm up")
     start = time.perf_counter()
     with torch.inference_mode(), autocast_context(cfg.precision, workload.device):
