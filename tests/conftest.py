@@ -17,6 +17,13 @@ def pytest_configure(config: pytest.Config) -> None:
     torch.set_num_threads(1)  # steady and identical arithmetic in every test process
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _own_kernel_cache(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Measured peaks and linear-kernel choices (stoker.kernels) go to a cache of this session, not the
+    user's: tests run with 1 thread and a loaded machine, figures nobody should reuse."""
+    os.environ.setdefault("STOKER_CACHE_DIR", str(tmp_path_factory.mktemp("stoker-cache")))
+
+
 @pytest.fixture(autouse=True)
 def _quiet_stoker() -> None:
     logging.getLogger("stoker").setLevel(logging.WARNING)

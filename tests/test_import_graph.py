@@ -240,6 +240,8 @@ ENGINE = [  # patterns: the engine layer, which never imports what sits above it
     "stoker.memory.*",
     "stoker.summary",
     "stoker.summary.writer",
+    "stoker.kernels",
+    "stoker.kernels.*",
 ]
 ABOVE_ENGINE = ["stoker.recipes", "stoker.bench", "stoker.adanet", "stoker.cli", "stoker.export.cli", "stoker.serving"]
 
@@ -275,6 +277,7 @@ LAYERS: dict[str, set[str]] = {
     "stoker.precision": set(),
     "stoker.models": set(),
     "stoker.memory": set(),
+    "stoker.kernels": set(),
     "stoker.storage": {"stoker.errors"},
     "stoker.data": {"stoker.errors"},
     "stoker.cli": {"stoker._version"},
@@ -300,6 +303,7 @@ NEVER_REACHES: dict[str, set[str]] = {
     "stoker.serving": {"stoker.estimator", "stoker.hooks", "stoker.bench", "stoker.recipes", "stoker.adanet"},
     "stoker.distributed": {"stoker.engine", "stoker.estimator"},
     "stoker.hooks": {"stoker.estimator", "stoker.engine"},
+    "stoker.kernels": {"stoker.engine", "stoker.estimator", "stoker.bench", "stoker.config"},
     "stoker.bench": {"stoker.recipes", "stoker.adanet", "stoker.serving", "stoker.cli"},
     "stoker.adanet": {"stoker.bench", "stoker.recipes", "stoker.serving", "stoker.cli"},
 }

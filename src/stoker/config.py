@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from .checkpoint.io_config import CheckpointIO
 from .distributed.pipeline import PIPELINE_SCHEDULES, PipelineConfig, check_schedule  # noqa: F401 - re-exported
+from .kernels.linear import FAST_LINEAR_MODES
 from .precision import LossScale
 
 Precision = Literal["fp32", "bf16", "fp16", "bf16-sr"]
@@ -119,6 +120,11 @@ class RunConfig:
         compile: ``False`` / ``"none"``: eager; ``True`` / ``"module"``: wrap the model in
             ``torch.compile``; ``"step"``: compile the whole training step (forward, loss
             scaling, backward, optimizer update; see ``docs/device_loop.md``).
+        fast_linear: which kernel ``nn.Linear`` runs on the CPU (``docs/bench.md``, "Fast linear"):
+            ``"off"`` (default: the BLAS, as plain PyTorch), ``"on"`` (oneDNN's inner product for
+            the forward and both backward products) or ``"auto"`` (oneDNN for each layer shape
+            where it measured >= 5 % faster on this machine; measured once per machine and
+            cached). Values agree with ``"off"`` to fp32 rounding; resume is bitwise on one path.
         cuda_graph: CUDA only: capture the training step once as a CUDA graph and replay it
             every step (static input buffers, capturable optimizer, loss scale on the device).
         strategy: how replicas are formed: ``auto`` picks from the torchrun environment.
@@ -162,6 +168,7 @@ class RunConfig:
     gradient_clip_norm: float | None = None
     device: str = "auto"
     compile: bool | Literal["none", "module", "step"] = False
+    fast_linear: Literal["auto", "on", "off"] = "off"
     cuda_graph: bool = False
     strategy: str = "auto"
     ddp_bucket_cap_mb: float | None = None
@@ -228,6 +235,10 @@ class RunConfig:
         if not (isinstance(self.compile, bool) or self.compile in COMPILE_MODES):
             raise ValueError(
                 f"RunConfig.compile must be True, False, {', '.join(map(repr, COMPILE_MODES))}; got {self.compile!r}"
+            )
+        if self.fast_linear not in FAST_LINEAR_MODES:
+            raise ValueError(
+                f"RunConfig.fast_linear must be one of {', '.join(FAST_LINEAR_MODES)}; got {self.fast_linear!r}"
             )
         if not isinstance(self.cuda_graph, bool):
             raise ValueError(f"RunConfig.cuda_graph must be True or False; got {self.cuda_graph!r}")

@@ -21,6 +21,7 @@ import torch
 
 from ..distributed import torchrun_rank, torchrun_world_size
 from ..errors import StokerError
+from ..kernels.linear import FAST_LINEAR_MODES
 from .config import (
     DATA_FORMATS,
     DATA_NAMES,
@@ -170,6 +171,13 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=False,
         metavar="MODE",
         help="true/module: torch.compile the model; step: compile the whole training step; false (default)",
+    )
+    g.add_argument(
+        "--fast_linear",
+        choices=FAST_LINEAR_MODES,
+        default=d.fast_linear,
+        help="CPU: nn.Linear on oneDNN's inner product: auto (per layer shape where it measured >= 5%% faster "
+        "than the BLAS here; cached per machine), on, or off (the BLAS); default %(default)s",
     )
     g.add_argument(
         "--cuda_graph",

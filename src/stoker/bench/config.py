@@ -14,6 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ..kernels.linear import FAST_LINEAR_MODES
 from .errors import BenchFlagError
 from .errors import fail as _fail
 from .tf_checks import EVAL_DURING_TRAINING_FLAGS, check_tf_flags
@@ -78,6 +79,7 @@ class BenchConfig:
     cuda_graph: bool = False  # replay the training step as a captured CUDA graph (CUDA only)
     decode_on_device: bool = False  # real JPEG data decoded by nvJPEG on the GPU (CUDA only)
     image_decoder: str = "auto"  # the CPU JPEG decoder of real data: auto, simplejpeg or pillow
+    fast_linear: str = "auto"  # nn.Linear on oneDNN where it measured faster here (stoker.kernels.linear)
     tf_random_seed: int = 1234
     num_intra_threads: int | None = None
     num_inter_threads: int | None = None
@@ -228,6 +230,7 @@ _CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("optimizer", OPTIMIZERS),
     ("variable_update", VARIABLE_UPDATES),
     ("mode", RUN_MODES),
+    ("fast_linear", FAST_LINEAR_MODES),
 )
 #: Integer flags that always have a value, and their minimum.
 _INTS: tuple[tuple[str, int], ...] = (

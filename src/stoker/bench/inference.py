@@ -20,7 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal, cast
 
 import torch
 from torch import nn
@@ -28,10 +28,11 @@ from torch import nn
 from ..config import RunConfig
 from ..data import synthetic_images
 from ..estimator import Estimator
+from ..kernels.linear import reset_choices
 from ..precision import autocast_context
 from .config import BenchConfig, BenchFlagError
 from .model import bench_model_fn, zoo_model
-from .report import base_result, flops_per_image, header_lines
+from .report import base_result, efficiency_peak, flops_per_image, header_lines, linear_lines
 from .stats import format_latencies, latency_stats
 from .workload import Workload
 
@@ -56,14 +57,20 @@ def run_inference(
     else:
         model_name = cfg.model if model is None else f"{cfg.model} (custom)"
         call, image_size = _eager_call(cfg, workload, model), workload.image_size
-    for line in header_lines(cfg, workload, model_name):
+    peak = (
+        efficiency_peak(cfg.peak_tflops, workload.device, cfg.precision) if model is None and not cfg.exported else None
+    )
+    for line in header_lines(cfg, workload, model_name, peak=peak):
         log(line)
 
+    reset_choices()  # the "Linear:" lines list this run's layer shapes
     log("Running warm up")
     start = time.perf_counter()
     with torch.inference_mode(), autocast_context(cfg.precision, workload.device):
         call()
     log(f"Done warm up (first call: {time.perf_counter() - start:.3f} s)")
+    for line in linear_lines(cfg, workload.device):
+        log(line)
 
     per_thread: list[list[float]] = [[] for _ in range(threads)]
 
@@ -116,7 +123,12 @@ def _eager_call(
         model=model or zoo_model(cfg, workload),
         model_fn=bench_model_fn,
         config=RunConfig(
-            seed=cfg.tf_random_seed, device=str(workload.device), strategy="single", progress_bar=False, summaries=False
+            seed=cfg.tf_random_seed,
+            device=str(workload.device),
+            strategy="single",
+            progress_bar=False,
+            summaries=False,
+            fast_linear=cast("Literal['auto', 'on', 'off']", cfg.fast_linear),  # BenchConfig checked it
         ),
         warm_start_from=cfg.train_dir,
     )

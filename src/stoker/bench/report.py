@@ -4,8 +4,10 @@ FLOPs and MFU, the results file and the model table. Nothing here runs a model.
 MFU (model FLOPs utilisation) is ``achieved / peak``: achieved GFLOP/s is images/sec times
 the model's GFLOP per image (forward from ``stoker.models.example_flops``; a training image
 costs about 3x forward: the backward pass computes gradients for activations and for
-weights, each about as costly as the forward), and the peak is ``--peak_tflops`` or a
-measured dense matmul rate (the practical peak of the machine for that dtype).
+weights, each about as costly as the forward), and the peak is ``--peak_tflops`` or the
+fastest kernel torch has for the dtype on the device, measured once per machine and cached
+(:func:`stoker.kernels.peak.measured_peak`: the BLAS gemm, oneDNN's linear and a channels_last
+3x3 convolution). The header and the summary say which kernel set the peak.
 """
 
 from __future__ import annotations
@@ -21,6 +23,9 @@ from typing import Any
 import torch
 
 from .._version import __version__
+from ..kernels.linear import LINEAR_FILE, describe_choices
+from ..kernels.machine import BF16_FLAGS, FP16_FLAGS, cache_dir, cpu_has_fast
+from ..kernels.peak import measured_peak
 from ..memory.host import host_memory_kept
 from ..models import (
     DATASETS,
@@ -97,14 +102,22 @@ def _line(label: str, value: object) -> str:
 
 
 def header_lines(
-    cfg: BenchConfig, workload: Workload, model_name: str | None = None, *, bucket_mb: float | None = None
+    cfg: BenchConfig,
+    workload: Workload,
+    model_name: str | None = None,
+    *,
+    bucket_mb: float | None = None,
+    peak: tuple[float, str] | None = None,
 ) -> list[str]:
     """The block printed before a run, in tf_cnn_benchmarks' layout (only lines that apply),
-    after a ``Note:`` line per given flag that has no effect here (``flags.py``)."""
+    after a ``Note:`` line per given flag that has no effect here (``flags.py``) and per slow
+    low precision on this CPU (:func:`precision_notes`). ``peak``: ``(GFLOP/s, source)`` of
+    :func:`efficiency_peak`, printed as the ``Peak:`` line."""
     mode = cfg.benchmark_mode
     lines = [
         *note_lines(cfg.noted_flags),
         *unused_flag_notes(cfg, workload),
+        *precision_notes(cfg.precision, workload.device),
         _line("PyTorch", f"{torch.__version__} (stoker {__version__})"),
         _line("Model", model_name or cfg.model),
         _line("Dataset", workload.dataset_label),
@@ -133,6 +146,10 @@ def header_lines(
     xla = " (--xla_compile)" if cfg.xla_compile else (" (--xla)" if cfg.xla else "")
     lines.append(_line("Compile", f"{cfg.compile_mode}{xla}"))
     lines.extend(_optional_lines(cfg, workload, bucket_mb))
+    if workload.device.type == "cpu":
+        lines.append(_line("Linear", _linear_header(cfg.fast_linear)))
+    if peak is not None:
+        lines.append(_line("Peak", f"{peak[0]:.1f} GFLOP/s ({peak[1]})"))
     lines.append(_line("Threads", f"{torch.get_num_threads()} intra-op"))
     lines.append(
         _line("Host memory", "kept for reuse (glibc: no mmap, no trim)" if host_memory_kept() else "C library defaults")
@@ -191,6 +208,55 @@ def unused_flag_notes(cfg: BenchConfig, workload: Workload) -> list[str]:
     if cfg.benchmark_test_id is not None and cfg.benchmark_log_dir is None and cfg.results_file is None:
         unused.append(("benchmark_test_id", "it is recorded in --benchmark_log_dir's files or --results_file"))
     return [f"Note: --{name} has no effect in this run: {why}" for name, why in unused]
+
+
+def _linear_header(mode: str) -> str:
+    if mode == "off":
+        return "nn.Linear on the BLAS (--fast_linear=off)"
+    if mode == "on":
+        return "nn.Linear on oneDNN's inner product where it has the dtype (--fast_linear=on)"
+    return (
+        "nn.Linear on oneDNN or the BLAS, per layer shape, whichever measured faster on this machine "
+        f"(--fast_linear=auto; measured at the first step, cached in {cache_dir() / LINEAR_FILE})"
+    )
+
+
+def linear_lines(cfg: BenchConfig, device: torch.device) -> list[str]:
+    """After the first steps: the kernel each ``nn.Linear`` shape runs on, and why."""
+    if cfg.fast_linear == "off" or device.type != "cpu":
+        return []
+    chosen = describe_choices()
+    if not chosen:
+        return [_line("Linear", "no nn.Linear ran on the CPU")]
+    return [_line("Linear", chosen[0]), *(" " * _LABEL_WIDTH + c for c in chosen[1:])]
+
+
+def precision_notes(precision: str, device: torch.device) -> list[str]:
+    """``Note:`` lines for a low precision this CPU has no fast kernels for (it still runs).
+
+    Without avx512_bf16/amx_bf16 (bf16) or avx512_fp16/amx_fp16 (fp16) the kernels convert to
+    fp32 and back on every use: measured on an AVX2 EPYC, bf16 matmuls reach 20 GFLOP/s and
+    fp16 2.4 against fp32's 145. The note gives this machine's figures (:func:`measured_peak`,
+    each kernel within a second, cached).
+    """
+    if device.type != "cpu" or precision == "fp32" or cpu_has_fast(precision):
+        return []
+    low = "bf16" if precision.startswith("bf16") else "fp16"
+    slow, fast = measured_peak(device, low), measured_peak(device, "fp32")
+    figures = f"{low} kernels reach {slow.gflops:.1f} GFLOP/s here against {fast.gflops:.1f} in fp32"
+    if low == "bf16":
+        return [
+            f"Note: bf16 runs emulated on this CPU (no {' or '.join(BF16_FLAGS)} in /proc/cpuinfo): {figures}, "
+            "so this run is slower than --precision=fp32 would be"
+        ]
+    advice = (
+        "use --precision=bf16 (fp32's exponent range, no loss scaling)"
+        if cpu_has_fast("bf16")
+        else f"use --precision=fp32 here, or --precision=bf16 on a CPU with {' or '.join(BF16_FLAGS)}"
+    )
+    return [
+        f"Note: this CPU has no fast fp16 kernels (no {' or '.join(FP16_FLAGS)} in /proc/cpuinfo): {figures}; {advice}"
+    ]
 
 
 def _optional_lines(cfg: BenchConfig, workload: Workload, bucket_mb: float | None) -> list[str]:
@@ -256,10 +322,14 @@ def summary_lines(result: Mapping[str, Any]) -> list[str]:
         lines.append(f"achieved GFLOP/s: {result['achieved_gflops']:.1f}")
         lines.append(f"peak GFLOP/s: {result['peak_gflops']:.1f} ({result['peak_source']})")
         mfu = f"MFU: {100 * result['mfu']:.1f} %"
-        if result["mfu"] > 1.0 and result.get("peak_source", "").startswith("measured"):
-            # oneDNN's convolutions (Winograd, fused kernels) can beat one 2048x2048 matmul,
-            # and "3 x forward" overcounts a first layer's backward: the measured peak is then low.
-            mfu += " (above 100 %: the measured matmul peak underestimates this model's kernels; give --peak_tflops)"
+        if result["mfu"] > 1.0 and str(result.get("device", "")).startswith("cpu"):
+            mfu += (
+                " (above 100 %: the peak is --peak_tflops, below what this run reached)"
+                if result.get("peak_source") == "--peak_tflops"
+                else " (above 100 %: the peak is the fastest kernel measured on one problem size; this model's "
+                "kernels did better on theirs, or did fewer FLOPs than counted: Winograd convolutions, and "
+                "'3 x forward' counts a first layer's input gradient that is never computed)"
+            )
         lines.append(mfu)
     return lines
 
@@ -275,10 +345,8 @@ def flops_per_image(model_name: str, dataset: str, num_classes: int | None = Non
 def measure_matmul_peak(
     device: torch.device, precision: str = "fp32", size: int = PEAK_MATMUL_SIZE, repeats: int = 5
 ) -> float:
-    """GFLOP/s of the fastest of ``repeats`` ``size x size`` matmuls in the compute dtype.
-
-    The fastest, not the mean: the peak is what the machine can do, and noise only slows.
-    """
+    """GFLOP/s of the fastest of ``repeats`` ``size x size`` BLAS matmuls in the compute dtype
+    (one of the kernels :func:`efficiency_peak` measures; kept for scripts that want this one)."""
     dtype = _DTYPES[precision]
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
@@ -299,16 +367,21 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def efficiency_peak(peak_tflops: float | None, device: torch.device, precision: str) -> tuple[float, str]:
+    """``(GFLOP/s, source)`` of one device: ``--peak_tflops``, or this machine's measured peak
+    (cached per machine: the first run measures for a few seconds, later ones read it)."""
+    if peak_tflops is not None:
+        return peak_tflops * 1000.0, "--peak_tflops"
+    peak = measured_peak(device, precision)
+    return peak.gflops, peak.describe()
+
+
 def add_efficiency(result: dict[str, Any], *, peak_tflops: float | None, device: torch.device, precision: str) -> None:
     """Add achieved GFLOP/s, the peak (given or measured) and MFU to ``result`` in place."""
     gflop = result.get("gflop_per_image")
     if not gflop or not result.get("images_per_sec"):
         return
-    if peak_tflops is not None:
-        peak, source = peak_tflops * 1000.0, "--peak_tflops"
-    else:
-        peak = measure_matmul_peak(device, precision)
-        source = f"measured: {precision} {PEAK_MATMUL_SIZE}x{PEAK_MATMUL_SIZE} matmul"
+    peak, source = efficiency_peak(peak_tflops, device, precision)
     replicas = int(result.get("num_devices", 1))
     if replicas > 1:  # the peak is one device's; the images/sec are all replicas'
         peak *= replicas
@@ -388,6 +461,7 @@ def base_result(cfg: BenchConfig, workload: Workload, model_name: str) -> dict[s
         "optimizer": cfg.optimizer,
         "variable_update": effective_variable_update(cfg),
         "compile": cfg.compile_mode,
+        "fast_linear": cfg.fast_linear,
         "cuda_graph": cfg.cuda_graph,
         "eval_batch_size": workload.eval_batch_size,
         "loss_type": cfg.loss_type_to_report,
@@ -405,11 +479,14 @@ __all__ = [
     "CSV_FIELDS",
     "add_efficiency",
     "base_result",
+    "efficiency_peak",
     "flops_per_image",
     "format_model_table",
     "header_lines",
+    "linear_lines",
     "measure_matmul_peak",
     "model_table",
+    "precision_notes",
     "summary_lines",
     "write_results",
 ]

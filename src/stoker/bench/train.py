@@ -35,6 +35,7 @@ from ..config import Precision, RunConfig
 from ..errors import CheckpointError
 from ..estimator import Estimator
 from ..hooks import Hook, LoopResult, ProfilerHook, RunContext, every_n_steps_due
+from ..kernels.linear import reset_choices
 from ..memory.host import keep_freed_host_memory
 from ..precision import LossScale
 from .config import (
@@ -59,8 +60,10 @@ from .report import (
     TRAINING_FLOPS_FACTOR,
     base_result,
     effective_variable_update,
+    efficiency_peak,
     flops_per_image,
     header_lines,
+    linear_lines,
 )
 from .run_spec import write_zoo_run_spec  # and, imported, the builder of kind zoo is registered
 from .stats import display_due, format_accuracy, format_step_line, perf_timing, step_header
@@ -221,6 +224,7 @@ def build_estimator(
         device=str(workload.device),
         compile=cast("bool | Literal['none', 'module', 'step']", cfg.compile_mode),  # RunConfig checks it
         cuda_graph=cfg.cuda_graph,
+        fast_linear=cast("Literal['auto', 'on', 'off']", cfg.fast_linear),  # BenchConfig checked it
         # One process: every strategy is the same single replica. Under torchrun: DDP
         # (replicated), FSDP2 (sharded) or no gradient exchange (independent).
         strategy=effective_variable_update(cfg),
@@ -311,8 +315,14 @@ def run_benchmark(
     if workload.device.type == "cuda" and cfg.gpu_memory_frac_for_testing:
         torch.cuda.set_per_process_memory_fraction(cfg.gpu_memory_frac_for_testing, workload.device)
     bucket_mb = repacking_bucket_mb(cfg, factory, model_params(cfg)) if workload.num_devices > 1 else None
-    for line in header_lines(cfg, workload, model_name, bucket_mb=bucket_mb):
+    # The MFU's peak, measured before the run (cached per machine) so the header can say which kernel set it;
+    # a custom model has no FLOP count, hence no MFU. Replicas sharing a machine would measure each other's
+    # load: there the chief measures after the run (stoker.bench.cli).
+    alone = model is None and workload.num_devices == 1
+    peak = efficiency_peak(cfg.peak_tflops, workload.device, cfg.precision) if alone else None
+    for line in header_lines(cfg, workload, model_name, bucket_mb=bucket_mb, peak=peak):
         log(line)
+    reset_choices()  # the "Linear:" lines list this run's layer shapes
     est = build_estimator(cfg, workload, factory, bucket_mb=bucket_mb)
     result = base_result(cfg, workload, model_name)
     mode = cfg.benchmark_mode
@@ -368,6 +378,8 @@ def _train(
         if trace and trace.written is not None:
             log(f"Dumping trace to {trace.written}")
     log("Done warm up")
+    for line in linear_lines(cfg, workload.device):
+        log(line)
     if trace and not warm:
         log("Note: no warm-up steps, so the traced step is the first timed one")
     log(step_header(cfg.print_training_accuracy, cfg.loss_type_to_report))

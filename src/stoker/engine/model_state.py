@@ -42,6 +42,7 @@ from ..distributed import Strategy
 from ..distributed.pipeline import plan_stages
 from ..distributed.sharded import DCP_DIR, load_sharded, save_sharded
 from ..errors import CheckpointError, NanLossError
+from ..kernels.linear import use_fast_linear
 from ..memory.recompute import apply_recompute
 from ..memory.stochastic_rounding import StochasticRounding, to_bf16
 from ..precision import LossScale, make_loss_scaler
@@ -93,6 +94,7 @@ class ModelState:
         self.schedule_fn = lr_schedule
         self.warm_start_from = warm_start_from
         self.warm_start_report: Any = None
+        self.fast_linears: list[str] = []  # names of the nn.Linear layers RunConfig.fast_linear made OneDNNLinear
         self._model: nn.Module | None = None
         self.module: nn.Module | None = None  # what model_fn receives: wrapped (DDP/FSDP), maybe compiled
         self.optimizer: torch.optim.Optimizer | None = None
@@ -140,6 +142,9 @@ class ModelState:
         # On every replica, before wrapping (DDP broadcasts rank 0's weights).
         if self.warm_start_from is not None and self.latest_checkpoint() is None:
             self.warm_start_report = warm_start(self._model, self.warm_start_from)
+        if self.config.fast_linear != "off" and self.strategy.device.type == "cpu":
+            # before recompute and wrapping: they see the swapped layers; a class swap keeps the state_dict
+            self.fast_linears = use_fast_linear(self._model, self.config.fast_linear)
         if self.config.recompute is not None:  # before wrapping: DDP/FSDP/compile see the recomputing forward
             names = apply_recompute(self._model, self.config.recompute)
             log.info("recompute: %s", ", ".join(n or "the whole model" for n in names))

@@ -45,6 +45,7 @@ from ..data.base import DataError
 from ..data.text import _collect as collect_text_files  # same expansion rule as text_chars
 from ..distributed import PipelineConfig
 from ..hooks import Hook
+from ..kernels.linear import FAST_LINEAR_MODES
 from ..memory.recompute import select_modules
 from ..metrics import Mean
 from ..spec import EstimatorSpec, ModeKeys
@@ -334,6 +335,12 @@ class BertConfig(TextCorpusConfig):
         "(bf16-sr: bf16 weights and AdamW state, stochastic rounding)",
         choices=PRECISION_CHOICES,
     )
+    fast_linear: str = option(
+        "auto",
+        "CPU: nn.Linear on oneDNN's inner product: auto (each layer shape where it measured at least 5 percent "
+        "faster than the BLAS on this machine; cached), on, or off (docs/bench.md)",
+        choices=FAST_LINEAR_MODES,
+    )
     recompute: list[str] | None = option(
         None,
         "recompute activations in backward: 'all', or module-name patterns such as 'layers.*' (docs/memory.md)",
@@ -391,6 +398,7 @@ class BertConfig(TextCorpusConfig):
             self,
             keep_best=("mlm_accuracy", "max"),
             precision=self.precision,
+            fast_linear=self.fast_linear,
             recompute=self.recompute_spec(),
             pipeline=self.pipeline(),
         )

@@ -1,0 +1,39 @@
+"""Kernel choices measured on the machine a run lands on: the honest peak and fast linears.
+
+- :mod:`~stoker.kernels.machine`: the CPU model and flags (fast bf16/fp16 instructions), a
+  key for "this machine, this torch, these threads", and the JSON cache of measured figures.
+- :mod:`~stoker.kernels.peak`: the practical peak for MFU, the fastest of the BLAS gemm,
+  oneDNN's linear and a channels_last 3x3 convolution, measured once per machine.
+- :mod:`~stoker.kernels.linear`: ``nn.Linear`` on oneDNN's inner product where it beats the
+  BLAS (``RunConfig(fast_linear=...)``, ``stoker bench --fast_linear``).
+
+This package imports nothing of stoker: the engine, the harness and benchmarks call it.
+"""
+
+from .linear import (
+    FAST_LINEAR_MODES,
+    LinearChoice,
+    OneDNNLinear,
+    OneDNNLinearFunction,
+    describe_choices,
+    use_fast_linear,
+    use_plain_linear,
+)
+from .machine import cache_dir, cpu_flags, cpu_has_fast, machine_key
+from .peak import Peak, measured_peak
+
+__all__ = [
+    "FAST_LINEAR_MODES",
+    "LinearChoice",
+    "OneDNNLinear",
+    "OneDNNLinearFunction",
+    "Peak",
+    "cache_dir",
+    "cpu_flags",
+    "cpu_has_fast",
+    "describe_choices",
+    "machine_key",
+    "measured_peak",
+    "use_fast_linear",
+    "use_plain_linear",
+]

@@ -1,0 +1,141 @@
+"""What this machine is, for measurements that hold only on it: CPU model and flags, and a
+small JSON cache of measured figures keyed by all of that.
+
+A figure measured here (a kernel's GFLOP/s, which of two kernels is faster for a shape) holds
+for this CPU model, its instruction set, this torch build and this number of threads, so
+:func:`machine_key` puts all four in the key. The cache lives in ``$STOKER_CACHE_DIR`` (else
+``$XDG_CACHE_HOME/stoker``, else ``~/.cache/stoker``), one JSON file per kind of figure; a file
+that cannot be read or parsed is ignored (and replaced on the next store), and every store
+writes a temporary file and renames it into place, so a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_lock = threading.Lock()
+
+#: CPU flags (``/proc/cpuinfo``) of the instructions that make a dtype's matmuls fast in oneDNN
+BF16_FLAGS: tuple[str, ...] = ("avx512_bf16", "amx_bf16")
+FP16_FLAGS: tuple[str, ...] = ("avx512_fp16", "amx_fp16")
+
+
+@functools.cache
+def _cpuinfo() -> tuple[str, frozenset[str]]:
+    """(model name, flags) of the first processor in ``/proc/cpuinfo``; ``("unknown", {})`` elsewhere."""
+    model, flags = "unknown", frozenset[str]()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and model == "unknown":
+                    model = value.strip()
+                elif key == "flags" and not flags:
+                    flags = frozenset(value.split())
+                if model != "unknown" and flags:
+                    break
+    except OSError:
+        pass
+    return model, flags
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``), or ``"unknown"``."""
+    return _cpuinfo()[0]
+
+
+def cpu_flags() -> frozenset[str]:
+    """The CPU's instruction-set flags (``/proc/cpuinfo``; empty where it cannot be read)."""
+    return _cpuinfo()[1]
+
+
+def cpu_has_fast(precision: str) -> bool:
+    """Whether this CPU has instructions for fast ``precision`` (``"bf16"``/``"fp16"``) matmuls;
+    ``fp32`` always is. Without them oneDNN and the BLAS convert to fp32 and back on each use."""
+    if precision in ("bf16", "bf16-sr"):
+        wanted = BF16_FLAGS
+    elif precision == "fp16":
+        wanted = FP16_FLAGS
+    else:
+        return True
+    return any(flag in cpu_flags() for flag in wanted)
+
+
+def device_description(device: torch.device) -> str:
+    """The device in words: the CPU model or the CUDA device's name."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return cpu_model()
+
+
+def machine_key(device: torch.device, dtype: str) -> str:
+    """The key of figures measured for ``dtype`` on ``device`` with the current thread count."""
+    if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
+        where = f"cuda|{torch.cuda.get_device_name(device)}|sm{major}{minor}"
+    else:
+        flags = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:12]
+        where = f"cpu|{cpu_model()}|flags {flags}|{torch.get_num_threads()} threads"
+    return f"{where}|torch {torch.__version__}|{dtype}"
+
+
+def cache_dir() -> Path:
+    """Where measured figures are kept (``$STOKER_CACHE_DIR`` first)."""
+    if os.environ.get("STOKER_CACHE_DIR"):
+        return Path(os.environ["STOKER_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "stoker"
+
+
+def cache_load(name: str) -> dict[str, Any]:
+    """The cache file ``name`` as a dict; ``{}`` when it is missing, unreadable or not a JSON object."""
+    try:
+        data = json.loads((cache_dir() / name).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def cache_store(name: str, key: str, value: Any) -> None:
+    """Set ``key`` in the cache file ``name`` (atomically replaced). A cache that cannot be
+    written is skipped: the figure is measured again next time."""
+    with _lock:
+        data = cache_load(name)
+        data[key] = value
+        path = cache_dir() / name
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(data, f, indent=1, sort_keys=True)
+                os.replace(tmp, path)
+            except BaseException:
+                os.unlink(tmp)
+                raise
+        except OSError:
+            pass
+
+
+__all__ = [
+    "BF16_FLAGS",
+    "FP16_FLAGS",
+    "cache_dir",
+    "cache_load",
+    "cache_store",
+    "cpu_flags",
+    "cpu_has_fast",
+    "cpu_model",
+    "device_description",
+    "machine_key",
+]
