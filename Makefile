@@ -8,7 +8,7 @@ STAMP   := $(VENV)/.stoker-installed
 # build of torch>=2.4 before `pip install stoker`, and pip then leaves it alone.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: setup run test test-parallel test-slow lint bench docs gpu-check clean
+.PHONY: setup run test test-slow lint bench docs gpu-check clean
 
 setup: $(STAMP)
 
@@ -26,12 +26,6 @@ run: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
-
-# The same selection on 2 pytest-xdist workers, whole files per worker (so a module fixture, an AOT
-# package or a trained run, is built once). Opt-in until measured on a quiet machine: every test
-# process runs one torch thread, so a serial run keeps one of 2 cores mostly idle.
-test-parallel: setup
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 test-slow: setup
 	$(BIN)/python -m pytest -q -m slow
