@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from helpers.paths import SCRIPTS
-from helpers.processes import PYTHON, python_env
+from helpers.processes import PYTHON, finished, in_background, python_env
 
 SCRIPT = SCRIPTS / "train_script.py"
 MAX_STEPS = 60
@@ -26,6 +26,11 @@ def run_to_end(model_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]
         text=True,
         timeout=300,
     )
+
+
+def start_to_end(model_dir: Path, *extra: str) -> subprocess.Popen[str]:
+    """The uninterrupted reference run, in the background (collected with ``finished``)."""
+    return in_background([PYTHON, str(SCRIPT), "--model_dir", str(model_dir), "--max_steps", str(MAX_STEPS), *extra])
 
 
 def start(model_dir: Path, *extra: str) -> subprocess.Popen[str]:
@@ -59,8 +64,7 @@ def final_weights(model_dir: Path) -> bytes:
     "precision", ["fp32", pytest.param("bf16-sr", marks=pytest.mark.slow), pytest.param("fp16", marks=pytest.mark.slow)]
 )
 def test_kill_9_at_a_random_moment_then_rerun_is_bitwise_equal(tmp_path, precision):
-    ref = run_to_end(tmp_path / "ref", "--precision", precision)
-    assert ref.returncode == 0, ref.stderr
+    ref = start_to_end(tmp_path / "ref", "--precision", precision)
     rng = random.Random()
     crashed = tmp_path / "crashed"
     delays = []
@@ -77,12 +81,12 @@ def test_kill_9_at_a_random_moment_then_rerun_is_bitwise_equal(tmp_path, precisi
     done = run_to_end(crashed, "--precision", precision)
     assert done.returncode == 0, done.stderr
     assert f"resumed from {crashed}" in done.stderr
+    finished(ref)
     assert final_weights(crashed) == final_weights(tmp_path / "ref"), f"kill delays {delays}, resumed at {killed_at}"
 
 
 def test_sigterm_finishes_the_step_checkpoints_and_exits_cleanly(tmp_path):
-    ref = run_to_end(tmp_path / "ref")
-    assert ref.returncode == 0, ref.stderr
+    ref = start_to_end(tmp_path / "ref")
     proc = start(tmp_path / "run")
     wait_for_checkpoint(tmp_path / "run", proc)
     time.sleep(0.3)
@@ -95,4 +99,5 @@ def test_sigterm_finishes_the_step_checkpoints_and_exits_cleanly(tmp_path):
     assert step < MAX_STEPS
     done = run_to_end(tmp_path / "run")
     assert done.returncode == 0, done.stderr
+    finished(ref)
     assert final_weights(tmp_path / "run") == final_weights(tmp_path / "ref")

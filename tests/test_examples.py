@@ -12,25 +12,35 @@ import torch
 from helpers.paths import ROOT
 
 
-def run(*args: str) -> str:
-    out = subprocess.run(
+def start(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
         [sys.executable, str(ROOT / "examples" / "from_tpuestimator.py"), *args],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=600,
     )
-    assert out.returncode == 0, out.stderr
-    return out.stdout
+
+
+def finish(proc: subprocess.Popen[str]) -> str:
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err
+    return out
+
+
+def run(*args: str) -> str:
+    return finish(start(*args))
 
 
 def test_from_tpuestimator_trains_exports_and_resumes_bitwise(tmp_path):
     split, whole = tmp_path / "split", tmp_path / "whole"
+    # the uninterrupted run shares nothing with the split one: it runs beside it, on the other core
+    reference = start("--model_dir", str(whole), "--max_steps", "60", "--eval_every_n_steps", "30")
     first = run("--model_dir", str(split), "--max_steps", "30", "--eval_every_n_steps", "30")
     assert "(new run)" in first and "final evaluation at step 30" in first
     assert (split / "export" / "model.pt2").is_file()
     second = run("--model_dir", str(split), "--max_steps", "60", "--eval_every_n_steps", "30")
     assert "(resuming from ckpt-30)" in second and "final evaluation at step 60" in second
-    run("--model_dir", str(whole), "--max_steps", "60", "--eval_every_n_steps", "30")
+    finish(reference)
     a = safetensors.torch.load_file(split / "ckpt-60" / "model.safetensors")
     b = safetensors.torch.load_file(whole / "ckpt-60" / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

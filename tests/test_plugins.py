@@ -103,12 +103,19 @@ def stoker(site: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "stoker", *args], capture_output=True, text=True, env=env, timeout=240)
 
 
-def test_an_installed_package_adds_a_recipe_a_kind_and_they_train_export_and_evaluate(site, tmp_path):
-    model_dir, out = tmp_path / "run", tmp_path / "exported"
+@pytest.fixture(scope="module")
+def demo_run(site, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """``stoker train demo`` run once for 5 steps; the two tests below read its model_dir and do not
+    write into it (a ``stoker`` process costs seconds, most of them importing torch)."""
+    model_dir = tmp_path_factory.mktemp("demo") / "run"
+    return model_dir, stoker(site, "train", "demo", "--model_dir", str(model_dir), "--max_steps", "5")
+
+
+def test_an_installed_package_adds_a_recipe_a_kind_and_they_train_export_and_evaluate(site, demo_run, tmp_path):
+    (model_dir, trained), out = demo_run, tmp_path / "exported"
     listed = stoker(site, "train", "--help")
     assert listed.returncode == 0 and "demo" in listed.stdout and "charlm" in listed.stdout
 
-    trained = stoker(site, "train", "demo", "--model_dir", str(model_dir), "--max_steps", "5")
     assert trained.returncode == 0, trained.stderr
     assert json.loads((model_dir / "run_spec.json").read_text())["kind"] == "demo"
 
@@ -126,9 +133,9 @@ def test_an_installed_package_adds_a_recipe_a_kind_and_they_train_export_and_eva
     assert mse == pytest.approx(0.8**10, rel=1e-5)
 
 
-def test_without_the_package_the_kind_is_unknown_and_the_error_says_how_to_add_one(site, tmp_path):
-    model_dir = tmp_path / "run"
-    assert stoker(site, "train", "demo", "--model_dir", str(model_dir), "--max_steps", "1").returncode == 0
+def test_without_the_package_the_kind_is_unknown_and_the_error_says_how_to_add_one(demo_run, tmp_path):
+    model_dir, trained = demo_run  # a model_dir the plugin wrote (kind "demo")
+    assert trained.returncode == 0, trained.stderr
     bare = subprocess.run(
         [sys.executable, "-m", "stoker", "export", str(model_dir), "--out", str(tmp_path / "x")],
         capture_output=True,

@@ -15,7 +15,7 @@ import torch
 
 from helpers.images import input_fn, make_estimator, make_image_tree
 from helpers.paths import SCRIPTS
-from helpers.processes import PYTHON, python_env
+from helpers.processes import PYTHON, finished, in_background, python_env
 from helpers.tiny import state_equal
 
 SCRIPT = SCRIPTS / "data_train_script.py"
@@ -57,8 +57,7 @@ def final_weights(model_dir: Path) -> tuple[dict, bytes]:
 
 
 def test_kill_9_with_image_workers_then_rerun_is_bitwise_equal(tmp_path: Path, tree: Path) -> None:
-    ref = run_to_end(tmp_path / "ref", tree)
-    assert ref.returncode == 0, ref.stderr
+    ref = in_background(command(tmp_path / "ref", tree))  # trains while the run below is slowed and killed
     crashed = tmp_path / "crashed"
     proc = subprocess.Popen(
         command(crashed, tree, "--sleep", "0.03"),
@@ -81,6 +80,7 @@ def test_kill_9_with_image_workers_then_rerun_is_bitwise_equal(tmp_path: Path, t
     done = run_to_end(crashed, tree)
     assert done.returncode == 0, done.stderr
     assert f"resumed from {crashed}" in done.stderr
+    finished(ref)
     assert final_weights(crashed) == final_weights(tmp_path / "ref"), f"killed {delay:.2f}s after the first checkpoint"
 
 

@@ -23,7 +23,11 @@ def launch(nproc: int, *args: str) -> list[subprocess.Popen[str]]:
 
 
 def run(nproc: int, *args: str) -> list[tuple[int, str]]:
-    procs = launch(nproc, *args)
+    return collect(launch(nproc, *args))
+
+
+def collect(procs: list[subprocess.Popen[str]]) -> list[tuple[int, str]]:
+    """Wait for launched replicas; assert that each exited 0."""
     results = []
     for p in procs:
         out, err = p.communicate(timeout=240)
@@ -39,8 +43,10 @@ def load(path: Path) -> dict:
 
 @pytest.mark.parametrize("opt", ["sgd", pytest.param("momentum", marks=pytest.mark.slow)])
 def test_replicated_equals_one_process_with_the_same_global_batch(tmp_path, opt):
-    run(1, "--opt", opt, "--out", str(tmp_path / "one.json"))
+    # independent runs, launched together: the one process mostly imports torch beside the two replicas
+    one_process = launch(1, "--opt", opt, "--out", str(tmp_path / "one.json"))
     run(2, "--opt", opt, "--out", str(tmp_path / "two.json"))
+    collect(one_process)
     one, two = load(tmp_path / "one.json"), load(tmp_path / "two.json")
     assert two["world_size"] == 2 and one["world_size"] == 1
     np.testing.assert_allclose(two["losses"], one["losses"], rtol=1e-5)
@@ -57,7 +63,10 @@ def test_replicated_equals_one_process_with_the_same_global_batch(tmp_path, opt)
 
 
 def test_replicated_resume_is_bitwise_and_one_process_can_resume(tmp_path):
-    run(2, "--model_dir", str(tmp_path / "whole"), "--max_steps", "12", "--out", str(tmp_path / "whole.json"))
+    # One uninterrupted two-replica run to step 14: its ckpt-12 is the bitwise reference for the split
+    # run, its step-14 weights the reference for the one-process resume (a run saves every 2 steps, so
+    # it holds ckpt-12; it used to stop at 12 and be resumed to 14, one more launch proving nothing new).
+    run(2, "--model_dir", str(tmp_path / "whole"), "--max_steps", "14", "--out", str(tmp_path / "two.json"))
     run(2, "--model_dir", str(tmp_path / "split"), "--max_steps", "6")
     run(2, "--model_dir", str(tmp_path / "split"), "--max_steps", "12", "--out", str(tmp_path / "split.json"))
     whole = (tmp_path / "whole" / "ckpt-12" / "model.safetensors").read_bytes()
@@ -76,7 +85,6 @@ def test_replicated_resume_is_bitwise_and_one_process_can_resume(tmp_path):
     assert "re-shard" not in err and "replaying" not in err  # the input position carried over
     assert load(tmp_path / "one.json")["world_size"] == 1
     # the input was re-sharded, not restarted: one process continues on the same examples
-    run(2, "--model_dir", str(tmp_path / "whole"), "--max_steps", "14", "--out", str(tmp_path / "two.json"))
     one, two = load(tmp_path / "one.json"), load(tmp_path / "two.json")
     for k in two["weights"]:
         np.testing.assert_allclose(one["weights"][k], two["weights"][k], rtol=1e-5, atol=1e-6)

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -72,3 +73,28 @@ def kill_9_at_a_checkpoint_twice(command: list[str], env: dict[str, str], latest
         time.sleep(0.3)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+
+
+def in_background(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """Start ``argv`` (a reference run, say) without waiting for it; :func:`finished` collects it.
+
+    A crash test's reference run does not depend on the run it is compared with, so it trains
+    while the test's other process sleeps through its slowed steps or waits to be killed: on a
+    2-core machine that hides most of one process's cost. Its output goes to files, not pipes,
+    so a chatty run never blocks on a full pipe while nobody reads it."""
+    out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen(argv, env=python_env() if env is None else env, stdout=out, stderr=err, text=True)
+    proc.output_files = (out, err)  # type: ignore[attr-defined]
+    return proc
+
+
+def finished(proc: subprocess.Popen[str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Wait for a process from :func:`in_background`, assert that it exited 0, return its output."""
+    proc.wait(timeout=timeout)
+    texts = []
+    for f in proc.output_files:  # type: ignore[attr-defined]
+        f.seek(0)
+        texts.append(f.read())
+        f.close()
+    assert proc.returncode == 0, texts[1]
+    return subprocess.CompletedProcess(proc.args, proc.returncode, texts[0], texts[1])
