@@ -186,7 +186,9 @@ def _keep_settings(optimizer: torch.optim.Optimizer) -> Callable[[torch.optim.Op
     a fused run without decay, and one written by a fused run (group ``weight_decay`` > 0) would
     decay twice in a run with the pre-hook; so both keys are put back as this run built them.
     """
-    built = {k: optimizer.param_groups[0][k] for k in ("weight_decay", "fused") if k in optimizer.param_groups[0]}
+    built: dict[str, Any] = {
+        k: optimizer.param_groups[0][k] for k in ("weight_decay", "fused") if k in optimizer.param_groups[0]
+    }
 
     def hook(opt: torch.optim.Optimizer) -> None:
         for group in opt.param_groups:
