@@ -56,6 +56,11 @@ def test_dry_run_lists_the_cuda_marked_tests(dry_run: str) -> None:
         "test_cuda_infeed_copies_on_a_side_stream_and_eval_is_exact",
     ):
         assert f"tests/test_cuda.py::{case}" in listed
+    for case in (
+        "test_default_data_format_on_cuda_is_nhwc",
+        "test_channels_last_and_compiled_train_what_nchw_eager_trains",
+    ):
+        assert f"tests/bench/test_bench_cuda_paths.py::{case}" in listed
     # Only cuda-marked tests: every listed file marks tests cuda, and this (unmarked) file is absent.
     assert all("pytest.mark.cuda" in (ROOT / t.split("::")[0]).read_text() for t in listed)
     assert not any("test_gpu_check.py" in t for t in listed)
