@@ -223,7 +223,12 @@ def measure_in_child(config: str, case: Case, threads: int, num_batches: int | N
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", choices=sorted(CASES), default=list(CASES))
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        choices=sorted(CASES),
+        default=[m for m in CASES if m not in ("inception3", "vgg16")],  # those two take minutes a step: named only
+    )
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the median is reported")
     parser.add_argument("--threads", type=int, help="intra-op threads (default: the idle cores, as stoker bench)")
     parser.add_argument(
