@@ -1,7 +1,9 @@
 r"""``stoker bench`` against a plain PyTorch loop and tf_cnn_benchmarks' figures.
 
-For trivial (ImageNet), resnet20 (CIFAR-10) and resnet50 (ImageNet), batch 32, NHWC
-(channels_last), synthetic data, fp32, SGD with weight decay, as REFERENCE_NUMBERS.md's runs,
+For trivial (ImageNet), resnet20 (CIFAR-10) and resnet50 (ImageNet) (and inception3, vgg16,
+ncf and deepspeech2 when ``--models`` names them), batch 32, stoker's default data format
+(NHWC, channels_last, for these convnets; the plain loop and TensorFlow run NHWC), synthetic
+data, fp32, SGD with weight decay, as REFERENCE_NUMBERS.md's runs,
 four configurations each run in a fresh process (the host-memory setting is process-wide and
 cannot be undone), interleaved round by round so machine noise hits all alike:
 
@@ -29,6 +31,8 @@ speed-up each target asks of plain PyTorch there (resnet50 11.5 / 7.6, resnet20 
     python benchmarks/cnn.py --models resnet20 resnet50 --rounds 1 \
         --configs stoker stoker_compile_module stoker_compile_step
     python benchmarks/cnn.py --configs stoker tensorflow      # against TensorFlow on this machine
+    python benchmarks/cnn.py --configs stoker tensorflow --rounds 1 \
+        --models trivial resnet20 resnet50 inception3 vgg16    # issue 26's five rows and targets
     python benchmarks/cnn.py --models trivial --data_dir DIR --configs stoker plain tensorflow
 
 ``--data_dir DIR``: real images instead of synthetic data (issue 25). ``DIR`` is a JPEG folder
@@ -89,6 +93,9 @@ CASES = {
     "trivial": Case("trivial", "imagenet", 100, 10, 3614.0),
     "resnet20": Case("resnet20", "cifar10", 30, 5, 647.0),
     "resnet50": Case("resnet50", "imagenet", 5, 2, 10.4),
+    # Not in REFERENCE_NUMBERS either: the other two convnets of issue 26's targets.
+    "inception3": Case("inception3", "imagenet", 5, 2, 0.0),
+    "vgg16": Case("vgg16", "imagenet", 3, 1, 0.0),
     # Not in REFERENCE_NUMBERS (0: no reference figure); compared with TensorFlow run beside
     # (--configs stoker tensorflow). ncf at its reference batch; deepspeech2's 3,494-frame
     # utterances at a batch this CPU can take.
@@ -112,7 +119,7 @@ def stoker_images_per_sec(
         model=case.model,
         data_name=case.dataset,
         batch_size=case.batch,
-        data_format="NHWC",
+        data_format=None,  # stoker's default for the model on this device (NHWC for these convnets)
         num_batches=case.num_batches,
         num_warmup_batches=case.num_warmup_batches,
         device="cpu",
@@ -295,6 +302,8 @@ COMPILE_CONFIGS = {"stoker_compile_module": "module", "stoker_compile_step": "st
 OTHER_CONFIGS = ("tensorflow",)
 # Images/sec that issue 4's targets ask for, over plain PyTorch on REFERENCE_NUMBERS' machine.
 TARGET_SPEEDUP = {"resnet50": 11.5 / 7.6, "resnet20": 710 / 640}
+# Issue 26's targets: stoker's images/sec over TensorFlow's, side by side on one machine.
+TARGET_OVER_TF = {"trivial": 1.2, "resnet20": 1.5, "resnet50": 1.15, "inception3": 1.1, "vgg16": 1.1}
 
 
 def measure(config: str, case: Case) -> float:
@@ -330,7 +339,12 @@ def measure_in_child(config: str, case: Case, threads: int, num_batches: int | N
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", choices=sorted(CASES), default=list(CASES))
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        choices=sorted(CASES),
+        default=[m for m in CASES if m not in ("inception3", "vgg16")],  # those two take minutes a step: named only
+    )
     parser.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the median is reported")
     parser.add_argument("--threads", type=int, help="intra-op threads (default: the idle cores, as stoker bench)")
     parser.add_argument(
@@ -397,16 +411,22 @@ def main() -> None:
             for c in args.configs
             if c != "stoker"
         ]
+        with_target = "stoker" in args.configs and "tensorflow" in args.configs
         print(
             "| model (data set) | "
             + " | ".join(args.configs)
             + " | "
             + " | ".join(f"{a} / {b}" for a, b in pairs)
-            + " |"
+            + (" | target (issue 26) |" if with_target else " |")
         )
-        print("|---|" + "---|" * (2 * len(args.configs) - ("stoker" in args.configs)))
+        columns = 2 * len(args.configs) - ("stoker" in args.configs) + with_target
+        print("|---|" + "---|" * columns)
         for case, m in rows:
             ratios = [f"{m[a] / m[b]:.2f}x" for a, b in pairs] if "stoker" in m else []
+            if with_target:
+                target = TARGET_OVER_TF.get(case.model)
+                met = m["stoker"] / m["tensorflow"] >= target if target else None
+                ratios.append("-" if target is None else f">= {target:.2f}x: {'met' if met else 'NOT met'}")
             print(
                 f"| {case.model} ({case.dataset}) | "
                 + " | ".join(f"{m[c]:.1f}" for c in args.configs)

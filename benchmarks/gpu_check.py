@@ -17,9 +17,14 @@ and the run goes on):
    loop captures forward + backward + optimizer step in one ``torch.cuda.graph``; stoker runs
    ``--cuda_graph=true``); one more row with ``--compile=step`` (bf16);
 3. resnet20 on CIFAR-10 shapes, batch 128, bf16, plain and stoker, eager and CUDA graph;
+   stoker compiled (``--compile=module``);
 4. ``stoker bench --mode=inference`` (resnet50, bf16, NHWC) at batch 1 and 64;
 5. two-GPU rows (``torchrun --nproc_per_node=2``, replicated and sharded), recorded as
-   ``skipped: 1 device`` where fewer than two devices are visible.
+   ``skipped: 1 device`` where fewer than two devices are visible;
+6. resnet50 ``stoker bench`` without ``--data_format`` (its default, NHWC on CUDA), bf16, eager.
+
+Every ``stoker bench`` row must report the NHWC (channels_last) data format it was given or
+defaults to on CUDA; a row that ran another is recorded as failed.
 
 MFU = images/sec x GFLOP per image (forward counted by ``torch.utils.flop_counter`` through
 ``stoker.bench.report.flops_per_image``; x3 for training) / the device's dense bf16 peak from
@@ -105,6 +110,7 @@ class Row:
     training: bool = True
     nproc: int = 1
     results_file: str | None = None
+    data_format: str | None = "NHWC"  # what the command passes (None: stoker's default, NHWC on CUDA)
     result: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -157,6 +163,7 @@ def _stoker_train(
     extra: list[str],
     results: str,
     nproc: int = 1,
+    data_format: str | None = "NHWC",
 ) -> list[str]:
     launch = (
         [python, "-m", "stoker"]
@@ -170,7 +177,7 @@ def _stoker_train(
         f"--model={model}",
         f"--data_name={dataset}",
         f"--batch_size={batch}",
-        "--data_format=NHWC",
+        *([f"--data_format={data_format}"] if data_format else []),
         f"--precision={precision}",
         "--optimizer=momentum",
         "--init_learning_rate=0.005",  # the plain loop's constant rate, not the model's schedule
@@ -199,16 +206,31 @@ def plan(python: str = "python3", quick: bool = False, rows_dir: str = "gpu-chec
         variant: str,
         stoker_flags: list[str],
         nproc: int = 1,
+        data_format: str | None = "NHWC",
     ) -> None:
-        where = f"{model} {dataset} b{batch}{'/GPU' if nproc > 1 else ''} NHWC {precision}"
+        where = f"{model} {dataset} b{batch}{'/GPU' if nproc > 1 else ''} {data_format or 'default-format'} {precision}"
         name = f"{where} {impl} {variant}" + (f" x{nproc} GPUs" if nproc > 1 else "")
         if impl == "plain":
             argv = _plain(python, model, dataset, batch, precision, variant, sizes)
             rows.append(Row(name, impl, variant, model, dataset, batch, precision, argv))
         else:
             res = results(name)
-            argv = _stoker_train(python, model, dataset, batch, precision, sizes, stoker_flags, res, nproc)
-            rows.append(Row(name, impl, variant, model, dataset, batch, precision, argv, nproc=nproc, results_file=res))
+            argv = _stoker_train(python, model, dataset, batch, precision, sizes, stoker_flags, res, nproc, data_format)
+            rows.append(
+                Row(
+                    name,
+                    impl,
+                    variant,
+                    model,
+                    dataset,
+                    batch,
+                    precision,
+                    argv,
+                    nproc=nproc,
+                    results_file=res,
+                    data_format=data_format,
+                )
+            )
 
     variants = {
         "eager": ["--compile=false"],
@@ -258,8 +280,10 @@ def plan(python: str = "python3", quick: bool = False, rows_dir: str = "gpu-chec
         for impl in ("plain", "stoker"):
             train("resnet50", "imagenet", 256, precision, impl, "compiled", variants["compiled"])
     train("resnet50", "imagenet", 256, "bf16", "stoker", "compile_step", ["--compile=step"])
+    train("resnet20", "cifar10", 128, "bf16", "stoker", "compiled", variants["compiled"])
     for update in ("replicated", "sharded"):
         train("resnet50", "imagenet", 256, "bf16", "stoker", update, [f"--variable_update={update}"], nproc=2)
+    train("resnet50", "imagenet", 256, "bf16", "stoker", "eager", variants["eager"], data_format=None)
     return rows
 
 
@@ -350,11 +374,22 @@ def measure_row(
     parsed = parse_plain_output(out) if row.impl == "plain" else parse_stoker_output(out)
     if row.results_file and (ROOT / row.results_file).exists():  # the whole result: more digits than the text
         full = json.loads((ROOT / row.results_file).read_text())
-        for key in ("images_per_sec", "latency_avg_ms", "latency_p99_ms", "compile", "precision", "device"):
+        for key in (
+            "images_per_sec",
+            "latency_avg_ms",
+            "latency_p99_ms",
+            "compile",
+            "precision",
+            "device",
+            "data_format",
+        ):
             if full.get(key) is not None:
                 parsed[key] = full[key]
     if not parsed.get("images_per_sec"):
         return {**res, "status": "failed: no images/sec in the output", "output_tail": _tail(out)}
+    if row.impl == "stoker" and parsed.get("data_format") not in (None, "NHWC"):
+        given = f"--data_format={row.data_format}" if row.data_format else "no --data_format (the CUDA default)"
+        return {**res, **parsed, "status": f"failed: ran {parsed['data_format']} with {given}, expected NHWC"}
     res.update(parsed, status="ok")
     if gflop_forward:
         res["gflop_per_image"] = gflop_forward * (3.0 if row.training else 1.0)

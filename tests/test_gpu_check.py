@@ -56,6 +56,11 @@ def test_dry_run_lists_the_cuda_marked_tests(dry_run: str) -> None:
         "test_cuda_infeed_copies_on_a_side_stream_and_eval_is_exact",
     ):
         assert f"tests/test_cuda.py::{case}" in listed
+    for case in (
+        "test_default_data_format_on_cuda_is_nhwc",
+        "test_channels_last_and_compiled_train_what_nchw_eager_trains",
+    ):
+        assert f"tests/bench/test_bench_cuda_paths.py::{case}" in listed
     # Only cuda-marked tests: every listed file marks tests cuda, and this (unmarked) file is absent.
     assert all("pytest.mark.cuda" in (ROOT / t.split("::")[0]).read_text() for t in listed)
     assert not any("test_gpu_check.py" in t for t in listed)
@@ -80,7 +85,15 @@ def test_dry_run_plans_every_required_row(dry_run: str) -> None:
             assert {"--model=resnet50", "--batch_size=256", f"--precision={precision}", f"--variant={variant}"} <= set(
                 plain.argv
             )
-            st = _row(rows, model="resnet50", batch_size=256, precision=precision, impl="stoker", variant=variant)
+            st = _row(
+                rows,
+                model="resnet50",
+                batch_size=256,
+                precision=precision,
+                impl="stoker",
+                variant=variant,
+                data_format="NHWC",
+            )
             assert st.argv[1:4] == ["-m", "stoker", "bench"]
             assert {
                 "--device=cuda",
@@ -384,3 +397,33 @@ def test_runner_skips_rows_past_the_budget_and_marks_unknown_peaks(tmp_path: Pat
     assert report["rows"][0]["status"].startswith("skipped: time budget")
     assert report["peak_bf16_tflops"] is None
     assert "MFU against n/a (unknown peak)" in out.with_suffix(".md").read_text()
+
+
+def test_plan_runs_the_default_data_format_and_a_compiled_resnet20() -> None:
+    rows = gc.plan(PYTHON)
+    default = _row(rows, model="resnet50", impl="stoker", variant="eager", data_format=None)
+    assert not any(a.startswith("--data_format") for a in default.argv) and "default-format" in default.name
+    assert all("--data_format=NHWC" in r.argv for r in rows if r.impl == "stoker" and r.data_format)
+    compiled = _row(rows, model="resnet20", impl="stoker", variant="compiled")
+    assert {"--compile=module", "--data_format=NHWC", "--data_name=cifar10"} <= set(compiled.argv)
+
+
+def test_a_stoker_row_that_ran_nchw_fails(tmp_path: Path) -> None:
+    res_file = str(tmp_path / "nchw.json")
+    argv = [PYTHON, "-m", "stoker", "bench", "--device=cpu", "--model=trivial", "--data_name=cifar10"]
+    argv += ["--batch_size=8", "--num_batches=2", "--num_warmup_batches=1", "--peak_tflops=1"]
+    row = gc.Row(
+        "nchw row",
+        "stoker",
+        "eager",
+        "trivial",
+        "cifar10",
+        8,
+        "fp32",
+        [*argv, "--data_format=NCHW", f"--results_file={res_file}"],
+        results_file=res_file,
+        data_format="NCHW",
+    )
+    res = gc.measure_row(row, 120.0, tmp_path / "nchw.log", 0.5, 989.0)
+    assert res["status"] == "failed: ran NCHW with --data_format=NCHW, expected NHWC"
+    assert res["images_per_sec"] > 0 and res["data_format"] == "NCHW"

@@ -135,7 +135,8 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=str.upper,
         choices=DATA_FORMATS,
         default=d.data_format,
-        help="NCHW or NHWC (channels_last memory format); default %(default)s",
+        help="NCHW or NHWC (channels_last memory format); default: NHWC for image models "
+        "(but the few measured faster NCHW on a CPU), NCHW for the others (docs/bench.md)",
     )
     g.add_argument(
         "--precision", choices=PRECISIONS, help="fp32 (default), bf16 or fp16 (autocast; fp32 master weights)"

@@ -69,7 +69,7 @@ class BenchConfig:
     # where and how
     num_gpus: int = 1  # local replicas (bench.launch); under torchrun, WORLD_SIZE or 1
     device: str = "auto"
-    data_format: str = "NCHW"
+    data_format: str | None = None  # None: per model and device (workload.default_data_format)
     precision: str = "fp32"
     fp16_loss_scale: float | None = None
     fp16_enable_auto_loss_scale: bool = False
@@ -201,6 +201,8 @@ class BenchConfig:
 
     @property
     def channels_last(self) -> bool:
+        """``--data_format=NHWC``. Left out (``None``), :func:`stoker.bench.run_benchmark` first
+        replaces it with the model's default on the device (``workload.default_data_format``)."""
         return self.data_format == "NHWC"
 
     @property
@@ -232,6 +234,8 @@ _CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("mode", RUN_MODES),
     ("fast_linear", FAST_LINEAR_MODES),
 )
+#: Of those, the ones that may be left out (None: a default chosen later).
+_OPTIONAL_CHOICES: tuple[str, ...] = ("data_format",)
 #: Integer flags that always have a value, and their minimum.
 _INTS: tuple[tuple[str, int], ...] = (
     ("batch_size", 0),
@@ -317,6 +321,8 @@ def _check_values(cfg: BenchConfig) -> None:
     """Each flag on its own: allowed values, integers, signs and ranges."""
     for name, allowed in _CHOICES:
         value = getattr(cfg, name)
+        if value is None and name in _OPTIONAL_CHOICES:
+            continue
         if value not in allowed:
             hint = ""
             if name == "variable_update" and value in _MULTI_PROCESS_UPDATES:

@@ -296,6 +296,8 @@ def run_benchmark(
     if cfg.keep_host_memory:
         keep_freed_host_memory()  # before the model and data exist: their memory is kept too
     workload = resolve_workload(cfg, custom_model=model is not None, num_classes=num_classes)
+    if cfg.data_format is None:  # left out: the model's default on this device (the header says which)
+        cfg = cfg.replace(data_format=workload.data_format)
     if cfg.mode == "inference":
         return run_inference(cfg, workload, model=model, log=log)
     model_name = cfg.model if model is None else f"{cfg.model} (custom)"

@@ -94,6 +94,8 @@ class Workload:
         model_info: the registry's entry of ``--model`` (``None`` for a caller's own model).
         data_layout: what an ImageNet ``--data_dir`` holds, ``TFRecord shards`` or ``image folder``
             (the header's ``Dataset:`` line says it); empty for synthetic data and CIFAR-10.
+        data_format: ``--data_format``, or when it is left out the model's default on the
+            device (:func:`default_data_format`).
     """
 
     dataset: str
@@ -114,6 +116,7 @@ class Workload:
     defaults_used: tuple[str, ...] = ()
     model_info: ModelInfo | None = None
     data_layout: str = ""
+    data_format: str = "NCHW"
 
     @property
     def example(self) -> str:
@@ -256,6 +259,10 @@ def resolve_workload(
     if not cfg.batch_size:
         owner = f"{cfg.model}'s" if defaults else "stoker's fallback"
         used = (f"batch size {per_device} per device ({owner} default)", *used)
+    data_format = cfg.data_format
+    if data_format is None:
+        data_format, why = default_data_format(None if custom_model else info, device)
+        used = (*used, f"data format {data_format} ({why}; --data_format overrides)")
     examples = eval_examples if evaluating else train_examples
     if cfg.num_epochs is not None:
         num_batches = -(-int(cfg.num_epochs * examples) // batch)
@@ -293,7 +300,31 @@ def resolve_workload(
         defaults_used=used,
         model_info=info,
         data_layout="" if synthetic else layout,
+        data_format=data_format,
     )
+
+
+#: Zoo image models that train faster NCHW than NHWC (channels_last) on a CPU, measured with
+#: torch's oneDNN kernels (docs/bench.md, "Data format"); every other image model trains NHWC there.
+CPU_NCHW_MODELS: frozenset[str] = frozenset()
+
+
+def default_data_format(info: ModelInfo | None, device: torch.device) -> tuple[str, str]:
+    """The data format of a run without ``--data_format``, and why: ``(format, reason)``.
+
+    Image classifiers train channels_last (``NHWC``) on CUDA (cuDNN's tensor-core kernels
+    want it) and, but for :data:`CPU_NCHW_MODELS`, on the CPU, where oneDNN's convolutions
+    and pooling run on channels_last tensors without reordering them at every layer. A
+    caller's own model and the models whose inputs are not images keep ``NCHW``, PyTorch's
+    default layout, as tf_cnn_benchmarks' flag does.
+    """
+    if info is None:
+        return "NCHW", "a caller's own model: PyTorch's default layout"
+    if not info.is_classifier:
+        return "NCHW", f"{info.name} does not take images"
+    if device.type == "cpu" and info.name in CPU_NCHW_MODELS:
+        return "NCHW", f"faster for {info.name} on the CPU"
+    return "NHWC", f"channels_last: faster for convolutions on {'the CPU' if device.type == 'cpu' else device.type}"
 
 
 def _model_rate(
