@@ -65,6 +65,24 @@ def test_crop_flip_and_nearest_resize_are_exact(decoder: str) -> None:
     )
 
 
+@pytest.mark.parametrize("method", ["bilinear", "bicubic", "nearest", "area"])
+@pytest.mark.parametrize("flip", [False, True])
+def test_resizing_into_the_batch_slot_equals_the_returned_image(method: str, flip: bool) -> None:
+    """The slot path (bilinear and bicubic written in place by torch's channels_last kernel) gives the
+    very bytes of the path that returns a new array, and of interpolate on the NCHW crop."""
+    data, dec = smooth_jpeg(160, 120), get_decoder("simplejpeg")
+    box = (13, 7, 117, 93)
+    returned = decode_crop_resize(data, box, 56, method, flip, decoder=dec)
+    slot = np.full((56, 56, 3), 255, dtype=np.uint8)
+    assert decode_crop_resize(data, box, 56, method, flip, decoder=dec, out=slot) is slot
+    assert np.array_equal(slot, returned)
+    if method in ("bilinear", "bicubic"):
+        crop = torch.from_numpy(np.ascontiguousarray(dec.decode(data, 1)[7:100, 13:130])).permute(2, 0, 1)[None]
+        expected = torch.nn.functional.interpolate(crop, size=(56, 56), mode=method, align_corners=False)
+        expected = expected[0].permute(1, 2, 0)
+        assert np.array_equal(slot, (expected.flip(1) if flip else expected).numpy())
+
+
 def test_dct_scale_picks_the_largest_scale_that_keeps_the_crop_large_enough() -> None:
     assert [dct_scale(w, h, 224) for w, h in ((500, 375), (448, 448), (1000, 900), (1800, 1800), (447, 900))] == [
         1,
