@@ -480,54 +480,43 @@ def make_input_fn(cfg: BenchConfig, workload: Workload, *, train: bool, repeat: 
             )
 
         return _cached(cifar_input_fn) if cfg.datasets_repeat_cached_sample and train else cifar_input_fn
+
+    def image_options(params: dict[str, Any]) -> dict[str, Any]:
+        """What the folder and the records sources are given alike (one list, so neither drifts)."""
+        return {
+            "batch_size": params["batch_size"],
+            "image_size": workload.image_size,
+            "train": train,
+            "seed": cfg.tf_random_seed,
+            "num_epochs": epochs,
+            "num_workers": workers,
+            "num_shards": params["num_replicas"],
+            "shard_index": params["replica_index"],
+            "augment": folder_train,
+            "resize_method": cfg.resize_method,
+            "crop": "tf_cnn",
+            "distortions": distort,
+            "output": "uint8",  # normalised on the device by the model_fn (bench.model.device_images)
+            "decoder": cfg.image_decoder,
+            "decode_on_device": cfg.decode_on_device,
+            "pin_memory": workload.device.type == "cuda",  # the infeed's H2D copy starts from pinned memory
+        }
+
     if workload.data_layout == TFRECORDS:
 
         def records_input_fn(params: dict[str, Any]) -> Iterable[Any]:
             return imagenet_tfrecords(
                 data_dir,
-                batch_size=params["batch_size"],
-                image_size=workload.image_size,
-                train=train,
                 split="train" if train or not find_shards(data_dir, "validation") else "validation",
-                seed=cfg.tf_random_seed,
-                num_epochs=epochs,
-                num_workers=workers,
-                num_shards=params["num_replicas"],
-                shard_index=params["replica_index"],
-                augment=folder_train,
-                resize_method=cfg.resize_method,
-                crop="tf_cnn",
-                distortions=distort,
-                output="uint8",  # normalised on the device by the model_fn (bench.model.device_images)
-                decoder=cfg.image_decoder,
-                decode_on_device=cfg.decode_on_device,
-                pin_memory=workload.device.type == "cuda",  # the infeed's H2D copy starts from pinned memory
                 num_classes=workload.num_classes,
+                **image_options(params),
             )
 
         return _cached(records_input_fn) if cfg.datasets_repeat_cached_sample and train else records_input_fn
     train_root, eval_root = _image_folder_roots(data_dir)
 
     def folder_input_fn(params: dict[str, Any]) -> Iterable[Any]:
-        return image_folder(
-            train_root if train else eval_root,
-            batch_size=params["batch_size"],
-            image_size=workload.image_size,
-            train=train,
-            seed=cfg.tf_random_seed,
-            num_epochs=epochs,
-            num_workers=workers,
-            num_shards=params["num_replicas"],
-            shard_index=params["replica_index"],
-            augment=folder_train,
-            resize_method=cfg.resize_method,
-            crop="tf_cnn",
-            distortions=distort,
-            output="uint8",  # normalised on the device by the model_fn (bench.model.device_images)
-            decoder=cfg.image_decoder,
-            decode_on_device=cfg.decode_on_device,
-            pin_memory=workload.device.type == "cuda",  # the infeed's H2D copy starts from pinned memory
-        )
+        return image_folder(train_root if train else eval_root, **image_options(params))
 
     return _cached(folder_input_fn) if cfg.datasets_repeat_cached_sample and train else folder_input_fn
 
