@@ -21,7 +21,12 @@ and the run goes on):
 4. ``stoker bench --mode=inference`` (resnet50, bf16, NHWC) at batch 1 and 64;
 5. two-GPU rows (``torchrun --nproc_per_node=2``, replicated and sharded), recorded as
    ``skipped: 1 device`` where fewer than two devices are visible;
-6. resnet50 ``stoker bench`` without ``--data_format`` (its default, NHWC on CUDA), bf16, eager.
+6. resnet50 ``stoker bench`` without ``--data_format`` (its default, NHWC on CUDA), bf16, eager;
+7. real JPEGs (``--data_dir``: 1,280 generated ImageNet-shaped 500x375 files, made once in parallel
+   beside ``--out``): trivial (the input pipeline is the work) and resnet50, bf16, decoded by the
+   CPU workers (uint8 batches in pinned memory) and by nvJPEG on the GPU (``--decode_on_device``).
+
+``--select REGEX`` keeps the rows whose name matches (``re.search``), for a short lease.
 
 Every ``stoker bench`` row must report the NHWC (channels_last) data format it was given or
 defaults to on CUDA; a row that ran another is recorded as failed.
@@ -111,6 +116,7 @@ class Row:
     nproc: int = 1
     results_file: str | None = None
     data_format: str | None = "NHWC"  # what the command passes (None: stoker's default, NHWC on CUDA)
+    real_images: bool = False  # reads the generated JPEG folder (made before the first such row)
     result: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -189,7 +195,46 @@ def _stoker_train(
     ]
 
 
-def plan(python: str = "python3", quick: bool = False, rows_dir: str = "gpu-check.rows") -> list[Row]:
+REAL_IMAGES = 1280  # as the CPU input figures (benchmarks/input_pipeline.py, docs/data.md)
+
+
+def make_images(root: Path, count: int = REAL_IMAGES, classes: int = 10, workers: int | None = None) -> float:
+    """``count`` ImageNet-shaped JPEGs under ``root`` (the recipe of ``input_pipeline.py``'s
+    ``make_imagenet_like``, one seed per image so processes can share the work); seconds taken.
+    A marker file says the folder is complete; a complete folder is kept."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    marker = root / f".complete-{count}x{classes}"
+    if marker.exists():
+        return 0.0
+    start = time.perf_counter()
+    for c in range(classes):
+        (root / f"class_{c:03d}").mkdir(parents=True, exist_ok=True)
+    jobs = [(str(root / f"class_{k % classes:03d}" / f"{k:05d}.jpg"), k) for k in range(count)]
+    with ProcessPoolExecutor(max_workers=workers or os.cpu_count() or 1) as pool:
+        list(pool.map(_make_image, jobs, chunksize=16))
+    marker.touch()
+    return time.perf_counter() - start
+
+
+def _make_image(job: tuple[str, int]) -> None:
+    import numpy as np
+    from PIL import Image
+
+    path, k = job
+    rng = np.random.default_rng(k)
+    small = rng.integers(0, 256, (375 // 6, 500 // 6, 3), dtype=np.uint8)
+    smooth = np.asarray(Image.fromarray(small).resize((500, 375), Image.Resampling.BICUBIC), dtype=np.int16)
+    noisy = np.clip(smooth + rng.integers(-12, 12, smooth.shape), 0, 255).astype(np.uint8)
+    Image.fromarray(noisy).save(path, quality=90)
+
+
+def plan(
+    python: str = "python3",
+    quick: bool = False,
+    rows_dir: str = "gpu-check.rows",
+    images_dir: str = "gpu-check.images",
+) -> list[Row]:
     """Every benchmark row, in the order they run (the cheapest and most telling first)."""
     sizes = QUICK if quick else FULL
     rows: list[Row] = []
@@ -207,6 +252,7 @@ def plan(python: str = "python3", quick: bool = False, rows_dir: str = "gpu-chec
         stoker_flags: list[str],
         nproc: int = 1,
         data_format: str | None = "NHWC",
+        real_images: bool = False,
     ) -> None:
         where = f"{model} {dataset} b{batch}{'/GPU' if nproc > 1 else ''} {data_format or 'default-format'} {precision}"
         name = f"{where} {impl} {variant}" + (f" x{nproc} GPUs" if nproc > 1 else "")
@@ -229,6 +275,7 @@ def plan(python: str = "python3", quick: bool = False, rows_dir: str = "gpu-chec
                     nproc=nproc,
                     results_file=res,
                     data_format=data_format,
+                    real_images=real_images,
                 )
             )
 
@@ -244,6 +291,10 @@ def plan(python: str = "python3", quick: bool = False, rows_dir: str = "gpu-chec
     for variant in ("eager", "cuda_graph"):
         for impl in ("plain", "stoker"):
             train("resnet20", "cifar10", 128, "bf16", impl, variant, variants[variant])
+    for model in ("trivial", "resnet50"):  # real JPEGs: the CPU workers' uint8 batches, then nvJPEG
+        for variant, flags in (("real-cpu-decode", []), ("real-nvjpeg", ["--decode_on_device"])):
+            extra = ["--compile=false", f"--data_dir={images_dir}", *flags]
+            train(model, "imagenet", 256, "bf16", "stoker", variant, extra, real_images=True)
     for batch in (1, 64):
         name = f"resnet50 imagenet b{batch} NHWC bf16 stoker inference"
         res = results(name)
@@ -478,12 +529,22 @@ def main(argv: list[str] | None = None) -> int:
         "--peak_tflops", type=float, help="the device's dense bf16 peak, where the built-in table does not know it"
     )
     parser.add_argument("--skip-tests", action="store_true", help="benchmark rows only")
+    parser.add_argument("--select", metavar="REGEX", help="only the rows whose name matches (re.search)")
     parser.add_argument("--python", default=sys.executable, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     out_path = Path(args.out).resolve()
     rows_dir = out_path.with_suffix(".rows")
     rows_rel = os.path.relpath(rows_dir, ROOT)
-    rows = plan(args.python, args.quick, rows_rel)
+    images_rel = os.path.relpath(out_path.with_suffix(".images"), ROOT)
+    rows = plan(args.python, args.quick, rows_rel, images_rel)
+    if args.select:
+        try:
+            pattern = re.compile(args.select)
+        except re.error as e:
+            parser.error(f"--select: not a regular expression ({e})")
+        rows = [r for r in rows if pattern.search(r.name)]
+        if not rows:
+            parser.error(f"--select: {args.select!r} matches no row (--dry-run --no-collect lists them)")
     if args.dry_run:
         print_plan(args, rows)
         return EXIT_OK
@@ -591,10 +652,29 @@ def run_all(
     report["tests"] = tests
     save()
 
-    # 2. the benchmark rows
+    # 2. the generated JPEG folder the real-image rows read
+    if any(r.real_images for r in rows):
+        images = out_path.with_suffix(".images")
+        try:
+            seconds = make_images(images)
+            report["images"] = {"dir": str(images), "count": REAL_IMAGES, "generated_s": round(seconds, 1)}
+            print(
+                f"images: {REAL_IMAGES} JPEGs in {images} ({'kept' if not seconds else f'{seconds:.1f} s'})", flush=True
+            )
+        except Exception as e:  # noqa: BLE001 - the rows that need them fail with this reason, the rest run
+            report["images"] = {"dir": str(images), "error": f"{type(e).__name__}: {e}"}
+            print(f"images: could not be generated ({e})", flush=True)
+            for r in rows:
+                if r.real_images:
+                    r.result = {"status": f"failed: the JPEG folder could not be generated ({e})"}
+        save()
+
+    # 3. the benchmark rows
     flops: dict[tuple[str, str], float | None] = {}
     for i, row in enumerate(rows, 1):
-        if row.nproc > count:
+        if row.result:  # already decided (its input could not be made)
+            pass
+        elif row.nproc > count:
             row.result = {"status": f"skipped: {count} device{'s' if count != 1 else ''}"}
         elif left() < MIN_ROW_S:
             row.result = {"status": f"skipped: time budget ({args.budget:.0f} s) spent"}

@@ -427,3 +427,32 @@ def test_a_stoker_row_that_ran_nchw_fails(tmp_path: Path) -> None:
     res = gc.measure_row(row, 120.0, tmp_path / "nchw.log", 0.5, 989.0)
     assert res["status"] == "failed: ran NCHW with --data_format=NCHW, expected NHWC"
     assert res["images_per_sec"] > 0 and res["data_format"] == "NCHW"
+
+
+def test_plan_reads_real_jpegs_on_cpu_workers_and_nvjpeg() -> None:
+    rows = [r for r in gc.plan(PYTHON, images_dir="some/images") if r.real_images]
+    assert {(r.model, r.variant) for r in rows} == {
+        (m, v) for m in ("trivial", "resnet50") for v in ("real-cpu-decode", "real-nvjpeg")
+    }
+    assert all("--data_dir=some/images" in r.argv for r in rows)
+    assert [("--decode_on_device" in r.argv) for r in rows] == [r.variant == "real-nvjpeg" for r in rows]
+
+
+def test_select_keeps_the_matching_rows_and_refuses_what_matches_none() -> None:
+    proc = run_gpu_check("--dry-run", "--no-collect", "--select", "real-nvjpeg")
+    assert proc.returncode == 0, proc.stderr
+    listed = [line for line in proc.stdout.splitlines() if line[:5].strip().rstrip(".").isdigit()]
+    assert len(listed) == 2 and all(line.endswith("real-nvjpeg") for line in listed)
+    for bad in ("no-such-row", "(unclosed"):
+        proc = run_gpu_check("--dry-run", "--no-collect", "--select", bad)
+        assert proc.returncode == 2 and "--select" in proc.stderr
+
+
+def test_generated_jpegs_are_made_once_and_decode(tmp_path: Path) -> None:
+    from stoker.data.jpeg import get_decoder
+
+    assert gc.make_images(tmp_path, count=6, classes=3, workers=2) > 0
+    files = sorted(tmp_path.rglob("*.jpg"))
+    assert len(files) == 6 and len({f.parent.name for f in files}) == 3
+    assert get_decoder("pillow").decode(files[0].read_bytes()).shape == (375, 500, 3)
+    assert gc.make_images(tmp_path, count=6, classes=3, workers=2) == 0.0  # complete: kept

@@ -1,17 +1,20 @@
 """The CPU defaults' paths on CUDA (``make gpu-check`` runs these): the default data format is
-NHWC there, and channels_last and ``--compile=module`` train what NCHW eager trains.
+NHWC there, channels_last and ``--compile=module`` train what NCHW eager trains, and real JPEGs
+train from the CPU decoders or nvJPEG.
 Skipped cleanly where torch sees no CUDA device; not yet run on a GPU."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
 
 from stoker.bench import BenchConfig, run_benchmark
-from stoker.bench.workload import resolve_workload
+from stoker.bench.workload import data_workers, resolve_workload
 from stoker.data import synthetic_images
 
 pytestmark = [
@@ -68,3 +71,35 @@ def test_channels_last_and_compiled_train_what_nchw_eager_trains() -> None:
     # cuDNN picks other kernels per layout (and TF32 may be on): agreement to 1e-3, not bitwise.
     torch.testing.assert_close(torch.tensor(_losses("NHWC")), reference, rtol=1e-3, atol=1e-3)
     torch.testing.assert_close(torch.tensor(_losses("NHWC", compile="module")), reference, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("decode_on_device", [False, True], ids=["cpu-workers", "nvjpeg"])
+def test_real_jpegs_train_on_cuda_with_either_decoder(tmp_path: Path, decode_on_device: bool) -> None:
+    """``--data_dir`` on CUDA: uint8 batches from the decoding workers (pinned, copied without
+    blocking) or decoded by nvJPEG on the device; both train, the header names the decoder."""
+    if decode_on_device:
+        pytest.importorskip("torchvision.io", reason="nvJPEG decoding needs torchvision")
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for k in range(16):
+        folder = tmp_path / "data" / f"class_{k % 2}"
+        folder.mkdir(parents=True, exist_ok=True)
+        small = rng.integers(0, 256, (20, 26, 3), dtype=np.uint8)
+        Image.fromarray(small).resize((130, 100), Image.Resampling.BICUBIC).save(folder / f"{k:03d}.jpg", quality=90)
+    cfg = BenchConfig(
+        model="trivial",
+        data_dir=str(tmp_path / "data"),
+        batch_size=8,
+        num_batches=4,
+        num_warmup_batches=1,
+        device="cuda",
+        decode_on_device=decode_on_device,
+        display_every=1000,
+    )
+    lines: list[str] = []
+    result = run_benchmark(cfg, log=lines.append)
+    assert result["num_steps"] == 4 and all(np.isfinite(result["losses"]))
+    (input_line,) = [line for line in lines if line.startswith("Input")]
+    assert ("nvjpeg decoder" in input_line) == decode_on_device
+    assert input_line.split(":", 1)[1].strip().startswith("0 decoding" if decode_on_device else f"{data_workers(cfg)} ")

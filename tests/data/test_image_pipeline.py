@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -229,15 +230,40 @@ def test_decode_on_device_without_cuda_says_what_it_needs(tmp_path: Path) -> Non
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_decode_on_device_matches_the_cpu_path(tmp_path: Path) -> None:
     pytest.importorskip("torchvision.io", reason="nvJPEG decoding needs torchvision")
+    import torch.nn.functional as F
+
     root = jpeg_tree(tmp_path, per_class=4)
     kw = {"batch_size": 4, "image_size": 32, "seed": 3, "output": "uint8", "crop": "tf_cnn"}
     cpu, gpu = image_folder(root, **kw), image_folder(root, decode_on_device=True, **kw)
-    for _ in range(3):
-        (xc, yc), (xg, yg) = next(cpu), next(gpu)
+    pillow = get_decoder("pillow")
+
+    def full_resolution_reference(source: Any, epoch: int) -> torch.Tensor:
+        # What the GPU path computes, on the CPU: the same crop boxes and flips, a whole-image decode
+        # (no DCT scaling) and a float bilinear resize. The CPU path itself decodes at a reduced DCT
+        # scale with the fast integer IDCT: on this noisy test content it differs from any full
+        # decode by ~5 levels on average (simplejpeg against Pillow: 4.6-4.9), so it is no reference.
+        idx = np.arange(4)
+        planned = source._each_example(
+            epoch, idx, source._uniforms_of(epoch, idx), lambda k, u, j: source._plan_example(k, u)
+        )
+        out = []
+        for _, (example, (left, top, bw, bh), flip) in planned:
+            image = torch.from_numpy(np.array(pillow.decode(example.data))).permute(2, 0, 1)
+            x0, y0 = int(left), int(top)
+            crop = image[:, y0 : max(y0 + 1, int(round(top + bh))), x0 : max(x0 + 1, int(round(left + bw)))]
+            y = F.interpolate(crop[None].float(), size=(32, 32), mode="bilinear", align_corners=False)
+            hwc = y[0].round().clamp(0, 255).to(torch.uint8).permute(1, 2, 0)
+            out.append(hwc.flip(1) if flip else hwc)
+        return torch.stack(out)
+
+    for epoch in range(3):
+        (xc, yc), (xg, yg) = cpu.load_batch(torch.arange(4), epoch), gpu.load_batch(torch.arange(4), epoch)
         assert xg.device.type == "cuda" and xg.dtype == torch.uint8 and xg.shape == xc.shape
         assert torch.equal(yc, yg.cpu())
-        # nvJPEG's IDCT is not libjpeg-turbo's fast integer one: close, not equal
-        assert (xg.cpu().int() - xc.int()).abs().float().mean() < 3
+        # nvJPEG's IDCT and chroma upsampling are not libjpeg's: close, not equal (H200, torchvision
+        # 0.26: 2.74 at most over these batches, max 22 on this noisy content; a wrong box or flip: > 10)
+        diff = (xg.cpu().int() - full_resolution_reference(gpu, epoch).int()).abs().float()
+        assert diff.mean() < 4, f"batch {epoch}: mean |nvJPEG - Pillow| {diff.mean():.2f}, max {diff.max():.0f}"
 
 
 def test_skipped_examples_reach_the_summaries(tmp_path: Path) -> None:

@@ -6,8 +6,8 @@ then one ``decode_jpeg(list_of_tensors, device="cuda")`` call decodes the whole 
 crops are resized (``F.interpolate``, uint8, no antialiasing, as the CPU path) and flipped on
 the GPU. Files that are not JPEG (PNG, BMP) are decoded on the CPU and uploaded.
 
-Unverified on this project's development machines (no GPU, no torchvision build for its torch):
-the CUDA-marked tests in ``tests/data/test_jpeg.py`` exercise it where both exist.
+Run on an H200 (torch 2.11, torchvision 0.26) by ``make gpu-check``; the CUDA-marked tests in
+``tests/data/test_image_pipeline.py`` and ``tests/bench/test_bench_cuda_paths.py`` exercise it.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ class DeviceDecoder:
         if self.device.type != "cuda" or not torch.cuda.is_available():
             raise ValueError(f"decode_on_device needs a CUDA device; torch sees none (asked for {device!r})")
         self._decode_jpeg, self._rgb = _torchvision_decode_jpeg()
+        self._stream = torch.cuda.Stream(device=self.device)
         self._pillow = PillowDecoder()
 
     def _decode(self, data: list[bytes]) -> list[torch.Tensor]:
@@ -71,6 +72,21 @@ class DeviceDecoder:
     ) -> torch.Tensor:
         """uint8 ``[N, size, size, 3]`` on the device: image ``k`` cropped to ``plans[k]``'s box
         ``(left, top, w, h)``, resized with its method (or ``crop``: taken as is), flipped when asked."""
+        # On a stream of its own, synchronised on both sides. torchvision's nvJPEG decode (0.26 and
+        # earlier) allocates its outputs on the calling stream but writes them from a private stream
+        # that does not wait for it, so it can overwrite memory that kernels queued on the calling
+        # stream still read: on an H200 a resnet50 run decoding in the infeed's thread on the compute
+        # stream went to NaN by step 5 (pytorch/vision#9606). Nothing is queued on this stream when
+        # the decoder is called, and the batch is complete before another stream reads it.
+        with torch.cuda.stream(self._stream):
+            self._stream.synchronize()
+            batch = self._decode_and_resize(data, plans, size)
+            self._stream.synchronize()
+        return batch
+
+    def _decode_and_resize(
+        self, data: list[bytes], plans: list[tuple[tuple[float, float, float, float], str, bool]], size: int
+    ) -> torch.Tensor:
         images = self._decode(data)
         batch = torch.empty((len(data), size, size, 3), dtype=torch.uint8, device=self.device)
         for k, (image, (box, method, flip)) in enumerate(zip(images, plans, strict=True)):
@@ -84,6 +100,11 @@ class DeviceDecoder:
                 y = F.interpolate(x.float(), size=(size, size), mode="area").round_().to(torch.uint8)
             elif method == "nearest":
                 y = F.interpolate(x, size=(size, size), mode="nearest")
+            elif self.device.type == "cuda":
+                # CUDA's bilinear/bicubic kernels take floating types only (the CPU ones take uint8):
+                # resize in float32, then round and saturate back to uint8 as the CPU path does.
+                y = F.interpolate(x.float(), size=(size, size), mode=method, align_corners=False, antialias=False)
+                y = y.round_().clamp_(0, 255).to(torch.uint8)
             else:
                 y = F.interpolate(x, size=(size, size), mode=method, align_corners=False, antialias=False)
             hwc = y[0].permute(1, 2, 0)

@@ -15,8 +15,9 @@ scale update) with a single launch. What a graph needs, and how this step provid
   A host sync in ``model_fn`` (``.item()``, ``print``, ``if tensor:``) makes the capture fail:
   the step falls back to eager, with a warning naming the error.
 - **capturable optimizer state**: the optimizer must be built with ``capturable=True`` (Adam,
-  AdamW, ...) or ``fused=True`` (SGD, Adam, AdamW); fp16 with dynamic scaling needs
-  ``fused=True`` (the fused kernels skip the update when ``found_inf`` is set).
+  AdamW, ...) or ``fused=True`` (SGD, Adam, AdamW; a fused Adam or AdamW is switched to
+  ``capturable=True`` too, which torch requires for capture and which changes no value); fp16
+  with dynamic scaling needs ``fused=True`` (the fused kernels skip the update when ``found_inf`` is set).
 
 The first ``WARMUP_STEPS`` steps run eagerly on a side stream (real steps on real batches:
 they initialise the optimizer state and let autograd and cuDNN pick their kernels); the next
@@ -78,6 +79,26 @@ def _flat(tree: Any) -> tuple[list[Any], Any]:
     return pytree.tree_flatten(tree)
 
 
+def _make_capturable(opt: torch.optim.Optimizer) -> None:
+    """A fused optimizer that also has a ``capturable`` flag (Adam, AdamW) is switched to
+    ``capturable=True``: torch refuses to capture its ``step()`` otherwise (seen with torch 2.11
+    on an H200), and with ``fused=True`` the flag changes no value, only where the step counter
+    and the learning rate are read from (the device). Fused SGD has no such flag and captures as is."""
+    if not opt.defaults.get("fused") or "capturable" not in opt.defaults or opt.defaults["capturable"]:
+        return
+    opt.defaults["capturable"] = True
+    for group in opt.param_groups:
+        group["capturable"] = True
+    for param, state in opt.state.items():  # state made before this step existed: the counter on the device
+        step = state.get("step") if isinstance(state, dict) else None
+        if isinstance(step, torch.Tensor) and isinstance(param, torch.Tensor) and step.device != param.device:
+            state["step"] = step.to(param.device)
+    log.info(
+        "cuda_graph: %s built with fused=True is made capturable=True (same values; required to capture)",
+        type(opt).__name__,
+    )
+
+
 def _meta(leaves: list[Any]) -> list[Any]:
     return [(tuple(x.shape), x.dtype, x.device) if isinstance(x, torch.Tensor) else x for x in leaves]
 
@@ -87,6 +108,7 @@ class CudaGraphTrainStep(TrainStep):
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        _make_capturable(self.optimizer)
         device = self.device
         self.steps_run = 0
         self.graph: torch.cuda.CUDAGraph | None = None
