@@ -559,8 +559,10 @@ def data_workers(cfg: BenchConfig) -> int:
 
 
 def _trains_on_cuda(cfg: BenchConfig) -> bool:
-    return cfg.device in ("cuda", "gpu") or cfg.device.startswith("cuda:") or (
-        cfg.device == "auto" and torch.cuda.is_available()
+    return (
+        cfg.device in ("cuda", "gpu")
+        or cfg.device.startswith("cuda:")
+        or (cfg.device == "auto" and torch.cuda.is_available())
     )
 
 
