@@ -194,8 +194,9 @@ def bert(args: argparse.Namespace) -> dict[str, Any]:
             est.train(input_fn, steps=args.warmup)  # compiles nothing; measures the auto choice, warms the allocator
             runs[(precision, mode)] = (est, fast_linear.describe_choices())
     seconds: dict[tuple[str, str], list[float]] = {k: [] for k in runs}
-    for _ in range(args.rounds):  # interleaved: load drifts hit every variant alike
-        for key, (est, _) in runs.items():
+    order = list(runs.items())
+    for r in range(args.rounds):  # interleaved, and the order reversed every other round: drifts hit all alike
+        for key, (est, _) in order if r % 2 == 0 else order[::-1]:
             start = time.perf_counter()
             est.train(input_fn, steps=args.steps)
             seconds[key].append((time.perf_counter() - start) / args.steps)
