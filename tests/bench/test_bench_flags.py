@@ -567,6 +567,34 @@ def test_eval_epochs_and_input_pipeline_flags(tmp_path: Path) -> None:
     assert first[0].equal(second[0]) and first[1].equal(second[1])  # one batch read, repeated
 
 
+def test_a_compute_bound_cpu_model_decodes_in_the_input_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """resnet50's step lasts many decodes on a CPU: no worker processes (they cost it ~20 %);
+    trivial's is shorter than one: a worker per core. Given worker counts and CUDA are untouched."""
+    from types import SimpleNamespace
+
+    import stoker.bench.workload as workload_module
+    import stoker.kernels.peak as peak_module
+    from stoker.bench.report import header_lines
+
+    monkeypatch.setattr(
+        peak_module, "measured_peak", lambda device, precision="fp32", **kw: SimpleNamespace(gflops=100.0)
+    )
+    monkeypatch.setattr(workload_module, "_decodes_per_step", {})
+    data = _image_folder(tmp_path / "data", size=232)
+    flags = (f"--data_dir={data}", "--data_name=imagenet", "--batch_size=2")
+    heavy, light = parse("--model=resnet50", "--device=cpu", *flags), parse("--model=trivial", "--device=cpu", *flags)
+    w_heavy, w_light = _workload("--model=resnet50", *flags), _workload("--model=trivial", *flags)
+    ratio = workload_module.compute_bound_on_cpu(heavy, w_heavy)
+    assert ratio is not None and 110 < ratio < 120  # 3 x 7.7 GFLOP at 100 GFLOP/s: 231 ms, over 2 ms a decode
+    assert workload_module.data_workers(heavy, w_heavy) == 0
+    assert workload_module.compute_bound_on_cpu(light, w_light) is None
+    assert workload_module.data_workers(light, w_light) == len(os.sched_getaffinity(0))
+    given = parse("--model=resnet50", "--device=cpu", "--datasets_num_private_threads=2", *flags)
+    assert workload_module.data_workers(given, w_heavy) == 2
+    (line,) = [x for x in header_lines(heavy, w_heavy) if x.startswith("Input")]
+    assert "0 decoding worker(s)" in line and "decoding in the input thread: a step lasts ~116 decodes" in line
+
+
 def test_xla_flags_choose_the_engines_compile_mode() -> None:
     from stoker.bench.train import build_estimator, zoo_model
 

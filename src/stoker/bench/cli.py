@@ -200,9 +200,10 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--image_decoder",
-        choices=("auto", "simplejpeg", "pillow"),
+        choices=("auto", "libjpeg-crop", "simplejpeg", "pillow"),
         default="auto",
-        help="JPEG decoder of real data on the CPU (auto: simplejpeg if installed, else Pillow); default %(default)s",
+        help="JPEG decoder of real data on the CPU (auto: libjpeg-crop, the crop window only, where it builds; "
+        "else simplejpeg if installed; else Pillow); default %(default)s",
     )
     g.add_argument(
         "--tf_random_seed",

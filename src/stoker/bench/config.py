@@ -78,7 +78,7 @@ class BenchConfig:
     compile: bool | str = False  # True/"module": the model; "step": the whole training step
     cuda_graph: bool = False  # replay the training step as a captured CUDA graph (CUDA only)
     decode_on_device: bool = False  # real JPEG data decoded by nvJPEG on the GPU (CUDA only)
-    image_decoder: str = "auto"  # the CPU JPEG decoder of real data: auto, simplejpeg or pillow
+    image_decoder: str = "auto"  # the CPU JPEG decoder of real data: auto, libjpeg-crop, simplejpeg or pillow
     fast_linear: str = "auto"  # nn.Linear on oneDNN where it measured faster here (stoker.kernels.linear)
     tf_random_seed: int = 1234
     num_intra_threads: int | None = None

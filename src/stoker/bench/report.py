@@ -45,7 +45,7 @@ from .config import (
 from .flags import note_lines
 from .outputs import mlperf_log_path
 from .stats import DASHES, format_total
-from .workload import Workload, data_decoder, data_workers, prefetch_depth, usable_cores
+from .workload import Workload, compute_bound_on_cpu, data_decoder, data_workers, prefetch_depth, usable_cores
 
 TRAINING_FLOPS_FACTOR = 3.0
 PEAK_MATMUL_SIZE = 2048
@@ -270,10 +270,13 @@ def _optional_lines(cfg: BenchConfig, workload: Workload, bucket_mb: float | Non
         lines.append(_line("Eval batch", f"{workload.eval_batch_size} global"))
     if not workload.synthetic and cfg.mode != "inference":
         depth = prefetch_depth(cfg)
+        workers = data_workers(cfg, workload)
+        inline = compute_bound_on_cpu(cfg, workload) if cfg.datasets_num_private_threads is None else None
+        why = "" if inline is None or workers else f"; decoding in the input thread: a step lasts ~{inline:.0f} decodes"
         lines.append(
             _line(
                 "Input",
-                f"{data_workers(cfg)} decoding worker(s) ({usable_cores()} usable cores), "
+                f"{workers} decoding worker(s) ({usable_cores()} usable cores{why}), "
                 f"{data_decoder(cfg) if workload.dataset != 'cifar10' else 'raw'} decoder, "
                 f"{'default' if depth is None else depth} batch(es) prefetched, "
                 f"distortions {'on' if cfg.distortions else 'off'}, resize {cfg.resize_method}"

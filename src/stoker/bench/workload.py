@@ -462,7 +462,7 @@ def make_input_fn(cfg: BenchConfig, workload: Workload, *, train: bool, repeat: 
     # A source given a number of epochs keeps a partial last batch, which the Estimator pads.
     epochs = None if train else (1_000_000 if repeat else 1)
     augment = train and cfg.distortions
-    workers = data_workers(cfg)
+    workers = data_workers(cfg, workload)
     # tf_cnn's training preprocessing always crops at random and flips; --distortions adds colour.
     folder_train, distort = train, train and cfg.distortions
     if workload.dataset == "cifar10":
@@ -539,15 +539,27 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def data_workers(cfg: BenchConfig) -> int:
+# A CPU run whose training step per image is this many times longer than decoding one decodes in
+# the infeed's thread: worker processes then cost more than they win. resnet50, batch 32, 2 cores,
+# 1,280 real JPEGs (2026-11-26): 2.45-2.57 images/sec with 1 or 2 workers, 3.07 with none, 2.98-3.25
+# on synthetic data; trivial needs the workers (its step is ~0.1x a decode).
+INLINE_DECODE_RATIO = 20.0
+DECODE_MS_PER_IMAGE = 2.0  # one core, a 224 training crop of a ~500x375 JPEG (docs/data.md: 520-680 a second)
+
+
+def data_workers(cfg: BenchConfig, workload: Workload | None = None) -> int:
     """Processes decoding real data: none with ``--nouse_datasets`` or ``--decode_on_device`` (the GPU
-    decodes), ``--datasets_num_private_threads`` when given, else one per usable core, shared
-    by the replicas of this machine (torchrun's ``LOCAL_WORLD_SIZE``), less two per replica on
-    CUDA where a replica has more than two cores (its training and infeed threads)."""
+    decodes), ``--datasets_num_private_threads`` when given; none either on a CPU when the model's
+    step per image is at least :data:`INLINE_DECODE_RATIO` times a decode (given the ``workload``,
+    by its counted FLOPs and this machine's measured peak: :func:`compute_bound_on_cpu`); else one
+    per usable core, shared by the replicas of this machine (torchrun's ``LOCAL_WORLD_SIZE``), less
+    two per replica on CUDA where a replica has more than two cores (its training and infeed threads)."""
     if not cfg.use_datasets or cfg.decode_on_device:
         return 0
     if cfg.datasets_num_private_threads is not None:
         return cfg.datasets_num_private_threads
+    if workload is not None and compute_bound_on_cpu(cfg, workload) is not None:
+        return 0
     local_replicas = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
     per_replica = max(1, usable_cores() // max(1, local_replicas))
     if per_replica > 2 and _trains_on_cuda(cfg):
@@ -556,6 +568,31 @@ def data_workers(cfg: BenchConfig) -> int:
         # real JPEGs (one run each, 2026-11-26): 16 workers 3,685 images/sec, 14 3,953, 12 3,973.
         return per_replica - 2
     return per_replica
+
+
+def compute_bound_on_cpu(cfg: BenchConfig, workload: Workload) -> float | None:
+    """On a CPU, with real JPEG data: how many decodes one image's training step lasts, when that is
+    at least :data:`INLINE_DECODE_RATIO` (the decoding then stays in the infeed's thread); else ``None``."""
+    if workload.synthetic or workload.dataset != "imagenet" or workload.device.type != "cpu":
+        return None
+    key = (cfg.model, workload.dataset, workload.num_classes, cfg.precision)
+    if key not in _decodes_per_step:
+        from ..kernels.peak import measured_peak
+        from .report import flops_per_image
+
+        try:
+            gflop = 3.0 * flops_per_image(cfg.model, workload.dataset, workload.num_classes)
+            peak = measured_peak(workload.device, cfg.precision).gflops
+        except Exception:  # noqa: BLE001 - a model the counter cannot trace: keep the workers
+            _decodes_per_step[key] = None
+        else:
+            _decodes_per_step[key] = gflop / peak * 1000.0 / DECODE_MS_PER_IMAGE
+    ratio = _decodes_per_step[key]
+    return ratio if ratio is not None and ratio >= INLINE_DECODE_RATIO else None
+
+
+# (model, dataset, classes, precision) -> decodes one image's training step lasts, at the peak (this process)
+_decodes_per_step: dict[tuple[str, str, int, str], float | None] = {}
 
 
 def _trains_on_cuda(cfg: BenchConfig) -> bool:

@@ -14,16 +14,16 @@ A training example needs only its crop, resized to ``image_size``. So the work i
    DCT scaling above leaves at most a factor 2 to shrink, where antialiasing changes little);
    flip by writing the rows reversed.
 
-Why not decode only the crop window (libjpeg-turbo's ``jpeg_crop_scanline`` /
-``jpeg_skip_scanlines``, as tf.data's ``decode_and_crop_jpeg`` does)? No maintained Python
-binding that installs here exposes it: PyTurboJPEG 2.x needs libturbojpeg 3 (this machine has
-libjpeg-turbo 2.1), simplejpeg and imagecodecs decode whole images, OpenCV's decoder is slower
-than simplejpeg and a 61 MB wheel. DCT scaling gets most of the saving for crops of at least
-twice the output, which are most of tf_cnn's crops (area 5%-100% of a ~500x375 image).
+Decoding only the crop window (libjpeg-turbo's ``jpeg_crop_scanline`` / ``jpeg_skip_scanlines``,
+as tf.data's ``decode_and_crop_jpeg`` does) is the ``libjpeg-crop`` decoder: no maintained Python
+binding that installs here exposes it (PyTurboJPEG 2.x needs libturbojpeg 3, this machine has
+libjpeg-turbo 2.1; simplejpeg and imagecodecs decode whole images), so :mod:`.jpeg_crop` builds
+a small C function over the system libjpeg on first use. Its pixels are simplejpeg's, bit for bit.
 
 Decoders (:data:`DECODERS`, measured per core by ``benchmarks/input_pipeline.py --decoders``):
-``simplejpeg`` (libjpeg-turbo bundled in its wheel; the default when it is installed) and
-``pillow`` (always there; ``Image.draft`` gives it the same DCT scaling). Files that are not
+``libjpeg-crop`` (the default where it builds), ``simplejpeg`` (libjpeg-turbo bundled in its
+wheel; the default when the window decoder cannot be built) and ``pillow`` (always there;
+``Image.draft`` gives it the same DCT scaling). Files that are not
 JPEG (PNG, BMP) and JPEGs simplejpeg cannot convert (CMYK) go to Pillow. Both release the GIL
 while decoding, but the resize and the Python between calls do not; threads against processes
 is measured in ``docs/data.md``.
@@ -143,6 +143,46 @@ class SimpleJpegDecoder:
             raise ImageDecodeError(f"corrupt or truncated JPEG: {e}") from e
 
 
+class CropJpegDecoder:
+    """libjpeg-turbo's partial decompression (:mod:`stoker.data.jpeg_crop`): only the crop
+    window is decoded, at the DCT scale, with the fast IDCT and upsampling (simplejpeg's
+    settings, and its pixels bit for bit); what is not a JPEG, and CMYK JPEGs, go to Pillow."""
+
+    name = "libjpeg-crop"
+
+    def __init__(self) -> None:
+        from . import jpeg_crop
+
+        if not jpeg_crop.available():
+            raise ValueError(f"decoder='libjpeg-crop' is not available here: {jpeg_crop.unavailable_reason()}")
+        self._window = jpeg_crop.decode_window
+        self._size = jpeg_crop.jpeg_size
+        self._error = jpeg_crop.WindowDecodeError
+        self._fallback = PillowDecoder()
+
+    def size(self, data: bytes) -> tuple[int, int]:
+        if not is_jpeg(data):
+            return self._fallback.size(data)
+        try:
+            return self._size(data)
+        except self._error as e:
+            raise ImageDecodeError(str(e)) from e
+
+    def decode_window(self, data: bytes, scale: int, x: int, y: int, w: int, h: int) -> np.ndarray:
+        """RGB uint8 ``[h, w, 3]``: that window of the image decoded at ``1/scale`` (scaled pixels)."""
+        if is_jpeg(data):
+            try:
+                return self._window(data, scale, x, y, w, h)
+            except self._error as e:
+                if not e.unsupported:
+                    raise ImageDecodeError(f"corrupt or truncated JPEG: {e}") from e
+        return self._fallback.decode(data, scale)[y : y + h, x : x + w]
+
+    def decode(self, data: bytes, scale: int = 1) -> np.ndarray:
+        width, height = self.size(data)
+        return self.decode_window(data, scale, 0, 0, -(-width // scale), -(-height // scale))
+
+
 def _simplejpeg_available() -> bool:
     try:
         import simplejpeg  # noqa: F401
@@ -151,13 +191,24 @@ def _simplejpeg_available() -> bool:
     return True
 
 
+def _crop_available() -> bool:
+    from . import jpeg_crop
+
+    return jpeg_crop.available()
+
+
 #: Decoder names and constructors, fastest first (``benchmarks/input_pipeline.py --decoders``).
-DECODERS: dict[str, Callable[[], Decoder]] = {"simplejpeg": SimpleJpegDecoder, "pillow": PillowDecoder}
+DECODERS: dict[str, Callable[[], Decoder]] = {
+    "libjpeg-crop": CropJpegDecoder,
+    "simplejpeg": SimpleJpegDecoder,
+    "pillow": PillowDecoder,
+}
 
 
 def available_decoders() -> list[str]:
-    """The decoders that import here, fastest first."""
-    return [name for name in DECODERS if name != "simplejpeg" or _simplejpeg_available()]
+    """The decoders that work here, fastest first."""
+    works = {"libjpeg-crop": _crop_available, "simplejpeg": _simplejpeg_available}  # looked up at each call
+    return [name for name in DECODERS if works.get(name, lambda: True)()]
 
 
 def get_decoder(name: str = "auto") -> Decoder:
@@ -168,7 +219,7 @@ def get_decoder(name: str = "auto") -> Decoder:
         raise ValueError(f"decoder must be auto or one of {', '.join(DECODERS)}; got {name!r}")
     if name == "simplejpeg" and not _simplejpeg_available():
         raise ValueError("decoder='simplejpeg' needs the simplejpeg package: pip install simplejpeg")
-    return DECODERS[name]()
+    return DECODERS[name]()  # libjpeg-crop raises its own ValueError saying why it is unavailable
 
 
 def dct_scale(box_w: float, box_h: float, size: int) -> int:
@@ -230,20 +281,30 @@ def decode_crop_resize(
     decoder = decoder or get_decoder()
     left, top, bw, bh = box
     scale = 1 if resize_method == "crop" else dct_scale(bw, bh, size)
-    if scale > 1:
+    window: Callable[[bytes, int, int, int, int, int], np.ndarray] | None = getattr(decoder, "decode_window", None)
+    if window is not None:  # only the window is decoded; libjpeg's scaled size is ceil(side / scale)
         width, height = decoder.size(data)
-    image = decoder.decode(data, scale)
-    if scale > 1:
-        fx, fy = image.shape[1] / width, image.shape[0] / height
+        scaled_w, scaled_h = -(-width // scale), -(-height // scale)
+        image: np.ndarray | None = None
     else:
-        fx = fy = 1.0
+        if scale > 1:
+            width, height = decoder.size(data)
+        image = decoder.decode(data, scale)
+        scaled_h, scaled_w = image.shape[:2]
+        if scale == 1:
+            width, height = scaled_w, scaled_h
+    fx, fy = scaled_w / width, scaled_h / height
     x0, y0 = int(math.floor(left * fx)), int(math.floor(top * fy))
-    x1 = max(x0 + 1, min(image.shape[1], int(round((left + bw) * fx))))
-    y1 = max(y0 + 1, min(image.shape[0], int(round((top + bh) * fy))))
-    crop = image[y0:y1, x0:x1]
+    x1 = max(x0 + 1, min(scaled_w, int(round((left + bw) * fx))))
+    y1 = max(y0 + 1, min(scaled_h, int(round((top + bh) * fy))))
+    if image is not None:
+        crop = image[y0:y1, x0:x1]
+    else:
+        assert window is not None
+        crop = window(data, scale, x0, y0, x1 - x0, y1 - y0)
     if resize_method == "crop":
         if crop.shape[:2] != (size, size):
-            raise ImageDecodeError(f"is {image.shape[1]}x{image.shape[0]}, smaller than the {size}x{size} crop")
+            raise ImageDecodeError(f"is {scaled_w}x{scaled_h}, smaller than the {size}x{size} crop")
         result = torch.from_numpy(_contiguous(crop))
     elif out is not None and resize_method in ("bilinear", "bicubic"):
         target = torch.as_tensor(out)
