@@ -154,7 +154,8 @@ TABLE: tuple[Flag, ...] = (
     _f("allow_growth", "bool", None, "grow GPU memory on demand",
        note="PyTorch's caching allocator always grows on demand"),
     _f("fuse_decode_and_crop", "bool", True, "fuse JPEG decoding and cropping",
-       note="stoker decodes at the smallest DCT scale the crop allows, then crops and resizes (see docs/data.md)"),
+       note="stoker always decodes only the crop window where its libjpeg-crop decoder builds, "
+       "else the whole image at the smallest DCT scale the crop allows (see docs/data.md)"),
     _f("distort_color_in_yiq", "bool", True, "colour distortions in YIQ space",
        note="--distortions uses TF 2's RGB/HSV colour ops (TF 2 removed the YIQ variant)"),
     _f("enable_optimizations", "bool", True, "grappler graph optimisations", note=_TF_GRAPH),

@@ -578,10 +578,12 @@ def compute_bound_on_cpu(cfg: BenchConfig, workload: Workload) -> float | None:
     key = (cfg.model, workload.dataset, workload.num_classes, cfg.precision)
     if key not in _decodes_per_step:
         from ..kernels.peak import measured_peak
-        from .report import flops_per_image
+        from ..models import create_model, example_flops
 
         try:
-            gflop = 3.0 * flops_per_image(cfg.model, workload.dataset, workload.num_classes)
+            with torch.device("meta"):  # counted, not computed (as report.flops_per_image)
+                model = create_model(cfg.model, dataset=workload.dataset, num_classes=workload.num_classes)
+            gflop = 3.0 * example_flops(model, get_model_info(cfg.model, workload.dataset)) / 1e9
             peak = measured_peak(workload.device, cfg.precision).gflops
         except Exception:  # noqa: BLE001 - a model the counter cannot trace: keep the workers
             _decodes_per_step[key] = None
