@@ -210,6 +210,24 @@ def test_cuda_graph_refusals_name_the_cause():
     assert "cache" in why(torch.optim.Adam(net.parameters(), capturable=True), params={"cache": torch.zeros(1)})
 
 
+def test_a_fused_adam_is_made_capturable_and_fused_sgd_left_as_is():
+    """torch refuses to capture a fused Adam's step() unless capturable=True (seen on an H200,
+    torch 2.11); the CUDA-graph step sets it, which changes no value. Pure Python, run on CPU."""
+    from stoker.engine.cuda_graph_step import _make_capturable
+
+    net = torch.nn.Linear(2, 2)
+    adam = torch.optim.AdamW(net.parameters(), lr=0.1, fused=True)
+    adam.add_param_group({"params": [torch.nn.Parameter(torch.zeros(3))]})
+    _make_capturable(adam)
+    assert adam.defaults["capturable"] and all(g["capturable"] for g in adam.param_groups)
+    plain = torch.optim.Adam(net.parameters(), lr=0.1)  # neither fused nor capturable: refused, not changed
+    _make_capturable(plain)
+    assert not plain.defaults["capturable"] and not plain.param_groups[0]["capturable"]
+    sgd = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9, fused=True)  # no such flag: captures as is
+    _make_capturable(sgd)
+    assert "capturable" not in sgd.defaults and "capturable" not in sgd.param_groups[0]
+
+
 def test_stoker_bench_runs_the_compiled_step():
     from stoker.bench import BenchConfig, run_benchmark
 
