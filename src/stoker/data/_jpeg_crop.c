@@ -48,23 +48,34 @@ static void copy_message(const char *message, char *err, int err_len) {
   }
 }
 
+/*
+ * Error handling, then the header read: a macro, not a function, because setjmp must be called
+ * in the frame that libjpeg's error_exit longjmps back to (locals changed after it are not read
+ * on that path, so -Wclobbered's warnings do not apply). On a libjpeg error the calling
+ * function returns STOKER_ERROR with the message in err.
+ */
+#define OPEN_JPEG(cinfo, jerr, data, size, err, err_len) \
+  do {                                                   \
+    (cinfo).err = jpeg_std_error(&(jerr).pub);           \
+    (jerr).pub.error_exit = stoker_error_exit;           \
+    (jerr).pub.emit_message = stoker_emit_message;       \
+    (jerr).warned = 0;                                   \
+    if (setjmp((jerr).jump)) {                           \
+      copy_message((jerr).message, err, err_len);        \
+      jpeg_destroy_decompress(&(cinfo));                 \
+      return STOKER_ERROR;                               \
+    }                                                    \
+    jpeg_create_decompress(&(cinfo));                    \
+    jpeg_mem_src(&(cinfo), data, size);                  \
+    jpeg_read_header(&(cinfo), TRUE);                    \
+  } while (0)
+
 /* The image's size (width, height) at full scale; 0 or an error code. */
 int stoker_jpeg_size(const unsigned char *data, unsigned long size, int *width, int *height, char *err,
                      int err_len) {
   struct jpeg_decompress_struct cinfo;
   struct stoker_error_mgr jerr;
-  cinfo.err = jpeg_std_error(&jerr.pub);
-  jerr.pub.error_exit = stoker_error_exit;
-  jerr.pub.emit_message = stoker_emit_message;
-  jerr.warned = 0;
-  if (setjmp(jerr.jump)) {
-    copy_message(jerr.message, err, err_len);
-    jpeg_destroy_decompress(&cinfo);
-    return STOKER_ERROR;
-  }
-  jpeg_create_decompress(&cinfo);
-  jpeg_mem_src(&cinfo, data, size);
-  jpeg_read_header(&cinfo, TRUE);
+  OPEN_JPEG(cinfo, jerr, data, size, err, err_len);
   *width = (int)cinfo.image_width;
   *height = (int)cinfo.image_height;
   jpeg_destroy_decompress(&cinfo);
@@ -93,18 +104,7 @@ int stoker_jpeg_decode_window(const unsigned char *data, unsigned long size, int
     copy_message("the window must start at x, y >= 0 and be at least 1x1", err, err_len);
     return STOKER_BAD_ARGUMENT;
   }
-  cinfo.err = jpeg_std_error(&jerr.pub);
-  jerr.pub.error_exit = stoker_error_exit;
-  jerr.pub.emit_message = stoker_emit_message;
-  jerr.warned = 0;
-  if (setjmp(jerr.jump)) {
-    copy_message(jerr.message, err, err_len);
-    jpeg_destroy_decompress(&cinfo);
-    return STOKER_ERROR;
-  }
-  jpeg_create_decompress(&cinfo);
-  jpeg_mem_src(&cinfo, data, size);
-  jpeg_read_header(&cinfo, TRUE);
+  OPEN_JPEG(cinfo, jerr, data, size, err, err_len);
   if (cinfo.jpeg_color_space == JCS_CMYK || cinfo.jpeg_color_space == JCS_YCCK) {
     jpeg_destroy_decompress(&cinfo);
     return STOKER_UNSUPPORTED;
