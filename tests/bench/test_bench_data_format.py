@@ -29,9 +29,11 @@ def test_image_models_default_to_channels_last(model: str, dataset: str) -> None
 
 def test_the_cpu_exceptions_and_the_models_without_images_keep_nchw(monkeypatch: pytest.MonkeyPatch) -> None:
     info = get_model_info("vgg16", "imagenet")
-    monkeypatch.setattr(workload_module, "CPU_NCHW_MODELS", frozenset({"vgg16"}))
+    assert {"vgg11", "vgg16", "vgg19"} <= CPU_NCHW_MODELS  # measured 1.2-1.5x faster NCHW on the CPU
     fmt, why = default_data_format(info, CPU)
     assert (fmt, why) == ("NCHW", "faster for vgg16 on the CPU")
+    monkeypatch.setattr(workload_module, "CPU_NCHW_MODELS", frozenset())
+    assert default_data_format(info, CPU)[0] == "NHWC"  # the table decides, nothing else
     assert default_data_format(info, CUDA)[0] == "NHWC"  # the table is the CPU's only
     assert default_data_format(get_model_info("ncf", "movielens"), CPU) == ("NCHW", "ncf does not take images")
     assert default_data_format(None, CPU)[0] == "NCHW"  # a caller's own model
