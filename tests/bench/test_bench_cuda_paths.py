@@ -79,17 +79,11 @@ def test_real_jpegs_train_on_cuda_with_either_decoder(tmp_path: Path, decode_on_
     blocking) or decoded by nvJPEG on the device; both train, the header names the decoder."""
     if decode_on_device:
         pytest.importorskip("torchvision.io", reason="nvJPEG decoding needs torchvision")
-    from PIL import Image
+    from helpers.images import make_image_tree
 
-    rng = np.random.default_rng(0)
-    for k in range(16):
-        folder = tmp_path / "data" / f"class_{k % 2}"
-        folder.mkdir(parents=True, exist_ok=True)
-        small = rng.integers(0, 256, (20, 26, 3), dtype=np.uint8)
-        Image.fromarray(small).resize((130, 100), Image.Resampling.BICUBIC).save(folder / f"{k:03d}.jpg", quality=90)
     cfg = BenchConfig(
         model="trivial",
-        data_dir=str(tmp_path / "data"),
+        data_dir=str(make_image_tree(tmp_path / "data", classes=2, per_class=8, size=130)),
         batch_size=8,
         num_batches=4,
         num_warmup_batches=1,

@@ -235,6 +235,10 @@ class EncodedImageSource(IndexedSource):
     float32 ``[N, 3, H, W]``, as before. ``decode_on_device=True`` decodes batches with nvJPEG
     on the GPU (``torchvision.io.decode_jpeg``) and crops and resizes them there.
 
+    ``shuffle`` and ``num_epochs`` left out (``None``) follow the mode, as for every file-backed
+    source (:meth:`~stoker.data.IndexedSource.mode_defaults`): training shuffles and repeats,
+    evaluation is one pass in order.
+
     Training crops (``augment``): ``crop="inception"`` (the default) is torchvision's
     ``RandomResizedCrop`` box (area 8%-100%, aspect 3/4-4/3) and evaluation resizes the shorter
     side to ``image_size / 0.875``; ``crop="tf_cnn"`` is tf_cnn_benchmarks' (TensorFlow's
@@ -293,6 +297,9 @@ class EncodedImageSource(IndexedSource):
 
             self._device_decoder = DeviceDecoder("cuda" if decode_on_device is True else str(decode_on_device))
             indexed["num_workers"] = 0  # the GPU decodes whole batches in this process; reading bytes is cheap
+        indexed["shuffle"], indexed["num_epochs"] = self.mode_defaults(
+            self.train, indexed.get("shuffle"), indexed.get("num_epochs")
+        )
         super().__init__(batch_size=batch_size, **indexed)
 
     # ------------------------------------------------------------------ to implement
@@ -463,61 +470,17 @@ class EncodedImageSource(IndexedSource):
 
 
 class ImageFolderSource(EncodedImageSource):
-    """Decoded, augmented image batches from a folder tree. See :func:`image_folder`."""
+    """Decoded, augmented image batches from a folder tree. See :func:`image_folder` (its typed
+    signature and defaults; the other options go to :class:`EncodedImageSource` as given)."""
 
     name = "image_folder"
 
     def __init__(
-        self,
-        root: str | os.PathLike[str],
-        *,
-        batch_size: int,
-        image_size: int = 224,
-        train: bool = True,
-        shuffle: bool | None = None,
-        seed: int = 0,
-        num_epochs: int | None = None,
-        drop_remainder: bool | None = None,
-        num_workers: int = 0,
-        num_shards: int = 1,
-        shard_index: int = 0,
-        skip_bad_examples: bool = False,
-        extensions: Sequence[str] = IMAGE_EXTENSIONS,
-        start_method: str | None = None,
-        augment: bool | None = None,
-        resize_method: str = "bilinear",
-        crop: str = "inception",
-        distortions: bool = False,
-        output: str = "float32",
-        decoder: str = "auto",
-        decode_on_device: bool | str = False,
-        pin_memory: bool = False,
+        self, root: str | os.PathLike[str], *, extensions: Sequence[str] = IMAGE_EXTENSIONS, **options: Any
     ) -> None:
         self.root = Path(root)
         self._classes, self.paths, self.targets = scan_image_folder(root, extensions)
-        shuffle, num_epochs = self.mode_defaults(bool(train), shuffle, num_epochs)
-        super().__init__(
-            batch_size=batch_size,
-            image_size=image_size,
-            train=train,
-            augment=augment,
-            resize_method=resize_method,
-            crop=crop,
-            distortions=distortions,
-            output=output,
-            decoder=decoder,
-            decode_on_device=decode_on_device,
-            pin_memory=pin_memory,
-            shuffle=shuffle,
-            seed=seed,
-            num_epochs=num_epochs,
-            drop_remainder=drop_remainder,
-            num_shards=num_shards,
-            shard_index=shard_index,
-            num_workers=num_workers,
-            skip_bad_examples=skip_bad_examples,
-            start_method=start_method,
-        )
+        super().__init__(**options)
 
     @property
     def num_examples(self) -> int:

@@ -124,7 +124,8 @@ def parse_imagenet_example(data: bytes, name: str, num_classes: int = IMAGENET_N
 
 
 class TFRecordImageSource(EncodedImageSource):
-    """Decoded, augmented image batches from ImageNet TFRecord shards. See :func:`imagenet_tfrecords`."""
+    """Decoded, augmented image batches from ImageNet TFRecord shards. See :func:`imagenet_tfrecords`
+    (its typed signature and defaults; the other options go to :class:`EncodedImageSource` as given)."""
 
     name = "imagenet_tfrecords"
 
@@ -132,29 +133,12 @@ class TFRecordImageSource(EncodedImageSource):
         self,
         data_dir: str | os.PathLike[str],
         *,
-        batch_size: int,
-        image_size: int = 224,
         train: bool = True,
         split: str | None = None,
-        shuffle: bool | None = None,
-        seed: int = 0,
-        num_epochs: int | None = None,
-        drop_remainder: bool | None = None,
-        num_workers: int = 0,
-        num_shards: int = 1,
-        shard_index: int = 0,
         skip_bad_examples: bool = False,
-        start_method: str | None = None,
-        augment: bool | None = None,
-        resize_method: str = "bilinear",
-        crop: str = "inception",
-        distortions: bool = False,
-        output: str = "float32",
-        decoder: str = "auto",
-        decode_on_device: bool | str = False,
-        pin_memory: bool = False,
         num_classes: int = IMAGENET_NUM_CLASSES,
         index_dir: str | os.PathLike[str] | None = None,
+        **options: Any,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.split = split or ("train" if train else "validation")
@@ -168,29 +152,7 @@ class TFRecordImageSource(EncodedImageSource):
             )
         self.records = RecordShards(shards, index_dir=index_dir, lenient=skip_bad_examples)
         self.num_classes = int(num_classes)
-        shuffle, num_epochs = self.mode_defaults(bool(train), shuffle, num_epochs)
-        super().__init__(
-            batch_size=batch_size,
-            image_size=image_size,
-            train=train,
-            augment=augment,
-            resize_method=resize_method,
-            crop=crop,
-            distortions=distortions,
-            output=output,
-            decoder=decoder,
-            decode_on_device=decode_on_device,
-            pin_memory=pin_memory,
-            shuffle=shuffle,
-            seed=seed,
-            num_epochs=num_epochs,
-            drop_remainder=drop_remainder,
-            num_shards=num_shards,
-            shard_index=shard_index,
-            num_workers=num_workers,
-            skip_bad_examples=skip_bad_examples,
-            start_method=start_method,
-        )
+        super().__init__(train=train, skip_bad_examples=skip_bad_examples, **options)
 
     @property
     def num_examples(self) -> int:
