@@ -45,9 +45,16 @@ from .config import (
 from .flags import note_lines
 from .outputs import mlperf_log_path
 from .stats import DASHES, format_total
-from .workload import Workload, compute_bound_on_cpu, data_decoder, data_workers, prefetch_depth, usable_cores
+from .workload import (  # flops_per_image lives there: the input choice counts FLOPs too (re-exported here)
+    Workload,
+    compute_bound_on_cpu,
+    data_decoder,
+    data_workers,
+    flops_per_image,
+    prefetch_depth,
+    usable_cores,
+)
 
-TRAINING_FLOPS_FACTOR = 3.0
 PEAK_MATMUL_SIZE = 2048
 _LABEL_WIDTH = 13  # tf_cnn_benchmarks aligns its header values after "Num batches: "
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -335,14 +342,6 @@ def summary_lines(result: Mapping[str, Any]) -> list[str]:
             )
         lines.append(mfu)
     return lines
-
-
-def flops_per_image(model_name: str, dataset: str, num_classes: int | None = None) -> float:
-    """Forward GFLOP per image of a zoo model, counted on the meta device (no arithmetic)."""
-    info = get_model_info(model_name, dataset)
-    with torch.device("meta"):
-        model = create_model(model_name, dataset=dataset, num_classes=num_classes)
-    return example_flops(model, info) / 1e9
 
 
 def measure_matmul_peak(

@@ -57,17 +57,23 @@ from .model import (  # re-exported: they were defined here
 from .optim import optimizer_and_schedule
 from .outputs import mlperf_hook, summary_hook
 from .report import (
-    TRAINING_FLOPS_FACTOR,
     base_result,
     effective_variable_update,
     efficiency_peak,
-    flops_per_image,
     header_lines,
     linear_lines,
 )
 from .run_spec import write_zoo_run_spec  # and, imported, the builder of kind zoo is registered
 from .stats import display_due, format_accuracy, format_step_line, perf_timing, step_header
-from .workload import InputFn, Workload, make_input_fn, prefetch_depth, resolve_workload
+from .workload import (
+    TRAINING_FLOPS_FACTOR,
+    InputFn,
+    Workload,
+    flops_per_image,
+    make_input_fn,
+    prefetch_depth,
+    resolve_workload,
+)
 
 LogFn = Callable[[str], None]
 

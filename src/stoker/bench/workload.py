@@ -41,7 +41,7 @@ from ..data.jpeg import get_decoder
 from ..data.tfrecord import expected_layouts, find_shards
 from ..data.tfrecord_index import RecordShards
 from ..distributed import torchrun_world_size
-from ..models import DATASETS, DEFAULT_NUM_CLASSES, ModelInfo, get_model_info
+from ..models import DATASETS, DEFAULT_NUM_CLASSES, ModelInfo, create_model, example_flops, get_model_info
 from .config import DEFAULT_NUM_BATCHES, MODE_EVAL, MODE_INFERENCE, BenchConfig, BenchFlagError
 from .defaults import (
     FALLBACK_BATCH_SIZE,
@@ -541,6 +541,17 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+TRAINING_FLOPS_FACTOR = 3.0  # a training image: the forward pass and a backward pass of twice its FLOPs
+
+
+def flops_per_image(model_name: str, dataset: str, num_classes: int | None = None) -> float:
+    """Forward GFLOP per image of a zoo model, counted on the meta device (no arithmetic)."""
+    info = get_model_info(model_name, dataset)
+    with torch.device("meta"):
+        model = create_model(model_name, dataset=dataset, num_classes=num_classes)
+    return example_flops(model, info) / 1e9
+
+
 # A CPU run whose training step per image is this many times longer than decoding one decodes in
 # the infeed's thread: worker processes then cost more than they win. resnet50, batch 32, 2 cores,
 # 1,280 real JPEGs (2026-11-26): 2.45-2.57 images/sec with 1 or 2 workers, 3.07 with none, 2.98-3.25
@@ -580,12 +591,9 @@ def compute_bound_on_cpu(cfg: BenchConfig, workload: Workload) -> float | None:
     key = (cfg.model, workload.dataset, workload.num_classes, cfg.precision)
     if key not in _decodes_per_step:
         from ..kernels.peak import measured_peak
-        from ..models import create_model, example_flops
 
         try:
-            with torch.device("meta"):  # counted, not computed (as report.flops_per_image)
-                model = create_model(cfg.model, dataset=workload.dataset, num_classes=workload.num_classes)
-            gflop = 3.0 * example_flops(model, get_model_info(cfg.model, workload.dataset)) / 1e9
+            gflop = TRAINING_FLOPS_FACTOR * flops_per_image(cfg.model, workload.dataset, workload.num_classes)
             peak = measured_peak(workload.device, cfg.precision).gflops
         except Exception:  # noqa: BLE001 - a model the counter cannot trace: keep the workers
             _decodes_per_step[key] = None
