@@ -68,6 +68,7 @@ import torch.nn.functional as F
 from stoker.bench import BenchConfig, run_benchmark
 from stoker.bench.cli import busy_cores
 from stoker.bench.train import l2_loss
+from stoker.bench.workload import input_bound_on_cpu
 from stoker.data import synthetic_images
 from stoker.memory.host import keep_freed_host_memory
 from stoker.models import create_model, get_model_info
@@ -128,6 +129,8 @@ def stoker_images_per_sec(
         keep_host_memory=keep_host_memory,
         init_learning_rate=0.005,
     )  # the plain loop's constant rate, not the model's schedule
+    if input_bound_on_cpu(cfg) is not None:  # as `stoker bench` does: the decoders get the cores
+        torch.set_num_threads(1)
     return run_benchmark(cfg, log=lambda line: None)["images_per_sec"]
 
 

@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -592,7 +593,49 @@ def test_a_compute_bound_cpu_model_decodes_in_the_input_thread(tmp_path: Path, m
     given = parse("--model=resnet50", "--device=cpu", "--datasets_num_private_threads=2", *flags)
     assert workload_module.data_workers(given, w_heavy) == 2
     (line,) = [x for x in header_lines(heavy, w_heavy) if x.startswith("Input")]
-    assert "0 decoding worker(s)" in line and "decoding in the input thread: a step lasts ~116 decodes" in line
+    assert re.search(r"0 decoding (threads|processes) ", line)
+    assert "decoding in the input thread: a step lasts ~116 decodes" in line
+
+
+def test_an_input_bound_cpu_model_trains_on_one_thread_and_leaves_the_cores_to_the_decoders(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """trivial's step per image is a small fraction of a decode: `stoker bench` gives it one
+    intra-op thread (two spin between kernels on the decoders' cores) and says so; not for a
+    compute-bound model, synthetic data, an evaluation, or a given --num_intra_threads."""
+    from types import SimpleNamespace
+
+    import stoker.bench.workload as workload_module
+    import stoker.kernels.peak as peak_module
+    from stoker.bench.cli import _set_threads
+
+    monkeypatch.setattr(
+        peak_module, "measured_peak", lambda device, precision="fp32", **kw: SimpleNamespace(gflops=100.0)
+    )
+    monkeypatch.setattr(workload_module, "_decodes_per_step", {})
+    monkeypatch.setattr("stoker.bench.cli.busy_cores", lambda: 0.0)
+    data = _image_folder(tmp_path / "data", size=232)
+    flags = (f"--data_dir={data}", "--data_name=imagenet", "--batch_size=2", "--device=cpu")
+    light = parse("--model=trivial", *flags)
+    ratio = workload_module.input_bound_on_cpu(light)
+    assert ratio is not None and 0.12 < ratio < 0.14  # 3 x 8.5 MFLOP at 100 GFLOP/s: 0.26 ms, over 2 ms a decode
+    assert workload_module.input_bound_on_cpu(parse("--model=resnet50", *flags)) is None
+    assert workload_module.input_bound_on_cpu(parse("--model=trivial", "--device=cpu")) is None  # synthetic
+    assert workload_module.input_bound_on_cpu(parse("--model=trivial", "--forward_only", *flags)) is None
+    before = torch.get_num_threads()
+    lines: list[str] = []
+    try:
+        _set_threads(light, bench_parser(), lines.append, world=1)
+        assert torch.get_num_threads() == 1
+        assert lines == [
+            "Note: the input is the work here (a training step per image lasts ~0.13 JPEG decodes): using 1 "
+            "intra-op thread and leaving the cores to the decoders (--num_intra_threads overrides)"
+        ]
+        lines.clear()
+        _set_threads(parse("--model=trivial", "--num_intra_threads=2", *flags), bench_parser(), lines.append, world=1)
+        assert torch.get_num_threads() == 2 and lines == []
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_xla_flags_choose_the_engines_compile_mode() -> None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import gc
 import json
 import random
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,8 +17,10 @@ import torch
 import stoker
 from helpers.images import make_image_tree, make_index_tree, write_cifar
 from stoker.data import cifar_binary, image_folder, text_chars
+from stoker.data._workers import one_kernel_thread
 from stoker.data.cifar import CIFAR10_MEAN, CIFAR10_STD
 from stoker.data.images import IMAGENET_MEAN, IMAGENET_STD
+from stoker.data.jpeg import available_decoders
 
 Source = Callable[[], object]
 
@@ -98,9 +102,11 @@ def test_arrays_resume_is_exact(workers: int) -> None:
     check_resume(make, 20, cut_points(6, 20, rng))
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_image_folder_train_resume_is_exact(image_tree: Path, workers: int) -> None:
-    make = lambda: image_folder(image_tree, batch_size=5, image_size=12, seed=1, num_workers=workers)  # noqa: E731
+@pytest.mark.parametrize(("workers", "kind"), [(0, "auto"), (2, "thread"), (2, "process")])
+def test_image_folder_train_resume_is_exact(image_tree: Path, workers: int, kind: str) -> None:
+    make = lambda: image_folder(  # noqa: E731
+        image_tree, batch_size=5, image_size=12, seed=1, num_workers=workers, worker_kind=kind
+    )
     per_epoch = len(make())
     assert per_epoch == 7  # 36 images, batches of 5
     total = 2 * per_epoch + 3
@@ -109,11 +115,11 @@ def test_image_folder_train_resume_is_exact(image_tree: Path, workers: int) -> N
 
 def test_image_folder_workers_give_the_same_batches_as_the_main_process(image_tree: Path) -> None:
     batches = {}
-    for workers in (0, 1, 2):
-        src = image_folder(image_tree, batch_size=5, image_size=12, seed=1, num_workers=workers)
-        batches[workers] = draw(src, 16)
+    for workers, kind in ((0, "auto"), (1, "process"), (2, "process"), (1, "thread"), (3, "thread")):
+        src = image_folder(image_tree, batch_size=5, image_size=12, seed=1, num_workers=workers, worker_kind=kind)
+        batches[workers, kind] = draw(src, 16)  # 16 batches of 7 an epoch: through two epoch boundaries
         src.close()
-    assert same(batches[0], batches[1]) and same(batches[0], batches[2])
+    assert all(same(batches[0, "auto"], b) for b in batches.values())
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -316,7 +322,7 @@ def test_advance_jumps_like_next(workers: int) -> None:
 
 
 def test_workers_stop_at_once_when_a_source_in_a_reference_cycle_is_collected(image_tree: Path) -> None:
-    src = image_folder(image_tree, batch_size=5, image_size=12, num_workers=2)
+    src = image_folder(image_tree, batch_size=5, image_size=12, num_workers=2, worker_kind="process")
     next(iter(src))
     workers = list(src._loader_it._workers)  # the worker processes
     assert all(w.is_alive() for w in workers)
@@ -327,6 +333,46 @@ def test_workers_stop_at_once_when_a_source_in_a_reference_cycle_is_collected(im
     gc.collect()
     assert time.perf_counter() - start < 2.5  # not torch's 5 s join timeout per worker
     assert not any(w.is_alive() for w in workers)
+
+
+def test_thread_workers_stop_when_a_source_in_a_reference_cycle_is_collected(image_tree: Path) -> None:
+    src = image_folder(image_tree, batch_size=5, image_size=12, num_workers=2, worker_kind="thread")
+    next(iter(src))
+    pool = src._loader_it
+    assert isinstance(pool, concurrent.futures.ThreadPoolExecutor) and pool._threads
+    holder: dict[str, object] = {"source": src}
+    holder["self"] = holder
+    del src, holder
+    gc.collect()  # the queued batches hold a copy of the source, not the source: it is freed
+    assert pool._shutdown
+    for thread in list(pool._threads):
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+
+
+def test_worker_kind_auto_takes_threads_only_where_the_decoder_releases_the_gil(image_tree: Path) -> None:
+    assert image_folder(image_tree, batch_size=5, image_size=12, decoder="pillow").worker_kind == "process"
+    assert stoker.data.arrays(torch.zeros(4), batch_size=2).worker_kind == "process"
+    if "libjpeg-crop" in available_decoders():
+        assert image_folder(image_tree, batch_size=5, image_size=12, decoder="libjpeg-crop").worker_kind == "thread"
+    forced = image_folder(image_tree, batch_size=5, image_size=12, decoder="pillow", worker_kind="thread")
+    assert forced.worker_kind == "thread"
+    with pytest.raises(ValueError, match=r"image_folder: worker_kind must be one of auto, thread, process; got 'fib'"):
+        image_folder(image_tree, batch_size=5, image_size=12, worker_kind="fib")
+
+
+def test_a_decoding_thread_runs_torch_kernels_on_one_thread_and_leaves_the_others_alone() -> None:
+    before = torch.get_num_threads()
+    seen: list[tuple[bool, int]] = []
+
+    def decoding_thread() -> None:
+        seen.append((one_kernel_thread(), torch.get_num_threads()))
+
+    thread = threading.Thread(target=decoding_thread)
+    thread.start()
+    thread.join()
+    assert seen == [(True, 1)]
+    assert torch.get_num_threads() == before  # the training thread keeps its pool
 
 
 def test_resharding_keeps_the_examples_consumed():

@@ -145,7 +145,7 @@ def test_shared_memory_slots_give_bitwise_the_main_process_batches(tmp_path: Pat
     kw = {"batch_size": 4, "image_size": 16, "seed": 2, "output": output, "crop": "tf_cnn", "distortions": True}
     reference = image_folder(root, **kw)
     expected = [next(reference) for _ in range(11)]  # 14 examples: 3 batches an epoch, across 3 epochs
-    src = image_folder(root, num_workers=2, **kw)
+    src = image_folder(root, num_workers=2, worker_kind="process", **kw)
     got = [next(iter(src)) for _ in range(11)]
     ring = src._workers.ring
     assert ring is not None and ring.count == 2 * 2 + 2  # prefetch 2 x 2 workers, plus the one being read
@@ -159,10 +159,11 @@ def test_shared_memory_slots_give_bitwise_the_main_process_batches(tmp_path: Pat
         assert torch.equal(ye, yg)
 
 
-def test_resume_with_workers_is_exact(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_resume_with_workers_is_exact(tmp_path: Path, kind: str) -> None:
     root = jpeg_tree(tmp_path, per_class=7)
     make = lambda: image_folder(  # noqa: E731
-        root, batch_size=4, image_size=16, seed=5, output="uint8", crop="tf_cnn", num_workers=2
+        root, batch_size=4, image_size=16, seed=5, output="uint8", crop="tf_cnn", num_workers=2, worker_kind=kind
     )
     straight = make()
     expected = [next(iter(straight)) for _ in range(8)]
@@ -183,6 +184,7 @@ def test_resume_with_workers_is_exact(tmp_path: Path) -> None:
 @pytest.mark.parametrize("decoder", available_decoders())
 @pytest.mark.parametrize("workers", [0, 2])
 def test_bad_jpeg_names_the_file_the_example_and_the_fault(tmp_path: Path, decoder: str, workers: int) -> None:
+    # workers: processes for pillow and simplejpeg, threads for libjpeg-crop (worker_kind="auto")
     root = jpeg_tree(tmp_path, per_class=3)
     bad = root / "class_1" / "img_001.jpg"  # example 4 in file order
     data = bad.read_bytes()
@@ -195,11 +197,21 @@ def test_bad_jpeg_names_the_file_the_example_and_the_fault(tmp_path: Path, decod
     src.close()
 
 
-def test_skipped_bad_examples_are_identical_after_a_resume(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("kind", ["thread", "process"])
+def test_skipped_bad_examples_are_identical_after_a_resume(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str
+) -> None:
     root = jpeg_tree(tmp_path, per_class=5)
     (root / "class_0" / "img_002.jpg").write_bytes(b"\xff\xd8\xff not really a jpeg")
     make = lambda: image_folder(  # noqa: E731
-        root, batch_size=3, image_size=16, seed=1, output="uint8", skip_bad_examples=True, num_workers=2
+        root,
+        batch_size=3,
+        image_size=16,
+        seed=1,
+        output="uint8",
+        skip_bad_examples=True,
+        num_workers=2,
+        worker_kind=kind,
     )
     straight = make()
     expected = [next(iter(straight)) for _ in range(9)]  # 3 epochs: the bad one is met once each

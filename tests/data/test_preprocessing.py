@@ -252,6 +252,19 @@ def test_without_colour_it_is_normalize_images_bitwise(channels_last: bool) -> N
     assert P.ImagePreprocessor().state_dict() == {}
 
 
+def test_row_wise_normalisation_follows_the_width_and_takes_any_strides() -> None:
+    """The channels_last path normalises image rows against constants repeated along a row; a
+    batch of another width, or a non-contiguous one (a slice), gives what the broadcast gives."""
+    pre = P.ImagePreprocessor()
+    gen = torch.Generator().manual_seed(1)
+    for shape in ((2, 5, 7, 3), (3, 4, 11, 3), (2, 5, 7, 3)):
+        images = torch.randint(0, 256, shape, dtype=torch.uint8, generator=gen)
+        assert torch.equal(pre(images), normalize_images(images, P.IMAGENET_MEAN, P.IMAGENET_STD))
+    wide = torch.randint(0, 256, (2, 6, 10, 3), dtype=torch.uint8, generator=gen)
+    part = wide[:, :, 2:8]  # not contiguous
+    assert torch.equal(pre(part), normalize_images(part.contiguous(), P.IMAGENET_MEAN, P.IMAGENET_STD))
+
+
 def test_distorted_output_is_normalised_distorted_image() -> None:
     img, params = _test_image(), _params()
     pre = P.ImagePreprocessor(distortions=True)

@@ -217,10 +217,10 @@ def _resume(make: object, total: int, cut: int) -> list[tuple[torch.Tensor, torc
     return first + batches(second, total - cut)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_mid_epoch_resume_is_bitwise_the_uninterrupted_run(records: Path, workers: int) -> None:
+@pytest.mark.parametrize(("workers", "kind"), [(0, "auto"), (2, "process"), (2, "thread")])
+def test_mid_epoch_resume_is_bitwise_the_uninterrupted_run(records: Path, workers: int, kind: str) -> None:
     def make() -> object:
-        return imagenet_tfrecords(records, batch_size=4, image_size=8, seed=2, num_workers=workers)
+        return imagenet_tfrecords(records, batch_size=4, image_size=8, seed=2, num_workers=workers, worker_kind=kind)
 
     whole = batches(make(), 7)
     for cut in (2, 4, 5):  # mid-epoch, at the epoch boundary (4 batches), after it
@@ -258,6 +258,14 @@ def test_a_copy_for_a_spawned_worker_reads_the_same_without_the_open_files(recor
     assert src.records._fds  # the shard opened by the read
     copy = pickle.loads(pickle.dumps(src))
     assert not copy.records._fds and same(batches(copy, 2), batches(src, 2))
+
+
+def test_a_copy_for_a_worker_thread_opens_its_own_files(records: Path) -> None:
+    src = imagenet_tfrecords(records, batch_size=4, image_size=8, seed=1)
+    src.records.read(0)
+    view = src._thread_copy()
+    assert view.records is not src.records and not view.records._fds  # closing one never closes the other's
+    assert same(batches(view, 2), batches(src, 2))
 
 
 def test_an_example_without_a_label_names_the_shard_record_and_key(tmp_path: Path) -> None:

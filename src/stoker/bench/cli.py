@@ -206,6 +206,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         "else simplejpeg if installed; else Pillow); default %(default)s",
     )
     g.add_argument(
+        "--data_worker_kind",
+        choices=("auto", "thread", "process"),
+        default="auto",
+        help="what decodes real data beside the training step: threads of this process or worker processes "
+        "(auto: threads with libjpeg-crop, which releases the GIL for the whole decode; else processes); "
+        "default %(default)s",
+    )
+    g.add_argument(
         "--tf_random_seed",
         type=int,
         default=d.tf_random_seed,
@@ -429,9 +437,17 @@ def _set_threads(cfg: BenchConfig, parser: argparse.ArgumentParser, log: Callabl
     another job kept one of the 2 cores busy). So by default the pool is shrunk to the cores
     that were idle just before the run; under torchrun, the local replicas share the cores.
     """
+    from .workload import input_bound_on_cpu
+
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)) or 1)
     if cfg.num_intra_threads is not None:
         torch.set_num_threads(cfg.num_intra_threads)
+    elif (decodes := input_bound_on_cpu(cfg)) is not None:
+        torch.set_num_threads(1)
+        log(
+            f"Note: the input is the work here (a training step per image lasts ~{decodes:.2f} JPEG decodes): "
+            "using 1 intra-op thread and leaving the cores to the decoders (--num_intra_threads overrides)"
+        )
     elif local_world > 1:  # the other replicas are starting too: sampling would count them
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
     else:

@@ -79,6 +79,7 @@ class BenchConfig:
     cuda_graph: bool = False  # replay the training step as a captured CUDA graph (CUDA only)
     decode_on_device: bool = False  # real JPEG data decoded by nvJPEG on the GPU (CUDA only)
     image_decoder: str = "auto"  # the CPU JPEG decoder of real data: auto, libjpeg-crop, simplejpeg or pillow
+    data_worker_kind: str = "auto"  # real data decoded by threads or worker processes (auto: threads with libjpeg-crop)
     fast_linear: str = "auto"  # nn.Linear on oneDNN where it measured faster here (stoker.kernels.linear)
     tf_random_seed: int = 1234
     num_intra_threads: int | None = None

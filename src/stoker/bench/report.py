@@ -49,6 +49,7 @@ from .workload import (  # flops_per_image lives there: the input choice counts 
     Workload,
     compute_bound_on_cpu,
     data_decoder,
+    data_worker_kind,
     data_workers,
     flops_per_image,
     prefetch_depth,
@@ -280,10 +281,12 @@ def _optional_lines(cfg: BenchConfig, workload: Workload, bucket_mb: float | Non
         workers = data_workers(cfg, workload)
         inline = compute_bound_on_cpu(cfg, workload) if cfg.datasets_num_private_threads is None else None
         why = "" if inline is None or workers else f"; decoding in the input thread: a step lasts ~{inline:.0f} decodes"
+        kind = data_worker_kind(cfg)
+        kind = kind if workers == 1 else {"thread": "threads", "process": "processes"}[kind]
         lines.append(
             _line(
                 "Input",
-                f"{workers} decoding worker(s) ({usable_cores()} usable cores{why}), "
+                f"{workers} decoding {kind} ({usable_cores()} usable cores{why}), "
                 f"{data_decoder(cfg) if workload.dataset != 'cifar10' else 'raw'} decoder, "
                 f"{'default' if depth is None else depth} batch(es) prefetched, "
                 f"distortions {'on' if cfg.distortions else 'off'}, resize {cfg.resize_method}"

@@ -42,7 +42,15 @@ from ..data.tfrecord import expected_layouts, find_shards
 from ..data.tfrecord_index import RecordShards
 from ..distributed import torchrun_world_size
 from ..models import DATASETS, DEFAULT_NUM_CLASSES, ModelInfo, create_model, example_flops, get_model_info
-from .config import DEFAULT_NUM_BATCHES, MODE_EVAL, MODE_INFERENCE, BenchConfig, BenchFlagError
+from .config import (
+    DEFAULT_NUM_BATCHES,
+    MODE_EVAL,
+    MODE_INFERENCE,
+    MODE_TRAIN,
+    MODE_TRAIN_AND_EVAL,
+    BenchConfig,
+    BenchFlagError,
+)
 from .defaults import (
     FALLBACK_BATCH_SIZE,
     FALLBACK_LEARNING_RATE,
@@ -500,6 +508,7 @@ def make_input_fn(cfg: BenchConfig, workload: Workload, *, train: bool, repeat: 
             "distortions": distort,
             "output": "uint8",  # normalised on the device by the model_fn (bench.model.device_images)
             "decoder": cfg.image_decoder,
+            "worker_kind": data_worker_kind(cfg),
             "decode_on_device": cfg.decode_on_device,
             "pin_memory": workload.device.type == "cuda",  # the infeed's H2D copy starts from pinned memory
         }
@@ -583,28 +592,55 @@ def data_workers(cfg: BenchConfig, workload: Workload | None = None) -> int:
     return per_replica
 
 
-def compute_bound_on_cpu(cfg: BenchConfig, workload: Workload) -> float | None:
-    """On a CPU, with real JPEG data: how many decodes one image's training step lasts, when that is
-    at least :data:`INLINE_DECODE_RATIO` (the decoding then stays in the infeed's thread); else ``None``."""
-    if workload.synthetic or workload.dataset != "imagenet" or workload.device.type != "cpu":
+def step_in_decodes(cfg: BenchConfig, dataset: str, num_classes: int | None, device: torch.device) -> float | None:
+    """On a CPU, with ImageNet-shaped JPEG data: how many decodes one image's training step lasts
+    (its counted FLOPs over this machine's measured peak, against :data:`DECODE_MS_PER_IMAGE`);
+    ``None`` elsewhere, or for a model whose FLOPs cannot be counted."""
+    if dataset != "imagenet" or device.type != "cpu":
         return None
-    key = (cfg.model, workload.dataset, workload.num_classes, cfg.precision)
+    key = (cfg.model, dataset, num_classes, cfg.precision)
     if key not in _decodes_per_step:
         from ..kernels.peak import measured_peak
 
         try:
-            gflop = TRAINING_FLOPS_FACTOR * flops_per_image(cfg.model, workload.dataset, workload.num_classes)
-            peak = measured_peak(workload.device, cfg.precision).gflops
-        except Exception:  # noqa: BLE001 - a model the counter cannot trace: keep the workers
+            gflop = TRAINING_FLOPS_FACTOR * flops_per_image(cfg.model, dataset, num_classes)
+            peak = measured_peak(device, cfg.precision).gflops
+        except Exception:  # noqa: BLE001 - a model the counter cannot trace: no opinion
             _decodes_per_step[key] = None
         else:
             _decodes_per_step[key] = gflop / peak * 1000.0 / DECODE_MS_PER_IMAGE
-    ratio = _decodes_per_step[key]
+    return _decodes_per_step[key]
+
+
+def compute_bound_on_cpu(cfg: BenchConfig, workload: Workload) -> float | None:
+    """On a CPU, with real JPEG data: how many decodes one image's training step lasts, when that is
+    at least :data:`INLINE_DECODE_RATIO` (the decoding then stays in the infeed's thread); else ``None``."""
+    if workload.synthetic:
+        return None
+    ratio = step_in_decodes(cfg, workload.dataset, workload.num_classes, workload.device)
     return ratio if ratio is not None and ratio >= INLINE_DECODE_RATIO else None
 
 
+def input_bound_on_cpu(cfg: BenchConfig) -> float | None:
+    """Training on a CPU with real JPEG data where one image's step lasts less than a decode (the
+    trivial model): that fraction of a decode, else ``None``. Then the decoding is the work, and
+    the training step gets one intra-op thread (``stoker bench``'s default): its OpenMP threads
+    would otherwise spin between kernels on the cores the decoders need. trivial, 1,280 real JPEGs,
+    2 cores, 2 decoding threads, 3 runs each interleaved (2026-11-26): 2 intra-op threads 366-412
+    images/sec, 1 thread 547-635 (``OMP_WAIT_POLICY=PASSIVE`` with 2: 539-599)."""
+    if cfg.data_dir is None or cfg.benchmark_mode not in (MODE_TRAIN, MODE_TRAIN_AND_EVAL) or cfg.mode == "inference":
+        return None
+    try:
+        dataset = cfg.data_name or guess_data_name(cfg.data_dir, cfg.model)
+        device = resolve_device(cfg.device, cfg.gpu_indices)
+    except (BenchFlagError, ValueError):  # the run itself reports the bad flag
+        return None
+    ratio = step_in_decodes(cfg, dataset, None, device)
+    return ratio if ratio is not None and ratio < 1.0 else None
+
+
 # (model, dataset, classes, precision) -> decodes one image's training step lasts, at the peak (this process)
-_decodes_per_step: dict[tuple[str, str, int, str], float | None] = {}
+_decodes_per_step: dict[tuple[str, str, int | None, str], float | None] = {}
 
 
 def _trains_on_cuda(cfg: BenchConfig) -> bool:
@@ -613,6 +649,14 @@ def _trains_on_cuda(cfg: BenchConfig) -> bool:
         or cfg.device.startswith("cuda:")
         or (cfg.device == "auto" and torch.cuda.is_available())
     )
+
+
+def data_worker_kind(cfg: BenchConfig) -> str:
+    """``thread`` or ``process``: what builds real-data batches (``--data_worker_kind``; auto: threads
+    with the libjpeg-crop decoder, which releases the GIL for a whole decode, else processes)."""
+    if cfg.data_worker_kind != "auto":
+        return cfg.data_worker_kind
+    return "thread" if data_decoder(cfg) == "libjpeg-crop" else "process"
 
 
 def data_decoder(cfg: BenchConfig) -> str:

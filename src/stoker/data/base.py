@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from ..errors import StokerError
-from ._workers import InSlot, _BatchWorkers, _SlotRing, build_in_slot, read_slot
+from ._workers import InSlot, _BatchWorkers, _SlotRing, _ThreadWorkers, build_in_slot, make_workers, read_slot
 
 log = logging.getLogger("stoker")
 
@@ -101,6 +101,9 @@ def _check_arguments(
         raise ValueError(f"{name}: shard_index must be in [0, {num_shards}); got {shard_index}")
     if not isinstance(num_workers, int) or num_workers < 0:
         raise ValueError(f"{name}: num_workers must be an integer >= 0; got {num_workers!r}")
+
+
+WORKER_KINDS = ("auto", "thread", "process")
 
 
 class _ShardOrder:
@@ -222,7 +225,11 @@ class IndexedSource(ABC):
         drop_remainder: drop the last partial batch; default True when repeating forever.
         num_shards, shard_index: read one disjoint shard (give ``params["num_replicas"]`` and
             ``params["replica_index"]``).
-        num_workers: build batches in this many worker processes (0: in the calling thread).
+        num_workers: build batches in this many workers (0: in the calling thread).
+        worker_kind: ``"process"`` (forked worker processes, batches through shared memory),
+            ``"thread"`` (threads of this process; for batch building that runs outside the
+            GIL) or ``"auto"``: threads where the source says its building releases the GIL
+            (:meth:`_threads_suffice`: the C JPEG decoders), else processes.
         skip_bad_examples: replace an unreadable example by the next readable one in the
             epoch's order, and log it, instead of raising.
         start_method: multiprocessing start method for the workers (default: ``fork`` on
@@ -246,9 +253,12 @@ class IndexedSource(ABC):
         num_workers: int = 0,
         skip_bad_examples: bool = False,
         start_method: str | None = None,
+        worker_kind: str = "auto",
     ) -> None:
         name = self.name
         _check_arguments(name, batch_size, num_epochs, num_shards, shard_index, num_workers)
+        if worker_kind not in WORKER_KINDS:
+            raise ValueError(f"{name}: worker_kind must be one of {', '.join(WORKER_KINDS)}; got {worker_kind!r}")
         self.batch_size = batch_size
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
@@ -276,7 +286,11 @@ class IndexedSource(ABC):
         #: Examples replaced because they could not be read (``skip_bad_examples=True``).
         self.bad_examples_skipped = 0
         self._bad: list[str] = []
-        self._workers = _BatchWorkers()
+        #: ``"thread"`` or ``"process"``: what builds the batches when ``num_workers > 0``.
+        if worker_kind == "auto":
+            worker_kind = "thread" if self._threads_suffice() else "process"
+        self.worker_kind = worker_kind
+        self._workers: _BatchWorkers | _ThreadWorkers = make_workers(self.worker_kind)
         #: Set only in a worker's copy: the shared-memory slots its batches are built into.
         self._slots: _SlotRing | None = None
 
@@ -297,6 +311,16 @@ class IndexedSource(ABC):
     def _identity(self) -> dict[str, int]:
         """Extra integers that must match on resume (besides seed, data size and sharding)."""
         return {}
+
+    def _threads_suffice(self) -> bool:
+        """True when this source's batch building runs mostly outside the GIL, so that
+        ``worker_kind="auto"`` builds in threads. Called at the end of ``__init__``'s checks."""
+        return False
+
+    def _thread_copy(self) -> IndexedSource:
+        """The copy of this source a worker thread builds with (see ``__getstate__``); a source
+        holding open files or other per-reader state gives the copy its own."""
+        return copy.copy(self)
 
     # ------------------------------------------------------------------ fixed-shape batches (optional)
     def batch_buffers(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]] | None:
@@ -449,17 +473,17 @@ class IndexedSource(ABC):
 
     @property
     def _loader_it(self) -> Any:
-        """The workers' DataLoader iterator while they run, else None."""
+        """While the workers run: the process workers' DataLoader iterator, the threads' pool; else None."""
         return self._workers.loader_it
 
     def close(self) -> None:
-        """Stop the worker processes, if any (they restart at the next ``next()``)."""
+        """Stop the workers, if any (they restart at the next ``next()``)."""
         self._workers.stop()
 
     def __getstate__(self) -> dict[str, Any]:
         # Copies (for workers; pickled for forkserver/spawn) carry the data, not the workers.
         state = self.__dict__.copy()
-        state["_workers"] = _BatchWorkers()
+        state["_workers"] = make_workers(self.worker_kind)
         state["_plan"] = copy.copy(self._plan)  # its own cache
         state["_bad"] = []
         return state

@@ -317,6 +317,11 @@ class EncodedImageSource(IndexedSource):
         # A different batch size would make the saved batch number point at other examples.
         return {"num_classes": len(self.classes), "batch_size": self.batch_size}
 
+    def _threads_suffice(self) -> bool:
+        # libjpeg-crop is one ctypes call per image (the GIL released for the whole decode, crop
+        # and resize); the Python around it is ~5 % of an image. docs/data.md "Threads or processes".
+        return self._device_decoder is None and self.decoder.name == "libjpeg-crop"
+
     @property
     def decoder_name(self) -> str:
         """What decodes: ``simplejpeg``, ``pillow`` or ``nvjpeg``."""
@@ -516,6 +521,7 @@ def image_folder(
     skip_bad_examples: bool = False,
     extensions: Sequence[str] = IMAGE_EXTENSIONS,
     start_method: str | None = None,
+    worker_kind: str = "auto",
     augment: bool | None = None,
     resize_method: str = "bilinear",
     crop: str = "inception",
@@ -545,13 +551,15 @@ def image_folder(
         num_epochs: ``None``: forever when ``train``, one pass otherwise.
         drop_remainder: default True when repeating forever (a single pass keeps the last
             partial batch; the Estimator pads it).
-        num_workers: decode in this many worker processes, each building whole batches.
+        num_workers: decode in this many workers, each building whole batches.
         num_shards, shard_index: give ``params["num_replicas"]`` and ``params["replica_index"]``.
         skip_bad_examples: replace an unreadable image by the next readable one in the
             epoch's order, counted in ``.bad_examples_skipped`` and logged; otherwise an
             unreadable image raises a :class:`~stoker.data.DataError` naming the file.
         extensions: file name endings that are images (case-insensitive).
         start_method: multiprocessing start method for the workers (default fork on Linux).
+        worker_kind: ``auto`` (threads when the decoder releases the GIL for the whole decode:
+            ``libjpeg-crop``; else processes), ``thread`` or ``process``.
         augment: random crop and flip (default ``train``); ``False`` on training data gives the
             evaluation transform (tf_cnn_benchmarks' ``--nodistortions``).
         resize_method: ``bilinear`` (default), ``nearest``, ``bicubic``, ``area``,
@@ -585,6 +593,7 @@ def image_folder(
         skip_bad_examples=skip_bad_examples,
         extensions=extensions,
         start_method=start_method,
+        worker_kind=worker_kind,
         augment=augment,
         resize_method=resize_method,
         crop=crop,

@@ -30,6 +30,7 @@ resume.
 
 from __future__ import annotations
 
+import copy
 import io
 import logging
 import os
@@ -163,6 +164,11 @@ class TFRecordImageSource(EncodedImageSource):
         """Class names by label: ``"background"`` then ``"1"`` .. (the records store numbers only)."""
         return ["background", *map(str, range(1, self.num_classes))]
 
+    def _thread_copy(self) -> TFRecordImageSource:
+        view = copy.copy(self)
+        view.records = copy.copy(self.records)  # its own open files: another thread may close an old one
+        return view
+
     def _encoded(self, index: int) -> EncodedExample:
         """Example ``index`` read (both checksums checked) and parsed, not decoded."""
         return parse_imagenet_example(self.records.read(index), self.records.describe(index), self.num_classes)
@@ -184,6 +190,7 @@ def imagenet_tfrecords(
     shard_index: int = 0,
     skip_bad_examples: bool = False,
     start_method: str | None = None,
+    worker_kind: str = "auto",
     augment: bool | None = None,
     resize_method: str = "bilinear",
     crop: str = "inception",
@@ -207,7 +214,7 @@ def imagenet_tfrecords(
     data folder is read-only).
 
     ``batch_size``, ``image_size``, ``train``, ``shuffle``, ``seed``, ``num_epochs``,
-    ``drop_remainder``, ``num_workers``, ``num_shards``, ``shard_index``, ``start_method``,
+    ``drop_remainder``, ``num_workers``, ``num_shards``, ``shard_index``, ``start_method``, ``worker_kind``,
     ``augment``, ``resize_method``, ``crop``, ``distortions``, ``output``, ``decoder``,
     ``decode_on_device`` and ``pin_memory`` mean what they mean for :func:`~stoker.data.image_folder` (the
     decode-and-crop batch builder is :class:`~stoker.data.images.EncodedImageSource`);
@@ -242,6 +249,7 @@ def imagenet_tfrecords(
         shard_index=shard_index,
         skip_bad_examples=skip_bad_examples,
         start_method=start_method,
+        worker_kind=worker_kind,
         augment=augment,
         resize_method=resize_method,
         crop=crop,
