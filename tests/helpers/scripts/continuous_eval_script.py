@@ -24,6 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for helpers
 
 import stoker  # noqa: E402
+import stoker.checkpoint  # noqa: E402  (its CheckpointManager is patched below)
 from helpers.tiny import classifier_fn, eval_input, make_data, make_estimator, train_input  # noqa: E402
 
 
