@@ -1,4 +1,8 @@
-"""Worker processes that build an :class:`~stoker.data.IndexedSource`'s batches.
+"""Workers that build an :class:`~stoker.data.IndexedSource`'s batches: threads or processes.
+
+With ``worker_kind="thread"`` batch ``g`` is built by a thread of the training process
+(:class:`_ThreadWorkers`: for sources whose batch building runs outside the GIL); the rest of
+this docstring is about the worker processes (``worker_kind="process"``).
 
 With ``num_workers > 0`` batches are built in worker processes by a
 ``torch.utils.data.DataLoader(batch_size=None)`` over :class:`_BatchPlan`, a map-style
