@@ -23,8 +23,9 @@ smooth content plus mild noise; generated once into ``--real_data``, default
 ``~/.cache/stoker-bench/imagenet-like-<n>``), batch 32, 224px training crops, side by side in
 one run (interleaved rounds):
 
-- ``stoker real W=n``: ``image_folder(output="uint8", crop="tf_cnn", num_workers=n)`` (DCT-scaled
-  decode, uint8 resize, shared-memory slots), the batch normalised in the main process by
+- ``stoker real W=n``: ``image_folder(output="uint8", crop="tf_cnn", num_workers=n)`` (window
+  decode, uint8 resize; ``n`` threads with libjpeg-crop, else processes with shared-memory slots:
+  ``worker_kind="auto"``), the batch normalised in the main process by
   ``ImagePreprocessor`` (what ``stoker bench`` does in the step on a CPU);
 - ``plain real W=n``: what a PyTorch user writes: a ``DataLoader(num_workers=n)`` over a
   Dataset doing Pillow open, random-resized crop + resize (``Image.resize(box=...)``), flip,
