@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import urllib.request
 
 import fsspec
 import pytest
@@ -38,6 +39,9 @@ def s3_env():
     server = server_mod.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
+    # moto keeps its buckets per process, not per server: a module run after another one in the
+    # same (xdist) process would find the last module's bucket and objects. Start empty.
+    urllib.request.urlopen(urllib.request.Request(f"http://{host}:{port}/moto-api/reset", method="POST"), timeout=30)
     env = {
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
@@ -46,6 +50,8 @@ def s3_env():
     }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
+    s3_class = fsspec.get_filesystem_class("s3")
+    s3_class.clear_instance_cache()  # a cached instance would still reach the previous module's server
     fs = fsspec.filesystem("s3", skip_instance_cache=True)
     fs.mkdir("bucket")
     yield env
@@ -54,4 +60,5 @@ def s3_env():
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+    s3_class.clear_instance_cache()
     server.stop()
