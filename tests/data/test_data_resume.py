@@ -18,6 +18,7 @@ import stoker
 from helpers.images import make_image_tree, make_index_tree, write_cifar
 from stoker.data import cifar_binary, image_folder, text_chars
 from stoker.data._workers import one_kernel_thread
+from stoker.data.base import auto_worker_kind
 from stoker.data.cifar import CIFAR10_MEAN, CIFAR10_STD
 from stoker.data.images import IMAGENET_MEAN, IMAGENET_STD
 from stoker.data.jpeg import available_decoders
@@ -354,7 +355,11 @@ def test_worker_kind_auto_takes_threads_only_where_the_decoder_releases_the_gil(
     assert image_folder(image_tree, batch_size=5, image_size=12, decoder="pillow").worker_kind == "process"
     assert stoker.data.arrays(torch.zeros(4), batch_size=2).worker_kind == "process"
     if "libjpeg-crop" in available_decoders():
-        assert image_folder(image_tree, batch_size=5, image_size=12, decoder="libjpeg-crop").worker_kind == "thread"
+        for workers, kind in ((0, "thread"), (4, "thread"), (5, "process")):  # beyond 4 the GIL would bound threads
+            src = image_folder(image_tree, batch_size=5, image_size=12, decoder="libjpeg-crop", num_workers=workers)
+            assert src.worker_kind == kind, workers
+    assert auto_worker_kind(True, 4) == "thread" and auto_worker_kind(True, 16) == "process"
+    assert auto_worker_kind(False, 1) == "process"
     forced = image_folder(image_tree, batch_size=5, image_size=12, decoder="pillow", worker_kind="thread")
     assert forced.worker_kind == "thread"
     with pytest.raises(ValueError, match=r"image_folder: worker_kind must be one of auto, thread, process; got 'fib'"):

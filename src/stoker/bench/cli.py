@@ -210,7 +210,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         choices=("auto", "thread", "process"),
         default="auto",
         help="what decodes real data beside the training step: threads of this process or worker processes "
-        "(auto: threads with libjpeg-crop, which releases the GIL for the whole decode; else processes); "
+        "(auto: threads with libjpeg-crop, which releases the GIL for the whole decode, up to 4; else processes); "
         "default %(default)s",
     )
     g.add_argument(

@@ -281,7 +281,7 @@ def _optional_lines(cfg: BenchConfig, workload: Workload, bucket_mb: float | Non
         workers = data_workers(cfg, workload)
         inline = compute_bound_on_cpu(cfg, workload) if cfg.datasets_num_private_threads is None else None
         why = "" if inline is None or workers else f"; decoding in the input thread: a step lasts ~{inline:.0f} decodes"
-        kind = data_worker_kind(cfg)
+        kind = data_worker_kind(cfg, workers)
         kind = kind if workers == 1 else {"thread": "threads", "process": "processes"}[kind]
         lines.append(
             _line(

@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from ..data import RepeatedBatch, cifar_binary, image_folder, imagenet_tfrecords, synthetic_images
+from ..data.base import auto_worker_kind
 from ..data.images import IMAGE_EXTENSIONS, scan_image_folder
 from ..data.jpeg import get_decoder
 from ..data.tfrecord import expected_layouts, find_shards
@@ -508,7 +509,7 @@ def make_input_fn(cfg: BenchConfig, workload: Workload, *, train: bool, repeat: 
             "distortions": distort,
             "output": "uint8",  # normalised on the device by the model_fn (bench.model.device_images)
             "decoder": cfg.image_decoder,
-            "worker_kind": data_worker_kind(cfg),
+            "worker_kind": data_worker_kind(cfg, workers),
             "decode_on_device": cfg.decode_on_device,
             "pin_memory": workload.device.type == "cuda",  # the infeed's H2D copy starts from pinned memory
         }
@@ -651,12 +652,13 @@ def _trains_on_cuda(cfg: BenchConfig) -> bool:
     )
 
 
-def data_worker_kind(cfg: BenchConfig) -> str:
-    """``thread`` or ``process``: what builds real-data batches (``--data_worker_kind``; auto: threads
-    with the libjpeg-crop decoder, which releases the GIL for a whole decode, else processes)."""
+def data_worker_kind(cfg: BenchConfig, workers: int) -> str:
+    """``thread`` or ``process``: what builds real-data batches with ``workers`` workers
+    (``--data_worker_kind``; auto: threads with the libjpeg-crop decoder, which releases the GIL for
+    a whole decode, up to :data:`~stoker.data.base.AUTO_THREAD_WORKERS_MAX` of them; else processes)."""
     if cfg.data_worker_kind != "auto":
         return cfg.data_worker_kind
-    return "thread" if data_decoder(cfg) == "libjpeg-crop" else "process"
+    return auto_worker_kind(data_decoder(cfg) == "libjpeg-crop", workers)
 
 
 def data_decoder(cfg: BenchConfig) -> str:

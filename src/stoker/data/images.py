@@ -558,8 +558,8 @@ def image_folder(
             unreadable image raises a :class:`~stoker.data.DataError` naming the file.
         extensions: file name endings that are images (case-insensitive).
         start_method: multiprocessing start method for the workers (default fork on Linux).
-        worker_kind: ``auto`` (threads when the decoder releases the GIL for the whole decode:
-            ``libjpeg-crop``; else processes), ``thread`` or ``process``.
+        worker_kind: ``auto`` (threads when the decoder releases the GIL for the whole decode,
+            ``libjpeg-crop``, and ``num_workers <= 4``; else processes), ``thread`` or ``process``.
         augment: random crop and flip (default ``train``); ``False`` on training data gives the
             evaluation transform (tf_cnn_benchmarks' ``--nodistortions``).
         resize_method: ``bilinear`` (default), ``nearest``, ``bicubic``, ``area``,
