@@ -658,7 +658,7 @@ def data_worker_kind(cfg: BenchConfig, workers: int) -> str:
     a whole decode, up to :data:`~stoker.data.base.AUTO_THREAD_WORKERS_MAX` of them; else processes)."""
     if cfg.data_worker_kind != "auto":
         return cfg.data_worker_kind
-    return auto_worker_kind(data_decoder(cfg) == "libjpeg-crop", workers)
+    return auto_worker_kind(not cfg.decode_on_device and get_decoder(cfg.image_decoder).releases_gil, workers)
 
 
 def data_decoder(cfg: BenchConfig) -> str:

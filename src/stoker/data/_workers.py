@@ -55,6 +55,7 @@ import collections
 import concurrent.futures
 import copy
 import ctypes
+import functools
 import itertools
 import logging
 import os
@@ -227,6 +228,7 @@ class _BatchWorkers:
             finalizer()  # runs _stop_loader once
 
 
+@functools.cache
 def _openmp_runtime() -> ctypes.CDLL | None:
     """The OpenMP runtime torch loaded (libgomp, libiomp5 or libomp, found among this process's
     mapped files so that no second copy is loaded), or None (no OpenMP, or not Linux)."""

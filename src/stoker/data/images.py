@@ -318,9 +318,9 @@ class EncodedImageSource(IndexedSource):
         return {"num_classes": len(self.classes), "batch_size": self.batch_size}
 
     def _threads_suffice(self) -> bool:
-        # libjpeg-crop is one ctypes call per image (the GIL released for the whole decode, crop
-        # and resize); the Python around it is ~5 % of an image. docs/data.md "Threads or processes".
-        return self._device_decoder is None and self.decoder.name == "libjpeg-crop"
+        # The decoder says whether the GIL is free for a whole decode (libjpeg-crop: one ctypes
+        # call per image; the Python around it is ~10 % of an image). docs/data.md, "Workers".
+        return self._device_decoder is None and self.decoder.releases_gil
 
     @property
     def decoder_name(self) -> str:

@@ -57,6 +57,9 @@ class Decoder(Protocol):
     """An image decoder: ``size`` from the header, ``decode`` to RGB uint8 HWC at a DCT scale."""
 
     name: str
+    #: The GIL is released for a whole training crop's decode (one C call), so decoding threads
+    #: scale with the cores (``worker_kind="auto"`` then takes threads).
+    releases_gil: bool
 
     def size(self, data: bytes) -> tuple[int, int]:
         """``(width, height)`` of the encoded image, from its header."""
@@ -76,6 +79,7 @@ class PillowDecoder:
     """Pillow (libjpeg-turbo in its wheels): any format it reads; ``draft`` for JPEG DCT scaling."""
 
     name = "pillow"
+    releases_gil = False  # several Python-level steps per image; 2 threads ran at 0.93x 2 processes
 
     def size(self, data: bytes) -> tuple[int, int]:
         try:
@@ -102,6 +106,7 @@ class SimpleJpegDecoder:
     everything else (PNG, CMYK JPEGs) through :class:`PillowDecoder`."""
 
     name = "simplejpeg"
+    releases_gil = False  # held for the header parse; threads beat processes on one day, lost on another
 
     def __init__(self) -> None:
         self._fallback = PillowDecoder()
@@ -149,6 +154,7 @@ class CropJpegDecoder:
     settings, and its pixels bit for bit); what is not a JPEG, and CMYK JPEGs, go to Pillow."""
 
     name = "libjpeg-crop"
+    releases_gil = True  # one ctypes call decodes the window
 
     def __init__(self) -> None:
         from . import jpeg_crop
