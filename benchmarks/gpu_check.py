@@ -24,7 +24,8 @@ and the run goes on):
 6. resnet50 ``stoker bench`` without ``--data_format`` (its default, NHWC on CUDA), bf16, eager;
 7. real JPEGs (``--data_dir``: 1,280 generated ImageNet-shaped 500x375 files, made once in parallel
    beside ``--out``): trivial (the input pipeline is the work) and resnet50, bf16, decoded by the
-   CPU workers (uint8 batches in pinned memory) and by nvJPEG on the GPU (``--decode_on_device``).
+   CPU workers (uint8 batches in pinned memory; the default worker kind, then decoding threads,
+   ``--data_worker_kind=thread``) and by nvJPEG on the GPU (``--decode_on_device``).
 
 ``--select REGEX`` keeps the rows whose name matches (``re.search``), for a short lease.
 
@@ -291,8 +292,13 @@ def plan(
     for variant in ("eager", "cuda_graph"):
         for impl in ("plain", "stoker"):
             train("resnet20", "cifar10", 128, "bf16", impl, variant, variants[variant])
-    for model in ("trivial", "resnet50"):  # real JPEGs: the CPU workers' uint8 batches, then nvJPEG
-        for variant, flags in (("real-cpu-decode", []), ("real-nvjpeg", ["--decode_on_device"])):
+    real_variants = (  # real JPEGs: the CPU workers' uint8 batches (the default kind, then threads), then nvJPEG
+        ("real-cpu-decode", []),
+        ("real-cpu-threads", ["--data_worker_kind=thread"]),
+        ("real-nvjpeg", ["--decode_on_device"]),
+    )
+    for model in ("trivial", "resnet50"):
+        for variant, flags in real_variants:
             extra = ["--compile=false", f"--data_dir={images_dir}", *flags]
             train(model, "imagenet", 256, "bf16", "stoker", variant, extra, real_images=True)
     for batch in (1, 64):

@@ -429,13 +429,14 @@ def test_a_stoker_row_that_ran_nchw_fails(tmp_path: Path) -> None:
     assert res["images_per_sec"] > 0 and res["data_format"] == "NCHW"
 
 
-def test_plan_reads_real_jpegs_on_cpu_workers_and_nvjpeg() -> None:
+def test_plan_reads_real_jpegs_on_cpu_workers_threads_and_nvjpeg() -> None:
     rows = [r for r in gc.plan(PYTHON, images_dir="some/images") if r.real_images]
     assert {(r.model, r.variant) for r in rows} == {
-        (m, v) for m in ("trivial", "resnet50") for v in ("real-cpu-decode", "real-nvjpeg")
+        (m, v) for m in ("trivial", "resnet50") for v in ("real-cpu-decode", "real-cpu-threads", "real-nvjpeg")
     }
     assert all("--data_dir=some/images" in r.argv for r in rows)
     assert [("--decode_on_device" in r.argv) for r in rows] == [r.variant == "real-nvjpeg" for r in rows]
+    assert [("--data_worker_kind=thread" in r.argv) for r in rows] == [r.variant == "real-cpu-threads" for r in rows]
 
 
 def test_select_keeps_the_matching_rows_and_refuses_what_matches_none() -> None:

@@ -645,3 +645,17 @@ def test_xla_flags_choose_the_engines_compile_mode() -> None:
         cfg = parse("--model=trivial", "--data_name=cifar10", "--batch_size=2", "--device=cpu", *flags)
         w = _workload("--model=trivial", "--data_name=cifar10", "--batch_size=2", *flags)
         assert build_estimator(cfg, w, zoo_model(cfg, w)).config.compile == mode
+
+
+def test_data_worker_kind_takes_threads_only_for_a_cpu_step_with_libjpeg_crop() -> None:
+    from stoker.bench.workload import data_worker_kind
+    from stoker.data.jpeg import available_decoders
+
+    crop = "libjpeg-crop" in available_decoders()
+    cpu = parse("--device=cpu", "--image_decoder=libjpeg-crop") if crop else None
+    if cpu is not None:
+        assert data_worker_kind(cpu, 2) == "thread" and data_worker_kind(cpu, 5) == "process"
+        # on CUDA the training thread launches kernels under the GIL: measured slower with threads (H200)
+        assert data_worker_kind(parse("--device=cuda", "--image_decoder=libjpeg-crop"), 2) == "process"
+    assert data_worker_kind(parse("--device=cpu", "--image_decoder=pillow"), 2) == "process"
+    assert data_worker_kind(parse("--device=cuda", "--data_worker_kind=thread"), 8) == "thread"

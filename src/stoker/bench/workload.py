@@ -655,10 +655,14 @@ def _trains_on_cuda(cfg: BenchConfig) -> bool:
 def data_worker_kind(cfg: BenchConfig, workers: int) -> str:
     """``thread`` or ``process``: what builds real-data batches with ``workers`` workers
     (``--data_worker_kind``; auto: threads with the libjpeg-crop decoder, which releases the GIL for
-    a whole decode, up to :data:`~stoker.data.base.AUTO_THREAD_WORKERS_MAX` of them; else processes)."""
+    a whole decode, up to :data:`~stoker.data.base.AUTO_THREAD_WORKERS_MAX` of them, when training
+    on a CPU; else processes: on CUDA the training thread needs the GIL to launch its kernels)."""
     if cfg.data_worker_kind != "auto":
         return cfg.data_worker_kind
-    return auto_worker_kind(not cfg.decode_on_device and get_decoder(cfg.image_decoder).releases_gil, workers)
+    threads_suffice = (
+        not cfg.decode_on_device and not _trains_on_cuda(cfg) and get_decoder(cfg.image_decoder).releases_gil
+    )
+    return auto_worker_kind(threads_suffice, workers)
 
 
 def data_decoder(cfg: BenchConfig) -> str:

@@ -240,7 +240,7 @@ class IndexedSource(ABC):
         worker_kind: ``"process"`` (forked worker processes, batches through shared memory),
             ``"thread"`` (threads of this process; for batch building that runs outside the
             GIL) or ``"auto"``: threads where the source says its building releases the GIL
-            (:meth:`_threads_suffice`: the libjpeg-crop decoder) and ``num_workers`` is at most
+            (:meth:`_threads_suffice`: the libjpeg-crop decoder feeding a CPU step) and ``num_workers`` is at most
             :data:`AUTO_THREAD_WORKERS_MAX`, else processes.
         skip_bad_examples: replace an unreadable example by the next readable one in the
             epoch's order, and log it, instead of raising.
