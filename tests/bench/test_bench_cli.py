@@ -343,3 +343,33 @@ def test_train_dir_exports_and_the_export_benchmarks(capsys: pytest.CaptureFixtu
     )
     assert code == 0, err
     assert "Model:       exported program" in out and LATENCY_RE.search(out)
+
+
+def test_warm_up_and_timed_steps_run_as_one_train_call(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One train call, so one input pipeline: the timed steps start with its workers running and
+    # its queue full (a second call would start them again inside the timed steps).
+    from stoker.estimator import Estimator
+
+    calls: list[dict[str, object]] = []
+    train = Estimator.train
+
+    def counting_train(self: Estimator, *args: object, **kwargs: object) -> None:
+        calls.append(kwargs)
+        train(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Estimator, "train", counting_train)
+    code, out, err = run_main(
+        capsys, *QUICK, "--num_batches=5", "--num_warmup_batches=3", "--iterations_per_loop=2", "--display_every=1"
+    )
+    assert code == 0, err
+    assert [c.get("max_steps") for c in calls] == [8]
+    lines = out.splitlines()
+    note = "Note: warm-up of 3 step(s) rounded up to 4, whole loops of --iterations_per_loop=2; 4 step(s) timed"
+    assert note in lines
+    done = lines.index("Done warm up")
+    assert lines.index("Running warm up") < done < lines.index("Step\tImg/sec\ttotal_loss")
+    assert not any(STEP_RE.fullmatch(line) for line in lines[:done])
+    # the timed steps are global steps 5-8: two loops of two, numbered from the first timed step
+    assert [int(m.group(1)) for m in STEP_RE.finditer(out)] == [2, 4]

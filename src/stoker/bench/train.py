@@ -2,8 +2,10 @@
 
 The harness never runs a step itself. It builds an Estimator from the flags and watches it:
 
-- **training** runs ``Estimator.train`` twice: the warm-up steps, then the timed steps with a
-  :class:`StepTimer` hook. The device loop runs ``--iterations_per_loop`` steps per host round
+- **training** runs ``Estimator.train`` once for the warm-up and the timed steps, so the
+  timed steps start with the input pipeline warm (its workers started, its prefetch queue
+  full), as tf_cnn_benchmarks' timed steps continue the warm-up's session and iterator; a
+  :class:`StepTimer` hook times the loops after the warm-up. The device loop runs ``--iterations_per_loop`` steps per host round
   trip (default 1, so every step is timed on its own, as tf_cnn_benchmarks does); the timer
   reads each loop's wall time and losses from the ``LoopResult`` the loop hands to hooks, so
   timing adds no host synchronisation and no work inside the loop. The loop's own end (the
@@ -89,8 +91,17 @@ class StepTimer(Hook):
     priority = 1
 
     def __init__(
-        self, *, batch_size: int, display_every: int, with_accuracy: bool, log: LogFn, ewma: float | None = None
+        self,
+        *,
+        batch_size: int,
+        display_every: int,
+        with_accuracy: bool,
+        log: LogFn,
+        ewma: float | None = None,
+        first_step: int = 0,
     ) -> None:
+        #: The global step timing starts at (the end of the warm-up): earlier loops are not timed.
+        self.first_step = first_step
         self.batch_size = batch_size
         self.display_every = display_every
         self.with_accuracy = with_accuracy
@@ -105,10 +116,12 @@ class StepTimer(Hook):
         self.end_time: float | None = None
 
     def before_loop(self, run: RunContext, steps: int) -> None:
-        if self.start is None:
+        if self.start is None and run.global_step >= self.first_step:
             self.start = time.perf_counter()
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
+        if self.start is None:  # a warm-up loop
+            return
         self.end_time = time.perf_counter()
         if result.steps == 0:
             return
@@ -135,6 +148,25 @@ class StepTimer(Hook):
         return 0.0 if self.start is None or self.end_time is None else self.end_time - self.start
 
 
+class WarmUpEnd(Hook):
+    """Calls ``on_end`` once, at the loop boundary where the warm-up ends (global step
+    ``at_step``): warm-up and timed steps run in one ``train`` call, so the harness prints its
+    "Done warm up" lines from here."""
+
+    priority = 0  # before the timer: the lines come before the first timed loop's
+
+    def __init__(self, at_step: int, on_end: Callable[[], None]) -> None:
+        self.due_step = at_step
+        self.on_end = on_end
+        self.done = False
+
+    def after_loop(self, run: RunContext, result: LoopResult) -> None:
+        if not self.done and run.global_step >= cast(int, self.due_step):
+            self.done = True
+            self.due_step = None
+            self.on_end()
+
+
 class EvalDuringTraining(Hook):
     """Every N timed steps (for each N of ``every_n_steps``) and at each of ``at_steps``, evaluate
     the weights in memory and print the accuracy; request a stop once top-1 reaches ``stop_at``
@@ -153,6 +185,7 @@ class EvalDuringTraining(Hook):
         stop_at: float | None,
         log: LogFn,
         at_steps: Sequence[int] = (),
+        first_step: int | None = None,
     ) -> None:
         self.estimator = estimator
         self.input_fn = input_fn
@@ -162,14 +195,20 @@ class EvalDuringTraining(Hook):
         self.examples = examples
         self.stop_at = stop_at
         self.log = log
-        self.first_step = 0
+        #: Where the timed steps, which N counts, start (default: where the train call starts).
+        self.first_step = first_step
+        self._given_first_step = first_step is not None
         self.last_results: dict[str, float] | None = None
         self.reached_target = False
 
     def after_setup(self, run: RunContext) -> None:
-        self.first_step = run.global_step
+        if not self._given_first_step:
+            self.first_step = run.global_step
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
+        assert self.first_step is not None, "after_setup sets it"
+        if result.first_step < self.first_step:
+            return  # a warm-up loop
         local_before = result.first_step - self.first_step
         local_after = run.global_step - self.first_step
         finished = run.max_steps is not None and run.global_step >= run.max_steps
@@ -379,31 +418,49 @@ def _train(
     if remaining == 0:
         log(f"Nothing to run: {cfg.train_dir} is already at global step {start} (warm-up + --num_batches = {target})")
         return {"num_steps": 0, "global_step": start, "images_per_sec": 0.0}
+    # The timed steps start at a loop boundary: a warm-up that ends inside a loop of
+    # --iterations_per_loop steps is rounded up to the end of that loop.
+    loop = max(1, cfg.iterations_per_loop)
+    rounded = min(remaining, -(-warm // loop) * loop)
+    if rounded != warm:
+        log(
+            f"Note: warm-up of {warm} step(s) rounded up to {rounded}, whole loops of --iterations_per_loop={loop}; "
+            f"{remaining - rounded} step(s) timed"
+        )
+        warm = rounded
+    first_timed = start + warm
     trace = _trace_hook(cfg, first_step=start + max(0, warm - 2))
-    log("Running warm up")
-    if warm:  # steps=, not max_steps=: reaching the warm-up's end must not mark training finished
-        est.train(train_input, steps=warm, hooks=[trace] if trace else [])
-        if trace and trace.written is not None:
+
+    def warm_up_done() -> None:
+        if warm and trace and trace.written is not None:
             log(f"Dumping trace to {trace.written}")
-    log("Done warm up")
-    for line in linear_lines(cfg, workload.device):
-        log(line)
-    if trace and not warm:
-        log("Note: no warm-up steps, so the traced step is the first timed one")
-    log(step_header(cfg.print_training_accuracy, cfg.loss_type_to_report))
+        log("Done warm up")
+        for line in linear_lines(cfg, workload.device):
+            log(line)
+        if trace and not warm:
+            log("Note: no warm-up steps, so the traced step is the first timed one")
+        log(step_header(cfg.print_training_accuracy, cfg.loss_type_to_report))
+
+    log("Running warm up")
     timer = StepTimer(
         batch_size=workload.batch_size,
         display_every=cfg.display_every,
         with_accuracy=cfg.print_training_accuracy,
         log=log,
         ewma=cfg.display_perf_ewma,
+        first_step=first_timed,
     )
     hooks: list[Hook] = [timer, *(h for h in (summary_hook(cfg), mlperf_hook(cfg, workload)) if h is not None)]
-    if trace and not warm:
+    if warm:
+        hooks.append(WarmUpEnd(first_timed, warm_up_done))
+    else:
+        warm_up_done()
+    if trace:
         hooks.append(trace)
-    evaluator = _evaluator(cfg, workload, est, eval_input, log)
+    evaluator = _evaluator(cfg, workload, est, eval_input, log, first_step=first_timed)
     if evaluator is not None:
         hooks.append(evaluator)
+    # One train call for the warm-up and the timed steps: one input pipeline (see the module docstring).
     est.train(train_input, max_steps=target, hooks=hooks)
     if trace and not warm and trace.written is not None:
         log(f"Dumping trace to {trace.written}")
@@ -426,7 +483,7 @@ def _train(
 
 
 def _evaluator(
-    cfg: BenchConfig, workload: Workload, est: Estimator, eval_input: InputFn, log: LogFn
+    cfg: BenchConfig, workload: Workload, est: Estimator, eval_input: InputFn, log: LogFn, first_step: int
 ) -> EvalDuringTraining | None:
     if not cfg.evaluates_during_training:
         return None
@@ -448,6 +505,7 @@ def _evaluator(
         examples=batches * workload.eval_batch_size if batches else workload.eval_examples,
         stop_at=cfg.stop_at_top_1_accuracy,
         log=log,
+        first_step=first_step,
     )
 
 
