@@ -360,7 +360,13 @@ def test_worker_kind_auto_takes_threads_only_where_the_decoder_releases_the_gil(
             assert src.worker_kind == kind, workers
         # a CUDA infeed (pinned batches) keeps processes: its training thread needs the GIL to launch kernels
         pinned = image_folder(
-            image_tree, batch_size=5, image_size=12, decoder="libjpeg-crop", num_workers=2, output="uint8", pin_memory=True
+            image_tree,
+            batch_size=5,
+            image_size=12,
+            decoder="libjpeg-crop",
+            num_workers=2,
+            output="uint8",
+            pin_memory=True,
         )
         assert pinned.worker_kind == "process"
     assert auto_worker_kind(True, 4) == "thread" and auto_worker_kind(True, 16) == "process"

@@ -5,8 +5,9 @@ The harness never runs a step itself. It builds an Estimator from the flags and 
 - **training** runs ``Estimator.train`` once for the warm-up and the timed steps, so the
   timed steps start with the input pipeline warm (its workers started, its prefetch queue
   full), as tf_cnn_benchmarks' timed steps continue the warm-up's session and iterator; a
-  :class:`StepTimer` hook times the loops after the warm-up. The device loop runs ``--iterations_per_loop`` steps per host round
-  trip (default 1, so every step is timed on its own, as tf_cnn_benchmarks does); the timer
+  :class:`StepTimer` hook times the loops after the warm-up. The device loop runs
+  ``--iterations_per_loop`` steps per host round trip (default 1, so every step is timed on
+  its own, as tf_cnn_benchmarks does); the timer
   reads each loop's wall time and losses from the ``LoopResult`` the loop hands to hooks, so
   timing adds no host synchronisation and no work inside the loop. The loop's own end (the
   one read of the losses) is the only synchronisation point on CUDA.
