@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import sys
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
@@ -164,7 +165,7 @@ class WarmUpEnd(Hook):
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
         if not self.done and run.global_step >= cast(int, self.due_step):
             self.done = True
-            self.due_step = None
+            self.due_step = sys.maxsize  # never due again
             self.on_end()
 
 
@@ -452,9 +453,11 @@ def _train(
         first_step=first_timed,
     )
     hooks: list[Hook] = [timer, *(h for h in (summary_hook(cfg), mlperf_hook(cfg, workload)) if h is not None)]
+    warm_up_end = WarmUpEnd(first_timed, warm_up_done)
     if warm:
-        hooks.append(WarmUpEnd(first_timed, warm_up_done))
+        hooks.append(warm_up_end)
     else:
+        warm_up_end.done = True
         warm_up_done()
     if trace:
         hooks.append(trace)
@@ -463,6 +466,8 @@ def _train(
         hooks.append(evaluator)
     # One train call for the warm-up and the timed steps: one input pipeline (see the module docstring).
     est.train(train_input, max_steps=target, hooks=hooks)
+    if not warm_up_end.done:  # training stopped (its data ended, a stop hook) within the warm-up
+        warm_up_done()
     if trace and not warm and trace.written is not None:
         log(f"Dumping trace to {trace.written}")
     out = _timing_fields(timer.steps, timer.elapsed, workload.batch_size, timer.step_times)
