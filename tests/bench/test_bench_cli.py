@@ -373,3 +373,14 @@ def test_warm_up_and_timed_steps_run_as_one_train_call(
     assert not any(STEP_RE.fullmatch(line) for line in lines[:done])
     # the timed steps are global steps 5-8: two loops of two, numbered from the first timed step
     assert [int(m.group(1)) for m in STEP_RE.finditer(out)] == [2, 4]
+
+
+def test_no_warm_up_traces_the_first_timed_step(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    trace = tmp_path / "trace.json"
+    code, out, err = run_main(capsys, *QUICK, "--num_batches=2", "--num_warmup_batches=0", f"--trace_file={trace}")
+    assert code == 0, err
+    lines = out.splitlines()
+    note = lines.index("Note: no warm-up steps, so the traced step is the first timed one")
+    assert lines.index("Done warm up") < note < lines.index("Step\tImg/sec\ttotal_loss")
+    first_step = next(i for i, line in enumerate(lines) if STEP_RE.fullmatch(line))
+    assert lines.index(f"Dumping trace to {trace}") > first_step and json.loads(trace.read_text())["traceEvents"]
