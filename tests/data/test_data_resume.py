@@ -358,7 +358,7 @@ def test_worker_kind_auto_takes_threads_only_where_the_decoder_releases_the_gil(
         for workers, kind in ((0, "thread"), (4, "thread"), (5, "process")):  # beyond 4 the GIL would bound threads
             src = image_folder(image_tree, batch_size=5, image_size=12, decoder="libjpeg-crop", num_workers=workers)
             assert src.worker_kind == kind, workers
-        # a CUDA infeed (pinned batches) keeps processes: its training thread needs the GIL to launch kernels
+        # a CUDA infeed (pinned batches) keeps processes: threads measured slower there (H200 host)
         pinned = image_folder(
             image_tree,
             batch_size=5,

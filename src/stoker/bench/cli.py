@@ -211,7 +211,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default="auto",
         help="what decodes real data beside the training step: threads of this process or worker processes "
         "(auto: threads with libjpeg-crop, which releases the GIL for the whole decode, up to 4, training on a CPU; "
-        "else processes: on CUDA the training thread needs the GIL to launch kernels); "
+        "else processes, measured faster on a CUDA host); "
         "default %(default)s",
     )
     g.add_argument(

@@ -656,7 +656,7 @@ def data_worker_kind(cfg: BenchConfig, workers: int) -> str:
     """``thread`` or ``process``: what builds real-data batches with ``workers`` workers
     (``--data_worker_kind``; auto: threads with the libjpeg-crop decoder, which releases the GIL for
     a whole decode, up to :data:`~stoker.data.base.AUTO_THREAD_WORKERS_MAX` of them, when training
-    on a CPU; else processes: on CUDA the training thread needs the GIL to launch its kernels)."""
+    on a CPU; else processes, which measured faster on a CUDA host at every worker count tried)."""
     if cfg.data_worker_kind != "auto":
         return cfg.data_worker_kind
     threads_suffice = (

@@ -320,9 +320,10 @@ class EncodedImageSource(IndexedSource):
     def _threads_suffice(self) -> bool:
         # The decoder says whether the GIL is free for a whole decode (libjpeg-crop: one ctypes
         # call per image; the Python around it is ~10 % of an image). Not for a CUDA infeed
-        # (pinned batches): there the training thread holds the GIL to launch its kernels, and
-        # decoding threads slowed an H200's resnet50 from 3,288 images/sec (4 processes) to 2,627.
-        # docs/data.md, "Workers".
+        # (pinned batches): measured on an H200 host, decoding threads fed resnet50 2,627
+        # images/sec against 3,288 from 4 processes (the training thread launches its kernels
+        # under the GIL, and each thread allocates its batch in pinned memory, which
+        # serialises). docs/data.md, "Workers".
         return self._device_decoder is None and not self.pin_memory and self.decoder.releases_gil
 
     @property
