@@ -151,20 +151,22 @@ class StepTimer(Hook):
 
 
 class WarmUpEnd(Hook):
-    """Calls ``on_end`` once, at the loop boundary where the warm-up ends (global step
-    ``at_step``): warm-up and timed steps run in one ``train`` call, so the harness prints its
-    "Done warm up" lines from here."""
+    """Calls ``on_end`` once: at the loop boundary where the warm-up ends (global step
+    ``at_step``), or at :meth:`finish` if that comes first. Warm-up and timed steps run in one
+    ``train`` call, so the harness prints its "Done warm up" lines from here."""
 
     priority = 0  # before the timer: the lines come before the first timed loop's
 
     def __init__(self, at_step: int, on_end: Callable[[], None]) -> None:
         self.due_step = at_step
         self.on_end = on_end
-        self.done = False
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
-        if not self.done and run.global_step >= cast(int, self.due_step):
-            self.done = True
+        self.finish()  # the runner calls it only once the global step reached due_step
+
+    def finish(self) -> None:
+        """Call ``on_end`` unless it was called already."""
+        if self.due_step != sys.maxsize:
             self.due_step = sys.maxsize  # never due again
             self.on_end()
 
@@ -457,8 +459,7 @@ def _train(
     if warm:
         hooks.append(warm_up_end)
     else:
-        warm_up_end.done = True
-        warm_up_done()
+        warm_up_end.finish()
     if trace:
         hooks.append(trace)
     evaluator = _evaluator(cfg, workload, est, eval_input, log, first_step=first_timed)
@@ -466,8 +467,7 @@ def _train(
         hooks.append(evaluator)
     # One train call for the warm-up and the timed steps: one input pipeline (see the module docstring).
     est.train(train_input, max_steps=target, hooks=hooks)
-    if not warm_up_end.done:  # training stopped (its data ended, a stop hook) within the warm-up
-        warm_up_done()
+    warm_up_end.finish()  # if training stopped within the warm-up (its data ended, a stop hook)
     if trace and not warm and trace.written is not None:
         log(f"Dumping trace to {trace.written}")
     out = _timing_fields(timer.steps, timer.elapsed, workload.batch_size, timer.step_times)

@@ -37,7 +37,7 @@ import torch
 
 from ..data import RepeatedBatch, cifar_binary, image_folder, imagenet_tfrecords, synthetic_images
 from ..data.base import auto_worker_kind
-from ..data.images import IMAGE_EXTENSIONS, scan_image_folder
+from ..data.images import IMAGE_EXTENSIONS, image_threads_suffice, scan_image_folder
 from ..data.jpeg import get_decoder
 from ..data.tfrecord import expected_layouts, find_shards
 from ..data.tfrecord_index import RecordShards
@@ -659,8 +659,8 @@ def data_worker_kind(cfg: BenchConfig, workers: int) -> str:
     on a CPU; else processes, which measured faster on a CUDA host at every worker count tried)."""
     if cfg.data_worker_kind != "auto":
         return cfg.data_worker_kind
-    threads_suffice = (
-        not cfg.decode_on_device and not _trains_on_cuda(cfg) and get_decoder(cfg.image_decoder).releases_gil
+    threads_suffice = image_threads_suffice(  # as the source decides it: pinned batches on CUDA
+        get_decoder(cfg.image_decoder), decode_on_device=cfg.decode_on_device, pin_memory=_trains_on_cuda(cfg)
     )
     return auto_worker_kind(threads_suffice, workers)
 
