@@ -265,6 +265,16 @@ def test_row_wise_normalisation_follows_the_width_and_takes_any_strides() -> Non
     assert torch.equal(pre(part), normalize_images(part.contiguous(), P.IMAGENET_MEAN, P.IMAGENET_STD))
 
 
+def test_a_batch_larger_than_a_block_is_normalised_in_blocks_bitwise(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU the rows are normalised a cache-sized block at a time; a block that does not divide
+    the rows (here 5 rows of 30 values, the last block short) gives the whole-batch result."""
+    monkeypatch.setattr(P, "_NORMALIZE_BLOCK_BYTES", 5 * 4 * 30)
+    images = torch.randint(0, 256, (3, 7, 10, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
+    out = P.ImagePreprocessor()(images)
+    assert torch.equal(out, normalize_images(images, P.IMAGENET_MEAN, P.IMAGENET_STD))
+    assert out.is_contiguous(memory_format=torch.channels_last) and out.shape == (3, 3, 7, 10)
+
+
 def test_distorted_output_is_normalised_distorted_image() -> None:
     img, params = _test_image(), _params()
     pre = P.ImagePreprocessor(distortions=True)

@@ -554,6 +554,11 @@ def distort_color_batch(x: torch.Tensor, color: torch.Tensor) -> torch.Tensor:
     )
 
 
+# The block of output rows ImagePreprocessor normalises at a time on a CPU: about one 224px image,
+# so the float32 block stays in a core's L2 cache between the cast and the two arithmetic passes.
+_NORMALIZE_BLOCK_BYTES = 1 << 20
+
+
 class ImagePreprocessor(torch.nn.Module):
     """uint8 ``[N, H, W, 3]`` batches to normalised float32 ``[N, 3, H, W]``, on the input's device.
 
@@ -611,8 +616,24 @@ class ImagePreprocessor(torch.nn.Module):
             )
             self._rows = {key: rows}  # one width and device at a time: the batch shape is fixed
         mean_row, std_row = rows
-        flat = images.reshape(n * h, w * c).to(torch.float32)
-        return flat.sub_(mean_row).div_(std_row).view(n, h, w, c)
+        flat = images.reshape(n * h, w * c)
+        if flat.device.type != "cpu" or n * h <= self._chunk_rows(w * c):
+            return flat.to(torch.float32).sub_(mean_row).div_(std_row).view(n, h, w, c)
+        # On a CPU the three passes run over one cache-sized block of rows at a time: the block
+        # written by the cast is still in cache for the subtraction and the division, instead of
+        # three trips through memory over the whole batch (224px, batch 32, one thread: 3.9 ms
+        # against 6.3 ms, 2026-11-26). Each element gets the same operations: bitwise the same.
+        out = torch.empty(flat.shape, dtype=torch.float32)
+        step = self._chunk_rows(w * c)
+        for start in range(0, n * h, step):
+            block = out[start : start + step]
+            block.copy_(flat[start : start + step]).sub_(mean_row).div_(std_row)
+        return out.view(n, h, w, c)
+
+    @staticmethod
+    def _chunk_rows(row_values: int) -> int:
+        """Rows of ``row_values`` float32 values that fill :data:`_NORMALIZE_BLOCK_BYTES`."""
+        return max(1, _NORMALIZE_BLOCK_BYTES // (4 * row_values))
 
     def forward(self, images: torch.Tensor, color: torch.Tensor | None = None) -> torch.Tensor:
         if images.dtype != torch.uint8 or images.dim() != 4 or images.shape[-1] != 3:
