@@ -15,6 +15,11 @@ and the per-example host work of a training batch: ``example_uniforms(..., TRAIN
 TensorFlow peer (``$PEERS_DIR/tfvenv``, default ``~/.cache/stoker-peers``), per image in a
 ``tf.function`` over the batch, one intra-op thread, best of 3, in a subprocess.
 
+Freed host memory is kept for reuse, as ``stoker bench`` keeps it
+(:func:`stoker.keep_freed_host_memory`; TensorFlow's allocator keeps its memory too), so a
+variant's time is its arithmetic, not the page faults of a fresh 38 MB buffer each call
+(``--fresh_host_memory`` measures with glibc's defaults instead).
+
 ``run()`` returns a dict; ``main()`` prints it, with the machine load and thread count.
 """
 
@@ -32,6 +37,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from stoker import keep_freed_host_memory
 from stoker.data.base import example_uniforms
 from stoker.data.images import normalize_images
 from stoker.data.preprocessing import (
@@ -140,8 +146,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--tensorflow", action="store_true", help="also time the same ops in the TensorFlow peer")
+    parser.add_argument(
+        "--fresh_host_memory", action="store_true", help="glibc's default allocator (freed memory returned)"
+    )
     args = parser.parse_args()
-    print(f"load {os.getloadavg()}, torch threads {args.threads}, batch {args.batch}x{args.size}x{args.size}")
+    kept = not args.fresh_host_memory and keep_freed_host_memory()
+    print(
+        f"load {os.getloadavg()}, torch threads {args.threads}, batch {args.batch}x{args.size}x{args.size}, "
+        f"host memory {'kept for reuse' if kept else 'glibc defaults'}"
+    )
     result = run(batch=args.batch, size=args.size, rounds=args.rounds, threads=args.threads)
     for k, v in result.items():
         print(f"{k:42s} {v:9.2f}")
