@@ -10,6 +10,11 @@ Sections (``--sections``, default all; each prints its table, ``--json`` writes 
   interleaved; the largest relative gradient difference. ``--autotune`` adds ``torch.compile``
   with ``max_autotune`` and ``max_autotune_gemm_backends="CPP,ATEN"`` (inductor's CPU GEMM
   templates; minutes of compiling).
+- ``sgd``: the ``trivial`` ImageNet model's training step (batch 32 of 227px uint8 images cast
+  and normalised by ``ImagePreprocessor``, fast linears ``auto``, SGD with weight decay as
+  ``stoker bench`` runs it, glibc keeping freed memory as ``stoker bench`` does) with the ordinary
+  update against ``sgd_in_backward`` (``stoker.kernels.sgd_in_backward``), rounds interleaved;
+  and the largest relative weight difference after ``--steps`` steps from the same start.
 - ``bert``: the BERT recipe's model (``stoker.recipes.bert``) at hidden 512, 4 layers, 8 heads,
   FFN 2048, seq 128, batch 32, trained by the Estimator with AdamW on the recipe's masked
   windows, fast_linear off / on / auto and fp32 / bf16; training GFLOP/s (FLOPs counted by
@@ -27,6 +32,7 @@ docs come from a quiet machine with more steps:
 
     python benchmarks/compute.py                                   # everything, short
     python benchmarks/compute.py --sections bert --steps 20 --rounds 3
+    python benchmarks/compute.py --sections sgd --steps 10 --rounds 5 --threads 1
     python benchmarks/compute.py --sections bf16 --resnet_batch 32 --steps 10
     python benchmarks/compute.py --sections loss --loss_steps 500 --json out.json
 """
@@ -44,13 +50,19 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 import stoker
 from stoker.bench import BenchConfig, run_benchmark
+from stoker.bench.model import l2_loss
+from stoker.data.preprocessing import TF_CNN_MEAN, TF_CNN_STD, ImagePreprocessor
 from stoker.kernels import linear as fast_linear
 from stoker.kernels.machine import BF16_FLAGS, FP16_FLAGS, cpu_flags, cpu_model
 from stoker.kernels.peak import measure_kernels
+from stoker.kernels.sgd_in_backward import update_in_backward
+from stoker.memory.host import keep_freed_host_memory
+from stoker.models.trivial import trivial_imagenet
 from stoker.recipes.bert import BertConfig, BertMLM, bert_model_fn, input_fns, mlm_loss
 
 BERT = {"hidden_size": 512, "num_layers": 4, "num_heads": 8, "intermediate_size": 2048, "dropout": 0.1, "seq_len": 128}
@@ -137,6 +149,58 @@ def _interleaved(variants: dict[str, Callable[[], None]], rounds: int, steps: in
                 step()
                 best[name] = min(best[name], time.perf_counter() - t0)
     return best
+
+
+# ---------------------------------------------------------------------------------------------- sgd
+def _trivial_step(in_backward: bool, batches: list[torch.Tensor], labels: torch.Tensor) -> tuple[nn.Module, Any]:
+    torch.manual_seed(0)
+    model = trivial_imagenet(1001).to(memory_format=torch.channels_last)
+    fast_linear.use_fast_linear(model, "auto")
+    opt = torch.optim.SGD(model.parameters(), lr=0.005, weight_decay=4e-5, fused=True)
+    if in_backward:
+        update_in_backward(model, opt)
+    pre = ImagePreprocessor(TF_CNN_MEAN, TF_CNN_STD, channels_last=True)
+    count = [0]
+
+    def step() -> None:
+        images = batches[count[0] % len(batches)]
+        count[0] += 1
+        loss = F.cross_entropy(model(pre(images)), labels) + 4e-5 * l2_loss(model)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return model, step
+
+
+def sgd(args: argparse.Namespace) -> dict[str, Any]:
+    keep_freed_host_memory()  # as stoker bench does: no page faults on each step's fresh gradients
+    gen = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, 256, (32, 227, 227, 3), dtype=torch.uint8, generator=gen) for _ in range(4)]
+    labels = torch.randint(0, 1001, (32,), generator=gen)
+    variants = {
+        "ordinary update (optimizer.step)": _trivial_step(False, batches, labels)[1],
+        "sgd_in_backward": _trivial_step(True, batches, labels)[1],
+    }
+    best = _interleaved(variants, args.rounds, args.steps)
+    base = best["ordinary update (optimizer.step)"]
+    for name, t in best.items():
+        print(f"  {name:<36} {t * 1e3:8.2f} ms/step  {32 / t:8.1f} images/sec  ({base / t:.2f}x)")
+    # Agreement from a fresh start (the timed models have diverged apart as trivial does on random labels).
+    (ordinary, ordinary_step), (fused, fused_step) = (_trivial_step(b, batches, labels) for b in (False, True))
+    for _ in range(3):
+        ordinary_step()
+        fused_step()
+    diff = max(
+        float((a - b).abs().max() / b.abs().max())
+        for a, b in zip(fused.state_dict().values(), ordinary.state_dict().values(), strict=True)
+    )
+    print(f"  largest relative weight difference after 3 steps from the same start: {diff:.1e}")
+    return {
+        "ms_per_step": {k: v * 1e3 for k, v in best.items()},
+        "speedup": base / best["sgd_in_backward"],
+        "max_relative_weight_diff": diff,
+    }
 
 
 # --------------------------------------------------------------------------------------------- bert
@@ -282,6 +346,7 @@ def loss(args: argparse.Namespace) -> dict[str, Any]:
 SECTIONS: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {
     "kernels": kernels,
     "mlp": mlp,
+    "sgd": sgd,
     "bert": bert,
     "bf16": bf16,
     "loss": loss,
@@ -293,7 +358,7 @@ def main() -> None:
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--sections", nargs="+", choices=list(SECTIONS), default=list(SECTIONS))
-    p.add_argument("--steps", type=int, default=3, help="timed steps per round (mlp, bert, bf16)")
+    p.add_argument("--steps", type=int, default=3, help="timed steps per round (mlp, sgd, bert, bf16)")
     p.add_argument("--warmup", type=int, default=1, help="untimed steps first (bert, bf16)")
     p.add_argument("--rounds", type=int, default=2, help="interleaved rounds; the fastest counts")
     p.add_argument("--budget", type=float, default=1.0, help="seconds per kernel measurement")

@@ -28,6 +28,7 @@ from typing import Any, Literal
 from .checkpoint.io_config import CheckpointIO
 from .distributed.pipeline import PIPELINE_SCHEDULES, PipelineConfig, check_schedule  # noqa: F401 - re-exported
 from .kernels.linear import FAST_LINEAR_MODES
+from .kernels.sgd_in_backward import SGD_IN_BACKWARD_MODES
 from .precision import LossScale
 
 Precision = Literal["fp32", "bf16", "fp16", "bf16-sr"]
@@ -125,6 +126,13 @@ class RunConfig:
             the forward and both backward products) or ``"auto"`` (oneDNN for each layer shape
             where it measured >= 5 % faster on this machine; measured once per machine and
             cached). Values agree with ``"off"`` to fp32 rounding; resume is bitwise on one path.
+        sgd_in_backward: plain SGD applied inside the weight-gradient product of the
+            ``fast_linear`` layers (``stoker.kernels.sgd_in_backward``): ``"off"`` (default),
+            ``"auto"`` (where the run allows it, else the ordinary update, the reason logged) or
+            ``"on"`` (an error names what stands in the way). It needs ``torch.optim.SGD``
+            without momentum, one CPU process, fp32, one micro-batch, no clipping, eager; those
+            weights then get no ``.grad`` (hooks reading gradients see none). Same update to
+            fp32 rounding, no weight-gradient tensor written; resume is bitwise on one path.
         cuda_graph: CUDA only: capture the training step once as a CUDA graph and replay it
             every step (static input buffers, capturable optimizer, loss scale on the device).
         strategy: how replicas are formed: ``auto`` picks from the torchrun environment.
@@ -169,6 +177,7 @@ class RunConfig:
     device: str = "auto"
     compile: bool | Literal["none", "module", "step"] = False
     fast_linear: Literal["auto", "on", "off"] = "off"
+    sgd_in_backward: Literal["off", "auto", "on"] = "off"
     cuda_graph: bool = False
     strategy: str = "auto"
     ddp_bucket_cap_mb: float | None = None
@@ -239,6 +248,11 @@ class RunConfig:
         if self.fast_linear not in FAST_LINEAR_MODES:
             raise ValueError(
                 f"RunConfig.fast_linear must be one of {', '.join(FAST_LINEAR_MODES)}; got {self.fast_linear!r}"
+            )
+        if self.sgd_in_backward not in SGD_IN_BACKWARD_MODES:
+            raise ValueError(
+                f"RunConfig.sgd_in_backward must be one of {', '.join(SGD_IN_BACKWARD_MODES)}; "
+                f"got {self.sgd_in_backward!r}"
             )
         if not isinstance(self.cuda_graph, bool):
             raise ValueError(f"RunConfig.cuda_graph must be True or False; got {self.cuda_graph!r}")

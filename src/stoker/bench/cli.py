@@ -22,6 +22,7 @@ import torch
 from ..distributed import torchrun_rank, torchrun_world_size
 from ..errors import StokerError
 from ..kernels.linear import FAST_LINEAR_MODES
+from ..kernels.sgd_in_backward import SGD_IN_BACKWARD_MODES
 from .config import (
     DATA_FORMATS,
     DATA_NAMES,
@@ -179,6 +180,14 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         default=d.fast_linear,
         help="CPU: nn.Linear on oneDNN's inner product: auto (per layer shape where it measured >= 5%% faster "
         "than the BLAS here; cached per machine), on, or off (the BLAS); default %(default)s",
+    )
+    g.add_argument(
+        "--sgd_in_backward",
+        choices=SGD_IN_BACKWARD_MODES,
+        default=d.sgd_in_backward,
+        help="CPU, --optimizer=sgd: apply the update inside the fast linear layers' weight-gradient product "
+        "(no gradient written): auto (where the run allows it), on (an error says what stands in the way) "
+        "or off; default %(default)s",
     )
     g.add_argument(
         "--cuda_graph",

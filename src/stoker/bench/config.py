@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..kernels.linear import FAST_LINEAR_MODES
+from ..kernels.sgd_in_backward import SGD_IN_BACKWARD_MODES
 from .errors import BenchFlagError
 from .errors import fail as _fail
 from .tf_checks import EVAL_DURING_TRAINING_FLAGS, check_tf_flags
@@ -81,6 +82,7 @@ class BenchConfig:
     image_decoder: str = "auto"  # the CPU JPEG decoder of real data: auto, libjpeg-crop, simplejpeg or pillow
     data_worker_kind: str = "auto"  # real data decoded by threads or worker processes (auto: threads with libjpeg-crop)
     fast_linear: str = "auto"  # nn.Linear on oneDNN where it measured faster here (stoker.kernels.linear)
+    sgd_in_backward: str = "auto"  # plain SGD inside the fast linears' weight-gradient product, where allowed
     tf_random_seed: int = 1234
     num_intra_threads: int | None = None
     num_inter_threads: int | None = None
@@ -234,6 +236,7 @@ _CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("variable_update", VARIABLE_UPDATES),
     ("mode", RUN_MODES),
     ("fast_linear", FAST_LINEAR_MODES),
+    ("sgd_in_backward", SGD_IN_BACKWARD_MODES),
 )
 #: Of those, the ones that may be left out (None: a default chosen later).
 _OPTIONAL_CHOICES: tuple[str, ...] = ("data_format",)

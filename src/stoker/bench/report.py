@@ -239,6 +239,17 @@ def linear_lines(cfg: BenchConfig, device: torch.device) -> list[str]:
     return [_line("Linear", chosen[0]), *(" " * _LABEL_WIDTH + c for c in chosen[1:])]
 
 
+def update_line(cfg: BenchConfig, device: torch.device, layers: list[str], refusal: str | None) -> list[str]:
+    """After the first steps: which layers' SGD update runs inside their backward (``--sgd_in_backward``)."""
+    if device.type != "cpu" or cfg.sgd_in_backward == "off":
+        return []
+    flag = f"--sgd_in_backward={cfg.sgd_in_backward}"
+    if layers:
+        return [_line("Update", f"SGD inside the weight-gradient product of {', '.join(layers)} ({flag})")]
+    why = refusal or "no fast linear layer is eligible"
+    return [_line("Update", f"the optimizer's step for every layer ({flag}: {why})")]
+
+
 def precision_notes(precision: str, device: torch.device) -> list[str]:
     """``Note:`` lines for a low precision this CPU has no fast kernels for (it still runs).
 
@@ -467,6 +478,7 @@ def base_result(cfg: BenchConfig, workload: Workload, model_name: str) -> dict[s
         "variable_update": effective_variable_update(cfg),
         "compile": cfg.compile_mode,
         "fast_linear": cfg.fast_linear,
+        "sgd_in_backward": cfg.sgd_in_backward,
         "cuda_graph": cfg.cuda_graph,
         "eval_batch_size": workload.eval_batch_size,
         "loss_type": cfg.loss_type_to_report,
@@ -489,6 +501,7 @@ __all__ = [
     "format_model_table",
     "header_lines",
     "linear_lines",
+    "update_line",
     "measure_matmul_peak",
     "model_table",
     "precision_notes",

@@ -40,6 +40,7 @@ from ..errors import CheckpointError
 from ..estimator import Estimator
 from ..hooks import Hook, LoopResult, ProfilerHook, RunContext, every_n_steps_due
 from ..kernels.linear import reset_choices
+from ..kernels.sgd_in_backward import updating_in_backward
 from ..memory.host import keep_freed_host_memory
 from ..precision import LossScale
 from .config import (
@@ -66,6 +67,7 @@ from .report import (
     efficiency_peak,
     header_lines,
     linear_lines,
+    update_line,
 )
 from .run_spec import write_zoo_run_spec  # and, imported, the builder of kind zoo is registered
 from .stats import display_due, format_accuracy, format_step_line, perf_timing, step_header
@@ -274,6 +276,7 @@ def build_estimator(
         compile=cast("bool | Literal['none', 'module', 'step']", cfg.compile_mode),  # RunConfig checks it
         cuda_graph=cfg.cuda_graph,
         fast_linear=cast("Literal['auto', 'on', 'off']", cfg.fast_linear),  # BenchConfig checked it
+        sgd_in_backward=cast("Literal['off', 'auto', 'on']", cfg.sgd_in_backward),
         # One process: every strategy is the same single replica. Under torchrun: DDP
         # (replicated), FSDP2 (sharded) or no gradient exchange (independent).
         strategy=effective_variable_update(cfg),
@@ -440,6 +443,9 @@ def _train(
             log(f"Dumping trace to {trace.written}")
         log("Done warm up")
         for line in linear_lines(cfg, workload.device):
+            log(line)
+        ran = updating_in_backward(est.model, ran=True)
+        for line in update_line(cfg, workload.device, ran, est.state.sgd_in_backward_refusal):
             log(line)
         if trace and not warm:
             log("Note: no warm-up steps, so the traced step is the first timed one")

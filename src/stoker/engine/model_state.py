@@ -43,6 +43,7 @@ from ..distributed.pipeline import plan_stages
 from ..distributed.sharded import DCP_DIR, load_sharded, save_sharded
 from ..errors import CheckpointError, NanLossError
 from ..kernels.linear import use_fast_linear
+from ..kernels.sgd_in_backward import optimizer_refusal, run_refusal, update_in_backward
 from ..memory.recompute import apply_recompute
 from ..memory.stochastic_rounding import StochasticRounding, to_bf16
 from ..precision import LossScale, make_loss_scaler
@@ -95,6 +96,8 @@ class ModelState:
         self.warm_start_from = warm_start_from
         self.warm_start_report: Any = None
         self.fast_linears: list[str] = []  # names of the nn.Linear layers RunConfig.fast_linear made OneDNNLinear
+        self.sgd_in_backward: list[str] = []  # names of the layers RunConfig.sgd_in_backward updates in backward
+        self.sgd_in_backward_refusal: str | None = None  # why "auto" kept the ordinary update
         self._model: nn.Module | None = None
         self.module: nn.Module | None = None  # what model_fn receives: wrapped (DDP/FSDP), maybe compiled
         self.optimizer: torch.optim.Optimizer | None = None
@@ -178,6 +181,28 @@ class ModelState:
         self.optimizer = opt
         if self.schedule_fn is not None:
             self.schedule = self.schedule_fn(self.params, opt)
+        if self.config.sgd_in_backward != "off":
+            self._update_in_backward(model, opt)
+
+    def _update_in_backward(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        """``RunConfig.sgd_in_backward``: the fast linear layers apply ``opt``'s SGD in their backward."""
+        config = self.config
+        why = run_refusal(
+            device=self.strategy.device,
+            world_size=self.strategy.world_size,
+            precision=config.precision,
+            accumulation=config.gradient_accumulation_steps,
+            clip_norm=config.gradient_clip_norm,
+            compiled=config.compile_mode != "none" or config.cuda_graph,
+            fast_linear=config.fast_linear,
+        ) or optimizer_refusal(opt)
+        if why is not None:
+            if config.sgd_in_backward == "on":
+                raise ValueError(f"RunConfig.sgd_in_backward='on' cannot apply: {why}")
+            log.info("sgd_in_backward: the ordinary update: %s", why)
+            self.sgd_in_backward_refusal = why
+            return
+        self.sgd_in_backward = update_in_backward(model, opt)
 
     @property
     def pipeline_stages(self) -> int:

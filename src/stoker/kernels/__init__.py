@@ -6,6 +6,8 @@
   oneDNN's linear and a channels_last 3x3 convolution, measured once per machine.
 - :mod:`~stoker.kernels.linear`: ``nn.Linear`` on oneDNN's inner product where it beats the
   BLAS (``RunConfig(fast_linear=...)``, ``stoker bench --fast_linear``).
+- :mod:`~stoker.kernels.sgd_in_backward`: plain SGD applied inside those layers' weight-gradient
+  product (``RunConfig(sgd_in_backward=...)``, ``stoker bench --sgd_in_backward``).
 
 This package imports nothing of stoker: the engine, the harness and benchmarks call it.
 """
@@ -21,6 +23,7 @@ from .linear import (
 )
 from .machine import cache_dir, cpu_flags, cpu_has_fast, machine_key
 from .peak import Peak, measured_peak
+from .sgd_in_backward import SGD_IN_BACKWARD_MODES, update_in_backward, updating_in_backward
 
 __all__ = [
     "FAST_LINEAR_MODES",
@@ -28,12 +31,15 @@ __all__ = [
     "OneDNNLinear",
     "OneDNNLinearFunction",
     "Peak",
+    "SGD_IN_BACKWARD_MODES",
     "cache_dir",
     "cpu_flags",
     "cpu_has_fast",
     "describe_choices",
     "machine_key",
     "measured_peak",
+    "update_in_backward",
     "use_fast_linear",
+    "updating_in_backward",
     "use_plain_linear",
 ]

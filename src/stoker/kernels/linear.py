@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
@@ -78,6 +79,86 @@ class OneDNNLinearFunction(torch.autograd.Function):
         if ctx.has_bias and ctx.needs_input_grad[2]:
             grad_b = g2.sum(0)
         return grad_x, grad_w, grad_b
+
+
+class SGDUpdate:
+    """Where a layer's in-backward SGD update reads its rate and decay: param group ``index`` of an
+    optimizer, looked up at each backward (so a learning-rate schedule applies as it does to
+    ``optimizer.step``, and a ``load_state_dict``, which replaces the group dicts, is followed).
+
+    Holds the optimizer weakly: once it is gone the layer produces ordinary gradients again. A
+    copy of the model (``copy.deepcopy``, pickling) does not carry it either. Attached by
+    :func:`stoker.kernels.sgd_in_backward.update_in_backward`.
+    """
+
+    __slots__ = ("index", "optimizer", "ran")
+
+    def __init__(self, optimizer: torch.optim.Optimizer, index: int) -> None:
+        self.optimizer = weakref.ref(optimizer)
+        self.index = index
+        self.ran = False  # set by the first backward that updated the weight
+
+    def active(self) -> bool:
+        return self.optimizer() is not None
+
+    def factors(self) -> tuple[float, float]:
+        """``(beta, alpha)`` of ``W = beta * W + alpha * grad_W``: plain SGD with weight decay,
+        ``W - lr * (grad_W + wd * W)``."""
+        optimizer = self.optimizer()
+        if optimizer is None:
+            raise RuntimeError("sgd_in_backward: the optimizer this layer updates with no longer exists")
+        group = optimizer.param_groups[self.index]
+        if group.get("momentum", 0) or group.get("nesterov") or group.get("maximize"):
+            raise RuntimeError(
+                "sgd_in_backward: the optimizer's param group now has momentum, nesterov or maximize; "
+                "the in-backward update is plain SGD only (turn sgd_in_backward off for this run)"
+            )
+        lr = float(group["lr"])
+        return 1.0 - lr * float(group.get("weight_decay", 0.0)), -lr
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> None:
+        return None
+
+    def __reduce__(self) -> tuple[type[None], tuple[()]]:
+        return (type(None), ())
+
+
+class LinearSGDInBackwardFunction(torch.autograd.Function):
+    """``F.linear`` whose backward applies plain SGD to the weight inside the weight-gradient product.
+
+    The product ``grad_y.T @ x`` is accumulated straight into the weight,
+    ``W.addmm_(grad_y.T, x, beta=1 - lr * wd, alpha=-lr)``, which is the update
+    ``W - lr * (grad_W + wd * W)`` without ever writing ``grad_W``: the weight gradient's memory
+    pass and the optimizer's pass over the weight and its gradient become part of one GEMM. The
+    weight gets no ``.grad`` (the optimizer skips it); ``grad_x`` is computed first, from the
+    weight before its update. The forward and ``grad_x`` run on oneDNN when ``onednn``, else on
+    the BLAS; the update always on the BLAS (its ``addmm_`` writes in place).
+    """
+
+    @staticmethod
+    def forward(
+        ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, update: SGDUpdate, onednn: bool
+    ) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        ctx.update = update
+        ctx.onednn = onednn
+        return _lp(x, weight, bias) if onednn else F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, weight = ctx.saved_tensors
+        g2 = grad.reshape(-1, grad.shape[-1])
+        grad_x = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = _lp(grad, weight.t(), None) if ctx.onednn else grad.matmul(weight)
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = g2.sum(0)
+        beta, alpha = ctx.update.factors()
+        ctx.update.ran = True
+        with torch.no_grad():  # after grad_x, which needs the weight before the update
+            weight.addmm_(g2.t(), x.reshape(-1, x.shape[-1]), beta=beta, alpha=alpha)
+        return grad_x, None, grad_b, None, None
 
 
 @dataclass(frozen=True)
@@ -207,7 +288,12 @@ def _forced_choice(key: tuple[int, int, int, str, bool], dtype: torch.dtype) -> 
 
 class OneDNNLinear(nn.Linear):
     """An ``nn.Linear`` whose products run on oneDNN where :attr:`mode` says so (see the module
-    docstring). Made from an ``nn.Linear`` by :func:`use_fast_linear`; never built directly."""
+    docstring). Made from an ``nn.Linear`` by :func:`use_fast_linear`; never built directly.
+
+    With an :class:`SGDUpdate` in ``sgd_update`` (set by
+    :func:`stoker.kernels.sgd_in_backward.update_in_backward`) a training forward runs
+    :class:`LinearSGDInBackwardFunction`: the backward updates the weight itself.
+    """
 
     mode: str = "auto"
 
@@ -237,6 +323,9 @@ class OneDNNLinear(nn.Linear):
                 training,
             )
             choice = _forced_choice(key, x.dtype) if self.mode == "on" else choose(*key[:3], x.dtype, training)
+            update = self.__dict__.get("sgd_update")
+            if update is not None and training and w is self.weight and w.requires_grad and update.active():
+                return LinearSGDInBackwardFunction.apply(x, w, b, update, choice.onednn)
             if not choice.onednn:
                 return F.linear(x, w, b)
             return OneDNNLinearFunction.apply(x, w, b)
@@ -269,6 +358,7 @@ def use_plain_linear(model: nn.Module) -> int:
         if isinstance(module, OneDNNLinear):
             cast(nn.Module, module).__class__ = nn.Linear
             module.__dict__.pop("mode", None)
+            module.__dict__.pop("sgd_update", None)
             count += 1
     return count
 
@@ -305,8 +395,10 @@ __all__ = [
     "FAST_LINEAR_MODES",
     "LINEAR_FILE",
     "LinearChoice",
+    "LinearSGDInBackwardFunction",
     "OneDNNLinear",
     "OneDNNLinearFunction",
+    "SGDUpdate",
     "choices_made",
     "choose",
     "describe_choices",

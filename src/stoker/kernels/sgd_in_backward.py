@@ -1,0 +1,150 @@
+"""Plain SGD applied inside the weight-gradient product of the large linear layers.
+
+For a linear layer trained by plain SGD the backward writes ``grad_W = grad_y.T @ x`` (a full
+weight-sized tensor) and the optimizer then reads the weight and that gradient and writes the
+weight again. Where the weight is large and the batch small (the 4096x1001 classifier of
+``trivial`` at batch 32: 16 MB of weight against 0.5 MB of activations) those passes over memory
+cost as much as the product itself. :func:`update_in_backward` makes such layers accumulate the
+product straight into the weight, ``W.addmm_(grad_y.T, x, beta=1 - lr * wd, alpha=-lr)``
+(:class:`~stoker.kernels.linear.LinearSGDInBackwardFunction`): the same update to fp32 rounding,
+no gradient written. Measured on a 2-core AVX2 EPYC, one thread, the ``trivial`` training step at
+batch 32: 32-36 ms against 40-51 ms (three interleaved pairs, 2026-11-26; ``docs/bench.md``).
+
+What it needs, because the update happens before ``optimizer.step`` and no ``.grad`` is left for
+anyone to read (:func:`run_refusal` and :func:`optimizer_refusal` say which is missing):
+
+- ``torch.optim.SGD`` without momentum, nesterov or ``maximize`` (its ``weight_decay`` is applied);
+- one process and one micro-batch per step (replicas must average gradients first; accumulation
+  sums several backwards before one update), no gradient clipping or loss scaling (both need
+  every gradient before any update), fp32 on the CPU, eager (no ``compile``/CUDA graph);
+- no optimizer step pre-hooks (they read gradients), and nothing else that reads these
+  weights' ``.grad`` (hooks, gradient summaries): it stays ``None``.
+
+Layers: every :class:`~stoker.kernels.linear.OneDNNLinear` (``fast_linear`` on or auto) whose
+weight the optimizer holds, requires grad and is used by no other module (a tied weight's second
+use would read it after its update). Everything else keeps ordinary gradients and is updated by
+``optimizer.step()``, which skips parameters without a gradient. Where a layer's forward falls
+back to ``F.linear`` (tracing, another dtype) it gets an ordinary gradient and the optimizer
+updates it: correct either way. A run and its resumption on this path are bitwise equal (each
+kernel is deterministic); against the ordinary path the weights agree to fp32 rounding, and a
+checkpoint of either path resumes on the other (the optimizer's state is the same).
+"""
+
+from __future__ import annotations
+
+import collections
+
+import torch
+from torch import nn
+from torch.optim.optimizer import _global_optimizer_pre_hooks
+
+from .linear import OneDNNLinear, SGDUpdate
+
+SGD_IN_BACKWARD_MODES: tuple[str, ...] = ("off", "auto", "on")
+
+
+def optimizer_refusal(optimizer: torch.optim.Optimizer) -> str | None:
+    """Why this optimizer's update cannot run inside the backward, or ``None`` when it can."""
+    if type(optimizer) is not torch.optim.SGD:
+        return f"it needs torch.optim.SGD; the optimizer is {type(optimizer).__name__}"
+    if optimizer._optimizer_step_pre_hooks or _global_optimizer_pre_hooks:
+        return "the optimizer has step pre-hooks, which read the gradients (e.g. decay or clipping added there)"
+    for i, group in enumerate(optimizer.param_groups):
+        for key in ("momentum", "nesterov", "maximize", "differentiable"):
+            if group.get(key):
+                return f"it is plain SGD only; param group {i} has {key}={group[key]!r}"
+    return None
+
+
+def run_refusal(
+    *,
+    device: torch.device,
+    world_size: int,
+    precision: str,
+    accumulation: int,
+    clip_norm: float | None,
+    compiled: bool,
+    fast_linear: str,
+) -> str | None:
+    """Why a run with these settings cannot update inside the backward, or ``None`` when it can."""
+    if fast_linear == "off":
+        return "it runs inside stoker's linear layers: needs fast_linear 'auto' or 'on'"
+    if device.type != "cpu":
+        return f"it runs on the CPU only; this run's device is {device}"
+    if world_size > 1:
+        return f"it needs one process ({world_size} replicas must average their gradients before the update)"
+    if precision != "fp32":
+        return f"it needs fp32; this run's precision is {precision}"
+    if accumulation > 1:
+        return f"it needs one micro-batch per step; gradient_accumulation_steps is {accumulation}"
+    if clip_norm is not None:
+        return "gradient clipping needs every gradient before any update"
+    if compiled:
+        return "it runs eagerly; compile and CUDA graphs trace the update themselves"
+    return None
+
+
+def update_in_backward(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """Make each eligible :class:`~stoker.kernels.linear.OneDNNLinear` of ``model`` apply
+    ``optimizer``'s SGD update in its backward; return their names.
+
+    Raises:
+        ValueError: :func:`optimizer_refusal` refuses the optimizer.
+    """
+    why = optimizer_refusal(optimizer)
+    if why is not None:
+        raise ValueError(f"sgd_in_backward: {why}")
+    group_of = {id(p): i for i, group in enumerate(optimizer.param_groups) for p in group["params"]}
+    uses = collections.Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
+    names = []
+    for name, module in model.named_modules():
+        if not isinstance(module, OneDNNLinear):
+            continue
+        weight = module.weight
+        index = group_of.get(id(weight))
+        eligible = (
+            index is not None
+            and uses[id(weight)] == 1
+            and weight.requires_grad
+            and weight.dtype == torch.float32
+            and weight.device.type == "cpu"
+            and type(weight) in (torch.Tensor, nn.Parameter)
+        )
+        if eligible:
+            assert index is not None
+            module.__dict__["sgd_update"] = SGDUpdate(optimizer, index)  # a plain attribute, not a submodule
+            names.append(name)
+        else:
+            module.__dict__.pop("sgd_update", None)
+    return names
+
+
+def remove_update_in_backward(model: nn.Module) -> int:
+    """Give every layer of ``model`` ordinary weight gradients again; return how many changed."""
+    count = 0
+    for module in model.modules():
+        if module.__dict__.pop("sgd_update", None) is not None:
+            count += 1
+    return count
+
+
+def updating_in_backward(model: nn.Module, *, ran: bool = False) -> list[str]:
+    """Names of the layers of ``model`` set to update their weight in the backward (``ran``: only
+    those whose backward has done so at least once; a module that calls ``F.linear`` on its own,
+    such as ``FlattenDense`` on a channels_last batch, never runs its layer's update)."""
+    names = []
+    for name, module in model.named_modules():
+        update = module.__dict__.get("sgd_update")
+        if isinstance(update, SGDUpdate) and (update.ran or not ran):
+            names.append(name)
+    return names
+
+
+__all__: list[str] = [
+    "SGD_IN_BACKWARD_MODES",
+    "optimizer_refusal",
+    "remove_update_in_backward",
+    "run_refusal",
+    "update_in_backward",
+    "updating_in_backward",
+]
