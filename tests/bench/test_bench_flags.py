@@ -524,6 +524,7 @@ def test_header_says_which_defaults_were_used(capsys: pytest.CaptureFixture[str]
 
 def test_eval_epochs_and_input_pipeline_flags(tmp_path: Path) -> None:
     from stoker.bench.workload import data_workers, make_input_fn, prefetch_depth
+    from stoker.data.jpeg import available_decoders
 
     # cifar10 has 10000 evaluation images: 0.01 epochs at an evaluation batch of 16 is ceil(100 / 16) = 7 batches.
     w = _workload(
@@ -539,12 +540,20 @@ def test_eval_epochs_and_input_pipeline_flags(tmp_path: Path) -> None:
     assert prefetch_depth(parse("--datasets_prefetch_buffer_size=3", "--batch_group_size=2")) == 6
     assert prefetch_depth(parse("--nodatasets_use_prefetch")) == 0
     assert data_workers(parse("--nouse_datasets")) == 0 and data_workers(parse("--datasets_num_private_threads=3")) == 3
-    assert data_workers(parse()) == len(os.sched_getaffinity(0))  # one per usable core
+    # One per usable core; one less where threads decode for a CPU step, since the training thread
+    # decodes too while its next batch is not ready (threads: libjpeg-crop, at most 4 of them).
+    cores = len(os.sched_getaffinity(0))
+    threads = "libjpeg-crop" in available_decoders() and 1 < cores <= 5
+    assert data_workers(parse()) == (cores - 1 if threads else cores)
+    assert data_workers(parse("--data_worker_kind=process")) == cores
     import stoker.bench.workload as workload_module
 
     with pytest.MonkeyPatch.context() as mp:  # a 16-core GPU host: two cores kept for the training and infeed threads
         mp.setattr(workload_module, "usable_cores", lambda: 16)
         assert data_workers(parse("--device=cpu")) == 16 and data_workers(parse("--device=cuda")) == 14
+        mp.setattr(workload_module, "usable_cores", lambda: 2)  # the development machine
+        assert data_workers(parse("--device=cpu")) == (1 if "libjpeg-crop" in available_decoders() else 2)
+        mp.setattr(workload_module, "usable_cores", lambda: 16)
         mp.setenv("LOCAL_WORLD_SIZE", "8")  # 2 cores per replica: both decode
         assert data_workers(parse("--device=cuda")) == 2
     data = _image_folder(tmp_path / "data", size=232)
@@ -570,7 +579,8 @@ def test_eval_epochs_and_input_pipeline_flags(tmp_path: Path) -> None:
 
 def test_a_compute_bound_cpu_model_decodes_in_the_input_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """resnet50's step lasts many decodes on a CPU: no worker processes (they cost it ~20 %);
-    trivial's is shorter than one: a worker per core. Given worker counts and CUDA are untouched."""
+    trivial's is shorter than one: a worker per core (one less where threads decode and the training
+    thread helps them). Given worker counts and CUDA are untouched."""
     from types import SimpleNamespace
 
     import stoker.bench.workload as workload_module
@@ -589,7 +599,12 @@ def test_a_compute_bound_cpu_model_decodes_in_the_input_thread(tmp_path: Path, m
     assert ratio is not None and 110 < ratio < 120  # 3 x 7.7 GFLOP at 100 GFLOP/s: 231 ms, over 2 ms a decode
     assert workload_module.data_workers(heavy, w_heavy) == 0
     assert workload_module.compute_bound_on_cpu(light, w_light) is None
-    assert workload_module.data_workers(light, w_light) == len(os.sched_getaffinity(0))
+    cores = len(os.sched_getaffinity(0))
+    helped = workload_module.training_thread_decodes(light, w_light, cores - 1) and cores > 1
+    assert workload_module.data_workers(light, w_light) == (cores - 1 if helped else cores)
+    if helped:  # decoding threads, and the training thread decodes too: the header says so
+        (line,) = [x for x in header_lines(light, w_light) if x.startswith("Input")]
+        assert f"{cores - 1} decoding thread" in line and "the training thread decodes too" in line
     given = parse("--model=resnet50", "--device=cpu", "--datasets_num_private_threads=2", *flags)
     assert workload_module.data_workers(given, w_heavy) == 2
     (line,) = [x for x in header_lines(heavy, w_heavy) if x.startswith("Input")]

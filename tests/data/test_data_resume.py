@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import concurrent.futures
 import gc
 import json
 import random
@@ -17,7 +16,7 @@ import torch
 import stoker
 from helpers.images import make_image_tree, make_index_tree, write_cifar
 from stoker.data import cifar_binary, image_folder, text_chars
-from stoker.data._workers import one_kernel_thread
+from stoker.data._workers import _SlotRun, one_kernel_thread
 from stoker.data.base import auto_worker_kind
 from stoker.data.cifar import CIFAR10_MEAN, CIFAR10_STD
 from stoker.data.images import IMAGENET_MEAN, IMAGENET_STD
@@ -339,14 +338,14 @@ def test_workers_stop_at_once_when_a_source_in_a_reference_cycle_is_collected(im
 def test_thread_workers_stop_when_a_source_in_a_reference_cycle_is_collected(image_tree: Path) -> None:
     src = image_folder(image_tree, batch_size=5, image_size=12, num_workers=2, worker_kind="thread")
     next(iter(src))
-    pool = src._loader_it
-    assert isinstance(pool, concurrent.futures.ThreadPoolExecutor) and pool._threads
+    run = src._loader_it
+    assert isinstance(run, _SlotRun) and len(run.threads) == 2
     holder: dict[str, object] = {"source": src}
     holder["self"] = holder
     del src, holder
-    gc.collect()  # the queued batches hold a copy of the source, not the source: it is freed
-    assert pool._shutdown
-    for thread in list(pool._threads):
+    gc.collect()  # the threads hold a copy of the source, not the source: it is freed
+    assert run.stopped
+    for thread in run.threads:
         thread.join(timeout=10)
         assert not thread.is_alive()
 

@@ -53,6 +53,7 @@ from .workload import (  # flops_per_image lives there: the input choice counts 
     data_workers,
     flops_per_image,
     prefetch_depth,
+    training_thread_decodes,
     usable_cores,
 )
 
@@ -292,6 +293,8 @@ def _optional_lines(cfg: BenchConfig, workload: Workload, bucket_mb: float | Non
         workers = data_workers(cfg, workload)
         inline = compute_bound_on_cpu(cfg, workload) if cfg.datasets_num_private_threads is None else None
         why = "" if inline is None or workers else f"; decoding in the input thread: a step lasts ~{inline:.0f} decodes"
+        if training_thread_decodes(cfg, workload, workers):
+            why += "; the training thread decodes too while its next batch is not ready"
         kind = data_worker_kind(cfg, workers)
         kind = kind if workers == 1 else {"thread": "threads", "process": "processes"}[kind]
         lines.append(

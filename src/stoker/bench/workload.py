@@ -590,7 +590,20 @@ def data_workers(cfg: BenchConfig, workload: Workload | None = None) -> int:
         # every core decoding they wait for a core. H200 host, 16 cores, resnet50 bf16 on 1,280
         # real JPEGs (one run each, 2026-11-26): 16 workers 3,685 images/sec, 14 3,953, 12 3,973.
         return per_replica - 2
+    if per_replica > 1 and training_thread_decodes(cfg, workload, per_replica - 1):
+        # One busy thread per core: the training thread decodes the rest of its batch when the
+        # decoding threads are behind (stoker.data._workers._ExampleThreads). trivial, 1,280 real
+        # JPEGs, 2 cores, four interleaved pairs (2026-11-26): 1 thread + the training thread
+        # 672-723 images/sec (1.93 cores busy), 2 threads 554-664 (1.76).
+        return per_replica - 1
     return per_replica
+
+
+def training_thread_decodes(cfg: BenchConfig, workload: Workload | None, workers: int) -> bool:
+    """Whether, with ``workers`` decoding threads, the training thread decodes too while its next
+    batch is not ready: JPEG data (folder or TFRecords) decoded by threads for a CPU step."""
+    cifar = workload is not None and workload.dataset == "cifar10"
+    return workers > 0 and not cifar and not _trains_on_cuda(cfg) and data_worker_kind(cfg, workers) == "thread"
 
 
 def step_in_decodes(cfg: BenchConfig, dataset: str, num_classes: int | None, device: torch.device) -> float | None:

@@ -39,7 +39,16 @@ import numpy as np
 import torch
 
 from ..errors import StokerError
-from ._workers import InSlot, _BatchWorkers, _SlotRing, _ThreadWorkers, build_in_slot, make_workers, read_slot
+from ._workers import (
+    InSlot,
+    _BatchWorkers,
+    _ExampleThreads,
+    _SlotRing,
+    _ThreadWorkers,
+    build_in_slot,
+    make_workers,
+    read_slot,
+)
 
 log = logging.getLogger("stoker")
 
@@ -302,7 +311,9 @@ class IndexedSource(ABC):
         if worker_kind == "auto":
             worker_kind = auto_worker_kind(self._threads_suffice(), num_workers)
         self.worker_kind = worker_kind
-        self._workers: _BatchWorkers | _ThreadWorkers = make_workers(self.worker_kind)
+        self._workers: _BatchWorkers | _ThreadWorkers | _ExampleThreads = make_workers(
+            self.worker_kind, self._builds_by_slot()
+        )
         #: Set only in a worker's copy: the shared-memory slots its batches are built into.
         self._slots: _SlotRing | None = None
 
@@ -328,6 +339,11 @@ class IndexedSource(ABC):
         """True when this source's batch building runs mostly outside the GIL, so that
         ``worker_kind="auto"`` builds in threads. Called at the end of ``__init__``'s checks."""
         return False
+
+    def _builds_by_slot(self) -> bool:
+        """Whether worker threads build this source's batches one example (slot) at a time, the
+        consumer helping (``stoker.data._workers._ExampleThreads``): sources with ``fill_slot``."""
+        return callable(getattr(self, "fill_slot", None))
 
     def _thread_copy(self) -> IndexedSource:
         """The copy of this source a worker thread builds with (see ``__getstate__``); a source
@@ -495,7 +511,7 @@ class IndexedSource(ABC):
     def __getstate__(self) -> dict[str, Any]:
         # Copies (for workers; pickled for forkserver/spawn) carry the data, not the workers.
         state = self.__dict__.copy()
-        state["_workers"] = make_workers(self.worker_kind)
+        state["_workers"] = make_workers(self.worker_kind, self._builds_by_slot())
         state["_plan"] = copy.copy(self._plan)  # its own cache
         state["_bad"] = []
         return state

@@ -313,6 +313,10 @@ class EncodedImageSource(IndexedSource):
             self.train, indexed.get("shuffle"), indexed.get("num_epochs")
         )
         super().__init__(batch_size=batch_size, **indexed)
+        if self.worker_kind == "thread" and self.num_workers > 0 and not self.pin_memory:
+            # The training thread fetches (no infeed thread), so it is the one that decodes the
+            # rest of its batch when the decoding threads have not finished it (_ExampleThreads).
+            self.prefers_inline_fetch = True
 
     # ------------------------------------------------------------------ to implement
     @property
@@ -409,17 +413,53 @@ class EncodedImageSource(IndexedSource):
         """``(index used, load(index, uniforms, position))`` per example, bad ones replaced
         (:meth:`load_or_replace`): a replacement keeps its own augmentation (it depends on the
         example, not the slot)."""
-        results: list[tuple[int, T]] = []
-        for j, i in enumerate(idx.tolist()):
+        return [self._load_slot(epoch, idx, draws, j, load) for j in range(len(idx))]
 
-            def load_one(k: int, i: int = i, j: int = j) -> tuple[int, T]:
-                if draws is None:
-                    return k, load(k, None, j)
-                u = draws[j] if k == i else example_uniforms(self.seed, epoch, [k], self._draws)[0]
-                return k, load(k, u, j)
+    def _load_slot(
+        self,
+        epoch: int,
+        idx: np.ndarray,
+        draws: np.ndarray | None,
+        j: int,
+        load: Callable[[int, np.ndarray | None, int], T],
+    ) -> tuple[int, T]:
+        """``(index used, load(index, uniforms, j))`` for slot ``j`` of the batch ``idx``."""
+        i = int(idx[j])
 
-            results.append(self.load_or_replace(epoch, i, load_one))
-        return results
+        def load_one(k: int) -> tuple[int, T]:
+            if draws is None:
+                return k, load(k, None, j)
+            u = draws[j] if k == i else example_uniforms(self.seed, epoch, [k], self._draws)[0]
+            return k, load(k, u, j)
+
+        return self.load_or_replace(epoch, i, load_one)
+
+    # ------------------------------------------------------------------ one slot at a time (decoding threads)
+    def slot_plan(
+        self, indices: torch.Tensor, epoch: int
+    ) -> tuple[np.ndarray, np.ndarray | None, dict[str, torch.Tensor]]:
+        """What the decoding threads fill batch ``indices`` from, one slot each: the indices, their
+        random draws and the batch's buffers (pinned for a CUDA infeed)."""
+        idx = indices.numpy()
+        size = self.image_size
+        images = torch.empty((len(idx), size, size, 3), dtype=torch.uint8, pin_memory=self.pin_memory)
+        return idx, self._uniforms_of(epoch, idx), {"images": images}
+
+    def fill_slot(
+        self, epoch: int, idx: np.ndarray, draws: np.ndarray | None, j: int, buffers: dict[str, torch.Tensor]
+    ) -> tuple[int, int, str | None]:
+        """Decode slot ``j`` into its row of ``buffers["images"]`` (an unreadable example replaced as
+        :meth:`fill_batch` replaces it): ``(index used, label, None)``, or the error's text."""
+        row = buffers["images"][j].numpy()
+        try:
+            used, label = self._load_slot(epoch, idx, draws, j, lambda k, u, _: self._decode_into(k, u, j, row))
+        except DataError as e:
+            return 0, 0, str(e)
+        return used, label, None
+
+    def finish_slots(self, epoch: int, buffers: dict[str, torch.Tensor], used: list[int], labels: list[int]) -> Any:
+        """The batch from its filled buffers, the examples used and their labels."""
+        return self.assemble(buffers, (np.asarray(labels, dtype=np.int64), self._color(epoch, used)), copy=False)
 
     def _color(self, epoch: int, used: list[int]) -> np.ndarray | None:
         if not self.distortions:
