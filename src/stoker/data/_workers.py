@@ -429,7 +429,12 @@ class _SlotRun:
             used, label, error = source.fill_slot(batch.epoch, batch.idx, batch.draws, j, batch.buffers)
         except BaseException as e:  # a bug, not bad data (fill_slot returns that as text): the consumer raises it
             with self.cond:
-                self.failure = self.failure or e
+                if self.failure is None:  # the slot will never be done: every later take() must raise, not wait
+                    self.failure = (
+                        e
+                        if isinstance(e, Exception)
+                        else RuntimeError(f"input threads: decoding stopped by {type(e).__name__}; close the source")
+                    )
                 batch.ready.set()
             raise
         bad, source._bad = source._bad, []

@@ -385,20 +385,34 @@ class EncodedImageSource(IndexedSource):
         self, index: int, u: np.ndarray | None
     ) -> tuple[EncodedExample, tuple[float, float, float, float], bool]:
         """Example ``index`` read, its crop box and flip decided (from its header only)."""
+        example, box, flip, _ = self._plan_sized(index, u)
+        return example, box, flip
+
+    def _plan_sized(
+        self, index: int, u: np.ndarray | None
+    ) -> tuple[EncodedExample, tuple[float, float, float, float], bool, tuple[int, int]]:
+        """:meth:`_plan_example` and the image's ``(width, height)``."""
         example = self._read(index)
         try:
             width, height = self.decoder.size(example.data)
         except ImageDecodeError as e:
             raise DataError(f"{self.name}: cannot read image {example.name} (example {index}): {e}") from e
         flip = u is not None and bool(u[self._flip_index] < 0.5)
-        return example, self._box(width, height, u, example), flip
+        return example, self._box(width, height, u, example), flip, (width, height)
 
-    def _decode_into(self, index: int, u: np.ndarray | None, position: int, out: np.ndarray) -> int:
+    def _decode_into(self, index: int, u: np.ndarray | None, position: int, out: np.ndarray | torch.Tensor) -> int:
         """Decode example ``index`` into ``out`` (uint8 ``[H, W, 3]``); its label."""
-        example, box, flip = self._plan_example(index, u)
+        example, box, flip, wh = self._plan_sized(index, u)
         try:
             decode_crop_resize(
-                example.data, box, self.image_size, self._method(position), flip, decoder=self.decoder, out=out
+                example.data,
+                box,
+                self.image_size,
+                self._method(position),
+                flip,
+                decoder=self.decoder,
+                out=out,
+                image_wh=wh,  # read once: the header is parsed for the box already
             )
         except ImageDecodeError as e:
             raise DataError(f"{self.name}: cannot read image {example.name} (example {index}): {e}") from e
@@ -450,7 +464,7 @@ class EncodedImageSource(IndexedSource):
     ) -> tuple[int, int, str | None]:
         """Decode slot ``j`` into its row of ``buffers["images"]`` (an unreadable example replaced as
         :meth:`fill_batch` replaces it): ``(index used, label, None)``, or the error's text."""
-        row = buffers["images"][j].numpy()
+        row = buffers["images"][j]
         try:
             used, label = self._load_slot(epoch, idx, draws, j, lambda k, u, _: self._decode_into(k, u, j, row))
         except DataError as e:
@@ -550,11 +564,27 @@ class ImageFolderSource(EncodedImageSource):
     def _encoded(self, index: int) -> EncodedExample:
         path = self.paths[index]
         try:
-            with open(path, "rb") as f:
-                data = f.read()
+            data = _read_file(path)
         except OSError as e:
             raise DataError(f"{self.name}: cannot read image {path} (example {index}): {type(e).__name__}: {e}") from e
         return EncodedExample(data, int(self.targets[index]), None, path)
+
+
+def _read_file(path: str) -> bytes:
+    """The file's bytes: one ``read`` of its size (29 against 41 us for ``open().read()`` on an
+    85 KB JPEG from the page cache, which reads in buffered chunks), more if it grew meanwhile."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        data = os.read(fd, size + 1)  # + 1: sees a file that grew since fstat
+        if len(data) == size:
+            return data
+        chunks = [data]  # a short read (some network file systems) or a grown file: read to the end
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def image_folder(

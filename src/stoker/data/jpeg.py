@@ -273,13 +273,15 @@ def decode_crop_resize(
     *,
     decoder: Decoder | None = None,
     out: np.ndarray | torch.Tensor | None = None,
+    image_wh: tuple[int, int] | None = None,
 ) -> np.ndarray:
     """The ``box = (left, top, width, height)`` region of the encoded image, resized to
     ``size`` x ``size`` (``resize_method``: one of :data:`RESIZE_MODES`, or ``crop``: the box is
     taken as is and must be ``size`` x ``size``), flipped left-right when ``flip``: uint8 ``[size, size, 3]``.
 
     Decodes at the smallest DCT scale that keeps the box at least ``size`` on both sides. Writes
-    into ``out`` (uint8 ``[size, size, 3]``) when given and returns it.
+    into ``out`` (uint8 ``[size, size, 3]``) when given and returns it. ``image_wh``: the image's
+    ``(width, height)`` when the caller has read it from the header already.
 
     Raises:
         ImageDecodeError: the bytes are not a decodable image.
@@ -289,7 +291,7 @@ def decode_crop_resize(
     scale = 1 if resize_method == "crop" else dct_scale(bw, bh, size)
     window: Callable[[bytes, int, int, int, int, int], np.ndarray] | None = getattr(decoder, "decode_window", None)
     if window is not None:  # only the window is decoded; libjpeg's scaled size is ceil(side / scale)
-        width, height = decoder.size(data)
+        width, height = image_wh or decoder.size(data)
         scaled_w, scaled_h = -(-width // scale), -(-height // scale)
         image: np.ndarray | None = None
     else:
