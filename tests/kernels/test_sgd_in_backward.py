@@ -280,3 +280,19 @@ def test_it_follows_the_optimizer_through_load_state_dict_and_steps_aside_once_i
     del opt, saved
     model(torch.randn(4, 48)).sum().backward()
     assert model[0].weight.grad is not None  # no optimizer any more: an ordinary gradient
+
+
+@pytest.mark.parametrize(
+    ("flags", "need"),
+    [
+        (["--optimizer=momentum"], "--optimizer=sgd (plain SGD; got momentum)"),
+        (["--gradient_clip=1.0"], "no --gradient_clip"),
+        (["--fast_linear=off"], "--fast_linear=auto or on"),
+        (["--compile=module"], "no --compile"),
+        (["--precision=bf16"], "--precision=fp32 (got bf16)"),
+    ],
+)
+def test_bench_on_names_the_flag_in_the_way(capsys, flags, need):
+    code, _, err = run_main(capsys, *QUICK, "--sgd_in_backward=on", *flags)
+    assert code == 2
+    assert f"--sgd_in_backward=on needs {need}" in err and "use --sgd_in_backward=auto or off" in err

@@ -369,6 +369,7 @@ def _check_combinations(cfg: BenchConfig) -> None:
     if cfg.num_batches is not None and cfg.num_epochs is not None:
         raise _fail("at most one of --num_batches and --num_epochs may be given", "num_batches", "num_epochs")
     _check_evaluation(cfg)
+    _check_sgd_in_backward(cfg)
     _check_fp16(cfg)
     _check_checkpoints(cfg)
     _check_mode(cfg)
@@ -386,6 +387,27 @@ def _check_combinations(cfg: BenchConfig) -> None:
                     name,
                     "exported",
                 )
+
+
+def _check_sgd_in_backward(cfg: BenchConfig) -> None:
+    """``--sgd_in_backward=on``: what the run must be for the update to move into the backward
+    (``auto`` quietly keeps the ordinary update instead; the device is checked by the engine)."""
+    if cfg.sgd_in_backward != "on":
+        return
+    needs = (
+        ("optimizer", cfg.optimizer != "sgd", f"--optimizer=sgd (plain SGD; got {cfg.optimizer})"),
+        ("gradient_clip", cfg.gradient_clip is not None, "no --gradient_clip (clipping needs every gradient first)"),
+        ("fast_linear", cfg.fast_linear == "off", "--fast_linear=auto or on (the update runs in those layers)"),
+        ("compile", cfg.compile_mode not in (False, "none", "false"), "no --compile (the update runs eagerly)"),
+        ("cuda_graph", cfg.cuda_graph, "no --cuda_graph"),
+        ("precision", cfg.precision != "fp32", f"--precision=fp32 (got {cfg.precision})"),
+        ("num_gpus", cfg.num_gpus > 1, "one replica (replicas average gradients before the update)"),
+    )
+    for name, conflict, need in needs:
+        if conflict:
+            raise _fail(
+                f"--sgd_in_backward=on needs {need}; use --sgd_in_backward=auto or off", "sgd_in_backward", name
+            )
 
 
 def _check_evaluation(cfg: BenchConfig) -> None:
