@@ -1,8 +1,10 @@
 """Workers that build an :class:`~stoker.data.IndexedSource`'s batches: threads or processes.
 
-With ``worker_kind="thread"`` batch ``g`` is built by a thread of the training process
-(:class:`_ThreadWorkers`: for sources whose batch building runs outside the GIL); the rest of
-this docstring is about the worker processes (``worker_kind="process"``).
+With ``worker_kind="thread"`` batches are built by threads of the training process, for
+sources whose batch building runs outside the GIL: image sources one example at a time, the
+thread that asks for a batch decoding its remaining examples instead of waiting
+(:class:`_ExampleThreads`), other sources a whole batch per thread (:class:`_ThreadWorkers`).
+The rest of this docstring is about the worker processes (``worker_kind="process"``).
 
 With ``num_workers > 0`` batches are built in worker processes by a
 ``torch.utils.data.DataLoader(batch_size=None)`` over :class:`_BatchPlan`, a map-style
