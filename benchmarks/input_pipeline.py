@@ -5,7 +5,8 @@ in 10 classes (fixed seed), then, interleaved round by round so that machine noi
 every variant alike, measures batches/sec of
 
 - ``stoker W=n``: ``image_folder(train=True, image_size=56, batch_size=64, num_workers=n)``
-  iterated directly (each worker builds whole batches; index-based augmentation);
+  iterated directly (decoding threads fill a batch one example at a time and the caller helps,
+  worker processes build whole batches; index-based augmentation);
 - ``plain W=n``: ``torch.utils.data.DataLoader(batch_size=64, shuffle=True, num_workers=n)``
   over a map-style Dataset doing the same Pillow decode and the same augmentation (random
   resized crop + flip, with Python's ``random``) per sample, then ``to_tensor`` + normalise
