@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import gc
 import json
 import random
@@ -337,6 +338,21 @@ def test_workers_stop_at_once_when_a_source_in_a_reference_cycle_is_collected(im
 
 def test_thread_workers_stop_when_a_source_in_a_reference_cycle_is_collected(image_tree: Path) -> None:
     src = image_folder(image_tree, batch_size=5, image_size=12, num_workers=2, worker_kind="thread")
+    next(iter(src))
+    pool = src._loader_it  # float32 batches: whole batches per thread, normalised there
+    assert isinstance(pool, concurrent.futures.ThreadPoolExecutor) and pool._threads
+    holder: dict[str, object] = {"source": src}
+    holder["self"] = holder
+    del src, holder
+    gc.collect()  # the queued batches hold a copy of the source, not the source: it is freed
+    assert pool._shutdown
+    for thread in list(pool._threads):
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+
+
+def test_slot_threads_stop_when_a_source_in_a_reference_cycle_is_collected(image_tree: Path) -> None:
+    src = image_folder(image_tree, batch_size=5, image_size=12, num_workers=2, worker_kind="thread", output="uint8")
     next(iter(src))
     run = src._loader_it
     assert isinstance(run, _SlotRun) and len(run.threads) == 2

@@ -43,9 +43,11 @@ def _same(a: list[tuple[torch.Tensor, torch.Tensor]], b: list[tuple[torch.Tensor
     )
 
 
-def test_a_thread_source_builds_by_example_and_is_fetched_on_the_training_thread(tree: Path) -> None:
+def test_a_uint8_thread_source_builds_by_example_and_is_fetched_on_the_training_thread(tree: Path) -> None:
     src = image_folder(tree, batch_size=4, image_size=12, num_workers=1, worker_kind="thread", output="uint8")
     assert isinstance(src._workers, _ExampleThreads) and src.prefers_inline_fetch
+    floats = image_folder(tree, batch_size=4, image_size=12, num_workers=1, worker_kind="thread")
+    assert not isinstance(floats._workers, _ExampleThreads) and not floats.prefers_inline_fetch  # normalised off it
     processes = image_folder(tree, batch_size=4, image_size=12, num_workers=1, worker_kind="process")
     assert not processes.prefers_inline_fetch  # the infeed may fetch them on its own thread
     pinned_kind = image_folder(tree, batch_size=4, image_size=12, num_workers=1, decoder="pillow", output="uint8")
@@ -99,7 +101,7 @@ def test_a_bug_in_a_decoding_thread_reaches_the_caller(tree: Path, monkeypatch: 
         raise ZeroDivisionError("a bug, not bad data")
 
     monkeypatch.setattr(EncodedImageSource, "fill_slot", broken)
-    src = image_folder(tree, batch_size=4, image_size=12, num_workers=2, worker_kind="thread")
+    src = image_folder(tree, batch_size=4, image_size=12, num_workers=2, worker_kind="thread", output="uint8")
     with pytest.raises(ZeroDivisionError, match="a bug, not bad data"):
         next(iter(src))
     src.close()

@@ -313,7 +313,7 @@ class EncodedImageSource(IndexedSource):
             self.train, indexed.get("shuffle"), indexed.get("num_epochs")
         )
         super().__init__(batch_size=batch_size, **indexed)
-        if self.worker_kind == "thread" and self.num_workers > 0 and not self.pin_memory:
+        if self.worker_kind == "thread" and self.num_workers > 0 and self._builds_by_slot() and not self.pin_memory:
             # The training thread fetches (no infeed thread), so it is the one that decodes the
             # rest of its batch when the decoding threads have not finished it (_ExampleThreads).
             self.prefers_inline_fetch = True
@@ -332,6 +332,11 @@ class EncodedImageSource(IndexedSource):
     def _identity(self) -> dict[str, int]:
         # A different batch size would make the saved batch number point at other examples.
         return {"num_classes": len(self.classes), "batch_size": self.batch_size}
+
+    def _builds_by_slot(self) -> bool:
+        # uint8 batches only: a float32 batch is normalised as a whole by the thread that builds
+        # it, which must then stay a decoding thread, off the training thread.
+        return self.output == "uint8"
 
     def _threads_suffice(self) -> bool:
         return image_threads_suffice(
