@@ -19,14 +19,6 @@ from stoker.kernels.machine import cache_dir, machine_key
 pytestmark = pytest.mark.skipif(not fl.onednn_available(), reason="this torch build has no oneDNN linear")
 
 
-@pytest.fixture(autouse=True)
-def _fresh_choices(tmp_path, monkeypatch):
-    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path / "cache"))
-    fl.reset_choices()
-    yield
-    fl.reset_choices()
-
-
 def _mlp(bias: bool = True) -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(

@@ -13,8 +13,7 @@ from stoker.kernels import machine, peak
 
 
 @pytest.fixture(autouse=True)
-def _own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path / "cache"))
+def _no_memo(monkeypatch):  # the cache directory is the test's own (conftest.py)
     monkeypatch.setattr(peak, "_memo", {})
 
 

@@ -30,14 +30,6 @@ pytestmark = pytest.mark.skipif(not fl.onednn_available(), reason="this torch bu
 LR, WD = 0.1, 0.01
 
 
-@pytest.fixture(autouse=True)
-def _fresh_choices(tmp_path, monkeypatch):
-    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path / "cache"))
-    fl.reset_choices()
-    yield
-    fl.reset_choices()
-
-
 def _mlp() -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(48, 96), nn.Tanh(), nn.Linear(96, 96, bias=False), nn.Tanh(), nn.Linear(96, 10))

@@ -368,10 +368,10 @@ class SlotSource(Protocol):
 
 
 class _SlotBatch:
-    """Batch ``g`` while its examples are being decoded: the plan, the next slot to hand out, the results."""
+    """A batch while its examples are being decoded: the plan, the next slot to hand out, the results."""
 
-    def __init__(self, g: int, epoch: int, plan: tuple[Any, Any, dict[str, torch.Tensor]]) -> None:
-        self.g, self.epoch = g, epoch
+    def __init__(self, epoch: int, plan: tuple[Any, Any, dict[str, torch.Tensor]]) -> None:
+        self.epoch = epoch
         self.idx, self.draws, self.buffers = plan
         self.rows = len(self.idx)
         self.next_slot = 0
@@ -403,7 +403,7 @@ class _SlotRun:
     def _plan(self) -> _SlotBatch:
         g = self.planned
         epoch, b = divmod(g, self.view.batches_per_epoch)
-        batch = _SlotBatch(g, epoch, self.view.slot_plan(self.view.batch_indices(epoch, b), epoch))
+        batch = _SlotBatch(epoch, self.view.slot_plan(self.view.batch_indices(epoch, b), epoch))
         self.pending[g] = batch
         self.planned = g + 1
         return batch

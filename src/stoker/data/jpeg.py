@@ -296,7 +296,7 @@ def decode_crop_resize(
         image: np.ndarray | None = None
     else:
         if scale > 1:
-            width, height = decoder.size(data)
+            width, height = image_wh or decoder.size(data)
         image = decoder.decode(data, scale)
         scaled_h, scaled_w = image.shape[:2]
         if scale == 1:

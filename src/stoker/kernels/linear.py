@@ -81,6 +81,15 @@ class OneDNNLinearFunction(torch.autograd.Function):
         return grad_x, grad_w, grad_b
 
 
+def plain_sgd_refusal(group: dict[str, Any], name: str = "the param group") -> str | None:
+    """Why an SGD param group's update is not plain SGD (which an in-backward update can apply), or
+    ``None``; ``name`` names the group in the reason."""
+    for key in ("momentum", "nesterov", "maximize", "differentiable"):
+        if group.get(key):
+            return f"it is plain SGD only; {name} has {key}={group[key]!r}"
+    return None
+
+
 class SGDUpdate:
     """Where a layer's in-backward SGD update reads its rate and decay: param group ``index`` of an
     optimizer, looked up at each backward (so a learning-rate schedule applies as it does to
@@ -108,11 +117,9 @@ class SGDUpdate:
         if optimizer is None:
             raise RuntimeError("sgd_in_backward: the optimizer this layer updates with no longer exists")
         group = optimizer.param_groups[self.index]
-        if group.get("momentum", 0) or group.get("nesterov") or group.get("maximize"):
-            raise RuntimeError(
-                "sgd_in_backward: the optimizer's param group now has momentum, nesterov or maximize; "
-                "the in-backward update is plain SGD only (turn sgd_in_backward off for this run)"
-            )
+        why = plain_sgd_refusal(group)
+        if why is not None:
+            raise RuntimeError(f"sgd_in_backward: the optimizer changed: {why} (turn sgd_in_backward off for this run)")
         lr = float(group["lr"])
         return 1.0 - lr * float(group.get("weight_decay", 0.0)), -lr
 
@@ -400,6 +407,7 @@ __all__ = [
     "OneDNNLinearFunction",
     "SGDUpdate",
     "choices_made",
+    "plain_sgd_refusal",
     "choose",
     "describe_choices",
     "measure_linear",

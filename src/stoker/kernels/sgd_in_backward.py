@@ -38,7 +38,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import _global_optimizer_pre_hooks
 
-from .linear import OneDNNLinear, SGDUpdate
+from .linear import OneDNNLinear, SGDUpdate, plain_sgd_refusal
 
 SGD_IN_BACKWARD_MODES: tuple[str, ...] = ("off", "auto", "on")
 
@@ -50,9 +50,9 @@ def optimizer_refusal(optimizer: torch.optim.Optimizer) -> str | None:
     if optimizer._optimizer_step_pre_hooks or _global_optimizer_pre_hooks:
         return "the optimizer has step pre-hooks, which read the gradients (e.g. decay or clipping added there)"
     for i, group in enumerate(optimizer.param_groups):
-        for key in ("momentum", "nesterov", "maximize", "differentiable"):
-            if group.get(key):
-                return f"it is plain SGD only; param group {i} has {key}={group[key]!r}"
+        why = plain_sgd_refusal(group, f"param group {i}")
+        if why is not None:
+            return why
     return None
 
 
