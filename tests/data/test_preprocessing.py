@@ -269,6 +269,7 @@ def test_a_batch_larger_than_a_block_is_normalised_in_blocks_bitwise(monkeypatch
     """On a CPU the rows are normalised a cache-sized block at a time; a block that does not divide
     the rows (here 5 rows of 30 values, the last block short) gives the whole-batch result."""
     monkeypatch.setattr(P, "_NORMALIZE_BLOCK_BYTES", 5 * 4 * 30)
+    monkeypatch.setattr(P.fused_normalize, "available", lambda: False)  # the torch path, where it builds too
     images = torch.randint(0, 256, (3, 7, 10, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
     out = P.ImagePreprocessor()(images)
     assert torch.equal(out, normalize_images(images, P.IMAGENET_MEAN, P.IMAGENET_STD))

@@ -8,7 +8,8 @@ above it, and decoding stops after its last row. No Python binding that installs
 project's machines exposes that (PyTurboJPEG 2.x needs libturbojpeg 3, the machines have
 libjpeg-turbo 2.1; simplejpeg and imagecodecs decode whole images), so ``_jpeg_crop.c`` beside
 this file is a ~170-line C function over the system's libjpeg, built on first use with the
-system C compiler into the user cache and called through ``ctypes`` (which releases the GIL).
+system C compiler into the user cache and called through ``ctypes`` (which releases the GIL;
+:mod:`stoker.data.native`).
 
 Where there is no C compiler, no ``jpeglib.h`` or a libjpeg without partial decompression, the
 build fails once (the reason is kept: :func:`unavailable_reason`), ``libjpeg-crop`` is not
@@ -24,67 +25,18 @@ decodes (TensorFlow's ``decode_and_crop_jpeg`` behaves the same); damage inside 
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-import threading
 from pathlib import Path
 
 import numpy as np
+
+from .native import NativeLibrary
 
 SOURCE = Path(__file__).with_name("_jpeg_crop.c")
 _OK, _ERROR, _UNSUPPORTED = 0, 1, 2
 _ERR_LEN = 200
 
-_lock = threading.Lock()
-_lib: ctypes.CDLL | None = None
-_reason: str | None = None  # why it is unavailable, once a load was tried and failed
 
-
-def _cache_dir() -> Path:
-    # The convention of stoker's other caches (stoker.kernels.machine.cache_dir), repeated here
-    # because stoker.data imports nothing of stoker but its errors.
-    if os.environ.get("STOKER_CACHE_DIR"):
-        return Path(os.environ["STOKER_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "stoker"
-
-
-def _compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
-
-
-def library_path() -> Path:
-    """Where the built library is kept: named by the source's hash and the machine, so an
-    edited source or another architecture builds anew."""
-    digest = hashlib.sha256(SOURCE.read_bytes() + platform.machine().encode()).hexdigest()[:16]
-    return _cache_dir() / "ext" / f"jpeg_crop-{digest}.so"
-
-
-def _build(target: Path) -> None:
-    cc = _compiler()
-    if cc is None:
-        raise OSError("no C compiler (cc, gcc or clang; or $CC) to build it with")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".jpeg_crop-", suffix=".so")
-    os.close(fd)
-    try:
-        # -z defs: a libjpeg without jpeg_crop_scanline/jpeg_skip_scanlines fails here, not at the first call
-        cmd = [cc, "-O2", "-shared", "-fPIC", "-Wl,-z,defs", str(SOURCE), "-ljpeg", "-o", tmp]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-        if proc.returncode != 0:
-            tail = " ".join((proc.stderr or proc.stdout).split())[-300:]
-            raise OSError(f"{' '.join(cmd[:1])} failed (exit {proc.returncode}): {tail}")
-        os.replace(tmp, target)  # atomic: a process loading it meanwhile sees the old state or the whole file
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+def _declare(lib: ctypes.CDLL) -> None:
     c_int_p = ctypes.POINTER(ctypes.c_int)
     lib.stoker_jpeg_size.argtypes = [ctypes.c_char_p, ctypes.c_ulong, c_int_p, c_int_p, ctypes.c_char_p, ctypes.c_int]
     lib.stoker_jpeg_size.restype = ctypes.c_int
@@ -105,39 +57,30 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         ctypes.c_int,  # err_len
     ]
     lib.stoker_jpeg_decode_window.restype = ctypes.c_int
-    return lib
+
+
+LIBRARY = NativeLibrary("jpeg_crop", SOURCE, switch="STOKER_JPEG_CROP", declare=_declare, libs=("jpeg",))
+
+
+def library_path() -> Path:
+    """Where the built library is kept: named by the source's hash and the machine, so an
+    edited source or another architecture builds anew."""
+    return LIBRARY.path()
 
 
 def load() -> ctypes.CDLL | None:
     """The library, built first if needed; ``None`` where it cannot be (see :func:`unavailable_reason`)."""
-    global _lib, _reason
-    if _lib is not None or _reason is not None:
-        return _lib
-    with _lock:
-        if _lib is not None or _reason is not None:
-            return _lib
-        if os.environ.get("STOKER_JPEG_CROP", "1") == "0":
-            _reason = "turned off by STOKER_JPEG_CROP=0"
-            return None
-        try:
-            path = library_path()
-            if not path.exists():
-                _build(path)
-            _lib = _declare(ctypes.CDLL(str(path)))
-        except (OSError, subprocess.SubprocessError, AttributeError) as e:
-            _reason = f"{type(e).__name__}: {e}"
-    return _lib
+    return LIBRARY.load()
 
 
 def available() -> bool:
     """Whether the window decoder can be used here (builds it on the first call)."""
-    return load() is not None
+    return LIBRARY.available()
 
 
 def unavailable_reason() -> str | None:
     """Why :func:`available` is false (``None`` while it is true or was not asked yet)."""
-    load()
-    return _reason
+    return LIBRARY.unavailable_reason()
 
 
 class WindowDecodeError(ValueError):
@@ -181,4 +124,4 @@ def decode_window(data: bytes, scale: int, x: int, y: int, w: int, h: int) -> np
     return out if (oh.value, ow.value) == (h, w) else out[: oh.value, : ow.value]
 
 
-__all__ = ["SOURCE", "WindowDecodeError", "available", "decode_window", "jpeg_size", "library_path", "load"]
+__all__ = ["LIBRARY", "SOURCE", "WindowDecodeError", "available", "decode_window", "jpeg_size", "library_path", "load"]
