@@ -57,6 +57,31 @@ def test_skip_bad_examples_replaces_with_the_next_example_and_logs(
     assert any(str(bad) in m and "1 skipped so far" in m for m in messages), messages
 
 
+def test_each_skip_message_counts_up_to_itself(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    root = make_image_tree(tmp_path, classes=2, per_class=4, size=16)
+    corrupt(root / "class_0" / "img_001.jpg", "garbage")
+    corrupt(root / "class_1" / "img_001.jpg", "garbage")  # two bad examples in one batch
+    with caplog.at_level(logging.WARNING, logger="stoker"):
+        src = image_folder(root, batch_size=8, image_size=8, train=False, skip_bad_examples=True)
+        next(iter(src))
+        src.close()
+    counts = [r.getMessage().rsplit("; ", 1)[1] for r in caplog.records if "skipped a bad example" in r.getMessage()]
+    assert counts == ["1 skipped so far", "2 skipped so far"] and src.bad_examples_skipped == 2
+
+
+def test_a_file_pillow_cannot_identify_is_named_without_a_memory_address(tmp_path: Path) -> None:
+    root = make_image_tree(tmp_path, classes=1, per_class=2, size=16)
+    bad = root / "class_0" / "img_000.png"
+    bad.write_bytes(b"\x89PNG but not really a PNG")
+    src = image_folder(root, batch_size=3, image_size=8, train=False)
+    with pytest.raises(DataError) as info:
+        next(iter(src))
+    src.close()
+    message = str(info.value)
+    assert str(bad) in message and "not an image format Pillow reads" in message
+    assert "0x" not in message and "BytesIO" not in message, message
+
+
 def test_skip_bad_examples_in_training_is_deterministic(tmp_path: Path) -> None:
     root = make_image_tree(tmp_path, classes=2, per_class=6, size=16)
     corrupt(root / "class_1" / "img_000.jpg", "truncated")

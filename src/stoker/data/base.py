@@ -473,8 +473,8 @@ class IndexedSource(ABC):
         self.epoch, self.batch = epoch, batch
 
     def _report_bad(self, bad: list[str]) -> None:
-        self.bad_examples_skipped += len(bad)
-        for reason in bad:
+        for reason in bad:  # each message with the count up to it
+            self.bad_examples_skipped += 1
             log.warning(
                 "%s: skipped a bad example (%s) and used the next readable one of the epoch; %d skipped so far",
                 self.name,

@@ -39,7 +39,7 @@ from typing import Protocol
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 
 #: ``resize_method`` names (tf_cnn_benchmarks'); ``round_robin`` cycles through the first four
 #: by the example's position in its batch, ``crop`` crops without resizing.
@@ -75,6 +75,13 @@ def is_jpeg(data: bytes) -> bool:
     return data[:3] == b"\xff\xd8\xff"
 
 
+def _pillow_reason(e: Exception) -> str:
+    """What Pillow's error says about the bytes, without its in-memory file object's address."""
+    if isinstance(e, UnidentifiedImageError):  # its text names "<_io.BytesIO object at 0x...>"
+        return "not an image format Pillow reads (JPEG, PNG, BMP, ...)"
+    return f"{type(e).__name__}: {e}"
+
+
 class PillowDecoder:
     """Pillow (libjpeg-turbo in its wheels): any format it reads; ``draft`` for JPEG DCT scaling."""
 
@@ -86,7 +93,7 @@ class PillowDecoder:
             with Image.open(io.BytesIO(data)) as im:
                 return im.size
         except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, ... for bad bytes
-            raise ImageDecodeError(f"{type(e).__name__}: {e}") from e
+            raise ImageDecodeError(_pillow_reason(e)) from e
 
     def decode(self, data: bytes, scale: int = 1) -> np.ndarray:
         try:
@@ -98,7 +105,7 @@ class PillowDecoder:
                 rgb = im if im.mode == "RGB" else im.convert("RGB")
                 return np.asarray(rgb)
         except Exception as e:
-            raise ImageDecodeError(f"{type(e).__name__}: {e}") from e
+            raise ImageDecodeError(_pillow_reason(e)) from e
 
 
 class SimpleJpegDecoder:
