@@ -403,6 +403,15 @@ def main() -> None:
         med = {c: statistics.median(v) for c, v in runs.items()}
         rows.append((case, med))
         print(f"  {name}: " + ", ".join(f"{c} {[round(x, 1) for x in v]}" for c, v in runs.items()), flush=True)
+        if "stoker" in runs and "tensorflow" in runs and args.rounds > 1:
+            # Each round's pair ran a minute apart: on a noisy host the per-round ratios and their
+            # median say more than the ratio of the two medians below.
+            paired = [a / b for a, b in zip(runs["stoker"], runs["tensorflow"], strict=True)]
+            print(
+                f"  {name}: stoker / tensorflow per round {' '.join(f'{x:.2f}' for x in paired)}, "
+                f"median {statistics.median(paired):.2f}x",
+                flush=True,
+            )
     print(f"after:  {uptime()}")
     print()
     if args.data_dir:
