@@ -4,17 +4,16 @@ checks, and the torch path where the library is turned off or cannot be built.""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers.processes import PYTHON, python_env
 from stoker.data import fused_normalize
 from stoker.data import preprocessing as P
 from stoker.data.images import normalize_images
+from stoker.data.native import NativeLibrary
 
 needs_build = pytest.mark.skipif(
     not fused_normalize.available(), reason=f"cannot be built here: {fused_normalize.unavailable_reason()}"
@@ -83,27 +82,31 @@ def test_the_preprocessor_uses_it_on_a_cpu_and_gives_normalize_images_bitwise(mo
     assert torch.equal(out, normalize_images(images, P.IMAGENET_MEAN, P.IMAGENET_STD))
 
 
-def _in_a_fresh_process(code: str, **env: str) -> str:
-    proc = subprocess.run(
-        [PYTHON, "-c", code], env={**python_env(), **env}, capture_output=True, text=True, timeout=120, check=True
-    )
-    return proc.stdout.strip()
+def _fresh_library() -> NativeLibrary:
+    """A library object like fused_normalize's, not yet loaded (the module's own keeps its first outcome)."""
+    lib = fused_normalize.LIBRARY
+    return NativeLibrary(lib.name, lib.source, switch=lib.switch, declare=fused_normalize._declare, cflags=lib.cflags)
 
 
-def test_turned_off_or_unbuildable_the_torch_path_gives_the_same_batch(tmp_path: Path) -> None:
-    code = (
-        "import torch\n"
-        "from stoker.data import fused_normalize\n"
-        "from stoker.data.preprocessing import ImagePreprocessor\n"
-        "x = torch.arange(2 * 9 * 5 * 3).remainder(256).to(torch.uint8).view(2, 9, 5, 3)\n"
-        "print(fused_normalize.available(), fused_normalize.unavailable_reason())\n"
-        "print(ImagePreprocessor()(x).sum(dtype=torch.float64).item())\n"
-    )
-    off = _in_a_fresh_process(code, STOKER_FUSED_NORMALIZE="0").splitlines()
-    assert off[0] == "False turned off by STOKER_FUSED_NORMALIZE=0"
-    failing = _in_a_fresh_process(code, STOKER_CACHE_DIR=str(tmp_path), CC=sys.executable).splitlines()
-    assert failing[0].startswith("False OSError:") and "failed (exit" in failing[0]
+def test_turned_off_or_unbuildable_the_torch_path_gives_the_same_batch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    images = torch.arange(2 * 9 * 5 * 3).remainder(256).to(torch.uint8).view(2, 9, 5, 3)
+    with_it = P.ImagePreprocessor()(images)  # the fused pass where it builds, else the torch path
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path))
+
+    monkeypatch.setenv("STOKER_FUSED_NORMALIZE", "0")
+    off = _fresh_library()
+    assert not off.available() and off.unavailable_reason() == "turned off by STOKER_FUSED_NORMALIZE=0"
+
+    monkeypatch.delenv("STOKER_FUSED_NORMALIZE")
+    monkeypatch.setenv("CC", sys.executable)  # a "compiler" that fails
+    failing = _fresh_library()
+    reason = failing.unavailable_reason() or ""
+    assert not failing.available() and reason.startswith("OSError:") and "failed (exit" in reason
     assert not list((tmp_path / "ext").glob("*"))  # no half-built library left behind
-    assert off[1] == failing[1]
-    if fused_normalize.available():
-        assert _in_a_fresh_process(code).splitlines()[1] == off[1]
+
+    for lib in (off, failing):
+        monkeypatch.setattr(fused_normalize, "LIBRARY", lib)
+        assert not fused_normalize.available()
+        assert torch.equal(P.ImagePreprocessor()(images), with_it)
