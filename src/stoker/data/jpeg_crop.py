@@ -79,7 +79,7 @@ def available() -> bool:
 
 
 def unavailable_reason() -> str | None:
-    """Why :func:`available` is false (``None`` while it is true or was not asked yet)."""
+    """Why :func:`available` is false (``None`` while it is true); builds it first if needed."""
     return LIBRARY.unavailable_reason()
 
 

@@ -609,8 +609,8 @@ class ImagePreprocessor(torch.nn.Module):
         broadcast ran 3-wide: 8 ms a pass over a 224px batch of 32 on one core). On a CPU where
         :mod:`stoker.data.fused_normalize` builds, its one pass does it instead (bitwise the same)."""
         n, h, w, c = images.shape
-        on_cpu = images.device.type == "cpu"
-        if on_cpu and not torch.compiler.is_compiling() and fused_normalize.available():
+        on_cpu, compiling = images.device.type == "cpu", torch.compiler.is_compiling()
+        if on_cpu and not compiling and fused_normalize.available():
             # One pass instead of three, each value computed with the same float32 operations:
             # bitwise the same (stoker.data.fused_normalize).
             return fused_normalize.normalize_rgb(images, self.mean255.view(3), self.std255.view(3))
@@ -625,7 +625,7 @@ class ImagePreprocessor(torch.nn.Module):
         mean_row, std_row = rows
         flat = images.reshape(n * h, w * c)
         step = self._chunk_rows(w * c)
-        if not on_cpu or n * h <= step or torch.compiler.is_compiling():
+        if not on_cpu or n * h <= step or compiling:
             # (A compiler fuses the three passes into one kernel: blocks would only lengthen its graph.)
             return flat.to(torch.float32).sub_(mean_row).div_(std_row).view(n, h, w, c)
         # On a CPU the three passes run over one cache-sized block of rows at a time: the block
