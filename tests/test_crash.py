@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from helpers.paths import SCRIPTS
-from helpers.processes import PYTHON, finished, in_background, python_env
+from helpers.processes import PYTHON, finished, in_background, popen, python_env, run_process
 
 SCRIPT = SCRIPTS / "train_script.py"
 MAX_STEPS = 60
 
 
 def run_to_end(model_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run_process(
         [PYTHON, str(SCRIPT), "--model_dir", str(model_dir), "--max_steps", str(MAX_STEPS), *extra],
         env=python_env(),
         capture_output=True,
@@ -34,7 +34,7 @@ def start_to_end(model_dir: Path, *extra: str) -> subprocess.Popen[str]:
 
 
 def start(model_dir: Path, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    return popen(
         [PYTHON, str(SCRIPT), "--model_dir", str(model_dir), "--max_steps", str(MAX_STEPS), "--sleep", "0.02", *extra],
         env=python_env(),
         stdout=subprocess.PIPE,

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 import torch
 from torch import nn
 
 import stoker
-from helpers.processes import PYTHON, python_env
+from helpers.processes import PYTHON, python_env, run_process
 from helpers.tiny import TinyNet, classifier_fn, eval_input, make_data, make_estimator, train_input
 from stoker.errors import ModelFnError
 
@@ -139,9 +137,9 @@ def test_multi_replica_without_a_launcher_is_refused_clearly(monkeypatch):
 
 def test_cli_version_help_and_usage_error():
     env = python_env()
-    out = subprocess.run([PYTHON, "-m", "stoker", "--version"], capture_output=True, text=True, env=env)
+    out = run_process([PYTHON, "-m", "stoker", "--version"], capture_output=True, text=True, env=env)
     assert out.returncode == 0 and out.stdout.strip() == f"stoker {stoker.__version__}"
-    out = subprocess.run([PYTHON, "-m", "stoker", "--help"], capture_output=True, text=True, env=env)
+    out = run_process([PYTHON, "-m", "stoker", "--help"], capture_output=True, text=True, env=env)
     assert out.returncode == 0 and "usage: stoker" in out.stdout
-    out = subprocess.run([PYTHON, "-m", "stoker", "--bogus"], capture_output=True, text=True, env=env)
+    out = run_process([PYTHON, "-m", "stoker", "--bogus"], capture_output=True, text=True, env=env)
     assert out.returncode == 2 and "unrecognized arguments: --bogus" in out.stderr

@@ -10,11 +10,13 @@ import safetensors.torch
 import torch
 
 from helpers.paths import ROOT
+from helpers.processes import popen, python_env
 
 
 def start(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    return popen(
         [sys.executable, str(ROOT / "examples" / "from_tpuestimator.py"), *args],
+        env=python_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from helpers.paths import ROOT
-from helpers.processes import PYTHON, python_env
+from helpers.processes import PYTHON, python_env, run_process
 
 _spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "benchmarks" / "gpu_check.py")
 gc = importlib.util.module_from_spec(_spec)
@@ -29,7 +29,7 @@ no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the behav
 
 
 def run_gpu_check(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run_process(
         [PYTHON, "benchmarks/gpu_check.py", *args],
         cwd=ROOT,
         env=python_env(),
@@ -209,7 +209,7 @@ def test_peak_lookup() -> None:
 
 
 def _stoker_cpu(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run_process(
         [
             PYTHON,
             "-m",
@@ -260,7 +260,7 @@ def test_plain_loop_runs_eagerly_on_cpu(precision: str) -> None:
     assert res["images_per_sec"] > 0 and res["loss"] == res["loss"]
     if precision == "fp16":
         return  # the command line once is enough
-    out = subprocess.run(
+    out = run_process(
         [
             PYTHON,
             "benchmarks/gpu_check.py",

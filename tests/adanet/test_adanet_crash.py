@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from helpers.paths import SCRIPTS
-from helpers.processes import PYTHON, python_env
+from helpers.processes import PYTHON, popen, python_env, run_process
 
 SCRIPT = SCRIPTS / "adanet_script.py"
 FINAL_STEP = 72  # 3 iterations of 24 steps (helpers.adanet.make_search)
 
 
 def run_to_end(model_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run_process(
         [PYTHON, str(SCRIPT), "--model_dir", str(model_dir), *extra],
         env=python_env(),
         capture_output=True,
@@ -29,7 +29,7 @@ def run_to_end(model_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]
 
 
 def start(model_dir: Path, sleep: float = 0.01) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    return popen(
         [PYTHON, str(SCRIPT), "--model_dir", str(model_dir), "--sleep", str(sleep)],
         env=python_env(),
         stdout=subprocess.PIPE,

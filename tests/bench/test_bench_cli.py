@@ -14,7 +14,7 @@ import pytest
 
 from helpers.cli import run_main
 from helpers.paths import ROOT
-from helpers.processes import PYTHON, python_env
+from helpers.processes import PYTHON, python_env, run_process
 from stoker.bench import BenchConfig, run_benchmark
 from stoker.models import DATASETS, list_models
 
@@ -28,7 +28,7 @@ QUICK = ["bench", "--model=trivial", "--data_name=cifar10", "--batch_size=8", "-
 
 
 def stoker(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run_process(
         [PYTHON, "-m", "stoker", *args],
         capture_output=True,
         text=True,
@@ -137,7 +137,7 @@ def test_multi_process_is_for_training_only() -> None:
 @pytest.mark.slow
 def test_two_processes_report_the_global_batch(tmp_path: Path) -> None:
     results = tmp_path / "r.json"
-    proc = subprocess.run(
+    proc = run_process(
         [
             PYTHON,
             "-m",

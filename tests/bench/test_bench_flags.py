@@ -19,7 +19,7 @@ from PIL import Image
 
 from helpers.cli import run_main
 from helpers.paths import ROOT
-from helpers.processes import PYTHON, python_env
+from helpers.processes import PYTHON, python_env, run_process
 from stoker.bench.cli import config_from_args
 from stoker.bench.config import BenchConfig
 from stoker.bench.flags import BY_NAME, NOTED, TABLE
@@ -341,7 +341,7 @@ def test_nodistortions_and_resize_method_reach_the_image_folder(tmp_path: Path) 
 
 # ---------------------------------------------------------------------------- published command lines
 def _stoker(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run_process(
         [PYTHON, "-m", "stoker", *args], capture_output=True, text=True, cwd=ROOT, env=python_env(), timeout=timeout
     )
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from helpers.paths import ROOT
-from helpers.processes import PYTHON, free_port, python_env
+from helpers.processes import PYTHON, free_port, popen, python_env, run_process
 from stoker.bench.launch import lost_replica_message
 from stoker.cli import main
 
@@ -33,7 +33,7 @@ TINY = [
 
 
 def _run(cmd: list[str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=python_env(), timeout=timeout)
+    return run_process(cmd, capture_output=True, text=True, cwd=ROOT, env=python_env(), timeout=timeout)
 
 
 def test_num_gpus_2_is_torchrun_nproc_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -84,7 +84,7 @@ def test_num_gpus_2_is_torchrun_nproc_2(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_killed_replica_ends_the_run_with_replica_lost_error(tmp_path: Path) -> None:
-    proc = subprocess.Popen(
+    proc = popen(
         [PYTHON, "-m", "stoker", *TINY, "--num_batches=100000", "--num_gpus=2"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from helpers.paths import SCRIPTS
-from helpers.processes import PYTHON, python_env
+from helpers.processes import PYTHON, popen, python_env, run_process
 from helpers.tiny import make_data, make_estimator, train_input
 from stoker.checkpoint import CheckpointIO
 from stoker.checkpoint.async_writer import AsyncCheckpointWriter, snapshot
@@ -141,10 +141,10 @@ def _script(model_dir: Path, *extra: str) -> list[str]:
 
 @pytest.mark.slow
 def test_kill_9_during_async_write_then_sigterm_waits_for_the_write(tmp_path):
-    ref = subprocess.run(_script(tmp_path / "ref"), env=python_env(), capture_output=True, text=True, timeout=300)
+    ref = run_process(_script(tmp_path / "ref"), env=python_env(), capture_output=True, text=True, timeout=300)
     assert ref.returncode == 0, ref.stderr
     run = tmp_path / "run"
-    proc = subprocess.Popen(
+    proc = popen(
         _script(run, "--sleep", "0.01", "--slow_write", "0.3"),
         env=python_env(),
         stdout=subprocess.DEVNULL,
@@ -160,7 +160,7 @@ def test_kill_9_during_async_write_then_sigterm_waits_for_the_write(tmp_path):
     proc.wait()
     before = _latest(run)
     # the committed one loads; then SIGTERM during a write: the process waits for it
-    proc = subprocess.Popen(
+    proc = popen(
         _script(run, "--sleep", "0.01", "--slow_write", "0.3"),
         env=python_env(),
         stdout=subprocess.DEVNULL,
@@ -177,7 +177,7 @@ def test_kill_9_during_async_write_then_sigterm_waits_for_the_write(tmp_path):
     stopped = _latest(run)
     assert f"SIGTERM at step {stopped.split('-')[1]}: checkpoint" in err
     assert not any(p.name.startswith(".tmp-ckpt-") for p in run.iterdir())  # nothing left half-written
-    done = subprocess.run(_script(run), env=python_env(), capture_output=True, text=True, timeout=300)
+    done = run_process(_script(run), env=python_env(), capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert _files(run, 40)["model.safetensors"] == _files(tmp_path / "ref", 40)["model.safetensors"]
 

@@ -15,7 +15,7 @@ import torch
 
 from helpers.images import input_fn, make_estimator, make_image_tree
 from helpers.paths import SCRIPTS
-from helpers.processes import PYTHON, finished, in_background, python_env
+from helpers.processes import PYTHON, finished, in_background, popen, python_env, run_process
 from helpers.tiny import state_equal
 
 SCRIPT = SCRIPTS / "data_train_script.py"
@@ -42,7 +42,7 @@ def command(model_dir: Path, data: Path, *extra: str) -> list[str]:
 
 
 def run_to_end(model_dir: Path, data: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(command(model_dir, data), env=python_env(), capture_output=True, text=True, timeout=300)
+    return run_process(command(model_dir, data), env=python_env(), capture_output=True, text=True, timeout=300)
 
 
 def final_weights(model_dir: Path) -> tuple[dict, bytes]:
@@ -59,7 +59,7 @@ def final_weights(model_dir: Path) -> tuple[dict, bytes]:
 def test_kill_9_with_image_workers_then_rerun_is_bitwise_equal(tmp_path: Path, tree: Path) -> None:
     ref = in_background(command(tmp_path / "ref", tree))  # trains while the run below is slowed and killed
     crashed = tmp_path / "crashed"
-    proc = subprocess.Popen(
+    proc = popen(
         command(crashed, tree, "--sleep", "0.03"),
         env=python_env(),
         stdout=subprocess.DEVNULL,

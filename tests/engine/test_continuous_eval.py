@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from helpers.paths import SCRIPTS
-from helpers.processes import PYTHON, python_env
+from helpers.processes import PYTHON, popen, python_env
 from helpers.tiny import classifier_fn, eval_input, make_data, make_estimator, train_input
 from stoker.bench import BenchConfig, run_benchmark
 from stoker.checkpoint import load_checkpoint
@@ -36,7 +36,7 @@ SCRIPT = SCRIPTS / "continuous_eval_script.py"
 
 # ============================================================== helpers
 def start(role: str, model_dir: Path, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    return popen(
         [PYTHON, str(SCRIPT), "--role", role, "--model_dir", str(model_dir), *extra],
         env=python_env(),
         stdout=subprocess.PIPE,
@@ -405,7 +405,7 @@ CHARLM_TINY = (
 def test_stoker_evaluate_watch_beside_stoker_train_charlm(tmp_path):
     model_dir = tmp_path / "run"
     # the evaluator starts first: it waits for the trainer's run_spec.json
-    watcher = subprocess.Popen(
+    watcher = popen(
         [
             PYTHON,
             "-m",
@@ -425,7 +425,7 @@ def test_stoker_evaluate_watch_beside_stoker_train_charlm(tmp_path):
         stderr=subprocess.PIPE,
         text=True,
     )
-    trainer = subprocess.Popen(
+    trainer = popen(
         [
             PYTHON,
             "-m",
@@ -535,7 +535,7 @@ BENCH = ("bench", "--model=trivial", "--data_name=cifar10", "--batch_size=8", "-
 @pytest.mark.slow
 def test_bench_eval_interval_secs_watches_the_training_process(tmp_path):
     train_dir = tmp_path / "train"
-    watcher = subprocess.Popen(
+    watcher = popen(
         [
             PYTHON,
             "-m",
@@ -555,7 +555,7 @@ def test_bench_eval_interval_secs_watches_the_training_process(tmp_path):
     while not train_dir.is_dir():  # the evaluator is up
         assert watcher.poll() is None and time.monotonic() < deadline, watcher.communicate()
         time.sleep(0.01)
-    trainer = subprocess.Popen(
+    trainer = popen(
         [
             PYTHON,
             "-m",

@@ -33,7 +33,7 @@ import torch
 
 from helpers import shared_store
 from helpers.paths import SCRIPTS
-from helpers.processes import PYTHON, python_env
+from helpers.processes import PYTHON, popen, python_env
 from helpers.tiny import eval_input, make_data, make_estimator, train_input
 from stoker import storage
 from stoker.checkpoint import CheckpointManager
@@ -274,7 +274,7 @@ class Store:
 
 
 def _start(store: Store, role: str, *extra: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    return popen(
         [PYTHON, str(SCRIPT), "--role", role, "--model_dir", store.url, *extra],
         env={**python_env(), **store.env},
         stdout=subprocess.PIPE,

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from helpers.paths import TESTS
-from helpers.processes import PYTHON, python_env
+from helpers.processes import PYTHON, python_env, run_process
 from helpers.tiny import classifier_fn, make_data, make_estimator, train_input
 from stoker import storage
 from stoker.checkpoint import CheckpointManager, load_checkpoint
@@ -48,7 +48,7 @@ KILLED_RUN = textwrap.dedent(
 
 def _run(model_dir, kill_at: int, max_steps: int) -> subprocess.CompletedProcess[str]:  # noqa: ANN001
     code = KILLED_RUN.format(tests=str(TESTS), model_dir=str(model_dir), kill_at=kill_at, max_steps=max_steps)
-    return subprocess.run([PYTHON, "-c", code], env=python_env(), capture_output=True, text=True, timeout=300)
+    return run_process([PYTHON, "-c", code], env=python_env(), capture_output=True, text=True, timeout=300)
 
 
 def test_summary_rows_before_a_checkpoint_survive_kill_9(tmp_path):

@@ -10,9 +10,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+from helpers import zygote
 from helpers.paths import ROOT
 
 
@@ -45,11 +47,7 @@ def launch_replicas(script: Path, nproc: int, *args: str) -> list[subprocess.Pop
         if nproc == 1:
             for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
                 env.pop(k)
-        procs.append(
-            subprocess.Popen(
-                [PYTHON, str(script), *args], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-            )
-        )
+        procs.append(popen([PYTHON, str(script), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     return procs
 
 
@@ -58,12 +56,11 @@ def kill_9_at_a_checkpoint_twice(command: list[str], env: dict[str, str], latest
     ``latest()`` (its newest checkpoint) changes: once at a random moment of training, once
     (``--slow_write 0.4``) inside a checkpoint write."""
     for slow_write in ("0", "0.4"):
-        proc = subprocess.Popen(
+        proc = popen(
             [*command, "--sleep", "0.02", "--slow_write", slow_write],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            text=True,
         )
         deadline = time.monotonic() + 120
         before = latest()
@@ -83,7 +80,7 @@ def in_background(argv: list[str], env: dict[str, str] | None = None) -> subproc
     2-core machine that hides most of one process's cost. Its output goes to files, not pipes,
     so a chatty run never blocks on a full pipe while nobody reads it."""
     out, err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
-    proc = subprocess.Popen(argv, env=python_env() if env is None else env, stdout=out, stderr=err, text=True)
+    proc = popen(argv, env=python_env() if env is None else env, stdout=out, stderr=err)
     proc.output_files = (out, err)  # type: ignore[attr-defined]
     return proc
 
@@ -98,3 +95,58 @@ def finished(proc: subprocess.Popen[str], timeout: float = 300) -> subprocess.Co
         f.close()
     assert proc.returncode == 0, texts[1]
     return subprocess.CompletedProcess(proc.args, proc.returncode, texts[0], texts[1])
+
+
+def popen(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    stdout: Any = None,
+    stderr: Any = None,
+    stdin: Any = None,
+    text: bool = True,
+) -> subprocess.Popen[Any] | zygote.ForkedProcess:
+    """``subprocess.Popen(argv, ...)``; when ``argv`` runs this Python, a child forked from the
+    worker's zygote (:mod:`helpers.zygote`: a real process that has not paid 2-3 s of CPU for
+    importing torch). ``env`` None inherits this process's environment, as with ``Popen``."""
+    env = dict(os.environ) if env is None else dict(env)
+    if argv and str(argv[0]) == PYTHON:
+        return zygote.start(
+            list(argv[1:]),
+            env=env,
+            cwd=cwd,
+            stdout=stdout,
+            stderr=stderr,
+            stdin=stdin,
+            text=text,
+            base_env=python_env(),
+        )
+    return subprocess.Popen(
+        [str(a) for a in argv], env=env, cwd=cwd, stdout=stdout, stderr=stderr, stdin=stdin, text=text
+    )
+
+
+def run_process(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+    capture_output: bool = False,
+    text: bool = False,
+    timeout: float | None = None,
+    check: bool = False,
+) -> subprocess.CompletedProcess[Any]:
+    """``subprocess.run(argv, ...)`` through :func:`popen` (its output, exit code, timeout and check)."""
+    pipe = subprocess.PIPE if capture_output else None
+    proc = popen(argv, env=env, cwd=cwd, stdout=pipe, stderr=pipe, text=text)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        raise
+    done = subprocess.CompletedProcess(list(argv), proc.returncode if proc.returncode is not None else -1, out, err)
+    if check:
+        done.check_returncode()
+    return done

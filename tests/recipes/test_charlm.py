@@ -16,7 +16,7 @@ import torch
 import stoker
 from helpers.charlm import tiny_config
 from helpers.paths import SCRIPTS
-from helpers.processes import PYTHON, finished, in_background, python_env
+from helpers.processes import PYTHON, finished, in_background, popen, python_env, run_process
 from stoker.recipes.charlm import (
     CharTransformerXL,
     build_estimator,
@@ -180,7 +180,7 @@ MAX_STEPS = 24
 
 
 def run_script(model_dir: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
+    return run_process(
         [PYTHON, str(SCRIPT), "--model_dir", str(model_dir), "--max_steps", str(MAX_STEPS), *extra],
         env=python_env(),
         capture_output=True,
@@ -193,7 +193,7 @@ def test_kill_9_then_rerun_resumes_weights_and_memory_exactly(tmp_path):
     # the reference trains in the background while the run below is slowed and killed
     ref = in_background([PYTHON, str(SCRIPT), "--model_dir", str(tmp_path / "ref"), "--max_steps", str(MAX_STEPS)])
     crashed = tmp_path / "crashed"
-    proc = subprocess.Popen(
+    proc = popen(
         [PYTHON, str(SCRIPT), "--model_dir", str(crashed), "--max_steps", str(MAX_STEPS), "--sleep", "0.15"],
         env=python_env(),
         stdout=subprocess.PIPE,

@@ -298,9 +298,9 @@ def test_stoker_serve_as_a_process_answers_at_once_and_stops_on_sigterm(exported
     import signal
     import subprocess
 
-    from helpers.processes import PYTHON, python_env
+    from helpers.processes import PYTHON, popen, python_env
 
-    proc = subprocess.Popen(
+    proc = popen(
         [PYTHON, "-m", "stoker", "serve", str(exported[0]), "--port", "0"],
         env=python_env(),
         stdout=subprocess.PIPE,

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from helpers.paths import SCRIPTS
-from helpers.processes import PYTHON, kill_9_at_a_checkpoint_twice, python_env
+from helpers.processes import PYTHON, kill_9_at_a_checkpoint_twice, popen, python_env, run_process
 from helpers.stores import stale_index_write_is_refused_and_loses_nothing
 from helpers.tiny import make_data, make_estimator, train_input
 from stoker import storage
@@ -159,12 +159,12 @@ def _s3_latest(url: str) -> str | None:
 @pytest.mark.slow
 def test_s3_kill_9_during_training_and_during_a_write_then_rerun_is_bitwise_equal(s3_env, tmp_path):
     env = {**python_env(), **s3_env}
-    ref = subprocess.run(_script(str(tmp_path / "ref")), env=env, capture_output=True, text=True, timeout=300)
+    ref = run_process(_script(str(tmp_path / "ref")), env=env, capture_output=True, text=True, timeout=300)
     assert ref.returncode == 0, ref.stderr
     url = f"s3://bucket/{uuid.uuid4().hex[:8]}"
     kill_9_at_a_checkpoint_twice(_script(url), env, lambda: _s3_latest(url))
     assert _s3_latest(url) != "ckpt-30"
-    done = subprocess.run(_script(url), env=env, capture_output=True, text=True, timeout=300)
+    done = run_process(_script(url), env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "resumed from s3://" in done.stderr
     fs = _s3_fs()
@@ -221,9 +221,7 @@ def test_s3_trainer_and_a_second_index_writer_racing(s3_env):
     trainer = CheckpointManager(url, keep_checkpoint_max=0, keep_best=("loss", "min"))
     trainer.save(0, {"w": torch.zeros(1)}, {"global_step": 0})
     env = {**python_env(), **s3_env}
-    proc = subprocess.Popen(
-        [PYTHON, "-c", _EVALUATOR, url], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
+    proc = popen([PYTHON, "-c", _EVALUATOR, url], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     # racing from the first save on (started before the evaluator is up, the saves could all be done)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready", (
         proc.stderr.read() if proc.stderr else ""

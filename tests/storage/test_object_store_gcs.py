@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from helpers.paths import SCRIPTS
-from helpers.processes import PYTHON, free_port, kill_9_at_a_checkpoint_twice, python_env
+from helpers.processes import PYTHON, free_port, kill_9_at_a_checkpoint_twice, popen, python_env, run_process
 from helpers.stores import stale_index_write_is_refused_and_loses_nothing
 from helpers.tiny import make_data, make_estimator, train_input
 from stoker import storage
@@ -203,7 +203,7 @@ def test_gcs_trainer_and_a_second_index_writer_racing(gcs_env, monkeypatch):
     monkeypatch.setattr(storage, "put_if", counting)
     trainer = CheckpointManager(url, keep_checkpoint_max=0, keep_best=("loss", "min"))
     trainer.save(0, {"w": torch.zeros(1)}, {"global_step": 0})
-    proc = subprocess.Popen(
+    proc = popen(
         [PYTHON, "-c", _EVALUATOR, url, str(n)],
         env={**python_env(), **gcs_env},
         stdout=subprocess.PIPE,
@@ -236,12 +236,12 @@ def _gs_latest(url: str) -> str | None:
 def test_gcs_kill_9_during_training_and_during_a_write_then_rerun_is_bitwise_equal(gcs_env, tmp_path):
     env = {**python_env(), **gcs_env}
     script = [PYTHON, str(SCRIPT), "--max_steps", "30", "--model_dir"]
-    ref = subprocess.run([*script, str(tmp_path / "ref")], env=env, capture_output=True, text=True, timeout=300)
+    ref = run_process([*script, str(tmp_path / "ref")], env=env, capture_output=True, text=True, timeout=300)
     assert ref.returncode == 0, ref.stderr
     url = _url()
     kill_9_at_a_checkpoint_twice([*script, url], env, lambda: _gs_latest(url))
     assert _gs_latest(url) != "ckpt-30"
-    done = subprocess.run([*script, url], env=env, capture_output=True, text=True, timeout=300)
+    done = run_process([*script, url], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "resumed from gs://" in done.stderr
     index = CheckpointManager(url, writer=False).index()

@@ -24,7 +24,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 
 from helpers import shared_store
 from helpers.paths import TESTS
-from helpers.processes import PYTHON, python_env
+from helpers.processes import PYTHON, popen, python_env
 from stoker import storage
 from stoker.checkpoint import CheckpointManager
 from stoker.errors import StorageError
@@ -194,7 +194,7 @@ def test_trainer_and_evaluator_processes_on_a_store_without_conditional_writes(s
     monkeypatch.setattr(storage, "read_versioned", slow_read)
     trainer = CheckpointManager(url, keep_checkpoint_max=0, keep_best=("loss", "min"))
     trainer.save(0, {"w": torch.zeros(1)}, {"global_step": 0})
-    proc = subprocess.Popen(
+    proc = popen(
         [PYTHON, "-c", _EVALUATOR, url, str(n), str(TESTS)],
         env={**python_env(), **shared},
         stdout=subprocess.PIPE,
