@@ -24,7 +24,7 @@ import numpy as np
 print(json.dumps({
     "argv": sys.argv, "path": sys.path[:4], "cwd": os.getcwd(), "name": __name__,
     "file": globals().get("__file__"), "rank": os.environ.get("RANK"), "torch": "torch" in sys.modules,
-    "random": random.random(), "np_random": float(np.random.rand()),
+    "random": random.random(), "np_random": float(np.random.rand()), "hash": hash("stoker"),
 }))
 """
 
@@ -65,7 +65,7 @@ def test_a_forked_child_sees_what_a_fresh_interpreter_sees(tmp_path: Path, form:
         assert forked[key] == fresh[key], key
 
 
-def test_children_draw_different_random_numbers(tmp_path: Path) -> None:
+def test_children_one_after_the_other_draw_different_numbers_and_hash_strings_differently(tmp_path: Path) -> None:
     script = _probe(tmp_path)
     reports = [
         json.loads(run_process([PYTHON, str(script)], env=python_env(), capture_output=True, text=True).stdout)
@@ -73,6 +73,7 @@ def test_children_draw_different_random_numbers(tmp_path: Path) -> None:
     ]
     assert reports[0]["random"] != reports[1]["random"]
     assert reports[0]["np_random"] != reports[1]["np_random"]
+    assert reports[0]["hash"] != reports[1]["hash"]  # two zygotes in turn: replicas hash as fresh interpreters do
 
 
 def test_exit_codes_tracebacks_and_atexit() -> None:

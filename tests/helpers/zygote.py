@@ -3,8 +3,9 @@
 Most of the default run's process-based tests (two replicas, kill -9 then rerun, a trainer beside
 an evaluator, the ``stoker`` command line) start a fresh Python that spends 2-3 s of CPU importing
 torch before it does the second of work the test is about; on a 2-core machine, with about 130 such
-processes, that import was a third of the whole run. So each test worker starts one *zygote*: a
-Python that imports torch and numpy, then forks a child per request. The child is a real process
+processes, that import was a third of the whole run. So each test worker starts *zygotes*: Pythons
+that import torch and numpy, then fork a child per request (two, taken in turn, so that two
+processes started one after the other hash strings differently, as fresh interpreters do). The child is a real process
 (its own pid, its own memory, really killed by ``kill -9``, talking to its peers over real sockets);
 it differs from ``python script.py`` only in not having paid for the import. What it runs is set up
 as the interpreter would: ``sys.argv``, ``sys.path`` (the script's folder or ``''`` first, then
@@ -284,7 +285,7 @@ class ForkedProcess:
 
 class _Zygote:
     def __init__(self, env: Mapping[str, str]) -> None:
-        self.env = dict(env)
+        self.env = {k: v for k, v in env.items() if k != "PYTHONHASHSEED"}  # a seed of its own
         self.folder = tempfile.mkdtemp(prefix="stoker-zygote-")
         self.socket_path = os.path.join(self.folder, "socket")
         self.proc = subprocess.Popen(
@@ -324,16 +325,24 @@ class _Zygote:
         return pid, conn
 
 
-_zygote: _Zygote | None = None
+#: Two zygotes, taken in turn: each has its own string-hash seed (which a process keeps for life),
+#: so two replicas started together, or a reference run and the run compared with it, hash
+#: strings differently, as fresh interpreters would; a set's order that leaked into what a run
+#: computes or writes would still show up as a difference between them.
+ZYGOTES = 2
+_zygotes: list[_Zygote] = []
+_turn = 0
 _zygote_lock = threading.Lock()
 
 
-def _get_zygote(env: Mapping[str, str]) -> _Zygote:
-    global _zygote
+def _next_zygote(env: Mapping[str, str]) -> _Zygote:
+    global _turn
     with _zygote_lock:
-        if _zygote is None:
-            _zygote = _Zygote(env)
-        return _zygote
+        if len(_zygotes) < ZYGOTES:
+            _zygotes.append(_Zygote(env))
+        zygote = _zygotes[_turn % len(_zygotes)]
+        _turn += 1
+        return zygote
 
 
 def _parse(argv: Sequence[str]) -> tuple[str, str, list[str]] | None:
@@ -402,12 +411,12 @@ def start(
         not enabled()
         or parsed is None
         or stdin not in (None, subprocess.DEVNULL)
-        or not _forkable_env(env, base_env if _zygote is None else _zygote.env)
+        or not _forkable_env(env, _zygotes[0].env if _zygotes else base_env)
     ):
         return subprocess.Popen(
             [sys.executable, *argv], env=dict(env), cwd=cwd, stdout=stdout, stderr=stderr, stdin=stdin, text=text
         )
-    zygote = _get_zygote(base_env)
+    zygote = _next_zygote(base_env)
     opened: list[int] = []
     try:
         in_fd, _ = _stream_fd(stdin, 0, opened)
