@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import re
 
 import pytest
 import torch
@@ -250,6 +251,10 @@ def test_bench_says_which_layers_update_in_backward(capsys):
     assert "Update:      the optimizer's step for every layer (--sgd_in_backward=auto: " in out
     code, out, _ = run_main(capsys, *QUICK, "--sgd_in_backward=off", "--peak_tflops=1")
     assert code == 0 and "Update:" not in out
+    # Without a warm-up step nothing has run when the header is written: a note, not "every layer".
+    code, out, _ = run_main(capsys, *QUICK, "--num_warmup_batches=0", "--peak_tflops=1")
+    assert code == 0 and "Update:" not in out and not re.search(r"Linear: +\d+x\d+->", out)
+    assert "Note: no warm-up steps: the linear kernels and the in-backward update are chosen in the first" in out
 
 
 def test_bench_refuses_an_unknown_mode(capsys):

@@ -442,11 +442,18 @@ def _train(
         if warm and trace and trace.written is not None:
             log(f"Dumping trace to {trace.written}")
         log("Done warm up")
-        for line in linear_lines(cfg, workload.device):
-            log(line)
-        ran = updating_in_backward(est.model, ran=True)
-        for line in update_line(cfg, workload.device, ran, est.state.sgd_in_backward_refusal):
-            log(line)
+        if warm:
+            for line in linear_lines(cfg, workload.device):
+                log(line)
+            ran = updating_in_backward(est.model, ran=True)
+            for line in update_line(cfg, workload.device, ran, est.state.sgd_in_backward_refusal):
+                log(line)
+        elif workload.device.type == "cpu" and (cfg.fast_linear != "off" or cfg.sgd_in_backward != "off"):
+            # Both are settled by the first step; before it, "nothing ran" would read as "nothing will".
+            log(
+                "Note: no warm-up steps: the linear kernels and the in-backward update are chosen in the first "
+                "timed step (which pays for measuring them; a warm-up step shows the choices here)"
+            )
         if trace and not warm:
             log("Note: no warm-up steps, so the traced step is the first timed one")
         log(step_header(cfg.print_training_accuracy, cfg.loss_type_to_report))
