@@ -26,7 +26,9 @@ run: setup
 
 # Two pytest-xdist workers, a test file each at a time (module fixtures are built once, on one
 # worker): 467 s against 796 s serially for the default run on the 2-core development machine
-# (2026-11-25, 865 tests); `$(BIN)/python -m pytest` alone still runs serially.
+# (2026-11-25, 865 tests); `$(BIN)/python -m pytest` alone still runs serially. The tests' own
+# Python processes are forked from a zygote that has imported torch (tests/helpers/zygote.py;
+# STOKER_TEST_FORK=0 starts fresh interpreters): 397 s against 550 s (2026-11-26, 946 tests).
 TEST_WORKERS ?= 2
 test: setup
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
