@@ -94,6 +94,14 @@ def test_exit_codes_tracebacks_and_atexit() -> None:
     assert (done.returncode, done.stdout) == (0, "hi\nbye\n")
 
 
+def test_a_child_that_cannot_start_exits_1_and_the_zygote_serves_on(tmp_path: Path) -> None:
+    missing = tmp_path / "missing"
+    done = run_process([PYTHON, "-c", "pass"], env=python_env(), cwd=missing, capture_output=True, text=True)
+    assert done.returncode == 1 and "FileNotFoundError" in done.stderr and str(missing) in done.stderr
+    for _ in range(zygote.ZYGOTES):  # each zygote still forks
+        assert run_process([PYTHON, "-c", "print(1)"], env=python_env(), capture_output=True, text=True).stdout == "1\n"
+
+
 def test_kill_9_ends_a_real_process(tmp_path: Path) -> None:
     proc = popen(
         [PYTHON, "-c", "import time; print('up', flush=True); time.sleep(60)"], env=python_env(), stdout=subprocess.PIPE

@@ -110,13 +110,19 @@ def _serve(socket_path: str) -> None:
             request = pickle.loads(_recv_exactly(conn, size))
             pid = os.fork()
             if pid == 0:
-                listener.close()
-                for c in children.values():
-                    c.close()
-                conn.close()
-                os.close(wake_r)
-                os.close(wake_w)
-                _child(request, fds, base_path)  # never returns
+                try:
+                    listener.close()
+                    for c in children.values():
+                        c.close()
+                    conn.close()
+                    os.close(wake_r)
+                    os.close(wake_w)
+                    _child(request, fds, base_path)  # ends with os._exit
+                finally:  # a setup failure (a missing cwd, say) must not leave a second zygote running
+                    import traceback
+
+                    traceback.print_exc()
+                    os._exit(1)
             for fd in fds:
                 os.close(fd)
             children[pid] = conn
