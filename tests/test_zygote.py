@@ -102,6 +102,16 @@ def test_a_child_that_cannot_start_exits_1_and_the_zygote_serves_on(tmp_path: Pa
         assert run_process([PYTHON, "-c", "print(1)"], env=python_env(), capture_output=True, text=True).stdout == "1\n"
 
 
+def test_a_zygote_that_died_is_replaced() -> None:
+    run_process([PYTHON, "-c", "pass"], env=python_env())  # both zygotes started
+    run_process([PYTHON, "-c", "pass"], env=python_env())
+    for z in zygote._zygotes:
+        z.proc.kill()
+        z.proc.wait()
+    for _ in range(zygote.ZYGOTES):
+        assert run_process([PYTHON, "-c", "print(2)"], env=python_env(), capture_output=True, text=True).stdout == "2\n"
+
+
 def test_kill_9_ends_a_real_process(tmp_path: Path) -> None:
     proc = popen(
         [PYTHON, "-c", "import time; print('up', flush=True); time.sleep(60)"], env=python_env(), stdout=subprocess.PIPE

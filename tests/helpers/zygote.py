@@ -346,9 +346,12 @@ def _next_zygote(env: Mapping[str, str]) -> _Zygote:
     with _zygote_lock:
         if len(_zygotes) < ZYGOTES:
             _zygotes.append(_Zygote(env))
-        zygote = _zygotes[_turn % len(_zygotes)]
+        index = _turn % len(_zygotes)
         _turn += 1
-        return zygote
+        if _zygotes[index].proc.poll() is not None:  # it died (killed from outside, say): a new one
+            _zygotes[index].close()
+            _zygotes[index] = _Zygote(env)
+        return _zygotes[index]
 
 
 def _parse(argv: Sequence[str]) -> tuple[str, str, list[str]] | None:
