@@ -158,6 +158,16 @@ def test_what_a_fork_cannot_mean_runs_in_a_fresh_interpreter() -> None:
     assert _kind([PYTHON, "-c", "pass"], env={**env, "STOKER_X": "1"}) == "ForkedProcess"
 
 
+def test_a_hash_seed_in_the_tests_environment_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The zygotes drop PYTHONHASHSEED (each picks its own), so a run asked to use one gets a fresh interpreter.
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    code = "print(hash('stoker'))"
+    proc = popen([PYTHON, "-c", code], env=python_env(), stdout=subprocess.PIPE)
+    out, _ = proc.communicate(timeout=60)
+    assert type(proc).__name__ == "Popen"
+    assert out == subprocess.run([PYTHON, "-c", code], env=python_env(), capture_output=True, text=True).stdout
+
+
 def test_a_child_starts_processes_of_its_own() -> None:
     code = (
         "import subprocess, sys; "

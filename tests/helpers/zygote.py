@@ -217,7 +217,7 @@ class ForkedProcess:
         self.stderr = stderr
         self.returncode: int | None = None
         self._status = status
-        self._output: dict[str, Any] = {}
+        self._readers: dict[str, tuple[threading.Thread, list[Any]]] = {}  # communicate()'s, per stream
 
     def poll(self) -> int | None:
         if self.returncode is None and select.select([self._status], [], [], 0)[0]:
@@ -244,7 +244,7 @@ class ForkedProcess:
         if input is not None:
             raise ValueError("a forked process has no stdin pipe")
         deadline = None if timeout is None else time.monotonic() + timeout
-        readers = self._output.setdefault("readers", {})
+        readers = self._readers
         for name in ("stdout", "stderr"):
             stream = getattr(self, name)
             if stream is not None and name not in readers:
@@ -289,9 +289,14 @@ class ForkedProcess:
         self.wait()
 
 
+def _zygote_env(base_env: Mapping[str, str]) -> dict[str, str]:
+    """The environment a zygote started from ``base_env`` imports torch under."""
+    return {k: v for k, v in base_env.items() if k != "PYTHONHASHSEED"}  # each zygote a hash seed of its own
+
+
 class _Zygote:
     def __init__(self, env: Mapping[str, str]) -> None:
-        self.env = {k: v for k, v in env.items() if k != "PYTHONHASHSEED"}  # a seed of its own
+        self.env = _zygote_env(env)
         self.folder = tempfile.mkdtemp(prefix="stoker-zygote-")
         self.socket_path = os.path.join(self.folder, "socket")
         self.proc = subprocess.Popen(
@@ -420,7 +425,7 @@ def start(
         not enabled()
         or parsed is None
         or stdin not in (None, subprocess.DEVNULL)
-        or not _forkable_env(env, _zygotes[0].env if _zygotes else base_env)
+        or not _forkable_env(env, _zygotes[0].env if _zygotes else _zygote_env(base_env))
     ):
         return subprocess.Popen(
             [sys.executable, *argv], env=dict(env), cwd=cwd, stdout=stdout, stderr=stderr, stdin=stdin, text=text
