@@ -447,9 +447,7 @@ def main() -> None:
             if with_target:
                 # real images: issue 25's 1.5x TensorFlow (and 2x plain, in the stoker / plain column)
                 target = REAL_TARGET_OVER_TF if DATA_DIR else TARGET_OVER_TF.get(case.model)
-                # The verdict reads the per-round ratios' median where there is one: each round's
-                # pair ran a minute apart, so it is the steadier figure on a noisy host (the ratio
-                # of the two medians in the column before can differ by a few percent).
+                # The verdict reads the per-round ratios' median where there is one (see above).
                 ratio = paired_median.get(case.model, m["stoker"] / m["tensorflow"])
                 basis = f", per-round median {ratio:.2f}x" if case.model in paired_median else ""
                 met = ratio >= target if target else None
