@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import statistics
 import sys
 import time
@@ -84,7 +85,8 @@ def per_image_ms(data_dir: str, images: int) -> dict[str, float]:
         for j, i in enumerate(index):
             source._decode_into(int(i), None if draws is None else draws[j], j, out)
         whole = time.perf_counter() - start
-    finally:
+    finally:  # both put back as they were
+        del source.decoder.decode_window
         jpeg_module.resize_uint8 = resize.fn
     n = len(index)
     return {
@@ -150,7 +152,7 @@ def main() -> None:
     cnn.DATA_DIR = data_dir
     cores = len(os.sched_getaffinity(0))
     case = cnn.CASES["trivial"].with_batches(args.num_batches)
-    print(f"machine: {cnn.platform.processor() or cnn.platform.machine()}, {cores} cores, torch {torch.__version__}")
+    print(f"machine: {platform.processor() or platform.machine()}, {cores} cores, torch {torch.__version__}")
     print(f"before: {cnn.uptime()}")
     parts: dict[str, list[float]] = {"decode": [], "resize": [], "rest": []}
     steps: list[float] = []
