@@ -115,11 +115,13 @@ WEIGHT_DECAY = 4e-5  # tf_cnn_benchmarks' default, also in the plain loop
 DATA_DIR: str | None = None  # --data_dir: real images (a JPEG folder) instead of synthetic data
 
 
-def stoker_images_per_sec(
+def stoker_config(
     case: Case, keep_host_memory: bool = True, compile: bool | str = False, data_dir: str | None = None
-) -> float:
+) -> BenchConfig:
+    """The ``stoker bench`` flags of ``case``: real images from ``data_dir`` (a JPEG folder or
+    TFRecords, tf_cnn's default preprocessing) when given, else synthetic data."""
     real = {} if data_dir is None else {"data_dir": data_dir, "distortions": False}
-    cfg = BenchConfig(
+    return BenchConfig(
         **real,
         compile=compile,
         model=case.model,
@@ -132,8 +134,14 @@ def stoker_images_per_sec(
         display_every=10**6,
         weight_decay=WEIGHT_DECAY,
         keep_host_memory=keep_host_memory,
-        init_learning_rate=0.005,
-    )  # the plain loop's constant rate, not the model's schedule
+        init_learning_rate=0.005,  # the plain loop's constant rate, not the model's schedule
+    )
+
+
+def stoker_images_per_sec(
+    case: Case, keep_host_memory: bool = True, compile: bool | str = False, data_dir: str | None = None
+) -> float:
+    cfg = stoker_config(case, keep_host_memory, compile, data_dir)
     if input_bound_on_cpu(cfg) is not None:  # as `stoker bench` does: the decoders get the cores
         torch.set_num_threads(1)
     return run_benchmark(cfg, log=lambda line: None)["images_per_sec"]

@@ -27,7 +27,6 @@ spent on one (cores x wall time), the rate both cores would reach doing nothing 
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import statistics
 import sys
@@ -42,18 +41,20 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import cnn  # noqa: E402  (a sibling script: its stoker and TensorFlow runners)
 
-from stoker.bench import BenchConfig, run_benchmark  # noqa: E402
+from stoker.bench import run_benchmark  # noqa: E402
+from stoker.bench.workload import usable_cores  # noqa: E402
 from stoker.data import jpeg as jpeg_module  # noqa: E402
 from stoker.data.images import image_folder  # noqa: E402
 
-BATCH, SIZE, TARGET = 32, 227, cnn.REAL_TARGET_OVER_TF
+BATCH, TARGET = cnn.BATCH, cnn.REAL_TARGET_OVER_TF
+SIZE = 227  # trivial's input size
 
 
 class Timed:
     """Wraps ``fn``, adding the seconds of each call to ``seconds``."""
 
     def __init__(self, fn: Callable[..., Any]) -> None:
-        self.fn, self.seconds, self.calls = fn, 0.0, 0
+        self.fn, self.seconds = fn, 0.0
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         start = time.perf_counter()
@@ -61,7 +62,6 @@ class Timed:
             return self.fn(*args, **kwargs)
         finally:
             self.seconds += time.perf_counter() - start
-            self.calls += 1
 
 
 def per_image_ms(data_dir: str, images: int) -> dict[str, float]:
@@ -78,7 +78,7 @@ def per_image_ms(data_dir: str, images: int) -> dict[str, float]:
         index = np.arange(images) % source.num_examples
         draws = source._uniforms_of(0, index)
         out = torch.empty((SIZE, SIZE, 3), dtype=torch.uint8)
-        for j in range(min(32, len(index))):  # warm the caches and the library
+        for j in range(min(BATCH, len(index))):  # warm the caches and the library
             source._decode_into(int(index[j]), None if draws is None else draws[j], j, out)
         decode.seconds = resize.seconds = 0.0
         start = time.perf_counter()
@@ -96,25 +96,12 @@ def per_image_ms(data_dir: str, images: int) -> dict[str, float]:
     }
 
 
-def step_ms(data_dir: str, num_batches: int, ops: bool) -> tuple[float, list[tuple[str, float]]]:
-    """ms per training step on one thread, one real uint8 batch repeated; with ``ops`` the largest
-    operators (ms per step, self time) from a second, profiled run."""
+def step_ms(case: cnn.Case, data_dir: str, ops: bool) -> tuple[float, list[tuple[str, float]]]:
+    """ms per training step of ``case`` on one thread, one real uint8 batch repeated; with ``ops``
+    the largest operators (ms per step, self time) from a second, profiled run."""
     torch.set_num_threads(1)
-    cfg = BenchConfig(
-        data_dir=data_dir,
-        distortions=False,
-        datasets_repeat_cached_sample=True,
-        model="trivial",
-        data_name="imagenet",
-        batch_size=BATCH,
-        data_format=None,
-        num_batches=num_batches,
-        num_warmup_batches=10,
-        device="cpu",
-        display_every=10**6,
-        weight_decay=cnn.WEIGHT_DECAY,
-        init_learning_rate=0.005,
-    )
+    # The benchmark's own flags (cnn.py), one batch read and then repeated: the step without decoding.
+    cfg = cnn.stoker_config(case, data_dir=data_dir).replace(datasets_repeat_cached_sample=True)
     ms = BATCH / run_benchmark(cfg, log=lambda line: None)["images_per_sec"] * 1e3
     top: list[tuple[str, float]] = []
     if ops:
@@ -122,7 +109,7 @@ def step_ms(data_dir: str, num_batches: int, ops: bool) -> tuple[float, list[tup
 
         steps = 60
         with profile(activities=[ProfilerActivity.CPU]) as prof:
-            run_benchmark(cfg.replace(num_batches=steps - 10), log=lambda line: None)
+            run_benchmark(cfg.replace(num_batches=steps - cfg.num_warmup_batches), log=lambda line: None)
         # Operators called at least once a step: the model's initialisation is not the step.
         events = [e for e in prof.key_averages() if e.count >= steps]
         events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
@@ -150,7 +137,7 @@ def main() -> None:
     if not Path(data_dir).is_dir():
         parser.error(f"--data_dir {data_dir} is not a folder (--generate N fills it)")
     cnn.DATA_DIR = data_dir
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     case = cnn.CASES["trivial"].with_batches(args.num_batches)
     print(f"machine: {platform.processor() or platform.machine()}, {cores} cores, torch {torch.__version__}")
     print(f"before: {cnn.uptime()}")
@@ -162,7 +149,7 @@ def main() -> None:
     for r in range(args.rounds):
         for key, value in per_image_ms(data_dir, args.images).items():
             parts[key].append(value)
-        ms, ops = step_ms(data_dir, args.num_batches, args.ops and r == 0)
+        ms, ops = step_ms(case, data_dir, args.ops and r == 0)
         steps.append(ms)
         top = top or ops
         runs.append(cnn.measure_in_child("stoker", case, cores))
@@ -178,14 +165,14 @@ def main() -> None:
     rate = statistics.median(runs)
     work = {f"{k} (x{BATCH})": v * BATCH for k, v in med.items()} | {"step": step}
     total = sum(work.values())
-    spent = cores * BATCH / rate * 1e3
+    wall = BATCH / rate * 1e3  # ms a batch in the run
+    spent = cores * wall
     ceiling = cores * BATCH / total * 1e3
     print(f"\nOne batch of {BATCH}, ms of one core (medians of {args.rounds} rounds):")
     print("| part | ms | share |\n|---|---|---|")
     for name, ms in work.items():
         print(f"| {name} | {ms:.1f} | {ms / total:.0%} |")
     print(f"| **work** | **{total:.1f}** | |")
-    wall = BATCH / rate * 1e3
     print(f"| the run: {cores} cores x {wall:.1f} ms wall | {spent:.1f} | {total / spent:.0%} of it is the work |")
     if top:
         print("\nThe step's largest operators (self time, ms a step):")
