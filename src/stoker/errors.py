@@ -1,4 +1,24 @@
-"""Errors stoker raises for things a user can fix. Each message says what to change."""
+"""Errors stoker raises for things a user can fix. Each message says what to change.
+
+Every error stoker raises for bad input or bad state is a :class:`StokerError`, named after
+what went wrong. Where users have caught a built-in exception until now (``ValueError`` for a
+bad argument, ``TypeError`` for a bad ``model_fn``), that built-in stays a second base, so
+``except ValueError`` keeps working::
+
+    StokerError
+      ConfigError (ValueError)        an argument, setting or flag with a value stoker cannot use
+        BenchFlagError                  a ``stoker bench`` flag (the CLI exits 2)
+        UnknownNameError (KeyError)     a name not in a registry (model, optimizer, recipe, kind)
+      StateError (RuntimeError)       an operation asked of something in the wrong state
+      DataError (ValueError)          input data that cannot be used as it is
+        ImageDecodeError                bytes that are not a decodable image
+          WindowDecodeError               libjpeg refused a crop window
+      RequestError (ValueError)       a serving request that does not fit the signature
+      DistributedError (RuntimeError) a layout of processes, stages or replicas that cannot work
+      CheckpointError                 a checkpoint is missing, does not fit or is unreadable
+        CorruptCheckpointError, StorageError
+      NanLossError, ModelFnError (TypeError), ExportError, ...
+"""
 
 from __future__ import annotations
 
@@ -39,3 +59,37 @@ class ModelFnError(StokerError, TypeError):
 class ExportError(StokerError):
     """A model that cannot be exported as asked (missing packages, a shape torch.export cannot
     keep dynamic, an export directory that holds something else)."""
+
+
+class ConfigError(StokerError, ValueError):
+    """An argument, setting or flag has a value stoker cannot use; the message names it and
+    what is allowed."""
+
+
+class UnknownNameError(ConfigError, KeyError):
+    """A name that is not in its registry (a model, an optimizer, a recipe, a run_spec kind);
+    the message lists the names that are."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class StateError(StokerError, RuntimeError):
+    """An operation asked of something in a state where it cannot be done (a run that already
+    stopped, a component used before it was built)."""
+
+
+class DataError(StokerError, ValueError):
+    """Input data that cannot be used as it is: a missing folder, a corrupt file, a bad label."""
+
+
+class ImageDecodeError(DataError):
+    """Bytes that are not a decodable image (the caller adds the file name and example index)."""
+
+
+class RequestError(StokerError, ValueError):
+    """A request that does not fit the signature or the protocol; the message says what was expected."""
+
+
+class DistributedError(StokerError, RuntimeError):
+    """A layout of processes, pipeline stages or replicas that cannot work as configured."""

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from ..errors import ConfigError
 
-class BenchFlagError(ValueError):
+
+class BenchFlagError(ConfigError):
     """A bad flag value or combination; ``flags`` names the flags involved."""
 
     def __init__(self, flags: tuple[str, ...], message: str) -> None:

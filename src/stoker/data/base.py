@@ -38,7 +38,7 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from ..errors import StokerError
+from ..errors import DataError
 from ._workers import (
     InSlot,
     _BatchWorkers,
@@ -53,10 +53,6 @@ from ._workers import (
 log = logging.getLogger("stoker")
 
 T = TypeVar("T")
-
-
-class DataError(StokerError, ValueError):
-    """Input data that cannot be used as it is: a missing folder, a corrupt file, a bad label."""
 
 
 def epoch_generator(seed: int, epoch: int) -> torch.Generator:

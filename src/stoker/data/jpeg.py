@@ -41,16 +41,14 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 
+from ..errors import ImageDecodeError
+
 #: ``resize_method`` names (tf_cnn_benchmarks'); ``round_robin`` cycles through the first four
 #: by the example's position in its batch, ``crop`` crops without resizing.
 RESIZE_MODES: tuple[str, ...] = ("nearest", "bilinear", "bicubic", "area")
 RESIZE_METHODS: tuple[str, ...] = (*RESIZE_MODES, "round_robin", "crop")
 #: DCT scale denominators libjpeg-turbo decodes cheaply, largest first.
 _DCT_SCALES = (8, 4, 2, 1)
-
-
-class ImageDecodeError(ValueError):
-    """Bytes that are not a decodable image (the caller adds the file name and example index)."""
 
 
 class Decoder(Protocol):

@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import ImageDecodeError
 from .native import NativeLibrary
 
 SOURCE = Path(__file__).with_name("_jpeg_crop.c")
@@ -83,7 +84,7 @@ def unavailable_reason() -> str | None:
     return LIBRARY.unavailable_reason()
 
 
-class WindowDecodeError(ValueError):
+class WindowDecodeError(ImageDecodeError):
     """libjpeg refused the data (its message), or the JPEG is CMYK/YCCK (``unsupported``)."""
 
     def __init__(self, message: str, unsupported: bool = False) -> None:

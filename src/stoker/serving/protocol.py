@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import RequestError
 from ..export.program import BATCH
 
 DEFAULT_MAX_BATCH = 256
@@ -42,10 +43,6 @@ DATATYPES: dict[str, tuple[str, str]] = {
     "float32": ("FP32", "<f4"),
     "float64": ("FP64", "<f8"),
 }
-
-
-class RequestError(ValueError):
-    """A request that does not fit the signature or the protocol; the message says what was expected."""
 
 
 # ==================================================================== the checks
