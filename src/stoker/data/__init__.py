@@ -13,7 +13,8 @@ worker processes.
   on every machine).
 - :func:`synthetic_images`: one random batch on the device, for benchmarks.
 
-This package imports nothing of stoker but :mod:`stoker.errors`: a source knows nothing of the
+This package imports nothing of stoker but :mod:`stoker.errors` and :mod:`stoker._cache` (where the
+C helpers are built): a source knows nothing of the
 engine that reads it.
 """
 

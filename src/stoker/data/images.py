@@ -34,6 +34,8 @@ from .base import DataError, IndexedSource, example_uniforms
 from .jpeg import RESIZE_METHODS, RESIZE_MODES, Decoder, ImageDecodeError, decode_crop_resize, get_decoder
 from .preprocessing import (
     FLIP_INDEX,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
     TRAIN_DRAWS,
     ImagePreprocessor,
     color_params,
@@ -42,8 +44,6 @@ from .preprocessing import (
     sample_distorted_box,
 )
 
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp")
 # Uniforms an example may use: 10 tries x (area, log-ratio), top, left, flip.
 _DRAWS = 23

@@ -26,15 +26,7 @@ import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-
-def cache_dir() -> Path:
-    """stoker's cache folder (``$STOKER_CACHE_DIR``, else ``$XDG_CACHE_HOME/stoker`` or ``~/.cache/stoker``)."""
-    # The convention of stoker's other caches (stoker.kernels.machine.cache_dir), repeated here
-    # because stoker.data imports nothing of stoker but its errors.
-    if os.environ.get("STOKER_CACHE_DIR"):
-        return Path(os.environ["STOKER_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "stoker"
+from .._cache import cache_dir
 
 
 def compiler() -> str | None:

@@ -17,10 +17,11 @@ import json
 import os
 import tempfile
 import threading
-from pathlib import Path
 from typing import Any
 
 import torch
+
+from .._cache import cache_dir
 
 _lock = threading.Lock()
 
@@ -87,14 +88,6 @@ def machine_key(device: torch.device, dtype: str) -> str:
         flags = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:12]
         where = f"cpu|{cpu_model()}|flags {flags}|{torch.get_num_threads()} threads"
     return f"{where}|torch {torch.__version__}|{dtype}"
-
-
-def cache_dir() -> Path:
-    """Where measured figures are kept (``$STOKER_CACHE_DIR`` first)."""
-    if os.environ.get("STOKER_CACHE_DIR"):
-        return Path(os.environ["STOKER_CACHE_DIR"])
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "stoker"
 
 
 def cache_load(name: str) -> dict[str, Any]:
