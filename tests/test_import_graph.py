@@ -242,6 +242,7 @@ ENGINE = [  # patterns: the engine layer, which never imports what sits above it
     "stoker.summary.writer",
     "stoker.kernels",
     "stoker.kernels.*",
+    "stoker.resolve",
 ]
 ABOVE_ENGINE = ["stoker.recipes", "stoker.bench", "stoker.adanet", "stoker.cli", "stoker.export.cli", "stoker.serving"]
 
@@ -279,8 +280,9 @@ LAYERS: dict[str, set[str]] = {
     "stoker.models": set(),
     "stoker.memory": set(),
     "stoker.kernels": {"stoker._cache"},
+    "stoker.resolve": set(),
     "stoker.storage": {"stoker.errors"},
-    "stoker.data": {"stoker.errors", "stoker._cache"},
+    "stoker.data": {"stoker.errors", "stoker._cache", "stoker.resolve"},
     "stoker.cli": {"stoker._version"},
     "stoker.run_spec": {"stoker.errors", "stoker.storage", "stoker._version", "stoker.plugins"},
     "stoker.distributed": {"stoker.errors", "stoker.storage", "stoker.memory"},

@@ -18,10 +18,10 @@ import stoker
 from helpers.images import make_image_tree, make_index_tree, write_cifar
 from stoker.data import cifar_binary, image_folder, text_chars
 from stoker.data._workers import _SlotRun, one_kernel_thread
-from stoker.data.base import auto_worker_kind
 from stoker.data.cifar import CIFAR10_MEAN, CIFAR10_STD
 from stoker.data.images import IMAGENET_MEAN, IMAGENET_STD
 from stoker.data.jpeg import available_decoders
+from stoker.resolve import auto_worker_kind
 
 Source = Callable[[], object]
 
@@ -384,8 +384,8 @@ def test_worker_kind_auto_takes_threads_only_where_the_decoder_releases_the_gil(
             pin_memory=True,
         )
         assert pinned.worker_kind == "process"
-    assert auto_worker_kind(True, 4) == "thread" and auto_worker_kind(True, 16) == "process"
-    assert auto_worker_kind(False, 1) == "process"
+    assert auto_worker_kind(True, 4).value == "thread" and auto_worker_kind(True, 16).value == "process"
+    assert auto_worker_kind(False, 1).value == "process"
     forced = image_folder(image_tree, batch_size=5, image_size=12, decoder="pillow", worker_kind="thread")
     assert forced.worker_kind == "thread"
     with pytest.raises(ValueError, match=r"image_folder: worker_kind must be one of auto, thread, process; got 'fib'"):

@@ -36,13 +36,13 @@ from typing import Any
 import torch
 
 from ..data import RepeatedBatch, cifar_binary, image_folder, imagenet_tfrecords, synthetic_images
-from ..data.base import auto_worker_kind
-from ..data.images import IMAGE_EXTENSIONS, image_threads_suffice, scan_image_folder
+from ..data.images import IMAGE_EXTENSIONS, scan_image_folder
 from ..data.jpeg import get_decoder
 from ..data.tfrecord import expected_layouts, find_shards
 from ..data.tfrecord_index import RecordShards
 from ..distributed import torchrun_world_size
 from ..models import DATASETS, DEFAULT_NUM_CLASSES, ModelInfo, create_model, example_flops, get_model_info
+from ..resolve import auto_worker_kind, image_threads_suffice
 from .config import (
     DEFAULT_NUM_BATCHES,
     MODE_EVAL,
@@ -668,14 +668,16 @@ def _trains_on_cuda(cfg: BenchConfig) -> bool:
 def data_worker_kind(cfg: BenchConfig, workers: int) -> str:
     """``thread`` or ``process``: what builds real-data batches with ``workers`` workers
     (``--data_worker_kind``; auto: threads with the libjpeg-crop decoder, which releases the GIL for
-    a whole decode, up to :data:`~stoker.data.base.AUTO_THREAD_WORKERS_MAX` of them, when training
+    a whole decode, up to :data:`~stoker.resolve.AUTO_THREAD_WORKERS_MAX` of them, when training
     on a CPU; else processes, which measured faster on a CUDA host at every worker count tried)."""
     if cfg.data_worker_kind != "auto":
         return cfg.data_worker_kind
     threads_suffice = image_threads_suffice(  # as the source decides it: pinned batches on CUDA
-        get_decoder(cfg.image_decoder), decode_on_device=cfg.decode_on_device, pin_memory=_trains_on_cuda(cfg)
+        releases_gil=get_decoder(cfg.image_decoder).releases_gil,
+        decode_on_device=cfg.decode_on_device,
+        pin_memory=_trains_on_cuda(cfg),
     )
-    return auto_worker_kind(threads_suffice, workers)
+    return auto_worker_kind(threads_suffice.value, workers).value
 
 
 def data_decoder(cfg: BenchConfig) -> str:

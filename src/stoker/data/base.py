@@ -39,6 +39,7 @@ import numpy as np
 import torch
 
 from ..errors import DataError
+from ..resolve import auto_worker_kind
 from ._workers import (
     InSlot,
     _BatchWorkers,
@@ -109,17 +110,6 @@ def _check_arguments(
 
 
 WORKER_KINDS = ("auto", "thread", "process")
-#: ``worker_kind="auto"`` takes threads for at most this many workers. A decoding thread still
-#: holds the GIL for ~0.15 ms an image (reading the file, the crop box, the calls around the C
-#: decoder), so beyond a few threads the GIL, not the cores, would bound the rate (16 threads at
-#: ~600 images/sec each would need it for ~1.4 s a second): processes scale there.
-AUTO_THREAD_WORKERS_MAX = 4
-
-
-def auto_worker_kind(threads_suffice: bool, num_workers: int) -> str:
-    """What ``worker_kind="auto"`` gives: ``"thread"`` when the source's building releases the GIL
-    (``threads_suffice``) and there are at most :data:`AUTO_THREAD_WORKERS_MAX` workers, else ``"process"``."""
-    return "thread" if threads_suffice and num_workers <= AUTO_THREAD_WORKERS_MAX else "process"
 
 
 class _ShardOrder:
@@ -305,7 +295,7 @@ class IndexedSource(ABC):
         self._bad: list[str] = []
         #: ``"thread"`` or ``"process"``: what builds the batches when ``num_workers > 0``.
         if worker_kind == "auto":
-            worker_kind = auto_worker_kind(self._threads_suffice(), num_workers)
+            worker_kind = auto_worker_kind(self._threads_suffice(), num_workers).value
         self.worker_kind = worker_kind
         self._workers: _BatchWorkers | _ThreadWorkers | _ExampleThreads = make_workers(
             self.worker_kind, self._builds_by_slot()

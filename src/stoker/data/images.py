@@ -30,8 +30,9 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..resolve import image_threads_suffice
 from .base import DataError, IndexedSource, example_uniforms
-from .jpeg import RESIZE_METHODS, RESIZE_MODES, Decoder, ImageDecodeError, decode_crop_resize, get_decoder
+from .jpeg import RESIZE_METHODS, RESIZE_MODES, ImageDecodeError, decode_crop_resize, get_decoder
 from .preprocessing import (
     FLIP_INDEX,
     IMAGENET_MEAN,
@@ -217,18 +218,6 @@ class EncodedExample(NamedTuple):
     name: str
 
 
-def image_threads_suffice(decoder: Decoder, *, decode_on_device: bool, pin_memory: bool) -> bool:
-    """Whether an image source's batches are built well enough by threads, for
-    ``worker_kind="auto"`` (also asked by ``stoker bench`` before it builds the source, for its
-    header): the CPU decoder releases the GIL for a whole decode (libjpeg-crop: one ctypes call
-    per image; the Python around it is ~10 % of an image), and the batches feed a CPU step. Not
-    for a CUDA infeed (pinned batches): measured on an H200 host, decoding threads fed resnet50
-    2,627 images/sec against 3,288 from 4 processes (likely: the training thread launches its
-    kernels under the GIL, and each thread allocates its batch in pinned memory, which
-    serialises). docs/data.md, "Workers"."""
-    return not decode_on_device and not pin_memory and decoder.releases_gil
-
-
 class EncodedImageSource(IndexedSource):
     """The shared batch builder of encoded-image sources (image folders, TFRecords).
 
@@ -340,8 +329,10 @@ class EncodedImageSource(IndexedSource):
 
     def _threads_suffice(self) -> bool:
         return image_threads_suffice(
-            self.decoder, decode_on_device=self._device_decoder is not None, pin_memory=self.pin_memory
-        )
+            releases_gil=self.decoder.releases_gil,
+            decode_on_device=self._device_decoder is not None,
+            pin_memory=self.pin_memory,
+        ).value
 
     @property
     def decoder_name(self) -> str:
@@ -705,7 +696,6 @@ __all__ = [
     "augment_image",
     "decode_rgb",
     "image_folder",
-    "image_threads_suffice",
     "normalize_images",
     "random_resized_crop_box",
 ]
