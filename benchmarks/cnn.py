@@ -3,26 +3,27 @@ r"""``stoker bench`` against a plain PyTorch loop and tf_cnn_benchmarks' figures
 For trivial (ImageNet), resnet20 (CIFAR-10) and resnet50 (ImageNet) (and inception3, vgg16,
 ncf and deepspeech2 when ``--models`` names them), batch 32, stoker's default data format
 (NHWC, channels_last, for these convnets; the plain loop and TensorFlow run NHWC), synthetic
-data, fp32, SGD with weight decay, as REFERENCE_NUMBERS.md's runs,
+data, fp32, SGD with weight decay, as the reference figures' runs (docs/results/reference.md),
 four configurations each run in a fresh process (the host-memory setting is process-wide and
 cannot be undone), interleaved round by round so machine noise hits all alike:
 
 - ``stoker``: ``stoker bench`` as a user runs it (its defaults keep freed host memory);
 - ``plain``: the same step written by hand (same zoo model, optimizer, data, weight decay; no
-  framework) with the C library's malloc defaults: "plain PyTorch" of REFERENCE_NUMBERS.md;
+  framework) with the C library's malloc defaults: "plain PyTorch" of docs/results/reference.md;
 - ``stoker, C malloc``: ``stoker bench --keep_host_memory=false``;
 - ``plain, kept memory``: the hand-written loop after ``stoker.keep_freed_host_memory()``;
 - ``tensorflow`` (``--configs`` picks it): TensorFlow's own tf_cnn_benchmarks.py with the same
   model, data set, batch, threads and step counts, run from the peer install of
-  ``../shared/peers/README.md`` (``$PEERS_DIR``, default ``~/.cache/stoker-peers``), on this
+  ``benchmarks/peers/README.md`` (``$PEERS_DIR``, default ``~/.cache/stoker-peers``), on this
   machine in the same rounds: the side-by-side column of issue 12;
 - ``compile=module`` / ``compile=step`` (``--configs`` picks them): ``stoker bench --compile=module``
   and ``--compile=step`` (the whole training step compiled). Compilation happens in the warm-up
   batches, which are not timed; their columns are ratios to ``stoker`` (eager) of the same run.
 
 ``stoker / plain`` is what the harness gains over plain PyTorch on this machine; the targets
-of issue 4 are stated on REFERENCE_NUMBERS' machine as images/sec, so the table also gives the
-speed-up each target asks of plain PyTorch there (resnet50 11.5 / 7.6, resnet20 710 / 640).
+of issue 4 are stated on the AVX-512 reference machine (docs/results/reference.md) as
+images/sec, so the table also gives the speed-up each target asks of plain PyTorch there
+(resnet50 11.5 / 7.6, resnet20 710 / 640).
 ``stoker, C malloc / plain`` and ``stoker / plain, kept memory`` are the harness's own overhead
 (target 1.00x) with the allocator equal on both sides.
 
@@ -99,10 +100,10 @@ CASES = {
     "trivial": Case("trivial", "imagenet", 100, 10, 3614.0),
     "resnet20": Case("resnet20", "cifar10", 30, 5, 647.0),
     "resnet50": Case("resnet50", "imagenet", 5, 2, 10.4),
-    # Not in REFERENCE_NUMBERS either: the other two convnets of issue 26's targets.
+    # No reference figure either (docs/results/reference.md): the other two convnets of issue 26's targets.
     "inception3": Case("inception3", "imagenet", 5, 2, 0.0),
     "vgg16": Case("vgg16", "imagenet", 3, 1, 0.0),
-    # Not in REFERENCE_NUMBERS (0: no reference figure); compared with TensorFlow run beside
+    # No reference figure (0; docs/results/reference.md); compared with TensorFlow run beside
     # (--configs stoker tensorflow). ncf at its reference batch; deepspeech2's 3,494-frame
     # utterances at a batch this CPU can take.
     "ncf": Case("ncf", "movielens", 50, 5, 0.0, batch=2048, tf_data_name="imagenet"),
@@ -275,7 +276,7 @@ def tensorflow_images_per_sec(case: Case, threads: int) -> float:
     if not python.exists() or not script_dir.is_dir():
         raise SystemExit(
             f"--configs tensorflow: no TensorFlow peer in {PEERS_DIR}; install it with "
-            "../shared/peers/setup-tf-cnn.sh (see ../shared/peers/README.md) or set PEERS_DIR"
+            "benchmarks/peers/setup-tf-cnn.sh (see benchmarks/peers/README.md) or set PEERS_DIR"
         )
     cmd = [
         str(python),
@@ -317,7 +318,7 @@ REAL_TARGET_OVER_TF = 1.5  # issue 25: stoker bench --data_dir at >= 1.5x tf_cnn
 REAL_CONFIGS = ("stoker_records",)  # --data_dir only: stoker on the TFRecords tensorflow reads
 COMPILE_CONFIGS = {"stoker_compile_module": "module", "stoker_compile_step": "step"}
 OTHER_CONFIGS = ("tensorflow",)
-# Images/sec that issue 4's targets ask for, over plain PyTorch on REFERENCE_NUMBERS' machine.
+# Images/sec that issue 4's targets ask for, over plain PyTorch on the reference machine (docs/results/reference.md).
 TARGET_SPEEDUP = {"resnet50": 11.5 / 7.6, "resnet20": 710 / 640}
 # Issue 26's targets: stoker's images/sec over TensorFlow's, side by side on one machine.
 TARGET_OVER_TF = {"trivial": 1.2, "resnet20": 1.5, "resnet50": 1.15, "inception3": 1.1, "vgg16": 1.1}

@@ -1,8 +1,8 @@
 """Framework overhead on a host-bound model: stoker's loop against a hand-written one.
 
-The MLP of REFERENCE_NUMBERS.md (32 -> 64 -> 10, batch 64, SGD, in-memory data), trained for
-``--steps`` steps, every variant interleaved round by round so that machine noise hits them
-alike (in each of ``--processes`` processes, below). Variants:
+The MLP of the reference figures (docs/results/reference.md): 32 -> 64 -> 10, batch 64, SGD,
+in-memory data, trained for ``--steps`` steps, every variant interleaved round by round so
+that machine noise hits them alike (in each of ``--processes`` processes, below). Variants:
 
 - ``handwritten``: batches by tensor indexing from a per-epoch permutation, plain PyTorch
   (the baseline of every ratio), timed from building the model and optimizer on, since

@@ -132,7 +132,9 @@ def run_tensorflow(*, batch: int = 64, size: int = 224, threads: int = 1) -> dic
     """The TensorFlow peer's milliseconds per batch for the same work (see the module docstring)."""
     python = Path(os.environ.get("PEERS_DIR", Path.home() / ".cache" / "stoker-peers")) / "tfvenv" / "bin" / "python"
     if not python.exists():
-        raise SystemExit(f"--tensorflow: the TensorFlow peer {python} is not installed")
+        raise SystemExit(
+            f"--tensorflow: the TensorFlow peer {python} is not installed (see benchmarks/peers/README.md)"
+        )
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
     args = json.dumps({"batch": batch, "size": size, "threads": threads})
     r = subprocess.run([str(python), "-c", _TF_TIMING, args], capture_output=True, text=True, env=env, check=True)

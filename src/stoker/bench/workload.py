@@ -567,7 +567,8 @@ def flops_per_image(model_name: str, dataset: str, num_classes: int | None = Non
 # 1,280 real JPEGs (2026-11-26): 2.45-2.57 images/sec with 1 or 2 workers, 3.07 with none, 2.98-3.25
 # on synthetic data; trivial needs the workers (its step is ~0.1x a decode).
 INLINE_DECODE_RATIO = 20.0
-DECODE_MS_PER_IMAGE = 2.0  # one core, a 224 training crop of a ~500x375 JPEG (docs/data.md: 520-680 a second)
+# One core, a 224 training crop of a ~500x375 JPEG (docs/results/input_pipeline.md: 520-680 a second).
+DECODE_MS_PER_IMAGE = 2.0
 
 
 def data_workers(cfg: BenchConfig, workload: Workload | None = None) -> int:

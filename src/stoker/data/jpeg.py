@@ -26,7 +26,7 @@ wheel; the default when the window decoder cannot be built) and ``pillow`` (alwa
 ``Image.draft`` gives it the same DCT scaling). Files that are not
 JPEG (PNG, BMP) and JPEGs simplejpeg cannot convert (CMYK) go to Pillow. Both release the GIL
 while decoding, but the resize and the Python between calls do not; threads against processes
-is measured in ``docs/data.md``.
+is measured in ``docs/results/input_pipeline.md``.
 """
 
 from __future__ import annotations
