@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from .distributed import PipelineConfig
     from .errors import (
         CheckpointError,
+        CheckpointMismatchError,
         ConfigError,
         CorruptCheckpointError,
         DataError,
@@ -29,11 +30,13 @@ if TYPE_CHECKING:
         ImageDecodeError,
         ModelFnError,
         NanLossError,
+        NonFiniteError,
         RequestError,
         StateError,
         StokerError,
         StorageError,
         UnknownNameError,
+        UserCodeError,
     )
     from .estimator import Estimator
     from .memory import keep_freed_host_memory
@@ -47,8 +50,11 @@ _EXPORTS = {
     "CorruptCheckpointError": ".errors",
     "ModelFnError": ".errors",
     "NanLossError": ".errors",
+    "NonFiniteError": ".errors",
     "StokerError": ".errors",
     "StorageError": ".errors",
+    "UserCodeError": ".errors",
+    "CheckpointMismatchError": ".errors",
     "ConfigError": ".errors",
     "DataError": ".errors",
     "DistributedError": ".errors",
@@ -92,6 +98,8 @@ __all__ = [
     "CheckpointIO",
     "CorruptCheckpointError",
     "StorageError",
+    "UserCodeError",
+    "CheckpointMismatchError",
     "ConfigError",
     "DataError",
     "DistributedError",
@@ -105,6 +113,7 @@ __all__ = [
     "ModeKeys",
     "ModelFnError",
     "NanLossError",
+    "NonFiniteError",
     "PipelineConfig",
     "RetryPolicy",
     "RunConfig",

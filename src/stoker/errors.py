@@ -16,8 +16,12 @@ bad argument, ``TypeError`` for a bad ``model_fn``), that built-in stays a secon
       RequestError (ValueError)       a serving request that does not fit the signature
       DistributedError (RuntimeError) a layout of processes, stages or replicas that cannot work
       CheckpointError                 a checkpoint is missing, does not fit or is unreadable
-        CorruptCheckpointError, StorageError
-      NanLossError, ModelFnError (TypeError), ExportError, ...
+        CheckpointMismatchError (ValueError), CorruptCheckpointError, StorageError
+      UserCodeError (TypeError)       user code took or returned a type stoker cannot use
+        ModelFnError                    ``model_fn`` in particular
+      NonFiniteError (ValueError)     a loss or a metric that must be finite is not
+        NanLossError
+      ExportError, ...
 """
 
 from __future__ import annotations
@@ -31,6 +35,11 @@ class CheckpointError(StokerError):
     """A checkpoint is missing, does not fit the model, or is unreadable."""
 
 
+class CheckpointMismatchError(CheckpointError, ValueError):
+    """A model_dir's checkpoint or record is missing a part, or holds state that does not fit what
+    is being restored (other optimizers, another precision, another iteration's candidates)."""
+
+
 class CorruptCheckpointError(CheckpointError):
     """A checkpoint file's sha256 does not match the index: it is refused, never loaded."""
 
@@ -41,7 +50,11 @@ class StorageError(CheckpointError):
     checkpoint being written is not committed; the previous one stays the latest."""
 
 
-class NanLossError(StokerError):
+class NonFiniteError(StokerError, ValueError):
+    """A value that must be finite is NaN or infinite (a training loss, a selection metric)."""
+
+
+class NanLossError(NonFiniteError):
     """Training produced a non-finite loss; the last good checkpoint is kept."""
 
     def __init__(self, step: int, value: float, checkpoint: str | None) -> None:
@@ -52,7 +65,12 @@ class NanLossError(StokerError):
         self.checkpoint = checkpoint
 
 
-class ModelFnError(StokerError, TypeError):
+class UserCodeError(StokerError, TypeError):
+    """Code the user hands stoker (a factory, a builder, a metric function, a pipelined model)
+    took or returned something of a type stoker cannot use; the message says what was expected."""
+
+
+class ModelFnError(UserCodeError):
     """``model_fn`` has the wrong signature or returned something stoker cannot use."""
 
 

@@ -26,6 +26,8 @@ from typing import Any
 
 import torch
 
+from .errors import ConfigError, UserCodeError
+
 
 class Metric:
     """Base class: ``update`` gives per-example statistics, ``compute`` turns their sums into a value."""
@@ -84,7 +86,7 @@ class Accuracy(Metric):
         if predictions.dim() == labels.dim() + 1:
             predictions = predictions.argmax(-1)
         if predictions.shape != labels.shape:
-            raise ValueError(
+            raise ConfigError(
                 f"Accuracy: predictions of shape {list(predictions.shape)} do not match labels of "
                 f"shape {list(labels.shape)}; pass logits [batch, classes] or class ids [batch]"
             )
@@ -100,7 +102,7 @@ class TopKAccuracy(Metric):
 
     def __init__(self, k: int = 5) -> None:
         if k < 1:
-            raise ValueError(f"TopKAccuracy: k must be >= 1, got {k}")
+            raise ConfigError(f"TopKAccuracy: k must be >= 1, got {k}")
         self.k = k
 
     def update(self, logits: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -137,7 +139,7 @@ class MetricAccumulator:
         if isinstance(update, torch.Tensor):
             update = Mean()(update)
         elif not isinstance(update, MetricUpdate):
-            raise TypeError(
+            raise UserCodeError(
                 f"eval_metrics[{name!r}] is a {type(update).__name__}; give a metric update "
                 "(e.g. stoker.metrics.Accuracy()(logits, labels)) or a tensor of per-example values"
             )
@@ -147,7 +149,7 @@ class MetricAccumulator:
             stat = stat.to(torch.float64)
             if mask is not None:
                 if stat.shape[:1] != mask.shape:
-                    raise ValueError(
+                    raise ConfigError(
                         f"eval_metrics[{name!r}]: statistic {key!r} has shape {list(stat.shape)}, but the "
                         f"batch has {mask.shape[0]} rows; per-example statistics are needed to mask padding"
                     )

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from . import plugins, storage
 from ._version import __version__
-from .errors import ExportError
+from .errors import ConfigError, ExportError
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -110,7 +110,7 @@ def _register(table: dict[str, Any], kind: str, builder: Callable[..., Any], wha
     """``table[kind] = builder``, refusing a second, different function for ``kind``."""
     known = table.get(kind)
     if known is not None and _qualified(known) != _qualified(builder):
-        raise ValueError(
+        raise ConfigError(
             f"{what} is already registered to {_qualified(known)}; cannot register {_qualified(builder)} too"
         )
     table[kind] = builder

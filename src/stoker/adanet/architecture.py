@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import storage
-from ..errors import StorageError
+from ..errors import CheckpointMismatchError, StorageError
 from ..storage.stores import Location
 
 __all__ = ["Architecture", "architecture_path", "read_architecture", "write_architecture"]
@@ -78,7 +78,7 @@ def read_architecture(model_dir: str | os.PathLike[str] | Location, iteration_nu
     try:
         return Architecture.deserialize(read_text(path))
     except (OSError, ValueError, KeyError, TypeError, StorageError) as e:
-        raise ValueError(
+        raise CheckpointMismatchError(
             f"{path} is missing or unreadable ({e}); it records iteration {iteration_number}'s ensemble"
         ) from e
 

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import ConfigError, UserCodeError
 from .ensemble import Ensemble, Ensembler
 from .estimator import Estimator
 from .heads import Head
@@ -68,7 +69,7 @@ class _PoolBuilder(Builder):
             return module
         module = model()
         if not isinstance(module, nn.Module):
-            raise TypeError(
+            raise UserCodeError(
                 f"the candidate pool's factory {self._name!r} must return an nn.Module; got {type(module).__name__}"
             )
         return module
@@ -107,17 +108,17 @@ class AutoEnsembleEstimator(Estimator):
             else {f"candidate_{i}": c for i, c in enumerate(candidate_pool)}
         )
         if not pool:
-            raise ValueError("candidate_pool is empty")
+            raise ConfigError("candidate_pool is empty")
         builders = []
         for name, entry in pool.items():
             if not isinstance(entry, AutoEnsembleSubestimator):
                 if not (isinstance(entry, nn.Module) or callable(entry)):
-                    raise TypeError(
+                    raise UserCodeError(
                         f"candidate_pool[{name!r}] must be an AutoEnsembleSubestimator, an nn.Module or a "
                         f"factory; got {type(entry).__name__}"
                     )
                 if optimizer is None:
-                    raise ValueError(
+                    raise ConfigError(
                         f"candidate_pool[{name!r}] has no optimizer: wrap it in "
                         "AutoEnsembleSubestimator(optimizer=...) or pass optimizer="
                     )

@@ -22,6 +22,7 @@ from typing import Any, cast
 import torch
 from torch import nn
 
+from ..errors import ConfigError
 from .outputs import Subnetwork
 
 #: A ``stoker.adanet.subnetwork.Builder``, carried through opaquely (to strategies). Not imported:
@@ -385,7 +386,7 @@ class ComplexityRegularizedEnsembler(Ensembler):
         for attr in ("adanet_lambda", "adanet_beta"):
             value = getattr(self, attr)
             if not isinstance(value, (int, float)) or value < 0:
-                raise ValueError(f"ComplexityRegularizedEnsembler.{attr} must be a number >= 0; got {value!r}")
+                raise ConfigError(f"ComplexityRegularizedEnsembler.{attr} must be a number >= 0; got {value!r}")
 
     @property
     def name(self) -> str:

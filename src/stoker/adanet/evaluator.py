@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..errors import ConfigError, NonFiniteError, UserCodeError
 from .subnetwork import MaterializedReport
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ def select_best(values: Sequence[float], objective: Objective | str = Objective.
         if best is None or (v < values[best] if objective is Objective.MINIMIZE else v > values[best]):
             best = i
     if best is None:
-        raise ValueError(f"every candidate's selection value is NaN ({list(values)}): no ensemble can be chosen")
+        raise NonFiniteError(f"every candidate's selection value is NaN ({list(values)}): no ensemble can be chosen")
     return best
 
 
@@ -71,7 +72,7 @@ class Evaluator:
     def __post_init__(self) -> None:
         self.objective = Objective(self.objective)
         if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
-            raise ValueError(f"Evaluator.steps must be a positive integer or None; got {self.steps!r}")
+            raise ConfigError(f"Evaluator.steps must be a positive integer or None; got {self.steps!r}")
 
     def evaluate(self, estimator: PlainEstimator, candidate_names: Sequence[str]) -> list[float]:
         """Each candidate's ``metric_name`` on ``input_fn``, evaluated with the iteration's Estimator."""
@@ -82,7 +83,7 @@ class Evaluator:
             known = sorted(
                 {k.split("/", 1)[1] for k in results if "/" in k and not k.startswith(("subnetwork/", "report/"))}
             )
-            raise ValueError(
+            raise ConfigError(
                 f"Evaluator.metric_name={self.metric_name!r} is not computed for every candidate; candidates have "
                 f"{known}"
             )
@@ -124,10 +125,10 @@ class ReportMaterializer:
 def _plain(value: Any, what: str) -> Any:
     if isinstance(value, torch.Tensor):
         if value.numel() != 1:
-            raise ValueError(f"{what} must be a scalar; it has shape {list(value.shape)}")
+            raise ConfigError(f"{what} must be a scalar; it has shape {list(value.shape)}")
         return value.detach().cpu().reshape(()).item()
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
     if isinstance(value, Mapping):
         return {str(k): _plain(v, what) for k, v in value.items()}
-    raise ValueError(f"{what} must be a number, string, bool or 0-dim tensor; got {type(value).__name__}")
+    raise UserCodeError(f"{what} must be a number, string, bool or 0-dim tensor; got {type(value).__name__}")

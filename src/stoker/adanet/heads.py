@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import ConfigError, UserCodeError
 from ..metrics import Accuracy, MeanSquaredError, MetricUpdate
 from ..spec import EstimatorSpec, ModeKeys
 from .subnetwork import as_subnetwork
@@ -87,14 +88,14 @@ class MetricFn:
 
     def __init__(self, fn: Callable[..., Mapping[str, Any]]) -> None:
         if not callable(fn):
-            raise TypeError(f"metric_fn must be callable; got {type(fn).__name__}")
+            raise UserCodeError(f"metric_fn must be callable; got {type(fn).__name__}")
         try:
             names = list(inspect.signature(fn).parameters)
         except (TypeError, ValueError) as e:
-            raise TypeError(f"metric_fn: cannot read its signature ({e})") from e
+            raise UserCodeError(f"metric_fn: cannot read its signature ({e})") from e
         unknown = [n for n in names if n not in _METRIC_FN_ARGS]
         if unknown:
-            raise ValueError(
+            raise ConfigError(
                 f"metric_fn may take only predictions, features and labels (any of them, in any order); got {unknown}"
             )
         self.fn = fn
@@ -104,7 +105,9 @@ class MetricFn:
         given = {"predictions": predictions, "features": features, "labels": labels}
         out = self.fn(**{n: given[n] for n in self.names})
         if not isinstance(out, Mapping) or not all(isinstance(k, str) for k in out):
-            raise TypeError(f"metric_fn must return a dict of metric name -> metric update; got {type(out).__name__}")
+            raise UserCodeError(
+                f"metric_fn must return a dict of metric name -> metric update; got {type(out).__name__}"
+            )
         return dict(out)
 
 
@@ -113,7 +116,7 @@ def _reduce(per_example: torch.Tensor, reduction: str) -> torch.Tensor:
         return per_example.mean()
     if reduction == "none":
         return per_example
-    raise ValueError(f"reduction must be 'mean' or 'none'; got {reduction!r}")
+    raise ConfigError(f"reduction must be 'mean' or 'none'; got {reduction!r}")
 
 
 class MultiClassHead(Head):
@@ -121,7 +124,7 @@ class MultiClassHead(Head):
 
     def __init__(self, n_classes: int) -> None:
         if not isinstance(n_classes, int) or n_classes < 2:
-            raise ValueError(f"MultiClassHead: n_classes must be an integer >= 2; got {n_classes!r}")
+            raise ConfigError(f"MultiClassHead: n_classes must be an integer >= 2; got {n_classes!r}")
         self.logits_dimension = n_classes
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -164,7 +167,7 @@ class RegressionHead(Head):
 
     def __init__(self, label_dimension: int = 1) -> None:
         if not isinstance(label_dimension, int) or label_dimension < 1:
-            raise ValueError(f"RegressionHead: label_dimension must be a positive integer; got {label_dimension!r}")
+            raise ConfigError(f"RegressionHead: label_dimension must be a positive integer; got {label_dimension!r}")
         self.logits_dimension = label_dimension
 
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:

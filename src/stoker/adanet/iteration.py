@@ -33,6 +33,7 @@ from typing import Any, NamedTuple, cast
 import torch
 from torch import nn
 
+from ..errors import ConfigError
 from ..hooks.base import Hook, LoopResult, RunContext
 from ..spec import EstimatorSpec, ModeKeys
 from .ensemble import BatchedWeightedSum, Combiner, Ensemble, Ensembler, _WeightedSum
@@ -174,11 +175,11 @@ class IterationModel(nn.Module):
         self.register_buffer("adanet_loss_ema", torch.zeros(n_cand, device=iteration_step.device))
         has_previous = self.previous_ensemble is not None
         if has_previous != (previous_adanet_loss is not None):
-            raise ValueError(
+            raise ConfigError(
                 "previous_adanet_loss is given exactly when there is a previous ensemble (candidate 0 at t > 0)"
             )
         if has_previous and not self.candidates[0].is_previous:
-            raise ValueError("the previous ensemble must be candidate 0")
+            raise ConfigError("the previous ensemble must be candidate 0")
         # The previous ensemble's bias-corrected moving average from iteration t - 1 (read, never
         # updated); 0 and unused at t = 0.
         self.register_buffer(

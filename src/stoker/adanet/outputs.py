@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from ..errors import ConfigError, UserCodeError
+
 
 @dataclass
 class Subnetwork:
@@ -40,7 +42,7 @@ def as_subnetwork(output: Any) -> Subnetwork:
         return output
     if isinstance(output, torch.Tensor):
         return Subnetwork(last_layer=output, logits=output, complexity=0.0)
-    raise TypeError(
+    raise UserCodeError(
         "a subnetwork module must return a stoker.adanet.Subnetwork or a logits tensor; it returned a "
         f"{type(output).__name__}"
     )
@@ -51,7 +53,7 @@ def complexity_value(subnetwork: Subnetwork) -> float:
     c = subnetwork.complexity
     value = float(c.detach().reshape(()).item()) if isinstance(c, torch.Tensor) else float(c)
     if not math.isfinite(value) or value < 0:
-        raise ValueError(f"Subnetwork.complexity must be a finite number >= 0; got {value}")
+        raise ConfigError(f"Subnetwork.complexity must be a finite number >= 0; got {value}")
     return value
 
 

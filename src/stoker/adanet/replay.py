@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ..errors import ConfigError
+
 __all__ = ["Config"]
 
 
@@ -19,7 +21,7 @@ class Config:
     def __post_init__(self) -> None:
         self.best_ensemble_indices = [int(i) for i in self.best_ensemble_indices]
         if any(i < 0 for i in self.best_ensemble_indices):
-            raise ValueError(f"replay.Config: indices must be >= 0; got {self.best_ensemble_indices}")
+            raise ConfigError(f"replay.Config: indices must be >= 0; got {self.best_ensemble_indices}")
 
     def get_best_ensemble_index(self, iteration_number: int) -> int | None:
         """The recorded index of ``iteration_number``, or ``None`` past the recorded ones."""

@@ -28,6 +28,7 @@ from torch import nn
 from .. import storage
 from ..checkpoint.files import record_dir
 from ..checkpoint.manager import CheckpointManager, check_state_fits, load_checkpoint
+from ..errors import CheckpointMismatchError, ConfigError, UserCodeError
 from ..rng import rng_state, seed_everything, set_rng_state
 from ..storage.stores import Location
 from .architecture import Architecture, read_architecture, read_text
@@ -98,7 +99,7 @@ class SearchSpace:
         for i in range(iteration_number):
             path = self.report_dir / REPORT_FILE.format(i)
             if not storage.exists(path):
-                raise ValueError(
+                raise CheckpointMismatchError(
                     f"{path} is missing: the report of iteration {i}, which the generator of iteration "
                     f"{iteration_number} receives"
                 )
@@ -121,12 +122,12 @@ class SearchSpace:
         seen: set[str] = set()
         for b in builders:
             if not isinstance(b, Builder):
-                raise TypeError(
+                raise UserCodeError(
                     f"generate_candidates must return stoker.adanet.Builder objects; got a {type(b).__name__}"
                 )
             name = check_builder_name(b.name)
             if name in seen:
-                raise ValueError(
+                raise ConfigError(
                     f"two builders of iteration {iteration_number} are named {name!r}: builder names must be "
                     "unique within an iteration"
                 )
@@ -153,7 +154,7 @@ class SearchSpace:
                 previous_ensemble=previous,
             )
             if not isinstance(module, nn.Module):
-                raise TypeError(
+                raise UserCodeError(
                     f"{type(builder).__name__}.build_subnetwork must return an nn.Module; it returned a "
                     f"{type(module).__name__}"
                 )
@@ -165,7 +166,7 @@ class SearchSpace:
             module.train(was_training)
         complexity_value(example)  # fail now, naming the problem, not mid-training
         if example.logits.shape[-1] != self.head.logits_dimension:
-            raise ValueError(
+            raise ConfigError(
                 f"subnetwork {builder.name!r} gives logits of shape {list(example.logits.shape)}; the head needs "
                 f"{self.head.logits_dimension} logits in the last dimension"
             )
@@ -185,7 +186,7 @@ class SearchSpace:
                         f"_{ensembler.name}" if len(self.ensemblers) > 1 else ""
                     )
                     if display in seen:
-                        raise ValueError(
+                        raise ConfigError(
                             f"two candidate ensembles are named {display!r}: strategies must give unique "
                             "candidate names"
                         )
@@ -206,13 +207,13 @@ class SearchSpace:
         members: list[WeightedSubnetwork] = []
         if cand.previous_ensemble_subnetwork_builders:
             if previous is None:
-                raise ValueError(
+                raise ConfigError(
                     f"candidate {cand.name!r} keeps previous subnetworks, but there is no previous ensemble"
                 )
             for b in cand.previous_ensemble_subnetwork_builders:
                 match = [w for w in previous.weighted_subnetworks if w.builder is b]
                 if not match:
-                    raise ValueError(
+                    raise ConfigError(
                         f"candidate {cand.name!r} names a previous subnetwork {getattr(b, 'name', b)!r} that is "
                         "not in the previous ensemble"
                     )
@@ -220,14 +221,14 @@ class SearchSpace:
         for b in cand.subnetwork_builders:
             key = subnetwork_key(iteration_number, b.name)
             if key not in new or new[key][0] is not b:
-                raise ValueError(
+                raise ConfigError(
                     f"candidate {cand.name!r} includes builder {b.name!r}, which is not one of iteration "
                     f"{iteration_number}'s builders"
                 )
             _, module, example = new[key]
             members.append(WeightedSubnetwork(b.name, iteration_number, example, module, None, b))
         if not members:
-            raise ValueError(f"candidate {cand.name!r} has no subnetworks")
+            raise ConfigError(f"candidate {cand.name!r} has no subnetworks")
         with seeded(self.seed, iteration_number, "ensemble", display):
             combiner = ensembler.build_ensemble(
                 [Member(w.key, w.name, w.iteration_number, w.subnetwork) for w in members],
@@ -260,7 +261,7 @@ class SearchSpace:
         training: bool,
     ) -> Ensemble:
         if not arch.replay_indices:
-            raise ValueError(f"architecture-{i}.json has no replay_indices")
+            raise CheckpointMismatchError(f"architecture-{i}.json has no replay_indices")
         if i > 0 and arch.replay_indices[-1] == 0:  # candidate 0 at t > 0: the previous ensemble was kept
             assert previous is not None
             return previous
@@ -269,7 +270,7 @@ class SearchSpace:
         wanted = arch.subnetworks_of(i)
         for name in wanted:
             if name not in by_name:
-                raise ValueError(
+                raise ConfigError(
                     f"Required subnetwork builder is missing for iteration {i}: {name!r} (architecture-{i}.json "
                     "names it, "
                     f"but the generator now gives {sorted(by_name)}). Generators must be deterministic: the same "
@@ -283,7 +284,7 @@ class SearchSpace:
         for display, cand, ensembler in self.candidates(picked, previous, i):
             if cand.name == arch.ensemble_candidate_name and ensembler.name == arch.ensembler_name:
                 return self.assemble(display, cand, ensembler, i, previous, new)
-        raise ValueError(
+        raise ConfigError(
             f"Could not find the candidate {arch.ensemble_candidate_name!r} with ensembler "
             f"{arch.ensembler_name!r} that "
             f"architecture-{i}.json names. Are the ensemble strategies and ensemblers the same, and deterministic?"
@@ -293,7 +294,9 @@ class SearchSpace:
         """Load the weights saved for ``ensemble`` at ``global_step`` into its modules."""
         path = final_checkpoint(self.model_dir, global_step)
         if not storage.is_dir(path):
-            raise ValueError(f"{path} is missing: it holds the weights of the ensemble chosen at step {global_step}")
+            raise CheckpointMismatchError(
+                f"{path} is missing: it holds the weights of the ensemble chosen at step {global_step}"
+            )
         state = load_checkpoint(path).model_state or {}
         model = EnsembleModel(ensemble)
         check_state_fits(model, state, f"final ensemble checkpoint {str(path)!r}")
@@ -322,7 +325,7 @@ class SearchSpace:
             self.load(previous, read_architecture(self.model_dir, iteration_number - 1).global_step)
         builders = self.generate(previous, iteration_number)
         if not builders:
-            raise ValueError(f"the generator gave no builders for iteration {iteration_number}")
+            raise ConfigError(f"the generator gave no builders for iteration {iteration_number}")
         new: dict[str, tuple[Builder, nn.Module, Subnetwork]] = {}
         for b in builders:
             module, example = self.build_module(b, iteration_number, previous, features, step, training=True)
@@ -338,7 +341,7 @@ class SearchSpace:
                 )
             )
         if len(records) == (1 if previous is not None else 0):
-            raise ValueError(f"the ensemble strategies gave no candidate at iteration {iteration_number}")
+            raise ConfigError(f"the ensemble strategies gave no candidate at iteration {iteration_number}")
         reports: dict[str, Report] = {}
         for key, (b, _, _) in new.items():
             report = b.build_subnetwork_report()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..errors import ConfigError
 from ..estimator import Estimator as PlainEstimator
 from .architecture import Architecture
 from .evaluator import Evaluator, Objective, select_best
@@ -33,7 +34,7 @@ def choose(
     replayed = replay_config.get_best_ensemble_index(t) if replay_config is not None else None
     if replayed is not None:
         if replayed >= n:
-            raise ValueError(f"replay.Config gives index {replayed} for iteration {t}, which has only {n} candidates")
+            raise ConfigError(f"replay.Config gives index {replayed} for iteration {t}, which has only {n} candidates")
         return replayed, None, "replay"
     if n == 1:
         return 0, None, "only candidate"

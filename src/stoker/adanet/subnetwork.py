@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from ..errors import ConfigError
 from ..metrics import Metric
 from .outputs import Subnetwork, as_subnetwork, complexity_value  # re-exported for users
 
@@ -40,9 +41,9 @@ __all__ = [
 def check_builder_name(name: Any) -> str:
     """Builder names key modules and checkpoint entries, so they must be plain identifiers."""
     if not isinstance(name, str) or not name:
-        raise ValueError(f"a Builder's name must be a non-empty string; got {name!r}")
+        raise ConfigError(f"a Builder's name must be a non-empty string; got {name!r}")
     if "." in name or "/" in name or any(ch.isspace() for ch in name):
-        raise ValueError(f"Builder name {name!r} may not contain '.', '/' or whitespace (it names checkpoint entries)")
+        raise ConfigError(f"Builder name {name!r} may not contain '.', '/' or whitespace (it names checkpoint entries)")
     return name
 
 

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from ..errors import CheckpointMismatchError, ConfigError, UserCodeError
 from .ensemble import BatchedWeightedSum, Ensembler
 
 
@@ -46,7 +47,7 @@ def build_optimizers(model: IterationModel) -> CandidateOptimizers:
             continue
         opt = model.builders[key].build_subnetwork_optimizer(params)
         if not isinstance(opt, torch.optim.Optimizer):
-            raise TypeError(
+            raise UserCodeError(
                 f"{type(model.builders[key]).__name__}.build_subnetwork_optimizer must return a "
                 f"torch.optim.Optimizer; got {type(opt).__name__}"
             )
@@ -63,7 +64,7 @@ def build_optimizers(model: IterationModel) -> CandidateOptimizers:
         if opt is not None:
             optimizers[f"ensembler/{name}"] = opt
     if not optimizers:
-        raise ValueError("nothing to train in this iteration: no subnetwork or ensemble has trainable parameters")
+        raise ConfigError("nothing to train in this iteration: no subnetwork or ensemble has trainable parameters")
     return CandidateOptimizers(optimizers)
 
 
@@ -72,7 +73,7 @@ def build_schedules(model: IterationModel, optimizer: torch.optim.Optimizer) -> 
     over its optimizer in ``optimizer`` (a ``CandidateOptimizers``); ``None`` if no builder
     gives one."""
     if not isinstance(optimizer, CandidateOptimizers):
-        raise TypeError(f"make_schedule needs the iteration's CandidateOptimizers; got {type(optimizer).__name__}")
+        raise UserCodeError(f"make_schedule needs the iteration's CandidateOptimizers; got {type(optimizer).__name__}")
     schedules: dict[str, Any] = {}
     for key in model.new_keys:
         name = f"subnetwork/{key}"
@@ -83,7 +84,7 @@ def build_schedules(model: IterationModel, optimizer: torch.optim.Optimizer) -> 
             continue
         missing = [m for m in ("step", "state_dict", "load_state_dict") if not callable(getattr(schedule, m, None))]
         if missing:
-            raise TypeError(
+            raise UserCodeError(
                 f"{type(model.builders[key]).__name__}.build_subnetwork_lr_schedule must return an LR scheduler "
                 f"(step, state_dict, load_state_dict); {type(schedule).__name__} lacks {missing}"
             )
@@ -173,7 +174,9 @@ class CandidateOptimizers(torch.optim.Optimizer):
         saved = state_dict.get("optimizers")
         if not isinstance(saved, Mapping) or set(saved) != set(self.optimizers):
             got = sorted(saved) if isinstance(saved, Mapping) else type(saved).__name__
-            raise ValueError(f"the saved candidate optimizers {got} are not this iteration's {sorted(self.optimizers)}")
+            raise CheckpointMismatchError(
+                f"the saved candidate optimizers {got} are not this iteration's {sorted(self.optimizers)}"
+            )
         for name, opt in self.optimizers.items():
             opt.load_state_dict(saved[name])
 
@@ -199,6 +202,8 @@ class CandidateSchedules:
         saved = state_dict.get("schedules")
         if not isinstance(saved, Mapping) or set(saved) != set(self.schedules):
             got = sorted(saved) if isinstance(saved, Mapping) else type(saved).__name__
-            raise ValueError(f"the saved subnetwork schedules {got} are not this iteration's {sorted(self.schedules)}")
+            raise CheckpointMismatchError(
+                f"the saved subnetwork schedules {got} are not this iteration's {sorted(self.schedules)}"
+            )
         for name, schedule in self.schedules.items():
             schedule.load_state_dict(saved[name])

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import ConfigError
+
 
 def resolve_device(name: str) -> torch.device:
     """``auto`` -> the local CUDA device when there is one, else the CPU."""
@@ -23,7 +25,7 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"RunConfig.device={name!r}, but torch sees no CUDA device; use 'cpu' or 'auto'")
+        raise ConfigError(f"RunConfig.device={name!r}, but torch sees no CUDA device; use 'cpu' or 'auto'")
     return device
 
 

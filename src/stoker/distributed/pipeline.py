@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..errors import ConfigError
 from .pipeline_runtime import PipelinedModule, PipelineRuntime
 from .process_group import ProcessGroupStrategy
 
@@ -70,16 +71,16 @@ class PipelineConfig:
         split = self.split
         names = [split] if isinstance(split, str) else split
         if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) and n for n in names):
-            raise ValueError(
+            raise ConfigError(
                 "PipelineConfig.split must be the module names to split before (a string or a list of strings "
                 f"such as ('layers.2',)); got {split!r}"
             )
         if len(set(names)) != len(names):
-            raise ValueError(f"PipelineConfig.split names a module twice: {list(names)!r}")
+            raise ConfigError(f"PipelineConfig.split names a module twice: {list(names)!r}")
         object.__setattr__(self, "split", tuple(names))
         check_schedule(self.microbatches, self.schedule, self.stages_per_process)
         if self.stages % self.stages_per_process:
-            raise ValueError(
+            raise ConfigError(
                 f"PipelineConfig: {self.stages} pipeline stages (split names {self.stages - 1} modules) cannot be "
                 f"spread evenly at stages_per_process={self.stages_per_process}"
             )
@@ -93,11 +94,11 @@ def check_schedule(microbatches: object, schedule: object, stages_per_process: o
     """``PipelineConfig``'s checks of the fields other than ``split`` (a ``ValueError`` naming the field)."""
     for name, value in (("microbatches", microbatches), ("stages_per_process", stages_per_process)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"PipelineConfig.{name} must be a positive integer; got {value!r}")
+            raise ConfigError(f"PipelineConfig.{name} must be a positive integer; got {value!r}")
     if schedule not in PIPELINE_SCHEDULES:
-        raise ValueError(f"PipelineConfig.schedule must be one of {', '.join(PIPELINE_SCHEDULES)}; got {schedule!r}")
+        raise ConfigError(f"PipelineConfig.schedule must be one of {', '.join(PIPELINE_SCHEDULES)}; got {schedule!r}")
     if (schedule == "interleaved1f1b") != (stages_per_process > 1):  # type: ignore[operator]
-        raise ValueError(
+        raise ConfigError(
             "PipelineConfig: schedule='interleaved1f1b' needs stages_per_process >= 2, and 'gpipe' / '1f1b' "
             f"need 1; got {schedule!r} with {stages_per_process}"
         )
@@ -123,25 +124,25 @@ def plan_stages(model: nn.Module, split: Sequence[str]) -> list[list[str]]:
     listing = ", ".join(names) if len(names) <= 24 else ", ".join(names[:12] + ["..."] + names[-6:])
     own = [n for n, _ in model.named_parameters(recurse=False)] + [n for n, _ in model.named_buffers(recurse=False)]
     if own:
-        raise ValueError(
+        raise ConfigError(
             f"PipelineConfig.split: {what} holds parameters or buffers itself ({', '.join(own)}), which no "
             "stage can own; move them into a child module"
         )
     if len(split) + 1 > len(names):
-        raise ValueError(
+        raise ConfigError(
             f"PipelineConfig.split asks for {len(split) + 1} stages, but {what} has only {len(names)} "
             f"pipeline units ({listing}); name at most {len(names) - 1} split points"
         )
     for name in split:
         if name not in names:
-            raise ValueError(
+            raise ConfigError(
                 f"PipelineConfig.split: {name!r} is not a pipeline unit of {what}; split before one of: {listing}"
             )
     cuts = [names.index(n) for n in split]
     if cuts[0] == 0:
-        raise ValueError(f"PipelineConfig.split: splitting before the first unit {names[0]!r} leaves stage 0 empty")
+        raise ConfigError(f"PipelineConfig.split: splitting before the first unit {names[0]!r} leaves stage 0 empty")
     if cuts != sorted(cuts):
-        raise ValueError(f"PipelineConfig.split: give the names in the model's order ({listing}); got {list(split)!r}")
+        raise ConfigError(f"PipelineConfig.split: give the names in the model's order ({listing}); got {list(split)!r}")
     bounds = [0, *cuts, len(names)]
     return [names[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
 
@@ -186,14 +187,14 @@ class PipelineStrategy(ProcessGroupStrategy):
         per_process = config.stages_per_process
         pp = config.stages // per_process
         if self.world_size % pp:
-            raise ValueError(
+            raise ConfigError(
                 f"PipelineConfig.split gives {config.stages} stages ({pp} processes per pipeline at "
                 f"stages_per_process={per_process}), but WORLD_SIZE={self.world_size} is not a multiple "
                 f"of {pp}; start replicas x {pp} processes"
             )
         rounds = max(1, config.microbatches // pp)
         if config.schedule == "interleaved1f1b" and config.microbatches % rounds:
-            raise ValueError(
+            raise ConfigError(
                 f"PipelineConfig.microbatches={config.microbatches}: interleaved1f1b runs micro-batches in rounds "
                 f"of {pp} (the processes per pipeline); use a multiple of {pp}"
             )

@@ -21,6 +21,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..errors import UserCodeError
+
 
 class PipelineLayout(Protocol):
     """What the runtime reads from its strategy (``PipelineStrategy``): groups, ranks, config."""
@@ -130,7 +132,7 @@ class PipelineRuntime:
         """The unsplit model's output for ``args``, on every process of the pipeline."""
         for a in args:
             if not isinstance(a, torch.Tensor):
-                raise TypeError(f"a pipelined model takes tensors; got {type(a).__name__}")
+                raise UserCodeError(f"a pipelined model takes tensors; got {type(a).__name__}")
         rows = args[0].shape[0]
         micro = self.strategy.config.microbatches
         micro = micro if rows % micro == 0 else 1
@@ -145,7 +147,7 @@ class PipelineRuntime:
     def _broadcast_output(self, out: Any) -> Any:
         tensors = (out,) if isinstance(out, torch.Tensor) else out
         if self.holds_last and not (isinstance(tensors, tuple) and all(isinstance(t, torch.Tensor) for t in tensors)):
-            raise TypeError(
+            raise UserCodeError(
                 f"the last pipeline stage must return a tensor or a tuple of tensors; got {type(out).__name__}"
             )
         meta = [(tuple(t.shape), t.dtype) for t in tensors] if self.holds_last else None

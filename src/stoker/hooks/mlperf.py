@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import IO, Any, Protocol
 
 from ..checkpoint.manager import CheckpointManager
+from ..errors import ConfigError
 from .base import Hook, LoopResult, RunContext, every_n_steps_due
 
 log = logging.getLogger("stoker")
@@ -151,7 +152,7 @@ class EvalCSV:
                 csv.writer(f).writerow(keys)
             self._fields = keys
         elif keys != self._fields:
-            raise ValueError(f"{self.path} has columns {self._fields}; this row has {keys}: write it to another file")
+            raise ConfigError(f"{self.path} has columns {self._fields}; this row has {keys}: write it to another file")
         with open(self.path, "a", newline="") as f:
             csv.writer(f).writerow([_cell(row[k]) for k in keys])
 
@@ -244,13 +245,13 @@ class MLPerfLogHook(Hook):
         use_mllog: bool | None = None,
     ) -> None:
         if (eval_input_fn is None) != (estimator is None):
-            raise ValueError("MLPerfLogHook: give both estimator= and eval_input_fn= to evaluate, or neither")
+            raise ConfigError("MLPerfLogHook: give both estimator= and eval_input_fn= to evaluate, or neither")
         if eval_every_n_steps is not None and eval_every_n_steps < 1:
-            raise ValueError(f"MLPerfLogHook: eval_every_n_steps must be >= 1; got {eval_every_n_steps}")
+            raise ConfigError(f"MLPerfLogHook: eval_every_n_steps must be >= 1; got {eval_every_n_steps}")
         if steps_per_epoch is not None and steps_per_epoch < 1:
-            raise ValueError(f"MLPerfLogHook: steps_per_epoch must be >= 1; got {steps_per_epoch}")
+            raise ConfigError(f"MLPerfLogHook: steps_per_epoch must be >= 1; got {steps_per_epoch}")
         if target is not None and estimator is None:
-            raise ValueError("MLPerfLogHook: a target needs evaluations (estimator= and eval_input_fn=)")
+            raise ConfigError("MLPerfLogHook: a target needs evaluations (estimator= and eval_input_fn=)")
         self.path = path
         self.estimator = estimator
         self.eval_input_fn = eval_input_fn
@@ -375,7 +376,7 @@ def evaluate_checkpoints(
     row per checkpoint to ``csv_path`` (default ``model_dir/eval_results.csv``) and, with a
     ``logger``, log ``eval_start`` / ``eval_stop`` / ``eval_accuracy`` for each. Returns the rows."""
     if not estimator.model_dir:
-        raise ValueError("evaluate_checkpoints: the Estimator has no model_dir")
+        raise ConfigError("evaluate_checkpoints: the Estimator has no model_dir")
     manager = CheckpointManager(estimator.model_dir, writer=False)
     table = EvalCSV(csv_path or Path(estimator.model_dir) / DEFAULT_CSV_NAME)
     rows = []

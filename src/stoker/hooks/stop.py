@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..errors import ConfigError
 from .base import Hook, LoopResult, RunContext
 
 
@@ -15,10 +16,10 @@ class StopAtStepHook(Hook):
 
     def __init__(self, num_steps: int | None = None, last_step: int | None = None) -> None:
         if (num_steps is None) == (last_step is None):
-            raise ValueError("StopAtStepHook: give exactly one of num_steps and last_step")
+            raise ConfigError("StopAtStepHook: give exactly one of num_steps and last_step")
         value = num_steps if num_steps is not None else last_step
         if not isinstance(value, int) or value < 0:
-            raise ValueError(f"StopAtStepHook: steps must be a non-negative integer; got {value!r}")
+            raise ConfigError(f"StopAtStepHook: steps must be a non-negative integer; got {value!r}")
         self.num_steps = num_steps
         self.last_step = last_step
 

@@ -9,8 +9,8 @@
 - :mod:`~stoker.kernels.sgd_in_backward`: plain SGD applied inside those layers' weight-gradient
   product (``RunConfig(sgd_in_backward=...)``, ``stoker bench --sgd_in_backward``).
 
-This package imports nothing of stoker but :mod:`stoker._cache` (the cache folder's one
-convention): the engine, the harness and benchmarks call it.
+This package imports nothing of stoker but its errors and :mod:`stoker._cache` (the cache folder's
+one convention): the engine, the harness and benchmarks call it.
 """
 
 from .linear import (

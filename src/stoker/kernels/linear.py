@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import ConfigError, StateError
 from .machine import cache_load, cache_store, machine_key
 
 FAST_LINEAR_MODES: tuple[str, ...] = ("auto", "on", "off")
@@ -115,11 +116,11 @@ class SGDUpdate:
         ``W - lr * (grad_W + wd * W)``."""
         optimizer = self.optimizer()
         if optimizer is None:
-            raise RuntimeError("sgd_in_backward: the optimizer this layer updates with no longer exists")
+            raise StateError("sgd_in_backward: the optimizer this layer updates with no longer exists")
         group = optimizer.param_groups[self.index]
         why = plain_sgd_refusal(group)
         if why is not None:
-            raise RuntimeError(f"sgd_in_backward: the optimizer changed: {why} (turn sgd_in_backward off for this run)")
+            raise StateError(f"sgd_in_backward: the optimizer changed: {why} (turn sgd_in_backward off for this run)")
         lr = float(group["lr"])
         return 1.0 - lr * float(group.get("weight_decay", 0.0)), -lr
 
@@ -352,7 +353,7 @@ def use_fast_linear(model: nn.Module, mode: str = "auto") -> list[str]:
     ``nn.MultiheadAttention`` reads its ``out_proj`` weights without calling it).
     """
     if mode not in FAST_LINEAR_MODES:
-        raise ValueError(f"fast_linear must be one of {', '.join(FAST_LINEAR_MODES)}; got {mode!r}")
+        raise ConfigError(f"fast_linear must be one of {', '.join(FAST_LINEAR_MODES)}; got {mode!r}")
     if mode == "off" or not onednn_available():
         return []
     names = []

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 from torch.optim.optimizer import _global_optimizer_pre_hooks
 
+from ..errors import ConfigError
 from .linear import OneDNNLinear, SGDUpdate, plain_sgd_refusal
 
 SGD_IN_BACKWARD_MODES: tuple[str, ...] = ("off", "auto", "on")
@@ -93,7 +94,7 @@ def update_in_backward(model: nn.Module, optimizer: torch.optim.Optimizer) -> li
     """
     why = optimizer_refusal(optimizer)
     if why is not None:
-        raise ValueError(f"sgd_in_backward: {why}")
+        raise ConfigError(f"sgd_in_backward: {why}")
     group_of = {id(p): i for i, group in enumerate(optimizer.param_groups) for p in group["params"]}
     uses = collections.Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
     names = []

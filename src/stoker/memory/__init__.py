@@ -5,7 +5,7 @@ their activations in the backward pass), :mod:`~stoker.memory.stochastic_roundin
 weights updated with stochastic rounding, its state checkpointed), :mod:`~stoker.memory.meters`
 (bytes of saved activations, parameters and optimizer state) and :mod:`~stoker.memory.host`
 (keeping freed host memory in the process instead of returning it to the system each step).
-It imports only torch and the standard library, nothing of stoker. See docs/memory.md.
+It imports only torch, the standard library and stoker's errors. See docs/memory.md.
 """
 
 from .host import host_memory_kept, keep_freed_host_memory

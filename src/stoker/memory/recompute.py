@@ -33,6 +33,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..errors import ConfigError
+
 #: set on a module whose forward recomputes (what :func:`recomputed_modules` reports)
 _MARK = "_stoker_recompute"
 
@@ -53,7 +55,7 @@ def select_modules(model: nn.Module, spec: RecomputeSpec) -> list[str]:
     for pattern in patterns:
         hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
         if not hits:
-            raise ValueError(
+            raise ConfigError(
                 f"RunConfig.recompute: {pattern!r} matches no module of {type(model).__name__}; "
                 f"its modules are: {_describe(names)} (or give 'all' for the whole model)"
             )

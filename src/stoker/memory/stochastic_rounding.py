@@ -42,6 +42,8 @@ import torch
 from torch import nn
 from torch.utils._pytree import tree_map
 
+from ..errors import CheckpointMismatchError, ConfigError
+
 #: key of the wrapper's own entry in the optimizer ``state_dict``
 STATE_KEY = "stochastic_rounding"
 
@@ -80,14 +82,14 @@ class StochasticRounding(torch.optim.Optimizer):
 
     def __init__(self, optimizer: torch.optim.Optimizer, *, seed: int) -> None:
         if isinstance(optimizer, StochasticRounding):
-            raise ValueError("precision='bf16-sr': the optimizer already rounds stochastically (wrapped twice)")
+            raise ConfigError("precision='bf16-sr': the optimizer already rounds stochastically (wrapped twice)")
         if isinstance(optimizer, torch.optim.LBFGS):
-            raise ValueError(
+            raise ConfigError(
                 "precision='bf16-sr' does not support torch.optim.LBFGS (its update couples all parameters "
                 "and needs a closure); use fp32 or bf16, or an optimizer that updates each parameter on its own"
             )
         if optimizer.state:
-            raise ValueError("precision='bf16-sr': wrap the optimizer before its first step (it already has state)")
+            raise ConfigError("precision='bf16-sr': wrap the optimizer before its first step (it already has state)")
         self.inner = optimizer
         groups = []
         for g in optimizer.param_groups:
@@ -121,7 +123,7 @@ class StochasticRounding(torch.optim.Optimizer):
     def step(self, closure: Callable[[], float] | None = None) -> None:  # type: ignore[override]
         """One update of every parameter that has a gradient, one parameter at a time."""
         if closure is not None:
-            raise ValueError(
+            raise ConfigError(
                 "precision='bf16-sr': optimizer.step(closure) is not supported (the step runs once per parameter)"
             )
         pairs = self._pairs()
@@ -175,7 +177,7 @@ class StochasticRounding(torch.optim.Optimizer):
         state_dict = dict(state_dict)
         mine = state_dict.pop(STATE_KEY, None)
         if mine is None:
-            raise ValueError(
+            raise CheckpointMismatchError(
                 "the optimizer state has no stochastic-rounding generator: it was not written with "
                 "precision='bf16-sr' (resume with the precision that wrote it)"
             )

@@ -14,7 +14,7 @@ dataset).image_size`` says which ``H = W``) in either memory format and returns
 ``deepspeech2`` on LibriSpeech, ``ssd300`` on COCO) take their own inputs, which
 ``get_model_info(...).example_batch(n)`` makes, and train with their registered ``loss``.
 Adding a model is a factory decorated with ``register_model``; see ``registry.py``. The zoo
-imports nothing of stoker: its models are plain ``nn.Module`` s any PyTorch code can use.
+imports nothing of stoker but its errors: its models are plain ``nn.Module`` s any PyTorch code can use.
 """
 
 from __future__ import annotations

@@ -27,6 +27,8 @@ import torch
 from torch import nn
 from torch.nn.utils import skip_init
 
+from ..errors import ConfigError
+
 Size2 = int | tuple[int, int]
 
 # The standard deviation of a unit normal truncated to [-2, 2]; TensorFlow's variance scaling
@@ -79,7 +81,7 @@ def _padding(kernel: tuple[int, int], padding: str | Size2) -> tuple[int, int]:
     if padding == "valid":
         return (0, 0)
     if isinstance(padding, str):
-        raise ValueError(f"padding must be 'same', 'valid' or a size, got {padding!r}")
+        raise ConfigError(f"padding must be 'same', 'valid' or a size, got {padding!r}")
     return _pair(padding)
 
 
@@ -113,7 +115,7 @@ def _activation(name: str | None) -> nn.Module | None:
         return nn.ReLU(inplace=True)
     if name == "relu6":
         return nn.ReLU6(inplace=True)
-    raise ValueError(f"activation must be 'relu', 'relu6' or None, got {name!r}")
+    raise ConfigError(f"activation must be 'relu', 'relu6' or None, got {name!r}")
 
 
 class ConvBlock(nn.Sequential):

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import ConfigError
 from .registry import register_model
 
 NUM_USERS_20M = 138_493
@@ -107,5 +108,5 @@ def synthetic_interactions(
 def ncf(num_classes: int) -> nn.Module:
     """NeuMF (GMF 64 + MLP 256-256-128-64) on MovieLens-20M's 138,493 users and 26,744 items."""
     if num_classes != 2:
-        raise ValueError(f"ncf predicts one interaction logit (2 classes); got num_classes={num_classes}")
+        raise ConfigError(f"ncf predicts one interaction logit (2 classes); got num_classes={num_classes}")
     return NeuMF()

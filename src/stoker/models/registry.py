@@ -18,6 +18,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..errors import ConfigError, UnknownNameError
+
 DATASETS: tuple[str, ...] = ("imagenet", "cifar10", "movielens", "librispeech", "coco")
 
 # tf_cnn_benchmarks trains ImageNet models with 1001 classes: class 0 is "background", a
@@ -105,7 +107,7 @@ _REGISTRY: dict[tuple[str, str], ModelInfo] = {}
 
 def _check_dataset(dataset: str) -> None:
     if dataset not in DATASETS:
-        raise ValueError(f"unknown dataset {dataset!r}; allowed datasets: {', '.join(DATASETS)}")
+        raise UnknownNameError(f"unknown dataset {dataset!r}; allowed datasets: {', '.join(DATASETS)}")
 
 
 def register_model(
@@ -138,7 +140,7 @@ def register_model(
     def decorate(factory: ModelFactory) -> ModelFactory:
         key = (dataset, name)
         if key in _REGISTRY:
-            raise ValueError(f"model {name!r} is already registered for dataset {dataset!r}")
+            raise ConfigError(f"model {name!r} is already registered for dataset {dataset!r}")
         doc = (factory.__doc__ or "").strip()
         _REGISTRY[key] = ModelInfo(
             name=name,
@@ -173,7 +175,7 @@ def get_model_info(name: str, dataset: str = "imagenet") -> ModelInfo:
     if info is None:
         elsewhere = [d for d in DATASETS if (d, name) in _REGISTRY]
         hint = f" (it exists for dataset {', '.join(map(repr, elsewhere))})" if elsewhere else ""
-        raise ValueError(
+        raise UnknownNameError(
             f"unknown model {name!r} for dataset {dataset!r}{hint}; allowed names: {', '.join(list_models(dataset))}"
         )
     return info

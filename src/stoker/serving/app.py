@@ -34,6 +34,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._version import __version__
+from ..errors import ConfigError
 from ..export.program import BATCH, ExportedModel
 from .batcher import BatchingConfig, DynamicBatcher, Saturated
 from .protocol import (
@@ -64,7 +65,7 @@ class ServeConfig:
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1 or self.body_timeout_s <= 0:
-            raise ValueError(
+            raise ConfigError(
                 f"max_body_bytes must be >= 1 and body_timeout_s > 0; got {self.max_body_bytes}, {self.body_timeout_s}"
             )
 

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..errors import ConfigError, StateError
+
 Tensors = dict[str, torch.Tensor]
 
 
@@ -46,9 +48,9 @@ class BatchingConfig:
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_pending"):
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1; got {getattr(self, name)}")
+                raise ConfigError(f"{name} must be >= 1; got {getattr(self, name)}")
         if self.window_ms < 0:
-            raise ValueError(f"window_ms must be >= 0; got {self.window_ms}")
+            raise ConfigError(f"window_ms must be >= 0; got {self.window_ms}")
 
 
 @dataclass
@@ -131,7 +133,7 @@ class DynamicBatcher:
     async def infer(self, inputs: Tensors, rows: int) -> Tensors:
         """The model's outputs for one request's ``inputs`` (``rows`` of them); call inside :meth:`slot`."""
         if self._queue is None:
-            raise RuntimeError("DynamicBatcher.infer before start()")
+            raise StateError("DynamicBatcher.infer before start()")
         future: asyncio.Future[Tensors] = asyncio.get_running_loop().create_future()
         queued = _QUEUED.get(None)
         if queued is not None and not queued[0]:

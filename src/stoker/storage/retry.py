@@ -21,7 +21,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..errors import StorageError
+from ..errors import ConfigError, StorageError
 
 log = logging.getLogger("stoker")
 T = TypeVar("T")
@@ -70,11 +70,11 @@ class RetryPolicy:
 
     def __post_init__(self) -> None:
         if not isinstance(self.attempts, int) or isinstance(self.attempts, bool) or self.attempts < 1:
-            raise ValueError(f"RetryPolicy.attempts must be a positive integer; got {self.attempts!r}")
+            raise ConfigError(f"RetryPolicy.attempts must be a positive integer; got {self.attempts!r}")
         for name in ("backoff", "max_backoff", "timeout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-                raise ValueError(f"RetryPolicy.{name} must be a number >= 0 (seconds); got {value!r}")
+                raise ConfigError(f"RetryPolicy.{name} must be a number >= 0 (seconds); got {value!r}")
 
     def call(self, what: str, path: Any, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` with retries and a timeout; a failure raises ``StorageError``."""
