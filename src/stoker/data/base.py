@@ -19,10 +19,10 @@ uninterrupted one would have seen.
 Workers. With ``num_workers > 0`` batches are built in worker processes (a
 ``torch.utils.data.DataLoader`` over "batch ``g`` counted from the start of epoch 0", so which
 worker built a batch does not matter); when they start and why they are forked on Linux is in
-:mod:`stoker.data._workers`.
+:mod:`stoker.data._workers.processes`.
 
 The jobs are split: :class:`_ShardOrder` is the plan (each epoch's order and this shard's part
-of it), :class:`~stoker.data._workers._BatchWorkers` runs the worker processes, and
+of it), a :class:`~stoker.data._workers._Workers` runs the worker threads or processes, and
 :class:`IndexedSource` is the iterator whose position is its state (``state_dict``,
 ``load_state_dict``, re-sharding).
 """
@@ -40,16 +40,7 @@ import torch
 
 from ..errors import DataError
 from ..resolve import auto_worker_kind
-from ._workers import (
-    InSlot,
-    _BatchWorkers,
-    _ExampleThreads,
-    _SlotRing,
-    _ThreadWorkers,
-    build_in_slot,
-    make_workers,
-    read_slot,
-)
+from ._workers import InSlot, _SlotRing, _Workers, build_in_slot, make_workers, read_slot
 
 log = logging.getLogger("stoker")
 
@@ -297,9 +288,7 @@ class IndexedSource(ABC):
         if worker_kind == "auto":
             worker_kind = auto_worker_kind(self._threads_suffice(), num_workers).value
         self.worker_kind = worker_kind
-        self._workers: _BatchWorkers | _ThreadWorkers | _ExampleThreads = make_workers(
-            self.worker_kind, self._builds_by_slot()
-        )
+        self._workers: _Workers = make_workers(self.worker_kind, self._builds_by_slot())
         #: Set only in a worker's copy: the shared-memory slots its batches are built into.
         self._slots: _SlotRing | None = None
 
@@ -342,7 +331,7 @@ class IndexedSource(ABC):
         None (the default). A source returning them also implements ``fill_batch(indices, epoch,
         buffers) -> rest`` and ``assemble(buffers, rest, *, copy) -> batch`` (as
         :class:`~stoker.data.images.EncodedImageSource`), and its workers build batches in
-        shared-memory slots (:mod:`stoker.data._workers`)."""
+        shared-memory slots (:mod:`stoker.data._workers.processes`)."""
         return None
 
     # ------------------------------------------------------------------ the plan

@@ -225,7 +225,7 @@ class EncodedImageSource(IndexedSource):
     :attr:`num_examples`, :attr:`classes` and :meth:`_encoded`. This class decodes each
     example's crop (:func:`stoker.data.jpeg.decode_crop_resize`: header, crop box, DCT-scaled
     decode, uint8 resize, flip) straight into a uint8 ``[N, H, W, 3]`` batch. With worker
-    processes the batch is built in a shared-memory slot (:mod:`stoker.data._workers`) and only
+    processes the batch is built in a shared-memory slot (:mod:`stoker.data._workers.processes`) and only
     the slot number and the labels cross the process boundary.
 
     ``output="uint8"`` yields the uint8 ``[N, H, W, 3]`` images as they are, or with
