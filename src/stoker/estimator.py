@@ -368,7 +368,14 @@ class Estimator:
 
 
 class EvaluationHook(Hook):
-    """Evaluate every ``every_n_steps`` steps during training, on a fresh checkpoint of that step."""
+    """Evaluate every ``every_n_steps`` steps during training, on a fresh checkpoint of that step.
+
+    Each result is put in ``run.last_evaluation`` for the hooks after this one (EarlyStopping,
+    trackers). The step of the last evaluation is kept in checkpoints: a run resumed from the
+    checkpoint of a step it evaluated takes that result back from the index (or evaluates it
+    again, if a kill came before it was recorded), so every evaluation reaches those hooks once
+    and resumed runs see the same evaluations as an uninterrupted one.
+    """
 
     priority = 35  # after the checkpoint saver, so the evaluation is recorded on its checkpoint
 
@@ -377,26 +384,50 @@ class EvaluationHook(Hook):
         self.input_fn = input_fn
         self.every_n_steps = every_n_steps
         self.steps = steps
-        self._last = 0
+        self._last: int | None = None
         self.last_results: dict[str, float] | None = None
 
     def after_setup(self, run: RunContext) -> None:
-        self._last = run.global_step
+        last, self._last = self._last, run.global_step
+        if last is None or last >= run.global_step or not every_n_steps_due(last, run.global_step, self.every_n_steps):
+            return
+        # The run was resumed from the checkpoint of a step it evaluated (or was about to).
+        recorded = self._recorded(run.global_step)
+        if recorded is None:
+            self._evaluate(run)
+        else:
+            self.last_results = run.last_evaluation = recorded
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
-        if every_n_steps_due(self._last, run.global_step, self.every_n_steps):
+        if every_n_steps_due(self._last or 0, run.global_step, self.every_n_steps):
             self._evaluate(run)
 
     def end(self, run: RunContext) -> None:
         if self.last_results is None or self.last_results["global_step"] != run.global_step:
             self._evaluate(run)
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"last": self._last}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self._last = state.get("last")
+
+    def _recorded(self, step: int) -> dict[str, float] | None:
+        """The evaluation the index holds for ``ckpt-<step>``, if any."""
+        checkpoints = self.estimator.state.checkpoints
+        if checkpoints is None:
+            return None
+        for record in checkpoints.records():
+            if int(record["step"]) == step and record.get("metrics"):
+                return {**record["metrics"], "global_step": step}
+        return None
+
     def _evaluate(self, run: RunContext) -> None:
         run.save_checkpoint()
         self._last = run.global_step
         est = self.estimator
         est.global_step = run.global_step
-        self.last_results = est.evaluate(self.input_fn, steps=self.steps)
+        self.last_results = run.last_evaluation = est.evaluate(self.input_fn, steps=self.steps)
 
 
 def _ensure_log_handler(is_chief: bool = True) -> None:

@@ -14,11 +14,13 @@ import argparse
 import re
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from .. import storage
 from ..errors import StokerError
+from ..hooks.early_stopping import EarlyStopping
 from ..run_spec import RUN_SPEC_FILE, estimator_from_model_dir, eval_input_from_run_spec
 from . import evaluation_on_device
 from .evaluator import ORDERS
@@ -75,6 +77,14 @@ def add_parser(subparsers: Any) -> None:
         "record the older ones as superseded, so a slow evaluator keeps up; oldest: evaluate every "
         "pending checkpoint in step order (those retention deletes first are lost)",
     )
+    p.add_argument(
+        "--early_stopping",
+        default=None,
+        metavar="MONITOR[:MODE[:PATIENCE[:MIN_DELTA]]]",
+        help="--watch: stop training when MONITOR (an evaluation metric) has not improved for PATIENCE "
+        "evaluations (MODE min or max; default min:3:0): the evaluator writes early_stop.json into "
+        "MODEL_DIR and the trainer stops at its next checkpoint (docs/callbacks.md)",
+    )
     p.set_defaults(func=_evaluate_command)
 
 
@@ -91,6 +101,8 @@ def _usage_error(args: argparse.Namespace) -> str | None:
         return f"--last_step applies only with --watch and must be >= 0; got {args.last_step}"
     if args.order != "newest" and not args.watch:
         return "--order applies only with --watch"
+    if args.early_stopping is not None and not args.watch:
+        return "--early_stopping applies only with --watch"
     if args.watch and args.checkpoint is not None:
         return "--checkpoint evaluates one checkpoint; it cannot be used with --watch"
     if not args.watch and not storage.exists(storage.location(args.model_dir)):
@@ -111,6 +123,7 @@ def _evaluate_command(args: argparse.Namespace) -> int:
         input_fn, steps = eval_input_from_run_spec(spec, args.model_dir)
         steps = args.steps or steps
         if args.watch:
+            on_result = _early_stopping(args.early_stopping, est)
             result = est.evaluate_continuously(
                 input_fn,
                 steps,
@@ -119,6 +132,7 @@ def _evaluate_command(args: argparse.Namespace) -> int:
                 last_step=args.last_step,
                 device=args.device,
                 order=args.order,
+                on_result=on_result,
             )
             best = result.best
             print(
@@ -137,6 +151,17 @@ def _evaluate_command(args: argparse.Namespace) -> int:
     shown = ", ".join(f"{k} = {v:.6g}" for k, v in results.items() if k != "global_step")
     print(f"evaluated step {results['global_step']:.0f} of {args.model_dir}: {shown}")
     return 0
+
+
+def _early_stopping(spec: str | None, est: Any) -> Callable[[int, dict[str, float]], None] | None:
+    """``--early_stopping``'s ``on_result``, its state rebuilt from the evaluations already
+    recorded in the index (a restarted evaluator decides as if it had never stopped)."""
+    if spec is None:
+        return None
+    early = EarlyStopping.parse(spec)
+    records = est.state.checkpoints.records() if est.state.checkpoints is not None else []
+    early.replay((int(r["step"]), r["metrics"]) for r in records if r.get("metrics"))
+    return early.evaluator_callback(est.model_dir)
 
 
 def _wait_for_run_spec(model_dir: Path, timeout: float, poll: float) -> None:

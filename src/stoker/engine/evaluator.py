@@ -31,8 +31,9 @@ then logged as scalars at the checkpoint's step in ``model_dir/eval`` (TensorBoa
 ``metrics.csv``), only for checkpoints really evaluated.
 
 The watch ends when training has finished (``finished.json``, written when training reaches
-``max_steps``) and every checkpoint up to it is evaluated or superseded, or when no new
-checkpoint came for ``timeout_secs``.
+``max_steps``) and every checkpoint up to it is evaluated or superseded, when training stopped
+early (``early_stop.json``) and nothing is pending, or when no new checkpoint came for
+``timeout_secs``.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ from ..checkpoint.lease import LEASE_STALE_AFTER, LeaseHolder, live_leases
 from ..checkpoint.manager import CheckpointManager, coverage_line, note_coverage, start_coverage
 from ..distributed import make_strategy
 from ..errors import CheckpointError
+from ..hooks.early_stopping import STOP_FILE, read_stop
 from ..storage.stores import Location
 from ..summary.writer import CSV_NAME, ScalarWriter
 from .evaluation import EvaluationRun
@@ -199,6 +201,10 @@ class ContinuousEvaluation:
                 continue
             if finished is not None:
                 result.stop_reason = f"training finished at step {finished} and every checkpoint up to it is evaluated"
+                return
+            stopped = read_stop(self.checkpoints.model_dir)
+            if stopped is not None:
+                result.stop_reason = f"training stopped early at step {stopped['step']} ({STOP_FILE})"
                 return
             if cfg.last_step is not None and self._done_through(cfg.last_step):
                 result.stop_reason = f"the checkpoint of last_step={cfg.last_step} is evaluated"

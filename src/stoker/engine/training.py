@@ -28,6 +28,7 @@ from ..hooks import (
     SummaryHook,
 )
 from ..hooks.base import sorted_hooks
+from ..hooks.early_stopping import StopFileHook
 from ..spec import ModeKeys
 from ..storage import Location
 from .infeed import Infeed
@@ -45,8 +46,8 @@ MAX_MERGED_STEPS = 1000
 
 def default_hooks(config: RunConfig) -> list[Hook]:
     """The hooks every ``train`` runs, from ``config``: NaN guard, logging, progress, and with a
-    ``model_dir`` MLPerf logging (if asked), the checkpoint saver, preemption handling and
-    summaries."""
+    ``model_dir`` MLPerf logging (if asked), the checkpoint saver, preemption handling, the
+    early-stop file and summaries."""
     hooks: list[Hook] = [NanLossHook()]
     if config.log_every_n_steps is not None:
         hooks += [StepCounterHook(config.log_every_n_steps), LoggingHook(config.log_every_n_steps)]
@@ -58,6 +59,7 @@ def default_hooks(config: RunConfig) -> list[Hook]:
         save_secs = None if config.save_checkpoints_steps else config.save_checkpoints_secs
         hooks.append(CheckpointSaverHook(save_steps=config.save_checkpoints_steps, save_secs=save_secs))
         hooks.append(PreemptionHook())
+        hooks.append(StopFileHook())  # early_stop.json: a watching evaluator's EarlyStopping
         if config.summaries:
             hooks.append(SummaryHook(config.log_every_n_steps or 100))
     return hooks

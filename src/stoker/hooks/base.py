@@ -71,6 +71,10 @@ class RunContext:
     exit_code: int | None = None
     # Values hooks share within one loop boundary (e.g. rates from the step counter).
     logs: dict[str, float] = field(default_factory=dict)
+    # The newest evaluation of this run (its ``global_step`` included), set by the hook that
+    # evaluates (``EvaluationHook``), also when a resumed run takes it back from the index:
+    # hooks that act on evaluations (EarlyStopping, trackers) read it at loop boundaries.
+    last_evaluation: dict[str, float] | None = None
     # Sums over the loops so far (updated before the hooks run at each loop boundary).
     totals: RunTotals = field(default_factory=lambda: RunTotals())
     # Called with the path after each checkpoint save_checkpoint writes (e.g. SummaryHook
