@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from helpers.paths import ROOT
 
@@ -33,3 +34,54 @@ def test_the_readme_is_a_landing_page_whose_links_resolve():
     for target in re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme):
         if "://" not in target:
             assert (ROOT / target).exists(), target
+
+
+def reader_pages() -> list[Path]:
+    """The Markdown a reader sees: on GitHub and on the site (the API pages are mkdocstrings directives)."""
+    pages = [ROOT / "README.md", ROOT / "CHANGELOG.md", *(ROOT / "docs").rglob("*.md")]
+    return [p for p in pages if "api" not in p.relative_to(ROOT).parts[:2]]
+
+
+def test_no_page_shows_an_include_line_or_an_escaped_pipe():
+    # GitHub shows a snippet include (--8<--) as its raw line; the site shows \| inside a table's
+    # code span as a backslash and a bar. Neither may reach a reader.
+    for page in reader_pages():
+        text = page.read_text()
+        assert "--8<--" not in text, f"{page}: a snippet include line (inline the file and test it, below)"
+        assert "\\|" not in text, f"{page}: an escaped pipe (the site shows it as \\|; reword the cell)"
+
+
+def fenced_python_blocks(text: str) -> list[str]:
+    return [m[1] for m in re.finditer(r"^```python\n(.*?)^```$", text, re.MULTILINE | re.DOTALL)]
+
+
+INLINED_PROGRAMS = {
+    "docs/tutorial.md": "examples/quickstart.py",
+    "docs/migration/from-tpuestimator.md": "examples/from_tpuestimator.py",
+}
+
+
+def test_programs_inlined_in_a_page_are_the_files_the_tests_run():
+    # The pages show the whole program (readable on GitHub and on the site); the example files are
+    # what `make run` and tests/test_examples.py run. A change to one must reach the other.
+    for page, program in INLINED_PROGRAMS.items():
+        blocks = fenced_python_blocks((ROOT / page).read_text())
+        assert (ROOT / program).read_text() in blocks, f"{page} must show {program} exactly, in one ```python block"
+
+
+DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+MACHINE = re.compile(r"core|H200|GPU|CPU|any machine")
+
+
+def test_the_readme_figures_are_one_short_row_each_with_its_date_and_machine():
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Figures") :]
+    section = section[: section.index("\n## ", 1)]
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| what")]
+    assert len(rows) >= 5
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert len(cells) == 3, row
+        assert len(row) <= 200, f"a figures row is one short line: {row}"
+        assert DATE.search(cells[2]) and MACHINE.search(cells[2]), f"say when and on what: {row}"
+    assert "this morning" not in section and "latest" not in section

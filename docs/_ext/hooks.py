@@ -10,12 +10,18 @@ page renders them well (one table row for the group):
 
 Those warnings are logged at DEBUG here (``mkdocs build --verbose`` lists them). Every other
 griffe warning, e.g. a parameter that the signature does not have, still fails the build.
+
+The changelog page: ``docs/changelog.md`` is a pointer to ``CHANGELOG.md`` for readers of the
+repository (GitHub renders it); on the site the page shows ``CHANGELOG.md`` itself. A snippet
+include (``--8<--``) would do the same on the site but show its raw include line on GitHub.
 """
 
 from __future__ import annotations
 
 import logging
 import re
+from pathlib import Path
+from typing import Any
 
 GRIFFE_LOGGER = "mkdocs.plugins.griffe"
 ARGS_WARNING = re.compile(
@@ -48,3 +54,13 @@ def on_startup(command: str, dirty: bool) -> None:  # noqa: ARG001 - the mkdocs 
     logger = logging.getLogger(GRIFFE_LOGGER)
     if _FILTER not in logger.filters:
         logger.addFilter(_FILTER)
+
+
+CHANGELOG = Path(__file__).resolve().parents[2] / "CHANGELOG.md"
+
+
+def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:  # noqa: ARG001 - the mkdocs hook signature
+    """The site's changelog page is the repository's ``CHANGELOG.md``."""
+    if page.file.src_uri == "changelog.md":
+        return CHANGELOG.read_text(encoding="utf-8")
+    return markdown
