@@ -277,7 +277,7 @@ LAYERS: dict[str, set[str]] = {
     "stoker.spec": {"stoker.errors"},
     "stoker.metrics": {"stoker.errors"},
     "stoker.rng": {"stoker.errors"},
-    "stoker.precision": {"stoker.errors"},
+    "stoker.precision": {"stoker.errors", "stoker.memory"},  # bf16-sr converts through memory.stochastic_rounding
     "stoker.models": {"stoker.errors"},
     "stoker.memory": {"stoker.errors"},
     "stoker.kernels": {"stoker.errors", "stoker._cache"},

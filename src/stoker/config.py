@@ -1,7 +1,7 @@
 """``RunConfig``: how a run is executed (where, how often to save and log, in what precision).
 
 What the model *is* lives in ``params``; ``RunConfig`` only says how to run it. Every field is
-validated when the config is built, and a bad value raises ``ValueError`` naming the field and
+validated when the config is built, and a bad value raises ``ConfigError`` (a ``ValueError``) naming the field and
 the values it accepts.
 
 The fields TPUEstimator users know (``model_dir``, ``save_checkpoints_steps``,
@@ -27,12 +27,12 @@ from typing import Any, Literal
 
 from .checkpoint.io_config import CheckpointIO
 from .distributed.pipeline import PIPELINE_SCHEDULES, PipelineConfig, check_schedule  # noqa: F401 - re-exported
+from .errors import ConfigError
 from .kernels.linear import FAST_LINEAR_MODES
 from .kernels.sgd_in_backward import SGD_IN_BACKWARD_MODES
-from .precision import LossScale
+from .precision import PRECISIONS, LossScale, Precision, make_precision  # noqa: F401 - PRECISIONS re-exported
 
-Precision = Literal["fp32", "bf16", "fp16", "bf16-sr"]
-PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "bf16-sr")
+PrecisionName = Literal["fp32", "bf16", "fp16", "bf16-sr"]
 STRATEGIES: tuple[str, ...] = ("auto", "single", "replicated", "sharded", "independent", "pipeline")
 COMPILE_MODES: tuple[str, ...] = ("none", "module", "step")  # also True (= "module") and False (= "none")
 
@@ -170,7 +170,7 @@ class RunConfig:
     keep_checkpoint_max: int = 5
     keep_best: tuple[str, str] | None = None
     log_every_n_steps: int | None = 100
-    precision: Precision = "fp32"
+    precision: PrecisionName | Precision = "fp32"
     loss_scale: LossScale | float | Literal["dynamic"] = _DEFAULT_LOSS_SCALE
     gradient_accumulation_steps: int = 1
     gradient_clip_norm: float | None = None
@@ -193,7 +193,7 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.checkpoint_io, CheckpointIO):
-            raise ValueError(
+            raise ConfigError(
                 "RunConfig.checkpoint_io must be a stoker.checkpoint.CheckpointIO(async_save=..., retry=...); "
                 f"got {self.checkpoint_io!r}"
             )
@@ -205,109 +205,114 @@ class RunConfig:
         if self.log_every_n_steps is not None:
             _positive_int("log_every_n_steps", self.log_every_n_steps)
         if self.keep_checkpoint_max < 0:
-            raise ValueError(
+            raise ConfigError(
                 f"RunConfig.keep_checkpoint_max must be >= 0 (0 keeps all), got {self.keep_checkpoint_max}"
             )
         if self.save_checkpoints_steps is not None and self.save_checkpoints_secs is not None:
-            raise ValueError(
+            raise ConfigError(
                 "RunConfig: set at most one of save_checkpoints_steps and save_checkpoints_secs "
                 f"(got {self.save_checkpoints_steps} and {self.save_checkpoints_secs})"
             )
         if self.save_checkpoints_steps is not None:
             _positive_int("save_checkpoints_steps", self.save_checkpoints_steps)
         if self.save_checkpoints_secs is not None and not self.save_checkpoints_secs > 0:
-            raise ValueError(f"RunConfig.save_checkpoints_secs must be > 0, got {self.save_checkpoints_secs}")
+            raise ConfigError(f"RunConfig.save_checkpoints_secs must be > 0, got {self.save_checkpoints_secs}")
         if self.save_checkpoints_steps is None and self.save_checkpoints_secs is None:
             self.save_checkpoints_secs = 600.0
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"RunConfig.precision must be one of {', '.join(PRECISIONS)}; got {self.precision!r}")
-        if self.precision == "bf16-sr":
-            self._check_bf16_sr()
+        self._check_precision()
         if self.keep_best is not None:
             if (
                 not isinstance(self.keep_best, (tuple, list))
                 or len(self.keep_best) != 2
                 or self.keep_best[1] not in ("min", "max")
             ):
-                raise ValueError(f"RunConfig.keep_best must be (metric_name, 'min' | 'max'); got {self.keep_best!r}")
+                raise ConfigError(f"RunConfig.keep_best must be (metric_name, 'min' | 'max'); got {self.keep_best!r}")
             self.keep_best = (str(self.keep_best[0]), str(self.keep_best[1]))
         if self.gradient_clip_norm is not None and not self.gradient_clip_norm > 0:
-            raise ValueError(f"RunConfig.gradient_clip_norm must be > 0; got {self.gradient_clip_norm}")
+            raise ConfigError(f"RunConfig.gradient_clip_norm must be > 0; got {self.gradient_clip_norm}")
         if self.strategy not in STRATEGIES:
-            raise ValueError(f"RunConfig.strategy must be one of {', '.join(STRATEGIES)}; got {self.strategy!r}")
+            raise ConfigError(f"RunConfig.strategy must be one of {', '.join(STRATEGIES)}; got {self.strategy!r}")
         if self.ddp_bucket_cap_mb is not None and not self.ddp_bucket_cap_mb > 0:
-            raise ValueError(f"RunConfig.ddp_bucket_cap_mb must be > 0; got {self.ddp_bucket_cap_mb}")
+            raise ConfigError(f"RunConfig.ddp_bucket_cap_mb must be > 0; got {self.ddp_bucket_cap_mb}")
         if self.prefetch_depth < 0:
-            raise ValueError(f"RunConfig.prefetch_depth must be >= 0; got {self.prefetch_depth}")
+            raise ConfigError(f"RunConfig.prefetch_depth must be >= 0; got {self.prefetch_depth}")
         if not (self.device in ("auto", "cpu", "cuda") or self.device.startswith("cuda:")):
-            raise ValueError(f"RunConfig.device must be auto, cpu, cuda or cuda:N; got {self.device!r}")
+            raise ConfigError(f"RunConfig.device must be auto, cpu, cuda or cuda:N; got {self.device!r}")
         if not (isinstance(self.compile, bool) or self.compile in COMPILE_MODES):
-            raise ValueError(
+            raise ConfigError(
                 f"RunConfig.compile must be True, False, {', '.join(map(repr, COMPILE_MODES))}; got {self.compile!r}"
             )
         if self.fast_linear not in FAST_LINEAR_MODES:
-            raise ValueError(
+            raise ConfigError(
                 f"RunConfig.fast_linear must be one of {', '.join(FAST_LINEAR_MODES)}; got {self.fast_linear!r}"
             )
         if self.sgd_in_backward not in SGD_IN_BACKWARD_MODES:
-            raise ValueError(
+            raise ConfigError(
                 f"RunConfig.sgd_in_backward must be one of {', '.join(SGD_IN_BACKWARD_MODES)}; "
                 f"got {self.sgd_in_backward!r}"
             )
         if not isinstance(self.cuda_graph, bool):
-            raise ValueError(f"RunConfig.cuda_graph must be True or False; got {self.cuda_graph!r}")
+            raise ConfigError(f"RunConfig.cuda_graph must be True or False; got {self.cuda_graph!r}")
         if self.cuda_graph and self.device == "cpu":
-            raise ValueError(
+            raise ConfigError(
                 "RunConfig.cuda_graph=True needs a CUDA device; device is 'cpu' (set device='cuda' or cuda_graph=False)"
             )
         if self.cuda_graph and self.compile_mode == "step":
-            raise ValueError("RunConfig: cuda_graph=True and compile='step' are two ways to run the step; pick one")
+            raise ConfigError("RunConfig: cuda_graph=True and compile='step' are two ways to run the step; pick one")
         self.recompute = _recompute_spec(self.recompute)
         self._check_pipeline()
         if not self.distributed_timeout > 0:
-            raise ValueError(f"RunConfig.distributed_timeout must be > 0; got {self.distributed_timeout}")
+            raise ConfigError(f"RunConfig.distributed_timeout must be > 0; got {self.distributed_timeout}")
 
-    def _check_bf16_sr(self) -> None:
-        """bf16-sr's update runs eagerly, one parameter at a time, and needs no loss scaling."""
-        scale = LossScale.of(self.loss_scale)
-        if not scale.dynamic:
-            raise ValueError(
-                f"RunConfig.loss_scale={scale.describe()} is fp16 loss scaling; "
-                "precision='bf16-sr' has fp32's exponent range and scales no loss (leave loss_scale unset, or "
-                "use precision='fp16')"
-            )
-        if self.compile == "step" or self.cuda_graph:
-            raise ValueError(
-                "RunConfig: precision='bf16-sr' does not run with compile='step' or cuda_graph=True (its update "
-                "steps one parameter at a time with its own generator); use compile='module' or 'none'"
-            )
+    def _check_precision(self) -> None:
+        """The precision (a name or a ``Precision``) and how it combines with the loss scale and the step."""
+        given = self.precision
+        if isinstance(given, Precision) and given.name == "fp16" and self.loss_scale != LossScale():
+            if self.loss_scale != getattr(given, "loss_scale", None):
+                raise ConfigError(
+                    f"RunConfig: loss_scale={self.loss_scale!r} and precision={given!r} both set fp16's loss "
+                    "scale; give it once, as FP16Precision(loss_scale=...)"
+                )
+        precision = make_precision(given, self.loss_scale)
+        precision.check_run(
+            loss_scale=LossScale.of(self.loss_scale), compile_mode=self.compile_mode, cuda_graph=self.cuda_graph
+        )
+
+    @property
+    def precision_name(self) -> str:
+        """``precision`` as its name (``"bf16"``), also when a ``Precision`` was given."""
+        return self.precision if isinstance(self.precision, str) else self.precision.name
+
+    def make_precision(self) -> Precision:
+        """A fresh ``Precision`` for this run (its own loss scaler): what the Estimator hands the engine."""
+        return make_precision(self.precision, self.loss_scale)
 
     def _check_pipeline(self) -> None:
         """How ``pipeline`` combines with the rest of the run (``PipelineConfig`` checks itself)."""
         pipeline = self.pipeline
         if pipeline is None:
             if self.strategy == "pipeline":
-                raise ValueError(
+                raise ConfigError(
                     "RunConfig.strategy='pipeline' needs pipeline=PipelineConfig(split=...) (the module names to "
                     "split before)"
                 )
             return
         if not isinstance(pipeline, PipelineConfig):
-            raise ValueError(
+            raise ConfigError(
                 "RunConfig.pipeline must be None or a stoker.distributed.PipelineConfig(split=..., ...); "
                 f"got {pipeline!r}"
             )
         if self.strategy not in ("auto", "pipeline"):
-            raise ValueError(f"RunConfig.pipeline needs strategy 'auto' or 'pipeline'; got {self.strategy!r}")
+            raise ConfigError(f"RunConfig.pipeline needs strategy 'auto' or 'pipeline'; got {self.strategy!r}")
         if self.gradient_accumulation_steps != 1:
-            raise ValueError(
+            raise ConfigError(
                 "RunConfig: with a pipeline, micro-batches are PipelineConfig.microbatches; set "
                 f"gradient_accumulation_steps=1 (got {self.gradient_accumulation_steps})"
             )
-        if self.precision in ("fp16", "bf16-sr") or self.compile_mode != "none" or self.cuda_graph:
-            raise ValueError(
+        if not self.make_precision().pipeline_ok or self.compile_mode != "none" or self.cuda_graph:
+            raise ConfigError(
                 "RunConfig: a pipeline runs the eager step in fp32 or bf16; fp16 loss scaling, bf16-sr "
-                f"weights, compile and cuda_graph are not supported with it (got precision={self.precision!r}, "
+                f"weights, compile and cuda_graph are not supported with it (got precision={self.precision_name!r}, "
                 f"compile={self.compile!r}, cuda_graph={self.cuda_graph})"
             )
 
@@ -343,7 +348,14 @@ class RunConfig:
     storage_retry = _old_attribute("storage_retry")
 
     def to_dict(self) -> dict[str, object]:
-        return dataclasses.asdict(self)
+        """The fields as plain values (a ``Precision`` given as an object by its name and loss scale)."""
+        values = dataclasses.asdict(self)
+        if isinstance(self.precision, Precision):
+            values["precision"] = self.precision.name
+            loss_scale = getattr(self.precision, "loss_scale", None)
+            if isinstance(loss_scale, LossScale):
+                values["loss_scale"] = dataclasses.asdict(loss_scale)
+        return values
 
 
 _dataclass_init = RunConfig.__init__
@@ -365,7 +377,7 @@ def _new_spelling(kwargs: dict[str, Any], base: RunConfig | None = None) -> dict
     """``kwargs`` with the deprecated flat keywords folded into their groups (a warning each).
 
     Building a config (``base`` is ``None``), an old keyword beside its group given as an object
-    (anything but the default) is a ``ValueError``; the short forms ``loss_scale="dynamic"`` /
+    (anything but the default) is a ``ConfigError``; the short forms ``loss_scale="dynamic"`` /
     ``128`` are not group objects and take ``loss_scale_init`` / ``loss_scale_growth_interval``
     as before. Replacing (``base`` given), the old keywords change ``base``'s group, and an old
     keyword beside its group is an error.
@@ -383,7 +395,7 @@ def _new_spelling(kwargs: dict[str, Any], base: RunConfig | None = None) -> dict
         given = group in new and (base is not None or _is_group_object(group, new[group]))
         if given:
             spelled = ", ".join(f"{n}=" for n in names)
-            raise ValueError(
+            raise ConfigError(
                 f"RunConfig: {spelled} and {group}= both given; {spelled} is the deprecated spelling of "
                 f"{group}={_CLASS_NAMES[group]}(...): pass only {group}={_new_form(group, values)}"
             )
@@ -441,7 +453,7 @@ def _recompute_spec(value: object) -> str | tuple[str, ...] | None:
         or not patterns
         or not all(isinstance(p, str) and p.strip() for p in patterns)
     ):
-        raise ValueError(
+        raise ConfigError(
             "RunConfig.recompute must be None, 'all', or module-name patterns (a string or a list of "
             f"strings such as 'layers.*'); got {value!r}"
         )
@@ -450,4 +462,4 @@ def _recompute_spec(value: object) -> str | tuple[str, ...] | None:
 
 def _positive_int(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"RunConfig.{name} must be a positive integer; got {value!r}")
+        raise ConfigError(f"RunConfig.{name} must be a positive integer; got {value!r}")

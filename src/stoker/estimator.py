@@ -121,6 +121,7 @@ class Estimator:
             model=model,
             params=self.params,
             config=cfg,
+            precision=cfg.make_precision(),
             strategy=self.strategy,
             checkpoints=checkpoints,
             optimizer=optimizer,

@@ -188,19 +188,21 @@ def test_cuda_graph_refusals_name_the_cause():
     from types import SimpleNamespace
 
     from stoker.engine.cuda_graph_step import cuda_graph_refusal
-    from stoker.precision import LossScaler
+    from stoker.precision import FP16Precision, FP32Precision
 
     net = torch.nn.Linear(2, 2)
     one = SimpleNamespace(world_size=1)
     cfg = stoker.RunConfig()
 
-    def why(opt, scaler=None, params=None, config=cfg, strategy=one):  # noqa: ANN001, ANN202
-        return cuda_graph_refusal(config, strategy, {"optimizer": opt, "scaler": scaler, "params": params or {}})
+    def why(opt, precision=None, params=None, config=cfg, strategy=one):  # noqa: ANN001, ANN202
+        kwargs = {"optimizer": opt, "precision": precision or FP32Precision(), "params": params or {}}
+        return cuda_graph_refusal(config, strategy, kwargs)
 
     assert why(torch.optim.Adam(net.parameters(), capturable=True)) is None
     assert "optimizer SGD is not capturable" in why(torch.optim.SGD(net.parameters(), lr=0.1))
-    dynamic = LossScaler(dynamic=True, init_scale=2.0**15)
-    assert "fused=True" in why(torch.optim.Adam(net.parameters(), capturable=True), scaler=dynamic)
+    dynamic = FP16Precision(loss_scale="dynamic")
+    assert "fused=True" in why(torch.optim.Adam(net.parameters(), capturable=True), precision=dynamic)
+    assert why(torch.optim.Adam(net.parameters(), capturable=True), precision=FP16Precision(loss_scale=128)) is None
     assert "gradient_accumulation_steps" in why(
         torch.optim.Adam(net.parameters(), capturable=True), config=stoker.RunConfig(gradient_accumulation_steps=2)
     )

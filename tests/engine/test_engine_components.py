@@ -31,6 +31,7 @@ def _parts(model_dir, with_optimizer: bool = True, batch: int = 16):  # noqa: AN
         model=lambda p: TinyNet(),
         params={},
         config=config,
+        precision=config.make_precision(),
         strategy=strategy,
         checkpoints=CheckpointManager(model_dir, keep_checkpoint_max=config.keep_checkpoint_max, writer=True),
         optimizer=(lambda p, ps: torch.optim.Adam(ps, lr=0.01)) if with_optimizer else None,

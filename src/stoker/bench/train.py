@@ -35,7 +35,7 @@ from typing import Any, Literal, cast
 import torch
 
 from ..checkpoint.manager import CheckpointManager
-from ..config import Precision, RunConfig
+from ..config import PrecisionName, RunConfig
 from ..errors import CheckpointError
 from ..estimator import Estimator
 from ..hooks import Hook, LoopResult, ProfilerHook, RunContext, every_n_steps_due
@@ -270,7 +270,7 @@ def build_estimator(
         save_checkpoints_secs=None if cfg.save_model_steps else (cfg.save_model_secs or math.inf),
         keep_checkpoint_max=cfg.max_ckpts_to_keep,
         log_every_n_steps=None,  # the harness prints its own progress lines
-        precision=cast(Precision, cfg.precision),  # one of PRECISIONS: BenchConfig checked it
+        precision=cast(PrecisionName, cfg.precision),  # one of PRECISIONS: BenchConfig checked it
         loss_scale=loss_scale,
         device=str(workload.device),
         compile=cast("bool | Literal['none', 'module', 'step']", cfg.compile_mode),  # RunConfig checks it

@@ -233,7 +233,7 @@ class CompiledTrainStep(TrainStep):
                 batch.features,
                 batch.labels,
                 self.params,
-                self.precision,
+                self.precision.name,
                 self.device,
                 self.accumulation,
                 scale,
@@ -256,12 +256,7 @@ class CompiledTrainStep(TrainStep):
             loss_sum = detached if loss_sum is None else loss_sum + detached
             if spec.host_call is not None:
                 host_call = _snapshot_host_call(spec.host_call)
-        apply = True
-        if self.scaler is not None:
-            found_inf = self.scaler.unscale_(self.parameters)
-            apply = self.scaler.step_ok(found_inf)
-        if apply:
-            self._compiled_update()
+        apply = self.precision.optimizer_step(self.parameters, self._compiled_update)
         self.optimizer.zero_grad(set_to_none=True)
         if self.schedule is not None:
             if apply:

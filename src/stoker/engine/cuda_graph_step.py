@@ -42,7 +42,6 @@ from torch.utils import _pytree as pytree
 from ..config import RunConfig
 from ..data._tree import batch_rows
 from ..errors import ModelFnError
-from ..precision import autocast_context
 from ..spec import ModeKeys
 from .infeed import Infeed
 from .loop import _NO_TRAIN_LOSS, TrainStep, _check_train_batch, _snapshot_host_call, check_spec
@@ -67,7 +66,7 @@ def cuda_graph_refusal(config: RunConfig, strategy: Any, kwargs: dict[str, Any])
             f"optimizer {name} is not capturable: build it with capturable=True (Adam, AdamW, ...) "
             "or fused=True (SGD, Adam, AdamW)"
         )
-    scaler = kwargs["scaler"]
+    scaler = kwargs["precision"].scaler
     if scaler is not None and scaler.dynamic and not getattr(opt, "_step_supports_amp_scaling", False):
         return (
             f"fp16 dynamic loss scaling skips updates on the device only with a fused optimizer; build {name} "
@@ -132,7 +131,7 @@ class CudaGraphTrainStep(TrainStep):
     # ------------------------------------------------------------------ the step's body
     def _body(self, features: Any, labels: Any) -> tuple[torch.Tensor, Any]:
         """Forward, backward, unscale, clip, update, scale update: no host sync anywhere."""
-        with autocast_context(self.precision, self.device):
+        with self.precision.forward_context(self.device):
             spec = self.model_fn(self.module, features, labels, ModeKeys.TRAIN, self.params)
         if not self._checked:
             check_spec(spec, ModeKeys.TRAIN)

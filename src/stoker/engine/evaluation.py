@@ -18,7 +18,6 @@ from typing import Any
 import torch
 
 from ..metrics import MetricAccumulator
-from ..precision import autocast_context
 from ..spec import EstimatorSpec, ModeKeys
 from ..storage import Location
 from ..summary.writer import ScalarWriter
@@ -74,7 +73,7 @@ class EvaluationRun:
             self.inputs.infeed(input_fn, ModeKeys.EVAL, params) as infeed,
         ):
             for i, batch in enumerate(self.inputs.in_lockstep(infeed)):
-                with autocast_context(self.config.precision, self.strategy.device):
+                with self.state.precision.forward_context(self.strategy.device):
                     spec = self.model_fn(module, batch.features, batch.labels, ModeKeys.EVAL, params)
                 spec = check_spec(spec, ModeKeys.EVAL)
                 params["cache"] = detach_cache(spec.cache)

@@ -411,7 +411,12 @@ def evaluation_on_device(evaluation: EvaluationRun, device: str | None) -> Evalu
     )  # graphs: training only
     strategy = make_strategy("single", device, config.distributed_timeout)
     new_state = ModelState(
-        model=state.model_arg, params=state.params, config=config, strategy=strategy, checkpoints=state.checkpoints
+        model=state.model_arg,
+        params=state.params,
+        config=config,
+        precision=state.precision.fresh(),
+        strategy=strategy,
+        checkpoints=state.checkpoints,
     )
     new_inputs = InputPlan(
         params=inputs.params,

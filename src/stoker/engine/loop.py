@@ -25,7 +25,7 @@ from ..data._tree import batch_rows
 from ..distributed import Strategy
 from ..errors import ModelFnError
 from ..hooks.base import LoopResult, RunContext
-from ..precision import LossScaler, autocast_context
+from ..precision import Precision
 from ..spec import EstimatorSpec, ModeKeys
 from .infeed import Infeed
 
@@ -65,8 +65,7 @@ class TrainStep:
         model_fn: ModelFn,
         optimizer: torch.optim.Optimizer,
         schedule: Any,
-        scaler: LossScaler | None,
-        precision: str,
+        precision: Precision,
         device: torch.device,
         params: dict[str, Any],
         accumulation: int = 1,
@@ -76,8 +75,8 @@ class TrainStep:
         self.model_fn = model_fn
         self.optimizer = optimizer
         self.schedule = schedule
-        self.scaler = scaler
         self.precision = precision
+        self.scaler = precision.scaler  # fp16's (the CUDA-graph step keeps its scale on the device)
         self.device = device
         self.params = params
         self.accumulation = accumulation
@@ -85,11 +84,11 @@ class TrainStep:
         self.parameters = [p for g in optimizer.param_groups for p in g["params"]]
         self.carries_cache = False
         self._checked = False
-        self._autocast = precision != "fp32"  # fp32 needs no context around the forward pass
+        self._autocast = precision.autocasts  # fp32 needs no context around the forward pass
         self._no_sync = getattr(module, "no_sync", None) if accumulation > 1 else None
         # One micro-batch, fp32, no loss scaling and no clipping: most runs. Its step is written
         # out without the branches the general one needs (on a host-bound model they show).
-        self._plain = accumulation == 1 and scaler is None and not self._autocast and clip_norm is None
+        self._plain = accumulation == 1 and self.scaler is None and not self._autocast and clip_norm is None
         self.clear_grads = grad_clearer(optimizer)
         # On a CPU device dict-form host_call values are read as floats at once (nothing to wait
         # for): ~1 us a step for three values, against ~7 us to stack them as a tensor.
@@ -104,7 +103,7 @@ class TrainStep:
         for micro in range(self.accumulation):
             batch = next(infeed)
             if self._autocast:
-                with autocast_context(self.precision, self.device):
+                with self.precision.forward_context(self.device):
                     spec = self.model_fn(self.module, batch.features, batch.labels, ModeKeys.TRAIN, self.params)
             else:
                 spec = self.model_fn(self.module, batch.features, batch.labels, ModeKeys.TRAIN, self.params)
@@ -120,7 +119,7 @@ class TrainStep:
                 self.carries_cache = True
             scaled = loss / self.accumulation if self.accumulation > 1 else loss
             if self.scaler is not None:
-                scaled = self.scaler.scale_loss(scaled)
+                scaled = self.precision.scale_loss(scaled)
             if self._no_sync is not None and micro < self.accumulation - 1:
                 with self._no_sync():  # replicas average gradients once, on the last micro-batch
                     scaled.backward()
@@ -130,14 +129,7 @@ class TrainStep:
             loss_sum = detached if loss_sum is None else loss_sum + detached
             if spec.host_call is not None:
                 host_call = _snapshot_host_call(spec.host_call, self._read_now)
-        apply = True
-        if self.scaler is not None:
-            found_inf = self.scaler.unscale_(self.parameters)
-            apply = self.scaler.step_ok(found_inf)
-        if self.clip_norm is not None and apply:
-            torch.nn.utils.clip_grad_norm_(self.parameters, self.clip_norm)
-        if apply:
-            self.optimizer.step()
+        apply = self.precision.optimizer_step(self.parameters, self._clip_and_step)
         self.clear_grads()
         if self.schedule is not None:
             if apply:
@@ -148,6 +140,12 @@ class TrainStep:
                     self.schedule.step()
         assert loss_sum is not None
         return (loss_sum / self.accumulation if self.accumulation > 1 else loss_sum), host_call
+
+    def _clip_and_step(self) -> None:
+        """Clip (if asked) and apply the update; ``Precision.optimizer_step`` decides whether it runs."""
+        if self.clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.parameters, self.clip_norm)
+        self.optimizer.step()
 
     def step_fn(self) -> Callable[[Infeed], tuple[torch.Tensor, Any]]:
         """What runs one step now: ``self``, or once the first step has checked the spec, the

@@ -45,8 +45,7 @@ from ..errors import CheckpointError, NanLossError
 from ..kernels.linear import use_fast_linear
 from ..kernels.sgd_in_backward import optimizer_refusal, run_refusal, update_in_backward
 from ..memory.recompute import apply_recompute
-from ..memory.stochastic_rounding import StochasticRounding, to_bf16
-from ..precision import LossScale, make_loss_scaler
+from ..precision import LossScaler, Precision
 from ..rng import rng_state, seed_everything, set_rng_state
 from ..storage.stores import Location, location
 
@@ -65,7 +64,8 @@ class ModelState:
     Args:
         model: an ``nn.Module``, or ``params -> nn.Module`` called once after seeding.
         params: the user's hyper-parameters (handed to ``model``, ``optimizer``, ``lr_schedule``).
-        config: the run's ``RunConfig`` (seed, precision, compile, loss scaling).
+        config: the run's ``RunConfig`` (seed, compile, ...).
+        precision: the run's ``Precision`` (converts the module and optimizer; its state is checkpointed).
         strategy: where the replica runs and how replicas combine.
         checkpoints: the ``model_dir``'s manager (``None``: a run kept in memory).
         optimizer / lr_schedule: factories as ``Estimator`` takes them (``None``: no training).
@@ -78,6 +78,7 @@ class ModelState:
         model: ModelArg,
         params: dict[str, Any],
         config: RunConfig,
+        precision: Precision,
         strategy: Strategy,
         checkpoints: CheckpointManager | None,
         optimizer: OptimizerFn | None = None,
@@ -102,7 +103,7 @@ class ModelState:
         self.module: nn.Module | None = None  # what model_fn receives: wrapped (DDP/FSDP), maybe compiled
         self.optimizer: torch.optim.Optimizer | None = None
         self.schedule: Any = None
-        self.scaler = make_loss_scaler(config.precision, LossScale.of(config.loss_scale))
+        self.precision = precision
         self.global_step = 0
         self.cache: Any = None
         self.holds: Location | str | None = "fresh"  # see the module docstring
@@ -115,6 +116,11 @@ class ModelState:
             self.writer = AsyncCheckpointWriter(checkpoints.latest_path)
 
     # ---------------------------------------------------------------- building
+    @property
+    def scaler(self) -> LossScaler | None:
+        """fp16's loss scaler (``None`` in the other precisions)."""
+        return self.precision.scaler
+
     @property
     def model(self) -> nn.Module:
         """The plain ``nn.Module`` (built on first access)."""
@@ -135,13 +141,8 @@ class ModelState:
         if not isinstance(model, nn.Module):
             raise TypeError(f"model(params) must return an nn.Module; it returned a {type(model).__name__}")
         self._model = model.to(self.strategy.device)
-        if self.config.precision == "bf16-sr":
-            if self.strategy.shards_state:
-                raise ValueError(
-                    "RunConfig: precision='bf16-sr' does not support a sharded strategy (FSDP keeps its own "
-                    "parameter dtypes); use strategy='replicated' or another precision"
-                )
-            to_bf16(self._model)  # before warm start: fp32 weights are then rounded to nearest once
+        # before warm start (bf16-sr: fp32 weights are then rounded to nearest once)
+        self._model = self.precision.convert_module(self._model, sharded=self.strategy.shards_state)
         # On every replica, before wrapping (DDP broadcasts rank 0's weights).
         if self.warm_start_from is not None and self.latest_checkpoint() is None:
             self.warm_start_report = warm_start(self._model, self.warm_start_from)
@@ -174,10 +175,7 @@ class ModelState:
             raise TypeError(
                 f"optimizer(params, parameters) must return a torch.optim.Optimizer; got {type(opt).__name__}"
             )
-        if self.config.precision == "bf16-sr":
-            # One seed on every replica: they apply the same averaged gradient and must round
-            # it the same way, or their weights drift apart.
-            opt = StochasticRounding(opt, seed=self.config.seed)
+        opt = self.precision.convert_optimizer(opt, seed=self.config.seed)
         self.optimizer = opt
         if self.schedule_fn is not None:
             self.schedule = self.schedule_fn(self.params, opt)
@@ -190,7 +188,7 @@ class ModelState:
         why = run_refusal(
             device=self.strategy.device,
             world_size=self.strategy.world_size,
-            precision=config.precision,
+            precision=self.precision.name,
             accumulation=config.gradient_accumulation_steps,
             clip_norm=config.gradient_clip_norm,
             compiled=config.compile_mode != "none" or config.cuda_graph,
@@ -322,8 +320,7 @@ class ModelState:
                 ) from e
         if self.schedule is not None and state.get("schedule") is not None:
             self.schedule.load_state_dict(state["schedule"])
-        if self.scaler is not None and state.get("scaler") is not None:
-            self.scaler.load_state_dict(state["scaler"])
+        self.precision.load_state_dict(state.get("scaler"))
         self.pending_hook_state = state.get("hooks", {})
         saved_world, world = int(state.get("world_size", 1)), self.strategy.world_size
         self.cache = None
@@ -368,7 +365,7 @@ class ModelState:
             "global_step": self.global_step,
             "optimizer": None if self.strategy.shards_state else self.optimizer.state_dict(),
             "schedule": self.schedule.state_dict() if self.schedule is not None else None,
-            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "scaler": self.precision.state_dict(),
             "rng": rng_per_replica,
             "cache": cache_per_replica,  # each replica carries its own
             "hooks": dict(hook_state),

@@ -24,7 +24,6 @@ from torch.utils._pytree import tree_map
 
 from ..distributed.pipeline_runtime import PipelineRuntime, StageOutput
 from ..errors import ModelFnError
-from ..precision import autocast_context
 from ..spec import ModeKeys
 from .infeed import Infeed
 from .loop import TrainStep, check_spec
@@ -55,7 +54,7 @@ class PipelineTrainStep(TrainStep):
         def loss_fn(output: Any, micro_rows: torch.Tensor) -> torch.Tensor:
             return self._micro_loss(output, features, labels, micro_rows)
 
-        with autocast_context(self.precision, self.device):
+        with self.precision.forward_context(self.device):
             self.runtime.train_step(args, index, loss_fn)
         runtime = self.runtime
         runtime.sync_gradients()

@@ -13,7 +13,6 @@ from typing import Any
 import torch
 
 from ..errors import ModelFnError
-from ..precision import autocast_context
 from ..spec import ModeKeys
 from .inputs import InputFn, InputPlan
 from .loop import ModelFn, check_spec, detach_cache
@@ -38,11 +37,11 @@ class PredictionRun:
         model.eval()
         params = self.inputs.mode_params(ModeKeys.PREDICT)
         device = self.strategy.device
-        precision = self.state.config.precision
+        precision = self.state.precision
         try:
             with self.inputs.infeed(input_fn, ModeKeys.PREDICT, params) as infeed:
                 for batch in self.inputs.in_lockstep(infeed):
-                    with torch.no_grad(), autocast_context(precision, device):
+                    with torch.no_grad(), precision.forward_context(device):
                         spec = self.model_fn(module, batch.features, batch.labels, ModeKeys.PREDICT, params)
                     spec = check_spec(spec, ModeKeys.PREDICT)
                     params["cache"] = detach_cache(spec.cache)

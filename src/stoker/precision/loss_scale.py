@@ -1,9 +1,7 @@
-"""Mixed precision: autocast for bf16/fp16 and loss scaling for fp16.
+"""fp16 loss scaling: ``LossScale`` (the setting, as ``RunConfig.loss_scale`` holds it) and
+``LossScaler`` (the running state built from it, part of every fp16 checkpoint).
 
-Master weights stay fp32 in ``fp32``, ``bf16`` and ``fp16``; only the forward (and its
-backward) runs in the lower precision. ``bf16-sr`` keeps the weights themselves in bf16 and
-runs the same bf16 autocast; its update is :mod:`stoker.memory.stochastic_rounding`'s. fp16
-gradients underflow without loss scaling, so the loss is multiplied by a scale before
+fp16 gradients underflow without loss scaling, so the loss is multiplied by a scale before
 ``backward`` and the gradients divided by it before the update:
 
 - **static** (``loss_scale=128``, or ``LossScale(dynamic=False, init=128)``): a fixed scale,
@@ -12,14 +10,10 @@ gradients underflow without loss scaling, so the loss is multiplied by a scale b
   tf_cnn_benchmarks' auto loss scale): on inf/NaN gradients the update is skipped and the scale
   halved; after ``growth_interval`` good steps in a row it doubles. Deciding to skip needs one
   host read of an "any inf" flag per step, the same cost as ``torch.amp.GradScaler``.
-
-``LossScale`` is how ``RunConfig.loss_scale`` holds the setting; ``LossScaler`` is the running
-state built from it.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,14 +21,7 @@ from typing import Any
 
 import torch
 
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "bf16-sr": torch.bfloat16}
-
-
-def autocast_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    """A context manager running the forward pass in ``precision`` (a no-op for fp32)."""
-    if precision == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=_DTYPES[precision])
+from ..errors import ConfigError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -50,7 +37,7 @@ class LossScale:
 
     ``RunConfig`` also takes the short forms ``loss_scale="dynamic"`` (``LossScale()``) and
     ``loss_scale=128`` (``LossScale(dynamic=False, init=128.0)``) and stores them as a
-    ``LossScale``. A bad value raises ``ValueError`` naming the field and what it accepts.
+    ``LossScale``. A bad value raises ``ConfigError`` (a ``ValueError``) naming the field and what it accepts.
     """
 
     dynamic: bool = True
@@ -59,14 +46,14 @@ class LossScale:
 
     def __post_init__(self) -> None:
         if not isinstance(self.dynamic, bool):
-            raise ValueError(f"LossScale.dynamic must be True or False; got {self.dynamic!r}")
+            raise ConfigError(f"LossScale.dynamic must be True or False; got {self.dynamic!r}")
         init = self.init
         if isinstance(init, bool) or not isinstance(init, (int, float)) or not (init > 0 and math.isfinite(init)):
-            raise ValueError(f"LossScale.init must be a positive finite number; got {init!r}")
+            raise ConfigError(f"LossScale.init must be a positive finite number; got {init!r}")
         object.__setattr__(self, "init", float(init))
         interval = self.growth_interval
         if isinstance(interval, bool) or not isinstance(interval, int) or interval < 1:
-            raise ValueError(f"LossScale.growth_interval must be a positive integer; got {interval!r}")
+            raise ConfigError(f"LossScale.growth_interval must be a positive integer; got {interval!r}")
 
     @classmethod
     def of(cls, value: LossScale | float | str) -> LossScale:
@@ -76,7 +63,7 @@ class LossScale:
         if value == "dynamic":
             return cls()
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value > 0 and math.isfinite(value)):
-            raise ValueError(
+            raise ConfigError(
                 "RunConfig.loss_scale must be a positive number or 'dynamic' (or a stoker.precision.LossScale); "
                 f"got {value!r}"
             )
@@ -159,12 +146,3 @@ class LossScaler:
         self.scale = float(state["scale"])
         self.good_steps = int(state["good_steps"])
         self.skipped_steps = int(state["skipped_steps"])
-
-
-def make_loss_scaler(precision: str, loss_scale: LossScale) -> LossScaler | None:
-    """The loss scaler a precision needs: ``None`` for fp32, bf16 and bf16-sr."""
-    if precision != "fp16":
-        return None
-    if loss_scale.dynamic:
-        return LossScaler(dynamic=True, init_scale=loss_scale.init, growth_interval=loss_scale.growth_interval)
-    return LossScaler(dynamic=False, init_scale=loss_scale.init)
