@@ -13,10 +13,11 @@ import pytest
 import torch
 
 from helpers.tf_random import TF_PYTHON, PhiloxDraws, run_tf
-from stoker.data import DataError
+from stoker.data import DataError, fused_normalize
 from stoker.data import preprocessing as P
 from stoker.data.base import example_uniforms
-from stoker.data.images import normalize_images
+from stoker.data.images import normalize, normalize_images
+from stoker.data.images.color import _distort
 
 #: Colour ops: max |ours - TensorFlow's| on the [0, 1] scale after the final clip. Measured
 #: ~1.2e-6 (float32 rounding of a different but equivalent order of operations); 1e-5 is
@@ -221,7 +222,7 @@ def test_the_accelerator_path_merging_orders_with_where_matches_the_cpu_path() -
     CPU (the private step the accelerator uses) against the chunked CPU path."""
     img, params = _test_image(), torch.from_numpy(_params())
     x = torch.from_numpy(img)[None].repeat(len(params), 1, 1, 1).permute(0, 3, 1, 2).contiguous().float() / 255
-    merged = P._distort(x.clone(), params, (params[:, 4] >= 0.5).view(-1, 1, 1, 1))
+    merged = _distort(x.clone(), params, (params[:, 4] >= 0.5).view(-1, 1, 1, 1))
     torch.testing.assert_close(merged, P.distort_color_batch(x, params), atol=1e-6, rtol=0)
 
 
@@ -268,8 +269,8 @@ def test_row_wise_normalisation_follows_the_width_and_takes_any_strides() -> Non
 def test_a_batch_larger_than_a_block_is_normalised_in_blocks_bitwise(monkeypatch: pytest.MonkeyPatch) -> None:
     """On a CPU the rows are normalised a cache-sized block at a time; a block that does not divide
     the rows (here 5 rows of 30 values, the last block short) gives the whole-batch result."""
-    monkeypatch.setattr(P, "_NORMALIZE_BLOCK_BYTES", 5 * 4 * 30)
-    monkeypatch.setattr(P.fused_normalize, "available", lambda: False)  # the torch path, where it builds too
+    monkeypatch.setattr(normalize, "_NORMALIZE_BLOCK_BYTES", 5 * 4 * 30)
+    monkeypatch.setattr(fused_normalize, "available", lambda: False)  # the torch path, where it builds too
     images = torch.randint(0, 256, (3, 7, 10, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(2))
     out = P.ImagePreprocessor()(images)
     assert torch.equal(out, normalize_images(images, P.IMAGENET_MEAN, P.IMAGENET_STD))

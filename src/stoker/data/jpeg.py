@@ -41,14 +41,33 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 
-from ..errors import ImageDecodeError
+from ..errors import ConfigError, ImageDecodeError
 
-#: ``resize_method`` names (tf_cnn_benchmarks'); ``round_robin`` cycles through the first four
-#: by the example's position in its batch, ``crop`` crops without resizing.
+#: tf_cnn's ``--resize_method`` names; ``round_robin`` cycles through the first four in this
+#: order (its ``_RESIZE_METHOD_MAP``) by the example's position, ``crop`` takes an ``image_size``
+#: square without resizing. tf_cnn calls TensorFlow 1's ``resize_images``
+#: (``align_corners=False``): the legacy mapping ``source = i * in / out`` (no half-pixel
+#: centres) and no antialiasing. PyTorch's closest: ``interpolate(mode="nearest")`` is identical;
+#: ``bilinear`` / ``bicubic`` (same a = -0.75 kernel) with ``antialias=False`` differ by the
+#: half-pixel shift; TensorFlow's ``area`` averages exact fractional source boxes (Pillow's
+#: ``BOX``; ``interpolate(mode="area")`` uses integer bins). docs/data.md has the measured differences.
 RESIZE_MODES: tuple[str, ...] = ("nearest", "bilinear", "bicubic", "area")
 RESIZE_METHODS: tuple[str, ...] = (*RESIZE_MODES, "round_robin", "crop")
 #: DCT scale denominators libjpeg-turbo decodes cheaply, largest first.
 _DCT_SCALES = (8, 4, 2, 1)
+
+
+def resize_method_for(resize_method: str, position: int) -> str:
+    """The concrete method (``nearest``, ``bilinear``, ``bicubic``, ``area`` or ``crop``) for an
+    example at ``position``: ``round_robin`` takes ``RESIZE_METHODS[position % 4]``.
+
+    tf_cnn's ``position`` is its ``batch_position``: a counter modulo the batch size attached
+    to each record in file order, before the shuffle, so it follows the example, not the slot
+    of the batch it lands in; the example's index is the faithful equivalent.
+    """
+    if resize_method not in RESIZE_METHODS:
+        raise ConfigError(f"--resize_method must be one of {', '.join(RESIZE_METHODS)}; got {resize_method!r}")
+    return RESIZE_METHODS[position % 4] if resize_method == "round_robin" else resize_method
 
 
 class Decoder(Protocol):
@@ -348,5 +367,6 @@ __all__ = [
     "dct_scale",
     "get_decoder",
     "is_jpeg",
+    "resize_method_for",
     "resize_uint8",
 ]

@@ -42,7 +42,8 @@ import numpy as np
 from PIL import Image
 
 from .base import DataError
-from .images import IMAGE_EXTENSIONS, EncodedExample, EncodedImageSource, scan_image_folder
+from .images.folder import IMAGE_EXTENSIONS, scan_image_folder
+from .images.source import EncodedExample, EncodedImageSource
 from .tfrecord_index import RecordShards
 from .tfrecord_io import example_class, make_example, write_tfrecords
 
@@ -234,33 +235,8 @@ def imagenet_tfrecords(
         DataError: the folder is missing or holds no ``<split>-*-of-*`` shards, or a shard is
             corrupt (see ``skip_bad_examples``).
     """
-    return TFRecordImageSource(
-        data_dir,
-        batch_size=batch_size,
-        image_size=image_size,
-        train=train,
-        split=split,
-        shuffle=shuffle,
-        seed=seed,
-        num_epochs=num_epochs,
-        drop_remainder=drop_remainder,
-        num_workers=num_workers,
-        num_shards=num_shards,
-        shard_index=shard_index,
-        skip_bad_examples=skip_bad_examples,
-        start_method=start_method,
-        worker_kind=worker_kind,
-        augment=augment,
-        resize_method=resize_method,
-        crop=crop,
-        distortions=distortions,
-        output=output,
-        decoder=decoder,
-        decode_on_device=decode_on_device,
-        pin_memory=pin_memory,
-        num_classes=num_classes,
-        index_dir=index_dir,
-    )
+    # Every argument by name: this signature is the typed, documented face of TFRecordImageSource.
+    return TFRecordImageSource(**locals())
 
 
 def imagenet_example(

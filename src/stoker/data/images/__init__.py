@@ -1,0 +1,49 @@
+"""Image sources and their preprocessing: one module per concern.
+
+- :mod:`.folder`: :func:`image_folder` (one folder per class, the ImageNet layout) and the scan
+  of such a tree;
+- :mod:`.source`: :class:`EncodedImageSource`, the batch builder that image folders and
+  TFRecords (:mod:`stoker.data.tfrecord`) share: per example a crop box, a window decode, a
+  resize into a uint8 batch; then the batch's normalisation;
+- :mod:`.crops`: the crop boxes and flips, drawn from each example's uniforms (torchvision's
+  and tf_cnn_benchmarks' samplers, the evaluation boxes);
+- :mod:`.normalize`: :data:`IMAGENET_MEAN` / :data:`IMAGENET_STD`, :func:`normalize_images` and
+  :class:`~.normalize.ImagePreprocessor` (the float cast and normalisation, on any device);
+- :mod:`.color`: tf_cnn_benchmarks' colour distortions (parameters per example, the batch op);
+- :mod:`.tf_reference`: TensorFlow's colour ops one by one in numpy, the reference the tests
+  hold the batch op to;
+- :mod:`.pillow`: the Pillow reference transform (:func:`decode_rgb`, :func:`augment_image`).
+
+The decoders live beside this package: :mod:`stoker.data.jpeg` (the CPU decoders, DCT
+scaling and the resize), :mod:`stoker.data.jpeg_crop` (the libjpeg window decoder),
+:mod:`stoker.data.gpu_decode` (nvJPEG) and :mod:`stoker.data.fused_normalize` (the one-pass CPU
+normalisation), the two C ones built by :mod:`stoker.data.native`.
+:mod:`stoker.data.preprocessing` gathers tf_cnn_benchmarks' preprocessing names from here.
+"""
+
+from ..jpeg import RESIZE_METHODS
+from .crops import center_crop_box, random_resized_crop_box
+from .folder import IMAGE_EXTENSIONS, ImageFolderSource, image_folder, scan_image_folder
+from .normalize import IMAGENET_MEAN, IMAGENET_STD, normalize_images
+from .pillow import RESIZE_FILTERS, augment_image, decode_rgb
+from .source import CROPS, OUTPUTS, EncodedExample, EncodedImageSource
+
+__all__ = [
+    "CROPS",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "IMAGE_EXTENSIONS",
+    "OUTPUTS",
+    "RESIZE_FILTERS",
+    "RESIZE_METHODS",
+    "EncodedExample",
+    "EncodedImageSource",
+    "ImageFolderSource",
+    "augment_image",
+    "center_crop_box",
+    "decode_rgb",
+    "image_folder",
+    "normalize_images",
+    "random_resized_crop_box",
+    "scan_image_folder",
+]
