@@ -55,11 +55,13 @@ class NonFiniteError(StokerError, ValueError):
 
 
 class NanLossError(NonFiniteError):
-    """Training produced a non-finite loss; the last good checkpoint is kept."""
+    """Training produced a non-finite (or spiking) loss; the last good checkpoint is kept.
+    ``detail`` says more: a spike's threshold, rollbacks already taken."""
 
-    def __init__(self, step: int, value: float, checkpoint: str | None) -> None:
+    def __init__(self, step: int, value: float, checkpoint: str | None, detail: str = "") -> None:
         kept = f"; the last good checkpoint is {checkpoint!r}" if checkpoint else ""
-        super().__init__(f"loss is {value} at step {step}: training stopped{kept}")
+        why = f" ({detail})" if detail else ""
+        super().__init__(f"loss is {value} at step {step}{why}: training stopped{kept}")
         self.step = step
         self.value = value
         self.checkpoint = checkpoint

@@ -19,7 +19,10 @@ Iterating (this module) is kept apart from stepping (``loop.py``). The infeed
   ``get_state``) read when the checkpoint is taken; with the prefetch thread, which runs
   ahead, it is that state snapshotted by the thread every ``snapshot_every`` batches, plus
   the count consumed since the snapshot. A source without state is resumed by replaying the
-  batches it had consumed, with a warning.
+  batches it had consumed, with a warning;
+- passes over the batches a rollback took out (``NanLossHook(on_nan="rollback")``): positions
+  in the *stream*, the batches the source yields counted from the start of training
+  (:func:`with_rollback`); the position and those records are the state a checkpoint keeps.
 """
 
 from __future__ import annotations
@@ -28,13 +31,14 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from ..data._tree import batch_rows, tree_map
+from ..errors import StateError
 
 log = logging.getLogger("stoker")
 
@@ -103,7 +107,6 @@ class Infeed:
         self.consumed = 0
         self._source = source
         self._api = _state_api(source)
-        self._replayed_before = 0
         self._cuda = device.type == "cuda"
         self._on_cpu = device.type == "cpu"
         self._cpu_train = self._on_cpu and pad_to is None  # batches go to the step as they come
@@ -117,10 +120,18 @@ class Infeed:
                 skip = 0
         self._it = iter(source)
         self._skip(skip)
+        #: Rollbacks so far (``with_rollback``'s records, each with the stream batches it took out).
+        self.rollbacks: list[dict[str, Any]] = list(restore.get("rollbacks", [])) if restore else []
+        #: The stream position of what the loop consumed: batches the source yielded, counted
+        #: from the start of training (absolute where rollbacks are recorded, else relative).
+        self.raw = int(restore.get("raw", restore.get("skip", 0))) if restore else 0
+        self._fetched_raw = self.raw  # the producer's stream position (ahead with a prefetch thread)
+        self._skips = sorted({b for r in self.rollbacks for b in r["batches"] if b >= self.raw})
+        self._next_skip = self._skips[0] if self._skips else -1
         # With a prefetch thread (only then): the source's state as of the last snapshot the
         # loop consumed up to, the consumed count then, and the count the thread produced.
         self._base: Any = None
-        self._base_consumed = 0
+        self._base_raw = 0
         self._produced = 0
         self._queue: queue.Queue[Any] | None = None
         self._thread: threading.Thread | None = None
@@ -142,7 +153,8 @@ class Infeed:
         # Fetched inline so far, the source's position is the consumed one: it becomes the base
         # the thread's snapshots count from.
         self._base = self._snapshot()
-        self._base_consumed = self._produced = self.consumed
+        self._base_raw = self._fetched_raw = self.raw
+        self._produced = self.consumed
         self._queue = queue.Queue(maxsize=self._depth)
         self._thread = threading.Thread(target=self._produce, name="stoker-infeed", daemon=True)
         self._thread.start()
@@ -181,17 +193,18 @@ class Infeed:
                     f"resume with {len(saved)} replicas"
                 )
             state.update(source=reshard([s["source"] for s in saved]), skip=saved[0]["skip"])
+            for key in ("raw", "rollbacks"):
+                if key in saved[0]:
+                    state.setdefault(key, saved[0][key])
         if self._api is not None and state.get("source") is not None:
             getattr(self._source, self._api[1])(state["source"])
-        elif self._api is None:
-            self._replayed_before = int(state.get("skip", 0))
-            if self._replayed_before:
-                log.warning(
-                    "%s's iterable has no state_dict()/load_state_dict(): replaying %d batches to "
-                    "resume its position (give it state, or use stoker.data sources, to resume instantly)",
-                    self.what,
-                    self._replayed_before,
-                )
+        elif self._api is None and int(state.get("skip", 0)):
+            log.warning(
+                "%s's iterable has no state_dict()/load_state_dict(): replaying %d batches to "
+                "resume its position (give it state, or use stoker.data sources, to resume instantly)",
+                self.what,
+                int(state["skip"]),
+            )
 
     def _skip(self, n: int) -> None:
         for i in range(n):
@@ -204,24 +217,44 @@ class Infeed:
                 ) from None
 
     def state_dict(self) -> dict[str, Any]:
-        """Position of the data the loop has consumed, for a checkpoint."""
+        """Position of the data the loop has consumed, for a checkpoint (``skip``: stream batches
+        to pass after restoring ``source``; with rollbacks, also the stream position and them)."""
+        state: dict[str, Any]
         if self._api is None:
-            return {"source": None, "skip": self._replayed_before + self.consumed}
-        if self._queue is None:  # fetched inline: the source stands exactly where the loop is
-            return {"source": self._snapshot(), "skip": 0}
-        return {"source": self._base, "skip": self.consumed - self._base_consumed}
+            state = {"source": None, "skip": self.raw}
+        elif self._queue is None:  # fetched inline: the source stands exactly where the loop is
+            state = {"source": self._snapshot(), "skip": 0}
+        else:
+            state = {"source": self._base, "skip": self.raw - self._base_raw}
+        if self.rollbacks:
+            state.update(raw=self.raw, rollbacks=[dict(r) for r in self.rollbacks])
+        return state
+
+    def _pass_skipped(self, raw: int) -> int:
+        """Fetch and drop the batches a rollback took out that stand next in the stream at
+        position ``raw``; return the position after them (StopIteration if the data ends)."""
+        while raw == self._next_skip:
+            next(self._it)
+            raw += 1
+            self._skips.pop(0)
+            self._next_skip = self._skips[0] if self._skips else -1
+        return raw
 
     # ------------------------------------------------------------------ producing
-    def _next_item(self) -> tuple[Batch, Any] | object:
-        """The next batch and, every ``snapshot_every`` batches, the source's state after it
-        (the prefetch thread's way: the consumer adopts the snapshot when it takes that batch)."""
+    def _next_item(self) -> tuple[Batch, Any, int] | object:
+        """The next batch, every ``snapshot_every`` batches the source's state after it (the
+        prefetch thread's way: the consumer adopts the snapshot when it takes that batch), and
+        the stream position after it."""
         try:
+            if self._fetched_raw == self._next_skip:
+                self._fetched_raw = self._pass_skipped(self._fetched_raw)
             item = next(self._it)
         except StopIteration:
             return _END
+        self._fetched_raw += 1
         self._produced += 1
         snap = self._snapshot() if self._api and self._produced % self.snapshot_every == 0 else None
-        return self._prepare(item), snap
+        return self._prepare(item), snap, self._fetched_raw
 
     def _prepare(self, item: Any) -> Batch:
         if type(item) is tuple and len(item) == 2:  # (features, labels), the common case first
@@ -298,10 +331,13 @@ class Infeed:
         start = time.perf_counter()
         if self._queue is None:  # inline: the common CPU case, kept short
             try:
+                if self.raw == self._next_skip:  # a batch a rollback took out (rare)
+                    self.raw = self._pass_skipped(self.raw)
                 item = next(self._it)
             except StopIteration:
                 self.wait_seconds += time.perf_counter() - start
                 raise
+            self.raw += 1
             # A training batch of CPU tensors on a CPU run needs nothing done to it: skip _prepare.
             if self._cpu_train and type(item) is tuple and len(item) == 2 and _cpu_tensors(*item):
                 batch = Batch(item[0], item[1], None, -1)
@@ -322,11 +358,11 @@ class Infeed:
             raise StopIteration
         if isinstance(entry, _Failure):
             raise entry.error
-        batch, snap = entry
+        batch, snap, self.raw = entry
         self.consumed += 1
         if snap is not None:
             self._base = snap
-            self._base_consumed = self.consumed
+            self._base_raw = self.raw
         if isinstance(batch, _CudaBatch):
             batch = batch.wait()
         return batch
@@ -352,6 +388,48 @@ class Infeed:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def with_rollback(
+    state: dict[str, Any] | None,
+    *,
+    steps_after: int,
+    accumulation: int,
+    raw_default: int,
+    record: dict[str, Any],
+    since: Sequence[dict[str, Any]] = (),
+) -> dict[str, Any]:
+    """A checkpoint's input ``state`` with one more rollback ``record``: from there on, the
+    ``accumulation`` stream batches of the step ``steps_after`` steps after the checkpoint are
+    passed over. ``since``: the rollbacks of the run so far, when it took some after that
+    checkpoint was written (records only grow, so the longer list holds the other).
+
+    Stream positions count the batches the source yields from the start of training, the ones
+    passed over included, so they stay valid across further rollbacks and resumes; a state
+    saved before any rollback does not record its position, which is then ``raw_default``
+    (global step x ``accumulation``: every step so far consumed that many) or, for a source
+    without state, its replay count.
+    """
+    if state is None:
+        raise StateError(
+            "cannot roll back: the checkpoint holds no input position for this replica (train with the same input_fn)"
+        )
+    first = state["reshard"][0] if "reshard" in state else state
+    default = int(first["skip"]) if first.get("source") is None and "skip" in first else raw_default
+    raw = int(state.get("raw", first.get("raw", default)))
+    rollbacks = list(state.get("rollbacks", first.get("rollbacks", [])))
+    if len(since) > len(rollbacks):
+        rollbacks = [dict(r) for r in since]
+    passed = {b for r in rollbacks for b in r["batches"]}
+    bad: list[int] = []
+    pos, consumed, start = raw, 0, steps_after * accumulation
+    while len(bad) < accumulation:
+        if pos not in passed:
+            if consumed >= start:
+                bad.append(pos)
+            consumed += 1
+        pos += 1
+    return dict(state, raw=raw, rollbacks=[*rollbacks, dict(record, batches=bad)])
 
 
 def _cpu_tensors(features: Any, labels: Any) -> bool:

@@ -4,6 +4,9 @@ This is the top loop of stoker, kept short: restore, set up hooks and the infeed
 device loops (``loop.py`` steps, ``infeed.py`` iterates) with the hooks between them until a
 hook or the data asks to stop. Whatever happens, the state a later ``train`` resumes from is
 handed back to the ``ModelState``: global step, carried cache, input position, hook states.
+A rollback (``NanLossHook(on_nan="rollback")`` raises ``RollbackRequest``) ends the attempt
+like an error, restores the newest checkpoint as a resume would, records the bad step's input
+batches in the input position and starts the next attempt with the same hooks.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from ..config import RunConfig
+from ..errors import NanLossError
 from ..hooks import (
     CheckpointSaverHook,
     Hook,
@@ -22,6 +26,7 @@ from ..hooks import (
     NanLossHook,
     PreemptionHook,
     ProgressBarHook,
+    RollbackRequest,
     RunContext,
     StepCounterHook,
     StopAtStepHook,
@@ -31,7 +36,7 @@ from ..hooks.base import sorted_hooks
 from ..hooks.early_stopping import StopFileHook
 from ..spec import ModeKeys
 from ..storage import Location
-from .infeed import Infeed
+from .infeed import Infeed, with_rollback
 from .inputs import InputFn, InputPlan
 from .loop import DeviceLoop, ModelFn, TrainStep
 from .model_state import ModelState
@@ -100,9 +105,23 @@ class TrainingRun:
         hooks = list(self.hooks)
         if steps is not None or max_steps is not None:
             hooks.append(StopAtStepHook(num_steps=steps, last_step=max_steps))
-        runner = HookRunner(sorted_hooks(hooks))
-        run = self._run_context(max_steps)
         self._max_steps, self._finished_saved = max_steps, False
+        while True:
+            try:
+                run = self._attempt(input_fn, sorted_hooks(hooks), max_steps)
+                break
+            except RollbackRequest as request:  # the same hooks go on from the restored checkpoint
+                self._roll_back(request)
+        if run.stop_reason:
+            log.info("training stopped at step %d: %s", run.global_step, run.stop_reason)
+        if run.exit_code is not None:
+            sys.exit(run.exit_code)
+
+    def _attempt(self, input_fn: InputFn, hooks: list[Hook], max_steps: int | None) -> RunContext:
+        """Train from the state in memory until a stop (or a rollback request, raised)."""
+        state = self.state
+        runner = HookRunner(hooks)
+        run = self._run_context(max_steps)
         step = self._train_step()
         infeed: Infeed | None = None
         started = False
@@ -112,6 +131,7 @@ class TrainingRun:
             runner.after_setup(run)
             params = self.inputs.mode_params(ModeKeys.TRAIN)
             infeed = self.inputs.infeed(input_fn, ModeKeys.TRAIN, params, restore=state.pending_input_state)
+            run.rollbacks = len(infeed.rollbacks)
             run._save = lambda: self._save(run, runner, infeed, step)
             loop = DeviceLoop(step, run, run.global_batch_size, self.strategy)
             state.build_model().train()
@@ -125,7 +145,7 @@ class TrainingRun:
                 state.writer.drain()
             if started:
                 state.holds = None  # memory may be ahead of (or worse than) the newest checkpoint
-            clearer = self.strategy.explain_failure(error)
+            clearer = error if isinstance(error, RollbackRequest) else self.strategy.explain_failure(error)
             if clearer is not error:
                 raise clearer from error
             raise
@@ -137,10 +157,42 @@ class TrainingRun:
                 infeed.close()
             state.pending_hook_state = runner.state_dict()
             runner.close()
-        if run.stop_reason:
-            log.info("training stopped at step %d: %s", run.global_step, run.stop_reason)
-        if run.exit_code is not None:
-            sys.exit(run.exit_code)
+        return run
+
+    def _roll_back(self, request: RollbackRequest) -> None:
+        """Restore the newest checkpoint and record the bad step's batches as ones to pass over."""
+        state = self.state
+        latest = state.latest_checkpoint()
+        if latest is None:
+            raise NanLossError(
+                request.step,
+                request.loss,
+                None,
+                detail="no checkpoint to roll back to: give a model_dir and save before the bad step",
+            ) from request
+        # the run's rollbacks so far: those after the checkpoint are not in it
+        since = (state.pending_input_state or {}).get("rollbacks", [])
+        state.holds = None
+        state.restore_for_training()
+        accumulation = self.config.gradient_accumulation_steps
+        state.pending_input_state = with_rollback(
+            state.pending_input_state,
+            steps_after=request.step - state.global_step - 1,
+            accumulation=accumulation,
+            raw_default=state.global_step * accumulation,
+            record={"step": request.step, "reason": request.reason},
+            since=since,
+        )
+        rollbacks = state.pending_input_state["rollbacks"]
+        log.warning(
+            "%s: rolled back to %s (step %d); input batch(es) %s of the stream are passed over from now on "
+            "(rollback %d of the run)",
+            request.reason,
+            latest,
+            state.global_step,
+            rollbacks[-1]["batches"],
+            len(rollbacks),
+        )
 
     def _loops(self, run: RunContext, runner: HookRunner, loop: DeviceLoop, infeed: Infeed, step: TrainStep) -> None:
         """Device loops with the hooks between them until a stop is requested."""
@@ -179,6 +231,8 @@ class TrainingRun:
             skipped = infeed.bad_examples_skipped
             if skipped:  # unreadable examples replaced so far: a summary scalar beside the warnings
                 run.logs["bad_examples_skipped"] = skipped
+            if run.rollbacks:  # NanLossHook(on_nan="rollback") rollbacks so far, the same way
+                run.logs["rollbacks"] = run.rollbacks
             totals.add(result)
             runner.after_loop(run, result)
             if check_checkpoint is not None:

@@ -18,7 +18,7 @@ from .base import Hook, HookRunner, LoopResult, RunContext, every_n_steps_due
 from .checkpoint_saver import CheckpointSaverHook
 from .logging_hook import LoggingHook
 from .mlperf import MLPerfLogHook
-from .nan import NanLossHook
+from .nan import NanLossHook, RollbackRequest
 from .preemption import PreemptionHook
 from .profiler import ProfilerHook
 from .progress import ProgressBarHook
@@ -59,6 +59,7 @@ __all__ = [
     "PreemptionHook",
     "ProfilerHook",
     "ProgressBarHook",
+    "RollbackRequest",
     "RunContext",
     "StepCounterHook",
     "StopAtStepHook",

@@ -67,6 +67,8 @@ class RunContext:
     stop_reason: str = ""
     last_checkpoint: Location | None = None  # a UrlPath when model_dir is an fsspec URL
     last_checkpoint_step: int | None = None
+    # Rollbacks this run took so far (NanLossHook(on_nan="rollback")), resumes included.
+    rollbacks: int = 0
     # Set by a hook that wants the process to exit once training has shut down cleanly.
     exit_code: int | None = None
     # Values hooks share within one loop boundary (e.g. rates from the step counter).

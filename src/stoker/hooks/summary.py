@@ -58,7 +58,7 @@ class SummaryHook(IntervalHook):
         if self._writer is None or not interval.loss_n:
             return
         scalars = {"loss": interval.loss_sum / interval.loss_n, **interval.means()}
-        for key in ("steps_per_sec", "examples_per_sec", "input_wait_fraction", "bad_examples_skipped"):
+        for key in ("steps_per_sec", "examples_per_sec", "input_wait_fraction", "bad_examples_skipped", "rollbacks"):
             if key in run.logs:
                 scalars[key] = run.logs[key]
         self._writer.write(run.global_step, scalars)
