@@ -12,6 +12,7 @@ import argparse
 import importlib
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from ._version import __version__
 
@@ -33,9 +34,22 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+class CommandParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage error is the one line that matters and where to read
+    more (``see stoker bench --help``), not the whole usage; exit status 2. Subcommands'
+    parsers are of this class too (argparse gives them their parent's)."""
+
+    #: the command whose ``--help`` the hint names (``stoker`` sets it to the command given)
+    help_hint: str | None = None
+
+    def error(self, message: str) -> NoReturn:
+        hint = self.help_hint or self.prog
+        self.exit(2, f"{self.prog}: error: {message}\nsee {hint} --help\n")
+
+
+def build_parser(command: str | None = None) -> CommandParser:
     """The ``stoker`` parser; ``command``'s subparser in full, the others as one-line stubs."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="stoker",
         description="stoker: a PyTorch-native Estimator. Train, evaluate, predict and benchmark models; "
         "resume killed runs exactly.",
@@ -71,6 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in given if not a.startswith("-")), None)
     parser = build_parser(command)
+    if command in COMMANDS:
+        parser.help_hint = f"stoker {command}"  # an unknown flag is the top parser's error: name the command
     args = parser.parse_args(given)
     args.argv = given  # the command line as given: `stoker bench --num_gpus` relaunches it per replica
     if not getattr(args, "func", None):

@@ -119,7 +119,10 @@ def test_device_loops_give_per_loop_lines(capsys: pytest.CaptureFixture[str]) ->
     [
         (["--forward_only", "--eval", "--train_dir=x"], ["--forward_only", "--eval"]),
         (["--use_fp16", "--precision=bf16"], ["--use_fp16", "--precision=bf16"]),
-        (["--optimizer=adagrad"], ["--optimizer", "'sgd', 'momentum', 'rmsprop', 'adam'"]),
+        (
+            ["--optimizer=adagrad"],
+            ["--optimizer='adagrad' is not allowed; allowed values: sgd, momentum, rmsprop, adam"],
+        ),
     ],
 )
 def test_contradictory_and_bad_flags_exit_2_via_subprocess(args: list[str], named: list[str]) -> None:
@@ -199,6 +202,20 @@ def test_version_help_and_info_still_work(capsys: pytest.CaptureFixture[str]) ->
     assert code == 0 and "--num_warmup_batches" in out and "--variable_update" in out
     code, out, _ = run_main(capsys, "info")
     assert code == 0 and "torch" in out
+
+
+@pytest.mark.parametrize("argv", [["bench"], ["train", "charlm"], ["train", "bert"]])
+def test_help_states_each_default_once(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    code, out, _ = run_main(capsys, *argv, "--help")
+    text = " ".join(out.split())
+    assert code == 0 and "(default: None)" not in text and "==SUPPRESS==" not in text
+    assert "default: (default" not in text and "(default: all of the held-out data) (default" not in text
+    if argv == ["bench"]:  # one line of usage, and the defaults the issue named explained
+        assert out.splitlines()[0] == "usage: stoker bench [--flag=value ...]"
+        assert "batch size per device; default: 0: the model's default batch size" in text
+        assert "initial learning rate; default: the model's rate or schedule" in text
+        assert "TFRecord shards" in text and "cannot" not in text.split("--data_dir")[1][:300]
+        assert "fastest of three kernels" in text and "2048" not in text
 
 
 def test_list_models_prints_every_model_with_params_and_gflops(capsys: pytest.CaptureFixture[str]) -> None:

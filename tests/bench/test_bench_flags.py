@@ -21,8 +21,8 @@ from helpers.cli import run_main
 from helpers.paths import ROOT
 from helpers.processes import PYTHON, python_env, run_process
 from stoker.bench.cli import config_from_args
-from stoker.bench.config import BenchConfig
-from stoker.bench.flags import BY_NAME, NOTED, TABLE
+from stoker.bench.config import BenchConfig, BenchFlagError
+from stoker.bench.flags import BY_NAME, COMMAND_ONLY, NOTED, all_flags
 from stoker.cli import build_parser
 
 SEED_FLAGS = Path(__file__).with_name("data") / "tf_cnn_benchmarks_flags.txt"
@@ -66,7 +66,69 @@ def test_every_seed_flag_is_implemented_or_noted() -> None:
         if f"--{name}" not in options or implemented == noted:  # neither, or both
             unaccounted.append(name)
     assert unaccounted == []
-    assert {f.name for f in TABLE} <= set(names)  # the table holds nothing of its own
+    assert {f.name for f in NOTED} <= set(names)  # the noted table holds nothing of its own
+
+
+def test_the_parser_holds_exactly_the_declared_flags() -> None:
+    declared = all_flags(BenchConfig)
+    names = [f.name for f in declared]
+    assert len(names) == len(set(names))
+    options = {o for a in bench_parser()._actions for o in a.option_strings} - {"-h", "--help"}
+    negations = {f"--no{f.name}" for f in declared if f.kind in ("bool", "compile")}
+    assert options == {f"--{n}" for n in names} | negations
+    # every field but the record of noted flags is a flag; every default is stated or explained
+    assert {f.name for f in dataclasses.fields(BenchConfig)} - set(names) == {"noted_flags"}
+    assert [f.name for f in declared if f.implemented and f.default is None and not f.default_text] == []
+    assert [f.name for f in declared if "|" in f.help + (f.default_text or "") + (f.note or "")] == []
+
+
+def test_a_new_field_appears_in_the_parser_the_help_and_the_docs_list() -> None:
+    """The parser, --help and the docs' list are made from the declarations: a field declared
+    with ``option`` is a flag everywhere, with its default and checks."""
+    from stoker.bench.cli import add_parser
+    from stoker.bench.flags import MORE, add_flags, markdown_tables, option
+
+    @dataclasses.dataclass(kw_only=True)
+    class Extended(BenchConfig):
+        frobnicate: int = option(3, "frobnicate N times", group=MORE, minimum=1)
+
+    flags = all_flags(Extended)
+    assert "| `--frobnicate` | 3 | frobnicate N times |" in markdown_tables(flags)
+    parser = argparse.ArgumentParser(prog="x")
+    add_flags(parser, flags)
+    assert "frobnicate N times; default: 3" in " ".join(parser.format_help().split())
+    assert vars(parser.parse_args(["--frobnicate=5"]))["frobnicate"] == 5
+    assert "frobnicate" not in vars(parser.parse_args([]))  # not given: the dataclass default
+    with pytest.raises(BenchFlagError, match=r"--frobnicate must be an integer >= 1; got 0"):
+        Extended(frobnicate=0)
+    assert add_parser  # the real parser is built the same way (test above)
+
+
+def test_the_docs_flag_lists_are_the_declarations() -> None:
+    """docs/bench.md's flag lists are ``markdown_tables`` of the declarations, between markers;
+    regenerate them with ``python docs/_ext/bench_flags.py``."""
+    from stoker.bench.flags import markdown_tables
+
+    page = (ROOT / "docs" / "bench.md").read_text()
+    begin, end = "<!-- flags:begin (python docs/_ext/bench_flags.py) -->\n", "<!-- flags:end -->"
+    assert (
+        page[page.index(begin) + len(begin) : page.index(end)].strip()
+        == markdown_tables(all_flags(BenchConfig)).strip()
+    )
+
+
+def test_a_usage_error_is_one_line_and_the_hint(capsys: pytest.CaptureFixture[str]) -> None:
+    for bad, line in (
+        ("--batch_size=x", "stoker bench: error: argument --batch_size: invalid int value: 'x'"),
+        (
+            "--optimizer=foo",
+            "stoker bench: error: --optimizer='foo' is not allowed; allowed values: sgd, momentum, rmsprop, adam",
+        ),
+        ("--bogus", "stoker: error: unrecognized arguments: --bogus"),
+    ):
+        code, out, err = run_main(capsys, *TINY, bad)
+        assert code == 2 and out == ""
+        assert err.splitlines() == [line, "see stoker bench --help"]
 
 
 def test_noted_flags_are_reported_once_each_in_the_header(capsys: pytest.CaptureFixture[str]) -> None:
@@ -198,9 +260,9 @@ def test_combinations_tf_cnn_benchmarks_ignores_run_with_a_note(capsys: pytest.C
     ]
 
 
-def test_noted_flags_are_not_fields() -> None:
+def test_noted_and_command_only_flags_are_not_fields() -> None:
     fields = {f.name for f in dataclasses.fields(BenchConfig)}
-    assert not {f.name for f in NOTED} & fields
+    assert not {f.name for f in NOTED + COMMAND_ONLY} & fields
 
 
 # ---------------------------------------------------------------------------- behaviour

@@ -1,11 +1,12 @@
-"""``BenchConfig``: every setting of one ``stoker bench`` run, validated once.
+"""``BenchConfig``: every setting of one ``stoker bench`` run, each declared once, validated once.
 
 Field names are tf_cnn_benchmarks' flag names, so ``--batch_size=32`` becomes
-``BenchConfig(batch_size=32)``. ``__post_init__`` checks values (tables of flags by kind, below
-the class) and combinations (one function per topic) and raises
-:class:`BenchFlagError`, which names the flags involved (the command line turns it into an
-argparse error, exit status 2). Checks that need the model registry, the data folder or the
-devices live in :func:`stoker.bench.workload.resolve_workload`.
+``BenchConfig(batch_size=32)``. Each field is declared with :func:`~stoker.bench.flags.option`:
+its default, help, ``--help`` group, allowed values and range, from which the parser,
+``--help`` and docs/bench.md's flag lists are made (:mod:`stoker.bench.flags` says why this
+shape). ``__post_init__`` checks every value against its declaration and then the combinations
+(:func:`stoker.bench.checks.validate`), raising :class:`BenchFlagError`, which names the flags
+(the command line prints it and exits with status 2).
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from typing import Any
 
 from ..kernels.linear import FAST_LINEAR_MODES
 from ..kernels.sgd_in_backward import SGD_IN_BACKWARD_MODES
+from .checks import EVAL_DURING_TRAINING_FLAGS, parse_piecewise_schedule, validate
 from .errors import BenchFlagError
-from .errors import fail as _fail
-from .tf_checks import EVAL_DURING_TRAINING_FLAGS, check_tf_flags
+from .flags import AMOUNT, EVALUATION, INFERENCE, INPUT, MORE, OPTIMIZER, OUTPUTS, RUN, WHERE, field_flags, option
 
 DATA_NAMES: tuple[str, ...] = ("imagenet", "cifar10", "movielens", "librispeech", "coco")
 DATA_FORMATS: tuple[str, ...] = ("NCHW", "NHWC")
@@ -27,7 +28,6 @@ PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
 OPTIMIZERS: tuple[str, ...] = ("sgd", "momentum", "rmsprop", "adam")
 VARIABLE_UPDATES: tuple[str, ...] = ("independent", "replicated", "sharded", "parameter_server")
 RUN_MODES: tuple[str, ...] = ("training", "inference")
-_MULTI_PROCESS_UPDATES = ("distributed_replicated", "distributed_all_reduce", "collective_all_reduce", "horovod")
 
 # tf_cnn_benchmarks' BenchmarkMode values, printed on the ``Mode:`` line.
 MODE_TRAIN = "training"
@@ -45,7 +45,8 @@ DEFAULT_INFERENCE_ITERATIONS = 100
 
 @dataclass(kw_only=True)
 class BenchConfig:
-    """Settings of a benchmark run (see ``docs/bench.md`` for each flag).
+    """Settings of a benchmark run: one field per flag, declared with its help (``--help`` and
+    docs/bench.md are made from these declarations; see :mod:`stoker.bench.flags`).
 
     ``None`` means "not given" where the default depends on other settings (``num_batches``,
     ``init_learning_rate``, the fp16 flags, the inference flags), so that a flag given in the
@@ -53,126 +54,359 @@ class BenchConfig:
     """
 
     # what to run
-    model: str = "trivial"
-    data_name: str | None = None
-    data_dir: str | None = None
-    mode: str = "training"
-    forward_only: bool = False
-    eval: bool = False
+    model: str = option("trivial", "zoo model name (--list_models)", group=RUN)
+    data_name: str | None = option(
+        None,
+        "the data set; movielens, librispeech and coco are synthetic only",
+        group=RUN,
+        choices=DATA_NAMES,
+        default_text="the only one --model exists for, else guessed from --data_dir, else imagenet",
+    )
+    data_dir: str | None = option(
+        None,
+        "real data: tf_cnn_benchmarks' ImageNet TFRecord shards (train-*-of-*, evaluation from "
+        "validation-*-of-*), an image folder (root/<class>/<image>) or CIFAR-10 binaries",
+        group=RUN,
+        default_text="none: synthetic data",
+    )
+    mode: str = option("training", "training (tf_cnn_benchmarks) or inference (latency)", group=RUN, choices=RUN_MODES)
+    forward_only: bool = option(False, "time the forward pass only", group=RUN)
+    eval: bool = option(False, "evaluate the newest checkpoint in --train_dir", group=RUN)
     # how much
-    batch_size: int = DEFAULT_BATCH_SIZE
-    num_batches: int | None = None
-    num_epochs: float | None = None
-    num_eval_batches: int | None = None
-    num_warmup_batches: int = 10
-    display_every: int = 10
-    iterations_per_loop: int = 1
+    batch_size: int = option(
+        DEFAULT_BATCH_SIZE,
+        "batch size per device",
+        group=AMOUNT,
+        minimum=0,
+        default_text="0: the model's default batch size (docs/bench.md, Per-model defaults)",
+    )
+    num_batches: int | None = option(
+        None, "timed batches", group=AMOUNT, minimum=1, default_text=f"{DEFAULT_NUM_BATCHES}"
+    )
+    num_epochs: float | None = option(
+        None, "timed epochs instead of --num_batches", group=AMOUNT, above=0, default_text="none: --num_batches"
+    )
+    num_eval_batches: int | None = option(
+        None, "batches per evaluation", group=AMOUNT, minimum=1, default_text="--num_batches"
+    )
+    num_warmup_batches: int = option(10, "untimed batches first", group=AMOUNT, minimum=0)
+    display_every: int = option(10, "print progress every N steps", group=AMOUNT, minimum=1)
+    iterations_per_loop: int = option(
+        1, "steps per host round trip; 1 times every step, N > 1 times loops of N steps", group=AMOUNT, minimum=1
+    )
     # where and how
-    num_gpus: int = 1  # local replicas (bench.launch); under torchrun, WORLD_SIZE or 1
-    device: str = "auto"
-    data_format: str | None = None  # None: per model and device (workload.default_data_format)
-    precision: str = "fp32"
-    fp16_loss_scale: float | None = None
-    fp16_enable_auto_loss_scale: bool = False
-    fp16_inc_loss_scale_every_n: int | None = None
-    variable_update: str = "replicated"
-    compile: bool | str = False  # True/"module": the model; "step": the whole training step
-    cuda_graph: bool = False  # replay the training step as a captured CUDA graph (CUDA only)
-    decode_on_device: bool = False  # real JPEG data decoded by nvJPEG on the GPU (CUDA only)
-    image_decoder: str = "auto"  # the CPU JPEG decoder of real data: auto, libjpeg-crop, simplejpeg or pillow
-    data_worker_kind: str = "auto"  # real data decoded by threads or worker processes (auto: threads with libjpeg-crop)
-    fast_linear: str = "auto"  # nn.Linear on oneDNN where it measured faster here (stoker.kernels.linear)
-    sgd_in_backward: str = "auto"  # plain SGD inside the fast linears' weight-gradient product, where allowed
-    tf_random_seed: int = 1234
-    num_intra_threads: int | None = None
-    num_inter_threads: int | None = None
-    keep_host_memory: bool = True
+    num_gpus: int = option(
+        1,
+        "replicas on this machine (one per CUDA device, or CPU processes sharing the cores), launched as "
+        "torchrun --nproc_per_node=N would (under torchrun: WORLD_SIZE)",
+        group=WHERE,
+        minimum=1,
+    )
+    device: str = option(
+        "auto", "cpu, cuda (or gpu), or auto (CUDA when torch sees it)", group=WHERE, choices=DEVICES, case="lower"
+    )
+    data_format: str | None = option(
+        None,
+        "NCHW, or NHWC (the channels_last memory format)",
+        group=WHERE,
+        choices=DATA_FORMATS,
+        case="upper",
+        default_text="NHWC for image models (but the few measured faster in NCHW on a CPU), NCHW for the "
+        "others; the header's Defaults: line says which",
+    )
+    precision: str = option(
+        "fp32", "fp32, bf16 or fp16 (autocast; fp32 master weights)", group=WHERE, choices=PRECISIONS
+    )
+    fp16_loss_scale: float | None = option(
+        None,
+        "fp16 loss scale (static, or the initial dynamic scale)",
+        group=WHERE,
+        above=0,
+        default_text=f"{DEFAULT_FP16_LOSS_SCALE:g}",
+    )
+    fp16_enable_auto_loss_scale: bool = option(False, "dynamic fp16 loss scaling", group=WHERE)
+    fp16_inc_loss_scale_every_n: int | None = option(
+        None, "double the dynamic loss scale after N good steps", group=WHERE, minimum=1, default_text="1000"
+    )
+    variable_update: str = option(
+        "replicated",
+        "replicated (DDP), sharded (FSDP2), independent, or parameter_server (runs as replicated)",
+        group=WHERE,
+        choices=VARIABLE_UPDATES,
+    )
+    compile: bool | str = option(
+        False, "true or module: torch.compile the model; step: compile the whole training step", group=WHERE
+    )
+    cuda_graph: bool = option(
+        False, "CUDA only: capture the training step once as a CUDA graph and replay it", group=WHERE
+    )
+    fast_linear: str = option(
+        "auto",
+        "CPU: nn.Linear on oneDNN's inner product: auto (per layer shape, where it measured >= 5% faster than "
+        "the BLAS here; cached per machine), on, or off (the BLAS)",
+        group=WHERE,
+        choices=FAST_LINEAR_MODES,
+    )
+    sgd_in_backward: str = option(
+        "auto",
+        "CPU, --optimizer=sgd: apply the update inside the fast linear layers' weight-gradient product (no "
+        "gradient written): auto (where the run allows it), on (an error says what stands in the way) or off",
+        group=WHERE,
+        choices=SGD_IN_BACKWARD_MODES,
+    )
+    tf_random_seed: int = option(1234, "seed of the weights and the synthetic data", group=WHERE)
+    num_intra_threads: int | None = option(
+        None,
+        "torch intra-op threads",
+        group=WHERE,
+        minimum=1,
+        default_text="the cores idle just before the run (1 where the input is the work: the header says so)",
+    )
+    num_inter_threads: int | None = option(
+        None, "torch inter-op threads", group=WHERE, minimum=1, default_text="torch's"
+    )
+    keep_host_memory: bool = option(
+        True,
+        "keep freed host memory for reuse instead of returning it to the OS every step (glibc; resnet50 on "
+        "CPU: 1.5x faster, peak memory kept)",
+        group=WHERE,
+    )
+    # real data
+    decode_on_device: bool = option(
+        False,
+        "CUDA only, JPEG data: decode batches with nvJPEG on the GPU (needs torchvision) and crop there",
+        group=INPUT,
+    )
+    image_decoder: str = option(
+        "auto",
+        "JPEG decoder on the CPU: auto (libjpeg-crop, the crop window only, where it builds; else simplejpeg "
+        "if installed; else Pillow), libjpeg-crop, simplejpeg or pillow",
+        group=INPUT,
+        choices=("auto", "libjpeg-crop", "simplejpeg", "pillow"),
+    )
+    data_worker_kind: str = option(
+        "auto",
+        "what decodes real data beside the training step: threads of this process or worker processes (auto: "
+        "threads with libjpeg-crop, up to 4, training on a CPU; else processes; the header says which and why)",
+        group=INPUT,
+        choices=("auto", "thread", "process"),
+    )
     # optimizer and learning rate
-    optimizer: str = "sgd"
-    init_learning_rate: float | None = None
-    piecewise_learning_rate_schedule: str | None = None
-    num_epochs_per_decay: float = 0.0
-    learning_rate_decay_factor: float = 0.0
-    num_learning_rate_warmup_epochs: float = 0.0
-    minimum_learning_rate: float = 0.0
-    momentum: float = 0.9
-    rmsprop_decay: float = 0.9
-    rmsprop_momentum: float = 0.9
-    rmsprop_epsilon: float = 1.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_epsilon: float = 1e-8
-    weight_decay: float = 4e-5
-    gradient_clip: float | None = None
+    optimizer: str = option("sgd", "sgd, momentum (Nesterov), rmsprop or adam", group=OPTIMIZER, choices=OPTIMIZERS)
+    init_learning_rate: float | None = option(
+        None,
+        "initial learning rate",
+        group=OPTIMIZER,
+        above=0,
+        default_text="the model's rate or schedule (docs/bench.md, Per-model defaults; the header's Defaults: "
+        "line says which)",
+    )
+    piecewise_learning_rate_schedule: str | None = option(
+        None, "LR0;E1;LR1;...;En;LRn: rate LRi from epoch Ei", group=OPTIMIZER, default_text="none"
+    )
+    num_epochs_per_decay: float = option(
+        0.0,
+        "epochs between decays (with --learning_rate_decay_factor)",
+        group=OPTIMIZER,
+        minimum=0,
+        default_text="0: no decay",
+    )
+    learning_rate_decay_factor: float = option(
+        0.0, "decay factor every --num_epochs_per_decay", group=OPTIMIZER, minimum=0, default_text="0: no decay"
+    )
+    num_learning_rate_warmup_epochs: float = option(0.0, "linear warm-up from 0", group=OPTIMIZER, minimum=0)
+    minimum_learning_rate: float = option(0.0, "floor of the decayed rate", group=OPTIMIZER, minimum=0)
+    momentum: float = option(0.9, "momentum", group=OPTIMIZER, minimum=0)
+    rmsprop_decay: float = option(0.9, "RMSProp decay", group=OPTIMIZER, minimum=0)
+    rmsprop_momentum: float = option(0.9, "RMSProp momentum", group=OPTIMIZER, minimum=0)
+    rmsprop_epsilon: float = option(1.0, "RMSProp epsilon", group=OPTIMIZER, minimum=0)
+    adam_beta1: float = option(0.9, "Adam beta1", group=OPTIMIZER, minimum=0)
+    adam_beta2: float = option(0.999, "Adam beta2", group=OPTIMIZER, minimum=0)
+    adam_epsilon: float = option(1e-8, "Adam epsilon", group=OPTIMIZER, minimum=0)
+    weight_decay: float = option(4e-5, "L2 factor", group=OPTIMIZER, minimum=0)
+    gradient_clip: float | None = option(
+        None, "clip each gradient element to [-c, c]", group=OPTIMIZER, above=0, default_text="none"
+    )
     # evaluation during training
-    eval_interval_secs: float = 0.0  # --eval: > 0 watches --train_dir and evaluates each new checkpoint
-    eval_during_training_every_n_steps: int | None = None
-    stop_at_top_1_accuracy: float | None = None
-    print_training_accuracy: bool = False
+    eval_interval_secs: float = option(
+        0.0,
+        "with --eval: look for new checkpoints in --train_dir every N seconds and evaluate the newest (older "
+        "pending ones are recorded as superseded), beside the training process, until training has finished",
+        group=EVALUATION,
+        minimum=0,
+        default_text="0: evaluate the newest once",
+    )
+    eval_during_training_every_n_steps: int | None = option(
+        None, "evaluate every N timed steps", group=EVALUATION, minimum=1, default_text="none"
+    )
+    stop_at_top_1_accuracy: float | None = option(
+        None,
+        "stop once an evaluation reaches this top-1",
+        group=EVALUATION,
+        above=0,
+        maximum=1,
+        default_text="none",
+    )
+    print_training_accuracy: bool = option(False, "print the training batch's top-1 / top-5", group=EVALUATION)
     # checkpoints, traces, results
-    train_dir: str | None = None
-    save_model_steps: int | None = None
-    save_model_secs: float | None = None
-    max_ckpts_to_keep: int = 5
-    trace_file: str | None = None
-    results_file: str | None = None
-    peak_tflops: float | None = None
+    train_dir: str | None = option(
+        None,
+        "checkpoints; rerunning the same command resumes from the newest",
+        group=OUTPUTS,
+        default_text="none: no checkpoints",
+    )
+    save_model_steps: int | None = option(
+        None, "checkpoint every N steps", group=OUTPUTS, minimum=1, default_text="only at the end"
+    )
+    save_model_secs: float | None = option(
+        None, "checkpoint every N seconds", group=OUTPUTS, above=0, default_text="only at the end"
+    )
+    max_ckpts_to_keep: int = option(5, "checkpoints kept (0 keeps all)", group=OUTPUTS, minimum=0)
+    trace_file: str | None = option(None, "Chrome trace of one warm-up step", group=OUTPUTS, default_text="none")
+    results_file: str | None = option(
+        None, "write the results: .json (replaced) or .csv (a row appended)", group=OUTPUTS, default_text="none"
+    )
+    peak_tflops: float | None = option(
+        None,
+        "one device's peak TFLOP/s for MFU",
+        group=OUTPUTS,
+        above=0,
+        default_text="measured: the fastest of three kernels in the compute dtype (the BLAS gemm, oneDNN's "
+        "linear, a channels_last 3x3 convolution; cuDNN on CUDA), measured once per machine and cached",
+    )
     # inference latency benchmark
-    num_inference_threads: int | None = None
-    iterations: int | None = None
-    exported: str | None = None
-    # tf_cnn_benchmarks' other flags (bench/flags.py's implemented rows)
-    eval_batch_size: int = 0
-    num_eval_epochs: float | None = None
-    eval_during_training_every_n_epochs: float | None = None
-    eval_during_training_at_specified_steps: tuple[int, ...] = ()
-    eval_during_training_at_specified_epochs: tuple[float, ...] = ()
-    batch_group_size: int = 1
-    display_perf_ewma: float | None = None
-    distortions: bool = False
-    resize_method: str = "bilinear"
-    use_datasets: bool = True
-    datasets_use_prefetch: bool = True
-    datasets_prefetch_buffer_size: int = 1
-    datasets_num_private_threads: int | None = None
-    datasets_repeat_cached_sample: bool = False
-    gradient_repacking: int = 0
-    xla: bool = False
-    xla_compile: bool = False
-    fp16_vars: bool = False
-    summary_verbosity: int = 0
-    save_summaries_steps: int = 0
-    ml_perf: bool = False
-    loss_type_to_report: str = "total_loss"
-    benchmark_log_dir: str | None = None
-    benchmark_test_id: str | None = None
-    gpu_indices: str = ""
-    gpu_memory_frac_for_testing: float = 0.0
-    resnet_base_lr: float | None = None
+    num_inference_threads: int | None = option(
+        None, "threads calling the model", group=INFERENCE, minimum=1, default_text="1"
+    )
+    iterations: int | None = option(
+        None, "calls per thread", group=INFERENCE, minimum=1, default_text=f"{DEFAULT_INFERENCE_ITERATIONS}"
+    )
+    exported: str | None = option(
+        None,
+        "a directory written by `stoker export` (or Estimator.export) to benchmark instead of the zoo model; "
+        "DIR/model.aoti.pt2 for its AOT package (stoker export --aot)",
+        group=INFERENCE,
+        default_text="none: the zoo model",
+    )
+    # tf_cnn_benchmarks' other flags
+    eval_batch_size: int = option(
+        0, "evaluation batch size per device", group=MORE, minimum=0, default_text="0: --batch_size"
+    )
+    num_eval_epochs: float | None = option(
+        None,
+        "epochs of evaluation data per evaluation, instead of --num_eval_batches",
+        group=MORE,
+        above=0,
+        default_text="none",
+    )
+    eval_during_training_every_n_epochs: float | None = option(
+        None, "evaluate every N epochs of training", group=MORE, above=0, default_text="none"
+    )
+    eval_during_training_at_specified_steps: tuple[int, ...] = option(
+        (), "evaluate at these timed steps (comma-separated)", group=MORE, minimum=1, default_text="none"
+    )
+    eval_during_training_at_specified_epochs: tuple[float, ...] = option(
+        (), "evaluate at these epochs (comma-separated)", group=MORE, above=0, default_text="none"
+    )
+    batch_group_size: int = option(
+        1, "batches the input pipeline prepares per group (the infeed's prefetch depth)", group=INPUT, minimum=1
+    )
+    display_perf_ewma: float | None = option(
+        None,
+        "progress lines show an exponentially weighted moving average of images/sec with this weight on the "
+        "newest step (0 < w <= 1)",
+        group=MORE,
+        above=0,
+        maximum=1,
+        default_text="none: the mean",
+    )
+    distortions: bool = option(
+        False,
+        "tf_cnn's colour distortions on top of its random crop and flip (TF 2's tf_cnn: crop and flip only)",
+        group=INPUT,
+    )
+    resize_method: str = option(
+        "bilinear",
+        "resizing of real images",
+        group=INPUT,
+        choices=("bilinear", "nearest", "bicubic", "area", "round_robin", "crop"),
+    )
+    use_datasets: bool = option(True, "decode real data in workers (false: in the training process)", group=INPUT)
+    datasets_use_prefetch: bool = option(True, "prepare batches ahead in the infeed's thread", group=INPUT)
+    datasets_prefetch_buffer_size: int = option(1, "batches prepared ahead per device", group=INPUT, minimum=0)
+    datasets_num_private_threads: int | None = option(
+        None,
+        "workers decoding real data (--data_worker_kind says of which kind)",
+        group=INPUT,
+        minimum=0,
+        default_text="one per usable core, fewer where the header says why",
+    )
+    datasets_repeat_cached_sample: bool = option(
+        False, "read one batch of the real data and repeat it forever", group=INPUT
+    )
+    gradient_repacking: int = option(
+        0,
+        "all-reduce the gradients in N DDP buckets of equal size",
+        group=MORE,
+        minimum=0,
+        default_text="0: DDP's 25 MB buckets",
+    )
+    xla: bool = option(False, "torch.compile the model (TensorFlow: XLA auto-jit)", group=MORE)
+    xla_compile: bool = option(
+        False, "torch.compile the whole training step (TensorFlow: compile the graph with XLA)", group=MORE
+    )
+    fp16_vars: bool = option(False, "with fp16, keep the weights in fp16 too (no fp32 master copy)", group=MORE)
+    summary_verbosity: int = option(
+        0,
+        "TensorBoard summaries in --train_dir: 1 scalars (loss, learning rate, images/sec), 2 also histograms of "
+        "the weights, 3 also of the gradients",
+        group=MORE,
+        choices=(0, 1, 2, 3),
+        default_text="0: none",
+    )
+    save_summaries_steps: int = option(
+        0, "write summaries every N steps", group=MORE, minimum=0, default_text="0: every --display_every"
+    )
+    ml_perf: bool = option(False, "MLPerf :::MLLOG lines (to --train_dir/mlperf.log, else standard output)", group=MORE)
+    loss_type_to_report: str = option(
+        "total_loss",
+        "total_loss (with the L2 term) or base_loss (without)",
+        group=MORE,
+        choices=("total_loss", "base_loss"),
+    )
+    benchmark_log_dir: str | None = option(
+        None,
+        "write benchmark_run.log and metric.log (JSON lines) into this folder",
+        group=OUTPUTS,
+        default_text="none",
+    )
+    benchmark_test_id: str | None = option(
+        None,
+        "a test id recorded in --benchmark_log_dir's files and the results file",
+        group=OUTPUTS,
+        default_text="none",
+    )
+    gpu_indices: str = option("", "CUDA device of each replica, comma-separated", group=WHERE, default_text="0..N-1")
+    gpu_memory_frac_for_testing: float = option(
+        0.0,
+        "CUDA: cap this process's memory at this fraction (torch.cuda.set_per_process_memory_fraction)",
+        group=MORE,
+        minimum=0,
+        maximum=1,
+        default_text="0: no cap",
+    )
+    resnet_base_lr: float | None = option(
+        None,
+        "ResNet models: the learning rate at batch 256, scaled with the batch",
+        group=OPTIMIZER,
+        above=0,
+        default_text="0.128",
+    )
     #: noted flags that were given, as (name, value): each prints a ``Note:`` line (flags.py)
     noted_flags: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
-        if not (isinstance(self.compile, bool) or self.compile in ("none", "module", "step")):
-            raise _fail(
-                f"--compile={self.compile!r} is not allowed; allowed values: true, false, module, step", "compile"
-            )
-        check_tf_flags(self)
-        if self.decode_on_device and self.device == "cpu":
-            raise _fail(
-                "--decode_on_device needs a CUDA device; --device=cpu (use --device=cuda or drop --decode_on_device)",
-                "decode_on_device",
-                "device",
-            )
-        if self.cuda_graph and self.device == "cpu":
-            raise _fail(
-                "--cuda_graph needs a CUDA device; --device=cpu (use --device=cuda or drop --cuda_graph)",
-                "cuda_graph",
-                "device",
-            )
-        _check_values(self)
-        _check_combinations(self)
-        _check_learning_rate(self)
+        validate(self, field_flags(type(self)))
 
     # ------------------------------------------------------------------ derived
     @property
@@ -221,313 +455,6 @@ class BenchConfig:
 
     def to_dict(self) -> dict[str, object]:
         return dataclasses.asdict(self)
-
-
-# ---------------------------------------------------------------------- validation
-# A new flag usually needs only its field above and, if it is checked on its own, an entry in
-# one of these tables; the functions below hold the checks that involve several flags.
-
-#: Flags whose value must be one of a list (checked in this order).
-_CHOICES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("data_format", DATA_FORMATS),
-    ("device", DEVICES),
-    ("precision", PRECISIONS),
-    ("optimizer", OPTIMIZERS),
-    ("variable_update", VARIABLE_UPDATES),
-    ("mode", RUN_MODES),
-    ("fast_linear", FAST_LINEAR_MODES),
-    ("sgd_in_backward", SGD_IN_BACKWARD_MODES),
-)
-#: Of those, the ones that may be left out (None: a default chosen later).
-_OPTIONAL_CHOICES: tuple[str, ...] = ("data_format",)
-#: Integer flags that always have a value, and their minimum.
-_INTS: tuple[tuple[str, int], ...] = (
-    ("batch_size", 0),
-    ("num_gpus", 1),
-    ("display_every", 1),
-    ("iterations_per_loop", 1),
-    ("max_ckpts_to_keep", 0),
-    ("num_warmup_batches", 0),
-)
-#: Integer flags that may be left out (None); given, they are >= 1.
-_OPTIONAL_POSITIVE_INTS: tuple[str, ...] = (
-    "num_batches",
-    "num_eval_batches",
-    "eval_during_training_every_n_steps",
-    "save_model_steps",
-    "fp16_inc_loss_scale_every_n",
-    "num_inference_threads",
-    "iterations",
-    "num_intra_threads",
-    "num_inter_threads",
-)
-#: Number flags that may be left out (None); given, they are > 0.
-_OPTIONAL_POSITIVE: tuple[str, ...] = (
-    "num_epochs",
-    "fp16_loss_scale",
-    "gradient_clip",
-    "save_model_secs",
-    "peak_tflops",
-    "init_learning_rate",
-)
-#: Number flags that are >= 0.
-_NON_NEGATIVE: tuple[str, ...] = (
-    "num_epochs_per_decay",
-    "learning_rate_decay_factor",
-    "num_learning_rate_warmup_epochs",
-    "minimum_learning_rate",
-    "eval_interval_secs",
-    "weight_decay",
-    "momentum",
-    "rmsprop_decay",
-    "rmsprop_momentum",
-    "rmsprop_epsilon",
-    "adam_beta1",
-    "adam_beta2",
-    "adam_epsilon",
-)
-#: What --mode=inference refuses: switches, and flags that are None unless given.
-_TRAINING_SWITCHES: tuple[str, ...] = ("eval", "forward_only", "print_training_accuracy")
-_TRAINING_ONLY: tuple[str, ...] = (
-    "eval_during_training_every_n_steps",
-    "num_batches",
-    "num_epochs",
-    "save_model_steps",
-    "save_model_secs",
-    "trace_file",
-)
-#: What only --mode=inference takes.
-_INFERENCE_ONLY: tuple[str, ...] = ("num_inference_threads", "iterations", "exported")
-
-
-def parse_piecewise_schedule(text: str) -> tuple[list[int], list[float]]:
-    """``"LR0;E1;LR1;...;En;LRn"`` -> (epoch boundaries ``[E1..En]``, rates ``[LR0..LRn]``)."""
-    pieces = [p.strip() for p in text.split(";")]
-    if len(pieces) % 2 == 0:
-        raise ValueError(f"{text!r} must have an odd number of ';'-separated parts (LR0;E1;LR1;...;En;LRn)")
-    rates: list[float] = []
-    epochs: list[int] = []
-    for i, piece in enumerate(pieces):
-        try:
-            if i % 2 == 0:
-                rates.append(float(piece))
-            else:
-                epochs.append(int(piece))
-        except ValueError:
-            what = "learning rate" if i % 2 == 0 else "epoch (an integer)"
-            raise ValueError(f"invalid {what} {piece!r} in {text!r}") from None
-    if any(b <= a for a, b in zip(epochs, epochs[1:], strict=False)):
-        raise ValueError(f"the epochs of {text!r} must increase")
-    return epochs, rates
-
-
-def _check_values(cfg: BenchConfig) -> None:
-    """Each flag on its own: allowed values, integers, signs and ranges."""
-    for name, allowed in _CHOICES:
-        value = getattr(cfg, name)
-        if value is None and name in _OPTIONAL_CHOICES:
-            continue
-        if value not in allowed:
-            hint = ""
-            if name == "variable_update" and value in _MULTI_PROCESS_UPDATES:
-                hint = (
-                    " (a TensorFlow cross-machine mode: stoker runs replicas as processes, with --num_gpus=N or "
-                    "under torchrun, and --variable_update=replicated or sharded)"
-                )
-            raise _fail(f"--{name}={value!r} is not allowed{hint}; allowed values: {', '.join(allowed)}", name)
-    if cfg.data_name is not None and cfg.data_name not in DATA_NAMES:
-        raise _fail(
-            f"--data_name={cfg.data_name!r} is not allowed; allowed values: {', '.join(DATA_NAMES)}", "data_name"
-        )
-    for name, minimum in _INTS:
-        _require_int(name, getattr(cfg, name), minimum=minimum)
-    for name in _OPTIONAL_POSITIVE_INTS:
-        if getattr(cfg, name) is not None:
-            _require_int(name, getattr(cfg, name), minimum=1)
-    for name in _OPTIONAL_POSITIVE:
-        value = getattr(cfg, name)
-        if value is not None and not value > 0:
-            raise _fail(f"--{name} must be > 0; got {value}", name)
-    for name in _NON_NEGATIVE:
-        if getattr(cfg, name) < 0:
-            raise _fail(f"--{name} must be >= 0; got {getattr(cfg, name)}", name)
-    if cfg.stop_at_top_1_accuracy is not None and not 0 < cfg.stop_at_top_1_accuracy <= 1:
-        raise _fail(
-            f"--stop_at_top_1_accuracy must be in (0, 1]; got {cfg.stop_at_top_1_accuracy}", "stop_at_top_1_accuracy"
-        )
-
-
-def _check_combinations(cfg: BenchConfig) -> None:
-    """Flags that need, or exclude, each other."""
-    if cfg.forward_only and cfg.eval:
-        raise _fail(
-            "--forward_only and --eval cannot both be set: forward-only times the forward pass "
-            "of training, --eval evaluates a checkpoint",
-            "forward_only",
-            "eval",
-        )
-    if cfg.num_batches is not None and cfg.num_epochs is not None:
-        raise _fail("at most one of --num_batches and --num_epochs may be given", "num_batches", "num_epochs")
-    _check_evaluation(cfg)
-    _check_sgd_in_backward(cfg)
-    _check_fp16(cfg)
-    _check_checkpoints(cfg)
-    _check_mode(cfg)
-    if cfg.exported is not None:
-        # The export fixes the model, its weights and its arithmetic.
-        for name, given in (
-            ("compile", cfg.compile),
-            ("train_dir", cfg.train_dir is not None),
-            ("precision", cfg.precision != "fp32"),
-        ):
-            if given:
-                raise _fail(
-                    f"--{name} does not apply to --exported: the exported program fixes the model, "
-                    "its weights and its precision",
-                    name,
-                    "exported",
-                )
-
-
-def _check_sgd_in_backward(cfg: BenchConfig) -> None:
-    """``--sgd_in_backward=on``: what the run must be for the update to move into the backward
-    (``auto`` quietly keeps the ordinary update instead; the device is checked by the engine)."""
-    if cfg.sgd_in_backward != "on":
-        return
-    needs = (
-        ("optimizer", cfg.optimizer != "sgd", f"--optimizer=sgd (plain SGD; got {cfg.optimizer})"),
-        ("gradient_clip", cfg.gradient_clip is not None, "no --gradient_clip (clipping needs every gradient first)"),
-        ("fast_linear", cfg.fast_linear == "off", "--fast_linear=auto or on (the update runs in those layers)"),
-        ("compile", cfg.compile_mode not in (False, "none", "false"), "no --compile (the update runs eagerly)"),
-        ("cuda_graph", cfg.cuda_graph, "no --cuda_graph"),
-        ("precision", cfg.precision != "fp32", f"--precision=fp32 (got {cfg.precision})"),
-        ("num_gpus", cfg.num_gpus > 1, "one replica (replicas average gradients before the update)"),
-    )
-    for name, conflict, need in needs:
-        if conflict:
-            raise _fail(
-                f"--sgd_in_backward=on needs {need}; use --sgd_in_backward=auto or off", "sgd_in_backward", name
-            )
-
-
-def _check_evaluation(cfg: BenchConfig) -> None:
-    given = [n for n in EVAL_DURING_TRAINING_FLAGS if getattr(cfg, n) not in (None, ())]
-    if given:
-        for other in ("eval", "forward_only"):
-            if getattr(cfg, other):
-                raise _fail(f"--{given[0]} cannot be used with --{other}", given[0], other)
-    if cfg.stop_at_top_1_accuracy is not None and not given:
-        raise _fail(
-            "--stop_at_top_1_accuracy needs --eval_during_training_every_n_steps (or another "
-            "--eval_during_training_* flag)",
-            "stop_at_top_1_accuracy",
-            "eval_during_training_every_n_steps",
-        )
-    if cfg.eval_interval_secs and not cfg.eval:
-        raise _fail(
-            "--eval_interval_secs applies only with --eval (a second process evaluating the checkpoints "
-            "training writes into --train_dir)",
-            "eval_interval_secs",
-            "eval",
-        )
-    for name in ("num_eval_batches", "num_eval_epochs"):
-        if getattr(cfg, name) is not None and not (cfg.eval or given):
-            raise _fail(
-                f"--{name} applies only with --eval or --eval_during_training_every_n_steps "
-                "(or another --eval_during_training_* flag)",
-                name,
-            )
-
-
-def _check_fp16(cfg: BenchConfig) -> None:
-    fp16_flags = [n for n in ("fp16_loss_scale", "fp16_inc_loss_scale_every_n") if getattr(cfg, n) is not None]
-    if cfg.fp16_enable_auto_loss_scale:
-        fp16_flags.append("fp16_enable_auto_loss_scale")
-    if fp16_flags and cfg.precision != "fp16":
-        raise _fail(
-            f"--{fp16_flags[0]} applies only to fp16 training (--use_fp16 or --precision=fp16); "
-            f"the precision is {cfg.precision}",
-            fp16_flags[0],
-            "precision",
-        )
-    if cfg.fp16_inc_loss_scale_every_n is not None and not cfg.fp16_enable_auto_loss_scale:
-        raise _fail(
-            "--fp16_inc_loss_scale_every_n needs --fp16_enable_auto_loss_scale",
-            "fp16_inc_loss_scale_every_n",
-            "fp16_enable_auto_loss_scale",
-        )
-
-
-def _check_checkpoints(cfg: BenchConfig) -> None:
-    if cfg.save_model_steps is not None and cfg.save_model_secs is not None:
-        raise _fail(
-            "at most one of --save_model_steps and --save_model_secs may be given",
-            "save_model_steps",
-            "save_model_secs",
-        )
-    for name in ("save_model_steps", "save_model_secs"):
-        if getattr(cfg, name) is not None and cfg.train_dir is None:
-            raise _fail(f"--{name} needs --train_dir (where checkpoints go)", name, "train_dir")
-    if cfg.eval and cfg.train_dir is None:
-        raise _fail("--eval evaluates the newest checkpoint in --train_dir; give --train_dir", "eval", "train_dir")
-
-
-def _check_mode(cfg: BenchConfig) -> None:
-    if cfg.mode == "inference":
-        if cfg.data_dir is not None:
-            raise _fail("--data_dir: the inference benchmark runs on synthetic batches only", "data_dir", "mode")
-        for name in _TRAINING_SWITCHES:
-            if getattr(cfg, name):
-                raise _fail(f"--{name} does not apply to --mode=inference", name, "mode")
-        for name in _TRAINING_ONLY:
-            if getattr(cfg, name) is not None:
-                raise _fail(f"--{name} does not apply to --mode=inference (use --iterations)", name, "mode")
-    else:
-        for name in _INFERENCE_ONLY:
-            if getattr(cfg, name) is not None:
-                raise _fail(f"--{name} applies only to --mode=inference", name, "mode")
-
-
-def _check_learning_rate(cfg: BenchConfig) -> None:
-    """The learning-rate flags: a piecewise schedule, or an initial rate with its decay."""
-    decay = cfg.num_epochs_per_decay > 0 or cfg.learning_rate_decay_factor > 0
-    if cfg.piecewise_learning_rate_schedule is not None:
-        others = [n for n in ("init_learning_rate",) if getattr(cfg, n) is not None]
-        others += [
-            n
-            for n in ("learning_rate_decay_factor", "minimum_learning_rate", "num_epochs_per_decay")
-            if getattr(cfg, n)
-        ]
-        if others:
-            raise _fail(
-                f"--piecewise_learning_rate_schedule cannot be combined with --{others[0]}",
-                "piecewise_learning_rate_schedule",
-                others[0],
-            )
-        try:
-            parse_piecewise_schedule(cfg.piecewise_learning_rate_schedule)
-        except ValueError as e:
-            raise _fail(f"--piecewise_learning_rate_schedule: {e}", "piecewise_learning_rate_schedule") from None
-    if decay and not (
-        cfg.init_learning_rate is not None and cfg.num_epochs_per_decay > 0 and cfg.learning_rate_decay_factor > 0
-    ):
-        raise _fail(
-            "--num_epochs_per_decay and --learning_rate_decay_factor must be given together, with --init_learning_rate",
-            "num_epochs_per_decay",
-            "learning_rate_decay_factor",
-            "init_learning_rate",
-        )
-    if cfg.minimum_learning_rate and not decay:
-        raise _fail(
-            "--minimum_learning_rate needs --init_learning_rate, --num_epochs_per_decay and "
-            "--learning_rate_decay_factor",
-            "minimum_learning_rate",
-        )
-
-
-def _require_int(name: str, value: object, *, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise _fail(f"--{name} must be an integer >= {minimum}; got {value!r}", name)
 
 
 __all__ = ["BenchConfig", "BenchFlagError", "parse_piecewise_schedule"]

@@ -1,51 +1,284 @@
-"""tf_cnn_benchmarks' flags beyond the core ones, as a declarative table.
+"""Every ``stoker bench`` flag, declared once; the parser, the notes and the docs' lists are made from it.
 
-Every flag of ``benchmark_cnn.py`` is accounted for: the core flags are declared in
-``cli.py`` (grouped for ``--help``); the rest are :class:`Flag` rows here. A row is either
+A flag is declared in exactly one place:
 
-- **implemented** (``note`` is ``None``): its value becomes the ``BenchConfig`` field of the
-  same name, and the code that reads that field gives it its meaning; or
-- **noted** (``note`` is set): accepted, type-checked (and checked against ``choices``), and,
-  when given, reported by a one-line ``Note: --flag=value has no effect here: <why>`` in the run
-  header. Nothing is dropped silently.
+- a flag that sets a setting is a ``BenchConfig`` field (``bench/config.py``) made with
+  :func:`option`: its default is the field's, its type the field's annotation (``int | None``,
+  ``tuple[int, ...]`` for a comma-separated list, ...), and :class:`Flag` in its ``metadata``
+  carries the help, the ``--help`` group, the allowed values and the range;
+- a flag tf_cnn_benchmarks has but that has no effect in PyTorch is a row of :data:`NOTED`
+  here, with the note saying why (no field: nothing reads it);
+- the two flags that are spellings of other settings (``--use_fp16``, ``--list_models``) are
+  rows of :data:`COMMAND_ONLY`.
 
-``tests/bench/test_bench_flags.py`` walks the seed's list of flag names and fails on any flag that
-is neither declared in ``cli.py`` nor a row here.
+Why fields with metadata rather than one table that generates the dataclass: the readers
+(``bench/train.py``, ``bench/report.py``, ``benchmarks/*.py``) keep a plain, typed dataclass
+whose attributes mypy checks, and a reader of ``config.py`` sees each setting, its default and
+its meaning together. From these declarations :func:`declared` lists every flag, and
+``bench/cli.py`` builds the parser (groups for ``--help``, absl booleans ``--flag``,
+``--noflag``, ``--flag=true``), :func:`note_lines` writes the header's
+``Note: --flag=value has no effect here: <why>`` lines, :func:`check_value` validates a field,
+and :func:`markdown_tables` writes docs/bench.md's flag lists (``tests/bench/test_bench_flags.py``
+checks that the page holds exactly them, and that every flag of tf_cnn_benchmarks is declared).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import argparse
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-#: Types a row may have: bool (absl style: --flag, --noflag, --flag=true|false), int, float,
-#: str, and list (comma-separated, as absl's DEFINE_list).
-FLAG_TYPES: tuple[str, ...] = ("bool", "int", "float", "str", "list")
+from .errors import fail
+
+# --help groups, in their order
+RUN = "what to run"
+AMOUNT = "how much"
+WHERE = "where and how"
+INPUT = "real data"
+OPTIMIZER = "optimizer and learning rate"
+EVALUATION = "evaluation during training"
+OUTPUTS = "checkpoints, traces, results"
+INFERENCE = "inference latency (--mode=inference)"
+MORE = "more tf_cnn_benchmarks flags"
+NOTED_GROUP = "accepted with a note: no effect in PyTorch (the run says why)"
+GROUPS: tuple[str, ...] = (RUN, AMOUNT, WHERE, INPUT, OPTIMIZER, EVALUATION, OUTPUTS, INFERENCE, MORE, NOTED_GROUP)
+
+#: Kinds of flag: bool (absl style: --flag, --noflag, --flag=true|false), int, float, str, list
+#: (comma-separated, as absl's DEFINE_list; ``item`` says of what), and compile (a bool or a mode).
+FLAG_KINDS: tuple[str, ...] = ("bool", "int", "float", "str", "list", "compile")
+_KIND_OF_ANNOTATION = {
+    "bool": ("bool", "str"),
+    "int": ("int", "str"),
+    "int | None": ("int", "str"),
+    "float": ("float", "str"),
+    "float | None": ("float", "str"),
+    "str": ("str", "str"),
+    "str | None": ("str", "str"),
+    "bool | str": ("compile", "str"),
+    "tuple[int, ...]": ("list", "int"),
+    "tuple[float, ...]": ("list", "float"),
+}
 
 
 @dataclass(frozen=True, kw_only=True)
 class Flag:
-    """One tf_cnn_benchmarks flag: its name, type, default, help, allowed values, and either no
-    note (implemented: a ``BenchConfig`` field of the same name) or the note saying why it
-    has no effect here."""
+    """One flag: what ``--help`` says and how a value is parsed and checked.
 
-    name: str
-    type: str
-    default: Any
+    ``default_text`` says what the default means where the value alone does not (``0``: the
+    model's batch size); a flag whose default is ``None`` must have one. ``minimum`` /
+    ``above`` / ``maximum`` bound a number (``minimum`` of an ``int`` flag: an integer >= it);
+    on a list they bound every item. ``case`` normalises a string on the command line
+    (``upper``: ``nhwc`` is ``NHWC``). ``note`` is set only on the noted rows."""
+
+    name: str = ""
+    kind: str = ""
+    default: Any = None
     help: str
-    choices: tuple[str, ...] | None = None
+    group: str
+    default_text: str | None = None
+    choices: tuple[Any, ...] | None = None
+    minimum: float | None = None
+    above: float | None = None
+    maximum: float | None = None
+    item: str = "str"
+    case: str | None = None
+    docs: str = ""
     note: str | None = None
 
     @property
     def implemented(self) -> bool:
+        """A ``BenchConfig`` field gives it its meaning (not a noted row)."""
         return self.note is None
 
+    def help_text(self) -> str:
+        """The ``--help`` line: the help, then the default (stated once) or the note."""
+        if self.note is not None:
+            return f"{self.help}: {self.note}"
+        return f"{self.help}; default: {self.default_text or format_value(self.default)}"
 
-def _f(
-    name: str, type: str, default: Any, help: str, *, choices: tuple[str, ...] | None = None, note: str | None = None
-) -> Flag:
-    return Flag(name=name, type=type, default=default, help=help, choices=choices, note=note)
+
+def option(default: Any, help: str, *, group: str, **meta: Any) -> Any:
+    """A ``BenchConfig`` field that is a flag: ``--NAME`` with this ``default`` and ``help`` in
+    ``group``; ``meta`` holds :class:`Flag`'s other settings (``choices``, ``minimum``, ...)."""
+    return dataclasses.field(default=default, metadata={"flag": Flag(help=help, group=group, **meta)})
+
+
+def field_flags(config_class: type) -> tuple[Flag, ...]:
+    """The flags of ``config_class``'s fields (those made with :func:`option`), named and typed."""
+    found = _FIELD_FLAGS.get(config_class)
+    if found is not None:
+        return found
+    flags = []
+    for f in dataclasses.fields(config_class):
+        spec = f.metadata.get("flag")
+        if spec is not None:
+            kind, item = _KIND_OF_ANNOTATION[str(f.type)]
+            flags.append(dataclasses.replace(spec, name=f.name, kind=kind, item=item, default=f.default))
+    _FIELD_FLAGS[config_class] = tuple(flags)
+    return _FIELD_FLAGS[config_class]
+
+
+_FIELD_FLAGS: dict[type, tuple[Flag, ...]] = {}  # per config class: its fields do not change
+
+
+def format_value(value: Any) -> str:
+    """A flag value as it is written on a command line."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(v) for v in value)
+    return str(value)
+
+
+def _number(value: float) -> str:
+    return f"{value:g}"
+
+
+def check_value(flag: Flag, value: Any) -> None:
+    """Raise :class:`~stoker.bench.errors.BenchFlagError` naming ``--flag`` when ``value`` is
+    not allowed (a choice, an integer, a range); ``None`` passes where the default is ``None``."""
+    name = flag.name
+    if value is None and flag.default is None:
+        return
+    if flag.choices is not None and value not in flag.choices:
+        allowed = ", ".join(format_value(c) for c in flag.choices)
+        raise fail(f"--{name}={value!r} is not allowed; allowed values: {allowed}", name)
+    if flag.kind == "list":
+        for item in value:
+            _check_number(flag, item, f"--{name}: every value")
+    elif flag.kind in ("int", "float"):
+        _check_number(flag, value, f"--{name}")
+
+
+def _check_number(flag: Flag, value: Any, what: str) -> None:
+    low, minimum, high = flag.above, flag.minimum, flag.maximum
+    if minimum is not None and (flag.kind == "int" or flag.item == "int"):
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            raise fail(f"{what} must be an integer >= {_number(minimum)}; got {value!r}", flag.name)
+    elif high is not None:
+        bound = f"({_number(low)}" if low is not None else f"[{_number(minimum or 0)}"
+        if not ((value > low) if low is not None else (value >= (minimum or 0))) or not value <= high:
+            raise fail(f"{what} must be in {bound}, {_number(high)}]; got {value}", flag.name)
+    elif low is not None and not value > low:
+        raise fail(f"{what} must be > {_number(low)}; got {value}", flag.name)
+    elif minimum is not None and value < minimum:
+        raise fail(f"{what} must be >= {_number(minimum)}; got {value}", flag.name)
+
+
+# ------------------------------------------------------------------------------ the command line
+_TRUE = ("1", "true", "t", "yes", "y")
+_FALSE = ("0", "false", "f", "no", "n")
+
+
+def parse_bool(text: str) -> bool:
+    """absl's boolean values: true/false, t/f, yes/no, y/n, 1/0 (any case)."""
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _parse_compile(text: str) -> bool | str:
+    value = text.strip().lower()
+    if value in ("module", "step", "none"):
+        return value
+    try:
+        return parse_bool(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected true, false, module or step, got {text!r}") from None
+
+
+def _list_parser(item: str) -> Callable[[str], tuple[Any, ...]]:
+    convert: Callable[[str], Any] = {"int": int, "float": float, "str": str}[item]
+
+    def parse(text: str) -> tuple[Any, ...]:
+        try:
+            return tuple(convert(v.strip()) for v in text.split(",") if v.strip())
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {item}s, got {text!r}") from None
+
+    return parse
+
+
+def _parser_of(flag: Flag) -> Callable[[str], Any]:
+    if flag.kind == "list":
+        return _list_parser(flag.item)
+    if flag.case is not None:
+        return str.upper if flag.case == "upper" else str.lower
+    parsers: dict[str, Callable[[str], Any]] = {
+        "bool": parse_bool,
+        "compile": _parse_compile,
+        "int": int,
+        "float": float,
+        "str": str,
+    }
+    return parsers[flag.kind]
+
+
+def add_flags(parser: argparse.ArgumentParser, flags: Sequence[Flag]) -> None:
+    """Add ``flags`` to ``parser``, in :data:`GROUPS`. No flag has an argparse default (a flag
+    not given is absent from the namespace: the dataclass holds the defaults); booleans get
+    absl's ``--noNAME``."""
+    groups = {name: parser.add_argument_group(name) for name in GROUPS}
+    for flag in flags:
+        help = flag.help_text().replace("%", "%%")  # argparse formats help with %
+        kw: dict[str, Any] = {"type": _parser_of(flag), "help": help, "default": argparse.SUPPRESS}
+        if flag.kind in ("bool", "compile"):
+            kw.update(nargs="?", const=True, metavar="BOOL" if flag.kind == "bool" else "MODE")
+        if flag.choices is not None:  # checked with the field (one message, naming the allowed values)
+            kw["metavar"] = "{" + ",".join(format_value(c) for c in flag.choices) + "}"
+        groups[flag.group].add_argument(f"--{flag.name}", **kw)
+        if flag.kind in ("bool", "compile"):
+            parser.add_argument(
+                f"--no{flag.name}",
+                dest=flag.name,
+                action="store_const",
+                const=False,
+                default=argparse.SUPPRESS,
+                help=argparse.SUPPRESS,
+            )
+
+
+def note_lines(given: Sequence[tuple[str, str]]) -> list[str]:
+    """The header's ``Note:`` lines of the noted flags that were given, as ``(name, value)``."""
+    return [f"Note: --{name}={value} has no effect here: {BY_NAME[name].note}" for name, value in given]
+
+
+# ------------------------------------------------------------------------------ the docs
+def markdown_tables(flags: Sequence[Flag]) -> str:
+    """docs/bench.md's flag lists: one table per ``--help`` group (a noted flag's row: its note)."""
+    parts = []
+    for group in GROUPS:
+        rows = [f for f in flags if f.group == group]
+        if not rows:
+            continue
+        if group == NOTED_GROUP:
+            head = ["| Flag | Why it has no effect in PyTorch |", "|---|---|"]
+            lines = [f"| `--{f.name}` | {_cell(str(f.note))} |" for f in rows]
+        else:
+            head = ["| Flag | Default | Meaning |", "|---|---|---|"]
+            lines = [
+                f"| `--{f.name}` | {_cell(f.default_text or format_value(f.default) or '(empty)')} | "
+                f"{_cell(f.help + (' ' + f.docs if f.docs else ''))} |"
+                for f in rows
+            ]
+        parts.append("\n".join([f"### {group[0].upper()}{group[1:]}", "", *head, *lines]))
+    return "\n\n".join(parts) + "\n"
+
+
+def _cell(text: str) -> str:
+    """Text as a Markdown table cell: no HTML tags (``<class>``), no emphasis (``train-*-of-*``)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("*", "\\*")
+
+
+# ------------------------------------------------------------------------------ rows without a field
+def _f(name: str, kind: str, tf_default: Any, help: str, *, note: str, choices: tuple[str, ...] | None = None) -> Flag:
+    """A noted row: tf_cnn_benchmarks' ``tf_default`` is kept for the record; nothing reads the value."""
+    return Flag(name=name, kind=kind, default=tf_default, help=help, group=NOTED_GROUP, choices=choices, note=note)
 
 
 _TF_GRAPH = "there is no TensorFlow graph or session here; PyTorch runs eagerly (or through torch.compile)"
@@ -59,44 +292,11 @@ _TF_ALLREDUCE = (
 _KMP = "stoker uses torch's OpenMP runtime; set its environment (OMP_*, KMP_* for Intel's) before starting Python"
 _TFRECORD = "the image-folder and CIFAR-10 sources read files by index, not interleaved TFRecord shards"
 
+#: tf_cnn_benchmarks' flags accepted with a note: given, each prints
+#: ``Note: --flag=value has no effect here: <note>`` in the run header (their values are still
+#: checked: type and choices).
 # fmt: off
-TABLE: tuple[Flag, ...] = (
-    # ---------------------------------------------------------------- implemented
-    _f("eval_batch_size", "int", 0, "evaluation batch size per device (0: --batch_size)"),
-    _f("num_eval_epochs", "float", None, "epochs of evaluation data per evaluation, instead of --num_eval_batches"),
-    _f("eval_during_training_every_n_epochs", "float", None, "evaluate every N epochs of training"),
-    _f("eval_during_training_at_specified_steps", "list", (), "evaluate at these timed steps (comma-separated)"),
-    _f("eval_during_training_at_specified_epochs", "list", (), "evaluate at these epochs (comma-separated)"),
-    _f("batch_group_size", "int", 1, "batches the input pipeline prepares per group (the infeed's prefetch depth)"),
-    _f("display_perf_ewma", "float", None, "progress lines show an exponentially weighted moving average of "
-       "images/sec with this weight on the newest step (0 < w <= 1)"),
-    _f("distortions", "bool", False, "real-image training: tf_cnn's colour distortions on top of its random "
-       "crop and flip (off by default, as in TF 2's tf_cnn: crop and flip only)"),
-    _f("resize_method", "str", "bilinear", "resizing of image-folder images",
-       choices=("bilinear", "nearest", "bicubic", "area", "round_robin", "crop")),
-    _f("use_datasets", "bool", True, "decode real data in workers (false: in the training process)"),
-    _f("datasets_use_prefetch", "bool", True, "prepare batches ahead in the infeed's thread"),
-    _f("datasets_prefetch_buffer_size", "int", 1, "batches prepared ahead per device"),
-    _f("datasets_num_private_threads", "int", None,
-       "workers decoding real data (default: one per usable core; --data_worker_kind says of which kind)"),
-    _f("datasets_repeat_cached_sample", "bool", False, "read one batch of the real data and repeat it forever"),
-    _f("gradient_repacking", "int", 0, "all-reduce the gradients in N DDP buckets of equal size (0: DDP's 25 MB)"),
-    _f("xla", "bool", False, "torch.compile the model (TensorFlow: XLA auto-jit)"),
-    _f("xla_compile", "bool", False, "torch.compile the whole training step (TensorFlow: compile the graph with XLA)"),
-    _f("fp16_vars", "bool", False, "with fp16, keep the weights in fp16 too (no fp32 master copy)"),
-    _f("summary_verbosity", "int", 0, "TensorBoard summaries in --train_dir: 1 scalars (loss, learning rate, "
-       "images/sec), 2 also histograms of the weights, 3 also of the gradients"),
-    _f("save_summaries_steps", "int", 0, "write summaries every N steps (0: none)"),
-    _f("ml_perf", "bool", False, "MLPerf :::MLLOG lines (to --train_dir/mlperf.log, else standard output)"),
-    _f("loss_type_to_report", "str", "total_loss", "total_loss (with the L2 term) or base_loss (without)",
-       choices=("total_loss", "base_loss")),
-    _f("benchmark_log_dir", "str", None, "write benchmark_run.log and metric.log (JSON lines) into this folder"),
-    _f("benchmark_test_id", "str", None, "a test id recorded in --benchmark_log_dir's files and the results file"),
-    _f("gpu_indices", "str", "", "CUDA device of each replica, comma-separated (default 0..N-1)"),
-    _f("gpu_memory_frac_for_testing", "float", 0.0, "CUDA: cap this process's memory at this fraction "
-       "(torch.cuda.set_per_process_memory_fraction); 0: no cap"),
-    _f("resnet_base_lr", "float", None, "ResNet models: the learning rate at batch 256, scaled with the batch"),
-    # ---------------------------------------------------------------- accepted, with a note
+NOTED: tuple[Flag, ...] = (
     _f("local_parameter_device", "str", "gpu", "where a parameter server keeps variables",
        choices=("cpu", "gpu", "CPU", "GPU"),
        note="every replica keeps its own copy of the weights on its device; DDP averages the gradients"),
@@ -195,23 +395,46 @@ TABLE: tuple[Flag, ...] = (
 )
 # fmt: on
 
-BY_NAME: Mapping[str, Flag] = {flag.name: flag for flag in TABLE}
-IMPLEMENTED: tuple[Flag, ...] = tuple(f for f in TABLE if f.implemented)
-NOTED: tuple[Flag, ...] = tuple(f for f in TABLE if not f.implemented)
+#: Flags that are another spelling of a setting, or an action: no field of their own.
+COMMAND_ONLY: tuple[Flag, ...] = (
+    Flag(
+        name="list_models",
+        kind="bool",
+        default=False,
+        group=RUN,
+        help="print every registered model (filtered by --data_name) with its parameters and GFLOP per "
+        "example, then exit",
+    ),
+    Flag(
+        name="use_fp16",
+        kind="bool",
+        default=False,
+        group=WHERE,
+        help="same as --precision=fp16 (contradicts any other --precision)",
+    ),
+)
+
+BY_NAME: dict[str, Flag] = {flag.name: flag for flag in NOTED + COMMAND_ONLY}
 
 
-def format_value(value: Any) -> str:
-    """A flag value as it is written on a command line."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
-        return ",".join(str(v) for v in value)
-    return str(value)
+def all_flags(config_class: type) -> tuple[Flag, ...]:
+    """Every flag: ``config_class``'s fields, the command-only rows and the noted rows."""
+    return (*field_flags(config_class), *COMMAND_ONLY, *NOTED)
 
 
-def note_lines(given: Sequence[tuple[str, str]]) -> list[str]:
-    """The header's ``Note:`` lines of the noted flags that were given, as ``(name, value)``."""
-    return [f"Note: --{name}={value} has no effect here: {BY_NAME[name].note}" for name, value in given]
-
-
-__all__ = ["BY_NAME", "FLAG_TYPES", "IMPLEMENTED", "NOTED", "TABLE", "Flag", "format_value", "note_lines"]
+__all__ = [
+    "COMMAND_ONLY",
+    "FLAG_KINDS",
+    "GROUPS",
+    "NOTED",
+    "Flag",
+    "add_flags",
+    "all_flags",
+    "check_value",
+    "field_flags",
+    "format_value",
+    "markdown_tables",
+    "note_lines",
+    "option",
+    "parse_bool",
+]

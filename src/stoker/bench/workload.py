@@ -43,6 +43,7 @@ from ..data.tfrecord_index import RecordShards
 from ..distributed import torchrun_world_size
 from ..models import DATASETS, DEFAULT_NUM_CLASSES, ModelInfo, create_model, example_flops, get_model_info
 from ..resolve import auto_worker_kind, image_threads_suffice
+from .checks import gpu_indices as parse_gpu_indices
 from .config import (
     DEFAULT_NUM_BATCHES,
     MODE_EVAL,
@@ -61,7 +62,6 @@ from .defaults import (
     model_defaults,
     model_learning_rate,
 )
-from .tf_checks import gpu_indices as parse_gpu_indices
 
 InputFn = Callable[[dict[str, Any]], Iterable[Any]]
 

@@ -8,10 +8,10 @@ installed package that declares a ``stoker.recipes`` entry point gets its own ``
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 from .. import plugins
+from .skeleton import DefaultsHelpFormatter
 
 
 def add_parser(subparsers: Any) -> None:
@@ -34,7 +34,7 @@ def add_parser(subparsers: Any) -> None:
             name,
             help=module.HELP,
             description=module.DESCRIPTION,
-            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+            formatter_class=DefaultsHelpFormatter,
         )
         module.add_arguments(sub)
         sub.set_defaults(func=module.run)

@@ -105,6 +105,17 @@ ScheduleFn = Callable[[dict[str, Any], torch.optim.Optimizer], Any]
 PATHS: dict[str, Any] = {"nargs": "+", "metavar": "PATH"}
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """``--help`` with each flag's default, as ``ArgumentDefaultsHelpFormatter``, but only where
+    it says something: not after a help text that states its own default, not for ``None``."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        help = action.help or ""
+        if "default" in help or action.default in (None, argparse.SUPPRESS) or not action.option_strings:
+            return help
+        return f"{help} (default: %(default)s)"
+
+
 def option(default: Any, help: str, **flag: Any) -> Any:
     """A config field that is also a flag: ``--NAME`` with ``help``, the field's ``default``,
     and ``type`` that of the default; ``flag`` gives other ``add_argument`` keywords
@@ -260,7 +271,7 @@ class Recipe(Generic[C]):
         parser = argparse.ArgumentParser(
             prog=f"python -m {self.module}",
             description=self.description,
-            formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+            formatter_class=DefaultsHelpFormatter,
         )
         self.add_arguments(parser)
         return self.run(parser.parse_args(argv))
