@@ -59,17 +59,17 @@ class ArraySource(IndexedSource):
         self.labels = tree_map(lambda t: t, labels) if labels is not None else None
         leaves = tree_leaves((self.features, self.labels))
         if not leaves:
-            raise ValueError("arrays: features hold no tensor or array")
+            raise DataError("arrays: features hold no tensor or array")
         if any(t.dim() == 0 for t in leaves):
-            raise ValueError("arrays: every feature and label array needs a first (example) dimension")
+            raise DataError("arrays: every feature and label array needs a first (example) dimension")
         sizes = {int(t.shape[0]) for t in leaves}
         if len(sizes) != 1:
-            raise ValueError(
+            raise DataError(
                 f"arrays: every feature and label array needs the same first dimension; got sizes {sorted(sizes)}"
             )
         self._num_examples = sizes.pop()
         if self._num_examples == 0:
-            raise ValueError("arrays: the arrays are empty")
+            raise DataError("arrays: the arrays are empty")
         if num_classes is not None:
             _check_labels(self.labels, num_classes)
         self.num_classes = num_classes

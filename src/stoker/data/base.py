@@ -22,9 +22,9 @@ worker built a batch does not matter); when they start and why they are forked o
 :mod:`stoker.data._workers.processes`.
 
 The jobs are split: :class:`_ShardOrder` is the plan (each epoch's order and this shard's part
-of it), a :class:`~stoker.data._workers._Workers` runs the worker threads or processes, and
-:class:`IndexedSource` is the iterator whose position is its state (``state_dict``,
-``load_state_dict``, re-sharding).
+of it), a :class:`~stoker.data._workers._Workers` runs the worker threads or processes,
+:class:`_SavedPosition` is what a checkpoint holds (``state_dict``, the checks on resume,
+re-sharding), and :class:`IndexedSource` is the iterator whose position is its state.
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ import copy
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import torch
 
-from ..errors import DataError
+from ..errors import CheckpointMismatchError, ConfigError, DataError
 from ..resolve import auto_worker_kind
 from ._workers import InSlot, _SlotRing, _Workers, build_in_slot, make_workers, read_slot
 
@@ -89,15 +89,15 @@ def _check_arguments(
     name: str, batch_size: Any, num_epochs: int | None, num_shards: Any, shard_index: int, num_workers: Any
 ) -> None:
     if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ValueError(f"{name}: batch_size must be a positive integer; got {batch_size!r}")
+        raise ConfigError(f"{name}: batch_size must be a positive integer; got {batch_size!r}")
     if num_epochs is not None and num_epochs < 1:
-        raise ValueError(f"{name}: num_epochs must be None (repeat forever) or >= 1; got {num_epochs}")
+        raise ConfigError(f"{name}: num_epochs must be None (repeat forever) or >= 1; got {num_epochs}")
     if not isinstance(num_shards, int) or num_shards < 1:
-        raise ValueError(f"{name}: num_shards must be a positive integer; got {num_shards!r}")
+        raise ConfigError(f"{name}: num_shards must be a positive integer; got {num_shards!r}")
     if not 0 <= shard_index < num_shards:
-        raise ValueError(f"{name}: shard_index must be in [0, {num_shards}); got {shard_index}")
+        raise ConfigError(f"{name}: shard_index must be in [0, {num_shards}); got {shard_index}")
     if not isinstance(num_workers, int) or num_workers < 0:
-        raise ValueError(f"{name}: num_workers must be an integer >= 0; got {num_workers!r}")
+        raise ConfigError(f"{name}: num_workers must be an integer >= 0; got {num_workers!r}")
 
 
 WORKER_KINDS = ("auto", "thread", "process")
@@ -169,17 +169,17 @@ def _resharded(
     """:meth:`IndexedSource.reshard_state_dict` for a shard ``shard_index`` of ``num_shards``."""
     first = states[0]
     if "batch_size" not in first:
-        raise ValueError(
+        raise CheckpointMismatchError(
             f"{name}: the saved input state does not record its batch size; resume with {first['num_shards']} replicas"
         )
     old_global = int(first["batch_size"]) * int(first["num_shards"])
     if old_global != batch_size * num_shards:
-        raise ValueError(
+        raise CheckpointMismatchError(
             f"{name}: cannot re-shard the input from {first['num_shards']} to {num_shards} replicas: "
             f"the global batch changed ({old_global} -> {batch_size * num_shards}); keep the global batch"
         )
     if len({(int(s["epoch"]), int(s["batch"])) for s in states}) != 1:
-        raise ValueError(f"{name}: the replicas' saved positions differ; cannot re-shard them")
+        raise CheckpointMismatchError(f"{name}: the replicas' saved positions differ; cannot re-shard them")
     moved = dict(first, num_shards=num_shards, shard_index=shard_index, batch_size=batch_size)
     moved.update({k: v for k, v in identity.items() if k == "batch_size"})
     return moved
@@ -192,27 +192,85 @@ def _checked_position(
     ``expected`` (seed, data size, sharding, ...) match and the position fits."""
     for key, mine in expected.items():
         if key in state and state[key] != mine:
-            raise ValueError(
+            raise CheckpointMismatchError(
                 f"{name}: the saved input state has {key}={state[key]} but this source has "
                 f"{key}={mine}; resume with the same data, seed, batch size and number of replicas"
             )
     epoch, batch = int(state["epoch"]), int(state["batch"])
     if epoch < 0 or not 0 <= batch <= batches_per_epoch:
-        raise ValueError(
+        raise CheckpointMismatchError(
             f"{name}: the saved position (epoch {epoch}, batch {batch}) does not fit this source's "
             f"{batches_per_epoch} batches per epoch; resume with the same data and batch size"
         )
     return epoch, batch
 
 
-class IndexedSource(ABC):
+class _SavedPosition:
+    """What an :class:`IndexedSource` saves in a checkpoint: its position ``(epoch, batch)`` and
+    what it is a position in (seed, data size, sharding, batch size), so that a resume into
+    other data is refused and a resume with another number of replicas can be re-sharded."""
+
+    name: str
+    epoch: int
+    batch: int
+    seed: int
+    num_shards: int
+    shard_index: int
+    batch_size: int
+
+    if TYPE_CHECKING:
+
+        @property
+        def num_examples(self) -> int: ...
+
+    def _identity(self) -> dict[str, int]:
+        """Extra integers that must match on resume (besides seed, data size and sharding)."""
+        return {}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position and what it is a position in: a few integers, JSON-serialisable."""
+        state = {
+            "epoch": self.epoch,
+            "batch": self.batch,
+            "seed": self.seed,
+            "num_examples": self.num_examples,
+            "num_shards": self.num_shards,
+            "shard_index": self.shard_index,
+            "batch_size": self.batch_size,
+        }
+        state.update(self._identity())
+        return state
+
+    def reshard_state_dict(self, states: list[dict[str, Any]]) -> dict[str, Any]:
+        """This shard's state, from the states every replica of a run with another number of
+        replicas saved (re-sharding on resume).
+
+        Possible when the global batch (``batch_size x num_shards``) is unchanged: shards
+        stripe each epoch's order, so position ``(epoch, batch)`` then stands for the same
+        examples consumed (the first ``batch x global batch`` of the epoch) in any layout.
+        """
+        return _resharded(self.name, states, self.batch_size, self.num_shards, self.shard_index, self._identity())
+
+    def _expected_state(self) -> dict[str, int]:
+        """What a saved state must match besides its position: seed, data size, sharding, identity."""
+        return {
+            "seed": self.seed,
+            "num_examples": self.num_examples,
+            "num_shards": self.num_shards,
+            "shard_index": self.shard_index,
+            **self._identity(),
+        }
+
+
+class IndexedSource(_SavedPosition, ABC):
     """A checkpointable source that builds batch ``b`` of epoch ``e`` from example indices.
 
     Subclasses set up their data, then call ``super().__init__``, and implement
     :attr:`num_examples` and :meth:`load_batch`. The rest (order, sharding, epochs, workers,
     state, bad-example replacement) is here: the order and sharding are planned by a
-    ``_ShardOrder``, the worker processes run in a ``_BatchWorkers``, and this class is the
-    iterator whose position ``(epoch, batch)`` is its state.
+    ``_ShardOrder``, the workers run in a ``_Workers``, what a checkpoint holds is
+    ``_SavedPosition``'s, and this class is the iterator whose position ``(epoch, batch)`` is
+    its state.
 
     Args:
         batch_size: examples per batch (give ``params["batch_size"]``: the per-replica batch).
@@ -256,7 +314,7 @@ class IndexedSource(ABC):
         name = self.name
         _check_arguments(name, batch_size, num_epochs, num_shards, shard_index, num_workers)
         if worker_kind not in WORKER_KINDS:
-            raise ValueError(f"{name}: worker_kind must be one of {', '.join(WORKER_KINDS)}; got {worker_kind!r}")
+            raise ConfigError(f"{name}: worker_kind must be one of {', '.join(WORKER_KINDS)}; got {worker_kind!r}")
         self.batch_size = batch_size
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
@@ -275,7 +333,7 @@ class IndexedSource(ABC):
         )
         self.batches_per_epoch = self._count_batches()
         if self.batches_per_epoch < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"{name}: {self.num_examples} examples over {num_shards} shard(s) do not fill one batch "
                 f"of {batch_size} with drop_remainder=True; use a smaller batch or drop_remainder=False"
             )
@@ -305,10 +363,6 @@ class IndexedSource(ABC):
         Randomness must come from :func:`example_uniforms` (``self.seed``, ``epoch``, index).
         To read one example that may be unreadable, use :meth:`load_or_replace`.
         """
-
-    def _identity(self) -> dict[str, int]:
-        """Extra integers that must match on resume (besides seed, data size and sharding)."""
-        return {}
 
     def _threads_suffice(self) -> bool:
         """True when this source's batch building runs mostly outside the GIL, so that
@@ -432,13 +486,13 @@ class IndexedSource(ABC):
         """Move the position ``batches`` ahead without building them (as many ``next()`` calls
         would, minus the work): resuming "``n`` batches after a saved state" is a jump."""
         if batches < 0:
-            raise ValueError(f"{self.name}: cannot advance by {batches} batches")
+            raise ConfigError(f"{self.name}: cannot advance by {batches} batches")
         if batches == 0:
             return
         target = self._position() + batches
         end = self._end()
         if end is not None and target > end:
-            raise ValueError(
+            raise ConfigError(
                 f"{self.name}: cannot advance {batches} batches: the data ends {end - self._position()} batches "
                 "from here"
             )
@@ -491,46 +545,15 @@ class IndexedSource(ABC):
         state["_bad"] = []
         return state
 
-    # ------------------------------------------------------------------ checkpoint state
-    def state_dict(self) -> dict[str, Any]:
-        """The position and what it is a position in: a few integers, JSON-serialisable."""
-        state = {
-            "epoch": self.epoch,
-            "batch": self.batch,
-            "seed": self.seed,
-            "num_examples": self.num_examples,
-            "num_shards": self.num_shards,
-            "shard_index": self.shard_index,
-            "batch_size": self.batch_size,
-        }
-        state.update(self._identity())
-        return state
-
+    # ------------------------------------------------------------------ checkpoint state (and _SavedPosition)
     @staticmethod
     def mode_defaults(train: bool, shuffle: bool | None, num_epochs: int | None) -> tuple[bool, int | None]:
         """Defaults of file-backed sources: training shuffles and repeats, eval is one pass in order."""
         return (train if shuffle is None else shuffle), (num_epochs if num_epochs is not None or train else 1)
 
-    def reshard_state_dict(self, states: list[dict[str, Any]]) -> dict[str, Any]:
-        """This shard's state, from the states every replica of a run with another number of
-        replicas saved (re-sharding on resume).
-
-        Possible when the global batch (``batch_size x num_shards``) is unchanged: shards
-        stripe each epoch's order, so position ``(epoch, batch)`` then stands for the same
-        examples consumed (the first ``batch x global batch`` of the epoch) in any layout.
-        """
-        return _resharded(self.name, states, self.batch_size, self.num_shards, self.shard_index, self._identity())
-
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Jump to a saved position; refuses a state saved for other data, seed or sharding."""
-        expected = {
-            "seed": self.seed,
-            "num_examples": self.num_examples,
-            "num_shards": self.num_shards,
-            "shard_index": self.shard_index,
-            **self._identity(),
-        }
-        epoch, batch = _checked_position(self.name, state, expected, self.batches_per_epoch)
+        epoch, batch = _checked_position(self.name, state, self._expected_state(), self.batches_per_epoch)
         self.close()
         self.epoch, self.batch = epoch, batch
 

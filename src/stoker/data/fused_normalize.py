@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import ConfigError, StateError
 from .native import NativeLibrary
 
 SOURCE = Path(__file__).with_name("_fused_normalize.c")
@@ -57,8 +58,8 @@ def normalize_rgb(
     (contiguous float32 of the images' shape) when given.
 
     Raises:
-        ValueError: arguments of another dtype, device, layout or shape.
-        RuntimeError: the library is not available (check :func:`available` first).
+        ConfigError: arguments of another dtype, device, layout or shape.
+        StateError: the library is not available (check :func:`available` first).
     """
     if (
         images.dtype != torch.uint8
@@ -66,22 +67,22 @@ def normalize_rgb(
         or not images.is_contiguous()
         or images.shape[-1:] != (3,)
     ):
-        raise ValueError(
+        raise ConfigError(
             f"normalize_rgb: images must be contiguous uint8 [..., 3] on the CPU; got {images.dtype} "
             f"{tuple(images.shape)} on {images.device}"
         )
     stats = []
     for name, t in (("mean", mean), ("std", std)):
         if t.numel() != 3:
-            raise ValueError(f"normalize_rgb: {name} must hold 3 values; got {t.numel()}")
+            raise ConfigError(f"normalize_rgb: {name} must hold 3 values; got {t.numel()}")
         stats.append(t.detach().to(device="cpu", dtype=torch.float32).reshape(3).contiguous())
     if out is None:
         out = torch.empty(images.shape, dtype=torch.float32)
     elif out.dtype != torch.float32 or out.shape != images.shape or not out.is_contiguous() or out.device.type != "cpu":
-        raise ValueError(f"normalize_rgb: out must be contiguous float32 {tuple(images.shape)} on the CPU")
+        raise ConfigError(f"normalize_rgb: out must be contiguous float32 {tuple(images.shape)} on the CPU")
     lib = LIBRARY.load()
     if lib is None:
-        raise RuntimeError(f"normalize_rgb is not available here: {LIBRARY.unavailable_reason()}")
+        raise StateError(f"normalize_rgb is not available here: {LIBRARY.unavailable_reason()}")
     lib.stoker_normalize_rgb(
         images.data_ptr(), out.data_ptr(), images.numel() // 3, stats[0].data_ptr(), stats[1].data_ptr()
     )

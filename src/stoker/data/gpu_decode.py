@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..errors import ConfigError
 from .jpeg import ImageDecodeError, PillowDecoder, is_jpeg
 
 
@@ -38,7 +39,7 @@ class DeviceDecoder:
     def __init__(self, device: str = "cuda") -> None:
         self.device = torch.device(device)
         if self.device.type != "cuda" or not torch.cuda.is_available():
-            raise ValueError(f"decode_on_device needs a CUDA device; torch sees none (asked for {device!r})")
+            raise ConfigError(f"decode_on_device needs a CUDA device; torch sees none (asked for {device!r})")
         self._decode_jpeg, self._rgb = _torchvision_decode_jpeg()
         self._stream = torch.cuda.Stream(device=self.device)
         self._pillow = PillowDecoder()

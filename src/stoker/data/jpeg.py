@@ -184,7 +184,7 @@ class CropJpegDecoder:
         from . import jpeg_crop
 
         if not jpeg_crop.available():
-            raise ValueError(f"decoder='libjpeg-crop' is not available here: {jpeg_crop.unavailable_reason()}")
+            raise ConfigError(f"decoder='libjpeg-crop' is not available here: {jpeg_crop.unavailable_reason()}")
         self._window = jpeg_crop.decode_window
         self._size = jpeg_crop.jpeg_size
         self._error = jpeg_crop.WindowDecodeError
@@ -246,10 +246,10 @@ def get_decoder(name: str = "auto") -> Decoder:
     if name == "auto":
         name = available_decoders()[0]
     if name not in DECODERS:
-        raise ValueError(f"decoder must be auto or one of {', '.join(DECODERS)}; got {name!r}")
+        raise ConfigError(f"decoder must be auto or one of {', '.join(DECODERS)}; got {name!r}")
     if name == "simplejpeg" and not _simplejpeg_available():
-        raise ValueError("decoder='simplejpeg' needs the simplejpeg package: pip install simplejpeg")
-    return DECODERS[name]()  # libjpeg-crop raises its own ValueError saying why it is unavailable
+        raise ConfigError("decoder='simplejpeg' needs the simplejpeg package: pip install simplejpeg")
+    return DECODERS[name]()  # libjpeg-crop raises its own ConfigError saying why it is unavailable
 
 
 def dct_scale(box_w: float, box_h: float, size: int) -> int:

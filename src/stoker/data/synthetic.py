@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from ..errors import CheckpointMismatchError, ConfigError
+
 
 class RepeatedBatch:
     """One ``(features, labels)`` batch, made once by the caller, returned on every ``next()``.
@@ -40,7 +42,7 @@ class RepeatedBatch:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("seed", self.seed) != self.seed:
-            raise ValueError(
+            raise CheckpointMismatchError(
                 f"synthetic data: the saved input state has seed={state['seed']} but this source has "
                 f"seed={self.seed}; resume with the same seed"
             )
@@ -65,12 +67,12 @@ class SyntheticImages:
         channels_last: bool = False,
     ) -> None:
         if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"synthetic_images: batch_size must be a positive integer; got {batch_size!r}")
+            raise ConfigError(f"synthetic_images: batch_size must be a positive integer; got {batch_size!r}")
         if num_classes < 1:
-            raise ValueError(f"synthetic_images: num_classes must be >= 1; got {num_classes}")
+            raise ConfigError(f"synthetic_images: num_classes must be >= 1; got {num_classes}")
         shape = tuple(int(s) for s in shape)
         if channels_last and len(shape) != 3:
-            raise ValueError(f"synthetic_images: channels_last needs a (C, H, W) shape; got {shape}")
+            raise ConfigError(f"synthetic_images: channels_last needs a (C, H, W) shape; got {shape}")
         device = torch.device(device)
         self.seed = int(seed)
         self.batch = 0
@@ -98,7 +100,7 @@ class SyntheticImages:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("seed", self.seed) != self.seed:
-            raise ValueError(
+            raise CheckpointMismatchError(
                 f"synthetic_images: the saved input state has seed={state['seed']} but this source has "
                 f"seed={self.seed}; resume with the same seed"
             )

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ..errors import ConfigError
 from .base import DataError, IndexedSource
 
 PathLike = str | os.PathLike[str]
@@ -69,11 +70,11 @@ class TextSource(IndexedSource):
         extensions: Sequence[str] | None = None,
     ) -> None:
         if not isinstance(seq_len, int) or seq_len < 1:
-            raise ValueError(f"text_chars: seq_len must be a positive integer; got {seq_len!r}")
+            raise ConfigError(f"text_chars: seq_len must be a positive integer; got {seq_len!r}")
         if not isinstance(batch_size, int) or batch_size < 1:
-            raise ValueError(f"text_chars: batch_size must be a positive integer; got {batch_size!r}")
+            raise ConfigError(f"text_chars: batch_size must be a positive integer; got {batch_size!r}")
         if not 0 <= shard_index < num_shards:
-            raise ValueError(f"text_chars: shard_index must be in [0, {num_shards}); got {shard_index}")
+            raise ConfigError(f"text_chars: shard_index must be in [0, {num_shards}); got {shard_index}")
         self.files = _collect(paths, extensions)
         data = (
             np.concatenate([np.fromfile(f, dtype=np.uint8) for f in self.files])
@@ -163,7 +164,7 @@ def held_out_split(
     at least ``eval_fraction`` of the bytes (text the model never trains on); at least one file
     stays on each side. ``who`` names the caller in the error raised for fewer than 2 files."""
     if len(files) < 2:
-        raise ValueError(
+        raise ConfigError(
             f"{who}: {len(files)} text file(s) cannot be split into training and held-out text; "
             "give more files or --eval_text"
         )

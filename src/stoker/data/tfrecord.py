@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from ..errors import ConfigError
 from .base import DataError
 from .images.folder import IMAGE_EXTENSIONS, scan_image_folder
 from .images.source import EncodedExample, EncodedImageSource
@@ -300,7 +301,7 @@ def write_imagenet_tfrecords(
     Returns the shard paths. No TensorFlow needed; TensorFlow reads the result.
     """
     if not isinstance(num_shards, int) or num_shards < 1:
-        raise ValueError(f"write_imagenet_tfrecords: num_shards must be a positive integer; got {num_shards!r}")
+        raise ConfigError(f"write_imagenet_tfrecords: num_shards must be a positive integer; got {num_shards!r}")
     classes, paths, labels = scan_image_folder(image_folder_root, extensions)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
