@@ -5,7 +5,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.stoker-installed
 # torch first, pinned to the CPU wheel this machine carries; GPU users install their own CUDA
-# build of torch>=2.4 before `pip install stoker`, and pip then leaves it alone.
+# build of torch>=2.11 before `pip install stoker`, and pip then leaves it alone.
 TORCH_SPEC ?= torch==2.13.0
 
 .PHONY: setup run test test-slow lint bench docs gpu-check clean

@@ -602,7 +602,7 @@ def run_all(
     report: dict[str, Any] = {
         "tool": "stoker gpu-check",
         "format": 1,
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "host": platform.node(),
         "device": name,
         "device_count": count,
