@@ -27,6 +27,7 @@ from typing import Any, Literal
 
 from .checkpoint.io_config import CheckpointIO
 from .distributed.pipeline import PIPELINE_SCHEDULES, PipelineConfig, check_schedule  # noqa: F401 - re-exported
+from .distributed.watchdog import StuckReplica
 from .errors import ConfigError
 from .kernels.linear import FAST_LINEAR_MODES
 from .kernels.sgd_in_backward import SGD_IN_BACKWARD_MODES
@@ -39,6 +40,7 @@ COMPILE_MODES: tuple[str, ...] = ("none", "module", "step")  # also True (= "mod
 #: the groups' defaults; a field that still holds its default object was not given (see ``_new_spelling``)
 _DEFAULT_LOSS_SCALE = LossScale()
 _DEFAULT_CHECKPOINT_IO = CheckpointIO()
+_DEFAULT_STUCK_REPLICA = StuckReplica()
 _GROUPS: dict[str, type] = {"pipeline": PipelineConfig, "loss_scale": LossScale, "checkpoint_io": CheckpointIO}
 _GROUP_DEFAULTS: dict[str, object] = {
     "pipeline": None,
@@ -142,6 +144,11 @@ class RunConfig:
         progress_bar: show a tqdm bar when stderr is a terminal.
         summaries: write TensorBoard events and ``metrics.csv`` into ``model_dir``.
         distributed_timeout: seconds a collective may wait for a lost replica.
+        stuck_replica: ``stoker.distributed.StuckReplica(factor=20.0, min_seconds=20.0)``: during
+            training, a replica that has waited in a collective for ``factor`` x its median step
+            time (at least ``min_seconds``) names the replicas that have not reached it, where
+            they were last seen (step, phase), and exits with status 1; ``None``: wait
+            ``distributed_timeout``.
         deterministic: ask torch for deterministic kernels (slower on GPU).
         recompute: activation recompute (``docs/memory.md``): ``None`` (off), ``"all"`` (the
             whole model, or each pipeline stage), or glob patterns on module names such as
@@ -185,6 +192,7 @@ class RunConfig:
     progress_bar: bool = True
     summaries: bool = True
     distributed_timeout: float = 1800.0
+    stuck_replica: StuckReplica | None = _DEFAULT_STUCK_REPLICA
     deterministic: bool = False
     mlperf_log: bool = False
     recompute: str | tuple[str, ...] | None = None
@@ -196,6 +204,11 @@ class RunConfig:
             raise ConfigError(
                 "RunConfig.checkpoint_io must be a stoker.checkpoint.CheckpointIO(async_save=..., retry=...); "
                 f"got {self.checkpoint_io!r}"
+            )
+        if self.stuck_replica is not None and not isinstance(self.stuck_replica, StuckReplica):
+            raise ConfigError(
+                "RunConfig.stuck_replica must be a stoker.distributed.StuckReplica(factor=..., min_seconds=...) or "
+                f"None; got {self.stuck_replica!r}"
             )
         self.loss_scale = LossScale.of(self.loss_scale)
         if self.model_dir is not None:

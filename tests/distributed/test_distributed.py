@@ -112,6 +112,23 @@ def test_kill_9_of_one_replica_names_it_and_rerun_resumes(tmp_path):
     assert os.path.exists(model_dir / f"ckpt-{int(last.split('-')[1]) + 4}")
 
 
+def test_a_stuck_replica_is_named_with_its_step_and_phase_within_seconds(tmp_path):
+    # Replica 1 hangs in model_fn at its 10th step (loops of 2 steps: 4 loops timed before it);
+    # replica 0 waits in that step's gradient all-reduce and must name it well before the 300 s
+    # distributed_timeout: after min_seconds=3 (20 x a median step of ms is less) plus a heartbeat.
+    procs = launch(2, "--max_steps", "40", "--timeout", "300", "--hang", "1", "10", "200", "--stuck_min_seconds", "3")
+    try:
+        out, err = procs[0].communicate(timeout=150)
+    finally:
+        procs[1].kill()
+        procs[1].wait()
+    assert procs[0].returncode == 1, err[-3000:]
+    assert "stuck replica: replica 1 last seen at step 10, in the input and model_fn" in err, err[-3000:]
+    assert "replica 0 has waited" in err and "the backward pass (its gradient all-reduce) of step 10" in err
+    waited = float(err.split("replica 0 has waited ")[1].split(" s")[0])
+    assert 3 <= waited < 10  # named within seconds of the limit, not after distributed_timeout
+
+
 def test_sharded_equals_replicated_and_resumes_from_dcp(tmp_path):
     run(2, "--opt", "momentum", "--strategy", "replicated", "--out", str(tmp_path / "rep.json"))
     run(2, "--opt", "momentum", "--strategy", "sharded", "--model_dir", str(tmp_path / "sh"), "--max_steps", "6")

@@ -27,6 +27,7 @@ from .base import SingleDevice, Strategy, resolve_device
 from .pipeline import PipelineConfig, PipelineStrategy
 from .process_group import Independent, ProcessGroupStrategy, ReplicaLostError, Replicated
 from .sharded import Sharded
+from .watchdog import StuckReplica
 
 __all__ = [
     "Independent",
@@ -38,6 +39,7 @@ __all__ = [
     "Sharded",
     "SingleDevice",
     "Strategy",
+    "StuckReplica",
     "make_strategy",
     "resolve_device",
     "torchrun_rank",

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from .watchdog import Progress
 
 
 def resolve_device(name: str) -> torch.device:
@@ -38,6 +39,9 @@ class Strategy(ABC):
     # Whether each replica holds only a slice of the model (checkpoints are then written by
     # every replica with torch.distributed.checkpoint).
     shards_state: bool = False
+    # Where this replica is (step, phase, collectives entered), for naming a stuck replica;
+    # None alone (nobody waits for it). The training run marks it; see watchdog.py.
+    progress: Progress | None = None
     # Where this process's optimizer state goes in a torch.distributed.checkpoint (shards_state).
     optimizer_checkpoint_key: str = "optimizer"
 

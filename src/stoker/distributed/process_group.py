@@ -7,7 +7,9 @@ process group (gloo on CPU, nccl on CUDA) with ``RunConfig.distributed_timeout``
 Each replica also writes a heartbeat into the group's key-value store every second. When a
 collective fails or times out because a replica died, the survivors read the heartbeats and
 raise an error that names the replica that went silent, instead of hanging or printing a
-transport error that names only a socket.
+transport error that names only a socket. With the heartbeat goes the replica's progress
+(step, phase, collectives entered: ``watchdog.py``), so that during training a replica that
+is alive but stuck is named too, within ``RunConfig.stuck_replica``'s limit.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from torch import nn
 
 from ..errors import StokerError
 from .base import Strategy, resolve_device
+from .watchdog import Progress, check_and_exit
 
 log = logging.getLogger("stoker")
 
@@ -39,6 +42,8 @@ class ReplicaLostError(StokerError):
 
 class ProcessGroupStrategy(Strategy):
     """Common set-up of the multi-process strategies: process group, collectives, heartbeats."""
+
+    progress: Progress
 
     def __init__(self, device: str = "auto", timeout: float = 1800.0) -> None:
         self.rank = int(os.environ.get("RANK", "0"))
@@ -62,6 +67,7 @@ class ProcessGroupStrategy(Strategy):
         self.timeout = timeout
         self._stop = threading.Event()
         self._store = _group_store()
+        self.progress = Progress()
         self._heartbeat = threading.Thread(target=self._beat, name="stoker-heartbeat", daemon=True)
         self._heartbeat.start()
         if self._owns_group:
@@ -123,10 +129,14 @@ class ProcessGroupStrategy(Strategy):
 
     # ----------------------------------------------------------------- lost replicas
     def _guard(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        progress = self.progress
+        progress.enter(f"a collective ({fn.__name__})")
         try:
             return fn(*args, **kwargs)
         except Exception as e:  # a transport error or a timeout: find out who is gone
             raise self.lost_replica_error(e) from e
+        finally:
+            progress.leave()
 
     def explain_failure(self, error: BaseException) -> BaseException:
         # Transport failures and collective timeouts surface as RuntimeErrors (DistBackendError
@@ -167,13 +177,26 @@ class ProcessGroupStrategy(Strategy):
         return silent
 
     def _beat(self) -> None:
-        key = f"stoker/heartbeat/{self.rank}"
+        key, where = f"stoker/heartbeat/{self.rank}", f"stoker/progress/{self.rank}"
+        me = self.process_name(self.rank)
         while not self._stop.is_set():
             try:
                 self._store.set(key, repr(time.time()))
+                self._store.set(where, self.progress.record())
+                if self.progress.watch is not None:
+                    check_and_exit(self.progress, self._others_progress, me, self.process_name)
             except Exception:  # noqa: BLE001 - the store lives in rank 0; if it is gone, stop beating
                 return
             self._stop.wait(_HEARTBEAT_EVERY)
+
+    def _others_progress(self) -> dict[int, str]:
+        """The other replicas' published progress (those that published any)."""
+        out = {}
+        for r in range(self.world_size):
+            key = f"stoker/progress/{r}"
+            if r != self.rank and self._store.check([key]):  # check: get would wait for a missing key
+                out[r] = self._store.get(key).decode()
+        return out
 
 
 class Replicated(ProcessGroupStrategy):

@@ -23,6 +23,7 @@ from torch import nn
 
 from ..data._tree import batch_rows
 from ..distributed import Strategy
+from ..distributed.watchdog import Progress
 from ..errors import ModelFnError
 from ..hooks.base import LoopResult, RunContext
 from ..precision import Precision
@@ -83,6 +84,7 @@ class TrainStep:
         self.clip_norm = clip_norm
         self.parameters = [p for g in optimizer.param_groups for p in g["params"]]
         self.carries_cache = False
+        self.progress: Progress | None = None  # with several replicas: the backward is a collective
         self._checked = False
         self._autocast = precision.autocasts  # fp32 needs no context around the forward pass
         self._no_sync = getattr(module, "no_sync", None) if accumulation > 1 else None
@@ -123,6 +125,8 @@ class TrainStep:
             if self._no_sync is not None and micro < self.accumulation - 1:
                 with self._no_sync():  # replicas average gradients once, on the last micro-batch
                     scaled.backward()
+            elif self.progress is not None:
+                self._synced_backward(scaled)
             else:
                 scaled.backward()
             detached = loss.detach()
@@ -166,7 +170,10 @@ class TrainStep:
         if spec.cache is not None or self.carries_cache:
             self.params["cache"] = detach_cache(spec.cache)
             self.carries_cache = True
-        loss.backward()
+        if self.progress is not None:
+            self._synced_backward(loss)
+        else:
+            loss.backward()
         host_call = spec.host_call
         if host_call is not None:
             host_call = _snapshot_host_call(host_call, self._read_now)
@@ -175,6 +182,18 @@ class TrainStep:
         if self.schedule is not None:
             self.schedule.step()
         return loss.detach(), host_call
+
+    def _synced_backward(self, loss: torch.Tensor) -> None:
+        """``loss.backward()``, marked as the collective it is with several replicas (DDP
+        averages the gradients in it), so a replica stuck before it is named (watchdog.py)."""
+        progress = self.progress
+        assert progress is not None
+        progress.enter("the backward pass (its gradient all-reduce)")
+        try:
+            loss.backward()
+        finally:
+            progress.leave()
+        progress.mark("the optimizer update")
 
 
 def grad_clearer(optimizer: torch.optim.Optimizer) -> Callable[[], None]:
@@ -228,6 +247,9 @@ class DeviceLoop:
         self.may_break_early = strategy.world_size == 1
         self.exhausted = False
         self.on_cpu = strategy.device.type == "cpu"
+        # Where this replica is, for naming a stuck one (watchdog.py); None alone.
+        self.progress = strategy.progress if strategy.world_size > 1 else None
+        step.progress = self.progress
 
     def run_loop(self, infeed: Infeed, steps: int) -> LoopResult:
         run, step = self.run, self.step
@@ -241,8 +263,11 @@ class DeviceLoop:
         losses: list[Any] = []
         host_calls: list[Any] = []
         wait_before = infeed.wait_seconds
+        progress = self.progress
         start = time.perf_counter()
         for _ in range(steps):
+            if progress is not None:
+                progress.mark("the input and model_fn", run.global_step + 1)
             try:
                 loss, host_call = run_step(infeed)
             except StopIteration:  # the data ended: drop a half-accumulated step and stop
@@ -257,6 +282,9 @@ class DeviceLoop:
                 break
         done = run.global_step - first
         alone = may_break_early
+        if progress is not None:
+            progress.loop_timed(time.perf_counter() - start, done)
+            progress.mark("the end of the loop")
         if not alone:  # data ran out on some replica: all stop together
             self.exhausted = self.strategy.any_replica(self.exhausted)
         # The outfeed: one device-to-host copy for every value of every step in the loop

@@ -125,6 +125,9 @@ class TrainingRun:
         step = self._train_step()
         infeed: Infeed | None = None
         started = False
+        progress = self.strategy.progress if self.strategy.world_size > 1 else None
+        if progress is not None:  # a replica stuck in a training step is named (RunConfig.stuck_replica)
+            progress.watch = self.config.stuck_replica
         try:
             runner.begin(run)
             runner.load_state_dict(state.pending_hook_state)
@@ -150,6 +153,8 @@ class TrainingRun:
                 raise clearer from error
             raise
         finally:
+            if progress is not None:
+                progress.watch = None
             state.global_step = run.global_step
             state.cache = step.params.get("cache")
             if infeed is not None:
@@ -294,6 +299,9 @@ class TrainingRun:
 
     def _save(self, run: RunContext, runner: HookRunner, infeed: Infeed, step: TrainStep) -> Location | None:
         state = self.state
+        progress = self.strategy.progress
+        if progress is not None:  # the chief writes while the others wait: left to distributed_timeout
+            progress.mark("writing a checkpoint", run.global_step, exempt=True)
         state.global_step = run.global_step
         state.cache = step.params.get("cache")
         finished = self._max_steps is not None and run.global_step >= self._max_steps
@@ -301,6 +309,8 @@ class TrainingRun:
         self._finished_saved = finished and path is not None
         if path is not None:
             run.last_checkpoint, run.last_checkpoint_step = path, run.global_step
+        if progress is not None:
+            progress.mark("the hooks after a loop")
         return path
 
 

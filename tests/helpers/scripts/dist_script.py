@@ -30,6 +30,11 @@ class LossLog(Hook):
 def slow_fn(model, features, labels, mode, params):  # noqa: ANN001, ANN201
     if params["sleep"]:
         time.sleep(params["sleep"])
+    if mode == "train" and params["hang"] is not None:  # (rank, step, seconds): that replica hangs there
+        params["calls"] = params.get("calls", 0) + 1
+        rank, step, seconds = params["hang"]
+        if params["replica_index"] == rank and params["calls"] == step:
+            time.sleep(seconds)
     spec = classifier_fn(model, features, labels, mode, params)
     if mode == "train":  # a host_call value, averaged over replicas like the loss
         spec.host_call = {"third": spec.loss / 3}
@@ -45,6 +50,8 @@ def main() -> None:
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--strategy", default="auto")
+    p.add_argument("--hang", type=float, nargs=3, help="rank, step, seconds: that replica sleeps in that step")
+    p.add_argument("--stuck_min_seconds", type=float, default=20.0)
     args = p.parse_args()
     torch.set_num_threads(1)
     x, y = make_data(203)
@@ -64,10 +71,14 @@ def main() -> None:
             save_checkpoints_steps=2,
             progress_bar=False,
             distributed_timeout=args.timeout,
+            stuck_replica=stoker.distributed.StuckReplica(factor=20.0, min_seconds=args.stuck_min_seconds),
             strategy=args.strategy,
             log_every_n_steps=10**6,
         ),
-        params={"sleep": args.sleep},
+        params={
+            "sleep": args.sleep,
+            "hang": None if args.hang is None else [int(args.hang[0]), int(args.hang[1]), args.hang[2]],
+        },
         train_batch_size=16,
         eval_batch_size=16,
     )
