@@ -349,6 +349,32 @@ def test_each_package_imports_only_what_its_docstring_allows():
     assert not found, "layering rules broken:\n  " + "\n  ".join(found)
 
 
+# Modules inside a package that sit below the rest of it: module -> the stoker modules it may import.
+# ``stoker.checkpoint.index`` is the index type every reader of checkpoint.json uses (the
+# manager, the evaluator, export, inspect): pure data, so reading an index never loads torch.
+LEAF_MODULES: dict[str, set[str]] = {"stoker.checkpoint.index": {"stoker.errors"}}
+
+
+def _imports_torch(path: Path) -> bool:
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+        if isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module or ""]
+        if any(n == "torch" or n.startswith("torch.") for n in names):
+            return True
+    return False
+
+
+def test_leaf_modules_import_only_their_allowed_modules_and_no_torch():
+    graph = build_import_graph(SRC, PACKAGE)
+    modules = discover_modules(SRC, PACKAGE)
+    for module, allowed in LEAF_MODULES.items():
+        assert module in graph, f"{module} no longer exists"
+        extra = sorted({e.target for e in graph[module]} - allowed)
+        assert not extra, f"{module} may import only {sorted(allowed)}; it imports {extra}"
+        assert not _imports_torch(modules[module]), f"{module} imports torch"
+
+
 def test_no_module_imports_a_command_module():
     # Commands are listed in stoker.cli.COMMANDS and imported by name when they run; a library
     # module that imports a cli.py would load argparse code (and its imports) into every user.

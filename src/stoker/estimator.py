@@ -24,7 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpoint.manager import CheckpointManager, WarmStartSettings
+from .checkpoint.manager import CheckpointManager
+from .checkpoint.warm_start import WarmStartSettings
 from .config import RunConfig
 from .distributed import Strategy, make_strategy
 from .engine import (

@@ -27,7 +27,7 @@ from helpers.paths import SCRIPTS
 from helpers.processes import PYTHON, popen, python_env
 from helpers.tiny import classifier_fn, eval_input, make_data, make_estimator, train_input
 from stoker.bench import BenchConfig, run_benchmark
-from stoker.checkpoint import load_checkpoint
+from stoker.checkpoint import CheckpointRecord, load_checkpoint
 from stoker.cli import main
 from stoker.engine import ContinuousEvalConfig, ContinuousEvalResult, ContinuousEvaluation
 
@@ -287,9 +287,7 @@ def test_a_checkpoint_removed_before_its_evaluation_is_skipped_with_one_line(tmp
     def remove_ckpt_2(model, features, labels, mode, params):  # noqa: ANN001, ANN202
         # the trainer's retention removing ckpt-4 while ckpt-2 is being evaluated
         if not calls:
-            evaluator.state.checkpoints.update_index(
-                lambda index: index.update(checkpoints=[r for r in index["checkpoints"] if r["step"] != 4])
-            )
+            evaluator.state.checkpoints.update_index(lambda index: (index.without("ckpt-4"), None))
             shutil.rmtree(tmp_path / "ckpt-4")
         calls.append(1)
         return classifier_fn(model, features, labels, mode, params)
@@ -304,7 +302,12 @@ def test_a_checkpoint_removed_before_its_evaluation_is_skipped_with_one_line(tmp
     res = ContinuousEvalResult()
     caplog.clear()
     with caplog.at_level("INFO", logger="stoker"):
-        assert watcher.evaluate_one(eval_input(ex, ey), {"name": "ckpt-4", "step": 4}, res) is None
+        assert (
+            watcher.evaluate_one(
+                eval_input(ex, ey), CheckpointRecord(name="ckpt-4", step=4, time=0.0, bytes=0, files={}), res
+            )
+            is None
+        )
     assert res.skipped == [4]
     lines = [r.getMessage() for r in caplog.records if "ckpt-4" in r.getMessage()]
     assert lines == ["evaluator: ckpt-4 was removed by retention before it was evaluated; skipped"]

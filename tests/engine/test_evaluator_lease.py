@@ -36,7 +36,7 @@ from helpers.paths import SCRIPTS
 from helpers.processes import PYTHON, popen, python_env
 from helpers.tiny import eval_input, make_data, make_estimator, train_input
 from stoker import storage
-from stoker.checkpoint import CheckpointManager
+from stoker.checkpoint import CheckpointManager, Coverage
 from stoker.checkpoint import lease as lease_mod
 from stoker.checkpoint.lease import LeaseHolder, read_leases
 from stoker.cli import main
@@ -53,7 +53,7 @@ def _save(m: CheckpointManager, step: int) -> None:
 
 
 def _names(m: CheckpointManager) -> list[str]:
-    return [r["name"] for r in m.records()]
+    return [r.name for r in m.records()]
 
 
 def _plant(model_dir: Path, name: str = "ckpt-1", **fields: object) -> Path:
@@ -186,7 +186,7 @@ def test_newest_first_supersedes_the_backlog_durably_and_inspect_says_so(tmp_pat
     )
     assert result.evaluated == seen == [6] and result.superseded == [2, 4]
     assert result.skipped == result.discarded == []
-    assert result.coverage == {"evaluated": [6], "superseded": [2, 4], "removed": [], "discarded": []}
+    assert result.coverage == Coverage(evaluated=(6,), superseded=(2, 4))
     assert result.coverage_line() == "1 evaluated, 2 superseded, 0 removed before reading, 0 discarded"
     index = json.loads((tmp_path / "checkpoint.json").read_text())
     assert [(r["step"], bool(r["metrics"]), r.get("superseded", False)) for r in index["checkpoints"]] == [
@@ -202,7 +202,8 @@ def test_newest_first_supersedes_the_backlog_durably_and_inspect_says_so(tmp_pat
     # a second evaluator neither evaluates nor reports a superseded checkpoint
     again = make_estimator(tmp_path, keep_checkpoint_max=0, keep_best=("accuracy", "max"))
     result = again.evaluate_continuously(eval_input(ex, ey), timeout_secs=30, poll_secs=0.01)
-    assert result.evaluated == result.superseded == [] and result.coverage["superseded"] == [2, 4]
+    assert result.evaluated == result.superseded == []
+    assert result.coverage is not None and result.coverage.superseded == (2, 4)
     # ... nor does order="oldest": superseded is final
     result = again.evaluate_continuously(eval_input(ex, ey), timeout_secs=30, poll_secs=0.01, order="oldest")
     assert result.evaluated == []
@@ -221,10 +222,8 @@ def test_a_checkpoint_removed_before_the_lease_is_taken_is_never_read(tmp_path, 
     )
     est = make_estimator(tmp_path, keep_checkpoint_max=0)
     watcher = ContinuousEvaluation(est.evaluation, est.state.checkpoints, ContinuousEvalConfig())
-    stale = next(r for r in est.state.checkpoints.records() if r["step"] == 2)
-    est.state.checkpoints.update_index(
-        lambda index: index.update(checkpoints=[r for r in index["checkpoints"] if r["step"] != 2])
-    )
+    stale = next(r for r in est.state.checkpoints.records() if r.step == 2)
+    est.state.checkpoints.update_index(lambda index: (index.without("ckpt-2"), None))
     computed = []
     real = est.evaluation.compute
     est.evaluation.compute = lambda *a, **k: computed.append(1) or real(*a, **k)  # type: ignore[method-assign]
@@ -257,7 +256,8 @@ class Store:
         self.root = location(url)
 
     def index(self) -> dict:
-        return CheckpointManager(self.url, writer=False).index()
+        """The index as the JSON object on the store."""
+        return CheckpointManager(self.url, writer=False).index().to_json()
 
     def has_index(self) -> bool:
         return storage.exists(self.root / "checkpoint.json")

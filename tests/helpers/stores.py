@@ -20,5 +20,5 @@ def stale_index_write_is_refused_and_loses_nothing(url: str) -> None:
     trainer.save(2, {"w": torch.ones(1)}, {"global_step": 2})  # changes the index after `version`
     assert not storage.put_if(index, data, version)  # a stale write is refused
     stale.record_eval(1, {"loss": 0.5})  # re-read, applied on top of the trainer's update
-    records = trainer.index()["checkpoints"]
-    assert [r["step"] for r in records] == [1, 2] and records[0]["metrics"] == {"loss": 0.5}
+    records = trainer.index().checkpoints
+    assert [r.step for r in records] == [1, 2] and records[0].metrics == {"loss": 0.5}

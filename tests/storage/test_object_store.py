@@ -194,7 +194,7 @@ def test_sharded_checkpoint_through_dcp_fsspec_writer_and_reader():
     path = m.save(4, None, {"global_step": 4}, {0: {"skip": 4}}, tmp_dir=prefix)
     loaded = load_checkpoint(path)  # every dcp/ file verified against the index
     assert loaded.dcp_dir == path / "dcp" and loaded.step == 4 and loaded.input_states == {0: {"skip": 4}}
-    assert sorted(m.records()[0]["files"]) == ["dcp/.metadata", "dcp/__0_0.distcp", "input-0.json", "train_state.pt"]
+    assert sorted(m.records()[0].files) == ["dcp/.metadata", "dcp/__0_0.distcp", "input-0.json", "train_state.pt"]
     full = consolidate(loaded.dcp_dir)
     assert torch.equal(full["weight"], model.weight.detach()) and torch.equal(full["bias"], model.bias.detach())
 
@@ -207,7 +207,7 @@ print("ready", flush=True)
 done, deadline = [], time.monotonic() + 120  # a lost save would otherwise keep it waiting
 while len(done) < 15 and time.monotonic() < deadline:
     recs = m.records()
-    fresh = [r["step"] for r in recs if r["step"] not in done]
+    fresh = [r.step for r in recs if r.step not in done]
     for step in fresh:
         m.record_eval(step, {"loss": -float(step)})
         done.append(step)
@@ -232,9 +232,9 @@ def test_s3_trainer_and_a_second_index_writer_racing(s3_env):
     assert proc.returncode == 0, err
     evaluated = json.loads(out)
     index = trainer.index()
-    assert [r["step"] for r in index["checkpoints"]] == list(range(15))  # no save lost
-    assert all(r["metrics"] == {"loss": -float(r["step"])} for r in index["checkpoints"] if r["step"] in evaluated)
-    assert sorted(evaluated) == list(range(15)) and index["best"]["step"] == 14  # no evaluation lost
+    assert [r.step for r in index.checkpoints] == list(range(15))  # no save lost
+    assert all(r.metrics == {"loss": -float(r.step)} for r in index.checkpoints if r.step in evaluated)
+    assert sorted(evaluated) == list(range(15)) and index.best is not None and index.best.step == 14
 
 
 def test_run_spec_on_a_memory_store():
@@ -310,7 +310,7 @@ def test_watching_evaluator_on_a_memory_store():
     result = evaluator.evaluate_continuously(eval_input(ex, ey), timeout_secs=30, poll_secs=0.01, order="oldest")
     assert result.evaluated == [2, 4, 6] and "training finished at step 6" in result.stop_reason
     index = CheckpointManager(url, writer=False).index()
-    assert all(r["metrics"] for r in index["checkpoints"]) and index["best"] is not None
+    assert all(r.metrics for r in index.checkpoints) and index.best is not None
     assert "metrics.csv" in storage.listdir(location(url) / "eval")  # the scalars reach the store
 
 

@@ -141,13 +141,13 @@ def test_gcs_train_resume_equals_local(gcs_env, tmp_path):
     est = make_estimator(url, save_checkpoints_steps=4)  # a new run resumes from ckpt-8 on gs://
     est.train(train_input(x, y), max_steps=12)
     index = CheckpointManager(url, writer=False).index()
-    assert index["latest"] == "ckpt-12"
-    rec = index["checkpoints"][-1]
-    assert rec["dir"].startswith("ckpt-12.")
-    remote = storage.read_bytes(location(url) / rec["dir"] / "model.safetensors")
+    assert index.latest == "ckpt-12"
+    rec = index.checkpoints[-1]
+    assert rec.dir is not None and rec.dir.startswith("ckpt-12.")
+    remote = storage.read_bytes(location(url) / rec.dir / "model.safetensors")
     assert remote == (tmp_path / "ckpt-12" / "model.safetensors").read_bytes()  # bitwise
     assert torch.equal(
-        load_checkpoint(location(url) / rec["dir"]).model_state["fc1.weight"],
+        load_checkpoint(location(url) / rec.dir).model_state["fc1.weight"],
         load_checkpoint(tmp_path / "ckpt-12").model_state["fc1.weight"],
     )
     assert b"loss" in storage.read_bytes(location(url) / "metrics.csv")  # summaries reach the store too
@@ -171,7 +171,7 @@ m = CheckpointManager(sys.argv[1], keep_checkpoint_max=0, keep_best=("loss", "mi
 print("ready", flush=True)
 done, deadline = [], time.monotonic() + 60  # a lost save would otherwise keep it waiting
 while len(done) < int(sys.argv[2]) and time.monotonic() < deadline:
-    fresh = [r["step"] for r in m.records() if r["step"] not in done]
+    fresh = [r.step for r in m.records() if r.step not in done]
     for step in fresh:
         m.record_eval(step, {"loss": -float(step)})
         done.append(step)
@@ -219,9 +219,9 @@ def test_gcs_trainer_and_a_second_index_writer_racing(gcs_env, monkeypatch):
     evaluated = result["evaluated"]
     assert result["refused"] + sum(refused) > 0  # the preconditions were exercised, not only passed
     index = trainer.index()
-    assert [r["step"] for r in index["checkpoints"]] == list(range(n))  # no save lost
-    assert all(r["metrics"] == {"loss": -float(r["step"])} for r in index["checkpoints"])  # no evaluation lost
-    assert sorted(evaluated) == list(range(n)) and index["best"]["step"] == n - 1
+    assert [r.step for r in index.checkpoints] == list(range(n))  # no save lost
+    assert all(r.metrics == {"loss": -float(r.step)} for r in index.checkpoints)  # no evaluation lost
+    assert sorted(evaluated) == list(range(n)) and index.best is not None and index.best.step == n - 1
 
 
 SCRIPT = SCRIPTS / "train_script.py"
@@ -245,8 +245,9 @@ def test_gcs_kill_9_during_training_and_during_a_write_then_rerun_is_bitwise_equ
     assert done.returncode == 0, done.stderr
     assert "resumed from gs://" in done.stderr
     index = CheckpointManager(url, writer=False).index()
-    final = next(r for r in index["checkpoints"] if r["name"] == "ckpt-30")
-    remote = storage.read_bytes(location(url) / final["dir"] / "model.safetensors")
+    final = index.record("ckpt-30")
+    assert final is not None and final.dir is not None
+    remote = storage.read_bytes(location(url) / final.dir / "model.safetensors")
     assert remote == (tmp_path / "ref" / "ckpt-30" / "model.safetensors").read_bytes()
-    named = {r["dir"] for r in index["checkpoints"]}
+    named = {r.dir for r in index.checkpoints}
     assert {n for n in storage.listdir(location(url)) if n.startswith("ckpt-")} == named  # orphans gone

@@ -172,7 +172,7 @@ m = CheckpointManager(sys.argv[1], keep_checkpoint_max=0, keep_best=("loss", "mi
 print("ready", flush=True)
 done, deadline = [], time.monotonic() + 60  # a lost save would otherwise keep it waiting
 while len(done) < int(sys.argv[2]) and time.monotonic() < deadline:
-    for step in [r["step"] for r in m.records() if r["step"] not in done]:
+    for step in [r.step for r in m.records() if r.step not in done]:
         m.record_eval(step, {"loss": -float(step)})
         done.append(step)
 print(json.dumps(done))
@@ -210,7 +210,7 @@ def test_trainer_and_evaluator_processes_on_a_store_without_conditional_writes(s
     assert proc.returncode == 0, err
     evaluated = json.loads(out)
     index = trainer.index()
-    assert [r["step"] for r in index["checkpoints"]] == list(range(n))  # no save lost
-    assert all(r["metrics"] == {"loss": -float(r["step"])} for r in index["checkpoints"])  # no evaluation lost
-    assert sorted(evaluated) == list(range(n)) and index["best"]["step"] == n - 1
+    assert [r.step for r in index.checkpoints] == list(range(n))  # no save lost
+    assert all(r.metrics == {"loss": -float(r.step)} for r in index.checkpoints)  # no evaluation lost
+    assert sorted(evaluated) == list(range(n)) and index.best is not None and index.best.step == n - 1
     assert not _exists(url + "/checkpoint.json.lock")

@@ -31,7 +31,7 @@ from .. import storage
 from ..checkpoint.manager import CheckpointManager
 from ..config import RunConfig
 from ..data._tree import tree_map
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError, DataError
 from ..estimator import Estimator as PlainEstimator
 from ..estimator import check_train_arguments
 from ..hooks import Hook
@@ -85,7 +85,7 @@ def _first_features(input_fn: InputFn, params: dict[str, Any], seed: int) -> Any
         if callable(close):
             close()
     except StopIteration:
-        raise ValueError("input_fn gave no batch: AdaNet needs one to build the subnetworks") from None
+        raise DataError("input_fn gave no batch: AdaNet needs one to build the subnetworks") from None
     finally:
         set_rng_state(saved)
     is_pair = isinstance(item, (tuple, list)) and len(item) == 2 and not hasattr(item, "_fields")
@@ -99,26 +99,30 @@ def _check_arguments(
     max_iterations: int | None,
     adanet_loss_decay: float,
     config: RunConfig | None,
+    ensemblers: Sequence[Ensembler],
 ) -> None:
     if not isinstance(head, Head):
-        raise TypeError(f"head must be a stoker.adanet Head; got {type(head).__name__}")
+        raise UserCodeError(f"head must be a stoker.adanet Head; got {type(head).__name__}")
     if subnetwork_generator is None or not isinstance(subnetwork_generator, Generator):
-        raise ValueError("subnetwork_generator must be a stoker.adanet.Generator")
+        raise ConfigError("subnetwork_generator must be a stoker.adanet.Generator")
     if not isinstance(max_iteration_steps, int) or max_iteration_steps < 1:
-        raise ValueError(f"max_iteration_steps must be a positive integer; got {max_iteration_steps!r}")
+        raise ConfigError(f"max_iteration_steps must be a positive integer; got {max_iteration_steps!r}")
     if max_iterations is not None and (not isinstance(max_iterations, int) or max_iterations < 1):
-        raise ValueError(f"max_iterations must be a positive integer or None; got {max_iterations!r}")
+        raise ConfigError(f"max_iterations must be a positive integer or None; got {max_iterations!r}")
     if not 0.0 <= adanet_loss_decay < 1.0:
-        raise ValueError(f"adanet_loss_decay must be in [0, 1); got {adanet_loss_decay!r}")
+        raise ConfigError(f"adanet_loss_decay must be in [0, 1); got {adanet_loss_decay!r}")
     if config is None or config.model_dir is None:
-        raise ValueError(
+        raise ConfigError(
             "AdaNet needs RunConfig(model_dir=...): iterations, architectures and the final ensemble live there"
         )
     if config.gradient_clip_norm is not None:
-        raise ValueError(
+        raise ConfigError(
             "RunConfig.gradient_clip_norm would clip all candidates' gradients by one global norm, coupling "
             "them; clip inside a subnetwork's optimizer instead"
         )
+    names = [e.name for e in ensemblers]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"ensembler names must be unique; got {names}")
 
 
 class Estimator:
@@ -175,12 +179,11 @@ class Estimator:
         predict_batch_size: int | None = None,
         report_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        _check_arguments(head, subnetwork_generator, max_iteration_steps, max_iterations, adanet_loss_decay, config)
-        assert config is not None and config.model_dir is not None  # _check_arguments raised otherwise
         ensemblers = list(ensemblers) if ensemblers else [ComplexityRegularizedEnsembler()]
-        names = [e.name for e in ensemblers]
-        if len(set(names)) != len(names):
-            raise ValueError(f"ensembler names must be unique; got {names}")
+        _check_arguments(
+            head, subnetwork_generator, max_iteration_steps, max_iterations, adanet_loss_decay, config, ensemblers
+        )
+        assert config is not None and config.model_dir is not None  # _check_arguments raised otherwise
         self.head = head
         self.subnetwork_generator = subnetwork_generator
         self.max_iteration_steps = max_iteration_steps
@@ -230,14 +233,7 @@ class Estimator:
 
     def selection(self, iteration_number: int) -> dict[str, Any]:
         """What was compared and chosen at ``iteration_number`` (``iteration-<t>/selection.json``)."""
-        return json.loads(read_text(self.model_dir / f"iteration-{iteration_number}" / "selection.json"))
-
-    def _chosen_adanet_loss(self, iteration_number: int) -> float:
-        """The moving average of ``adanet_loss`` that iteration ``t``'s chosen ensemble ended
-        with (NaN if it had diverged)."""
-        sel = self.selection(iteration_number)
-        value = sel["candidates"][sel["chosen_index"]]["adanet_loss_ema"]
-        return float("nan") if value is None else float(value)
+        return _read_selection(self.model_dir, iteration_number)
 
     @property
     def global_step(self) -> int:
@@ -249,16 +245,8 @@ class Estimator:
 
     def _example_features(self, input_fn: InputFn | None) -> Any:
         """The example batch every build uses (saved once, so every rebuild sees the same)."""
-        path = self.model_dir / EXAMPLE_FEATURES
-        if storage.exists(path):
-            return torch.load(io.BytesIO(storage.read_bytes(path)), map_location="cpu", weights_only=True)
-        if input_fn is None:
-            raise CheckpointError(f"{path} is missing: train first (it is written by the first train call)")
-        params = dict(
-            self.params, batch_size=self.train_batch_size or EXAMPLE_ROWS, num_replicas=1, replica_index=0, cache=None
-        )
-        params[ITERATION_PARAM] = 0
-        return _save_example_features(path, _first_features(input_fn, params, self.config.seed))
+        batch_size = self.train_batch_size or EXAMPLE_ROWS
+        return _example_features(self.model_dir, input_fn, {**self.params, "batch_size": batch_size}, self.config.seed)
 
     # ================================================================ training
     def iteration_estimator(self, iteration_number: int, input_fn: InputFn | None = None) -> PlainEstimator:
@@ -273,13 +261,14 @@ class Estimator:
         def build(params: dict[str, Any]) -> IterationModel:
             device = est.strategy.device
             features = tree_map(lambda t: t.to(device), self._example_features(input_fn))
+            previous = _chosen_adanet_loss(self.model_dir, iteration_number - 1) if iteration_number > 0 else None
             model = self._space.build_iteration(
                 iteration_number,
                 features,
                 device,
                 adanet_loss_decay=self.adanet_loss_decay,
                 replicate_ensemble_in_training=self.replicate_ensemble_in_training,
-                previous_adanet_loss=self._chosen_adanet_loss(iteration_number - 1) if iteration_number > 0 else None,
+                previous_adanet_loss=previous,
                 metric_fn=self.metric_fn,
             )
             built["model"] = model
@@ -314,7 +303,7 @@ class Estimator:
         ``max_steps``. Resumes from ``model_dir``: mid-iteration or between iterations."""
         check_train_arguments(steps, max_steps)
         if self.train_batch_size is None:
-            raise ValueError("train: the AdaNet Estimator needs train_batch_size")
+            raise ConfigError("train: the AdaNet Estimator needs train_batch_size")
         if steps is not None:
             max_steps = self.global_step + steps
         self._example_features(input_fn)
@@ -337,7 +326,7 @@ class Estimator:
             if reached < end and max_steps is not None and reached >= max_steps:
                 break  # stopped by max_steps in the middle of the iteration; a later train continues it
             if reached <= start:
-                raise ValueError(f"adanet: iteration {t} trained no step: input_fn gave no batch")
+                raise DataError(f"adanet: iteration {t} trained no step: input_fn gave no batch")
             if reached < end:
                 log.info(
                     "adanet: the data ended at step %d, before iteration %d's end at %d: the iteration ends here",
@@ -369,17 +358,8 @@ class Estimator:
         reports = self.report_materializer.materialize(est, model, t, members) if self.report_materializer else None
         record = selection_record(t, step, model, index, values, how, ema)
         if strategy.is_chief:
-            if reports is not None:
-                atomic_write_text(
-                    self.report_dir / REPORT_FILE.format(t),
-                    json.dumps([r.to_dict() for r in reports], indent=1, sort_keys=True),
-                )
-            final = CheckpointManager(self.model_dir / FINAL_DIR, keep_checkpoint_max=0)
-            final.save(step, EnsembleModel(chosen.ensemble).state_dict(), {"global_step": step, "iteration_number": t})
-            atomic_write_text(
-                self.model_dir / f"iteration-{t}" / "selection.json", json.dumps(record, indent=1, sort_keys=True)
-            )
-            write_architecture(self.model_dir, arch)  # the commit point of iteration t
+            ensemble = EnsembleModel(chosen.ensemble)
+            _commit_iteration(self.model_dir, self.report_dir, arch, ensemble, reports, record)
         strategy.barrier()  # every replica builds the next iteration from the files just written
         self.history.append(record)
         listing = ", ".join(f"{c['name']}={c['adanet_loss_ema']}" for c in record["candidates"])
@@ -436,20 +416,69 @@ class Estimator:
         size), its weights (``model.safetensors``) and its ``architecture.json``; returns
         ``directory`` (a local path or an fsspec URL). ``example_features`` default to the run's
         saved example batch."""
-        out = storage.location(directory)
-        model = self.final_ensemble()
         features = example_features if example_features is not None else self._example_features(None)
-        if isinstance(out, Path):
-            out.mkdir(parents=True, exist_ok=True)
-            _export_ensemble(model, features, out)
-        else:  # torch.export and safetensors write real files: build them locally, then upload
-            with tempfile.TemporaryDirectory(prefix="stoker-export-") as tmp:
-                _export_ensemble(model, features, Path(tmp))
-                storage.write_all(
-                    [(out / name, (Path(tmp) / name).read_bytes()) for name in ("ensemble.pt2", "model.safetensors")]
-                )
-        atomic_write_text(out / "architecture.json", self.architecture().serialize())
-        return out
+        return _write_export(storage.location(directory), self.final_ensemble(), features, self.architecture())
+
+
+def _read_selection(model_dir: storage.Location, t: int) -> dict[str, Any]:
+    """``iteration-<t>/selection.json``: what iteration ``t`` compared and chose."""
+    return json.loads(read_text(model_dir / f"iteration-{t}" / "selection.json"))
+
+
+def _chosen_adanet_loss(model_dir: storage.Location, t: int) -> float:
+    """The moving average of ``adanet_loss`` that iteration ``t``'s chosen ensemble ended
+    with (NaN if it had diverged)."""
+    sel = _read_selection(model_dir, t)
+    value = sel["candidates"][sel["chosen_index"]]["adanet_loss_ema"]
+    return float("nan") if value is None else float(value)
+
+
+def _commit_iteration(
+    model_dir: storage.Location,
+    report_dir: storage.Location,
+    arch: Architecture,
+    ensemble: EnsembleModel,
+    reports: Sequence[Any] | None,
+    record: Mapping[str, Any],
+) -> None:
+    """The chief's writes at the end of iteration ``arch.iteration_number``, in commit order:
+    the reports, the chosen ensemble's checkpoint ``final/ckpt-<step>``, ``selection.json``,
+    and last ``architecture-<t>.json``, the commit point."""
+    t, step = arch.iteration_number, arch.global_step
+    if reports is not None:
+        text = json.dumps([r.to_dict() for r in reports], indent=1, sort_keys=True)
+        atomic_write_text(report_dir / REPORT_FILE.format(t), text)
+    final = CheckpointManager(model_dir / FINAL_DIR, keep_checkpoint_max=0)
+    final.save(step, ensemble.state_dict(), {"global_step": step, "iteration_number": t})
+    atomic_write_text(model_dir / f"iteration-{t}" / "selection.json", json.dumps(record, indent=1, sort_keys=True))
+    write_architecture(model_dir, arch)  # the commit point of iteration t
+
+
+def _write_export(out: storage.Location, model: EnsembleModel, features: Any, arch: Architecture) -> storage.Location:
+    """``ensemble.pt2``, ``model.safetensors`` and ``architecture.json`` of ``model`` in ``out``."""
+    if isinstance(out, Path):
+        out.mkdir(parents=True, exist_ok=True)
+        _export_ensemble(model, features, out)
+    else:  # torch.export and safetensors write real files: build them locally, then upload
+        with tempfile.TemporaryDirectory(prefix="stoker-export-") as tmp:
+            _export_ensemble(model, features, Path(tmp))
+            storage.write_all(
+                [(out / name, (Path(tmp) / name).read_bytes()) for name in ("ensemble.pt2", "model.safetensors")]
+            )
+    atomic_write_text(out / "architecture.json", arch.serialize())
+    return out
+
+
+def _example_features(model_dir: storage.Location, input_fn: InputFn | None, params: dict[str, Any], seed: int) -> Any:
+    """``model_dir``'s saved example batch; without one, the first rows of ``input_fn``'s first
+    batch (called with ``params`` as one replica of iteration 0), saved."""
+    path = model_dir / EXAMPLE_FEATURES
+    if storage.exists(path):
+        return torch.load(io.BytesIO(storage.read_bytes(path)), map_location="cpu", weights_only=True)
+    if input_fn is None:
+        raise CheckpointError(f"{path} is missing: train first (it is written by the first train call)")
+    params = {**params, "num_replicas": 1, "replica_index": 0, "cache": None, ITERATION_PARAM: 0}
+    return _save_example_features(path, _first_features(input_fn, params, seed))
 
 
 def _save_example_features(path: storage.Location, features: Any) -> Any:

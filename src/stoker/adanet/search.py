@@ -26,7 +26,6 @@ import torch
 from torch import nn
 
 from .. import storage
-from ..checkpoint.files import record_dir
 from ..checkpoint.manager import CheckpointManager, check_state_fits, load_checkpoint
 from ..errors import CheckpointMismatchError, ConfigError, UserCodeError
 from ..rng import rng_state, seed_everything, set_rng_state
@@ -71,8 +70,8 @@ def final_checkpoint(model_dir: Location, global_step: int) -> Location:
     if isinstance(final, Path):
         return final / f"ckpt-{global_step}"
     for rec in CheckpointManager(final, writer=False).records():
-        if int(rec["step"]) == global_step:
-            return final / record_dir(rec)
+        if rec.step == global_step:
+            return final / rec.directory
     return final / f"ckpt-{global_step}"  # not committed: reported missing by the caller
 
 

@@ -1,8 +1,11 @@
 """Checkpoints: the commit protocol and index, the files and their verification, warm start.
 
 Owns everything a ``model_dir``'s ``ckpt-<step>/`` directories and ``checkpoint.json`` are made
-of and read back through: :mod:`~stoker.checkpoint.manager` (the commit protocol on local disks
-and object stores, retention, ``keep_best``, warm start), :mod:`~stoker.checkpoint.files` (file
+of and read back through: :mod:`~stoker.checkpoint.index` (``checkpoint.json`` as a type:
+schema, parse, encode, version), :mod:`~stoker.checkpoint.commit` (the commit protocols on
+local disks and object stores, behind one interface), :mod:`~stoker.checkpoint.manager`
+(``CheckpointManager``: saving, retention, ``keep_best``, evaluation results),
+:mod:`~stoker.checkpoint.warm_start` (weights from another run), :mod:`~stoker.checkpoint.files` (file
 names, serialisation, sha256-verified loading), :mod:`~stoker.checkpoint.async_writer` (saves on
 a background thread), :mod:`~stoker.checkpoint.io_config` (``CheckpointIO``: whether a run
 writes them in the background, with which storage retries), :mod:`~stoker.checkpoint.safe_load`
@@ -13,11 +16,10 @@ Estimator or anything above them.
 See docs/checkpoints.md.
 """
 
+from .commit import FINISHED_NAME, CommitProtocol, LocalDirectory, ObjectStore, commit_protocol
 from .files import (
     CKPT_RE,
-    INDEX_FORMAT,
     INDEX_LOCK_NAME,
-    INDEX_NAME,
     MODEL_FILE,
     TRAIN_STATE_FILE,
     LoadedCheckpoint,
@@ -25,18 +27,22 @@ from .files import (
     load_checkpoint,
     model_state_to_bytes,
     previous_retained,
-    record_dir,
     serialize_input_state,
     step_of,
 )
-from .io_config import CheckpointIO
-from .manager import (
-    FINISHED_NAME,
-    CheckpointManager,
-    WarmStartReport,
-    WarmStartSettings,
-    warm_start,
+from .index import (
+    INDEX_FORMAT,
+    INDEX_NAME,
+    INDEX_VERSION,
+    Best,
+    CheckpointIndex,
+    CheckpointRecord,
+    Coverage,
+    record_dir,
 )
+from .io_config import CheckpointIO
+from .manager import CheckpointManager
+from .warm_start import WarmStartReport, WarmStartSettings, warm_start
 
 __all__ = [
     "CKPT_RE",
@@ -44,14 +50,23 @@ __all__ = [
     "INDEX_FORMAT",
     "INDEX_LOCK_NAME",
     "INDEX_NAME",
+    "INDEX_VERSION",
     "MODEL_FILE",
     "TRAIN_STATE_FILE",
+    "Best",
     "CheckpointIO",
+    "CheckpointIndex",
     "CheckpointManager",
+    "CheckpointRecord",
+    "CommitProtocol",
+    "Coverage",
     "LoadedCheckpoint",
+    "LocalDirectory",
+    "ObjectStore",
     "WarmStartReport",
     "WarmStartSettings",
     "check_state_fits",
+    "commit_protocol",
     "load_checkpoint",
     "model_state_to_bytes",
     "previous_retained",

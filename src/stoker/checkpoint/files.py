@@ -25,12 +25,11 @@ from .. import storage
 from ..errors import CheckpointError
 from ..storage.stores import Location
 from . import safe_load
+from .index import INDEX_FORMAT, INDEX_NAME, CheckpointIndex, CheckpointRecord, record_dir
 
 log = logging.getLogger("stoker")
 
-INDEX_NAME = "checkpoint.json"
 INDEX_LOCK_NAME = "checkpoint.lock"
-INDEX_FORMAT = "stoker-checkpoint-index/1"
 MODEL_FILE = "model.safetensors"
 TRAIN_STATE_FILE = "train_state.pt"
 # ckpt-<step>, or on an object store ckpt-<step>.<unique suffix> (a fresh prefix per write)
@@ -47,11 +46,6 @@ class LoadedCheckpoint:
     train_state: dict[str, Any]
     input_states: dict[int, Any] = field(default_factory=dict)
     dcp_dir: Location | None = None
-
-
-def record_dir(record: Mapping[str, Any]) -> str:
-    """The directory (prefix) of an index record: ``dir`` on object stores, else its name."""
-    return str(record.get("dir", record["name"]))
 
 
 def step_of(path: Location) -> int:
@@ -95,29 +89,27 @@ def checkpoint_blobs(
     return blobs
 
 
-def _index(model_dir: Location) -> dict[str, Any] | None:
+def _index(model_dir: Location) -> CheckpointIndex | None:
+    """``model_dir``'s index, or ``None`` when there is none or it cannot be read."""
     try:
-        data = storage.read_bytes(model_dir / INDEX_NAME)
-        return json.loads(data)
-    except (OSError, CheckpointError, json.JSONDecodeError):
+        return CheckpointIndex.parse(storage.read_bytes(model_dir / INDEX_NAME), str(model_dir / INDEX_NAME))
+    except (OSError, CheckpointError):
         return None
 
 
-def index_record(path: Location) -> dict[str, Any] | None:
+def index_record(path: Location) -> CheckpointRecord | None:
     """The index record that names checkpoint directory ``path`` (``None``: not indexed)."""
     index = _index(path.parent)
-    if index is None:
-        return None
-    return next((r for r in index.get("checkpoints", []) if record_dir(r) == path.name), None)
+    return None if index is None else index.record_in(path.name)
 
 
 def previous_retained(path: Location) -> str | None:
     """The retained checkpoint before ``path``, to offer when ``path`` is refused."""
     index = _index(path.parent)
-    if index is None or "checkpoints" not in index:
+    if index is None:
         return None
-    earlier = [r for r in index["checkpoints"] if record_dir(r) != path.name and r["step"] < step_of(path)]
-    return str(path.parent / record_dir(earlier[-1])) if earlier else None
+    earlier = [r for r in index.checkpoints if r.directory != path.name and r.step < step_of(path)]
+    return str(path.parent / earlier[-1].directory) if earlier else None
 
 
 def _read_verified(path: Location, fname: str, expected: Mapping[str, str] | None) -> bytes:
@@ -148,12 +140,12 @@ def load_checkpoint(path: str | os.PathLike[str] | Location) -> LoadedCheckpoint
     """Read a checkpoint directory, verifying each file against its index entry."""
     path = storage.location(path)
     record = index_record(path)
-    expected = record["files"] if record else None
+    expected = record.files if record else None
     names = storage.files_under(path)
     if record is None:
         log.warning("checkpoint %s is not listed in an index: its files cannot be verified", path)
     else:
-        missing = sorted(f for f in record["files"] if f not in names)
+        missing = sorted(f for f in record.files if f not in names)
         if missing:
             prev = previous_retained(path)
             hint = f"; delete the directory to resume from the previous retained checkpoint {prev!r}" if prev else ""
@@ -178,7 +170,7 @@ def load_checkpoint(path: str | os.PathLike[str] | Location) -> LoadedCheckpoint
     for fname in names:
         if fname.startswith("input-") and "/" not in fname:
             input_states[int(fname.split(".", 1)[0].split("-", 1)[1])] = _read_decoded(path, fname, expected)
-    step = int(train_state.get("global_step", record["step"] if record else step_of(path)))
+    step = int(train_state.get("global_step", record.step if record else step_of(path)))
     dcp_dir = path / "dcp" if model_state is None else None
     return LoadedCheckpoint(path, step, model_state, train_state, input_states, dcp_dir)
 

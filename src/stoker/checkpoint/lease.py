@@ -32,16 +32,14 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from .. import storage
-from ..errors import StorageError
+from ..errors import ConfigError, StorageError
 from ..storage import lock as store_lock
 from ..storage.stores import DEFAULT_RETRY, Location, RetryPolicy, UrlPath
-from .files import INDEX_NAME, record_dir
+from .index import INDEX_NAME, CheckpointRecord
 
 log = logging.getLogger("stoker")
 
@@ -184,7 +182,7 @@ class LeaseHolder:
         self, model_dir: Location, stale_after: float = LEASE_STALE_AFTER, retry: RetryPolicy = DEFAULT_RETRY
     ) -> None:
         if not stale_after > 0:
-            raise ValueError(f"a lease's stale_after must be > 0; got {stale_after!r}")
+            raise ConfigError(f"a lease's stale_after must be > 0; got {stale_after!r}")
         self.model_dir = model_dir
         self.stale_after = float(stale_after)
         self.retry = retry
@@ -206,12 +204,12 @@ class LeaseHolder:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def take(self, record: Mapping[str, Any]) -> None:
+    def take(self, record: CheckpointRecord) -> None:
         """Write the lease on ``record``'s checkpoint and start renewing it."""
         self.release()
         with self._lock:
             self.current = replace(
-                self._base, time=time.time(), name=str(record["name"]), dir=record_dir(record), step=int(record["step"])
+                self._base, time=time.time(), name=record.name, dir=record.directory, step=record.step
             )
             _write(self.path, self.current.encode(), self.retry)
         self._stop = threading.Event()

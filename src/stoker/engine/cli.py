@@ -140,7 +140,7 @@ def _evaluate_command(args: argparse.Namespace) -> int:
                 f"superseded {result.superseded or 'none'}, skipped {result.skipped or 'none'} "
                 f"(removed by retention first), discarded {result.discarded or 'none'}; "
                 f"model_dir totals: {result.coverage_line()}"
-                + (f"; best {best['name']} with {best['metric']} = {best['value']:.6g}" if best else "")
+                + (f"; best {best.name} with {best.metric} = {best.value:.6g}" if best else "")
             )
             return 0
         evaluation = evaluation_on_device(est.evaluation, args.device)

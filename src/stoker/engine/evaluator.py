@@ -46,12 +46,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from .. import storage
-from ..checkpoint.files import record_dir
+from ..checkpoint.index import Best, CheckpointIndex, CheckpointRecord, Coverage, coverage_line
 from ..checkpoint.lease import LEASE_STALE_AFTER, LeaseHolder, live_leases
-from ..checkpoint.manager import CheckpointManager, coverage_line, note_coverage, start_coverage
+from ..checkpoint.manager import CheckpointManager
 from ..distributed import make_strategy
 from ..errors import CheckpointError
 from ..hooks.early_stopping import STOP_FILE, read_stop
@@ -121,18 +120,19 @@ class ContinuousEvalResult:
     passed over for a newer one (order ``"newest"``); ``skipped``: those it could not read
     (removed by retention before reading, or damaged); ``discarded``: evaluated, but the
     checkpoint was gone before the result could be recorded (never, while the lease holds).
-    ``coverage``: the model_dir's totals over every evaluator (the index's ``coverage``:
-    lists of steps ``evaluated``, ``superseded``, ``removed`` before reading, ``discarded``).
+    ``best``: the index's best checkpoint when it stopped. ``coverage``: the model_dir's totals
+    over every evaluator (the index's ``coverage``: the steps ``evaluated``, ``superseded``,
+    ``removed`` before reading, ``discarded``).
     """
 
     evaluated: list[int] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
     results: dict[int, dict[str, float]] = field(default_factory=dict)
     stop_reason: str = ""
-    best: dict[str, Any] | None = None
+    best: Best | None = None
     superseded: list[int] = field(default_factory=list)
     discarded: list[int] = field(default_factory=list)
-    coverage: dict[str, list[int]] | None = None
+    coverage: Coverage | None = None
 
     def coverage_line(self) -> str:
         """``N evaluated, N superseded, N removed before reading, N discarded`` (model_dir totals)."""
@@ -175,7 +175,7 @@ class ContinuousEvaluation:
             self._lease = LeaseHolder(checkpoints.model_dir, self.config.lease_secs, checkpoints.retry)
 
     # ------------------------------------------------------------ iterate
-    def watch(self, result: ContinuousEvalResult | None = None) -> Iterator[dict[str, Any]]:
+    def watch(self, result: ContinuousEvalResult | None = None) -> Iterator[CheckpointRecord]:
         """Yield the index record of each checkpoint to evaluate (order ``"newest"``: the newest
         pending one, the older ones recorded as superseded; ``"oldest"``: each, oldest first),
         waiting for new ones until training has finished or ``timeout_secs`` passed without one."""
@@ -195,7 +195,7 @@ class ContinuousEvaluation:
                 if cfg.order == "newest" and len(pending) > 1:
                     take = pending[-1]
                     self._supersede(pending[:-1], take, result)
-                self._passed.add((take["name"], take.get("time", 0.0)))
+                self._passed.add(take.key)
                 yield take
                 last_news, waiting_logged = self._clock(), False
                 continue
@@ -217,57 +217,42 @@ class ContinuousEvaluation:
                 waiting_logged = True
             time.sleep(cfg.poll_secs)
 
-    def pending(self) -> list[dict[str, Any]]:
+    def pending(self) -> list[CheckpointRecord]:
         """Index records without an evaluation, not superseded, that this process has not passed yet, by step."""
         records = self.checkpoints.records()
-        todo = [
-            r
-            for r in records
-            if not r.get("metrics") and not r.get("superseded") and (r["name"], r.get("time", 0.0)) not in self._passed
-        ]
-        return sorted(todo, key=lambda r: r["step"])
+        todo = [r for r in records if not r.evaluated and not r.superseded and r.key not in self._passed]
+        return sorted(todo, key=lambda r: r.step)
 
-    def _supersede(self, older: list[dict[str, Any]], newest: dict[str, Any], result: ContinuousEvalResult) -> None:
+    def _supersede(self, older: list[CheckpointRecord], newest: CheckpointRecord, result: ContinuousEvalResult) -> None:
         """Record ``older`` as superseded by ``newest`` in the index (durably, in one write); log it once."""
-        keys = {(r["name"], r.get("time", 0.0)) for r in older}
+        keys = {r.key for r in older}
         self._passed |= keys
-
-        def mutate(index: dict[str, Any]) -> list[int]:
-            start_coverage(index)
-            marked = []
-            for r in index["checkpoints"]:
-                if (r["name"], r.get("time", 0.0)) in keys and not r.get("metrics") and not r.get("superseded"):
-                    r["superseded"] = True
-                    note_coverage(index, "superseded", int(r["step"]))
-                    marked.append(int(r["step"]))
-            return marked
-
-        marked = self.checkpoints.update_index(mutate)
+        marked = self.checkpoints.update_index(lambda index: index.superseding(keys))
         if marked:
             log.info(
                 "evaluator: %d checkpoint(s) behind; evaluating the newest, %s; superseded steps %s",
                 len(marked),
-                newest["name"],
+                newest.name,
                 marked,
             )
             result.superseded.extend(marked)
 
     def _done_through(self, step: int) -> bool:
-        return any(r["step"] >= step and r.get("metrics") for r in self.checkpoints.records())
+        return any(r.step >= step and r.evaluated for r in self.checkpoints.records())
 
     # ------------------------------------------------------------ step
     def evaluate_one(
-        self, input_fn: InputFn, record: dict[str, Any], result: ContinuousEvalResult
+        self, input_fn: InputFn, record: CheckpointRecord, result: ContinuousEvalResult
     ) -> dict[str, float] | None:
         """Evaluate the checkpoint of ``record``, record and log the result; ``None`` if skipped."""
-        name, step = record["name"], int(record["step"])
-        self._passed.add((name, record.get("time", 0.0)))
+        name, step = record.name, record.step
+        self._passed.add(record.key)
         if self._lease is not None and not self._take_lease(record):
             log.info("evaluator: %s was removed by retention before it was evaluated; skipped", name)
             result.skipped.append(step)
             return None
         try:
-            path = self.checkpoints.model_dir / record_dir(record)  # on an object store: its unique prefix
+            path = self.checkpoints.model_dir / record.directory  # on an object store: its unique prefix
             self.evaluation.state.weights_of = None  # always read the files: a step saved again has new weights
             try:
                 results, _ = self.evaluation.compute(input_fn, self.config.steps, path)
@@ -297,7 +282,7 @@ class ContinuousEvaluation:
             self.on_result(step, results)
         return results
 
-    def _take_lease(self, record: dict[str, Any]) -> bool:
+    def _take_lease(self, record: CheckpointRecord) -> bool:
         """Lease ``record``'s checkpoint; False (no lease held) if retention removed it first.
 
         The lease is written first, then the index is updated (it must still name this very
@@ -306,15 +291,13 @@ class ContinuousEvaluation:
         before this update, which then finds it gone (see ``stoker.checkpoint.lease``).
         """
         assert self._lease is not None
-        key = (record["name"], record.get("time", 0.0))
         self._lease.take(record)
 
-        def mutate(index: dict[str, Any]) -> bool:
-            start_coverage(index)
-            return any((r["name"], r.get("time", 0.0)) == key for r in index["checkpoints"])
+        def change(index: CheckpointIndex) -> tuple[CheckpointIndex, bool]:
+            return index.counting_coverage(), index.names(record.key)
 
         try:
-            present = bool(self.checkpoints.update_index(mutate))
+            present = bool(self.checkpoints.update_index(change))
         except BaseException:
             self._lease.release()
             raise
@@ -344,8 +327,7 @@ class ContinuousEvaluation:
                 self._writer.close()
                 self._writer = None
         index = self.checkpoints.index()
-        result.best = index["best"]
-        result.coverage = index.get("coverage")
+        result.best, result.coverage = index.best, index.coverage
         log.info(
             "evaluator: stopped (%s); this evaluator evaluated %d checkpoint(s), superseded %d, skipped %d, "
             "discarded %d; model_dir totals: %s",
@@ -360,7 +342,7 @@ class ContinuousEvaluation:
 
     # ------------------------------------------------------------ reporting
     def _indexed(self, name: str) -> bool:
-        return any(r["name"] == name for r in self.checkpoints.records())
+        return self.checkpoints.index().record(name) is not None
 
     def _log(self, step: int, results: dict[str, float], became_best: bool) -> None:
         scalars = {k: v for k, v in results.items() if k != "global_step"}

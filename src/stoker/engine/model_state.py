@@ -30,13 +30,12 @@ from ..checkpoint.async_writer import AsyncCheckpointWriter, snapshot
 from ..checkpoint.manager import (
     CheckpointManager,
     LoadedCheckpoint,
-    WarmStartSettings,
     check_state_fits,
     load_checkpoint,
     previous_retained,
-    warm_start,
 )
 from ..checkpoint.safe_load import refused
+from ..checkpoint.warm_start import WarmStartSettings, warm_start
 from ..config import RunConfig
 from ..distributed import Strategy
 from ..distributed.pipeline import plan_stages

@@ -44,7 +44,6 @@ from torch import nn
 
 from .. import storage
 from .._version import __version__
-from ..checkpoint.files import record_dir
 from ..checkpoint.manager import INDEX_NAME, CheckpointManager, model_state_to_bytes
 from ..engine.model_state import ModelState
 from ..errors import ExportError
@@ -331,10 +330,10 @@ def _load_weights(
     elif estimator.model_dir and storage.exists(storage.location(estimator.model_dir) / INDEX_NAME):
         manager = CheckpointManager(estimator.model_dir, writer=False)
         index = manager.index()
-        best = index["best"]
-        best_dir = next((record_dir(r) for r in index["checkpoints"] if best and r["name"] == best["name"]), None)
-        if best is not None and best_dir is not None and storage.is_dir(manager.model_dir / best_dir):
-            path, which = manager.model_dir / best_dir, f"best by {best['metric']} ({best['value']:.6g})"
+        best = index.best
+        best_record = None if best is None else index.record(best.name)
+        if best is not None and best_record is not None and storage.is_dir(manager.model_dir / best_record.directory):
+            path, which = manager.model_dir / best_record.directory, f"best by {best.metric} ({best.value:.6g})"
         else:
             path, which = manager.latest_path(), "latest"
     if path is None:

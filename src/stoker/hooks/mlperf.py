@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import IO, Any, Protocol
 
+from .. import storage
 from ..checkpoint.manager import CheckpointManager
 from ..errors import ConfigError
 from .base import Hook, LoopResult, RunContext, every_n_steps_due
@@ -381,10 +382,10 @@ def evaluate_checkpoints(
     table = EvalCSV(csv_path or Path(estimator.model_dir) / DEFAULT_CSV_NAME)
     rows = []
     for rec in manager.records():
-        path = manager.model_dir / rec["name"]
-        if not path.is_dir():
+        path = manager.model_dir / rec.directory
+        if not storage.is_dir(path):
             continue
-        meta = {"epoch_num": _epoch_num(rec["step"], steps_per_epoch), "step": rec["step"]}
+        meta = {"epoch_num": _epoch_num(rec.step, steps_per_epoch), "step": rec.step}
         if logger:
             logger.start(EVAL_START, metadata=meta)
         row = _timed_evaluation(estimator, input_fn, steps=steps, checkpoint_path=path, steps_per_epoch=steps_per_epoch)

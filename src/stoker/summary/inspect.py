@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import storage
-from ..checkpoint.files import record_dir
-from ..checkpoint.manager import INDEX_NAME, CheckpointManager, coverage_line
+from ..checkpoint.index import INDEX_NAME, CheckpointIndex, Coverage
+from ..checkpoint.manager import CheckpointManager
 from ..errors import StokerError
 from ..run_spec import RUN_SPEC_FILE  # a light module: no torch.export, no recipe
 from .writer import CSV_NAME, read_metrics_csv
@@ -45,25 +45,21 @@ def inspect_run(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
     has_spec = storage.exists(spec_path)
     if not (has_index or has_csv or has_spec):
         raise InspectError(f"{root} is not a stoker model_dir: it has no {INDEX_NAME}, {CSV_NAME} or {RUN_SPEC_FILE}")
-    index = (
-        CheckpointManager(root, writer=False).index()
-        if has_index
-        else {"latest": None, "best": None, "checkpoints": []}
-    )
-    best = index.get("best")
+    index = CheckpointManager(root, writer=False).index() if has_index else CheckpointIndex()
+    best = index.best
     checkpoints = [
         {
-            "name": rec["name"],
-            "step": rec["step"],
-            "time": rec.get("time"),
-            "bytes": rec.get("bytes"),
-            "metrics": rec.get("metrics") or {},
-            "latest": rec["name"] == index.get("latest"),
-            "best": best is not None and rec["name"] == best.get("name"),
-            "superseded": bool(rec.get("superseded")),
-            "present": storage.is_dir(root / record_dir(rec)),  # on an object store: its unique prefix
+            "name": rec.name,
+            "step": rec.step,
+            "time": rec.time,
+            "bytes": rec.bytes,
+            "metrics": dict(rec.metrics),
+            "latest": rec.name == index.latest,
+            "best": best is not None and rec.name == best.name,
+            "superseded": rec.superseded,
+            "present": storage.is_dir(root / rec.directory),  # on an object store: its unique prefix
         }
-        for rec in index.get("checkpoints", [])
+        for rec in index.checkpoints
     ]
     rows = read_metrics_csv(root) if has_csv else []
     latest_values: dict[str, dict[str, float]] = {}
@@ -79,9 +75,9 @@ def inspect_run(model_dir: str | os.PathLike[str]) -> dict[str, Any]:
         "model_dir": str(root),
         "run_spec": spec,
         "checkpoints": checkpoints,
-        "latest": index.get("latest"),
-        "best": best,
-        "coverage": index.get("coverage"),  # what watching evaluators did: lists of steps
+        "latest": index.latest,
+        "best": None if best is None else best.to_json(),
+        "coverage": None if index.coverage is None else index.coverage.to_json(),  # what watching evaluators did
         "metrics": latest_values,
         "metric_rows": len(rows),
         "first_logged": min((r["wall_time"] for r in rows), default=None),
@@ -135,7 +131,7 @@ def format_inspection(info: Mapping[str, Any]) -> str:
             )
         lines.append("  (L = latest, B = best)")
     if info.get("coverage") is not None:
-        lines.append(f"watching evaluator: {coverage_line(info['coverage'])}")
+        lines.append(f"watching evaluator: {Coverage.parse(info['coverage']).line()}")
     lines.append("")
     values = info["metrics"]
     if not values:
