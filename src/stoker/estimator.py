@@ -420,8 +420,8 @@ class EvaluationHook(Hook):
         if checkpoints is None:
             return None
         for record in checkpoints.records():
-            if int(record["step"]) == step and record.get("metrics"):
-                return {**record["metrics"], "global_step": step}
+            if record.step == step and record.evaluated:
+                return {**record.metrics, "global_step": step}
         return None
 
     def _evaluate(self, run: RunContext) -> None:

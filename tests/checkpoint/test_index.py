@@ -171,7 +171,7 @@ def test_the_commit_protocol_is_chosen_from_the_storage(tmp_path):
     assert type(local) is LocalDirectory and local.finished_in_commit
     store = commit_protocol(location("memory://bucket/run"), DEFAULT_RETRY)
     assert type(store) is ObjectStore and not store.finished_in_commit
-    assert store.record_dir("ckpt-3", store.begin(3)) is not None and local.record_dir("ckpt-3", tmp_path) is None
+    assert store.record_dir(store.begin(3)) is not None and local.record_dir(tmp_path) is None
     assert type(CheckpointManager(tmp_path, writer=False).protocol) is LocalDirectory
     assert type(CheckpointManager("memory://bucket/run2", writer=False).protocol) is ObjectStore
 

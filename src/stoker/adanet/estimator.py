@@ -31,7 +31,7 @@ from .. import storage
 from ..checkpoint.manager import CheckpointManager
 from ..config import RunConfig
 from ..data._tree import tree_map
-from ..errors import CheckpointError, ConfigError, DataError
+from ..errors import CheckpointError, ConfigError, DataError, UserCodeError
 from ..estimator import Estimator as PlainEstimator
 from ..estimator import check_train_arguments
 from ..hooks import Hook

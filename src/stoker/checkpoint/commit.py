@@ -122,7 +122,7 @@ class CommitProtocol(ABC):
     def remove_marker(self, name: str) -> None:
         """Remove a small file written by :meth:`write_marker`, if present."""
 
-    def record_dir(self, name: str, staging: Location) -> str | None:
+    def record_dir(self, staging: Location) -> str | None:
         """The ``dir`` a record of ``staging`` carries (``None``: its name is its directory)."""
         return None
 
@@ -292,7 +292,7 @@ class ObjectStore(CommitProtocol):
     def begin(self, step: int) -> Location:
         return self.model_dir / f"ckpt-{step}.{uuid.uuid4().hex[:8]}"
 
-    def record_dir(self, name: str, staging: Location) -> str | None:
+    def record_dir(self, staging: Location) -> str | None:
         return staging.name
 
     def commit(

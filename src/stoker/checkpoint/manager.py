@@ -232,7 +232,7 @@ class CheckpointManager:
                 bytes=sum(sizes.values()),
                 files=files,
                 metrics={},
-                dir=self.protocol.record_dir(name, staging),
+                dir=self.protocol.record_dir(staging),
             )
             final, removed = self.protocol.commit(staging, record, blobs, sizes, self._retain, finished)
         except BaseException as e:

@@ -160,7 +160,7 @@ def _early_stopping(spec: str | None, est: Any) -> Callable[[int, dict[str, floa
         return None
     early = EarlyStopping.parse(spec)
     records = est.state.checkpoints.records() if est.state.checkpoints is not None else []
-    early.replay((int(r["step"]), r["metrics"]) for r in records if r.get("metrics"))
+    early.replay((r.step, r.metrics) for r in records if r.evaluated)
     return early.evaluator_callback(est.model_dir)
 
 
