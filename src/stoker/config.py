@@ -137,6 +137,8 @@ class RunConfig:
             fp32 rounding, no weight-gradient tensor written; resume is bitwise on one path.
         cuda_graph: CUDA only: capture the training step once as a CUDA graph and replay it
             every step (static input buffers, capturable optimizer, loss scale on the device).
+            A step that cannot be captured (an optimizer neither fused nor capturable, several
+            replicas, ...) is a ``ConfigError`` naming why when the step is built.
         strategy: how replicas are formed: ``auto`` picks from the torchrun environment.
         ddp_bucket_cap_mb: ``replicated``: the size of DDP's gradient buckets in MiB (``None``:
             DDP's default of 25); gradients are all-reduced one bucket at a time.

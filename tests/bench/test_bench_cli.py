@@ -381,15 +381,44 @@ def test_warm_up_and_timed_steps_run_as_one_train_call(
         capsys, *QUICK, "--num_batches=5", "--num_warmup_batches=3", "--iterations_per_loop=2", "--display_every=1"
     )
     assert code == 0, err
-    assert [c.get("max_steps") for c in calls] == [8]
+    assert [c.get("max_steps") for c in calls] == [9]  # the rounding adds a warm-up step, takes no timed one
     lines = out.splitlines()
-    note = "Note: warm-up of 3 step(s) rounded up to 4, whole loops of --iterations_per_loop=2; 4 step(s) timed"
+    note = "Note: warm-up of 3 step(s) rounded up to 4, whole loops of --iterations_per_loop=2; 5 step(s) timed"
     assert note in lines
     done = lines.index("Done warm up")
     assert lines.index("Running warm up") < done < lines.index("Step\tImg/sec\ttotal_loss")
     assert not any(STEP_RE.fullmatch(line) for line in lines[:done])
-    # the timed steps are global steps 5-8: two loops of two, numbered from the first timed step
-    assert [int(m.group(1)) for m in STEP_RE.finditer(out)] == [2, 4]
+    # the timed steps are global steps 5-9: loops of two and a last one, numbered from the first timed step
+    assert [int(m.group(1)) for m in STEP_RE.finditer(out)] == [2, 4, 5]
+
+
+@pytest.mark.parametrize(
+    ("num_batches", "warmup", "loop", "warm_run"),
+    [
+        (10, 5, 10, 10),  # the issue's case: it timed 5 steps
+        (10, 5, 1, 5),
+        (7, 3, 4, 4),
+        (5, 0, 3, 0),
+        (3, 4, 4, 4),
+        (4, 1, 3, 3),
+    ],
+)
+def test_num_batches_is_the_number_of_timed_steps(num_batches: int, warmup: int, loop: int, warm_run: int) -> None:
+    """As tf_cnn_benchmarks: --num_batches steps are timed, whatever --iterations_per_loop; the
+    warm-up rounded up to a loop boundary runs more warm-up steps (``warm_run``)."""
+    cfg = BenchConfig(
+        model="trivial",
+        data_name="cifar10",
+        batch_size=4,
+        device="cpu",
+        num_batches=num_batches,
+        num_warmup_batches=warmup,
+        iterations_per_loop=loop,
+        display_every=1000,
+    )
+    result = run_benchmark(cfg, log=lambda line: None)
+    assert result["num_steps"] == num_batches
+    assert result["global_step"] == warm_run + num_batches
 
 
 def test_no_warm_up_traces_the_first_timed_step(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:

@@ -184,10 +184,10 @@ def test_sharded_strategy_is_refused_by_name():
 
 
 def test_cuda_graph_refusals_name_the_cause():
-    """The checks deciding when the CUDA-graph step falls back to eager (pure Python, run on CPU)."""
+    """The checks deciding when a CUDA-graph step cannot be built (pure Python, run on CPU)."""
     from types import SimpleNamespace
 
-    from stoker.engine.cuda_graph_step import cuda_graph_refusal
+    from stoker.engine.cuda_graph_step import capture_refusals, cuda_graph_refusals
     from stoker.precision import FP16Precision, FP32Precision
 
     net = torch.nn.Linear(2, 2)
@@ -196,20 +196,50 @@ def test_cuda_graph_refusals_name_the_cause():
 
     def why(opt, precision=None, params=None, config=cfg, strategy=one):  # noqa: ANN001, ANN202
         kwargs = {"optimizer": opt, "precision": precision or FP32Precision(), "params": params or {}}
-        return cuda_graph_refusal(config, strategy, kwargs)
+        return cuda_graph_refusals(config, strategy, kwargs)
 
-    assert why(torch.optim.Adam(net.parameters(), capturable=True)) is None
-    assert "optimizer SGD is not capturable" in why(torch.optim.SGD(net.parameters(), lr=0.1))
+    def adam():  # noqa: ANN202
+        return torch.optim.Adam(net.parameters(), capturable=True)
+
+    assert why(adam()) == []
+    assert why(torch.optim.SGD(net.parameters(), lr=0.1, fused=True)) == []
+    [sgd] = why(torch.optim.SGD(net.parameters(), lr=0.1))
+    assert sgd.startswith("optimizer SGD is not capturable") and "fused=True" in sgd
     dynamic = FP16Precision(loss_scale="dynamic")
-    assert "fused=True" in why(torch.optim.Adam(net.parameters(), capturable=True), precision=dynamic)
-    assert why(torch.optim.Adam(net.parameters(), capturable=True), precision=FP16Precision(loss_scale=128)) is None
-    assert "gradient_accumulation_steps" in why(
-        torch.optim.Adam(net.parameters(), capturable=True), config=stoker.RunConfig(gradient_accumulation_steps=2)
+    [scaling] = why(adam(), precision=dynamic)
+    assert "fp16 dynamic loss scaling" in scaling and "fused=True" in scaling
+    assert why(torch.optim.Adam(net.parameters(), fused=True), precision=dynamic) == []
+    assert why(adam(), precision=FP16Precision(loss_scale=128)) == []
+    [accumulation] = why(adam(), config=stoker.RunConfig(gradient_accumulation_steps=2))
+    assert "gradient_accumulation_steps" in accumulation
+    [replicas] = why(adam(), strategy=SimpleNamespace(world_size=2))
+    assert replicas.startswith("2 replicas")
+    [cache] = why(adam(), params={"cache": torch.zeros(1)})
+    assert "cache" in cache
+    # every cause at once, each named
+    reasons = capture_refusals(
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.1), accumulation_steps=4, world_size=8, carries_cache=True
     )
-    assert "2 replicas" in why(
-        torch.optim.Adam(net.parameters(), capturable=True), strategy=SimpleNamespace(world_size=2)
-    )
-    assert "cache" in why(torch.optim.Adam(net.parameters(), capturable=True), params={"cache": torch.zeros(1)})
+    assert len(reasons) == 4 and "8 replicas" in reasons[1] and "SGD" in reasons[3]
+
+
+def test_cuda_graph_on_a_step_that_cannot_be_captured_is_an_error():
+    """RunConfig(cuda_graph=True) with an unfused SGD: a ConfigError naming the cause and the fix,
+    not an eager run (the device is faked: the error comes before anything runs on it)."""
+    from types import SimpleNamespace
+
+    from stoker.engine.steps import make_train_step
+    from stoker.errors import ConfigError
+    from stoker.precision import FP32Precision
+
+    net = torch.nn.Linear(2, 2)
+    cuda = SimpleNamespace(world_size=1, device=torch.device("cuda"))
+    kwargs = {"optimizer": torch.optim.SGD(net.parameters(), lr=0.1), "precision": FP32Precision(), "params": {}}
+    config = stoker.RunConfig(device="cuda", cuda_graph=True)
+    with pytest.raises(ConfigError, match=r"cannot be captured: optimizer SGD is not capturable.*fused=True"):
+        make_train_step(config, cuda, kwargs)
+    with pytest.raises(ConfigError, match="needs a CUDA device; this run's device is 'cpu'"):
+        make_train_step(config, SimpleNamespace(world_size=1, device=torch.device("cpu")), kwargs)
 
 
 def test_a_fused_adam_is_made_capturable_and_fused_sgd_left_as_is():

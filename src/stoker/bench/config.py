@@ -89,7 +89,13 @@ class BenchConfig:
     num_eval_batches: int | None = option(
         None, "batches per evaluation", group=AMOUNT, minimum=1, default_text="--num_batches"
     )
-    num_warmup_batches: int = option(10, "untimed batches first", group=AMOUNT, minimum=0)
+    num_warmup_batches: int = option(
+        10,
+        "untimed batches first (rounded up to whole --iterations_per_loop loops: more warm-up, never fewer timed "
+        "steps)",
+        group=AMOUNT,
+        minimum=0,
+    )
     display_every: int = option(10, "print progress every N steps", group=AMOUNT, minimum=1)
     iterations_per_loop: int = option(
         1, "steps per host round trip; 1 times every step, N > 1 times loops of N steps", group=AMOUNT, minimum=1
@@ -138,7 +144,10 @@ class BenchConfig:
         False, "true or module: torch.compile the model; step: compile the whole training step", group=WHERE
     )
     cuda_graph: bool = option(
-        False, "CUDA only: capture the training step once as a CUDA graph and replay it", group=WHERE
+        False,
+        "CUDA only: capture the training step once as a CUDA graph and replay it (every --optimizer is built "
+        "capturable on CUDA); flags whose step cannot be captured exit 2 naming why",
+        group=WHERE,
     )
     fast_linear: str = option(
         "auto",

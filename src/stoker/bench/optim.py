@@ -28,11 +28,13 @@ reported loss still includes the L2 value (``train.py``).
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 
+from ..errors import ConfigError
 from .config import BenchConfig, parse_piecewise_schedule  # parsed where the flag is validated
 
 OptimizerFn = Callable[[dict[str, Any], Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
@@ -54,10 +56,17 @@ class TFRMSProp(torch.optim.Optimizer):
         decay: float = 0.9,
         momentum: float = 0.0,
         eps: float = 1e-10,
+        capturable: bool = False,
     ) -> None:
         if lr < 0 or not 0 <= decay <= 1 or momentum < 0 or eps < 0:
-            raise ValueError(f"TFRMSProp: bad hyper-parameters lr={lr}, decay={decay}, momentum={momentum}, eps={eps}")
-        super().__init__(params, {"lr": lr, "decay": decay, "momentum": momentum, "eps": eps})
+            raise ConfigError(
+                f"TFRMSProp: bad hyper-parameters lr={lr}, decay={decay}, momentum={momentum}, eps={eps}; "
+                "lr, momentum and eps must be >= 0 and decay within [0, 1]"
+            )
+        # capturable: step() reads nothing back to the host, and takes a device-tensor lr (as the
+        # CUDA-graph step hands it), so a CUDA graph can capture it. A float lr runs as before.
+        defaults = {"lr": lr, "decay": decay, "momentum": momentum, "eps": eps, "capturable": capturable}
+        super().__init__(params, defaults)
 
     @torch.no_grad()
     # override: torch overloads step on closure (None -> None, a closure -> float), this is one def
@@ -83,7 +92,13 @@ class TFRMSProp(torch.optim.Optimizer):
             denom = torch._foreach_add(ms, group["eps"])
             torch._foreach_sqrt_(denom)
             torch._foreach_mul_(mom, group["momentum"])
-            torch._foreach_addcdiv_(mom, grads, denom, value=float(group["lr"]))
+            lr = group["lr"]
+            if isinstance(lr, torch.Tensor):  # a CUDA graph's rate: float() would read it back (a host sync)
+                scaled = torch._foreach_div(grads, denom)
+                torch._foreach_mul_(scaled, lr)
+                torch._foreach_add_(mom, scaled)
+            else:
+                torch._foreach_addcdiv_(mom, grads, denom, value=float(lr))
             torch._foreach_sub_(params, mom)
         return loss
 
@@ -133,66 +148,126 @@ def learning_rate_fn(
     return with_warmup
 
 
-def fuses_weight_decay(cfg: BenchConfig, parameters: Sequence[torch.nn.Parameter]) -> bool:
-    """Whether the update of this run is torch's fused SGD kernel with the weight decay inside it.
+@dataclasses.dataclass(frozen=True)
+class UpdatePlan:
+    """How :func:`make_optimizer` builds this run's update (see :func:`update_plan`)."""
 
-    ``--optimizer=sgd`` or ``momentum`` without ``--gradient_clip`` (which must clip the decayed
-    gradient), eager update (``--compile=step`` compiles the optimizer's own code), every
-    parameter a plain fp32 CPU tensor: there, ``g += wd * w`` then ``w -= lr * g`` as two passes
-    over every weight and gradient is memory-bound work a single fused pass halves (trivial on
-    a 2-core AVX2 CPU: 8 % of the step was the decay pass). On CUDA the update stays as it was.
+    fused: bool  # torch's fused kernel (SGD and momentum, Adam)
+    capturable: bool  # step() reads nothing back to the host: a CUDA graph can capture it
+    decay_inside: bool  # the kernel applies --weight_decay in its one pass; else a pre-step hook adds it
+
+
+def update_plan(cfg: BenchConfig, device_type: str, *, plain: bool = True) -> UpdatePlan:
+    """How the update of ``cfg`` is built for parameters on ``device_type`` (``plain``: every
+    parameter is a plain tensor, fp32 on CPU; no subclass such as FSDP's DTensor). No device is
+    touched, so the choice is tested on CPU for a CUDA target.
+
+    - **CPU**, ``--optimizer=sgd`` or ``momentum`` without ``--gradient_clip`` (which must clip
+      the decayed gradient): torch's fused SGD with the weight decay inside it. ``g += wd * w``
+      then ``w -= lr * g`` as two passes over every weight and gradient is memory-bound work a
+      single fused pass halves (trivial on a 2-core AVX2 CPU: 8 % of the step was the decay
+      pass). Adam and RMSProp stay as they were.
+    - **CUDA**: every update is capturable, so ``--cuda_graph`` captures it: SGD and momentum
+      as the fused kernel (the decay inside, unless ``--gradient_clip``: then the pre-hook adds
+      and clips it, on the device), Adam fused and capturable, RMSProp (:class:`TFRMSProp`,
+      which has no fused kernel) capturable.
+    - ``--compile=step`` compiles the optimizer's own code: nothing is fused there.
     """
-    if cfg.optimizer not in ("sgd", "momentum") or cfg.gradient_clip is not None or cfg.compile_mode == "step":
-        return False
-    return bool(parameters) and all(
-        type(p) in (torch.Tensor, torch.nn.Parameter) and p.device.type == "cpu" and p.dtype == torch.float32
+    none = UpdatePlan(fused=False, capturable=False, decay_inside=False)
+    if not plain or cfg.compile_mode == "step":
+        return none
+    sgd = cfg.optimizer in ("sgd", "momentum")
+    if device_type == "cpu":
+        fused = sgd and cfg.gradient_clip is None
+        return UpdatePlan(fused=fused, capturable=False, decay_inside=fused)
+    if device_type == "cuda":
+        return UpdatePlan(
+            fused=cfg.optimizer != "rmsprop", capturable=True, decay_inside=sgd and cfg.gradient_clip is None
+        )
+    return none
+
+
+def _placement(parameters: Sequence[torch.nn.Parameter]) -> tuple[str, bool]:
+    """The parameters' device type (``"mixed"`` where they differ) and whether all are plain tensors
+    (fp32 ones on CPU, where the fused kernel is used for fp32 only)."""
+    types = {p.device.type for p in parameters}
+    device_type = types.pop() if len(types) == 1 else "mixed"
+    plain = bool(parameters) and all(
+        type(p) in (torch.Tensor, torch.nn.Parameter) and (p.device.type != "cpu" or p.dtype == torch.float32)
         for p in parameters
     )
+    return device_type, plain
+
+
+def fuses_weight_decay(cfg: BenchConfig, parameters: Sequence[torch.nn.Parameter]) -> bool:
+    """Whether the update of this run is torch's fused SGD kernel with the weight decay inside it
+    (:func:`update_plan` for these parameters)."""
+    device_type, plain = _placement(parameters)
+    return update_plan(cfg, device_type, plain=plain).decay_inside
 
 
 def make_optimizer(cfg: BenchConfig, parameters: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
-    """The optimizer ``--optimizer`` names, with its hyper-parameter flags, at rate ``lr``.
+    """The optimizer ``--optimizer`` names, with its hyper-parameter flags, at rate ``lr``, built
+    as :func:`update_plan` says for where the parameters are.
 
-    The weight decay is added to the gradients by a step pre-hook, or, where
-    :func:`fuses_weight_decay`, by torch's fused SGD kernel (the same update, one pass).
+    The weight decay is added to the gradients by a step pre-hook, or, where the plan says so,
+    by torch's fused SGD kernel (the same update, one pass).
     """
     opt: torch.optim.Optimizer
     parameters = list(parameters)
-    fused = fuses_weight_decay(cfg, parameters)
-    decay = cfg.weight_decay if fused else 0.0
+    device_type, plain = _placement(parameters)
+    plan = update_plan(cfg, device_type, plain=plain)
+    decay = cfg.weight_decay if plan.decay_inside else 0.0
+    fused = plan.fused or None  # None: torch's default (foreach where it applies)
     if cfg.optimizer == "sgd":
-        opt = torch.optim.SGD(parameters, lr=lr, weight_decay=decay, fused=fused or None)
+        opt = torch.optim.SGD(parameters, lr=lr, weight_decay=decay, fused=fused)
     elif cfg.optimizer == "momentum":
-        opt = torch.optim.SGD(
-            parameters, lr=lr, momentum=cfg.momentum, nesterov=True, weight_decay=decay, fused=fused or None
-        )
+        opt = torch.optim.SGD(parameters, lr=lr, momentum=cfg.momentum, nesterov=True, weight_decay=decay, fused=fused)
     elif cfg.optimizer == "rmsprop":
         opt = TFRMSProp(
-            parameters, lr=lr, decay=cfg.rmsprop_decay, momentum=cfg.rmsprop_momentum, eps=cfg.rmsprop_epsilon
+            parameters,
+            lr=lr,
+            decay=cfg.rmsprop_decay,
+            momentum=cfg.rmsprop_momentum,
+            eps=cfg.rmsprop_epsilon,
+            capturable=plan.capturable,
         )
     else:
-        opt = torch.optim.Adam(parameters, lr=lr, betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_epsilon)
-    if not fused and (cfg.weight_decay or cfg.gradient_clip is not None):
+        opt = torch.optim.Adam(
+            parameters,
+            lr=lr,
+            betas=(cfg.adam_beta1, cfg.adam_beta2),
+            eps=cfg.adam_epsilon,
+            fused=fused,
+            capturable=plan.capturable,
+        )
+    if not plan.decay_inside and (cfg.weight_decay or cfg.gradient_clip is not None):
         opt.register_step_pre_hook(_decay_and_clip(cfg.weight_decay, cfg.gradient_clip))
     opt.register_load_state_dict_post_hook(_keep_settings(opt))
     return opt
 
 
 def _keep_settings(optimizer: torch.optim.Optimizer) -> Callable[[torch.optim.Optimizer], None]:
-    """A load_state_dict post-hook: where the decay runs is this run's choice, not the checkpoint's.
+    """A load_state_dict post-hook: how the update runs is this run's choice, not the checkpoint's.
 
     ``load_state_dict`` replaces every param group's hyper-parameters with the saved ones. A
     checkpoint written where the decay ran as a pre-hook (group ``weight_decay`` 0) would resume
     a fused run without decay, and one written by a fused run (group ``weight_decay`` > 0) would
-    decay twice in a run with the pre-hook; so both keys are put back as this run built them.
+    decay twice in a run with the pre-hook; so the keys are put back as this run built them. A
+    fused or capturable Adam keeps its step counters on the parameters' device; one resumed from
+    an unfused run's checkpoint (counters on the host) gets them moved there.
     """
-    built: dict[str, Any] = {
-        k: optimizer.param_groups[0][k] for k in ("weight_decay", "fused") if k in optimizer.param_groups[0]
-    }
+    keys = ("weight_decay", "fused", "capturable")
+    built: dict[str, Any] = {k: optimizer.param_groups[0][k] for k in keys if k in optimizer.param_groups[0]}
 
     def hook(opt: torch.optim.Optimizer) -> None:
         for group in opt.param_groups:
             group.update(built)
+        if built.get("fused") or built.get("capturable"):
+            for param, state in opt.state.items():
+                step = state.get("step") if isinstance(state, dict) else None
+                if isinstance(step, torch.Tensor) and isinstance(param, torch.Tensor) and step.device != param.device:
+                    state["step"] = step.to(device=param.device, dtype=torch.float32)
 
     return hook
 

@@ -51,6 +51,8 @@ from .config import (
     MODE_TRAIN_AND_EVAL,
     BenchConfig,
 )
+from .cuda_graph import cuda_graph_refusals
+from .errors import fail
 from .inference import run_inference
 from .model import (  # re-exported: they were defined here
     ModelFactory,
@@ -366,6 +368,8 @@ def run_benchmark(
             "Note: --model=mobilenet is MobileNet v1 here; tf_cnn_benchmarks' mobilenet (MobileNet v2 with two "
             "logits layers) is --model=mobilenet_v2_tf_cnn"
         )
+    if cfg.cuda_graph and mode_trains(cfg):
+        _check_cuda_graph(cfg, workload)
     if workload.device.type == "cuda" and cfg.gpu_memory_frac_for_testing:
         torch.cuda.set_per_process_memory_fraction(cfg.gpu_memory_frac_for_testing, workload.device)
     bucket_mb = repacking_bucket_mb(cfg, factory, model_params(cfg)) if workload.num_devices > 1 else None
@@ -399,6 +403,24 @@ def run_benchmark(
     return result
 
 
+def mode_trains(cfg: BenchConfig) -> bool:
+    """Whether this run trains (the only step ``--cuda_graph`` captures)."""
+    return cfg.benchmark_mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL)
+
+
+def _check_cuda_graph(cfg: BenchConfig, workload: Workload) -> None:
+    """``--cuda_graph=true`` asks for a graph: a step that cannot be captured is a flag error
+    naming why, never an eager run under the flag."""
+    reasons = cuda_graph_refusals(cfg, workload.device.type, replicas=workload.num_devices)
+    if reasons:
+        raise fail(
+            "--cuda_graph=true, but this training step cannot be captured: "
+            + "; ".join(reasons)
+            + " (or drop --cuda_graph to run the step eagerly)",
+            "cuda_graph",
+        )
+
+
 def _write_run_spec(cfg: BenchConfig, workload: Workload) -> None:
     """Record in ``--train_dir`` how to rebuild the model, so ``stoker export TRAIN_DIR`` works."""
     assert cfg.train_dir is not None
@@ -426,15 +448,18 @@ def _train(
         log(f"Nothing to run: {cfg.train_dir} is already at global step {start} (warm-up + --num_batches = {target})")
         return {"num_steps": 0, "global_step": start, "images_per_sec": 0.0}
     # The timed steps start at a loop boundary: a warm-up that ends inside a loop of
-    # --iterations_per_loop steps is rounded up to the end of that loop.
+    # --iterations_per_loop steps is rounded up to the end of that loop. The rounding adds
+    # warm-up steps and never takes timed ones (tf_cnn_benchmarks times --num_batches steps).
+    timed = remaining - warm
     loop = max(1, cfg.iterations_per_loop)
-    rounded = min(remaining, -(-warm // loop) * loop)
-    if rounded != warm:
+    rounded = -(-warm // loop) * loop
+    if rounded != warm and timed:
         log(
             f"Note: warm-up of {warm} step(s) rounded up to {rounded}, whole loops of --iterations_per_loop={loop}; "
-            f"{remaining - rounded} step(s) timed"
+            f"{timed} step(s) timed"
         )
         warm = rounded
+        target = start + warm + timed
     first_timed = start + warm
     trace = _trace_hook(cfg, first_step=start + max(0, warm - 2))
 

@@ -21,9 +21,10 @@ scale update) with a single launch. What a graph needs, and how this step provid
 
 The first ``WARMUP_STEPS`` steps run eagerly on a side stream (real steps on real batches:
 they initialise the optimizer state and let autograd and cuDNN pick their kernels); the next
-step is captured and then replayed, and every later step is a replay. Unsupported settings
-(gradient accumulation, a carried ``cache``, several replicas) run the eager ``TrainStep``
-with a warning (``cuda_graph_refusal``).
+step is captured and then replayed, and every later step is a replay. Settings that cannot be
+captured (gradient accumulation, a carried ``cache``, several replicas, an optimizer that is
+neither fused nor capturable) are a :class:`~stoker.errors.ConfigError` naming each cause and
+its fix (:func:`capture_refusals`): a run that asks for a graph never runs eagerly unannounced.
 
 Written against torch's documented whole-network capture; run on an H200 (torch 2.11) by
 ``make gpu-check``: ``tests/test_cuda.py`` passes there and resnet50 replays within 2 % of a
@@ -51,28 +52,49 @@ log = logging.getLogger("stoker")
 WARMUP_STEPS = 3
 
 
-def cuda_graph_refusal(config: RunConfig, strategy: Any, kwargs: dict[str, Any]) -> str | None:
-    """Why this run cannot use the CUDA-graph step (``None``: it can)."""
-    opt: torch.optim.Optimizer = kwargs["optimizer"]
-    name = type(opt).__name__
-    if config.gradient_accumulation_steps > 1:
-        return "gradient_accumulation_steps > 1 is not captured (one micro-batch per step); set it to 1"
-    if strategy.world_size > 1:
-        return f"{strategy.world_size} replicas: gradient all-reduce is not captured by this loop; use one replica"
-    if kwargs["params"].get("cache") is not None:
-        return "a carried cache (EstimatorSpec.cache) is not captured"
-    if not (opt.defaults.get("capturable") or opt.defaults.get("fused")):
-        return (
+def capture_refusals(
+    *,
+    optimizer: torch.optim.Optimizer,
+    dynamic_scaling: bool = False,
+    accumulation_steps: int = 1,
+    world_size: int = 1,
+    carries_cache: bool = False,
+) -> list[str]:
+    """Why a training step with these settings cannot be captured as a CUDA graph (empty: it can).
+
+    Pure Python (nothing touches a device), so it is tested on CPU with CPU-built optimizers; each
+    reason names the setting and the fix."""
+    name = type(optimizer).__name__
+    reasons = []
+    if accumulation_steps > 1:
+        reasons.append("gradient_accumulation_steps > 1 is not captured (one micro-batch per step); set it to 1")
+    if world_size > 1:
+        reasons.append(f"{world_size} replicas: gradient all-reduce is not captured by this loop; use one replica")
+    if carries_cache:
+        reasons.append("a carried cache (EstimatorSpec.cache) is not captured")
+    if not (optimizer.defaults.get("capturable") or optimizer.defaults.get("fused")):
+        reasons.append(
             f"optimizer {name} is not capturable: build it with capturable=True (Adam, AdamW, ...) "
             "or fused=True (SGD, Adam, AdamW)"
         )
-    scaler = kwargs["precision"].scaler
-    if scaler is not None and scaler.dynamic and not getattr(opt, "_step_supports_amp_scaling", False):
-        return (
+    elif dynamic_scaling and not getattr(optimizer, "_step_supports_amp_scaling", False):
+        reasons.append(
             f"fp16 dynamic loss scaling skips updates on the device only with a fused optimizer; build {name} "
             "with fused=True, or use a static loss_scale"
         )
-    return None
+    return reasons
+
+
+def cuda_graph_refusals(config: RunConfig, strategy: Any, kwargs: dict[str, Any]) -> list[str]:
+    """Why this run cannot use the CUDA-graph step (empty: it can); see :func:`capture_refusals`."""
+    scaler = kwargs["precision"].scaler
+    return capture_refusals(
+        optimizer=kwargs["optimizer"],
+        dynamic_scaling=scaler is not None and scaler.dynamic,
+        accumulation_steps=config.gradient_accumulation_steps,
+        world_size=strategy.world_size,
+        carries_cache=kwargs["params"].get("cache") is not None,
+    )
 
 
 def _flat(tree: Any) -> tuple[list[Any], Any]:
@@ -300,4 +322,4 @@ def _copy_snapshot(host_call: Any) -> Any:
     return first, [v.clone() for v in values]
 
 
-__all__ = ["WARMUP_STEPS", "CudaGraphTrainStep", "cuda_graph_refusal"]
+__all__ = ["WARMUP_STEPS", "CudaGraphTrainStep", "capture_refusals", "cuda_graph_refusals"]

@@ -1,20 +1,19 @@
 """Which ``TrainStep`` a training run uses: eager, compiled (``compile="step"``) or a CUDA graph.
 
 ``RunConfig.compile`` and ``RunConfig.cuda_graph`` choose; what a variant cannot run is refused
-with an error naming the option (compiled step), or falls back to the eager step with a
-warning naming the cause (CUDA graph: a capture needs static shapes and no host syncs).
+with a ``ConfigError`` naming the option and the cause. A CUDA-graph step that is built can still
+fall back to eager at run time, with a warning naming the cause (a batch whose shapes change, a
+host sync in ``model_fn``): only running the step shows those.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from ..config import RunConfig
 from ..distributed import Strategy
+from ..errors import ConfigError
 from .loop import TrainStep
-
-log = logging.getLogger("stoker")
 
 
 def make_train_step(config: RunConfig, strategy: Strategy, kwargs: dict[str, Any]) -> TrainStep:
@@ -27,17 +26,20 @@ def make_train_step(config: RunConfig, strategy: Strategy, kwargs: dict[str, Any
     if config.cuda_graph:
         device = strategy.device
         if device.type != "cuda":
-            raise ValueError(
+            raise ConfigError(
                 f"RunConfig.cuda_graph=True needs a CUDA device; this run's device is {str(device)!r} "
                 "(set device='cuda' or cuda_graph=False)"
             )
-        from .cuda_graph_step import CudaGraphTrainStep, cuda_graph_refusal
+        from .cuda_graph_step import CudaGraphTrainStep, cuda_graph_refusals
 
-        why = cuda_graph_refusal(config, strategy, kwargs)
-        if why is None:
-            return CudaGraphTrainStep(**kwargs)
-        log.warning("cuda_graph: running the eager step instead: %s", why)
-        return TrainStep(**kwargs)
+        reasons = cuda_graph_refusals(config, strategy, kwargs)
+        if reasons:
+            raise ConfigError(
+                "RunConfig.cuda_graph=True, but this training step cannot be captured: "
+                + "; ".join(reasons)
+                + " (or set cuda_graph=False to run the step eagerly)"
+            )
+        return CudaGraphTrainStep(**kwargs)
     if config.compile_mode == "step":
         from .compiled_step import CompiledTrainStep, check_compiled_step_supported
 

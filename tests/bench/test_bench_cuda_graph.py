@@ -1,0 +1,116 @@
+"""``--cuda_graph``: the update each optimizer gets on CUDA is capturable (decided without a
+device, so tested here on CPU), and a step that cannot be captured is an error naming why."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from helpers.cli import run_main
+from stoker.bench import BenchConfig, optim
+from stoker.bench.cuda_graph import cuda_graph_refusals
+from stoker.bench.errors import BenchFlagError
+from stoker.bench.optim import TFRMSProp, UpdatePlan, make_optimizer, update_plan
+
+
+def _params() -> list[nn.Parameter]:
+    torch.manual_seed(0)
+    return list(nn.Linear(5, 3).parameters())
+
+
+@pytest.mark.parametrize(
+    ("changes", "plan"),
+    [
+        ({"optimizer": "sgd"}, UpdatePlan(fused=True, capturable=True, decay_inside=True)),
+        ({"optimizer": "momentum"}, UpdatePlan(fused=True, capturable=True, decay_inside=True)),
+        # the clip must see the decayed gradient: the pre-hook adds the decay (on the device, captured too)
+        ({"optimizer": "momentum", "gradient_clip": 1.0}, UpdatePlan(fused=True, capturable=True, decay_inside=False)),
+        ({"optimizer": "adam"}, UpdatePlan(fused=True, capturable=True, decay_inside=False)),
+        ({"optimizer": "rmsprop"}, UpdatePlan(fused=False, capturable=True, decay_inside=False)),
+        ({"compile": "step"}, UpdatePlan(fused=False, capturable=False, decay_inside=False)),
+    ],
+)
+def test_every_update_is_capturable_on_cuda(changes: dict[str, object], plan: UpdatePlan) -> None:
+    cfg = BenchConfig(weight_decay=0.1, **changes)  # type: ignore[arg-type]
+    assert update_plan(cfg, "cuda") == plan
+    assert not update_plan(cfg, "cuda", plain=False).fused  # FSDP's DTensor parameters: torch's default update
+    assert not update_plan(cfg, "cpu").capturable  # CPU: as before (fused SGD only)
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam", "rmsprop"])
+def test_optimizers_built_for_cuda_carry_the_flags(optimizer: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """make_optimizer for parameters on a CUDA device (the placement faked: torch builds these
+    flags on CPU tensors too), and what the engine's capture check says of each."""
+    from stoker.engine.cuda_graph_step import capture_refusals
+
+    monkeypatch.setattr(optim, "_placement", lambda parameters: ("cuda", True))
+    cfg = BenchConfig(optimizer=optimizer, weight_decay=0.1)
+    opt = make_optimizer(cfg, _params(), 0.1)
+    fused = optimizer != "rmsprop"
+    assert bool(opt.defaults.get("fused")) is fused
+    assert bool(opt.defaults.get("capturable")) is (optimizer in ("adam", "rmsprop"))
+    assert opt.param_groups[0].get("weight_decay", 0.0) == (0.1 if optimizer in ("sgd", "momentum") else 0.0)
+    assert bool(opt._optimizer_step_pre_hooks) is (optimizer in ("adam", "rmsprop"))  # the decay as a pre-hook
+    assert capture_refusals(optimizer=opt) == []
+    dynamic = capture_refusals(optimizer=opt, dynamic_scaling=True)
+    assert dynamic == [] if fused else "fp16 dynamic loss scaling" in dynamic[0]
+
+
+def test_tf_rmsprop_takes_a_device_tensor_rate() -> None:
+    """The CUDA-graph step hands the optimizer its rate as a tensor: the update is the float one's
+    (to fp32 rounding: the product is formed in another order) and reads nothing back."""
+
+    def run(lr: float | torch.Tensor) -> list[torch.Tensor]:
+        params = _params()
+        opt = TFRMSProp(params, lr=0.1, decay=0.9, momentum=0.9, eps=1.0, capturable=True)
+        for i in range(4):
+            opt.param_groups[0]["lr"] = lr
+            for p in params:
+                p.grad = torch.full_like(p, 0.5 * (i + 1)) - p.detach()
+            opt.step()
+        return [p.detach().clone() for p in params]
+
+    for a, b, start in zip(run(0.05), run(torch.tensor(0.05)), _params(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+        assert not torch.allclose(a, start)  # the update moved the weights
+
+
+def test_cuda_graph_refusals_name_the_flag_and_the_fix() -> None:
+    for optimizer in ("sgd", "momentum", "adam", "rmsprop"):
+        assert cuda_graph_refusals(BenchConfig(optimizer=optimizer, cuda_graph=True), "cuda") == []
+    [cpu] = cuda_graph_refusals(BenchConfig(), "cpu")
+    assert "needs a CUDA device; this run's is 'cpu'" in cpu and "--device=cuda" in cpu
+    [replicas] = cuda_graph_refusals(BenchConfig(), "cuda", replicas=2)
+    assert replicas.startswith("2 replicas") and "--num_gpus=1" in replicas
+    fp16 = BenchConfig(optimizer="rmsprop", precision="fp16", fp16_enable_auto_loss_scale=True)
+    [scaling] = cuda_graph_refusals(fp16, "cuda")
+    assert "--optimizer=rmsprop has none" in scaling and "drop --fp16_enable_auto_loss_scale" in scaling
+    assert cuda_graph_refusals(fp16.replace(optimizer="momentum"), "cuda") == []
+    [compiled] = cuda_graph_refusals(BenchConfig(compile="step"), "cuda")
+    assert "--compile=step" in compiled
+
+
+def test_cuda_graph_where_it_cannot_capture_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    """Asked for explicitly, a graph that cannot be captured is a flag error (exit 2) naming why,
+    not an eager run: here the device (auto) is this CPU machine."""
+    if torch.cuda.is_available():
+        pytest.skip("the auto device is a GPU here")
+    code, out, err = run_main(
+        capsys, "bench", "--model=trivial", "--data_name=cifar10", "--batch_size=8", "--num_batches=1", "--cuda_graph"
+    )
+    assert code == 2, out
+    assert "--cuda_graph=true, but this training step cannot be captured" in err
+    assert "needs a CUDA device; this run's is 'cpu'" in err and "drop --cuda_graph" in err
+    assert "images/sec" not in out  # nothing ran
+
+
+def test_run_benchmark_raises_the_flag_error() -> None:
+    from stoker.bench import run_benchmark
+
+    if torch.cuda.is_available():
+        pytest.skip("the auto device is a GPU here")
+    cfg = BenchConfig(model="trivial", data_name="cifar10", batch_size=8, num_batches=1, cuda_graph=True)
+    with pytest.raises(BenchFlagError, match="cannot be captured") as e:
+        run_benchmark(cfg, log=lambda line: None)
+    assert e.value.flags == ("cuda_graph",)
