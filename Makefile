@@ -52,10 +52,14 @@ docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 # On a machine with an NVIDIA GPU and a CUDA build of torch installed for $(PY): the cuda-marked
-# tests, then the GPU benchmark set (benchmarks/gpu_check.py), writing gpu-check.json and
-# gpu-check.md. No venv, no setup, no downloads: `make gpu-check PY=python3`. Without a CUDA
-# device it prints why and make exits 0 (the script's own status is 3); other failures keep
-# their status. GPU_CHECK_ARGS=--quick (fewer batches) or --dry-run (print the plan, run nothing).
+# tests of the CUDA paths, then the rows that answer issue 41's targets (benchmarks/gpu_check.py
+# --plan=targets: resnet20 CUDA graph, the BERT-large shape plain / recipe eager / compiled,
+# resnet50 eager and compiled against the plain loop and on real JPEGs; estimated under 9 minutes),
+# writing gpu-check.json and gpu-check.md with each target, its threshold and what was measured.
+# No venv, no setup, no downloads: `make gpu-check PY=python3`. Without a CUDA device it prints
+# why and make exits 0 (the script's own status is 3); other failures keep their status.
+# GPU_CHECK_ARGS=--quick (fewer batches), --dry-run (print the plan and its time estimate, run
+# nothing) or --plan=full (every row and every cuda-marked test, about 10 minutes or more).
 GPU_CHECK_ARGS ?=
 gpu-check:
 	@PYTHONPATH=src $(PY) benchmarks/gpu_check.py --out gpu-check.json $(GPU_CHECK_ARGS); rc=$$?; \

@@ -34,7 +34,7 @@ defaults to on CUDA; a row that ran another is recorded as failed.
 
 MFU = images/sec x GFLOP per image (forward counted by ``torch.utils.flop_counter`` through
 ``stoker.bench.report.flops_per_image``; x3 for training) / the device's dense bf16 peak from
-:data:`PEAK_BF16_TFLOPS` (``--peak_tflops`` overrides; unknown devices print ``n/a``).
+``stoker.kernels.datasheet`` (``--peak_tflops`` overrides; unknown devices print ``n/a``).
 
 Writes ``--out`` (default ``gpu-check.json``: device, versions, date, the test step and every
 row with its command and result), ``<out>.md`` (the table printed at the end) and per-row logs
@@ -54,6 +54,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -69,35 +70,13 @@ DEFAULT_BUDGET_S = 570.0  # the issue: within 10 minutes on one H100
 DEFAULT_STEP_TIMEOUT_S = 300.0
 MIN_ROW_S = 20.0  # a row is not started with less budget than this left
 
-# Dense (no sparsity) bf16 tensor-core peaks, TFLOP/s, from NVIDIA's data sheets (RTX 4090: the
-# Ada architecture whitepaper, bf16 with fp32 accumulation). V100 and T4 have no bf16: their fp16
-# tensor peak is given. First match of the device name wins, so specific names come first.
-PEAK_BF16_TFLOPS: tuple[tuple[str, float, str], ...] = (
-    (r"H100.*PCIe", 756.0, "H100 PCIe"),
-    (r"H100.*NVL", 835.0, "H100 NVL"),
-    (r"H200.*NVL", 835.0, "H200 NVL"),
-    (r"GH200", 989.0, "GH200"),
-    (r"H200", 989.0, "H200 SXM"),
-    (r"H100", 989.0, "H100 SXM"),
-    (r"A100", 312.0, "A100"),
-    (r"L40S", 362.0, "L40S"),
-    (r"\bL40\b", 181.0, "L40"),
-    (r"\bL4\b", 121.0, "L4"),
-    (r"\bA10\b", 125.0, "A10"),
-    (r"RTX 4090", 165.2, "RTX 4090"),
-    (r"V100.*PCIE", 112.0, "V100 PCIe (fp16 tensor; no bf16)"),
-    (r"V100", 125.0, "V100 SXM2 (fp16 tensor; no bf16)"),
-    (r"\bT4\b", 65.0, "T4 (fp16 tensor; no bf16)"),
-)
-PEAK_SOURCE = "NVIDIA data sheets, dense bf16 tensor core (no sparsity)"
-
 
 def peak_bf16_tflops(device_name: str) -> tuple[float | None, str]:
-    """(TFLOP/s, which entry) for a ``torch.cuda.get_device_name()``; ``(None, 'unknown peak')``."""
-    for pattern, tflops, label in PEAK_BF16_TFLOPS:
-        if re.search(pattern, device_name, re.IGNORECASE):
-            return tflops, label
-    return None, "unknown peak"
+    """(TFLOP/s, which entry) for a ``torch.cuda.get_device_name()``; ``(None, 'unknown peak')``
+    (the data-sheet table, :data:`stoker.kernels.datasheet.PEAK_BF16_TFLOPS`)."""
+    from stoker.kernels.datasheet import peak_bf16_tflops as lookup
+
+    return lookup(device_name)
 
 
 # ----------------------------------------------------------------------------- the plan
@@ -118,6 +97,10 @@ class Row:
     results_file: str | None = None
     data_format: str | None = "NHWC"  # what the command passes (None: stoker's default, NHWC on CUDA)
     real_images: bool = False  # reads the generated JPEG folder (made before the first such row)
+    est_s: float = 60.0  # the plan's estimate of the row's wall time on an H100/H200 (process start included)
+    flops_per_example: float | None = None  # training FLOPs of one example, where the zoo does not count them
+    scratch: str | None = None  # a directory the row writes (a recipe's model_dir): emptied before and after it
+    steady_from_step: int | None = None  # real data: the rate of the timed steps from this one on (see STEADY)
     result: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -141,11 +124,21 @@ QUICK = Sizes(num_batches=10, num_warmup_batches=5, iterations=50)
 ITERATIONS_PER_LOOP = 10  # stoker reads the losses back every 10 steps; the plain loop once per run
 
 
-def pytest_argv(python: str) -> list[str]:
-    return [python, *PYTEST_ARGS]
+def pytest_argv(python: str, paths: list[str] | None = None) -> list[str]:
+    """The cuda-marked tests: of ``tests`` (the full plan), or of ``paths`` (the targets plan)."""
+    return [python, *PYTEST_ARGS[:-1], *(paths or PYTEST_ARGS[-1:])]
 
 
-def _plain(python: str, model: str, dataset: str, batch: int, precision: str, variant: str, sizes: Sizes) -> list[str]:
+def _plain(
+    python: str,
+    model: str,
+    dataset: str,
+    batch: int,
+    precision: str,
+    variant: str,
+    sizes: Sizes,
+    optimizer: str = "momentum",
+) -> list[str]:
     return [
         python,
         "benchmarks/gpu_check.py",
@@ -157,6 +150,7 @@ def _plain(python: str, model: str, dataset: str, batch: int, precision: str, va
         f"--variant={variant}",
         f"--num_batches={sizes.num_batches}",
         f"--num_warmup_batches={sizes.num_warmup_batches}",
+        *([f"--optimizer={optimizer}"] if optimizer != "momentum" else []),
     ]
 
 
@@ -171,6 +165,7 @@ def _stoker_train(
     results: str,
     nproc: int = 1,
     data_format: str | None = "NHWC",
+    optimizer: str | None = "momentum",
 ) -> list[str]:
     launch = (
         [python, "-m", "stoker"]
@@ -186,7 +181,7 @@ def _stoker_train(
         f"--batch_size={batch}",
         *([f"--data_format={data_format}"] if data_format else []),
         f"--precision={precision}",
-        "--optimizer=momentum",
+        *([f"--optimizer={optimizer}"] if optimizer else []),  # None: the bench's default (sgd)
         "--init_learning_rate=0.005",  # the plain loop's constant rate, not the model's schedule
         f"--num_batches={sizes.num_batches}",
         f"--num_warmup_batches={sizes.num_warmup_batches}",
@@ -344,6 +339,164 @@ def plan(
     return rows
 
 
+# ----------------------------------------------------------------------------- the targets plan
+#: Issue 41's targets, each a ratio of two rows (or one row's MFU) and its threshold:
+#: (what, numerator row, denominator row or None for MFU, threshold).
+TARGETS_BUDGET_S = 540.0  # one run of the targets plan: under 9 minutes, the tests included
+# The rows' estimates (Row.est_s) are not measurements: process start (torch import, CUDA
+# initialisation) of ~10 s, the timed steps at the rates of the 2026-11-26 H200 runs
+# (docs/bench.md), about a minute to compile resnet50 or the 24-layer BERT on a 16-core host.
+# A run records each row's elapsed_s: replace them with those.
+TARGET_TESTS = ["tests/test_cuda.py", "tests/bench/test_bench_cuda_paths.py"]  # the cuda-marked tests it runs
+TARGET_TESTS_EST_S = 60.0
+BERT_LARGE = {"hidden": 1024, "layers": 24, "heads": 16, "intermediate": 4096, "seq_len": 512, "batch": 32}
+#: Real JPEG rows: timed steps, and the step from which their rate counts. Before it, batches the
+#: workers decoded during the warm-up (and compilation) can still be in the queues: at most the
+#: prefetch depth plus a few per worker, far fewer than STEADY_FROM (100 batches, 25,600 images),
+#: so the rate after it is the decoding's own. Fewer steps than STEADY_FROM + 100: "not measured".
+REAL_TIMED_STEPS = 300
+STEADY_FROM = 100
+
+R20_PLAIN = "resnet20 cifar10 b128 bf16 plain cuda_graph (sgd)"
+R20_STOKER = "resnet20 cifar10 b128 bf16 stoker --cuda_graph=true (default optimizer)"
+BERT_PLAIN = "bert-large shape b32 s512 bf16 plain TransformerEncoder + fused AdamW eager"
+BERT_EAGER = "bert-large shape b32 s512 bf16 stoker train bert eager"
+BERT_COMPILED = "bert-large shape b32 s512 bf16 stoker train bert --compile=module"
+R50 = "resnet50 imagenet b256 NHWC bf16"
+TARGETS: tuple[tuple[str, str, str | None, float], ...] = (
+    ("resnet20 stoker --cuda_graph=true / plain CUDA graph", R20_STOKER, R20_PLAIN, 0.95),
+    ("BERT-large shape: stoker train bert eager / plain eager", BERT_EAGER, BERT_PLAIN, 1.0),
+    ("BERT-large shape: stoker train bert compiled, MFU", BERT_COMPILED, None, 0.40),
+    ("resnet50 compiled: real JPEGs / synthetic", f"{R50} stoker compiled real JPEGs", f"{R50} stoker compiled", 0.95),
+    ("resnet50 eager: stoker / plain", f"{R50} stoker eager", f"{R50} plain eager", 0.98),
+    ("resnet50 compiled: stoker / plain", f"{R50} stoker compiled", f"{R50} plain compiled", 0.98),
+)
+
+
+def _bert_recipe(python: str, rows_dir: str, name: str, compile_mode: str, sizes: Sizes) -> Row:
+    """``stoker train bert`` at the BERT-large shape: the first loop of 10 steps (compilation) is
+    not counted by the recipe's examples/sec line, the next ``num_batches`` are."""
+    from_slug = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-").lower()
+    model_dir = f"{rows_dir}/{from_slug}.model"
+    b = BERT_LARGE
+    argv = [python, "-m", "stoker", "train", "bert", "--model_dir", model_dir, "--device", "cuda"]
+    argv += ["--precision", "bf16", "--hidden_size", str(b["hidden"]), "--num_layers", str(b["layers"])]
+    argv += ["--num_heads", str(b["heads"]), "--intermediate_size", str(b["intermediate"])]
+    argv += ["--seq_len", str(b["seq_len"]), "--batch_size", str(b["batch"]), "--compile", compile_mode]
+    argv += ["--max_steps", str(ITERATIONS_PER_LOOP + sizes.num_batches), "--iterations_per_loop", "10"]
+    argv += ["--eval_every_n_steps", "0", "--save_checkpoints_steps", "1000000", "--log_every_n_steps", "1000"]
+    variant = "eager" if compile_mode == "none" else "compiled"
+    est = 35.0 if variant == "eager" else 100.0  # compiling 24 layers: about a minute; the final checkpoint: 4 GB
+    return Row(name, "stoker", variant, "bert", "text", b["batch"], "bf16", argv, data_format=None, est_s=est,
+               flops_per_example=bert_flops(), scratch=model_dir)  # fmt: skip
+
+
+def bert_flops() -> float:
+    """Training FLOPs of one BERT-large-shape example, as the recipe counts them (no torch needed)."""
+    b = BERT_LARGE
+    h, t, layers, vocab = b["hidden"], b["seq_len"], b["layers"], 257
+    weights = layers * (4 * h * h + 2 * h * b["intermediate"]) + h * h + h * vocab
+    return 6.0 * weights * t + 12.0 * layers * t * t * h
+
+
+def targets_plan(
+    python: str = "python3",
+    quick: bool = False,
+    rows_dir: str = "gpu-check.rows",
+    images_dir: str = "gpu-check.images",
+) -> list[Row]:
+    """The rows that answer issue 41's targets (:data:`TARGETS`), cheapest first, with estimates
+    that sum (with the tests) to under :data:`TARGETS_BUDGET_S`."""
+    sizes = QUICK if quick else FULL
+    rows: list[Row] = []
+
+    def results(name: str) -> str:
+        return f"{rows_dir}/{re.sub(r'[^A-Za-z0-9]+', '-', name).strip('-').lower()}.json"
+
+    def stoker(name: str, model: str, dataset: str, batch: int, flags: list[str], est: float, **kw: Any) -> None:
+        res = results(name)
+        argv = _stoker_train(python, model, dataset, batch, "bf16", kw.pop("sizes", sizes), flags, res, **kw)
+        rows.append(Row(name, "stoker", _variant(flags), model, dataset, batch, "bf16", argv, results_file=res,
+                        est_s=est, real_images=any(f.startswith("--data_dir") for f in flags)))  # fmt: skip
+
+    r20 = _plain(python, "resnet20", "cifar10", 128, "bf16", "cuda_graph", sizes, optimizer="sgd")
+    rows.append(Row(R20_PLAIN, "plain", "cuda_graph", "resnet20", "cifar10", 128, "bf16", r20, est_s=15.0))
+    stoker(R20_STOKER, "resnet20", "cifar10", 128, ["--compile=false", "--cuda_graph=true"], 20.0, optimizer=None)
+    bert = [python, "benchmarks/gpu_check.py", "plain", "--model=bert_large", "--precision=bf16", "--variant=eager"]
+    bert += [f"--num_batches={sizes.num_batches}", f"--num_warmup_batches={ITERATIONS_PER_LOOP}"]
+    rows.append(Row(BERT_PLAIN, "plain", "eager", "bert", "text", 32, "bf16", bert, data_format=None, est_s=25.0,
+                    flops_per_example=bert_flops()))  # fmt: skip
+    rows.append(_bert_recipe(python, rows_dir, BERT_EAGER, "none", sizes))
+    for variant, est in (("eager", 15.0), ("compiled", 60.0)):
+        argv = _plain(python, "resnet50", "imagenet", 256, "bf16", variant, sizes)
+        rows.append(
+            Row(f"{R50} plain {variant}", "plain", variant, "resnet50", "imagenet", 256, "bf16", argv, est_s=est)
+        )
+    stoker(f"{R50} stoker eager", "resnet50", "imagenet", 256, ["--compile=false"], 20.0)
+    stoker(f"{R50} stoker compiled", "resnet50", "imagenet", 256, ["--compile=module"], 65.0)
+    real = Sizes(num_batches=REAL_TIMED_STEPS, num_warmup_batches=sizes.num_warmup_batches, iterations=0)
+    flags = ["--compile=module", f"--data_dir={images_dir}"]
+    stoker(f"{R50} stoker compiled real JPEGs", "resnet50", "imagenet", 256, flags, 75.0, sizes=real)
+    rows[-1].steady_from_step = STEADY_FROM
+    rows.append(_bert_recipe(python, rows_dir, BERT_COMPILED, "module", sizes))
+    return rows
+
+
+def _variant(flags: list[str]) -> str:
+    if "--cuda_graph=true" in flags:
+        return "cuda_graph"
+    return "compiled" if "--compile=module" in flags else "eager"
+
+
+def plan_estimate(rows: list[Row], with_tests: bool = True) -> float:
+    """Seconds the plan is estimated to take: the rows' estimates, the tests', the JPEG folder's."""
+    images = 10.0 if any(r.real_images for r in rows) else 0.0
+    return sum(r.est_s for r in rows) + (TARGET_TESTS_EST_S if with_tests else 0.0) + images
+
+
+def target_lines(rows: list[Row]) -> list[str]:
+    """Each target with its threshold and what this run measured (or why it did not)."""
+    by_name = {r.name: r for r in rows}
+    lines = []
+    for what, num, den, threshold in TARGETS:
+        a, b = by_name.get(num), by_name.get(den) if den else None
+        want = f">= {100 * threshold:.0f} % MFU" if den is None else f">= {threshold:.2f}x"
+        value = _rate(a)
+        if den is None:
+            mfu = a.result.get("mfu") if a else None
+            got, ok = (f"{100 * mfu:.1f} % MFU", mfu >= threshold) if mfu is not None else (None, False)
+        else:
+            base = _rate(b)
+            got, ok = (f"{value / base:.3f}x", value / base >= threshold) if value and base else (None, False)
+        if got is None:
+            missing = [r.name for r in (a, b) if r is not None and not _rate(r)] or [num]
+            why = "; ".join(f"{n}: {by_name[n].result.get('status', 'not run') if n in by_name else 'not in the plan'}"
+                            for n in missing)  # fmt: skip
+            lines.append(f"target {what}: {want}: not measured ({why})")
+        else:
+            lines.append(f"target {what}: {want}: {got} {'MET' if ok else 'MISSED'}")
+    return lines
+
+
+def _rate(row: Row | None) -> float | None:
+    """A row's rate for the targets: the steady rate of a real-data row (None if not measured)."""
+    if row is None or row.result.get("status") != "ok":
+        return None
+    if row.steady_from_step is not None:
+        return row.result.get("steady_images_per_sec")
+    return row.result.get("images_per_sec")
+
+
+def steady_rate(step_times: list[float], batch: int, loop: int, from_step: int) -> float | None:
+    """Images/sec of the timed steps from ``from_step`` on (``step_times``: seconds per step of
+    each loop of ``loop`` steps); ``None`` with fewer than ``from_step`` steps after it."""
+    skip = -(-from_step // loop)
+    later = step_times[skip:]
+    if len(later) * loop < from_step:
+        return None
+    return batch / (sum(later) / len(later))
+
+
 # ----------------------------------------------------------------------------- output parsing
 _TOTAL_RE = re.compile(r"^total images/sec: ([\d.]+)$", re.MULTILINE)
 _LATENCY_RE = re.compile(
@@ -351,6 +504,7 @@ _LATENCY_RE = re.compile(
     r"max: +([\d.]+)"
 )
 _MFU_RE = re.compile(r"^MFU: ([\d.]+) %$", re.MULTILINE)
+_RECIPE_RE = re.compile(r"^training: ([\d.]+) examples/sec \(steps [^)]*\)(?:, MFU ([\d.]+) %)?", re.MULTILINE)
 
 
 def parse_stoker_output(text: str) -> dict[str, float]:
@@ -364,6 +518,11 @@ def parse_stoker_output(text: str) -> dict[str, float]:
         out.update(latency_avg_ms=avg, latency_p99_ms=p99, latency_p999_ms=p999, latency_max_ms=mx)
     if m := _MFU_RE.findall(text):
         out["stoker_mfu_measured_peak"] = float(m[-1]) / 100
+    if m := _RECIPE_RE.findall(text):  # a recipe's line (stoker train bert): examples/sec, MFU of its own peak
+        speed, mfu = m[-1]
+        out["images_per_sec"] = float(speed)
+        if mfu:
+            out["stoker_mfu"] = float(mfu) / 100
     return out
 
 
@@ -419,7 +578,13 @@ def _tail(text: str, n: int = 15) -> str:
 def measure_row(
     row: Row, timeout: float, log: Path, gflop_forward: float | None, peak_tflops: float | None
 ) -> dict[str, Any]:
-    rc, out, seconds = run_command(row.argv, timeout, log)
+    if row.scratch:
+        shutil.rmtree(ROOT / row.scratch, ignore_errors=True)  # a rerun must not resume the last run's model_dir
+    try:
+        rc, out, seconds = run_command(row.argv, timeout, log)
+    finally:
+        if row.scratch:
+            shutil.rmtree(ROOT / row.scratch, ignore_errors=True)  # BERT-large's checkpoint: 4 GB
     res: dict[str, Any] = {
         "elapsed_s": round(seconds, 1),
         "log": str(log.relative_to(ROOT) if log.is_relative_to(ROOT) else log),
@@ -442,13 +607,26 @@ def measure_row(
         ):
             if full.get(key) is not None:
                 parsed[key] = full[key]
+        if row.steady_from_step is not None:
+            steady = steady_rate(
+                full.get("step_times") or [], row.batch_size, ITERATIONS_PER_LOOP, row.steady_from_step
+            )
+            parsed["steady_images_per_sec"] = steady
+            if steady is None:
+                parsed["steady_note"] = (
+                    f"not measured: fewer than {row.steady_from_step} timed steps after step {row.steady_from_step}"
+                )
     if not parsed.get("images_per_sec"):
         return {**res, "status": "failed: no images/sec in the output", "output_tail": _tail(out)}
     if row.impl == "stoker" and parsed.get("data_format") not in (None, "NHWC"):
         given = f"--data_format={row.data_format}" if row.data_format else "no --data_format (the CUDA default)"
         return {**res, **parsed, "status": f"failed: ran {parsed['data_format']} with {given}, expected NHWC"}
     res.update(parsed, status="ok")
-    if gflop_forward:
+    if row.flops_per_example:
+        res["gflop_per_image"] = row.flops_per_example / 1e9
+        if peak_tflops:
+            res["mfu"] = res["images_per_sec"] * res["gflop_per_image"] / (peak_tflops * 1000.0 * row.nproc)
+    elif gflop_forward:
         res["gflop_per_image"] = gflop_forward * (3.0 if row.training else 1.0)
         if peak_tflops:
             res["mfu"] = res["images_per_sec"] * res["gflop_per_image"] / (peak_tflops * 1000.0 * row.nproc)
@@ -472,6 +650,12 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def _peak_source() -> str:
+    from stoker.kernels.datasheet import PEAK_SOURCE
+
+    return PEAK_SOURCE
+
+
 def no_cuda_message(torch: Any) -> str:
     built = f"built with CUDA {torch.version.cuda}" if torch.version.cuda else "built without CUDA"
     return (
@@ -485,9 +669,11 @@ def print_plan(args: argparse.Namespace, rows: list[Row]) -> None:
         f"gpu-check plan (dry run: nothing is run). Each step runs from {ROOT} with PYTHONPATH=src in its own "
         f"process, timeout {args.step_timeout:.0f} s (or the budget left); overall budget {args.budget:.0f} s."
     )
-    print("tests: PYTHONPATH=src " + shlex.join(pytest_argv(args.python)))
+    print("tests: PYTHONPATH=src " + shlex.join(pytest_argv(args.python, getattr(args, "test_paths", None))))
     if args.collect:
-        rc, out, _ = run_command([*pytest_argv(sys.executable), "--collect-only"], timeout=300)
+        rc, out, _ = run_command(
+            [*pytest_argv(sys.executable, getattr(args, "test_paths", None)), "--collect-only"], timeout=300
+        )
         ids = [line for line in out.splitlines() if "::" in line]
         print(f"  selects {len(ids)} test(s):" if rc == 0 else f"  collection failed (exit {rc}):\n{_tail(out)}")
         for test_id in ids:
@@ -497,6 +683,15 @@ def print_plan(args: argparse.Namespace, rows: list[Row]) -> None:
         note = f"   [needs {row.nproc} CUDA devices, else: skipped: 1 device]" if row.nproc > 1 else ""
         print(f"{i:3d}. {row.name}{note}")
         print(f"     {row.command}")
+        print(f"     estimate {row.est_s:.0f} s")
+    total = plan_estimate(rows, with_tests=not args.skip_tests)
+    fits = "within" if total <= args.budget else "OVER"
+    print(f"estimated total: {total:.0f} s (tests and JPEG folder included), {fits} the budget of {args.budget:.0f} s")
+    if getattr(args, "plan", "full") == "targets":
+        print("targets (each printed at the end with what was measured, or 'not measured' and why):")
+        for what, num, den, threshold in TARGETS:
+            want = f">= {100 * threshold:.0f} % MFU of {num}" if den is None else f">= {threshold:.2f}x"
+            print(f"  {what}: {want}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -526,10 +721,17 @@ def main(argv: list[str] | None = None) -> int:
         "--step-timeout", type=float, default=DEFAULT_STEP_TIMEOUT_S, help="seconds per step (the tests, each row)"
     )
     parser.add_argument(
+        "--plan",
+        choices=("targets", "full"),
+        default="targets",
+        help="targets: the rows that answer issue 41's targets, under 9 minutes (default); full: every row",
+    )
+    parser.add_argument(
         "--budget",
         type=float,
-        default=DEFAULT_BUDGET_S,
-        help="seconds for the whole run; rows that do not fit are skipped",
+        default=None,
+        help=f"seconds for the whole run; rows that do not fit are skipped (default: {TARGETS_BUDGET_S:.0f} for "
+        f"the targets plan, {DEFAULT_BUDGET_S:.0f} for the full one)",
     )
     parser.add_argument(
         "--peak_tflops", type=float, help="the device's dense bf16 peak, where the built-in table does not know it"
@@ -538,11 +740,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--select", metavar="REGEX", help="only the rows whose name matches (re.search)")
     parser.add_argument("--python", default=sys.executable, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    targets = args.plan == "targets"
+    if args.budget is None:
+        args.budget = TARGETS_BUDGET_S if targets else DEFAULT_BUDGET_S
+    args.test_paths = TARGET_TESTS if targets else None
     out_path = Path(args.out).resolve()
     rows_dir = out_path.with_suffix(".rows")
     rows_rel = os.path.relpath(rows_dir, ROOT)
     images_rel = os.path.relpath(out_path.with_suffix(".images"), ROOT)
-    rows = plan(args.python, args.quick, rows_rel, images_rel)
+    rows = (targets_plan if targets else plan)(args.python, args.quick, rows_rel, images_rel)
     if args.select:
         try:
             pattern = re.compile(args.select)
@@ -615,7 +821,7 @@ def run_all(
         "git_commit": commit,
         "peak_bf16_tflops": peak,
         "peak_entry": peak_label,
-        "peak_source": PEAK_SOURCE if peak and not args.peak_tflops else peak_label,
+        "peak_source": _peak_source() if peak and not args.peak_tflops else peak_label,
         "quick": args.quick,
         "budget_s": args.budget,
         "step_timeout_s": args.step_timeout,
@@ -640,7 +846,9 @@ def run_all(
         out_path.write_text(json.dumps(report, indent=1) + "\n")
 
     # 1. the cuda-marked tests
-    tests: dict[str, Any] = {"command": "PYTHONPATH=src " + shlex.join(pytest_argv(args.python))}
+    tests: dict[str, Any] = {
+        "command": "PYTHONPATH=src " + shlex.join(pytest_argv(args.python, getattr(args, "test_paths", None)))
+    }
     if args.skip_tests:
         tests["status"] = "skipped: --skip-tests"
     elif subprocess.run([args.python, "-c", "import pytest"], capture_output=True).returncode != 0:
@@ -648,7 +856,9 @@ def run_all(
     else:
         print("tests: " + tests["command"], flush=True)
         timeout = min(args.step_timeout, max(left(), 1.0))
-        rc, out, seconds = run_command(pytest_argv(args.python), timeout, rows_dir / "tests.log")
+        rc, out, seconds = run_command(
+            pytest_argv(args.python, getattr(args, "test_paths", None)), timeout, rows_dir / "tests.log"
+        )
         summary = _pytest_summary(out)
         status = "ok" if rc == 0 else (f"timeout after {timeout:.0f} s" if rc is None else f"failed: exit {rc}")
         tests.update(status=status, summary=summary, elapsed_s=round(seconds, 1))
@@ -686,7 +896,9 @@ def run_all(
             row.result = {"status": f"skipped: time budget ({args.budget:.0f} s) spent"}
         else:
             key = (row.model, row.dataset)
-            if key not in flops:
+            if row.flops_per_example:
+                flops[key] = None  # the row counts its own
+            elif key not in flops:
                 try:
                     flops[key] = flops_per_image(row.model, row.dataset)
                 except Exception:  # noqa: BLE001 - MFU becomes n/a, the row still runs
@@ -703,7 +915,8 @@ def run_all(
         )
         save()
 
-    text = table(rows)
+    text = table(rows) + "\n\n" + "\n".join(target_lines(rows))
+    report["targets"] = target_lines(rows)
     against = f"{peak:g} TFLOP/s ({peak_label}; {report['peak_source']})" if peak else "n/a (unknown peak)"
     header = (
         f"gpu-check {report['date']}: {name} x{count}, torch {torch.__version__}, CUDA {torch.version.cuda}; "
@@ -739,13 +952,24 @@ def plain_parser() -> argparse.ArgumentParser:
     p.add_argument("--variant", choices=("eager", "compiled", "cuda_graph"), default="eager")
     p.add_argument("--num_batches", type=int, default=FULL.num_batches)
     p.add_argument("--num_warmup_batches", type=int, default=FULL.num_warmup_batches)
+    p.add_argument("--optimizer", choices=("sgd", "momentum"), default="momentum", help="resnet loops: the update")
     p.add_argument("--device", default="cuda", help=argparse.SUPPRESS)  # cpu: the tests run the loop here
+    p.add_argument(
+        "--bert_shape", default=None, help=argparse.SUPPRESS
+    )  # the tests' tiny shape: h,layers,heads,ff,seq,b
     return p
 
 
 def plain_main(argv: list[str]) -> int:
     """``gpu_check.py plain ...``: one hand-written training loop; prints one JSON line."""
     a = plain_parser().parse_args(argv)
+    if a.model == "bert_large":
+        shape = dict(BERT_LARGE)
+        if a.bert_shape:
+            shape = dict(zip(shape, (int(v) for v in a.bert_shape.split(",")), strict=True))
+        result = plain_bert_loop(a.precision, a.variant, a.num_batches, a.num_warmup_batches, a.device, shape)
+        print(json.dumps(result), flush=True)
+        return 0
     print(
         json.dumps(
             plain_loop(
@@ -757,6 +981,7 @@ def plain_main(argv: list[str]) -> int:
                 a.num_batches,
                 a.num_warmup_batches,
                 a.device,
+                a.optimizer,
             )
         ),
         flush=True,
@@ -776,9 +1001,11 @@ def plain_loop(
     num_batches: int,
     num_warmup: int,
     device: str = "cuda",
+    optimizer: str = "momentum",
 ) -> dict[str, Any]:
     """Images/sec of a hand-written loop: channels_last, AMP, SGD with Nesterov momentum 0.9 and
-    weight decay 4e-5 (``stoker bench --optimizer=momentum``'s update), synthetic data on the device.
+    weight decay 4e-5 (``stoker bench --optimizer=momentum``'s update; ``optimizer="sgd"``: plain
+    SGD with that decay, the bench's default), synthetic data on the device.
 
     fp16: eager and compiled use ``torch.amp.GradScaler`` (dynamic, as the PyTorch AMP recipe);
     the CUDA graph uses a static loss scale of 128, because GradScaler's skip-the-step check reads
@@ -796,7 +1023,8 @@ def plain_loop(
     info = get_model_info(model_name, dataset)
     torch.manual_seed(1234)
     model = create_model(model_name, dataset=dataset).to(dev, memory_format=torch.channels_last).train()
-    opt = torch.optim.SGD(model.parameters(), lr=0.005, momentum=0.9, nesterov=True, weight_decay=4e-5)
+    momentum = {"momentum": 0.9, "nesterov": True} if optimizer == "momentum" else {}
+    opt = torch.optim.SGD(model.parameters(), lr=0.005, weight_decay=4e-5, **momentum)
     images, labels = next(
         iter(
             synthetic_images(
@@ -876,6 +1104,97 @@ def plain_loop(
         "elapsed_s": elapsed,
         "first_step_s": first_step_s,
         "loss": loss_value,
+        "device": str(dev),
+        "variant": variant,
+        "precision": precision,
+    }
+
+
+def _plain_bert_model(shape: dict[str, int], vocab: int = 257) -> Any:
+    """BERT as a PyTorch user writes it: embeddings, ``nn.TransformerEncoder`` (post-norm, GELU,
+    dropout 0.1; its attention is ``scaled_dot_product_attention``) and BERT's MLM head."""
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    h = shape["hidden"]
+
+    class PlainBert(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.token = nn.Embedding(vocab, h)
+            self.position = nn.Embedding(shape["seq_len"], h)
+            self.norm = nn.LayerNorm(h, eps=1e-12)
+            layer = nn.TransformerEncoderLayer(
+                h, shape["heads"], shape["intermediate"], dropout=0.1, activation="gelu", batch_first=True,
+                layer_norm_eps=1e-12,
+            )  # fmt: skip
+            self.encoder = nn.TransformerEncoder(layer, shape["layers"], enable_nested_tensor=False)
+            self.head = nn.Sequential(nn.Linear(h, h), nn.GELU(), nn.LayerNorm(h, eps=1e-12), nn.Linear(h, vocab))
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            positions = torch.arange(tokens.shape[1], device=tokens.device)
+            x = F.dropout(self.norm(self.token(tokens) + self.position(positions)), 0.1, self.training)
+            return self.head(self.encoder(x))
+
+    return PlainBert()
+
+
+def plain_bert_loop(
+    precision: str, variant: str, num_batches: int, num_warmup: int, device: str, shape: dict[str, int]
+) -> dict[str, Any]:
+    """Examples/sec of a hand-written BERT masked-LM loop with the recipe's work per step: 15 %
+    of each window's positions are targets (the loss over them, in fp32), AdamW (fused on CUDA,
+    weight decay 0.01 but not on biases and LayerNorm weights), gradient clipping at 1.0, bf16
+    autocast. Synthetic tokens on the device; ``compiled``: ``torch.compile`` of the model."""
+    import torch
+    import torch.nn.functional as F
+
+    dev = torch.device(device)
+    torch.manual_seed(1234)
+    model = _plain_bert_model(shape).to(dev).train()
+    params = list(model.parameters())
+    groups = [
+        {"params": [p for p in params if p.dim() > 1], "weight_decay": 0.01},
+        {"params": [p for p in params if p.dim() <= 1], "weight_decay": 0.0},
+    ]
+    opt = torch.optim.AdamW(groups, lr=1e-4, fused=dev.type == "cuda")
+    b, t = shape["batch"], shape["seq_len"]
+    tokens = torch.randint(0, 257, (b, t), device=dev)
+    targets = torch.rand(b, t, device=dev).argsort(1)[:, : max(1, round(0.15 * t))]
+    labels = torch.full((b, t), -100, device=dev).scatter_(1, targets, tokens.gather(1, targets))
+    forward = torch.compile(model) if variant == "compiled" else model
+    dtype = torch.bfloat16 if precision == "bf16" else None
+
+    def step() -> torch.Tensor:
+        with torch.autocast(dev.type, dtype=dtype, enabled=dtype is not None):
+            logits = forward(tokens)
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    first = time.perf_counter()
+    for _ in range(max(num_warmup, 1)):
+        step()
+    sync()
+    warm_s = time.perf_counter() - first
+    start = time.perf_counter()
+    for _ in range(num_batches):
+        loss = step()
+    sync()
+    elapsed = time.perf_counter() - start
+    return {
+        "images_per_sec": num_batches * b / elapsed,  # examples (windows) per second
+        "elapsed_s": elapsed,
+        "warm_up_s": warm_s,
+        "loss": float(loss),
         "device": str(dev),
         "variant": variant,
         "precision": precision,

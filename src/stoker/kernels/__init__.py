@@ -4,6 +4,8 @@
   key for "this machine, this torch, these threads", and the JSON cache of measured figures.
 - :mod:`~stoker.kernels.peak`: the practical peak for MFU, the fastest of the BLAS gemm,
   oneDNN's linear and a channels_last 3x3 convolution, measured once per machine.
+- :mod:`~stoker.kernels.datasheet`: NVIDIA GPUs' data-sheet bf16 peaks (pure Python), which
+  :func:`~stoker.kernels.peak.device_peak` quotes MFU against on a GPU.
 - :mod:`~stoker.kernels.linear`: ``nn.Linear`` on oneDNN's inner product where it beats the
   BLAS (``RunConfig(fast_linear=...)``, ``stoker bench --fast_linear``).
 - :mod:`~stoker.kernels.sgd_in_backward`: plain SGD applied inside those layers' weight-gradient

@@ -186,6 +186,23 @@ def measured_peak(
     return peak
 
 
+def device_peak(device: torch.device, precision: str = "fp32") -> tuple[float, str]:
+    """``(GFLOP/s, source)``: the peak MFU is quoted against on ``device`` for ``precision``.
+
+    On an NVIDIA GPU in bf16, bf16-sr or fp16, the data sheet's dense tensor-core peak
+    (:mod:`stoker.kernels.datasheet`), as MFU is quoted elsewhere for GPUs; anywhere else (a
+    CPU, fp32, a GPU the table does not know), this machine's :func:`measured_peak`.
+    """
+    if device.type == "cuda" and precision in ("bf16", "bf16-sr", "fp16"):
+        from .datasheet import peak_bf16_tflops
+
+        tflops, label = peak_bf16_tflops(torch.cuda.get_device_name(device))
+        if tflops is not None:
+            return tflops * 1000.0, f"{label} data sheet, dense {'fp16' if precision == 'fp16' else 'bf16'}"
+    peak = measured_peak(device, precision)
+    return peak.gflops, f"measured: {peak.describe()}"
+
+
 def _from_entry(entry: object) -> Peak | None:
     """A cached entry as a ``Peak`` (``None`` if it is not a well-formed one)."""
     if not isinstance(entry, dict):
@@ -199,4 +216,4 @@ def _from_entry(entry: object) -> Peak | None:
     return peak if gflops > 0 and math.isfinite(gflops) else None
 
 
-__all__ = ["DEFAULT_BUDGET_S", "PEAKS_FILE", "Peak", "measure_kernels", "measured_peak", "time_kernel"]
+__all__ = ["DEFAULT_BUDGET_S", "PEAKS_FILE", "Peak", "device_peak", "measure_kernels", "measured_peak", "time_kernel"]

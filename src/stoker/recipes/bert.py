@@ -44,6 +44,7 @@ from ..data import IndexedSource, example_uniforms
 from ..data.base import DataError
 from ..data.text import _collect as collect_text_files  # same expansion rule as text_chars
 from ..distributed import PipelineConfig
+from ..errors import ConfigError
 from ..hooks import Hook
 from ..kernels.linear import FAST_LINEAR_MODES
 from ..memory.recompute import select_modules
@@ -51,7 +52,7 @@ from ..metrics import Mean
 from ..spec import EstimatorSpec, ModeKeys
 from . import corpus
 from .corpus import TextCorpusConfig
-from .skeleton import InputFn, Recipe, option, standard_run_config
+from .skeleton import ATTENTION_CHOICES, InputFn, Recipe, fused_on_cuda, option, standard_run_config
 
 MASK_ID = 256  # bytes are 0..255
 VOCAB = 257
@@ -79,7 +80,7 @@ class BertEmbeddings(nn.Module):
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         t = tokens.shape[1]
         if t > self.position.num_embeddings:
-            raise ValueError(
+            raise DataError(
                 f"bert: sequences of {t} tokens, longer than the model's {self.position.num_embeddings} positions"
             )
         positions = torch.arange(t, device=tokens.device)
@@ -87,13 +88,23 @@ class BertEmbeddings(nn.Module):
 
 
 class SelfAttention(nn.Module):
-    """Bidirectional multi-head self-attention (no mask: every window is full)."""
+    """Bidirectional multi-head self-attention (no mask: every window is full).
 
-    def __init__(self, hidden_size: int, num_heads: int, dropout: float) -> None:
+    ``attention="sdpa"``: ``F.scaled_dot_product_attention``, which runs flash or memory-efficient
+    kernels on CUDA and the fastest kernel torch has on CPU; the attention weights are never
+    stored. ``"math"``: the same function written out, so the attention weights are an ordinary
+    saved tensor: what recompute saves is then plain to see and to measure (docs/memory.md).
+    The two agree to fp32 rounding without dropout; with dropout they draw different masks.
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, dropout: float, attention: str = "sdpa") -> None:
         super().__init__()
         if hidden_size % num_heads:
-            raise ValueError(f"bert: hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
+            raise ConfigError(f"bert: hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
+        if attention not in ATTENTION_CHOICES:
+            raise ConfigError(f"bert: attention={attention!r}; allowed: {', '.join(ATTENTION_CHOICES)}")
         self.num_heads = num_heads
+        self.attention = attention
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
         self.out = nn.Linear(hidden_size, hidden_size)
         self.drop = nn.Dropout(dropout)
@@ -102,18 +113,22 @@ class SelfAttention(nn.Module):
         b, t, h = x.shape
         heads = self.num_heads
         q, k, v = self.qkv(x).view(b, t, 3, heads, h // heads).permute(2, 0, 3, 1, 4)  # 3 x [B, heads, T, d]
-        # Written out (not scaled_dot_product_attention) so the attention weights are an
-        # ordinary saved tensor: what recompute saves is then plain to see and to measure.
-        weights = self.drop((q @ k.transpose(-1, -2) * (h // heads) ** -0.5).softmax(-1))
-        return self.out((weights @ v).transpose(1, 2).reshape(b, t, h))
+        if self.attention == "sdpa":  # scale: 1/sqrt(d), the default
+            p = self.drop.p if self.training else 0.0
+            mixed = F.scaled_dot_product_attention(q, k, v, dropout_p=p)
+        else:
+            mixed = self.drop((q @ k.transpose(-1, -2) * (h // heads) ** -0.5).softmax(-1)) @ v
+        return self.out(mixed.transpose(1, 2).reshape(b, t, h))
 
 
 class BertLayer(nn.Module):
     """One post-norm encoder layer: ``x = LN(x + attn(x))``, ``x = LN(x + FFN(x))``."""
 
-    def __init__(self, hidden_size: int, num_heads: int, intermediate_size: int, dropout: float) -> None:
+    def __init__(
+        self, hidden_size: int, num_heads: int, intermediate_size: int, dropout: float, attention: str = "sdpa"
+    ) -> None:
         super().__init__()
-        self.attention = SelfAttention(hidden_size, num_heads, dropout)
+        self.attention = SelfAttention(hidden_size, num_heads, dropout, attention)
         self.norm1 = nn.LayerNorm(hidden_size, eps=1e-12)
         self.ffn = nn.Sequential(
             nn.Linear(hidden_size, intermediate_size), nn.GELU(), nn.Linear(intermediate_size, hidden_size)
@@ -160,19 +175,25 @@ class BertMLM(nn.Module):
         intermediate_size: int = 512,
         dropout: float = 0.1,
         max_positions: int = 64,
+        attention: str = "sdpa",
     ) -> None:
         super().__init__()
         self.embeddings = BertEmbeddings(hidden_size, max_positions, dropout)
         self.layers = nn.ModuleList(
-            BertLayer(hidden_size, num_heads, intermediate_size, dropout) for _ in range(num_layers)
+            BertLayer(hidden_size, num_heads, intermediate_size, dropout, attention) for _ in range(num_layers)
         )
         self.head = MLMHead(hidden_size)
         self.apply(_init_weights)
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> BertMLM:
-        """Build from an Estimator's ``params`` (the keys of :data:`MODEL_KEYS` and ``seq_len``)."""
-        return cls(**{k: params[k] for k in MODEL_KEYS}, max_positions=params["seq_len"])
+        """Build from an Estimator's ``params`` (the keys of :data:`MODEL_KEYS`, ``seq_len`` and
+        ``attention``; a run spec written before ``attention`` existed trained the written-out form)."""
+        return cls(
+            **{k: params[k] for k in MODEL_KEYS},
+            max_positions=params["seq_len"],
+            attention=params.get("attention", "math"),
+        )
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         h = self.embeddings(tokens)
@@ -260,9 +281,9 @@ class MaskedTextWindows(IndexedSource):
         shard_index: int = 0,
     ) -> None:
         if not isinstance(seq_len, int) or seq_len < 2:
-            raise ValueError(f"masked_text: seq_len must be an integer >= 2; got {seq_len!r}")
+            raise ConfigError(f"masked_text: seq_len must be an integer >= 2; got {seq_len!r}")
         if not 0.0 < mask_prob < 1.0:
-            raise ValueError(f"masked_text: mask_prob must be in (0, 1); got {mask_prob!r}")
+            raise ConfigError(f"masked_text: mask_prob must be in (0, 1); got {mask_prob!r}")
         self.files = collect_text_files(paths, None)
         data = (
             np.concatenate([np.fromfile(f, dtype=np.uint8) for f in self.files])
@@ -322,6 +343,17 @@ class BertConfig(TextCorpusConfig):
     num_heads: int = option(4, "attention heads")
     intermediate_size: int = option(512, "hidden width of the feed-forward blocks")
     dropout: float = option(0.1, "dropout rate")
+    attention: str = option(
+        "sdpa",
+        "attention kernel: sdpa (torch's scaled_dot_product_attention: flash / memory-efficient on CUDA) or math "
+        "(written out, the attention weights an ordinary saved tensor, as docs/memory.md measures)",
+        choices=ATTENTION_CHOICES,
+    )
+    compile: str = option(
+        "none",
+        "torch.compile: none, module (the model) or step (forward, backward and update; docs/device_loop.md)",
+        choices=("none", "module", "step"),
+    )
     batch_size: int = option(32, "global batch (windows per step)")
     eval_batch_size: int = option(64, "windows per evaluation batch")
     max_steps: int = option(500, "train to this global step")
@@ -370,7 +402,7 @@ class BertConfig(TextCorpusConfig):
 
     def model_params(self) -> dict[str, Any]:
         """The ``params`` that define the model and its data shape (saved in ``run_spec.json``)."""
-        return {k: getattr(self, k) for k in (*MODEL_KEYS, "seq_len", "mask_prob")}
+        return {k: getattr(self, k) for k in (*MODEL_KEYS, "seq_len", "mask_prob", "attention")}
 
     def recompute_spec(self) -> str | tuple[str, ...] | None:
         """``recompute`` as ``RunConfig.recompute`` takes it (``["all"]`` is ``"all"``)."""
@@ -401,6 +433,7 @@ class BertConfig(TextCorpusConfig):
             fast_linear=self.fast_linear,
             recompute=self.recompute_spec(),
             pipeline=self.pipeline(),
+            compile=self.compile,
         )
 
 
@@ -455,12 +488,13 @@ def _schedule(params: dict[str, Any], optimizer: torch.optim.Optimizer) -> torch
 
 
 def make_optimizer(params: dict[str, Any], parameters: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
-    """AdamW; biases and LayerNorm weights (1-dim parameters) get no weight decay, as in BERT."""
+    """AdamW; biases and LayerNorm weights (1-dim parameters) get no weight decay, as in BERT.
+    On CUDA it is torch's fused AdamW (:func:`fused_on_cuda`)."""
     parameters = list(parameters)
     decay = [p for p in parameters if p.dim() > 1]
     no_decay = [p for p in parameters if p.dim() <= 1]
     groups = [{"params": decay, "weight_decay": params["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=params["lr"])
+    return torch.optim.AdamW(groups, lr=params["lr"], fused=fused_on_cuda(parameters) or None)
 
 
 # ==================================================================== flag checks and the report
@@ -523,6 +557,17 @@ def pipeline_error(config: BertConfig, world_size: int) -> str | None:
     return None
 
 
+def training_flops_per_example(config: BertConfig) -> float:
+    """Training FLOPs of one window (forward and backward, 3x the forward), as MFU counts them:
+    6 x the matmul weights x ``seq_len`` (the encoder's four attention projections and two
+    feed-forward matrices per layer, the head's dense layer and decoder), plus the attention's
+    12 x layers x ``seq_len``^2 x hidden (``QK^T`` and the weighted sum). Recompute's second
+    forward is not counted: MFU counts the model's FLOPs, not the work done."""
+    h, t, layers = config.hidden_size, config.seq_len, config.num_layers
+    weights = layers * (4 * h * h + 2 * h * config.intermediate_size) + h * h + h * VOCAB
+    return 6.0 * weights * t + 12.0 * layers * t * t * h
+
+
 def _stages_note(config: BertConfig) -> str:
     stages = 1 + len(config.pipeline_split() or ())
     alone = int(os.environ.get("WORLD_SIZE", "1") or 1) == 1
@@ -534,6 +579,7 @@ def _report(config: BertConfig, results: Mapping[str, float]) -> str:
         f"held-out at step {results['global_step']}: mlm_accuracy = {results['mlm_accuracy']:.4f}, "
         f"mlm_loss = {results['mlm_loss']:.4f} nats (ppl {math.exp(min(results['mlm_loss'], 700.0)):.3f}), "
         f"precision {config.precision}, recompute {' '.join(config.recompute or ['none'])}, "
+        f"attention {config.attention}, compile {config.compile}, "
         f"stages {_stages_note(config)}, model_dir {config.model_dir}"
     )
 
@@ -564,6 +610,7 @@ RECIPE: Recipe[BertConfig] = Recipe(
     check=_check,
     report=_report,
     example_features=lambda config: torch.zeros(2, config.seq_len, dtype=torch.int64),
+    flops_per_example=training_flops_per_example,
 )
 add_arguments, run, main = RECIPE.add_arguments, RECIPE.run, RECIPE.main
 build_estimator, config_error = RECIPE.build_estimator, RECIPE.config_error
@@ -582,6 +629,7 @@ def train_bert(config: BertConfig | None = None, *, hooks: Sequence[Hook] = (), 
 
 __all__ = [
     "IGNORE",
+    "ATTENTION_CHOICES",
     "MASK_ID",
     "RECIPE",
     "VOCAB",
@@ -595,6 +643,7 @@ __all__ = [
     "config_error",
     "estimator_from_run_spec",
     "eval_input_from_run_spec",
+    "fused_on_cuda",
     "input_fns",
     "main",
     "make_optimizer",
@@ -603,6 +652,7 @@ __all__ = [
     "run",
     "split_corpus",
     "train_bert",
+    "training_flops_per_example",
 ]
 
 

@@ -36,13 +36,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..data import text_chars
+from ..errors import ConfigError
 from ..estimator import Estimator
 from ..hooks import Hook, LoggingHook
 from ..metrics import Metric
 from ..spec import EstimatorSpec, ModeKeys
 from . import corpus
 from .corpus import TextCorpusConfig
-from .skeleton import InputFn, Recipe, option
+from .skeleton import ATTENTION_CHOICES, InputFn, Recipe, fused_on_cuda, option
 
 VOCAB = 256  # bytes
 RUN_SPEC_KIND = "charlm"
@@ -61,11 +62,19 @@ class RelativeAttention(nn.Module):
 
     Scores are ``(q + u) . k`` (content) plus ``(q + v) . W_r r(i - j)`` (position), where
     ``r(d)`` is the sinusoidal encoding of the distance ``d`` between query ``i`` and key ``j``.
+
+    ``attention="sdpa"``: the content scores, softmax and weighted sum in
+    ``F.scaled_dot_product_attention`` with the (masked) position scores as its additive mask
+    (the memory-efficient kernel on CUDA, which takes such a mask; the attention weights are not
+    stored). ``"math"``: written out, as it was. They agree to fp32 rounding without dropout.
     """
 
-    def __init__(self, d_model: int, n_head: int, d_head: int, dropout: float) -> None:
+    def __init__(self, d_model: int, n_head: int, d_head: int, dropout: float, attention: str = "sdpa") -> None:
         super().__init__()
+        if attention not in ATTENTION_CHOICES:
+            raise ConfigError(f"charlm: attention={attention!r}; allowed: {', '.join(ATTENTION_CHOICES)}")
         self.n_head, self.d_head = n_head, d_head
+        self.attention = attention
         self.q = nn.Linear(d_model, n_head * d_head, bias=False)
         self.kv = nn.Linear(d_model, 2 * n_head * d_head, bias=False)
         self.r = nn.Linear(d_model, n_head * d_head, bias=False)
@@ -84,8 +93,15 @@ class RelativeAttention(nn.Module):
         q = self.q(x).view(b, t, h, dh)
         k, v = self.kv(context).view(b, k_len, 2, h, dh).unbind(2)
         r = self.r(pos).view(k_len, h, dh)
-        content = torch.einsum("bthd,bkhd->bhtk", q + self.u, k)
         position = _rel_shift(torch.einsum("bthd,khd->bhtk", q + self.v, r))
+        if self.attention == "sdpa":
+            bias = (position * self.scale).masked_fill(mask, float("-inf"))
+            p = self.drop.p if self.training else 0.0
+            mixed = F.scaled_dot_product_attention(
+                (q + self.u).transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), bias, p, scale=self.scale
+            )
+            return self.out(mixed.transpose(1, 2).reshape(b, t, h * dh))
+        content = torch.einsum("bthd,bkhd->bhtk", q + self.u, k)
         scores = ((content + position) * self.scale).masked_fill(mask, float("-inf"))
         weights = self.drop(scores.softmax(-1))
         return self.out(torch.einsum("bhtk,bkhd->bthd", weights, v).reshape(b, t, h * dh))
@@ -107,10 +123,12 @@ def _rel_shift(x: torch.Tensor) -> torch.Tensor:
 class Block(nn.Module):
     """Pre-norm Transformer block: relative attention over memory + segment, then an MLP."""
 
-    def __init__(self, d_model: int, n_head: int, d_head: int, d_inner: int, dropout: float) -> None:
+    def __init__(
+        self, d_model: int, n_head: int, d_head: int, d_inner: int, dropout: float, attention: str = "sdpa"
+    ) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(d_model)
-        self.attn = RelativeAttention(d_model, n_head, d_head, dropout)
+        self.attn = RelativeAttention(d_model, n_head, d_head, dropout, attention)
         self.norm2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, d_inner), nn.GELU(), nn.Linear(d_inner, d_model))
         self.drop = nn.Dropout(dropout)
@@ -144,6 +162,7 @@ class CharTransformerXL(nn.Module):
         d_inner: int = 512,
         dropout: float = 0.1,
         mem_len: int = 64,
+        attention: str = "sdpa",
     ) -> None:
         super().__init__()
         if d_model % 2:
@@ -152,7 +171,7 @@ class CharTransformerXL(nn.Module):
         self.d_model = d_model
         self.embed = nn.Embedding(VOCAB, d_model)
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(d_model, n_head, d_head, d_inner, dropout) for _ in range(n_layer))
+        self.blocks = nn.ModuleList(Block(d_model, n_head, d_head, d_inner, dropout, attention) for _ in range(n_layer))
         self.norm = nn.LayerNorm(d_model)
         self.head = nn.Linear(d_model, VOCAB)
         inv_freq = 1.0 / (10000 ** (torch.arange(0, d_model, 2, dtype=torch.float32) / d_model))
@@ -160,8 +179,9 @@ class CharTransformerXL(nn.Module):
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> CharTransformerXL:
-        """Build from an Estimator's ``params`` (the keys of :data:`MODEL_KEYS`)."""
-        return cls(**{k: params[k] for k in MODEL_KEYS})
+        """Build from an Estimator's ``params`` (the keys of :data:`MODEL_KEYS` and ``attention``; a
+        run spec written before ``attention`` existed trained the written-out form)."""
+        return cls(**{k: params[k] for k in MODEL_KEYS}, attention=params.get("attention", "math"))
 
     def forward(self, tokens: torch.Tensor, memory: Cache | None = None) -> tuple[torch.Tensor, Cache | None]:
         if memory is not None and len(memory) != len(self.blocks):
@@ -260,6 +280,12 @@ class CharLMConfig(TextCorpusConfig):
     d_head: int = option(32, "width of each head")
     d_inner: int = option(512, "hidden width of the MLPs")
     dropout: float = option(0.1, "dropout rate")
+    attention: str = option(
+        "sdpa",
+        "attention kernel: sdpa (torch's scaled_dot_product_attention, the position scores its additive mask) "
+        "or math (written out, the attention weights an ordinary saved tensor)",
+        choices=ATTENTION_CHOICES,
+    )
     batch_size: int = option(16, "global batch: parallel streams of text")
     eval_batch_size: int = option(16, "streams of the held-out text")
     max_steps: int = option(500, "train to this global step")
@@ -281,7 +307,7 @@ class CharLMConfig(TextCorpusConfig):
 
     def model_params(self) -> dict[str, Any]:
         """The ``params`` that define the model and its data shape (saved in ``run_spec.json``)."""
-        return {k: getattr(self, k) for k in (*MODEL_KEYS, "seq_len")}
+        return {k: getattr(self, k) for k in (*MODEL_KEYS, "seq_len", "attention")}
 
 
 def split_corpus(config: CharLMConfig) -> tuple[list[Path], list[Path]]:
@@ -343,7 +369,8 @@ def _schedule(params: dict[str, Any], optimizer: torch.optim.Optimizer) -> torch
 
 
 def _adam(params: dict[str, Any], parameters: Iterable[nn.Parameter]) -> torch.optim.Optimizer:
-    return torch.optim.Adam(parameters, lr=params["lr"])
+    parameters = list(parameters)  # fused on CUDA (one launch per step), the default elsewhere
+    return torch.optim.Adam(parameters, lr=params["lr"], fused=fused_on_cuda(parameters) or None)
 
 
 def _check(config: CharLMConfig) -> str | None:

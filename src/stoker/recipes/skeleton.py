@@ -95,11 +95,15 @@ from ..estimator import Estimator
 from ..hooks import Hook
 from ..run_spec import recipe_config, register_eval_input, register_run_spec, write_run_spec
 from ..spec import EstimatorSpec
+from .throughput import Throughput
 
 InputFn = Callable[[dict[str, Any]], Iterable[Any]]
 ModelFn = Callable[[nn.Module, Any, Any, Any, dict[str, Any]], EstimatorSpec]
 OptimizerFn = Callable[[dict[str, Any], Iterable[nn.Parameter]], torch.optim.Optimizer]
 ScheduleFn = Callable[[dict[str, Any], torch.optim.Optimizer], Any]
+
+#: ``--attention`` of the Transformer recipes: torch's scaled_dot_product_attention, or written out
+ATTENTION_CHOICES: tuple[str, ...] = ("sdpa", "math")
 
 #: :func:`option` keywords of a flag that takes one or more paths (``--text a.txt b/``)
 PATHS: dict[str, Any] = {"nargs": "+", "metavar": "PATH"}
@@ -121,6 +125,17 @@ def option(default: Any, help: str, **flag: Any) -> Any:
     and ``type`` that of the default; ``flag`` gives other ``add_argument`` keywords
     (``nargs="+"``, ``metavar``, ``choices``, ``type=int`` for a ``None`` default)."""
     return field(default=default, metadata={"help": help, "flag": flag})
+
+
+def fused_on_cuda(parameters: Sequence[torch.Tensor]) -> bool:
+    """Whether an Adam(W) over ``parameters`` is built ``fused=True``: every parameter a plain fp32
+    tensor on a CUDA device. The fused kernel updates every weight in one launch where the
+    default runs a few foreach launches per step; CPU runs keep the default (their results are
+    unchanged), and bf16-sr's bf16 weights and FSDP's DTensors keep it too."""
+    return bool(parameters) and all(
+        type(p) in (torch.Tensor, nn.Parameter) and p.device.type == "cuda" and p.dtype == torch.float32
+        for p in parameters
+    )
 
 
 class RecipeFields(Protocol):
@@ -200,7 +215,9 @@ class Recipe(Generic[C]):
     ``check`` the recipe's other checks (a message naming the flag, or ``None``). ``run_config``
     replaces :func:`standard_run_config` (which keeps the best checkpoint by ``keep_best``).
     ``report`` is the line ``run`` prints after an evaluated run (default: every metric).
-    ``example_features`` are what ``stoker export`` traces the model with.
+    ``example_features`` are what ``stoker export`` traces the model with. With
+    ``flops_per_example`` (training FLOPs of one example), ``run`` prints a second line: the
+    training examples/sec and MFU (:class:`~stoker.recipes.throughput.Throughput`).
     """
 
     name: str
@@ -220,6 +237,7 @@ class Recipe(Generic[C]):
     check: Callable[[C], str | None] | None = None
     report: Callable[[C, Mapping[str, float]], str] | None = None
     example_features: Callable[[C], Any] | None = None
+    flops_per_example: Callable[[C], float] | None = None
 
     # ------------------------------------------------------------ the command line
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -258,12 +276,16 @@ class Recipe(Generic[C]):
         if problem is not None:
             print(f"stoker train {self.name}: {problem}", file=sys.stderr)
             return 2
+        meter = None if self.flops_per_example is None else Throughput(self.flops_per_example(config))
         try:
-            results = self.train(config)
+            results = self.train(config, hooks=[meter] if meter else [])
         except (StokerError, ValueError) as e:  # bad paths, too little data, a bad device name ...
             print(f"stoker train {self.name}: {e}", file=sys.stderr)
             return 1
         print(self.summary(config, results))
+        speed = meter.line() if meter else None
+        if speed:
+            print(speed)
         return 0
 
     def main(self, argv: Sequence[str] | None = None) -> int:
@@ -397,4 +419,14 @@ class Recipe(Generic[C]):
         return estimator_from_run_spec, eval_input_from_run_spec
 
 
-__all__ = ["PATHS", "InputFn", "Recipe", "RecipeConfig", "RecipeFields", "option", "standard_run_config"]
+__all__ = [
+    "ATTENTION_CHOICES",
+    "PATHS",
+    "InputFn",
+    "Recipe",
+    "RecipeConfig",
+    "RecipeFields",
+    "fused_on_cuda",
+    "option",
+    "standard_run_config",
+]
