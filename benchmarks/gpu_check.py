@@ -347,7 +347,11 @@ TARGETS_BUDGET_S = 540.0  # one run of the targets plan: under 9 minutes, the te
 # initialisation) of ~10 s, the timed steps at the rates of the 2026-11-26 H200 runs
 # (docs/bench.md), about a minute to compile resnet50 or the 24-layer BERT on a 16-core host.
 # A run records each row's elapsed_s: replace them with those.
-TARGET_TESTS = ["tests/test_cuda.py", "tests/bench/test_bench_cuda_paths.py"]  # the cuda-marked tests it runs
+TARGET_TESTS = [  # the cuda-marked tests it runs: the CUDA paths and issue 41's capturable optimizers
+    "tests/test_cuda.py",
+    "tests/bench/test_bench_cuda_paths.py",
+    "tests/bench/test_bench_cuda_graph.py",
+]  # the cuda-marked tests it runs
 TARGET_TESTS_EST_S = 60.0
 BERT_LARGE = {"hidden": 1024, "layers": 24, "heads": 16, "intermediate": 4096, "seq_len": 512, "batch": 32}
 #: Real JPEG rows: timed steps, and the step from which their rate counts. Before it, batches the

@@ -31,10 +31,12 @@ class Throughput(Hook):
         self._first_steps = (0, 0)  # those of the first loop
         self.device: torch.device | None = None
         self.precision = "fp32"
+        self.devices = 1  # processes training together: the examples are all of theirs, the peak one's
 
     def begin(self, run: RunContext) -> None:
         self.device = next(iter(run.model.parameters()), torch.zeros(())).device
-        self.precision = run.config.precision
+        self.precision = run.config.precision_name
+        self.devices = max(1, run.world_size)
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
         if result.steps == 0:
@@ -63,6 +65,8 @@ class Throughput(Hook):
         from ..kernels.peak import device_peak
 
         gflops, source = device_peak(self.device, self.precision)
+        if self.devices > 1:
+            gflops, source = gflops * self.devices, f"{source}, x {self.devices} devices"
         return speed * self.flops_per_example / 1e9 / gflops, gflops, source
 
     def line(self) -> str | None:
