@@ -4,6 +4,8 @@ The fixtures in ``data/`` are indexes written by stoker before the type existed 
 model_dir with a best, a NaN metric, a superseded record and a watching evaluator's coverage;
 an object-store model_dir whose record carries its unique prefix in ``dir``): parsing and
 encoding them again must give the very same bytes, or existing model_dirs would change format.
+``local_checkpoint_after_updates.json`` is what that manager wrote after three updates of the
+first; the typed manager must write the same bytes for the same updates.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from stoker.errors import CheckpointError
 from stoker.storage import DEFAULT_RETRY, location
 
 DATA = Path(__file__).parent / "data"
-FIXTURES = ["local_checkpoint.json", "object_store_checkpoint.json"]
+FIXTURES = ["local_checkpoint.json", "object_store_checkpoint.json", "local_checkpoint_after_updates.json"]
 
 
 @pytest.mark.parametrize("name", FIXTURES)
@@ -41,6 +43,18 @@ def test_parse_then_encode_gives_the_bytes_an_existing_model_dir_holds(name):
     assert index.encode() == data
     assert CheckpointIndex.parse(json.loads(data)).encode() == data  # from a decoded dict too
     assert index.version == INDEX_VERSION == 1
+
+
+def test_updates_write_the_bytes_the_dict_based_manager_wrote(tmp_path):
+    # local_checkpoint_after_updates.json: what the manager before the type (dicts) wrote after
+    # these three updates of local_checkpoint.json (a new best, retention dropping the old
+    # best, coverage counting an evaluation and a discarded one).
+    (tmp_path / "checkpoint.json").write_bytes((DATA / "local_checkpoint.json").read_bytes())
+    m = CheckpointManager(tmp_path, keep_checkpoint_max=2, keep_best=("accuracy", "max"))
+    assert m.record_eval(6, {"accuracy": 0.9, "loss": 0.1, "global_step": 6}, coverage=True)
+    assert m.record_eval(8, {"accuracy": 0.95, "loss": 0.05})
+    assert not m.record_eval(4, {"accuracy": 1.0}, coverage=True)  # not retained: discarded
+    assert (tmp_path / "checkpoint.json").read_bytes() == (DATA / "local_checkpoint_after_updates.json").read_bytes()
 
 
 def test_the_local_fixture_reads_as_typed_fields():
