@@ -48,3 +48,25 @@ def test_from_tpuestimator_trains_exports_and_resumes_bitwise(tmp_path):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     accuracy = float(re.search(r"accuracy (\d\.\d+)", second).group(1))
     assert accuracy > 0.5  # digits after 60 steps of Adam; chance is 0.1
+
+
+def test_tune_digits_runs_a_study_and_reuses_its_finished_trials(tmp_path):
+    example = str(ROOT / "examples" / "tune_digits.py")
+    args = ["--trials", "2", "--storage", f"sqlite:///{tmp_path / 'study.db'}", "--model_dir", str(tmp_path / "trials")]
+    first = finish(
+        popen(
+            [sys.executable, example, *args],
+            env=python_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    )
+    assert re.search(r"^best trial \d: loss \d\.\d+ with \{'learning_rate'", first, re.M)
+    assert sorted(p.name for p in (tmp_path / "trials").iterdir()) == ["trial-0", "trial-1"]
+    proc = popen(
+        [sys.executable, example, *args], env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err
+    assert out == first and "tune: trial" not in err  # nothing trained again

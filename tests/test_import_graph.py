@@ -290,6 +290,7 @@ LAYERS: dict[str, set[str]] = {
     "stoker.checkpoint": {"stoker.errors", "stoker.storage", "stoker.distributed"},
     "stoker.summary": {"stoker.errors", "stoker.storage", "stoker.checkpoint", "stoker.run_spec"},
     "stoker.serving": {"stoker.errors", "stoker._version", "stoker.export"},
+    "stoker.tune": {"stoker.errors"},  # optuna runs the trials; the objective brings the Estimator
     "stoker.hooks": {
         "stoker.errors",
         "stoker.storage",

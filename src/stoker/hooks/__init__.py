@@ -28,12 +28,20 @@ from .summary import SummaryHook
 
 if TYPE_CHECKING:
     from .early_stopping import EarlyStopping
+    from .mlflow_logger import MLflowLogger
+    from .optuna_pruning import OptunaPruning
+    from .plateau import ReduceLROnPlateau
+    from .wandb_logger import WandbLogger
 
 ExamplesPerSecondHook = StepCounterHook  # the TPUEstimator name
 
 # name -> module of the hooks loaded on first use
 _LAZY = {
     "EarlyStopping": "early_stopping",
+    "ReduceLROnPlateau": "plateau",
+    "MLflowLogger": "mlflow_logger",
+    "WandbLogger": "wandb_logger",
+    "OptunaPruning": "optuna_pruning",
 }
 
 
@@ -55,14 +63,18 @@ __all__ = [
     "LoggingHook",
     "LoopResult",
     "MLPerfLogHook",
+    "MLflowLogger",
     "NanLossHook",
+    "OptunaPruning",
     "PreemptionHook",
     "ProfilerHook",
     "ProgressBarHook",
+    "ReduceLROnPlateau",
     "RollbackRequest",
     "RunContext",
     "StepCounterHook",
     "StopAtStepHook",
     "SummaryHook",
+    "WandbLogger",
     "every_n_steps_due",
 ]

@@ -1,0 +1,90 @@
+"""``OptunaPruning``: report each evaluation to an Optuna trial and stop the run it prunes.
+
+optuna is imported when the hook is built, never before (``pip install 'stoker[optuna]'``).
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+from .base import Hook, LoopResult, RunContext
+from .tracking import missing_extra
+
+log = logging.getLogger("stoker")
+
+
+class OptunaPruning(Hook):
+    """Report ``monitor`` of each evaluation to ``trial`` (at its global step) and, when the
+    trial's pruner says so, stop training cleanly (the checkpoint of that step is the final one)
+    and raise ``optuna.TrialPruned`` from ``train`` / ``train_and_evaluate``.
+
+    The values reported and a prune are kept in checkpoints: a trial resumed after kill -9 (the
+    same trial, or its retry in a new Optuna trial, see ``stoker.tune``) reports them again and
+    a pruned run rerun raises ``TrialPruned`` at once.
+    """
+
+    priority = 37  # after EvaluationHook (35), whose results it reads at the same boundary
+
+    def __init__(self, trial: Any, monitor: str) -> None:
+        try:
+            import optuna
+        except ImportError as e:
+            raise missing_extra("optuna", "optuna", "OptunaPruning") from e
+        self._optuna = optuna
+        self.trial, self.monitor = trial, monitor
+        self.reported: list[tuple[int, float]] = []
+        self.pruned_step: int | None = None
+
+    def after_setup(self, run: RunContext) -> None:
+        with warnings.catch_warnings():  # the same trial resumed has them: it says it ignores them
+            warnings.simplefilter("ignore", UserWarning)
+            for step, value in self.reported:  # to a retried trial (a new Optuna trial, same run)
+                self.trial.report(value, step)
+        self._take(run)
+        if self.pruned_step is not None:
+            run.request_stop(f"the Optuna trial was pruned at step {self.pruned_step}")
+
+    def after_loop(self, run: RunContext, result: LoopResult) -> None:
+        if self._take(run):
+            run.request_stop(f"the Optuna trial is pruned at step {self.pruned_step}")
+            run.save_checkpoint()
+
+    def end(self, run: RunContext) -> None:
+        if self.pruned_step is not None:
+            raise self._optuna.TrialPruned(f"pruned at step {self.pruned_step}")
+
+    def _take(self, run: RunContext) -> bool:
+        ev = run.last_evaluation
+        if ev is None or self.pruned_step is not None:
+            return False
+        step = int(ev["global_step"])
+        if step > run.global_step or (self.reported and step <= self.reported[-1][0]):
+            return False
+        if self.monitor not in ev:
+            from ..errors import ConfigError
+
+            available = sorted(k for k in ev if k != "global_step")
+            raise ConfigError(
+                f"OptunaPruning: monitor={self.monitor!r} is not among the evaluation's metrics {available}"
+            )
+        value = float(ev[self.monitor])
+        self.reported.append((step, value))
+        with warnings.catch_warnings():  # a resumed run reports its start step again: ignored
+            warnings.simplefilter("ignore", UserWarning)
+            self.trial.report(value, step)
+        if self.trial.should_prune():
+            self.pruned_step = step
+            return True
+        return False
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"reported": [list(r) for r in self.reported], "pruned_step": self.pruned_step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.reported = [(int(s), float(v)) for s, v in state["reported"]]
+        self.pruned_step = state["pruned_step"]
+
+
+__all__ = ["OptunaPruning"]

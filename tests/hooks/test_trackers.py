@@ -1,0 +1,165 @@
+"""MLflowLogger and WandbLogger against a real MLflow file store and W&B's offline mode, read
+back through their own readers; one tracker run with each step once after kill -9."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+from callback_runs import kill_at_random_moments, run_to_end
+
+from helpers.processes import python_env
+from helpers.tiny import eval_input, make_data, make_estimator, train_input
+
+mlflow = pytest.importorskip("mlflow")
+from mlflow.tracking import MlflowClient  # noqa: E402
+
+import stoker  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _file_store(monkeypatch):
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps the file store behind a flag
+
+
+def history(client: MlflowClient, run_id: str, key: str) -> list[tuple[int, float]]:
+    return sorted((m.step, m.value) for m in client.get_metric_history(run_id, key))
+
+
+def test_mlflow_logs_params_training_values_evaluations_and_checkpoints(tmp_path):
+    uri = (tmp_path / "mlruns").as_uri()
+    x, y = make_data(48)
+    est = make_estimator(
+        tmp_path / "m", iterations_per_loop=2, log_every_n_steps=4, keep_best=("accuracy", "max"), params={"width": 16}
+    )
+    logger = stoker.hooks.MLflowLogger(tracking_uri=uri, experiment="tiny", run_name="first")
+    results = est.train_and_evaluate(
+        train_input(x, y), eval_input(x, y), max_steps=12, eval_every_n_steps=6, hooks=[logger]
+    )
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(logger.run_id)
+    assert run.info.status == "FINISHED" and run.info.run_name == "first"
+    assert run.data.params["width"] == "16" and run.data.params["global_batch_size"] == "16"
+    assert [s for s, _ in history(client, logger.run_id, "loss")] == [4, 8, 12]
+    assert [s for s, _ in history(client, logger.run_id, "learning_rate")] == [4, 8, 12]
+    assert history(client, logger.run_id, "eval/accuracy")[-1] == (12, results["accuracy"])
+    assert [s for s, _ in history(client, logger.run_id, "eval/loss")] == [6, 12]
+    artifacts = {a.path for a in client.list_artifacts(logger.run_id, "checkpoints")}
+    assert "checkpoints/ckpt-12" in artifacts
+    files = {a.path for a in client.list_artifacts(logger.run_id, "checkpoints/ckpt-12")}
+    assert "checkpoints/ckpt-12/model.safetensors" in files
+
+
+def test_mlflow_resumes_the_same_run_without_repeating_a_step(tmp_path):
+    uri = (tmp_path / "mlruns").as_uri()
+    x, y = make_data(48)
+    est = make_estimator(tmp_path / "m", iterations_per_loop=2, log_every_n_steps=2, save_checkpoints_steps=4)
+    first = stoker.hooks.MLflowLogger(tracking_uri=uri, experiment="tiny")
+    est.train_and_evaluate(train_input(x, y), eval_input(x, y), max_steps=8, eval_every_n_steps=4, hooks=[first])
+    again = make_estimator(tmp_path / "m", iterations_per_loop=2, log_every_n_steps=2, save_checkpoints_steps=4)
+    second = stoker.hooks.MLflowLogger(tracking_uri=uri, experiment="tiny")
+    again.train_and_evaluate(train_input(x, y), eval_input(x, y), max_steps=16, eval_every_n_steps=4, hooks=[second])
+    assert second.run_id == first.run_id
+    client = MlflowClient(tracking_uri=uri)
+    assert len(client.search_runs([client.get_experiment_by_name("tiny").experiment_id])) == 1
+    assert [s for s, _ in history(client, first.run_id, "loss")] == [2, 4, 6, 8, 10, 12, 14, 16]
+    assert [s for s, _ in history(client, first.run_id, "eval/loss")] == [4, 8, 12, 16]
+
+
+def test_without_the_package_the_error_names_the_extra(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "mlflow", None)
+    monkeypatch.setitem(sys.modules, "mlflow.tracking", None)
+    x, y = make_data(48)
+    est = make_estimator(tmp_path / "m", iterations_per_loop=2)
+    with pytest.raises(ImportError, match=r"pip install 'stoker\[mlflow\]'"):
+        est.train(train_input(x, y), max_steps=2, hooks=[stoker.hooks.MLflowLogger()])
+
+
+def test_importing_the_hooks_imports_no_tracker():
+    code = (
+        "import sys, stoker.hooks; stoker.hooks.EarlyStopping; stoker.hooks.MLflowLogger; stoker.hooks.WandbLogger;"
+        " stoker.hooks.OptunaPruning; print(sorted(m for m in ('mlflow', 'wandb', 'optuna') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=python_env(), capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.slow
+def test_mlflow_kill_9_anywhere_gives_one_run_with_each_step_once(tmp_path):
+    env = {**python_env(), "MLFLOW_ALLOW_FILE_STORE": "true"}
+    ref_uri, uri = (tmp_path / "ref-mlruns").as_uri(), (tmp_path / "mlruns").as_uri()
+    run_to_end(tmp_path / "ref", "--mlflow", ref_uri, "--max_steps", "40", env=env)
+    kill_at_random_moments(tmp_path / "killed", "--mlflow", uri, "--max_steps", "40", times=3, seed=3, env=env)
+    run_to_end(tmp_path / "killed", "--mlflow", uri, "--max_steps", "40", env=env)
+    ref_client, client = MlflowClient(tracking_uri=ref_uri), MlflowClient(tracking_uri=uri)
+    (ref_run,) = ref_client.search_runs([ref_client.get_experiment_by_name("callbacks").experiment_id])
+    (run,) = client.search_runs([client.get_experiment_by_name("callbacks").experiment_id])  # one run
+    assert run.info.status == "FINISHED"
+    for key in ("loss", "learning_rate", "eval/loss", "eval/accuracy"):
+        got, want = history(client, run.info.run_id, key), history(ref_client, ref_run.info.run_id, key)
+        assert got == want, key  # each step once, with the uninterrupted run's values
+    steps = [s for s, _ in history(client, run.info.run_id, "steps_per_sec")]
+    assert steps == sorted(set(steps))
+
+
+if os.environ.get("WANDB_TESTS_SKIP"):  # pragma: no cover
+    pytest.skip("W&B tests skipped", allow_module_level=True)
+
+
+def wandb_history(root, run_id: str) -> list[dict[str, float]]:
+    """The history rows of every offline file of ``run_id`` under ``root``, read as W&B writes
+    them: a LevelDB-style log of ``wandb_internal_pb2.Record`` protobufs."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    rows = []
+    for path in sorted(root.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb")):
+        data, pos, buf = path.read_bytes(), 7, b""
+        assert data[:4] == b":W&B"
+        while pos + 7 <= len(data):
+            left = 32768 - pos % 32768
+            if left < 7:
+                pos += left
+                continue
+            _, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+            if length == 0 and kind == 0:
+                pos += left
+                continue
+            buf += data[pos + 7 : pos + 7 + length]
+            pos += 7 + length
+            if kind in (1, 4):  # a whole record, or its last piece
+                record = pb.Record()
+                record.ParseFromString(buf)
+                buf = b""
+                if record.WhichOneof("record_type") == "history":
+                    items = record.history.item
+                    rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in items})
+    return rows
+
+
+def test_wandb_offline_one_run_each_step_once(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    x, y = make_data(48)
+    hooks = []
+    for max_steps in (8, 16):
+        est = make_estimator(tmp_path / "m", iterations_per_loop=2, log_every_n_steps=4, save_checkpoints_steps=4)
+        hook = stoker.hooks.WandbLogger(project="tiny", dir=str(tmp_path), log_checkpoints=False)
+        est.train_and_evaluate(
+            train_input(x, y), eval_input(x, y), max_steps=max_steps, eval_every_n_steps=8, hooks=[hook]
+        )
+        hooks.append(hook)
+    assert hooks[0].run_id == hooks[1].run_id
+    deadline = time.monotonic() + 30
+    while len(rows := wandb_history(tmp_path, hooks[0].run_id)) < 4 and time.monotonic() < deadline:
+        time.sleep(0.2)  # wandb's service process may still be writing the last file
+    steps = [r["_step"] for r in rows]
+    assert steps == sorted(set(steps)) == [4, 8, 12, 16]  # each step once, in order, across the two runs
+    assert [r["_step"] for r in rows if "eval/loss" in r] == [8, 16]
+    assert all("loss" in r and "learning_rate" in r for r in rows)
