@@ -517,7 +517,7 @@ def test_stress_trainer_and_evaluator_hammering_the_index(tmp_path):
 
 @pytest.mark.slow
 def test_mutation_without_the_index_lock_the_stress_test_fails(tmp_path):
-    # The same stress with CheckpointManager.index_lock replaced by nothing in both processes:
+    # The same stress with the commit protocols' index lock replaced by nothing in both processes:
     # one writer's read-modify-write of the index overwrites the other's (a lost result, a lost
     # checkpoint record leaving an orphan directory, a lost best). It has failed 4 runs in 4.
     failures = []

@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for helpers
 
 import stoker  # noqa: E402
-import stoker.checkpoint  # noqa: E402  (its CheckpointManager is patched below)
+import stoker.checkpoint  # noqa: E402  (its commit protocols are patched below)
 from helpers.tiny import classifier_fn, eval_input, make_data, make_estimator, train_input  # noqa: E402
 
 
@@ -49,7 +49,8 @@ def main() -> None:
 
         shared_store.register()
     if args.no_lock:
-        stoker.checkpoint.CheckpointManager.index_lock = lambda self: contextlib.nullcontext()  # type: ignore[method-assign]
+        for protocol in stoker.checkpoint.commit.PROTOCOLS:  # every index update takes the protocol's lock
+            protocol.lock = lambda self: contextlib.nullcontext()  # type: ignore[method-assign]
     est = make_estimator(
         args.model_dir,
         iterations_per_loop=1,
