@@ -62,6 +62,7 @@ def fenced_python_blocks(text: str) -> list[str]:
 INLINED_PROGRAMS = {
     "docs/tutorial.md": "examples/quickstart.py",
     "docs/migration/from-tpuestimator.md": "examples/from_tpuestimator.py",
+    "docs/migration/from-lightning.md": "examples/from_lightning.py",
 }
 
 

@@ -1,11 +1,13 @@
-"""The migration guide's program runs as printed, and rerunning it resumes instead of starting over."""
+"""The migration guides' programs run as printed, and rerunning them resumes instead of starting over."""
 
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 import safetensors.torch
 import torch
 
@@ -13,9 +15,9 @@ from helpers.paths import ROOT
 from helpers.processes import popen, python_env
 
 
-def start(*args: str) -> subprocess.Popen[str]:
+def start(*args: str, program: str = "from_tpuestimator.py") -> subprocess.Popen[str]:
     return popen(
-        [sys.executable, str(ROOT / "examples" / "from_tpuestimator.py"), *args],
+        [sys.executable, str(ROOT / "examples" / program), *args],
         env=python_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -29,8 +31,14 @@ def finish(proc: subprocess.Popen[str]) -> str:
     return out
 
 
-def run(*args: str) -> str:
-    return finish(start(*args))
+def run(*args: str, program: str = "from_tpuestimator.py") -> str:
+    return finish(start(*args, program=program))
+
+
+def same_weights(a_dir: Path, b_dir: Path, checkpoint: str) -> bool:
+    a = safetensors.torch.load_file(a_dir / checkpoint / "model.safetensors")
+    b = safetensors.torch.load_file(b_dir / checkpoint / "model.safetensors")
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_from_tpuestimator_trains_exports_and_resumes_bitwise(tmp_path):
@@ -70,3 +78,30 @@ def test_tune_digits_runs_a_study_and_reuses_its_finished_trials(tmp_path):
     out, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err
     assert out == first and "tune: trial" not in err  # nothing trained again
+
+
+def test_from_lightning_runs_and_resumes_an_epoch_bitwise(tmp_path):
+    split, whole = tmp_path / "split", tmp_path / "whole"
+    reference = start("--model_dir", str(whole), "--max_epochs", "2", program="from_lightning.py")
+    first = run("--model_dir", str(split), "--max_epochs", "1", program="from_lightning.py")
+    assert "(new run)" in first and "final evaluation at step 23 (epoch 1)" in first
+    second = run("--model_dir", str(split), "--max_epochs", "2", program="from_lightning.py")
+    assert "(resuming from ckpt-23)" in second and "final evaluation at step 46 (epoch 2)" in second
+    assert re.search(r"best checkpoint: ckpt-(23|46) \(accuracy 0\.\d+\)", second)
+    assert re.search(r"predicted \[\d, \d, \d, \d, \d\], true \[0, 4, 4, 8, 4\]", second)
+    finish(reference)
+    assert same_weights(split, whole, "ckpt-46")
+
+
+@pytest.mark.slow
+def test_from_lightning_stops_early_at_the_same_step_after_a_resume(tmp_path):
+    # The page's run: EarlyStopping(val_loss, min_delta=0.005, patience=2) stops it in epoch 11.
+    split, whole = tmp_path / "split", tmp_path / "whole"
+    reference = start("--model_dir", str(whole), program="from_lightning.py")
+    run("--model_dir", str(split), "--max_epochs", "6", program="from_lightning.py")
+    resumed = run("--model_dir", str(split), program="from_lightning.py")
+    assert "(resuming from ckpt-138)" in resumed and "stopped early at step 253" in resumed
+    assert "stopped early at step 253" in finish(reference)
+    assert same_weights(split, whole, "ckpt-253")
+    again = run("--model_dir", str(split), program="from_lightning.py")  # stopped: nothing more to do
+    assert "(resuming from ckpt-253)" in again and "final evaluation at step 253" in again
