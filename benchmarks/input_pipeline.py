@@ -63,7 +63,7 @@ from stoker.data.images import (
     random_resized_crop_box,
     scan_image_folder,
 )
-from stoker.data.jpeg import available_decoders, decode_crop_resize, get_decoder
+from stoker.data.images.decoders import available_decoders, decode_crop_resize, get_decoder
 from stoker.data.preprocessing import TRAIN_DRAWS, ImagePreprocessor, flip_of, sample_distorted_box
 
 REAL_BATCH = 32

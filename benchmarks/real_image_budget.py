@@ -43,7 +43,7 @@ import cnn  # noqa: E402  (a sibling script: its stoker and TensorFlow runners)
 
 from stoker.bench import run_benchmark  # noqa: E402
 from stoker.bench.workload import usable_cores  # noqa: E402
-from stoker.data import jpeg as jpeg_module  # noqa: E402
+from stoker.data.images import decoders as jpeg_module  # noqa: E402
 from stoker.data.images import image_folder  # noqa: E402
 
 BATCH, TARGET = cnn.BATCH, cnn.REAL_TARGET_OVER_TF

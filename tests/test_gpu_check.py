@@ -450,7 +450,7 @@ def test_select_keeps_the_matching_rows_and_refuses_what_matches_none() -> None:
 
 
 def test_generated_jpegs_are_made_once_and_decode(tmp_path: Path) -> None:
-    from stoker.data.jpeg import get_decoder
+    from stoker.data.images.decoders import get_decoder
 
     assert gc.make_images(tmp_path, count=6, classes=3, workers=2) > 0
     files = sorted(tmp_path.rglob("*.jpg"))

@@ -27,7 +27,7 @@ _NAMED = re.compile(r"""Path\(__file__\)(?:\.resolve\(\))?(?:\.with_name\(\s*|\.
 
 def files_beside_modules(src: Path, package: str) -> set[str]:
     """Every file under ``src/package`` that is not Python source or a build leftover, as
-    wheel paths (``stoker/data/_jpeg_crop.c``)."""
+    wheel paths (``stoker/data/images/_jpeg_crop.c``)."""
     found = set()
     for path in (src / package).rglob("*"):
         if not path.is_file() or "__pycache__" in path.parts or path.suffix in (".py", ".pyc", ".so"):
@@ -68,8 +68,8 @@ def test_the_wheel_carries_every_file_the_package_loads(tmp_path: Path) -> None:
     beside = files_beside_modules(SRC, PACKAGE)
     named = files_the_code_names(SRC, PACKAGE)
     # The scan sees what is there today: both C helpers, each named by its loader.
-    assert {"stoker/data/_jpeg_crop.c", "stoker/data/_fused_normalize.c"} <= beside
-    assert named.get("stoker/data/_fused_normalize.c") == "stoker/data/fused_normalize.py"
+    assert {"stoker/data/images/_jpeg_crop.c", "stoker/data/images/_fused_normalize.c"} <= beside
+    assert named.get("stoker/data/images/_fused_normalize.c") == "stoker/data/images/fused_normalize.py"
     missing_in_src = {f: m for f, m in named.items() if not (SRC / f).is_file()}
     assert not missing_in_src, f"the code loads files that are not in src/: {missing_in_src}"
 

@@ -43,6 +43,10 @@ MOVED: dict[str, str] = {
     "stoker.stochastic_rounding": "stoker.memory.stochastic_rounding",
     "stoker.inspect_run": "stoker.summary.inspect",
     "stoker.mlperf": "stoker.hooks.mlperf",
+    "stoker.data.jpeg": "stoker.data.images.decoders",
+    "stoker.data.jpeg_crop": "stoker.data.images.jpeg_crop",
+    "stoker.data.gpu_decode": "stoker.data.images.gpu_decode",
+    "stoker.data.fused_normalize": "stoker.data.images.fused_normalize",
 }
 
 

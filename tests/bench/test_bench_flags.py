@@ -586,7 +586,7 @@ def test_header_says_which_defaults_were_used(capsys: pytest.CaptureFixture[str]
 
 def test_eval_epochs_and_input_pipeline_flags(tmp_path: Path) -> None:
     from stoker.bench.workload import data_workers, make_input_fn, prefetch_depth
-    from stoker.data.jpeg import available_decoders
+    from stoker.data.images.decoders import available_decoders
 
     # cifar10 has 10000 evaluation images: 0.01 epochs at an evaluation batch of 16 is ceil(100 / 16) = 7 batches.
     w = _workload(
@@ -726,7 +726,7 @@ def test_xla_flags_choose_the_engines_compile_mode() -> None:
 
 def test_data_worker_kind_takes_threads_only_for_a_cpu_step_with_libjpeg_crop() -> None:
     from stoker.bench.workload import data_worker_kind
-    from stoker.data.jpeg import available_decoders
+    from stoker.data.images.decoders import available_decoders
 
     crop = "libjpeg-crop" in available_decoders()
     cpu = parse("--device=cpu", "--image_decoder=libjpeg-crop") if crop else None

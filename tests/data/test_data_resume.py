@@ -20,7 +20,7 @@ from stoker.data import cifar_binary, image_folder, text_chars
 from stoker.data._workers import _SlotRun, one_kernel_thread
 from stoker.data.cifar import CIFAR10_MEAN, CIFAR10_STD
 from stoker.data.images import IMAGENET_MEAN, IMAGENET_STD
-from stoker.data.jpeg import available_decoders
+from stoker.data.images.decoders import available_decoders
 from stoker.resolve import auto_worker_kind
 
 Source = Callable[[], object]

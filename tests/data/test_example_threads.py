@@ -18,7 +18,7 @@ from helpers.images import make_image_tree
 from stoker.data import image_folder
 from stoker.data._workers import _ExampleThreads
 from stoker.data.images import EncodedImageSource
-from stoker.data.jpeg import available_decoders
+from stoker.data.images.decoders import available_decoders
 
 pytestmark = pytest.mark.skipif(
     "libjpeg-crop" not in available_decoders(), reason="threads decode by default only with libjpeg-crop"

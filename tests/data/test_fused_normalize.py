@@ -1,4 +1,4 @@
-"""The one-pass CPU normalisation (stoker.data.fused_normalize): bitwise torch's three passes for
+"""The one-pass CPU normalisation (stoker.data.images.fused_normalize): bitwise torch's three passes for
 any pixel count (the vector loop's tail included), the ImagePreprocessor using it, argument
 checks, and the torch path where the library is turned off or cannot be built."""
 
@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from stoker.data import fused_normalize
 from stoker.data import preprocessing as P
-from stoker.data.images import normalize_images
+from stoker.data.images import fused_normalize, normalize_images
 from stoker.data.native import NativeLibrary
 
 needs_build = pytest.mark.skipif(

@@ -14,8 +14,8 @@ import torch
 from PIL import Image
 
 from stoker.data import DataError, image_folder
-from stoker.data import jpeg as jpeg_module
-from stoker.data.jpeg import available_decoders, dct_scale, decode_crop_resize, get_decoder
+from stoker.data.images import decoders as jpeg_module
+from stoker.data.images.decoders import available_decoders, dct_scale, decode_crop_resize, get_decoder
 from stoker.data.preprocessing import COLOR_PARAMS, ImagePreprocessor
 
 

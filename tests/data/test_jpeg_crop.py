@@ -1,4 +1,4 @@
-"""The window decoder (``libjpeg-crop``, stoker.data.jpeg_crop): the pixels of a whole-image
+"""The window decoder (``libjpeg-crop``, stoker.data.images.jpeg_crop): the pixels of a whole-image
 decode cropped afterwards, bit for bit, for every DCT scale, subsampling, progressive and
 grayscale files; clipping; damage inside and outside the window; fallbacks; an unavailable build."""
 
@@ -15,8 +15,8 @@ import pytest
 from PIL import Image
 
 from helpers.processes import PYTHON, python_env
-from stoker.data import jpeg_crop
-from stoker.data.jpeg import ImageDecodeError, available_decoders, decode_crop_resize, get_decoder
+from stoker.data.images import jpeg_crop
+from stoker.data.images.decoders import ImageDecodeError, available_decoders, decode_crop_resize, get_decoder
 
 pytestmark = pytest.mark.skipif(
     not jpeg_crop.available(), reason=f"the window decoder cannot be built here: {jpeg_crop.unavailable_reason()}"
@@ -124,7 +124,7 @@ def _in_a_fresh_process(code: str, **env: str) -> str:
 
 def test_without_a_build_it_is_not_offered_and_says_why(tmp_path: Path) -> None:
     code = (
-        "from stoker.data.jpeg import available_decoders, get_decoder\n"
+        "from stoker.data.images.decoders import available_decoders, get_decoder\n"
         "print(available_decoders())\n"
         "try:\n    get_decoder('libjpeg-crop')\nexcept ValueError as e:\n    print(e)\n"
     )
@@ -137,7 +137,7 @@ def test_without_a_build_it_is_not_offered_and_says_why(tmp_path: Path) -> None:
 
 
 def test_the_build_lands_in_the_cache_once(tmp_path: Path) -> None:
-    code = "from stoker.data import jpeg_crop\nprint(jpeg_crop.available(), jpeg_crop.library_path())"
+    code = "from stoker.data.images import jpeg_crop\nprint(jpeg_crop.available(), jpeg_crop.library_path())"
     first = _in_a_fresh_process(code, STOKER_CACHE_DIR=str(tmp_path))
     assert first.startswith("True ") and Path(first.split(" ", 1)[1]).parent == tmp_path / "ext"
     built = os.stat(first.split(" ", 1)[1]).st_mtime_ns

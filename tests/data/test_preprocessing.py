@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from helpers.tf_random import TF_PYTHON, PhiloxDraws, run_tf
-from stoker.data import DataError, fused_normalize
+from stoker.data import DataError
 from stoker.data import preprocessing as P
 from stoker.data.base import example_uniforms
-from stoker.data.images import normalize, normalize_images
+from stoker.data.images import fused_normalize, normalize, normalize_images
 from stoker.data.images.color import _distort
 
 #: Colour ops: max |ours - TensorFlow's| on the [0, 1] scale after the final clip. Measured

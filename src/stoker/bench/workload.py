@@ -37,7 +37,7 @@ import torch
 
 from ..data import RepeatedBatch, cifar_binary, image_folder, imagenet_tfrecords, synthetic_images
 from ..data.images import IMAGE_EXTENSIONS, scan_image_folder
-from ..data.jpeg import get_decoder
+from ..data.images.decoders import get_decoder
 from ..data.tfrecord import expected_layouts, find_shards
 from ..data.tfrecord_index import RecordShards
 from ..distributed import torchrun_world_size

@@ -1,8 +1,8 @@
 """The input pipeline's C helpers: small C sources beside this package, built on first use.
 
 Some of the input pipeline's inner loops have no library that does them here (a JPEG window
-decode, :mod:`stoker.data.jpeg_crop`; a one-pass uint8-to-float normalisation,
-:mod:`stoker.data.fused_normalize`). Each is one C file with a plain C interface (no Python
+decode, :mod:`stoker.data.images.jpeg_crop`; a one-pass uint8-to-float normalisation,
+:mod:`stoker.data.images.fused_normalize`). Each is one C file with a plain C interface (no Python
 headers, so one build serves every Python), compiled with the system C compiler into the user
 cache (``~/.cache/stoker/ext/``, or ``$STOKER_CACHE_DIR/ext``) the first time it is asked for,
 and called through ``ctypes``, which releases the GIL for the call.

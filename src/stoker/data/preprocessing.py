@@ -18,7 +18,7 @@ two halves that run in different places, each in its own module of :mod:`stoker.
 :func:`distort_color_reference` (:mod:`stoker.data.images.tf_reference`) is the colour
 distortion of one image following TensorFlow's kernels op by op: the tests hold
 :class:`ImagePreprocessor` to it and it to TensorFlow. :func:`resize_method_for` and
-:data:`RESIZE_METHODS` come from :mod:`stoker.data.jpeg`.
+:data:`RESIZE_METHODS` come from :mod:`stoker.data.images.decoders`.
 """
 
 from .images.color import (
@@ -49,9 +49,9 @@ from .images.crops import (
     sample_distorted_box,
     sample_distorted_box_from,
 )
+from .images.decoders import RESIZE_METHODS, resize_method_for
 from .images.normalize import IMAGENET_MEAN, IMAGENET_STD, TF_CNN_MEAN, TF_CNN_STD, ImagePreprocessor
 from .images.tf_reference import distort_color_reference
-from .jpeg import RESIZE_METHODS, resize_method_for
 
 __all__ = [
     "AREA_RANGE",

@@ -12,17 +12,17 @@
 - :mod:`.color`: tf_cnn_benchmarks' colour distortions (parameters per example, the batch op);
 - :mod:`.tf_reference`: TensorFlow's colour ops one by one in numpy, the reference the tests
   hold the batch op to;
-- :mod:`.pillow`: the Pillow reference transform (:func:`decode_rgb`, :func:`augment_image`).
+- :mod:`.pillow`: the Pillow reference transform (:func:`decode_rgb`, :func:`augment_image`);
+- :mod:`.decoders`: the CPU decoders (Pillow, simplejpeg, the window decoder), DCT scaling and
+  the resize; :mod:`.jpeg_crop`: libjpeg's window decode, a small C function built on first use
+  (:mod:`stoker.data.native`); :mod:`.gpu_decode`: nvJPEG on the GPU;
+- :mod:`.fused_normalize`: the one-pass CPU normalisation, a C function built on first use.
 
-The decoders live beside this package: :mod:`stoker.data.jpeg` (the CPU decoders, DCT
-scaling and the resize), :mod:`stoker.data.jpeg_crop` (the libjpeg window decoder),
-:mod:`stoker.data.gpu_decode` (nvJPEG) and :mod:`stoker.data.fused_normalize` (the one-pass CPU
-normalisation), the two C ones built by :mod:`stoker.data.native`.
 :mod:`stoker.data.preprocessing` gathers tf_cnn_benchmarks' preprocessing names from here.
 """
 
-from ..jpeg import RESIZE_METHODS
 from .crops import center_crop_box, random_resized_crop_box
+from .decoders import RESIZE_METHODS
 from .folder import IMAGE_EXTENSIONS, ImageFolderSource, image_folder, scan_image_folder
 from .normalize import IMAGENET_MEAN, IMAGENET_STD, normalize_images
 from .pillow import RESIZE_FILTERS, augment_image, decode_rgb

@@ -138,7 +138,7 @@ def image_folder(
     ImageNet mean and std (``output="uint8"``: the uint8 ``[batch, image_size, image_size, 3]``
     batch, to normalise on the device), labels int64. JPEGs are decoded with simplejpeg when it
     is installed (else Pillow), at the smallest DCT scale the crop allows
-    (:mod:`stoker.data.jpeg`); other formats with Pillow.
+    (:mod:`stoker.data.images.decoders`); other formats with Pillow.
 
     Args:
         root: the folder holding one subfolder per class.

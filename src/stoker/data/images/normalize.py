@@ -4,7 +4,7 @@
 :class:`ImagePreprocessor` runs in the step, on the batch's device (or in the loader for
 ``output="float32"``), so only uint8 bytes cross process and host-to-device boundaries. It has
 three paths to the same numbers: on a CPU the one-pass C function of
-:mod:`stoker.data.fused_normalize` where it builds (compiled on first use into the user cache),
+:mod:`stoker.data.images.fused_normalize` where it builds (compiled on first use into the user cache),
 else torch's three passes over cache-sized blocks of image rows; elsewhere (an accelerator, a
 compiled step) one broadcast. With colour parameters it applies tf_cnn's distortions first
 (:mod:`.color`). All paths give bitwise :func:`normalize_images`.
@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from ...errors import ConfigError
-from .. import fused_normalize
+from . import fused_normalize
 from .color import _by_order, _distort
 from .crops import COLOR_PARAMS
 
@@ -90,12 +90,12 @@ class ImagePreprocessor(torch.nn.Module):
         but the constants repeated along a row of ``W x 3`` values, so each kernel's inner loop
         runs over a whole row instead of the 3 channels of one pixel (a CPU vectorises it; the
         broadcast ran 3-wide: 8 ms a pass over a 224px batch of 32 on one core). On a CPU where
-        :mod:`stoker.data.fused_normalize` builds, its one pass does it instead (bitwise the same)."""
+        :mod:`stoker.data.images.fused_normalize` builds, its one pass does it instead (bitwise the same)."""
         n, h, w, c = images.shape
         on_cpu, compiling = images.device.type == "cpu", torch.compiler.is_compiling()
         if on_cpu and not compiling and fused_normalize.available():
             # One pass instead of three, each value computed with the same float32 operations:
-            # bitwise the same (stoker.data.fused_normalize).
+            # bitwise the same (stoker.data.images.fused_normalize).
             return fused_normalize.normalize_rgb(images, self.mean255.view(3), self.std255.view(3))
         key = (w, images.device)
         rows = self._rows.get(key)

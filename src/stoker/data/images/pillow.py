@@ -1,7 +1,7 @@
 """The Pillow reference transform: decode a file to RGB and augment it torchvision's way.
 
 :func:`augment_image` is what the image sources compute, done the slow, obvious way with Pillow
-(the sources decode at a DCT scale and resize with torch, :mod:`stoker.data.jpeg`):
+(the sources decode at a DCT scale and resize with torch, :mod:`stoker.data.images.decoders`):
 ``benchmarks/input_pipeline.py`` measures against it.
 """
 
@@ -27,7 +27,7 @@ def decode_rgb(path: str, what: str = "image_folder") -> Image.Image:
 
 
 #: ``resize_method`` names and Pillow's filters, for :func:`augment_image` (the Pillow reference
-#: transform; the sources resize with torch, see :mod:`stoker.data.jpeg`).
+#: transform; the sources resize with torch, see :mod:`stoker.data.images.decoders`).
 RESIZE_FILTERS: dict[str, Image.Resampling] = {
     "nearest": Image.Resampling.NEAREST,
     "bilinear": Image.Resampling.BILINEAR,

@@ -1,7 +1,7 @@
 """The batch builder of encoded-image sources (image folders, TFRecords): :class:`EncodedImageSource`.
 
 Each example's crop box and flip are drawn from its uniforms (:mod:`.crops`), only that box is
-decoded (:mod:`stoker.data.jpeg`: the smallest DCT scale that keeps it at least ``image_size``,
+decoded (:mod:`stoker.data.images.decoders`: the smallest DCT scale that keeps it at least ``image_size``,
 uint8 resize, flip) straight into a uint8 batch, and the float cast and normalisation
 (:mod:`.normalize`) is one vectorised step, in the loader (``output="float32"``) or on the
 device (``output="uint8"``). The random numbers of example ``i`` in epoch ``e`` come from
@@ -21,9 +21,9 @@ import torch
 from ...errors import ConfigError, DataError
 from ...resolve import image_threads_suffice
 from ..base import IndexedSource, example_uniforms
-from ..jpeg import RESIZE_METHODS, RESIZE_MODES, ImageDecodeError, decode_crop_resize, get_decoder
 from .color import color_params
 from .crops import FLIP_INDEX, INCEPTION_DRAWS, INCEPTION_FLIP_INDEX, TRAIN_DRAWS, source_box
+from .decoders import RESIZE_METHODS, RESIZE_MODES, ImageDecodeError, decode_crop_resize, get_decoder
 from .normalize import IMAGENET_MEAN, IMAGENET_STD, ImagePreprocessor
 
 #: What an encoded-image source yields: ``float32`` normalised NCHW (the default) or the ``uint8`` NHWC batch.
@@ -61,7 +61,7 @@ class EncodedImageSource(IndexedSource):
 
     Subclasses set up their data, call ``super().__init__``, and implement
     :attr:`num_examples`, :attr:`classes` and :meth:`_encoded`. This class decodes each
-    example's crop (:func:`stoker.data.jpeg.decode_crop_resize`: header, crop box, DCT-scaled
+    example's crop (:func:`stoker.data.images.decoders.decode_crop_resize`: header, crop box, DCT-scaled
     decode, uint8 resize, flip) straight into a uint8 ``[N, H, W, 3]`` batch. With worker
     processes the batch is built in a shared-memory slot (:mod:`stoker.data._workers.processes`) and only
     the slot number and the labels cross the process boundary.
@@ -123,7 +123,7 @@ class EncodedImageSource(IndexedSource):
         self._preprocess = ImagePreprocessor(self.mean, self.std, distortions=self.distortions, channels_last=False)
         self._device_decoder = None
         if decode_on_device:
-            from ..gpu_decode import DeviceDecoder
+            from .gpu_decode import DeviceDecoder
 
             self._device_decoder = DeviceDecoder("cuda" if decode_on_device is True else str(decode_on_device))
             indexed["num_workers"] = 0  # the GPU decodes whole batches in this process; reading bytes is cheap

@@ -18,8 +18,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import ConfigError
-from .jpeg import ImageDecodeError, PillowDecoder, is_jpeg
+from ...errors import ConfigError
+from .decoders import ImageDecodeError, PillowDecoder, is_jpeg
 
 
 def _torchvision_decode_jpeg() -> Any:

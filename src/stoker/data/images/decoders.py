@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 
-from ..errors import ConfigError, ImageDecodeError
+from ...errors import ConfigError, ImageDecodeError
 
 #: tf_cnn's ``--resize_method`` names; ``round_robin`` cycles through the first four in this
 #: order (its ``_RESIZE_METHOD_MAP``) by the example's position, ``crop`` takes an ``image_size``
@@ -173,7 +173,7 @@ class SimpleJpegDecoder:
 
 
 class CropJpegDecoder:
-    """libjpeg-turbo's partial decompression (:mod:`stoker.data.jpeg_crop`): only the crop
+    """libjpeg-turbo's partial decompression (:mod:`stoker.data.images.jpeg_crop`): only the crop
     window is decoded, at the DCT scale, with the fast IDCT and upsampling (simplejpeg's
     settings, and its pixels bit for bit); what is not a JPEG, and CMYK JPEGs, go to Pillow."""
 

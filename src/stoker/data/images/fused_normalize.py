@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from ..errors import ConfigError, StateError
-from .native import NativeLibrary
+from ...errors import ConfigError, StateError
+from ..native import NativeLibrary
 
 SOURCE = Path(__file__).with_name("_fused_normalize.c")
 

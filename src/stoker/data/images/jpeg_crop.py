@@ -19,7 +19,7 @@ The pixels are those of a whole-image decode with the same settings (fast intege
 upsampling, the same DCT scale) cropped afterwards: bit for bit, tested against simplejpeg.
 What a window decode cannot see is damage below the window's last row: a JPEG truncated there
 decodes (TensorFlow's ``decode_and_crop_jpeg`` behaves the same); damage inside the window is a
-:class:`~stoker.data.jpeg.ImageDecodeError`.
+:class:`~stoker.data.images.decoders.ImageDecodeError`.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ImageDecodeError
-from .native import NativeLibrary
+from ...errors import ImageDecodeError
+from ..native import NativeLibrary
 
 SOURCE = Path(__file__).with_name("_jpeg_crop.c")
 _OK, _ERROR, _UNSUPPORTED = 0, 1, 2
