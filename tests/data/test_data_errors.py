@@ -14,6 +14,8 @@ import stoker
 from helpers.images import make_image_tree, write_cifar
 from stoker.data import DataError, cifar_binary, image_folder, text_chars
 from stoker.data.images import IMAGENET_MEAN, IMAGENET_STD
+from stoker.data.preprocessing import ImagePreprocessor
+from stoker.errors import CheckpointMismatchError, ConfigError
 
 
 def corrupt(path: Path, how: str) -> Path:
@@ -184,15 +186,34 @@ def test_text_errors(tmp_path: Path) -> None:
 
 
 def test_argument_errors(tmp_path: Path) -> None:
+    # Each a StokerError named after what went wrong, and still the ValueError users catch.
     x = torch.zeros(10, 2)
-    with pytest.raises(ValueError, match="batch_size"):
+    with pytest.raises(ConfigError, match="batch_size"):
         stoker.data.arrays(x, batch_size=0)
-    with pytest.raises(ValueError, match="shard_index"):
+    with pytest.raises(ConfigError, match="shard_index"):
         stoker.data.arrays(x, batch_size=2, num_shards=2, shard_index=2)
-    with pytest.raises(ValueError, match="num_workers"):
+    with pytest.raises(ConfigError, match="num_workers"):
         stoker.data.arrays(x, batch_size=2, num_workers=-1)
-    with pytest.raises(ValueError, match="do not fill one batch"):
+    with pytest.raises(ConfigError, match="do not fill one batch"):
         stoker.data.arrays(x, batch_size=11)
+    with pytest.raises(DataError, match="the arrays are empty"):
+        stoker.data.arrays(torch.zeros(0, 2), batch_size=2)
     src = stoker.data.arrays(x, batch_size=2)
-    with pytest.raises(ValueError, match="does not fit"):
+    with pytest.raises(CheckpointMismatchError, match="does not fit"):
         src.load_state_dict({**src.state_dict(), "batch": 9})
+    with pytest.raises(CheckpointMismatchError, match="seed=1 but this source has seed=0"):
+        src.load_state_dict({**src.state_dict(), "seed": 1})
+    assert issubclass(CheckpointMismatchError, ValueError) and issubclass(ConfigError, ValueError)
+
+
+def test_image_source_option_errors(tmp_path: Path) -> None:
+    root = make_image_tree(tmp_path, classes=2, per_class=2, size=16)
+    for option, value in [("crop", "random"), ("output", "float16"), ("resize_method", "lanczos"), ("image_size", 0)]:
+        with pytest.raises(ConfigError, match=f"image_folder: {option} must be"):
+            image_folder(root, batch_size=2, **{option: value})
+    with pytest.raises(ConfigError, match="worker_kind must be one of auto, thread, process"):
+        image_folder(root, batch_size=2, worker_kind="fiber")
+    with pytest.raises(ConfigError, match="mean and std need 3 values"):
+        ImagePreprocessor((0.5,), (0.5,))
+    with pytest.raises(ConfigError, match="expects uint8 images"):
+        ImagePreprocessor()(torch.zeros(1, 4, 4, 3))
