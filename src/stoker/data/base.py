@@ -206,9 +206,10 @@ def _checked_position(
 
 
 class _SavedPosition:
-    """What an :class:`IndexedSource` saves in a checkpoint: its position ``(epoch, batch)`` and
-    what it is a position in (seed, data size, sharding, batch size), so that a resume into
-    other data is refused and a resume with another number of replicas can be re-sharded."""
+    """An :class:`IndexedSource`'s position ``(epoch, batch)``: moving it without building
+    batches (:meth:`advance`), and what a checkpoint holds, the position and what it is a position
+    in (seed, data size, sharding, batch size), so that a resume into other data is refused and a
+    resume with another number of replicas can be re-sharded."""
 
     name: str
     epoch: int
@@ -217,11 +218,38 @@ class _SavedPosition:
     num_shards: int
     shard_index: int
     batch_size: int
+    num_epochs: int | None
+    batches_per_epoch: int
 
     if TYPE_CHECKING:
 
         @property
         def num_examples(self) -> int: ...
+
+    def _position(self) -> int:
+        return self.epoch * self.batches_per_epoch + self.batch
+
+    def _end(self) -> int | None:
+        return None if self.num_epochs is None else self.num_epochs * self.batches_per_epoch
+
+    def advance(self, batches: int) -> None:
+        """Move the position ``batches`` ahead without building them (as many ``next()`` calls
+        would, minus the work): resuming "``n`` batches after a saved state" is a jump."""
+        if batches < 0:
+            raise ConfigError(f"{self.name}: cannot advance by {batches} batches")
+        if batches == 0:
+            return
+        target = self._position() + batches
+        end = self._end()
+        if end is not None and target > end:
+            raise ConfigError(
+                f"{self.name}: cannot advance {batches} batches: the data ends {end - self._position()} batches "
+                "from here"
+            )
+        epoch, batch = divmod(target, self.batches_per_epoch)
+        if batch == 0:  # the end of an epoch reads as (epoch, batches_per_epoch), as after next()
+            epoch, batch = epoch - 1, self.batches_per_epoch
+        self.epoch, self.batch = epoch, batch
 
     def _identity(self) -> dict[str, int]:
         """Extra integers that must match on resume (besides seed, data size and sharding)."""
@@ -268,7 +296,7 @@ class IndexedSource(_SavedPosition, ABC):
     Subclasses set up their data, then call ``super().__init__``, and implement
     :attr:`num_examples` and :meth:`load_batch`. The rest (order, sharding, epochs, workers,
     state, bad-example replacement) is here: the order and sharding are planned by a
-    ``_ShardOrder``, the workers run in a ``_Workers``, what a checkpoint holds is
+    ``_ShardOrder``, the workers run in a ``_Workers``, the position and what a checkpoint holds are
     ``_SavedPosition``'s, and this class is the iterator whose position ``(epoch, batch)`` is
     its state.
 
@@ -451,12 +479,6 @@ class IndexedSource(_SavedPosition, ABC):
         """Batches per epoch for this shard."""
         return self.batches_per_epoch
 
-    def _position(self) -> int:
-        return self.epoch * self.batches_per_epoch + self.batch
-
-    def _end(self) -> int | None:
-        return None if self.num_epochs is None else self.num_epochs * self.batches_per_epoch
-
     def __iter__(self) -> IndexedSource:
         # Start the workers now, on the thread that iterates (see stoker.data._workers).
         if self.num_workers > 0:
@@ -481,25 +503,6 @@ class IndexedSource(_SavedPosition, ABC):
         if bad:
             self._report_bad(bad)
         return out
-
-    def advance(self, batches: int) -> None:
-        """Move the position ``batches`` ahead without building them (as many ``next()`` calls
-        would, minus the work): resuming "``n`` batches after a saved state" is a jump."""
-        if batches < 0:
-            raise ConfigError(f"{self.name}: cannot advance by {batches} batches")
-        if batches == 0:
-            return
-        target = self._position() + batches
-        end = self._end()
-        if end is not None and target > end:
-            raise ConfigError(
-                f"{self.name}: cannot advance {batches} batches: the data ends {end - self._position()} batches "
-                "from here"
-            )
-        epoch, batch = divmod(target, self.batches_per_epoch)
-        if batch == 0:  # the end of an epoch reads as (epoch, batches_per_epoch), as after next()
-            epoch, batch = epoch - 1, self.batches_per_epoch
-        self.epoch, self.batch = epoch, batch
 
     def _report_bad(self, bad: list[str]) -> None:
         for reason in bad:  # each message with the count up to it
