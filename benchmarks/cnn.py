@@ -72,10 +72,11 @@ import torch
 import torch.nn.functional as F
 
 from stoker.bench import BenchConfig, run_benchmark
-from stoker.bench.cli import busy_cores
+from stoker.bench.plan import input_bound_choice
 from stoker.bench.train import l2_loss
-from stoker.bench.workload import input_bound_on_cpu
+from stoker.bench.workload import guess_data_name, resolve_device
 from stoker.data import synthetic_images
+from stoker.kernels.machine import busy_cores
 from stoker.memory.host import keep_freed_host_memory
 from stoker.models import create_model, get_model_info
 
@@ -143,7 +144,10 @@ def stoker_images_per_sec(
     case: Case, keep_host_memory: bool = True, compile: bool | str = False, data_dir: str | None = None
 ) -> float:
     cfg = stoker_config(case, keep_host_memory, compile, data_dir)
-    if input_bound_on_cpu(cfg) is not None:  # as `stoker bench` does: the decoders get the cores
+    dataset = cfg.data_name or guess_data_name(cfg.data_dir, cfg.model)
+    if input_bound_choice(
+        cfg, dataset, resolve_device(cfg.device)
+    ).value:  # as `stoker bench`: the decoders get the cores
         torch.set_num_threads(1)
     return run_benchmark(cfg, log=lambda line: None)["images_per_sec"]
 

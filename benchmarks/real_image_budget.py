@@ -42,9 +42,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import cnn  # noqa: E402  (a sibling script: its stoker and TensorFlow runners)
 
 from stoker.bench import run_benchmark  # noqa: E402
-from stoker.bench.workload import usable_cores  # noqa: E402
 from stoker.data.images import decoders as jpeg_module  # noqa: E402
 from stoker.data.images import image_folder  # noqa: E402
+from stoker.kernels.machine import usable_cores  # noqa: E402
 
 BATCH, TARGET = cnn.BATCH, cnn.REAL_TARGET_OVER_TF
 SIZE = 227  # trivial's input size

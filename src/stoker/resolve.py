@@ -15,6 +15,7 @@ page each constant cites.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -23,10 +24,153 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Choice(Generic[T]):
-    """One resolved "auto": the ``value`` chosen and the ``reason`` (a short clause, no full stop)."""
+    """One resolved "auto": the ``value`` chosen and the ``reason`` (a short clause, no full
+    stop). ``note`` is the line a run prints when the choice departs from what the user would
+    expect (fewer threads than cores, ...); empty otherwise."""
 
     value: T
     reason: str
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class MachineFacts:
+    """What the rules need to know about the machine and the launch; gathered by the caller
+    (``stoker.kernels.machine``: :func:`~stoker.kernels.machine.usable_cores`,
+    :func:`~stoker.kernels.machine.busy_cores`), or made up in a test."""
+
+    #: cores this process may run on (its CPU affinity)
+    usable_cores: int
+    #: cores of the machine (``os.cpu_count()``)
+    cpu_count: int
+    #: torch's intra-op threads before any choice (its default: one per core)
+    default_threads: int
+    #: cores other processes kept busy just before the run; ``None``: unknown
+    busy_cores: float | None
+    #: replicas started on this machine (torchrun's ``LOCAL_WORLD_SIZE``)
+    local_world_size: int = 1
+
+
+#: A CPU run whose training step per image lasts at least this many JPEG decodes decodes in the
+#: infeed's thread: worker processes cost it more than they win (resnet50 on a CPU).
+#: Measured: docs/bench.md#how-auto-is-resolved.
+INLINE_DECODE_RATIO = 20.0
+#: One core decodes a 224 training crop of a ~500x375 JPEG in about this long.
+#: Measured: docs/bench.md#how-auto-is-resolved.
+DECODE_MS_PER_IMAGE = 2.0
+#: On a CUDA host each replica keeps this many cores from decoding (its training and infeed
+#: threads). Measured: docs/bench.md#how-auto-is-resolved.
+CUDA_CORES_KEPT = 2
+#: Zoo image models that train faster NCHW than NHWC (channels_last) on a CPU with torch's
+#: oneDNN kernels; every other image model trains NHWC there. Measured: docs/bench.md#how-auto-is-resolved.
+CPU_NCHW_MODELS: frozenset[str] = frozenset({"vgg11", "vgg16", "vgg19"})
+
+
+def intra_threads(*, given: int | None, input_bound: Choice[bool], facts: MachineFacts) -> Choice[int]:
+    """torch's intra-op threads: ``given`` (``--num_intra_threads``); 1 where the input is the
+    work (``input_bound``); the machine's cores shared by the local replicas; else the cores
+    that were idle just before the run (an OpenMP pool with more threads than idle cores waits
+    for its slowest thread; docs/bench.md#how-auto-is-resolved)."""
+    if given is not None:
+        return Choice(given, "--num_intra_threads")
+    if input_bound.value:
+        return Choice(
+            1,
+            input_bound.reason,
+            f"Note: the input is the work here ({input_bound.reason}): using 1 intra-op thread and leaving the "
+            "cores to the decoders (--num_intra_threads overrides)",
+        )
+    if facts.local_world_size > 1:  # the other replicas are starting too: sampling would count them
+        share = max(1, facts.cpu_count // facts.local_world_size)
+        return Choice(share, f"{facts.local_world_size} local replicas share {facts.cpu_count} cores")
+    default, busy = facts.default_threads, facts.busy_cores
+    if busy is None:
+        return Choice(default, "torch's default (busy cores unknown)")
+    idle = max(1, min(default, round(default - busy)))
+    if idle < default:
+        return Choice(
+            idle,
+            f"{busy:.1f} of {facts.cpu_count} cores were busy before the run",
+            f"Note: {busy:.1f} of {facts.cpu_count} cores were busy before the run: using {idle} intra-op "
+            f"thread(s) instead of {default} (--num_intra_threads overrides)",
+        )
+    return Choice(default, "torch's default: the cores were idle before the run")
+
+
+def input_bound(step_decodes: float | None) -> Choice[bool]:
+    """Whether a CPU training step on real JPEG data is shorter than one decode (``step_decodes``:
+    how many decodes one image's step lasts; ``None`` where it does not apply): then the decoding
+    is the work and the step gets one thread."""
+    if step_decodes is None:
+        return Choice(False, "no JPEG data decoded for a CPU training step")
+    if step_decodes < 1.0:
+        return Choice(True, f"a training step per image lasts ~{step_decodes:.2f} JPEG decodes")
+    return Choice(False, f"a training step per image lasts ~{step_decodes:.2f} JPEG decodes")
+
+
+def decode_inline(step_decodes: float | None) -> Choice[bool]:
+    """Whether real JPEG data is decoded in the infeed's thread instead of by workers: a CPU step
+    per image of at least :data:`INLINE_DECODE_RATIO` decodes (``step_decodes``)."""
+    if step_decodes is not None and step_decodes >= INLINE_DECODE_RATIO:
+        return Choice(True, f"decoding in the input thread: a step lasts ~{step_decodes:.0f} decodes")
+    return Choice(False, "workers decode")
+
+
+def data_workers(
+    *,
+    use_datasets: bool,
+    decode_on_device: bool,
+    given: int | None,
+    inline: Choice[bool],
+    on_cuda: bool,
+    facts: MachineFacts,
+    training_thread_helps: Callable[[int], bool],
+) -> Choice[int]:
+    """How many workers decode real data: none without workers (``--nouse_datasets``) or where
+    the GPU decodes; ``given`` (``--datasets_num_private_threads``); none where decoding stays
+    in the input thread (``inline``); else one per usable core shared by the local replicas,
+    less :data:`CUDA_CORES_KEPT` on a CUDA host, less one where the training thread decodes too
+    (``training_thread_helps(workers)``: threads decoding for a CPU step)."""
+    if not use_datasets:
+        return Choice(0, "--nouse_datasets: the training process decodes")
+    if decode_on_device:
+        return Choice(0, "the GPU decodes (--decode_on_device)")
+    if given is not None:
+        return Choice(given, "--datasets_num_private_threads")
+    if inline.value:
+        return Choice(0, inline.reason)
+    per_replica = max(1, facts.usable_cores // max(1, facts.local_world_size))
+    if per_replica > CUDA_CORES_KEPT and on_cuda:
+        return Choice(
+            per_replica - CUDA_CORES_KEPT, f"{CUDA_CORES_KEPT} cores kept for the training and infeed threads"
+        )
+    if per_replica > 1 and training_thread_helps(per_replica - 1):
+        return Choice(per_replica - 1, "one per core: the training thread decodes too")
+    return Choice(per_replica, "one per usable core")
+
+
+def worker_kind(given: str, threads_suffice: Choice[bool], workers: int) -> Choice[str]:
+    """``thread`` or ``process``: ``given`` unless ``auto``, else :func:`auto_worker_kind`."""
+    if given != "auto":
+        return Choice(given, f"--data_worker_kind={given}")
+    kind = auto_worker_kind(threads_suffice.value, workers)
+    return Choice(
+        kind.value, threads_suffice.reason if kind.value == "thread" or not threads_suffice.value else kind.reason
+    )
+
+
+def data_format(*, image_model: bool | None, model: str, device_type: str) -> Choice[str]:
+    """The data format of a run without ``--data_format``: ``NHWC`` (channels_last) for image
+    classifiers on CUDA and, but for :data:`CPU_NCHW_MODELS`, on the CPU; ``NCHW`` (PyTorch's
+    default layout) for a caller's own model (``image_model=None``) and models not taking images."""
+    if image_model is None:
+        return Choice("NCHW", "a caller's own model: PyTorch's default layout")
+    if not image_model:
+        return Choice("NCHW", f"{model} does not take images")
+    if device_type == "cpu" and model in CPU_NCHW_MODELS:
+        return Choice("NCHW", f"faster for {model} on the CPU")
+    where = "the CPU" if device_type == "cpu" else device_type
+    return Choice("NHWC", f"channels_last: faster for convolutions on {where}")
 
 
 #: ``worker_kind="auto"`` takes threads for at most this many workers: a decoding thread still
@@ -60,4 +204,20 @@ def auto_worker_kind(threads_suffice: bool, num_workers: int) -> Choice[str]:
     return Choice("thread", "the decoder releases the GIL")
 
 
-__all__ = ["AUTO_THREAD_WORKERS_MAX", "Choice", "auto_worker_kind", "image_threads_suffice"]
+__all__ = [
+    "AUTO_THREAD_WORKERS_MAX",
+    "CPU_NCHW_MODELS",
+    "CUDA_CORES_KEPT",
+    "DECODE_MS_PER_IMAGE",
+    "INLINE_DECODE_RATIO",
+    "Choice",
+    "MachineFacts",
+    "auto_worker_kind",
+    "data_format",
+    "data_workers",
+    "decode_inline",
+    "image_threads_suffice",
+    "input_bound",
+    "intra_threads",
+    "worker_kind",
+]

@@ -14,7 +14,8 @@ import torch
 from torch import nn
 
 from stoker.bench import BenchConfig, run_benchmark
-from stoker.bench.workload import data_workers, resolve_workload
+from stoker.bench.plan import resolve_plan
+from stoker.bench.workload import resolve_workload
 from stoker.data import synthetic_images
 
 pytestmark = [
@@ -96,4 +97,10 @@ def test_real_jpegs_train_on_cuda_with_either_decoder(tmp_path: Path, decode_on_
     assert result["num_steps"] == 4 and all(np.isfinite(result["losses"]))
     (input_line,) = [line for line in lines if line.startswith("Input")]
     assert ("nvjpeg decoder" in input_line) == decode_on_device
-    assert input_line.split(":", 1)[1].strip().startswith("0 decoding" if decode_on_device else f"{data_workers(cfg)} ")
+    assert (
+        input_line.split(":", 1)[1]
+        .strip()
+        .startswith(
+            "0 decoding" if decode_on_device else f"{resolve_plan(cfg, resolve_workload(cfg)).data_workers.value} "
+        )
+    )

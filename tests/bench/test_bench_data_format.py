@@ -8,10 +8,21 @@ import pytest
 import torch
 
 from helpers.cli import run_main
+from stoker import resolve as rules
 from stoker.bench import BenchConfig, run_benchmark
-from stoker.bench import workload as workload_module
-from stoker.bench.workload import CPU_NCHW_MODELS, default_data_format, resolve_workload
-from stoker.models import get_model_info
+from stoker.bench.workload import resolve_workload
+from stoker.models import ModelInfo, get_model_info
+from stoker.resolve import CPU_NCHW_MODELS
+
+
+def default_data_format(info: ModelInfo | None, device: torch.device) -> tuple[str, str]:
+    choice = rules.data_format(
+        image_model=None if info is None else info.is_classifier,
+        model="" if info is None else info.name,
+        device_type=device.type,
+    )
+    return choice.value, choice.reason
+
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)
 
@@ -32,7 +43,7 @@ def test_the_cpu_exceptions_and_the_models_without_images_keep_nchw(monkeypatch:
     assert {"vgg11", "vgg16", "vgg19"} <= CPU_NCHW_MODELS  # measured 1.2-1.5x faster NCHW on the CPU
     fmt, why = default_data_format(info, CPU)
     assert (fmt, why) == ("NCHW", "faster for vgg16 on the CPU")
-    monkeypatch.setattr(workload_module, "CPU_NCHW_MODELS", frozenset())
+    monkeypatch.setattr(rules, "CPU_NCHW_MODELS", frozenset())
     assert default_data_format(info, CPU)[0] == "NHWC"  # the table decides, nothing else
     assert default_data_format(info, CUDA)[0] == "NHWC"  # the table is the CPU's only
     assert default_data_format(get_model_info("ncf", "movielens"), CPU) == ("NCHW", "ncf does not take images")

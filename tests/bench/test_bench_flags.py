@@ -585,8 +585,7 @@ def test_header_says_which_defaults_were_used(capsys: pytest.CaptureFixture[str]
 
 
 def test_eval_epochs_and_input_pipeline_flags(tmp_path: Path) -> None:
-    from stoker.bench.workload import data_workers, make_input_fn, prefetch_depth
-    from stoker.data.images.decoders import available_decoders
+    from stoker.bench.workload import make_input_fn, prefetch_depth
 
     # cifar10 has 10000 evaluation images: 0.01 epochs at an evaluation batch of 16 is ceil(100 / 16) = 7 batches.
     w = _workload(
@@ -601,23 +600,6 @@ def test_eval_epochs_and_input_pipeline_flags(tmp_path: Path) -> None:
     assert prefetch_depth(parse()) is None  # the engine's default
     assert prefetch_depth(parse("--datasets_prefetch_buffer_size=3", "--batch_group_size=2")) == 6
     assert prefetch_depth(parse("--nodatasets_use_prefetch")) == 0
-    assert data_workers(parse("--nouse_datasets")) == 0 and data_workers(parse("--datasets_num_private_threads=3")) == 3
-    # One per usable core; one less where threads decode for a CPU step, since the training thread
-    # decodes too while its next batch is not ready (threads: libjpeg-crop, at most 4 of them).
-    cores = len(os.sched_getaffinity(0))
-    threads = "libjpeg-crop" in available_decoders() and 1 < cores <= 5
-    assert data_workers(parse()) == (cores - 1 if threads else cores)
-    assert data_workers(parse("--data_worker_kind=process")) == cores
-    import stoker.bench.workload as workload_module
-
-    with pytest.MonkeyPatch.context() as mp:  # a 16-core GPU host: two cores kept for the training and infeed threads
-        mp.setattr(workload_module, "usable_cores", lambda: 16)
-        assert data_workers(parse("--device=cpu")) == 16 and data_workers(parse("--device=cuda")) == 14
-        mp.setattr(workload_module, "usable_cores", lambda: 2)  # the development machine
-        assert data_workers(parse("--device=cpu")) == (1 if "libjpeg-crop" in available_decoders() else 2)
-        mp.setattr(workload_module, "usable_cores", lambda: 16)
-        mp.setenv("LOCAL_WORLD_SIZE", "8")  # 2 cores per replica: both decode
-        assert data_workers(parse("--device=cuda")) == 2
     data = _image_folder(tmp_path / "data", size=232)
     cfg = parse(
         "--model=trivial",
@@ -640,38 +622,42 @@ def test_eval_epochs_and_input_pipeline_flags(tmp_path: Path) -> None:
 
 
 def test_a_compute_bound_cpu_model_decodes_in_the_input_thread(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """resnet50's step lasts many decodes on a CPU: no worker processes (they cost it ~20 %);
-    trivial's is shorter than one: a worker per core (one less where threads decode and the training
-    thread helps them). Given worker counts and CUDA are untouched."""
+    """resnet50's step lasts many decodes on a CPU: no workers (they cost it ~20 %); trivial's is
+    shorter than one: a worker per core (one less where threads decode and the training thread
+    helps them). The header's Input line and Resolved lines say so."""
     from types import SimpleNamespace
 
-    import stoker.bench.workload as workload_module
+    import stoker.bench.plan as plan_module
     import stoker.kernels.peak as peak_module
+    from stoker.bench.plan import resolve_plan
     from stoker.bench.report import header_lines
 
     monkeypatch.setattr(
         peak_module, "measured_peak", lambda device, precision="fp32", **kw: SimpleNamespace(gflops=100.0)
     )
-    monkeypatch.setattr(workload_module, "_decodes_per_step", {})
+    monkeypatch.setattr(plan_module, "_decodes_per_step", {})
     data = _image_folder(tmp_path / "data", size=232)
     flags = (f"--data_dir={data}", "--data_name=imagenet", "--batch_size=2")
     heavy, light = parse("--model=resnet50", "--device=cpu", *flags), parse("--model=trivial", "--device=cpu", *flags)
     w_heavy, w_light = _workload("--model=resnet50", *flags), _workload("--model=trivial", *flags)
-    ratio = workload_module.compute_bound_on_cpu(heavy, w_heavy)
-    assert ratio is not None and 110 < ratio < 120  # 3 x 7.7 GFLOP at 100 GFLOP/s: 231 ms, over 2 ms a decode
-    assert workload_module.data_workers(heavy, w_heavy) == 0
-    assert workload_module.compute_bound_on_cpu(light, w_light) is None
+    inline = resolve_plan(heavy, w_heavy).decode_inline
+    assert inline.value and inline.reason == "decoding in the input thread: a step lasts ~116 decodes"
+    assert resolve_plan(heavy, w_heavy).data_workers.value == 0  # 3 x 7.7 GFLOP at 100 GFLOP/s over 2 ms
+    assert not resolve_plan(light, w_light).decode_inline.value
     cores = len(os.sched_getaffinity(0))
-    helped = workload_module.training_thread_decodes(light, w_light, cores - 1) and cores > 1
-    assert workload_module.data_workers(light, w_light) == (cores - 1 if helped else cores)
+    plan = resolve_plan(light, w_light)
+    helped = plan.training_thread_decodes.value
+    assert plan.data_workers.value == (cores - 1 if helped else cores)
     if helped:  # decoding threads, and the training thread decodes too: the header says so
         (line,) = [x for x in header_lines(light, w_light) if x.startswith("Input")]
         assert f"{cores - 1} decoding thread" in line and "the training thread decodes too" in line
     given = parse("--model=resnet50", "--device=cpu", "--datasets_num_private_threads=2", *flags)
-    assert workload_module.data_workers(given, w_heavy) == 2
-    (line,) = [x for x in header_lines(heavy, w_heavy) if x.startswith("Input")]
+    assert resolve_plan(given, w_heavy).data_workers.value == 2
+    lines = header_lines(heavy, w_heavy)
+    (line,) = [x for x in lines if x.startswith("Input")]
     assert re.search(r"0 decoding (threads|processes) ", line)
     assert "decoding in the input thread: a step lasts ~116 decodes" in line
+    assert " " * 13 + "data workers: 0 (decoding in the input thread: a step lasts ~116 decodes)" in lines
 
 
 def test_an_input_bound_cpu_model_trains_on_one_thread_and_leaves_the_cores_to_the_decoders(
@@ -682,23 +668,25 @@ def test_an_input_bound_cpu_model_trains_on_one_thread_and_leaves_the_cores_to_t
     compute-bound model, synthetic data, an evaluation, or a given --num_intra_threads."""
     from types import SimpleNamespace
 
-    import stoker.bench.workload as workload_module
+    import stoker.bench.plan as plan_module
     import stoker.kernels.peak as peak_module
     from stoker.bench.cli import _set_threads
+    from stoker.bench.plan import input_bound_choice
 
     monkeypatch.setattr(
         peak_module, "measured_peak", lambda device, precision="fp32", **kw: SimpleNamespace(gflops=100.0)
     )
-    monkeypatch.setattr(workload_module, "_decodes_per_step", {})
-    monkeypatch.setattr("stoker.bench.cli.busy_cores", lambda: 0.0)
+    monkeypatch.setattr(plan_module, "_decodes_per_step", {})
+    monkeypatch.setattr(plan_module, "busy_cores", lambda: 0.0)
     data = _image_folder(tmp_path / "data", size=232)
     flags = (f"--data_dir={data}", "--data_name=imagenet", "--batch_size=2", "--device=cpu")
     light = parse("--model=trivial", *flags)
-    ratio = workload_module.input_bound_on_cpu(light)
-    assert ratio is not None and 0.12 < ratio < 0.14  # 3 x 8.5 MFLOP at 100 GFLOP/s: 0.26 ms, over 2 ms a decode
-    assert workload_module.input_bound_on_cpu(parse("--model=resnet50", *flags)) is None
-    assert workload_module.input_bound_on_cpu(parse("--model=trivial", "--device=cpu")) is None  # synthetic
-    assert workload_module.input_bound_on_cpu(parse("--model=trivial", "--forward_only", *flags)) is None
+    cpu = torch.device("cpu")
+    bound = input_bound_choice(light, "imagenet", cpu)
+    assert bound.value and bound.reason == "a training step per image lasts ~0.13 JPEG decodes"
+    assert not input_bound_choice(parse("--model=resnet50", *flags), "imagenet", cpu).value
+    assert not input_bound_choice(parse("--model=trivial", "--device=cpu"), "imagenet", cpu).value  # synthetic
+    assert not input_bound_choice(parse("--model=trivial", "--forward_only", *flags), "imagenet", cpu).value
     before = torch.get_num_threads()
     lines: list[str] = []
     try:
@@ -725,14 +713,17 @@ def test_xla_flags_choose_the_engines_compile_mode() -> None:
 
 
 def test_data_worker_kind_takes_threads_only_for_a_cpu_step_with_libjpeg_crop() -> None:
-    from stoker.bench.workload import data_worker_kind
+    from stoker.bench.plan import resolve_worker_kind
     from stoker.data.images.decoders import available_decoders
+
+    def kind(cfg: BenchConfig, workers: int) -> str:
+        return resolve_worker_kind(cfg, workers).value
 
     crop = "libjpeg-crop" in available_decoders()
     cpu = parse("--device=cpu", "--image_decoder=libjpeg-crop") if crop else None
     if cpu is not None:
-        assert data_worker_kind(cpu, 2) == "thread" and data_worker_kind(cpu, 5) == "process"
+        assert kind(cpu, 2) == "thread" and kind(cpu, 5) == "process"
         # on CUDA decoding threads measured slower than processes at every count (H200 host)
-        assert data_worker_kind(parse("--device=cuda", "--image_decoder=libjpeg-crop"), 2) == "process"
-    assert data_worker_kind(parse("--device=cpu", "--image_decoder=pillow"), 2) == "process"
-    assert data_worker_kind(parse("--device=cuda", "--data_worker_kind=thread"), 8) == "thread"
+        assert kind(parse("--device=cuda", "--image_decoder=libjpeg-crop"), 2) == "process"
+    assert kind(parse("--device=cpu", "--image_decoder=pillow"), 2) == "process"
+    assert kind(parse("--device=cuda", "--data_worker_kind=thread"), 8) == "thread"

@@ -101,11 +101,9 @@ def _check_combinations(cfg: Any) -> None:
                 )
 
 
-def _check_sgd_in_backward(cfg: Any) -> None:
-    """``--sgd_in_backward=on``: what the run must be for the update to move into the backward
-    (``auto`` quietly keeps the ordinary update instead; the device is checked by the engine)."""
-    if cfg.sgd_in_backward != "on":
-        return
+def sgd_in_backward_blockers(cfg: Any) -> list[tuple[str, str]]:
+    """What stands in the way of the SGD update moving into the backward, as ``(flag, need)``
+    pairs (empty: nothing; the device is the engine's to check)."""
     needs = (
         ("optimizer", cfg.optimizer != "sgd", f"--optimizer=sgd (plain SGD; got {cfg.optimizer})"),
         ("gradient_clip", cfg.gradient_clip is not None, "no --gradient_clip (clipping needs every gradient first)"),
@@ -115,9 +113,16 @@ def _check_sgd_in_backward(cfg: Any) -> None:
         ("precision", cfg.precision != "fp32", f"--precision=fp32 (got {cfg.precision})"),
         ("num_gpus", cfg.num_gpus > 1, "one replica (replicas average gradients before the update)"),
     )
-    for name, conflict, need in needs:
-        if conflict:
-            raise fail(f"--sgd_in_backward=on needs {need}; use --sgd_in_backward=auto or off", "sgd_in_backward", name)
+    return [(name, need) for name, conflict, need in needs if conflict]
+
+
+def _check_sgd_in_backward(cfg: Any) -> None:
+    """``--sgd_in_backward=on``: what the run must be for the update to move into the backward
+    (``auto`` quietly keeps the ordinary update instead)."""
+    if cfg.sgd_in_backward != "on":
+        return
+    for name, need in sgd_in_backward_blockers(cfg)[:1]:
+        raise fail(f"--sgd_in_backward=on needs {need}; use --sgd_in_backward=auto or off", "sgd_in_backward", name)
 
 
 def _check_evaluation(cfg: Any) -> None:
@@ -292,4 +297,10 @@ def gpu_indices(text: str) -> tuple[int, ...]:
     return values
 
 
-__all__ = ["EVAL_DURING_TRAINING_FLAGS", "gpu_indices", "parse_piecewise_schedule", "validate"]
+__all__ = [
+    "EVAL_DURING_TRAINING_FLAGS",
+    "gpu_indices",
+    "parse_piecewise_schedule",
+    "sgd_in_backward_blockers",
+    "validate",
+]

@@ -11,9 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
-import os
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -136,60 +134,25 @@ def _mode_flag(cfg: BenchConfig) -> str:
 
 
 def _set_threads(cfg: BenchConfig, parser: argparse.ArgumentParser, log: Callable[[str], None], world: int) -> None:
-    """Apply ``--num_intra_threads`` / ``--num_inter_threads``; without the former, use the idle cores.
+    """Apply the plan's intra-op threads (:func:`stoker.bench.plan.resolve_threads`: given, 1
+    where the input is the work, else the cores idle just before the run; its ``Note:`` when it
+    departs from torch's default) and ``--num_inter_threads``."""
+    from .plan import machine_facts, resolve_threads
+    from .workload import guess_data_name, resolve_device
 
-    An OpenMP pool with more threads than idle cores is much slower than a smaller one: each
-    parallel region waits for its slowest thread, and a thread sharing a core with another
-    process is slow (measured here: resnet20 at 27 images/sec with 2 threads, 141 with 1, while
-    another job kept one of the 2 cores busy). So by default the pool is shrunk to the cores
-    that were idle just before the run; under torchrun, the local replicas share the cores.
-    """
-    from .workload import input_bound_on_cpu
-
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)) or 1)
-    if cfg.num_intra_threads is not None:
-        torch.set_num_threads(cfg.num_intra_threads)
-    elif (decodes := input_bound_on_cpu(cfg)) is not None:
-        torch.set_num_threads(1)
-        log(
-            f"Note: the input is the work here (a training step per image lasts ~{decodes:.2f} JPEG decodes): "
-            "using 1 intra-op thread and leaving the cores to the decoders (--num_intra_threads overrides)"
-        )
-    elif local_world > 1:  # the other replicas are starting too: sampling would count them
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world))
-    else:
-        default = torch.get_num_threads()
-        busy = busy_cores()
-        if busy is not None:
-            idle = max(1, min(default, round(default - busy)))
-            if idle < default:
-                torch.set_num_threads(idle)
-                log(
-                    f"Note: {busy:.1f} of {os.cpu_count()} cores were busy before the run: using {idle} "
-                    f"intra-op thread(s) instead of {default} (--num_intra_threads overrides)"
-                )
+    facts = machine_facts(sample_busy=cfg.num_intra_threads is None, world=world)
+    try:
+        dataset = cfg.data_name or guess_data_name(cfg.data_dir, cfg.model)
+        device = resolve_device(cfg.device, cfg.gpu_indices)
+    except (BenchFlagError, ValueError):  # the run itself reports the bad flag
+        dataset, device = "", torch.device("cpu")
+    threads = resolve_threads(cfg, facts, dataset, device)
+    if threads.value != torch.get_num_threads() or cfg.num_intra_threads is not None:
+        torch.set_num_threads(threads.value)
+    if threads.note:
+        log(threads.note)
     if cfg.num_inter_threads is not None:
         try:
             torch.set_num_interop_threads(cfg.num_inter_threads)
         except RuntimeError as e:  # only possible before any inter-op work has started
             parser.error(f"--num_inter_threads: {e}")
-
-
-def busy_cores(seconds: float = 0.2) -> float | None:
-    """How many CPU cores other processes kept busy over ``seconds`` (``/proc/stat``; ``None``
-    where it cannot be read). This process sleeps meanwhile, so it counts only the others."""
-
-    def sample() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            fields = [int(v) for v in f.readline().split()[1:9]]  # user .. steal: guest time is inside user
-        return fields[3] + fields[4], sum(fields)  # idle + iowait, total
-
-    try:
-        idle0, total0 = sample()
-        time.sleep(seconds)
-        idle1, total1 = sample()
-    except (OSError, ValueError, IndexError):
-        return None
-    if total1 <= total0:
-        return None
-    return (1.0 - (idle1 - idle0) / (total1 - total0)) * (os.cpu_count() or 1)

@@ -44,18 +44,14 @@ from .config import (
 )
 from .flags import note_lines
 from .outputs import mlperf_log_path
-from .stats import DASHES, format_total
-from .workload import (  # flops_per_image lives there: the input choice counts FLOPs too (re-exported here)
-    Workload,
-    compute_bound_on_cpu,
-    data_decoder,
-    data_worker_kind,
-    data_workers,
+from .plan import (  # flops_per_image lives there: the input choice counts FLOPs too (re-exported here)
+    ResolvedPlan,
     flops_per_image,
-    prefetch_depth,
-    training_thread_decodes,
-    usable_cores,
+    machine_facts,
+    resolve_plan,
 )
+from .stats import DASHES, format_total
+from .workload import Workload, prefetch_depth
 
 PEAK_MATMUL_SIZE = 2048
 _LABEL_WIDTH = 13  # tf_cnn_benchmarks aligns its header values after "Num batches: "
@@ -154,7 +150,8 @@ def header_lines(
     )
     xla = " (--xla_compile)" if cfg.xla_compile else (" (--xla)" if cfg.xla else "")
     lines.append(_line("Compile", f"{cfg.compile_mode}{xla}"))
-    lines.extend(_optional_lines(cfg, workload, bucket_mb))
+    plan = resolve_plan(cfg, workload)
+    lines.extend(_optional_lines(cfg, workload, plan, bucket_mb))
     if workload.device.type == "cpu":
         lines.append(_line("Linear", _linear_header(cfg.fast_linear)))
     if peak is not None:
@@ -165,6 +162,8 @@ def header_lines(
     )
     if mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL):
         lines.append(_line("Loop", f"{cfg.iterations_per_loop} step(s) per host round trip"))
+    resolved = plan.lines()  # every "auto" choice and why (bench/plan.py)
+    lines += [_line("Resolved", resolved[0]), *(" " * _LABEL_WIDTH + r for r in resolved[1:])]
     lines.append("==========")
     return lines
 
@@ -279,7 +278,7 @@ def precision_notes(precision: str, device: torch.device) -> list[str]:
     ]
 
 
-def _optional_lines(cfg: BenchConfig, workload: Workload, bucket_mb: float | None) -> list[str]:
+def _optional_lines(cfg: BenchConfig, workload: Workload, plan: ResolvedPlan, bucket_mb: float | None) -> list[str]:
     """Header lines of flags that are not always relevant: only when they apply."""
     lines = []
     training = cfg.benchmark_mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL)
@@ -290,18 +289,17 @@ def _optional_lines(cfg: BenchConfig, workload: Workload, bucket_mb: float | Non
         lines.append(_line("Eval batch", f"{workload.eval_batch_size} global"))
     if not workload.synthetic and cfg.mode != "inference":
         depth = prefetch_depth(cfg)
-        workers = data_workers(cfg, workload)
-        inline = compute_bound_on_cpu(cfg, workload) if cfg.datasets_num_private_threads is None else None
-        why = "" if inline is None or workers else f"; decoding in the input thread: a step lasts ~{inline:.0f} decodes"
-        if training_thread_decodes(cfg, workload, workers):
+        workers, inline = plan.data_workers.value, plan.decode_inline
+        why = "" if not inline.value or workers else f"; {inline.reason}"
+        if plan.training_thread_decodes.value:
             why += "; the training thread decodes too while its next batch is not ready"
-        kind = data_worker_kind(cfg, workers)
+        kind = plan.worker_kind.value
         kind = kind if workers == 1 else {"thread": "threads", "process": "processes"}[kind]
         lines.append(
             _line(
                 "Input",
-                f"{workers} decoding {kind} ({usable_cores()} usable cores{why}), "
-                f"{data_decoder(cfg) if workload.dataset != 'cifar10' else 'raw'} decoder, "
+                f"{workers} decoding {kind} ({machine_facts().usable_cores} usable cores{why}), "
+                f"{plan.decoder.value} decoder, "
                 f"{'default' if depth is None else depth} batch(es) prefetched, "
                 f"distortions {'on' if cfg.distortions else 'off'}, resize {cfg.resize_method}"
                 + (", first batch repeated" if cfg.datasets_repeat_cached_sample else ""),

@@ -63,6 +63,7 @@ from .model import (  # re-exported: they were defined here
 )
 from .optim import optimizer_and_schedule
 from .outputs import mlperf_hook, summary_hook
+from .plan import TRAINING_FLOPS_FACTOR, flops_per_image
 from .report import (
     base_result,
     effective_variable_update,
@@ -74,10 +75,8 @@ from .report import (
 from .run_spec import write_zoo_run_spec  # and, imported, the builder of kind zoo is registered
 from .stats import display_due, format_accuracy, format_step_line, perf_timing, step_header
 from .workload import (
-    TRAINING_FLOPS_FACTOR,
     InputFn,
     Workload,
-    flops_per_image,
     make_input_fn,
     prefetch_depth,
     resolve_workload,

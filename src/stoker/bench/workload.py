@@ -35,21 +35,18 @@ from typing import Any
 
 import torch
 
+from .. import resolve as rules
 from ..data import RepeatedBatch, cifar_binary, image_folder, imagenet_tfrecords, synthetic_images
 from ..data.images import IMAGE_EXTENSIONS, scan_image_folder
-from ..data.images.decoders import get_decoder
 from ..data.tfrecord import expected_layouts, find_shards
 from ..data.tfrecord_index import RecordShards
 from ..distributed import torchrun_world_size
-from ..models import DATASETS, DEFAULT_NUM_CLASSES, ModelInfo, create_model, example_flops, get_model_info
-from ..resolve import auto_worker_kind, image_threads_suffice
+from ..models import DATASETS, DEFAULT_NUM_CLASSES, ModelInfo, get_model_info
 from .checks import gpu_indices as parse_gpu_indices
 from .config import (
     DEFAULT_NUM_BATCHES,
     MODE_EVAL,
     MODE_INFERENCE,
-    MODE_TRAIN,
-    MODE_TRAIN_AND_EVAL,
     BenchConfig,
     BenchFlagError,
 )
@@ -62,6 +59,7 @@ from .defaults import (
     model_defaults,
     model_learning_rate,
 )
+from .plan import resolve_plan
 
 InputFn = Callable[[dict[str, Any]], Iterable[Any]]
 
@@ -104,7 +102,7 @@ class Workload:
         data_layout: what an ImageNet ``--data_dir`` holds, ``TFRecord shards`` or ``image folder``
             (the header's ``Dataset:`` line says it); empty for synthetic data and CIFAR-10.
         data_format: ``--data_format``, or when it is left out the model's default on the
-            device (:func:`default_data_format`).
+            device (:func:`stoker.resolve.data_format`).
     """
 
     dataset: str
@@ -270,7 +268,12 @@ def resolve_workload(
         used = (f"batch size {per_device} per device ({owner} default)", *used)
     data_format = cfg.data_format
     if data_format is None:
-        data_format, why = default_data_format(None if custom_model else info, device)
+        choice = rules.data_format(
+            image_model=None if custom_model or info is None else info.is_classifier,
+            model=cfg.model,
+            device_type=device.type,
+        )
+        data_format, why = choice.value, choice.reason
         used = (*used, f"data format {data_format} ({why}; --data_format overrides)")
     examples = eval_examples if evaluating else train_examples
     if cfg.num_epochs is not None:
@@ -311,31 +314,6 @@ def resolve_workload(
         data_layout="" if synthetic else layout,
         data_format=data_format,
     )
-
-
-#: Zoo image models that train faster NCHW than NHWC (channels_last) on a CPU, measured with
-#: torch's oneDNN kernels (docs/bench.md, "Data format"); every other image model trains NHWC there.
-#: The VGGs (2026-11-26, AVX2 EPYC, batch 8, NCHW / NHWC step time interleaved): vgg16 1.49x-1.53x
-#: in three runs, vgg11 1.18x, vgg19 1.05x and 1.41x; alexnet's 1.07x is within the noise.
-CPU_NCHW_MODELS: frozenset[str] = frozenset({"vgg11", "vgg16", "vgg19"})
-
-
-def default_data_format(info: ModelInfo | None, device: torch.device) -> tuple[str, str]:
-    """The data format of a run without ``--data_format``, and why: ``(format, reason)``.
-
-    Image classifiers train channels_last (``NHWC``) on CUDA (cuDNN's tensor-core kernels
-    want it) and, but for :data:`CPU_NCHW_MODELS`, on the CPU, where oneDNN's convolutions
-    and pooling run on channels_last tensors without reordering them at every layer. A
-    caller's own model and the models whose inputs are not images keep ``NCHW``, PyTorch's
-    default layout, as tf_cnn_benchmarks' flag does.
-    """
-    if info is None:
-        return "NCHW", "a caller's own model: PyTorch's default layout"
-    if not info.is_classifier:
-        return "NCHW", f"{info.name} does not take images"
-    if device.type == "cpu" and info.name in CPU_NCHW_MODELS:
-        return "NCHW", f"faster for {info.name} on the CPU"
-    return "NHWC", f"channels_last: faster for convolutions on {'the CPU' if device.type == 'cpu' else device.type}"
 
 
 def _model_rate(
@@ -473,7 +451,8 @@ def make_input_fn(cfg: BenchConfig, workload: Workload, *, train: bool, repeat: 
     # A source given a number of epochs keeps a partial last batch, which the Estimator pads.
     epochs = None if train else (1_000_000 if repeat else 1)
     augment = train and cfg.distortions
-    workers = data_workers(cfg, workload)
+    plan = resolve_plan(cfg, workload)  # the data workers and their kind
+    workers = plan.data_workers.value
     # tf_cnn's training preprocessing always crops at random and flips; --distortions adds colour.
     folder_train, distort = train, train and cfg.distortions
     if workload.dataset == "cifar10":
@@ -509,7 +488,7 @@ def make_input_fn(cfg: BenchConfig, workload: Workload, *, train: bool, repeat: 
             "distortions": distort,
             "output": "uint8",  # normalised on the device by the model_fn (bench.model.device_images)
             "decoder": cfg.image_decoder,
-            "worker_kind": data_worker_kind(cfg, workers),
+            "worker_kind": plan.worker_kind.value,
             "decode_on_device": cfg.decode_on_device,
             "pin_memory": workload.device.type == "cuda",  # the infeed's H2D copy starts from pinned memory
         }
@@ -541,152 +520,6 @@ def prefetch_depth(cfg: BenchConfig) -> int | None:
     if cfg.datasets_prefetch_buffer_size == 1 and cfg.batch_group_size == 1:
         return None
     return cfg.datasets_prefetch_buffer_size * cfg.batch_group_size
-
-
-def usable_cores() -> int:
-    """The cores this process may run on (its CPU affinity, which a container or ``taskset`` narrows)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
-TRAINING_FLOPS_FACTOR = 3.0  # a training image: the forward pass and a backward pass of twice its FLOPs
-
-
-def flops_per_image(model_name: str, dataset: str, num_classes: int | None = None) -> float:
-    """Forward GFLOP per image of a zoo model, counted on the meta device (no arithmetic)."""
-    info = get_model_info(model_name, dataset)
-    with torch.device("meta"):
-        model = create_model(model_name, dataset=dataset, num_classes=num_classes)
-    return example_flops(model, info) / 1e9
-
-
-# A CPU run whose training step per image is this many times longer than decoding one decodes in
-# the infeed's thread: worker processes then cost more than they win. resnet50, batch 32, 2 cores,
-# 1,280 real JPEGs (2026-11-26): 2.45-2.57 images/sec with 1 or 2 workers, 3.07 with none, 2.98-3.25
-# on synthetic data; trivial needs the workers (its step is ~0.1x a decode).
-INLINE_DECODE_RATIO = 20.0
-# One core, a 224 training crop of a ~500x375 JPEG (docs/results/input_pipeline.md: 520-680 a second).
-DECODE_MS_PER_IMAGE = 2.0
-
-
-def data_workers(cfg: BenchConfig, workload: Workload | None = None) -> int:
-    """Processes decoding real data: none with ``--nouse_datasets`` or ``--decode_on_device`` (the GPU
-    decodes), ``--datasets_num_private_threads`` when given; none either on a CPU when the model's
-    step per image is at least :data:`INLINE_DECODE_RATIO` times a decode (given the ``workload``,
-    by its counted FLOPs and this machine's measured peak: :func:`compute_bound_on_cpu`); else one
-    per usable core, shared by the replicas of this machine (torchrun's ``LOCAL_WORLD_SIZE``), less
-    two per replica on CUDA where a replica has more than two cores (its training and infeed threads)."""
-    if not cfg.use_datasets or cfg.decode_on_device:
-        return 0
-    if cfg.datasets_num_private_threads is not None:
-        return cfg.datasets_num_private_threads
-    if workload is not None and compute_bound_on_cpu(cfg, workload) is not None:
-        return 0
-    local_replicas = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1)
-    per_replica = max(1, usable_cores() // max(1, local_replicas))
-    if per_replica > 2 and _trains_on_cuda(cfg):
-        # On a GPU the training thread launches kernels and the infeed thread copies batches; with
-        # every core decoding they wait for a core. H200 host, 16 cores, resnet50 bf16 on 1,280
-        # real JPEGs (one run each, 2026-11-26): 16 workers 3,685 images/sec, 14 3,953, 12 3,973.
-        return per_replica - 2
-    if per_replica > 1 and training_thread_decodes(cfg, workload, per_replica - 1):
-        # One busy thread per core: the training thread decodes the rest of its batch when the
-        # decoding threads are behind (stoker.data._workers._ExampleThreads). trivial, 1,280 real
-        # JPEGs, 2 cores, four interleaved pairs (2026-11-26): 1 thread + the training thread
-        # 672-723 images/sec (1.93 cores busy), 2 threads 554-664 (1.76).
-        return per_replica - 1
-    return per_replica
-
-
-def training_thread_decodes(cfg: BenchConfig, workload: Workload | None, workers: int) -> bool:
-    """Whether, with ``workers`` decoding threads, the training thread decodes too while its next
-    batch is not ready: JPEG data (folder or TFRecords) decoded by threads for a CPU step."""
-    cifar = workload is not None and workload.dataset == "cifar10"
-    return workers > 0 and not cifar and not _trains_on_cuda(cfg) and data_worker_kind(cfg, workers) == "thread"
-
-
-def step_in_decodes(cfg: BenchConfig, dataset: str, num_classes: int | None, device: torch.device) -> float | None:
-    """On a CPU, with ImageNet-shaped JPEG data: how many decodes one image's training step lasts
-    (its counted FLOPs over this machine's measured peak, against :data:`DECODE_MS_PER_IMAGE`);
-    ``None`` elsewhere, or for a model whose FLOPs cannot be counted."""
-    if dataset != "imagenet" or device.type != "cpu":
-        return None
-    key = (cfg.model, dataset, num_classes, cfg.precision)
-    if key not in _decodes_per_step:
-        from ..kernels.peak import measured_peak
-
-        try:
-            gflop = TRAINING_FLOPS_FACTOR * flops_per_image(cfg.model, dataset, num_classes)
-            peak = measured_peak(device, cfg.precision).gflops
-        except Exception:  # noqa: BLE001 - a model the counter cannot trace: no opinion
-            _decodes_per_step[key] = None
-        else:
-            _decodes_per_step[key] = gflop / peak * 1000.0 / DECODE_MS_PER_IMAGE
-    return _decodes_per_step[key]
-
-
-def compute_bound_on_cpu(cfg: BenchConfig, workload: Workload) -> float | None:
-    """On a CPU, with real JPEG data: how many decodes one image's training step lasts, when that is
-    at least :data:`INLINE_DECODE_RATIO` (the decoding then stays in the infeed's thread); else ``None``."""
-    if workload.synthetic:
-        return None
-    ratio = step_in_decodes(cfg, workload.dataset, workload.num_classes, workload.device)
-    return ratio if ratio is not None and ratio >= INLINE_DECODE_RATIO else None
-
-
-def input_bound_on_cpu(cfg: BenchConfig) -> float | None:
-    """Training on a CPU with real JPEG data where one image's step lasts less than a decode (the
-    trivial model): that fraction of a decode, else ``None``. Then the decoding is the work, and
-    the training step gets one intra-op thread (``stoker bench``'s default): its OpenMP threads
-    would otherwise spin between kernels on the cores the decoders need. trivial, 1,280 real JPEGs,
-    2 cores, 2 decoding threads, 3 runs each interleaved (2026-11-26): 2 intra-op threads 366-412
-    images/sec, 1 thread 547-635 (``OMP_WAIT_POLICY=PASSIVE`` with 2: 539-599)."""
-    if cfg.data_dir is None or cfg.benchmark_mode not in (MODE_TRAIN, MODE_TRAIN_AND_EVAL) or cfg.mode == "inference":
-        return None
-    try:
-        dataset = cfg.data_name or guess_data_name(cfg.data_dir, cfg.model)
-        device = resolve_device(cfg.device, cfg.gpu_indices)
-    except (BenchFlagError, ValueError):  # the run itself reports the bad flag
-        return None
-    ratio = step_in_decodes(cfg, dataset, None, device)
-    return ratio if ratio is not None and ratio < 1.0 else None
-
-
-# (model, dataset, classes, precision) -> decodes one image's training step lasts, at the peak (this process)
-_decodes_per_step: dict[tuple[str, str, int | None, str], float | None] = {}
-
-
-def _trains_on_cuda(cfg: BenchConfig) -> bool:
-    return (
-        cfg.device in ("cuda", "gpu")
-        or cfg.device.startswith("cuda:")
-        or (cfg.device == "auto" and torch.cuda.is_available())
-    )
-
-
-def data_worker_kind(cfg: BenchConfig, workers: int) -> str:
-    """``thread`` or ``process``: what builds real-data batches with ``workers`` workers
-    (``--data_worker_kind``; auto: threads with the libjpeg-crop decoder, which releases the GIL for
-    a whole decode, up to :data:`~stoker.resolve.AUTO_THREAD_WORKERS_MAX` of them, when training
-    on a CPU; else processes, which measured faster on a CUDA host at every worker count tried)."""
-    if cfg.data_worker_kind != "auto":
-        return cfg.data_worker_kind
-    threads_suffice = image_threads_suffice(  # as the source decides it: pinned batches on CUDA
-        releases_gil=get_decoder(cfg.image_decoder).releases_gil,
-        decode_on_device=cfg.decode_on_device,
-        pin_memory=_trains_on_cuda(cfg),
-    )
-    return auto_worker_kind(threads_suffice.value, workers).value
-
-
-def data_decoder(cfg: BenchConfig) -> str:
-    """What decodes real JPEG data: ``nvjpeg`` (``--decode_on_device``), else ``--image_decoder``
-    resolved (``simplejpeg`` when installed, else ``pillow``)."""
-    if cfg.decode_on_device:
-        return "nvjpeg"
-    return get_decoder(cfg.image_decoder).name
 
 
 def _cached(input_fn: InputFn) -> InputFn:

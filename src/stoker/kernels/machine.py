@@ -17,6 +17,7 @@ import json
 import os
 import tempfile
 import threading
+import time
 from typing import Any
 
 import torch
@@ -70,6 +71,34 @@ def cpu_has_fast(precision: str) -> bool:
     else:
         return True
     return any(flag in cpu_flags() for flag in wanted)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which a container or ``taskset`` narrows)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def busy_cores(seconds: float = 0.2) -> float | None:
+    """How many CPU cores other processes kept busy over ``seconds`` (``/proc/stat``; ``None``
+    where it cannot be read). This process sleeps meanwhile, so it counts only the others."""
+
+    def sample() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:9]]  # user .. steal: guest time is inside user
+        return fields[3] + fields[4], sum(fields)  # idle + iowait, total
+
+    try:
+        idle0, total0 = sample()
+        time.sleep(seconds)
+        idle1, total1 = sample()
+    except (OSError, ValueError, IndexError):
+        return None
+    if total1 <= total0:
+        return None
+    return (1.0 - (idle1 - idle0) / (total1 - total0)) * (os.cpu_count() or 1)
 
 
 def device_description(device: torch.device) -> str:
@@ -128,7 +157,9 @@ __all__ = [
     "cache_store",
     "cpu_flags",
     "cpu_has_fast",
+    "busy_cores",
     "cpu_model",
     "device_description",
     "machine_key",
+    "usable_cores",
 ]

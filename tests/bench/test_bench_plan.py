@@ -1,0 +1,163 @@
+"""The resolved plan of a `stoker bench` run: each "auto" choice and its reason, on made-up
+machine facts (nothing here depends on this machine's cores, load or decoders)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+import stoker.bench.plan as plan_module
+from stoker import resolve as rules
+from stoker.bench.config import BenchConfig
+from stoker.bench.plan import resolve_plan
+from stoker.resolve import Choice, MachineFacts
+
+CPU, CUDA = torch.device("cpu"), torch.device("cuda")
+
+
+def facts(cores: int = 2, *, busy: float | None = 0.0, local: int = 1, threads: int | None = None) -> MachineFacts:
+    return MachineFacts(
+        usable_cores=cores,
+        cpu_count=cores,
+        default_threads=cores if threads is None else threads,
+        busy_cores=busy,
+        local_world_size=local,
+    )
+
+
+def real(dataset: str = "imagenet", device: torch.device = CPU) -> Any:
+    """A workload of real data (the plan reads these four attributes)."""
+    return SimpleNamespace(synthetic=False, dataset=dataset, num_classes=2, device=device)
+
+
+@pytest.fixture
+def decodes(monkeypatch: pytest.MonkeyPatch) -> dict[tuple[str, str, int | None, str], float | None]:
+    """How many decodes a model's step lasts, injected instead of measured: trivial 0.13, resnet50 116."""
+    table: dict[tuple[str, str, int | None, str], float | None] = {}
+    for classes in (2, None):
+        table[("trivial", "imagenet", classes, "fp32")] = 0.13
+        table[("resnet50", "imagenet", classes, "fp32")] = 116.0
+    monkeypatch.setattr(plan_module, "_decodes_per_step", table)
+    return table
+
+
+def cfg(**kw: Any) -> BenchConfig:
+    return BenchConfig(**{"device": "cpu", "image_decoder": "pillow", **kw})
+
+
+# ------------------------------------------------------------------------------ the rules
+def test_threads_given_input_bound_shared_busy_or_default() -> None:
+    idle = Choice(False, "no JPEG data decoded for a CPU training step")
+    bound = rules.input_bound(0.13)
+    assert bound == Choice(True, "a training step per image lasts ~0.13 JPEG decodes")
+    assert rules.intra_threads(given=3, input_bound=bound, facts=facts(8)) == Choice(3, "--num_intra_threads")
+    one = rules.intra_threads(given=None, input_bound=bound, facts=facts(8))
+    assert (one.value, one.reason) == (1, "a training step per image lasts ~0.13 JPEG decodes")
+    assert one.note.startswith("Note: the input is the work here (a training step per image lasts ~0.13 JPEG")
+    shared = rules.intra_threads(given=None, input_bound=idle, facts=facts(16, local=4))
+    assert shared == Choice(4, "4 local replicas share 16 cores")
+    busy = rules.intra_threads(given=None, input_bound=idle, facts=facts(8, busy=2.6))
+    assert (busy.value, busy.reason) == (5, "2.6 of 8 cores were busy before the run")
+    assert busy.note == (
+        "Note: 2.6 of 8 cores were busy before the run: using 5 intra-op thread(s) instead of 8 "
+        "(--num_intra_threads overrides)"
+    )
+    assert rules.intra_threads(given=None, input_bound=idle, facts=facts(8, busy=0.2)) == Choice(
+        8, "torch's default: the cores were idle before the run"
+    )
+    assert rules.intra_threads(given=None, input_bound=idle, facts=facts(8, busy=None)).value == 8
+    assert not rules.input_bound(1.5).value and not rules.input_bound(None).value
+
+
+def test_workers_and_their_kind() -> None:
+    never: Any = lambda n: False  # noqa: E731 - the training thread never decodes
+    inline = rules.decode_inline(116.0)
+    assert inline == Choice(True, "decoding in the input thread: a step lasts ~116 decodes")
+    assert not rules.decode_inline(19.9).value and not rules.decode_inline(None).value
+    kw: dict[str, Any] = {"use_datasets": True, "decode_on_device": False, "given": None, "on_cuda": False}
+    workers = rules.data_workers(inline=inline, facts=facts(16), training_thread_helps=never, **kw)
+    assert workers == Choice(0, inline.reason)
+    no = rules.decode_inline(None)
+    assert rules.data_workers(inline=no, facts=facts(16), training_thread_helps=never, **kw).value == 16
+    cuda = {**kw, "on_cuda": True}
+    assert rules.data_workers(inline=no, facts=facts(16), training_thread_helps=never, **cuda) == Choice(
+        14, "2 cores kept for the training and infeed threads"
+    )
+    assert rules.data_workers(inline=no, facts=facts(16, local=8), training_thread_helps=never, **cuda).value == 2
+    helped = rules.data_workers(inline=no, facts=facts(2), training_thread_helps=lambda n: True, **kw)
+    assert helped == Choice(1, "one per core: the training thread decodes too")
+    given = {**kw, "given": 3}
+    assert rules.data_workers(inline=inline, facts=facts(), training_thread_helps=never, **given).value == 3
+    off = {**kw, "use_datasets": False}
+    assert rules.data_workers(inline=no, facts=facts(), training_thread_helps=never, **off).value == 0
+    gil = rules.image_threads_suffice(releases_gil=True, decode_on_device=False, pin_memory=False)
+    assert rules.worker_kind("auto", gil, 4) == Choice("thread", "the decoder releases the GIL for a whole decode")
+    assert rules.worker_kind("auto", gil, 5).value == "process"
+    pinned = rules.image_threads_suffice(releases_gil=True, decode_on_device=False, pin_memory=True)
+    assert rules.worker_kind("auto", pinned, 2) == Choice(
+        "process", "the batches feed a CUDA step (processes measured faster there)"
+    )
+    assert rules.worker_kind("thread", pinned, 8) == Choice("thread", "--data_worker_kind=thread")
+
+
+def test_data_format() -> None:
+    assert rules.data_format(image_model=True, model="resnet50", device_type="cpu") == Choice(
+        "NHWC", "channels_last: faster for convolutions on the CPU"
+    )
+    assert rules.data_format(image_model=True, model="vgg16", device_type="cpu").value == "NCHW"
+    assert rules.data_format(image_model=True, model="vgg16", device_type="cuda").value == "NHWC"
+    assert rules.data_format(image_model=False, model="ncf", device_type="cpu") == Choice(
+        "NCHW", "ncf does not take images"
+    )
+    assert rules.data_format(image_model=None, model="", device_type="cpu").value == "NCHW"
+
+
+# ------------------------------------------------------------------------------ the plan
+def test_the_plan_of_trivial_on_jpegs_with_two_idle_cores(decodes: dict[Any, Any]) -> None:
+    plan = resolve_plan(cfg(model="trivial", data_dir="x", data_worker_kind="thread"), real(), facts(2))
+    assert plan.lines() == [
+        "threads: 1 (a training step per image lasts ~0.13 JPEG decodes)",
+        "data workers: 1 (one per core: the training thread decodes too)",
+        "worker kind: thread (--data_worker_kind=thread)",
+        "decoder: pillow (--image_decoder=pillow)",
+        "training thread decodes: yes (threads decode for a CPU step)",
+        "decode inline: no (workers decode)",
+        "fast linear: auto (per layer shape, oneDNN or the BLAS, whichever measured faster here; cached)",
+        "sgd in backward: auto (in the fast linear layers that allow it, chosen at the first step)",
+        "peak: measured (the fastest of three kernels in the compute dtype, measured once per machine)",
+        "cuda graph: no (CUDA only)",
+    ]
+
+
+def test_the_plan_of_resnet50_on_a_16_core_machine(decodes: dict[Any, Any]) -> None:
+    plan = resolve_plan(
+        cfg(model="resnet50", data_dir="x", optimizer="momentum", peak_tflops=2.5), real(), facts(16, busy=4.2)
+    )
+    assert plan.threads == Choice(
+        12, "4.2 of 16 cores were busy before the run", plan.threads.note
+    ) and plan.threads.note.startswith("Note: 4.2 of 16 cores")
+    assert plan.data_workers == Choice(0, "decoding in the input thread: a step lasts ~116 decodes")
+    assert plan.decode_inline.value and not plan.training_thread_decodes.value
+    assert plan.worker_kind == Choice("process", "the decoder holds the GIL")  # Pillow
+    assert plan.sgd_in_backward == Choice("off", "it needs --optimizer=sgd (plain SGD; got momentum)")
+    assert plan.peak == Choice("2.5 TFLOP/s", "--peak_tflops")
+
+
+def test_the_plan_on_a_cuda_host_and_on_synthetic_data(decodes: dict[Any, Any]) -> None:
+    gpu = cfg(model="trivial", data_dir="x", device="cuda", cuda_graph=True)
+    plan = resolve_plan(gpu, real(device=CUDA), facts(16))
+    assert plan.data_workers.value == 14 and plan.worker_kind.value == "process"
+    assert plan.fast_linear == Choice("off", "CPU only") and plan.sgd_in_backward.value == "off"
+    assert plan.cuda_graph == Choice(True, "--cuda_graph")
+    assert plan.threads.value == 16  # no JPEG data decoded for a CPU step: the idle cores
+    plain = resolve_plan(cfg(model="trivial", data_dir="x", device="cuda"), real(device=CUDA), facts(16))
+    assert plain.cuda_graph == Choice(False, "not asked: --cuda_graph would capture this step")
+    whole = resolve_plan(cfg(model="trivial", data_dir="x", device="cuda", compile="step"), real(device=CUDA), facts())
+    assert whole.cuda_graph.reason.startswith("not asked, and it could not capture this step: --compile=step")
+    synthetic = SimpleNamespace(synthetic=True, dataset="imagenet", num_classes=None, device=CPU)
+    lines = resolve_plan(cfg(model="trivial", num_intra_threads=2), synthetic, facts(2)).lines()
+    assert lines[:2] == ["threads: 2 (--num_intra_threads)", "input: none (synthetic data: nothing to decode)"]
+    assert len(lines) == 6  # the input's five choices as one line
