@@ -110,3 +110,27 @@ def test_the_tf_cnn_guide_and_bench_help_agree_that_data_dir_reads_tfrecords():
     assert "TFRecord shards" in data and "train-*-of-*" in data
     for refusal in ("cannot read TFRecord", "not TFRecords", "TFRecord shards are not read", "decoded with Pillow in"):
         assert refusal not in guide, refusal
+
+
+def test_every_runconfig_keyword_and_bench_flag_a_page_names_exists():
+    # New pages (GPUs, performance, troubleshooting, clusters) name many switches; a renamed or
+    # imagined one must fail here, not in a reader's run.
+    import argparse
+    import dataclasses
+
+    import stoker
+    from stoker.bench.cli import add_parser
+    from stoker.config import DEPRECATED
+
+    fields = {f.name for f in dataclasses.fields(stoker.RunConfig)} | set(DEPRECATED)
+    fields.add("tf_random_seed")  # TPUEstimator's RunConfig, in the migration guide's left column
+    parser = add_parser(argparse.ArgumentParser().add_subparsers())
+    flags = {option for action in parser._actions for option in action.option_strings}
+    for page in reader_pages():
+        text = page.read_text()
+        for name in re.findall(r"RunConfig\((\w+)=", text):
+            assert name in fields, f"{page}: RunConfig has no field {name!r}"
+        for command in re.findall(r"stoker bench([^`|\n]*)", text):
+            for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9_]*)", command):
+                negated = "--" + flag[len("--no") :] if flag.startswith("--no") else flag
+                assert flag in flags or negated in flags, f"{page}: stoker bench has no flag {flag}"
