@@ -165,3 +165,18 @@ def test_a_watching_evaluator_decides_and_writes_the_stop_file(tmp_path):
     assert read_stop(tmp_path / "m")["step"] == 8 and "stopped early at step 8" in result.stop_reason
     est.train(train_input(x, y), steps=12)
     assert est.global_step == 12  # the trainer honours it when it starts
+
+
+def test_stoker_evaluate_early_stopping_picks_up_the_recorded_evaluations(tmp_path):
+    from stoker.engine.cli import _early_stopping
+
+    x, y = make_data(48)
+    est = make_estimator(tmp_path / "m", iterations_per_loop=2, save_checkpoints_steps=4)
+    est.train(train_input(x, y), steps=12)
+    for step in (4, 8, 12):  # as an evaluator killed after these would have left the index
+        assert est.state.checkpoints is not None
+        est.state.checkpoints.record_eval(step, {"loss": 1.0})
+    on_result = _early_stopping("loss:min:3:10", est)  # 4, 8, 12 replayed: two without improvement
+    assert read_stop(tmp_path / "m") is None
+    on_result(16, {"loss": 0.5, "global_step": 16})  # the third: stop
+    assert read_stop(tmp_path / "m")["step"] == 16

@@ -110,9 +110,10 @@ if os.environ.get("WANDB_TESTS_SKIP"):  # pragma: no cover
     pytest.skip("W&B tests skipped", allow_module_level=True)
 
 
-def wandb_history(root, run_id: str) -> list[dict[str, float]]:
-    """The history rows of every offline file of ``run_id`` under ``root``, read as W&B writes
-    them: a LevelDB-style log of ``wandb_internal_pb2.Record`` protobufs."""
+def wandb_history(root, run_id: str, artifacts: list[tuple[str, list[str]]] | None = None) -> list[dict[str, float]]:
+    """The history rows of every offline file of ``run_id`` under ``root`` (and its artifacts,
+    name and files, into ``artifacts``), read as W&B writes them: a LevelDB-style log of
+    ``wandb_internal_pb2.Record`` protobufs."""
     import struct
 
     from wandb.proto import wandb_internal_pb2 as pb
@@ -136,6 +137,8 @@ def wandb_history(root, run_id: str) -> list[dict[str, float]]:
                 record = pb.Record()
                 record.ParseFromString(buf)
                 buf = b""
+                if record.WhichOneof("record_type") == "artifact" and artifacts is not None:
+                    artifacts.append((record.artifact.name, sorted(e.path for e in record.artifact.manifest.contents)))
                 if record.WhichOneof("record_type") == "history":
                     items = record.history.item
                     rows.append({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in items})
@@ -150,7 +153,7 @@ def test_wandb_offline_one_run_each_step_once(tmp_path, monkeypatch):
     hooks = []
     for max_steps in (8, 16):
         est = make_estimator(tmp_path / "m", iterations_per_loop=2, log_every_n_steps=4, save_checkpoints_steps=4)
-        hook = stoker.hooks.WandbLogger(project="tiny", dir=str(tmp_path), log_checkpoints=False)
+        hook = stoker.hooks.WandbLogger(project="tiny", dir=str(tmp_path), log_checkpoints=max_steps == 16)
         est.train_and_evaluate(
             train_input(x, y), eval_input(x, y), max_steps=max_steps, eval_every_n_steps=8, hooks=[hook]
         )
@@ -163,3 +166,34 @@ def test_wandb_offline_one_run_each_step_once(tmp_path, monkeypatch):
     assert steps == sorted(set(steps)) == [4, 8, 12, 16]  # each step once, in order, across the two runs
     assert [r["_step"] for r in rows if "eval/loss" in r] == [8, 16]
     assert all("loss" in r and "learning_rate" in r for r in rows)
+    artifacts: list[tuple[str, list[str]]] = []
+    wandb_history(tmp_path, hooks[0].run_id, artifacts)
+    assert (f"{hooks[0].run_id}-ckpt-16", ["input-0.json", "model.safetensors", "train_state.pt"]) in artifacts
+
+
+@pytest.mark.slow
+def test_two_replicas_log_one_run_from_the_chief_and_stop_together(tmp_path):
+    from callback_runs import SCRIPT
+
+    from helpers.processes import launch_replicas
+
+    uri = (tmp_path / "mlruns").as_uri()
+    args = (
+        "--model_dir",
+        str(tmp_path / "m"),
+        "--mlflow",
+        uri,
+        "--max_steps",
+        "40",
+        "--early_stopping",
+        "loss:min:1:10",
+    )
+    procs = launch_replicas(SCRIPT, 2, *args)
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
+    steps = {json.loads(out.strip().splitlines()[-1])["global_step"] for out, _ in outs}
+    assert steps == {8}  # both replicas stop at the 2nd evaluation
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("callbacks").experiment_id])
+    assert [s for s, _ in history(client, run.info.run_id, "eval/loss")] == [4, 8]
+    assert [s for s, _ in history(client, run.info.run_id, "loss")] == [4, 6, 8]

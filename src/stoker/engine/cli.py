@@ -101,8 +101,13 @@ def _usage_error(args: argparse.Namespace) -> str | None:
         return f"--last_step applies only with --watch and must be >= 0; got {args.last_step}"
     if args.order != "newest" and not args.watch:
         return "--order applies only with --watch"
-    if args.early_stopping is not None and not args.watch:
-        return "--early_stopping applies only with --watch"
+    if args.early_stopping is not None:
+        if not args.watch:
+            return "--early_stopping applies only with --watch"
+        try:
+            EarlyStopping.parse(args.early_stopping)
+        except StokerError as e:
+            return str(e)
     if args.watch and args.checkpoint is not None:
         return "--checkpoint evaluates one checkpoint; it cannot be used with --watch"
     if not args.watch and not storage.exists(storage.location(args.model_dir)):
