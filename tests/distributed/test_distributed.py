@@ -129,6 +129,12 @@ def test_a_stuck_replica_is_named_with_its_step_and_phase_within_seconds(tmp_pat
     assert 3 <= waited < 10  # named within seconds of the limit, not after distributed_timeout
 
 
+def test_a_replica_slow_between_loops_is_not_taken_for_stuck(tmp_path):
+    # A hook that takes 8 s on replica 1 only (past min_seconds=3): the work between loops is left
+    # to distributed_timeout, so both replicas finish.
+    run(2, "--max_steps", "16", "--timeout", "300", "--hook_sleep", "1", "10", "8", "--stuck_min_seconds", "3")
+
+
 def test_sharded_equals_replicated_and_resumes_from_dcp(tmp_path):
     run(2, "--opt", "momentum", "--strategy", "replicated", "--out", str(tmp_path / "rep.json"))
     run(2, "--opt", "momentum", "--strategy", "sharded", "--model_dir", str(tmp_path / "sh"), "--max_steps", "6")

@@ -24,12 +24,13 @@ def waiting(entered: int, since: float, exempt: bool = False) -> Progress:
 def test_only_a_replica_waiting_past_the_limit_accuses():
     assert waiting(5, since=100.0).overdue(now=101.9) is None
     assert waiting(5, since=100.0).overdue(now=102.1) == 2.0
-    assert waiting(5, since=100.0, exempt=True).overdue(now=200.0) is None  # writing a checkpoint
+    # waiting between loops (exempt) still counts: a replica stuck in its step is named from there
+    assert waiting(5, since=100.0, exempt=True).overdue(now=102.1) == 2.0
     idle = waiting(5, since=100.0)
     idle.leave()
     assert idle.overdue(now=200.0) is None  # not in a collective: nobody to wait for
-    fresh = Progress()
-    fresh.watch = StuckReplica()
+    fresh = waiting(5, since=100.0)
+    fresh.start_watch(StuckReplica())  # a new training run times its first loops afresh
     fresh.enter("the backward pass")
     fresh.since = 0.0
     assert fresh.overdue(now=1e9) is None  # no steps timed yet: start-up is left to distributed_timeout
@@ -43,7 +44,7 @@ def test_the_missing_are_those_behind_in_collectives_and_not_exempt():
     others = {
         1: Seen.parse(waiting(4, since=90.0).record()),  # behind: missing
         2: Seen.parse(waiting(5, since=99.0).record()),  # in the same collective
-        3: Seen.parse(waiting(4, since=90.0, exempt=True).record()),  # writing a checkpoint
+        3: Seen.parse(waiting(4, since=90.0, exempt=True).record()),  # between loops: a hook, a checkpoint write
     }
     missing = missing_replicas(mine, others)
     assert list(missing) == [1]

@@ -118,3 +118,17 @@ def test_on_cuda_the_thread_starts_at_once():
     with Infeed(rows(10), device=torch.device("cuda"), prefetch_depth=2) as infeed:
         assert infeed.prefetching is True
         assert [int(b.features) for b in infeed] == list(range(10))
+
+
+def test_a_resharded_position_keeps_the_batches_counted_past_its_snapshot():
+    # A state saved with a prefetch thread is a snapshot plus a count of batches after it; when
+    # it is re-sharded (saved by another number of replicas), the count must still be applied.
+    import stoker
+
+    x = torch.arange(64, dtype=torch.float32).reshape(64, 1)
+    saved = stoker.data.arrays(x, batch_size=4, shuffle=False)
+    for _ in range(3):
+        next(saved)
+    restore = {"reshard": [{"source": saved.state_dict(), "skip": 2}]}
+    with Infeed(stoker.data.arrays(x, batch_size=4, shuffle=False), device=CPU, restore=restore) as infeed:
+        assert next(infeed).features[0].item() == 20.0  # batch 5: 3 in the snapshot, 2 counted past it

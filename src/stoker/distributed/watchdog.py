@@ -14,9 +14,12 @@ ones missing, and where they were last seen. It logs that and ends its process w
 status 1 (a thread cannot interrupt a collective blocked in C++; the newest complete
 checkpoint is on disk, as after a kill -9).
 
-Phases marked exempt (a checkpoint being written: the chief writes while the others wait at
-the barrier) are left to ``distributed_timeout``, as is everything before training has measured
-``MIN_STEP_SAMPLES`` loops (start-up, compilation, the first steps) and outside ``train``.
+Only a replica last seen inside a training step (its input, ``model_fn``, backward, update) is
+named. The work between loops (the outfeed, hooks, evaluations, summaries, checkpoint writes:
+the chief writes while the others wait at the barrier) is marked exempt and left to
+``distributed_timeout``, since one replica may legitimately take longer there; so is
+everything before a training run has timed ``MIN_STEP_SAMPLES`` loops (start-up, compilation,
+the first steps) and everything outside ``train``.
 """
 
 from __future__ import annotations
@@ -37,6 +40,8 @@ log = logging.getLogger("stoker")
 
 #: Loops a replica must have timed before it accuses anyone (the first ones include start-up).
 MIN_STEP_SAMPLES = 3
+#: The phase after a device loop (outfeed, hooks, evaluations, checkpoints): exempt.
+BETWEEN_LOOPS = "the work between loops (outfeed, hooks, evaluation)"
 #: Exit status of a replica that stops because another one is stuck.
 STUCK_EXIT_CODE = 1
 
@@ -91,6 +96,11 @@ class Progress:
     def leave(self) -> None:
         self.collective = ""
 
+    def start_watch(self, watch: StuckReplica | None) -> None:
+        """A training run begins (``None``: it is not watched); its first loops are timed afresh."""
+        self.step_seconds.clear()
+        self.watch = watch
+
     def loop_timed(self, seconds: float, steps: int) -> None:
         if steps:
             self.step_seconds.append(seconds / steps)
@@ -112,7 +122,7 @@ class Progress:
     def overdue(self, now: float) -> float | None:
         """The limit, if this replica has waited in a collective longer than it; else ``None``."""
         watch, samples = self.watch, self.step_seconds
-        if watch is None or not self.collective or self.exempt or len(samples) < MIN_STEP_SAMPLES:
+        if watch is None or not self.collective or len(samples) < MIN_STEP_SAMPLES:
             return None
         limit = watch.limit(statistics.median(samples))
         return limit if now - self.since > limit else None

@@ -111,9 +111,10 @@ class Infeed:
         self._on_cpu = device.type == "cpu"
         self._cpu_train = self._on_cpu and pad_to is None  # batches go to the step as they come
         self._stream = torch.cuda.Stream(device) if self._cuda else None
-        skip = int(restore.get("skip", 0)) if restore is not None else 0
+        skip = 0
         if restore is not None:
             self._restore(restore)
+            skip = int(restore.get("skip", 0))  # read after _restore, which sets it when re-sharding
             advance = getattr(source, "advance", None) if skip else None
             if callable(advance):
                 advance(skip)  # jump (stoker's sources): nothing is decoded to be thrown away

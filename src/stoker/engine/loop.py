@@ -23,7 +23,7 @@ from torch import nn
 
 from ..data._tree import batch_rows
 from ..distributed import Strategy
-from ..distributed.watchdog import Progress
+from ..distributed.watchdog import BETWEEN_LOOPS, Progress
 from ..errors import ModelFnError
 from ..hooks.base import LoopResult, RunContext
 from ..precision import Precision
@@ -284,7 +284,7 @@ class DeviceLoop:
         alone = may_break_early
         if progress is not None:
             progress.loop_timed(time.perf_counter() - start, done)
-            progress.mark("the end of the loop")
+            progress.mark(BETWEEN_LOOPS, exempt=True)  # another replica may take longer here
         if not alone:  # data ran out on some replica: all stop together
             self.exhausted = self.strategy.any_replica(self.exhausted)
         # The outfeed: one device-to-host copy for every value of every step in the loop

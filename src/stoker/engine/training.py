@@ -16,6 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from ..config import RunConfig
+from ..distributed.watchdog import BETWEEN_LOOPS
 from ..errors import NanLossError
 from ..hooks import (
     CheckpointSaverHook,
@@ -127,7 +128,7 @@ class TrainingRun:
         started = False
         progress = self.strategy.progress if self.strategy.world_size > 1 else None
         if progress is not None:  # a replica stuck in a training step is named (RunConfig.stuck_replica)
-            progress.watch = self.config.stuck_replica
+            progress.start_watch(self.config.stuck_replica)
         try:
             runner.begin(run)
             runner.load_state_dict(state.pending_hook_state)
@@ -154,7 +155,7 @@ class TrainingRun:
             raise
         finally:
             if progress is not None:
-                progress.watch = None
+                progress.start_watch(None)
             state.global_step = run.global_step
             state.cache = step.params.get("cache")
             if infeed is not None:
@@ -310,7 +311,7 @@ class TrainingRun:
         if path is not None:
             run.last_checkpoint, run.last_checkpoint_step = path, run.global_step
         if progress is not None:
-            progress.mark("the hooks after a loop")
+            progress.mark(BETWEEN_LOOPS, exempt=True)
         return path
 
 

@@ -17,6 +17,18 @@ from helpers.tiny import TinyNet, classifier_fn, make_data  # noqa: E402
 from stoker.hooks import Hook  # noqa: E402
 
 
+class SleepAt(Hook):
+    """Sleep ``seconds`` at the first loop boundary at or past ``step`` on replica ``rank`` only."""
+
+    def __init__(self, rank: int, step: int, seconds: float) -> None:
+        self.rank, self.step, self.seconds, self.done = rank, step, seconds, False
+
+    def after_loop(self, run, result):  # noqa: ANN001
+        if not self.done and run.global_step >= self.step and stoker.distributed.torchrun_rank() == self.rank:
+            self.done = True
+            time.sleep(self.seconds)
+
+
 class LossLog(Hook):
     def __init__(self) -> None:
         self.losses: list[float] = []
@@ -52,6 +64,7 @@ def main() -> None:
     p.add_argument("--strategy", default="auto")
     p.add_argument("--hang", type=float, nargs=3, help="rank, step, seconds: that replica sleeps in that step")
     p.add_argument("--stuck_min_seconds", type=float, default=20.0)
+    p.add_argument("--hook_sleep", type=float, nargs=3, help="rank, step, seconds: a hook sleeps there")
     args = p.parse_args()
     torch.set_num_threads(1)
     x, y = make_data(203)
@@ -105,7 +118,10 @@ def main() -> None:
         )
 
     losses = LossLog()
-    est.train(train_input, max_steps=args.max_steps, hooks=[losses])
+    hooks: list[Hook] = [losses]
+    if args.hook_sleep is not None:
+        hooks.append(SleepAt(int(args.hook_sleep[0]), int(args.hook_sleep[1]), args.hook_sleep[2]))
+    est.train(train_input, max_steps=args.max_steps, hooks=hooks)
     metrics = est.evaluate(eval_input)
     preds = [int(r["classes"]) for r in est.predict(eval_input)]
     full = est.model_state_dict()  # collective when sharded
