@@ -17,27 +17,32 @@ POISONED = (9, 13)  # stream batches (counted from the start of training) whose 
 
 
 def poisoned_data(
-    poisoned: Collection[int] = POISONED, value: float = math.inf, batch: int = BATCH
+    poisoned: Collection[int] = POISONED, value: float = math.inf, batch: int = BATCH, num_shards: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Features where the examples of epoch 0's batches ``poisoned`` (of ``batch`` examples: the
-    micro-batch) are ``value`` (inf: the loss is NaN)."""
+    micro-batch; of replica 0 when ``num_shards`` replicas read the data) are ``value`` (inf:
+    the loss is NaN)."""
     x, y = make_data(96)
-    order = stoker.data.arrays(x, y, batch_size=batch, seed=0)
+    order = stoker.data.arrays(x, y, batch_size=batch, seed=0, num_shards=num_shards)
     for k in poisoned:
         x[order.batch_indices(0, k)] = value
     return x, y
 
 
+def _source(x: torch.Tensor, y: torch.Tensor, params: dict[str, Any]) -> stoker.data.ArraySource:
+    shards = {"num_shards": params["num_replicas"], "shard_index": params["replica_index"]}
+    return stoker.data.arrays(x, y, batch_size=params["batch_size"], seed=0, **shards)
+
+
 def train_input(x: torch.Tensor, y: torch.Tensor) -> Callable[[dict[str, Any]], Any]:
-    return lambda params: stoker.data.arrays(x, y, batch_size=params["batch_size"], seed=0)
+    return lambda params: _source(x, y, params)
 
 
 def omitting(x: torch.Tensor, y: torch.Tensor, omitted: Collection[int]) -> Callable[[dict[str, Any]], Iterator[Any]]:
-    """The same stream with the batches ``omitted`` (stream positions) taken out."""
+    """The same stream with the batches ``omitted`` (stream positions, on every replica) taken out."""
 
     def input_fn(params: dict[str, Any]) -> Iterator[Any]:
-        source = stoker.data.arrays(x, y, batch_size=params["batch_size"], seed=0)
-        return (batch for i, batch in enumerate(source) if i not in omitted)
+        return (batch for i, batch in enumerate(_source(x, y, params)) if i not in omitted)
 
     return input_fn
 

@@ -16,7 +16,7 @@ import torch
 
 import stoker
 from helpers.paths import SCRIPTS
-from helpers.processes import PYTHON, finished, in_background, python_env, run_process
+from helpers.processes import PYTHON, finished, in_background, launch_replicas, python_env, run_process
 from helpers.rollback import POISONED, make, omitting, poisoned_data, train_input
 from stoker.engine.infeed import with_rollback
 from stoker.hooks import NanLossHook
@@ -133,3 +133,21 @@ def test_kill_9_after_a_rollback_then_rerun_is_bitwise_equal(tmp_path, after_sav
     assert (tmp_path / "run" / final).read_bytes() == (tmp_path / "ref" / final).read_bytes()
     state = json.loads((tmp_path / "run" / "ckpt-16" / "input-0.json").read_text())
     assert [r["batches"] for r in state["rollbacks"]] == [[9], [13]]
+
+
+@pytest.mark.slow
+def test_two_replicas_roll_back_together_and_equal_two_replicas_without_the_batches(tmp_path):
+    # Replica 0's stream batches 9 and 13 are poisoned; the loss is averaged over replicas, so
+    # both see the NaN at the same boundary, roll back to the same checkpoint and each passes
+    # over its own batch at that stream position (the global batch of that step).
+    rolled = launch_replicas(SCRIPT, 2, "--model_dir", str(tmp_path / "a"), "--out", str(tmp_path / "a.json"))
+    omitted = launch_replicas(
+        SCRIPT, 2, "--model_dir", str(tmp_path / "b"), "--omit", "--out", str(tmp_path / "b.json")
+    )
+    for proc in [*rolled, *omitted]:
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+    assert json.loads((tmp_path / "a.json").read_text()) == json.loads((tmp_path / "b.json").read_text())
+    for rank in (0, 1):
+        state = json.loads((tmp_path / "a" / "ckpt-16" / f"input-{rank}.json").read_text())
+        assert [r["batches"] for r in state["rollbacks"]] == [[9], [13]]

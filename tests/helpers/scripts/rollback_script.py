@@ -4,6 +4,7 @@ the rollback crash test, which it can kill -9 itself at a chosen step (not a tes
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -11,7 +12,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for helpers
 
-from helpers.rollback import make, poisoned_data, train_input  # noqa: E402
+from helpers.rollback import BATCH, POISONED, make, omitting, poisoned_data, train_input  # noqa: E402
+from stoker.distributed import torchrun_world_size  # noqa: E402
 from stoker.hooks import Hook, LoopResult, NanLossHook, RunContext  # noqa: E402
 
 
@@ -34,14 +36,22 @@ def main() -> None:
     p.add_argument("--max_steps", type=int, default=16)
     p.add_argument("--kill_at", type=int)
     p.add_argument("--after_save", action="store_true")
+    p.add_argument("--omit", action="store_true", help="no rollback: the stream without the poisoned batches")
+    p.add_argument("--out", help="the chief writes the final weights here (JSON)")
     args = p.parse_args()
-    x, y = poisoned_data()
-    hooks: list[Hook] = [NanLossHook(on_nan="rollback")]
+    replicas = torchrun_world_size()  # replica 0's stream batches 9 and 13 are poisoned
+    x, y = poisoned_data(batch=BATCH // replicas, num_shards=replicas)
+    hooks: list[Hook] = [] if args.omit else [NanLossHook(on_nan="rollback")]
     if args.kill_at is not None:
         hooks.append(KillAfterRollback(args.kill_at, args.after_save))
-    est = make(args.model_dir)
-    est.train(train_input(x, y), max_steps=args.max_steps, hooks=hooks)
+    est = make(args.model_dir, distributed_timeout=120)
+    input_fn = omitting(x, y, set(POISONED)) if args.omit else train_input(x, y)
+    est.train(input_fn, max_steps=args.max_steps, hooks=hooks)
+    weights = est.model_state_dict()  # collective
+    if est.strategy.is_chief and args.out:
+        Path(args.out).write_text(json.dumps({k: v.tolist() for k, v in weights.items()}))
     print(f"done {est.global_step}", flush=True)
+    est.strategy.teardown()
 
 
 if __name__ == "__main__":
