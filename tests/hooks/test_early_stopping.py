@@ -4,6 +4,7 @@ and the stop file a watching evaluator writes."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -180,3 +181,76 @@ def test_stoker_evaluate_early_stopping_picks_up_the_recorded_evaluations(tmp_pa
     assert read_stop(tmp_path / "m") is None
     on_result(16, {"loss": 0.5, "global_step": 16})  # the third: stop
     assert read_stop(tmp_path / "m")["step"] == 16
+
+
+@pytest.mark.slow
+def test_stoker_evaluate_watch_early_stopping_stops_stoker_train(tmp_path):
+    import subprocess
+
+    from helpers.processes import PYTHON, popen, python_env
+
+    model_dir = tmp_path / "run"
+    common = dict(env=python_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watcher = popen(
+        [
+            PYTHON,
+            "-m",
+            "stoker",
+            "evaluate",
+            "--watch",
+            str(model_dir),
+            "--device",
+            "cpu",
+            "--timeout_secs",
+            "120",
+            "--poll_secs",
+            "0.05",
+            "--order",
+            "oldest",
+            "--early_stopping",
+            "loss:min:1:100",
+        ],
+        **common,
+    )
+    trainer = popen(
+        [
+            PYTHON,
+            "-m",
+            "stoker",
+            "train",
+            "charlm",
+            "--model_dir",
+            str(model_dir),
+            "--eval_every_n_steps",
+            "0",
+            "--corpus_bytes",
+            "60000",
+            "--max_steps",
+            "100000",
+            "--save_checkpoints_steps",
+            "20",
+            "--keep_checkpoint_max",
+            "3",
+            "--eval_steps",
+            "2",
+            "--seq_len",
+            "8",
+            "--mem_len",
+            "8",
+            "--iterations_per_loop",
+            "2",
+            "--log_every_n_steps",
+            "1000",
+        ],
+        **common,
+    )
+    t_out, t_err = trainer.communicate(timeout=600)
+    w_out, w_err = watcher.communicate(timeout=600)
+    assert trainer.returncode == 0 and watcher.returncode == 0, t_err[-3000:] + w_err[-3000:]
+    evaluated = [int(s) for s in re.search(r"evaluated steps \[([\d, ]+)\]", w_out).group(1).split(", ")]
+    stop = read_stop(model_dir)
+    assert stop is not None and stop["step"] == evaluated[1]  # the 2nd evaluation did not improve by 100
+    assert f"{STOP_FILE} says early stopping: loss did not improve" in t_err
+    assert f"training stopped early at step {evaluated[1]}" in w_out
+    final = json.loads((model_dir / "checkpoint.json").read_text())["latest"]
+    assert evaluated[1] <= int(final.split("-")[1]) < 100000  # the trainer stopped at its next checkpoint
