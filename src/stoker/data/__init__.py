@@ -13,9 +13,9 @@ worker processes.
   on every machine).
 - :func:`synthetic_images`: one random batch on the device, for benchmarks.
 
-This package imports nothing of stoker but :mod:`stoker.errors` and :mod:`stoker._cache` (where the
-C helpers are built): a source knows nothing of the
-engine that reads it.
+This package imports nothing of stoker but :mod:`stoker.errors`, :mod:`stoker._cache` (where the
+C helpers are built) and :mod:`stoker.resolve` (``worker_kind="auto"``): a source knows nothing
+of the engine that reads it.
 """
 
 from .arrays import ArraySource, arrays
