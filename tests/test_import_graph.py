@@ -291,6 +291,13 @@ LAYERS: dict[str, set[str]] = {
     "stoker.summary": {"stoker.errors", "stoker.storage", "stoker.checkpoint", "stoker.run_spec"},
     "stoker.serving": {"stoker.errors", "stoker._version", "stoker.export"},
     "stoker.tune": {"stoker.errors"},  # optuna runs the trials; the objective brings the Estimator
+    "stoker.config": {
+        "stoker.errors",
+        "stoker.precision",
+        "stoker.checkpoint",
+        "stoker.distributed",
+        "stoker.kernels",
+    },
     "stoker.hooks": {
         "stoker.errors",
         "stoker.storage",
@@ -308,6 +315,7 @@ NEVER_REACHES: dict[str, set[str]] = {
     "stoker.serving": {"stoker.estimator", "stoker.hooks", "stoker.bench", "stoker.recipes", "stoker.adanet"},
     "stoker.distributed": {"stoker.engine", "stoker.estimator"},
     "stoker.hooks": {"stoker.estimator", "stoker.engine"},
+    "stoker.config": {"stoker.engine", "stoker.estimator", "stoker.hooks"},
     "stoker.kernels": {"stoker.engine", "stoker.estimator", "stoker.bench", "stoker.config"},
     "stoker.bench": {"stoker.recipes", "stoker.adanet", "stoker.serving", "stoker.cli"},
     "stoker.adanet": {"stoker.bench", "stoker.recipes", "stoker.serving", "stoker.cli"},

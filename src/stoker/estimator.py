@@ -46,6 +46,7 @@ from .engine import (
     default_hooks,
     evaluation_on_device,
 )
+from .errors import ConfigError
 from .hooks import Hook, RunContext
 from .hooks.base import LoopResult, every_n_steps_due
 from .spec import EstimatorSpec
@@ -95,13 +96,15 @@ class Estimator:
         if not (isinstance(model, nn.Module) or callable(model)):
             raise TypeError(f"model must be an nn.Module or a function params -> nn.Module; got {type(model).__name__}")
         self.model_fn = model_fn
+        # Each component is handed its slice of the config, never the whole RunConfig.
         cfg = self.config
+        dist, saving = cfg.distribution_config, cfg.checkpoint_config
         self.strategy: Strategy = make_strategy(
-            cfg.strategy, cfg.device, cfg.distributed_timeout, cfg.pipeline, bucket_cap_mb=cfg.ddp_bucket_cap_mb
+            dist.strategy, dist.device, dist.distributed_timeout, dist.pipeline, bucket_cap_mb=dist.ddp_bucket_cap_mb
         )
         self.inputs = InputPlan(
             params=self.params,
-            config=cfg,
+            config=cfg.input_config,
             strategy=self.strategy,
             train_batch_size=train_batch_size,
             eval_batch_size=eval_batch_size,
@@ -109,19 +112,19 @@ class Estimator:
         )
         checkpoints = (
             CheckpointManager(
-                cfg.model_dir,
-                keep_checkpoint_max=cfg.keep_checkpoint_max,
-                keep_best=cfg.keep_best,
+                saving.model_dir,
+                keep_checkpoint_max=saving.keep_checkpoint_max,
+                keep_best=saving.keep_best,
                 writer=self.strategy.is_chief,
-                retry=cfg.checkpoint_io.retry,
+                retry=saving.io.retry,
             )
-            if cfg.model_dir
+            if saving.model_dir
             else None
         )
         self.state = ModelState(
             model=model,
             params=self.params,
-            config=cfg,
+            config=cfg.state_config,
             precision=cfg.make_precision(),
             strategy=self.strategy,
             checkpoints=checkpoints,
@@ -129,7 +132,7 @@ class Estimator:
             lr_schedule=lr_schedule,
             warm_start_from=warm_start_from,
         )
-        self._evaluation = EvaluationRun(self.state, self.inputs, self._model_fn)
+        self._evaluation = EvaluationRun(self.state, self.inputs, self._model_fn, config=cfg.eval_config)
         _ensure_log_handler(self.strategy.is_chief)
 
     # ================================================================ properties
@@ -212,7 +215,7 @@ class Estimator:
 
     def default_hooks(self) -> list[Hook]:
         """The hooks every ``train`` runs (from the config); subclasses may adjust them."""
-        return default_hooks(self.config)
+        return default_hooks(self.config.loop_config, self.config.checkpoint_config)
 
     def train(
         self,
@@ -228,16 +231,19 @@ class Estimator:
         """
         check_train_arguments(steps, max_steps)
         if self.train_batch_size is None:
-            raise ValueError("train: the Estimator needs train_batch_size")
+            raise ConfigError("train: the Estimator needs train_batch_size")
         if not self.state.can_train:
-            raise ValueError(
+            raise ConfigError(
                 "train: the Estimator needs optimizer=lambda params, parameters: torch.optim.X(parameters, ...)"
             )
         # A hook the caller passes replaces the default hook of the same class (e.g. a
         # LoggingHook(language_model=True) instead of the plain one).
         given = {type(h) for h in hooks}
         hook_list = [h for h in self.default_hooks() if type(h) not in given] + list(hooks)
-        TrainingRun(self.state, self.inputs, self._model_fn, hook_list).run(input_fn, steps, max_steps)
+        training = TrainingRun(
+            self.state, self.inputs, self._model_fn, hook_list, loop=self.config.loop_config, hook_config=self.config
+        )
+        training.run(input_fn, steps, max_steps)
         return self
 
     def evaluate(
@@ -283,9 +289,9 @@ class Estimator:
         """
         checkpoints = self.state.checkpoints
         if checkpoints is None:
-            raise ValueError("evaluate_continuously: the Estimator needs RunConfig.model_dir (the directory to watch)")
+            raise ConfigError("evaluate_continuously: the Estimator needs RunConfig.model_dir (the directory to watch)")
         if self.strategy.world_size > 1:
-            raise ValueError(
+            raise ConfigError(
                 "evaluate_continuously runs in one process: start it without torchrun (device= picks its device)"
             )
         config = ContinuousEvalConfig(
@@ -312,7 +318,7 @@ class Estimator:
         the padded rows are dropped.
         """
         if self.predict_batch_size is None:
-            raise ValueError("predict: the Estimator needs predict_batch_size (or train_batch_size)")
+            raise ConfigError("predict: the Estimator needs predict_batch_size (or train_batch_size)")
         self.state.weights_for_inference(checkpoint_path, "predict")
         return PredictionRun(self.state, self.inputs, self._model_fn).run(input_fn, yield_single_examples)
 
@@ -331,7 +337,7 @@ class Estimator:
         Returns the final evaluation.
         """
         if not isinstance(eval_every_n_steps, int) or eval_every_n_steps < 1:
-            raise ValueError(
+            raise ConfigError(
                 f"train_and_evaluate: eval_every_n_steps must be a positive integer; got {eval_every_n_steps!r}"
             )
         evaluator = EvaluationHook(self, eval_input_fn, every_n_steps=eval_every_n_steps, steps=eval_steps)

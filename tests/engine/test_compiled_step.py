@@ -192,7 +192,7 @@ def test_cuda_graph_refusals_name_the_cause():
 
     net = torch.nn.Linear(2, 2)
     one = SimpleNamespace(world_size=1)
-    cfg = stoker.RunConfig()
+    cfg = stoker.RunConfig().loop_config
 
     def why(opt, precision=None, params=None, config=cfg, strategy=one):  # noqa: ANN001, ANN202
         kwargs = {"optimizer": opt, "precision": precision or FP32Precision(), "params": params or {}}
@@ -210,7 +210,7 @@ def test_cuda_graph_refusals_name_the_cause():
     assert "fp16 dynamic loss scaling" in scaling and "fused=True" in scaling
     assert why(torch.optim.Adam(net.parameters(), fused=True), precision=dynamic) == []
     assert why(adam(), precision=FP16Precision(loss_scale=128)) == []
-    [accumulation] = why(adam(), config=stoker.RunConfig(gradient_accumulation_steps=2))
+    [accumulation] = why(adam(), config=stoker.RunConfig(gradient_accumulation_steps=2).loop_config)
     assert "gradient_accumulation_steps" in accumulation
     [replicas] = why(adam(), strategy=SimpleNamespace(world_size=2))
     assert replicas.startswith("2 replicas")
@@ -235,7 +235,7 @@ def test_cuda_graph_on_a_step_that_cannot_be_captured_is_an_error():
     net = torch.nn.Linear(2, 2)
     cuda = SimpleNamespace(world_size=1, device=torch.device("cuda"))
     kwargs = {"optimizer": torch.optim.SGD(net.parameters(), lr=0.1), "precision": FP32Precision(), "params": {}}
-    config = stoker.RunConfig(device="cuda", cuda_graph=True)
+    config = stoker.RunConfig(device="cuda", cuda_graph=True).loop_config
     with pytest.raises(ConfigError, match=r"cannot be captured: optimizer SGD is not capturable.*fused=True"):
         make_train_step(config, cuda, kwargs)
     with pytest.raises(ConfigError, match="needs a CUDA device; this run's device is 'cpu'"):

@@ -30,7 +30,7 @@ def _parts(model_dir, with_optimizer: bool = True, batch: int = 16):  # noqa: AN
     state = ModelState(
         model=lambda p: TinyNet(),
         params={},
-        config=config,
+        config=config.state_config,
         precision=config.make_precision(),
         strategy=strategy,
         checkpoints=CheckpointManager(model_dir, keep_checkpoint_max=config.keep_checkpoint_max, writer=True),
@@ -39,7 +39,7 @@ def _parts(model_dir, with_optimizer: bool = True, batch: int = 16):  # noqa: AN
         if with_optimizer
         else None,
     )
-    inputs = InputPlan(params=state.params, config=config, strategy=strategy, train_batch_size=batch)
+    inputs = InputPlan(params=state.params, config=config.input_config, strategy=strategy, train_batch_size=batch)
     return config, state, inputs
 
 
@@ -48,8 +48,8 @@ def test_an_evaluation_run_alone_reads_what_the_estimator_wrote(tmp_path):
     est = make_estimator(tmp_path)
     est.train(train_input(x, y), max_steps=8)
     expected = est.evaluate(eval_input(x, y))
-    _, state, inputs = _parts(tmp_path, with_optimizer=False)
-    results = EvaluationRun(state, inputs, bind_model_fn(classifier_fn)).run(
+    config, state, inputs = _parts(tmp_path, with_optimizer=False)
+    results = EvaluationRun(state, inputs, bind_model_fn(classifier_fn), config=config.eval_config).run(
         eval_input(x, y), checkpoint_path=tmp_path / "ckpt-8"
     )
     assert results == expected
@@ -64,7 +64,9 @@ def test_a_training_run_alone_resumes_the_estimators_run_bitwise(tmp_path):
     whole.train(train_input(x, y), max_steps=12)
     make_estimator(tmp_path / "s").train(train_input(x, y), max_steps=5)
     config, state, inputs = _parts(tmp_path / "s")
-    TrainingRun(state, inputs, bind_model_fn(classifier_fn), default_hooks(config)).run(train_input(x, y), max_steps=12)
+    hooks = default_hooks(config.loop_config, config.checkpoint_config)
+    run = TrainingRun(state, inputs, bind_model_fn(classifier_fn), hooks, loop=config.loop_config, hook_config=config)
+    run.run(train_input(x, y), max_steps=12)
     assert state.global_step == 12 and state.holds == tmp_path / "s" / "ckpt-12"
     assert state_equal(whole.model, state.model)
 
@@ -75,8 +77,10 @@ def test_input_plan_refuses_a_batch_replicas_cannot_share():
     with pytest.raises(
         ValueError, match=r"train_batch_size=16 is not divisible by 3 \(1 replicas x 3 accumulation steps\)"
     ):
-        InputPlan(params={}, config=config, strategy=strategy, train_batch_size=16)
-    plan = InputPlan(params={"w": 1}, config=config, strategy=strategy, train_batch_size=12, eval_batch_size=5)
+        InputPlan(params={}, config=config.input_config, strategy=strategy, train_batch_size=16)
+    plan = InputPlan(
+        params={"w": 1}, config=config.input_config, strategy=strategy, train_batch_size=12, eval_batch_size=5
+    )
     assert plan.mode_params(ModeKeys.TRAIN) == {
         "w": 1,
         "batch_size": 4,

@@ -40,7 +40,7 @@ from .index import (
     Coverage,
     record_dir,
 )
-from .io_config import CheckpointIO
+from .io_config import CheckpointConfig, CheckpointIO
 from .manager import CheckpointManager
 from .warm_start import WarmStartReport, WarmStartSettings, warm_start
 
@@ -54,6 +54,7 @@ __all__ = [
     "MODEL_FILE",
     "TRAIN_STATE_FILE",
     "Best",
+    "CheckpointConfig",
     "CheckpointIO",
     "CheckpointIndex",
     "CheckpointManager",

@@ -24,12 +24,15 @@ from __future__ import annotations
 import os
 
 from .base import SingleDevice, Strategy, resolve_device
+from .config import STRATEGIES, DistributionConfig
 from .pipeline import PipelineConfig, PipelineStrategy
 from .process_group import Independent, ProcessGroupStrategy, ReplicaLostError, Replicated
 from .sharded import Sharded
 from .watchdog import StuckReplica
 
 __all__ = [
+    "STRATEGIES",
+    "DistributionConfig",
     "Independent",
     "PipelineConfig",
     "PipelineStrategy",

@@ -47,7 +47,7 @@ import torch._dynamo.utils
 import torch.optim.optimizer as _optim
 
 from ..data._tree import batch_rows
-from ..errors import ModelFnError, StokerError
+from ..errors import ConfigError, ModelFnError, StokerError
 from ..precision import autocast_context
 from ..spec import ModeKeys
 from .infeed import Infeed
@@ -108,7 +108,7 @@ class _Compiled:
         self.lr = [torch.zeros((), dtype=torch.float64, device=device) for _ in optimizer.param_groups]
         # Optimizer.step without its wrappers (hooks, profiling, the no_grad graph breaks).
         if optimizer.defaults.get("differentiable"):
-            raise ValueError(
+            raise ConfigError(
                 f"RunConfig.compile='step' does not support a differentiable optimizer ({type(optimizer).__name__}"
                 "(differentiable=True)); use compile='module' or compile=False"
             )
@@ -311,7 +311,7 @@ def _shapes(features: Any) -> str:
 def check_compiled_step_supported(*, strategy_name: str, shards_state: bool) -> None:
     """Refuse what the compiled step does not support, naming the option."""
     if shards_state:
-        raise ValueError(
+        raise ConfigError(
             f"RunConfig.compile='step' is not supported with strategy {strategy_name!r} (sharded, FSDP2): "
             "use compile='module' or compile=False"
         )

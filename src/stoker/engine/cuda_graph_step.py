@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from ..config import RunConfig
+from ..config.slices import LoopConfig
 from ..data._tree import batch_rows
 from ..errors import ModelFnError
 from ..spec import ModeKeys
@@ -85,7 +85,7 @@ def capture_refusals(
     return reasons
 
 
-def cuda_graph_refusals(config: RunConfig, strategy: Any, kwargs: dict[str, Any]) -> list[str]:
+def cuda_graph_refusals(config: LoopConfig, strategy: Any, kwargs: dict[str, Any]) -> list[str]:
     """Why this run cannot use the CUDA-graph step (empty: it can); see :func:`capture_refusals`."""
     scaler = kwargs["precision"].scaler
     return capture_refusals(

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from ..config.slices import EvalConfig
+from ..errors import ConfigError
 from ..metrics import MetricAccumulator
 from ..spec import EstimatorSpec, ModeKeys
 from ..storage import Location
@@ -32,11 +34,11 @@ log = logging.getLogger("stoker")
 class EvaluationRun:
     """Evaluates the weights a ``ModelState`` puts in use; reports and records the result."""
 
-    def __init__(self, state: ModelState, inputs: InputPlan, model_fn: ModelFn) -> None:
+    def __init__(self, state: ModelState, inputs: InputPlan, model_fn: ModelFn, *, config: EvalConfig) -> None:
         self.state = state
         self.inputs = inputs
         self.model_fn = model_fn
-        self.config = state.config
+        self.config = config
         self.strategy = state.strategy
         self._writer: ScalarWriter | None = None  # one events file per Estimator, not per evaluation
 
@@ -58,7 +60,7 @@ class EvaluationRun:
         """The results of :meth:`run` and the checkpoint evaluated (``None``: weights in memory),
         without reporting them (a watching evaluator reports its own way)."""
         if steps is not None and (not isinstance(steps, int) or steps < 1):
-            raise ValueError(f"evaluate: steps must be a positive integer or None; got {steps!r}")
+            raise ConfigError(f"evaluate: steps must be a positive integer or None; got {steps!r}")
         params = self.inputs.mode_params(ModeKeys.EVAL)
         step, evaluated = self.state.weights_for_inference(checkpoint_path, "evaluate")
         model = self.state.build_model()

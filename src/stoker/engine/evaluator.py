@@ -47,12 +47,14 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from .. import storage
 from ..checkpoint.index import Best, CheckpointIndex, CheckpointRecord, Coverage, coverage_line
 from ..checkpoint.lease import LEASE_STALE_AFTER, LeaseHolder, live_leases
 from ..checkpoint.manager import CheckpointManager
 from ..distributed import make_strategy
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 from ..hooks.early_stopping import STOP_FILE, read_stop
 from ..storage.stores import Location
 from ..summary.writer import CSV_NAME, ScalarWriter
@@ -97,19 +99,19 @@ class ContinuousEvalConfig:
 
     def __post_init__(self) -> None:
         if self.steps is not None and (not isinstance(self.steps, int) or self.steps < 1):
-            raise ValueError(f"evaluate_continuously: steps must be a positive integer or None; got {self.steps!r}")
+            raise ConfigError(f"evaluate_continuously: steps must be a positive integer or None; got {self.steps!r}")
         if self.timeout_secs is not None and not self.timeout_secs > 0:
-            raise ValueError(f"evaluate_continuously: timeout_secs must be > 0 or None; got {self.timeout_secs!r}")
+            raise ConfigError(f"evaluate_continuously: timeout_secs must be > 0 or None; got {self.timeout_secs!r}")
         if not self.poll_secs > 0:
-            raise ValueError(f"evaluate_continuously: poll_secs must be > 0; got {self.poll_secs!r}")
+            raise ConfigError(f"evaluate_continuously: poll_secs must be > 0; got {self.poll_secs!r}")
         if self.last_step is not None and (not isinstance(self.last_step, int) or self.last_step < 0):
-            raise ValueError(
+            raise ConfigError(
                 f"evaluate_continuously: last_step must be a non-negative integer or None; got {self.last_step!r}"
             )
         if self.order not in ORDERS:
-            raise ValueError(f"evaluate_continuously: order must be 'newest' or 'oldest'; got {self.order!r}")
+            raise ConfigError(f"evaluate_continuously: order must be 'newest' or 'oldest'; got {self.order!r}")
         if self.lease_secs is not None and not self.lease_secs > 0:
-            raise ValueError(f"evaluate_continuously: lease_secs must be > 0 or None; got {self.lease_secs!r}")
+            raise ConfigError(f"evaluate_continuously: lease_secs must be > 0 or None; got {self.lease_secs!r}")
 
 
 @dataclass
@@ -386,29 +388,34 @@ def _logged_steps(path: Location) -> set[int]:
 def evaluation_on_device(evaluation: EvaluationRun, device: str | None) -> EvaluationRun:
     """``evaluation``, or a copy of its components on ``device`` (one replica, no optimizer)."""
     state, inputs = evaluation.state, evaluation.inputs
-    if device is None or device == state.config.device:
+    if device is None or _is_device(device, state.strategy.device):
         return evaluation
-    config = dataclasses.replace(
-        state.config, device=device, strategy="single", cuda_graph=False
-    )  # graphs: training only
-    strategy = make_strategy("single", device, config.distributed_timeout)
+    strategy = make_strategy("single", device)  # one replica: no collective to time out
     new_state = ModelState(
         model=state.model_arg,
         params=state.params,
-        config=config,
+        config=dataclasses.replace(state.config, cuda_graph=False),  # graphs: training only
         precision=state.precision.fresh(),
         strategy=strategy,
         checkpoints=state.checkpoints,
     )
     new_inputs = InputPlan(
         params=inputs.params,
-        config=config,
+        config=inputs.config,
         strategy=strategy,
         train_batch_size=inputs.train_batch_size,
         eval_batch_size=inputs.eval_batch_size,
         predict_batch_size=inputs.predict_batch_size,
     )
-    return EvaluationRun(new_state, new_inputs, evaluation.model_fn)
+    return EvaluationRun(new_state, new_inputs, evaluation.model_fn, config=evaluation.config)
+
+
+def _is_device(name: str, device: torch.device) -> bool:
+    """Whether ``name`` (``"cpu"``, ``"cuda:1"``, ...) is ``device``; ``False`` for what torch cannot read."""
+    try:
+        return torch.device(name) == device
+    except RuntimeError:
+        return False
 
 
 __all__ = [

@@ -14,9 +14,10 @@ from typing import Any
 
 import torch
 
-from ..config import RunConfig
+from ..config.slices import InputConfig
 from ..data._tree import batch_rows
 from ..distributed import Strategy
+from ..errors import ConfigError, DataError
 from ..rng import rng_state, seed_everything, set_rng_state
 from ..spec import ModeKeys
 from .infeed import Batch, Infeed
@@ -31,7 +32,7 @@ class InputPlan:
         self,
         *,
         params: dict[str, Any],
-        config: RunConfig,
+        config: InputConfig,
         strategy: Strategy,
         train_batch_size: int | None,
         eval_batch_size: int | None = None,
@@ -58,21 +59,20 @@ class InputPlan:
         global_batch = self.global_batch(mode)
         if global_batch is None:
             call = {ModeKeys.TRAIN: "train", ModeKeys.EVAL: "evaluate"}.get(mode, "predict")
-            raise ValueError(
+            raise ConfigError(
                 f"{call}: the Estimator needs {what}" + ("" if mode is ModeKeys.TRAIN else " (or train_batch_size)")
             )
         world = self.strategy.num_replicas
         accumulation = self.config.gradient_accumulation_steps if mode is ModeKeys.TRAIN else 1
         if global_batch % (world * accumulation):
             detail = f"{world} replicas" + (f" x {accumulation} accumulation steps" if accumulation > 1 else "")
-            raise ValueError(
+            raise ConfigError(
                 f"{what}={global_batch} is not divisible by {world * accumulation} ({detail}); "
                 f"use a multiple of {world * accumulation}"
             )
-        pipeline = self.config.pipeline
-        micro = pipeline.microbatches if pipeline is not None and mode is ModeKeys.TRAIN else 1
+        micro = self.config.pipeline_microbatches if mode is ModeKeys.TRAIN else 1
         if (global_batch // world) % micro:
-            raise ValueError(
+            raise ConfigError(
                 f"{what}={global_batch} gives {global_batch // world} examples per replica ({world} replicas), "
                 f"which PipelineConfig.microbatches={micro} does not divide; use a multiple of {world * micro}"
             )
@@ -100,7 +100,7 @@ class InputPlan:
                 source,
                 device=self.strategy.device,
                 prefetch_depth=cfg.prefetch_depth,  # the Infeed decides whether a thread pays
-                snapshot_every=cfg.iterations_per_loop * cfg.gradient_accumulation_steps,
+                snapshot_every=cfg.snapshot_every,
                 pad_to=None if mode is ModeKeys.TRAIN else params["batch_size"],
                 restore=restore,
                 what=f"{mode.value} input_fn",
@@ -119,7 +119,7 @@ class InputPlan:
                 return
             if batch is None:
                 if last is None:
-                    raise ValueError(
+                    raise DataError(
                         f"replica {self.strategy.rank} got no data at all: shard the input so every "
                         "replica has at least one batch (params['num_replicas'], params['replica_index'])"
                     )
@@ -130,11 +130,11 @@ class InputPlan:
 
 
 def check_batch_size(name: str, value: int | None) -> int | None:
-    """``value`` if it is a positive int (or ``None``); else a ``ValueError`` naming ``name``."""
+    """``value`` if it is a positive int (or ``None``); else a ``ConfigError`` naming ``name``."""
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{name} must be a positive integer; got {value!r}")
+        raise ConfigError(f"{name} must be a positive integer; got {value!r}")
     return value
 
 

@@ -36,11 +36,11 @@ from ..checkpoint.manager import (
 )
 from ..checkpoint.safe_load import refused
 from ..checkpoint.warm_start import WarmStartSettings, warm_start
-from ..config import RunConfig
+from ..config.slices import StateConfig
 from ..distributed import Strategy
 from ..distributed.pipeline import plan_stages
 from ..distributed.sharded import DCP_DIR, load_sharded, save_sharded
-from ..errors import CheckpointError, NanLossError
+from ..errors import CheckpointError, ConfigError, NanLossError
 from ..kernels.linear import use_fast_linear
 from ..kernels.sgd_in_backward import optimizer_refusal, run_refusal, update_in_backward
 from ..memory.recompute import apply_recompute
@@ -63,7 +63,7 @@ class ModelState:
     Args:
         model: an ``nn.Module``, or ``params -> nn.Module`` called once after seeding.
         params: the user's hyper-parameters (handed to ``model``, ``optimizer``, ``lr_schedule``).
-        config: the run's ``RunConfig`` (seed, compile, ...).
+        config: its slice of the ``RunConfig`` (seed, compile, recompute, ...).
         precision: the run's ``Precision`` (converts the module and optimizer; its state is checkpointed).
         strategy: where the replica runs and how replicas combine.
         checkpoints: the ``model_dir``'s manager (``None``: a run kept in memory).
@@ -76,7 +76,7 @@ class ModelState:
         *,
         model: ModelArg,
         params: dict[str, Any],
-        config: RunConfig,
+        config: StateConfig,
         precision: Precision,
         strategy: Strategy,
         checkpoints: CheckpointManager | None,
@@ -111,7 +111,7 @@ class ModelState:
         self.pending_input_state: Any = None
         self.pending_hook_state: dict[str, Any] = {}
         self.writer: AsyncCheckpointWriter | None = None
-        if config.checkpoint_io.async_save and checkpoints is not None and checkpoints.writer:
+        if config.async_save and checkpoints is not None and checkpoints.writer:
             self.writer = AsyncCheckpointWriter(checkpoints.latest_path)
 
     # ---------------------------------------------------------------- building
@@ -155,7 +155,7 @@ class ModelState:
             plan_stages(self._model, self.config.pipeline.split)  # one process runs it unsplit; the names must fit
         module = self.strategy.wrap_model(self._model)
         # compile="step" compiles the training step instead (stoker.engine.compiled_step), not the module.
-        self.module = cast(nn.Module, torch.compile(module)) if self.config.compile_mode == "module" else module
+        self.module = cast(nn.Module, torch.compile(module)) if self.config.compile == "module" else module
         if self.strategy.world_size > 1:  # same initial weights, but each replica its own dropout
             seed_everything(self.config.seed + 1_000_003 * self.strategy.rank)
         return self._model
@@ -166,7 +166,7 @@ class ModelState:
         if self.optimizer is not None:
             return
         if self.optimizer_fn is None:
-            raise ValueError(
+            raise ConfigError(
                 "train: the Estimator needs optimizer=lambda params, parameters: torch.optim.X(parameters, ...)"
             )
         opt = self.optimizer_fn(self.params, model.parameters())
@@ -179,32 +179,15 @@ class ModelState:
         if self.schedule_fn is not None:
             self.schedule = self.schedule_fn(self.params, opt)
         if self.config.sgd_in_backward != "off":
-            self._update_in_backward(model, opt)
-
-    def _update_in_backward(self, model: nn.Module, opt: torch.optim.Optimizer) -> None:
-        """``RunConfig.sgd_in_backward``: the fast linear layers apply ``opt``'s SGD in their backward."""
-        config = self.config
-        why = run_refusal(
-            device=self.strategy.device,
-            world_size=self.strategy.world_size,
-            precision=self.precision.name,
-            accumulation=config.gradient_accumulation_steps,
-            clip_norm=config.gradient_clip_norm,
-            compiled=config.compile_mode != "none" or config.cuda_graph,
-            fast_linear=config.fast_linear,
-        ) or optimizer_refusal(opt)
-        if why is not None:
-            if config.sgd_in_backward == "on":
-                raise ValueError(f"RunConfig.sgd_in_backward='on' cannot apply: {why}")
-            log.info("sgd_in_backward: the ordinary update: %s", why)
-            self.sgd_in_backward_refusal = why
-            return
-        self.sgd_in_backward = update_in_backward(model, opt)
+            self.sgd_in_backward, self.sgd_in_backward_refusal = _update_in_backward(
+                model, opt, self.config, self.strategy, self.precision
+            )
 
     @property
     def pipeline_stages(self) -> int:
         """Stages this run's model is cut into (1 in one process, where a pipeline runs unsplit)."""
-        return self.config.pipeline_stages if self.strategy.world_size > 1 else 1
+        pipeline = self.config.pipeline
+        return pipeline.stages if pipeline is not None and self.strategy.world_size > 1 else 1
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's complete weights as CPU tensors (collective when they are sharded)."""
@@ -250,15 +233,11 @@ class ModelState:
             and self.latest_checkpoint() is None
         ):
             return self.global_step, None  # warm-started weights, not trained yet
-        if self.checkpoints is not None:
-            path = self.checkpoints.resolve(checkpoint_path)
-        elif checkpoint_path is not None:
-            path = CheckpointManager(checkpoint_path, writer=False).resolve(checkpoint_path)
-        else:
-            path = None
+        path = _resolve(self.checkpoints, checkpoint_path)
         if path is None:
+            model_dir = str(self.checkpoints.model_dir) if self.checkpoints else None
             raise CheckpointError(
-                f"{what}: no checkpoint in model_dir {self.config.model_dir!r} and this Estimator has not "
+                f"{what}: no checkpoint in model_dir {model_dir!r} and this Estimator has not "
                 "been trained; call train() first, or pass checkpoint_path="
             )
         if self.weights_of != path:
@@ -269,21 +248,9 @@ class ModelState:
         """Load a checkpoint's weights, and with ``full`` everything training resumes from."""
         model = self.build_model()
         if full:
-            self._check_layout(ckpt)
+            _check_layout(ckpt, self.pipeline_stages)
         if ckpt.dcp_dir is not None:  # a sharded checkpoint: weights (and optimizer) in slices
-            try:
-                load_sharded(
-                    ckpt.dcp_dir, model, self.optimizer if full else None, self.strategy.optimizer_checkpoint_key
-                )
-            except Exception as e:  # noqa: BLE001 - DCP reports mismatches in many shapes
-                if _caused_by(e, pickle.UnpicklingError):  # a slice's pickled bytes that weights_only refuses
-                    raise refused(
-                        str(ckpt.path),
-                        DCP_DIR,
-                        f"holds data torch's weights_only unpickler refuses ({e})",
-                        previous_retained(ckpt.path),
-                    ) from e
-                raise CheckpointError(f"checkpoint {str(ckpt.path)!r} does not fit the model or optimizer: {e}") from e
+            _load_sharded(ckpt, model, self.optimizer if full else None, self.strategy.optimizer_checkpoint_key)
         else:
             check_state_fits(model, ckpt.model_state or {}, f"checkpoint {str(ckpt.path)!r}")
             model.load_state_dict(ckpt.model_state or {})
@@ -295,28 +262,11 @@ class ModelState:
         self._apply_training_state(ckpt)
         self.holds = ckpt.path
 
-    def _check_layout(self, ckpt: LoadedCheckpoint) -> None:
-        saved_stages = int(ckpt.train_state.get("pipeline_stages", 1))
-        if saved_stages != self.pipeline_stages:
-            raise CheckpointError(
-                f"checkpoint {str(ckpt.path)!r} was trained as {saved_stages} pipeline stage(s) and this run has "
-                f"{self.pipeline_stages}: resume training with the same layout (RunConfig.pipeline and "
-                "WORLD_SIZE), or start a new run from its weights with warm_start_from (evaluate and predict "
-                "read it in any layout)"
-            )
-
     def _apply_training_state(self, ckpt: LoadedCheckpoint) -> None:
         assert self.optimizer is not None
         state = ckpt.train_state
         if ckpt.dcp_dir is None:
-            if state.get("optimizer") is None:
-                raise CheckpointError(f"checkpoint {str(ckpt.path)!r} has no optimizer state")
-            try:
-                self.optimizer.load_state_dict(state["optimizer"])
-            except (ValueError, KeyError) as e:
-                raise CheckpointError(
-                    f"checkpoint {str(ckpt.path)!r}: the optimizer state does not fit this optimizer ({e})"
-                ) from e
+            _load_optimizer(self.optimizer, state.get("optimizer"), ckpt.path)
         if self.schedule is not None and state.get("schedule") is not None:
             self.schedule.load_state_dict(state["schedule"])
         self.precision.load_state_dict(state.get("scaler"))
@@ -330,18 +280,7 @@ class ModelState:
                 self.cache = _to_device(caches[self.strategy.rank], self.strategy.device)
             self.pending_input_state = ckpt.input_states.get(self.strategy.rank)
             return
-        # Weights, optimizer, schedule and step carry over; the input is re-sharded where the
-        # source can do it; per-replica RNG streams cannot be carried over.
-        saved = [ckpt.input_states.get(r) for r in range(saved_world)]
-        self.pending_input_state = {"reshard": saved} if all(s is not None for s in saved) else None
-        log.warning(
-            "checkpoint %s was written by %d replica(s) and this run has %d: weights, optimizer, "
-            "schedule, step and input position are restored, but each replica's RNG and carried cache "
-            "start afresh (bitwise-exact resume needs the same number of replicas)",
-            ckpt.path,
-            saved_world,
-            world,
-        )
+        self.pending_input_state = _resharded_input(ckpt, saved_world, world)
 
     # ---------------------------------------------------------------- saving
     def check_checkpoint(self) -> None:
@@ -409,6 +348,92 @@ class ModelState:
         self.holds = self.weights_of = path
         log.info("checkpoint %s written", path)
         return path
+
+
+def _resolve(checkpoints: CheckpointManager | None, checkpoint_path: str | os.PathLike[str] | None) -> Location | None:
+    """The checkpoint ``checkpoint_path`` names (``None``: the newest in ``model_dir``), if there is one."""
+    if checkpoints is not None:
+        return checkpoints.resolve(checkpoint_path)
+    if checkpoint_path is not None:
+        return CheckpointManager(checkpoint_path, writer=False).resolve(checkpoint_path)
+    return None
+
+
+def _update_in_backward(
+    model: nn.Module, opt: torch.optim.Optimizer, config: StateConfig, strategy: Strategy, precision: Precision
+) -> tuple[list[str], str | None]:
+    """``RunConfig.sgd_in_backward``: the fast linear layers apply ``opt``'s SGD in their backward.
+    Returns the layers that do, and why none does (``"auto"`` keeping the ordinary update)."""
+    why = run_refusal(
+        device=strategy.device,
+        world_size=strategy.world_size,
+        precision=precision.name,
+        accumulation=config.gradient_accumulation_steps,
+        clip_norm=config.gradient_clip_norm,
+        compiled=config.compile != "none" or config.cuda_graph,
+        fast_linear=config.fast_linear,
+    ) or optimizer_refusal(opt)
+    if why is None:
+        return update_in_backward(model, opt), None
+    if config.sgd_in_backward == "on":
+        raise ConfigError(f"RunConfig.sgd_in_backward='on' cannot apply: {why}")
+    log.info("sgd_in_backward: the ordinary update: %s", why)
+    return [], why
+
+
+def _check_layout(ckpt: LoadedCheckpoint, stages: int) -> None:
+    saved_stages = int(ckpt.train_state.get("pipeline_stages", 1))
+    if saved_stages != stages:
+        raise CheckpointError(
+            f"checkpoint {str(ckpt.path)!r} was trained as {saved_stages} pipeline stage(s) and this run has "
+            f"{stages}: resume training with the same layout (RunConfig.pipeline and "
+            "WORLD_SIZE), or start a new run from its weights with warm_start_from (evaluate and predict "
+            "read it in any layout)"
+        )
+
+
+def _load_sharded(
+    ckpt: LoadedCheckpoint, model: nn.Module, optimizer: torch.optim.Optimizer | None, optimizer_key: str
+) -> None:
+    """A sharded checkpoint's weights (and optimizer) from its ``dcp/`` slices."""
+    assert ckpt.dcp_dir is not None
+    try:
+        load_sharded(ckpt.dcp_dir, model, optimizer, optimizer_key)
+    except Exception as e:  # noqa: BLE001 - DCP reports mismatches in many shapes
+        if _caused_by(e, pickle.UnpicklingError):  # a slice's pickled bytes that weights_only refuses
+            raise refused(
+                str(ckpt.path),
+                DCP_DIR,
+                f"holds data torch's weights_only unpickler refuses ({e})",
+                previous_retained(ckpt.path),
+            ) from e
+        raise CheckpointError(f"checkpoint {str(ckpt.path)!r} does not fit the model or optimizer: {e}") from e
+
+
+def _load_optimizer(optimizer: torch.optim.Optimizer, state: Any, path: Location) -> None:
+    if state is None:
+        raise CheckpointError(f"checkpoint {str(path)!r} has no optimizer state")
+    try:
+        optimizer.load_state_dict(state)
+    except (ValueError, KeyError) as e:
+        raise CheckpointError(f"checkpoint {str(path)!r}: the optimizer state does not fit this optimizer ({e})") from e
+
+
+def _resharded_input(ckpt: LoadedCheckpoint, saved_world: int, world: int) -> Any:
+    """The input state for a run with another number of replicas than the checkpoint's."""
+    # Weights, optimizer, schedule and step carry over; the input is re-sharded where the
+    # source can do it; per-replica RNG streams cannot be carried over.
+    saved = [ckpt.input_states.get(r) for r in range(saved_world)]
+    resharded = {"reshard": saved} if all(s is not None for s in saved) else None
+    log.warning(
+        "checkpoint %s was written by %d replica(s) and this run has %d: weights, optimizer, "
+        "schedule, step and input position are restored, but each replica's RNG and carried cache "
+        "start afresh (bitwise-exact resume needs the same number of replicas)",
+        ckpt.path,
+        saved_world,
+        world,
+    )
+    return resharded
 
 
 def _all_finite(params: list[torch.Tensor]) -> bool:

@@ -15,9 +15,11 @@ import logging
 import sys
 from collections.abc import Sequence
 
+from ..checkpoint.io_config import CheckpointConfig
 from ..config import RunConfig
+from ..config.slices import LoopConfig
 from ..distributed.watchdog import BETWEEN_LOOPS
-from ..errors import NanLossError
+from ..errors import ConfigError, NanLossError
 from ..hooks import (
     CheckpointSaverHook,
     Hook,
@@ -50,44 +52,59 @@ log = logging.getLogger("stoker")
 MAX_MERGED_STEPS = 1000
 
 
-def default_hooks(config: RunConfig) -> list[Hook]:
-    """The hooks every ``train`` runs, from ``config``: NaN guard, logging, progress, and with a
-    ``model_dir`` MLPerf logging (if asked), the checkpoint saver, preemption handling, the
-    early-stop file and summaries."""
+def default_hooks(loop: LoopConfig, checkpointing: CheckpointConfig) -> list[Hook]:
+    """The hooks every ``train`` runs, from the loop's and checkpointing's slices: NaN guard,
+    logging, progress, and with a ``model_dir`` MLPerf logging (if asked), the checkpoint saver,
+    preemption handling, the early-stop file and summaries."""
     hooks: list[Hook] = [NanLossHook()]
-    if config.log_every_n_steps is not None:
-        hooks += [StepCounterHook(config.log_every_n_steps), LoggingHook(config.log_every_n_steps)]
-    if config.progress_bar and ProgressBarHook.would_show():
+    if loop.log_every_n_steps is not None:
+        hooks += [StepCounterHook(loop.log_every_n_steps), LoggingHook(loop.log_every_n_steps)]
+    if loop.progress_bar and ProgressBarHook.would_show():
         hooks.append(ProgressBarHook())
-    if config.model_dir and config.mlperf_log:
+    if checkpointing.model_dir and loop.mlperf_log:
         hooks.append(MLPerfLogHook())
-    if config.model_dir:
-        save_secs = None if config.save_checkpoints_steps else config.save_checkpoints_secs
-        hooks.append(CheckpointSaverHook(save_steps=config.save_checkpoints_steps, save_secs=save_secs))
+    if checkpointing.model_dir:
+        steps = checkpointing.save_checkpoints_steps
+        save_secs = None if steps else checkpointing.save_checkpoints_secs
+        hooks.append(CheckpointSaverHook(save_steps=steps, save_secs=save_secs))
         hooks.append(PreemptionHook())
         hooks.append(StopFileHook())  # early_stop.json: a watching evaluator's EarlyStopping
-        if config.summaries:
-            hooks.append(SummaryHook(config.log_every_n_steps or 100))
+        if loop.summaries:
+            hooks.append(SummaryHook(loop.log_every_n_steps or 100))
     return hooks
 
 
 def check_train_arguments(steps: int | None, max_steps: int | None) -> None:
     """The rules for ``train(steps=..., max_steps=...)``: at most one, each a non-negative int."""
     if steps is not None and max_steps is not None:
-        raise ValueError("train: give steps or max_steps, not both")
+        raise ConfigError("train: give steps or max_steps, not both")
     for name, value in (("steps", steps), ("max_steps", max_steps)):
         if value is not None and (not isinstance(value, int) or value < 0):
-            raise ValueError(f"train: {name} must be a non-negative integer; got {value!r}")
+            raise ConfigError(f"train: {name} must be a non-negative integer; got {value!r}")
 
 
 class TrainingRun:
-    """Trains ``state`` on batches of ``input_fn`` through ``model_fn``, with hooks between loops."""
+    """Trains ``state`` on batches of ``input_fn`` through ``model_fn``, with hooks between loops.
 
-    def __init__(self, state: ModelState, inputs: InputPlan, model_fn: ModelFn, hooks: Sequence[Hook]) -> None:
+    ``loop`` is the run's ``LoopConfig``; ``hook_config`` is only handed on to the hooks, whose
+    ``RunContext.config`` is the user's ``RunConfig``.
+    """
+
+    def __init__(
+        self,
+        state: ModelState,
+        inputs: InputPlan,
+        model_fn: ModelFn,
+        hooks: Sequence[Hook],
+        *,
+        loop: LoopConfig,
+        hook_config: RunConfig,
+    ) -> None:
         self.state = state
         self.inputs = inputs
         self.model_fn = model_fn
-        self.config = state.config
+        self.config = loop
+        self.hook_config = hook_config
         self.strategy = state.strategy
         self.hooks = list(hooks)
         self._max_steps: int | None = None
@@ -283,7 +300,7 @@ class TrainingRun:
         state = self.state
         assert state.optimizer is not None and self.inputs.train_batch_size is not None
         return RunContext(
-            config=self.config,
+            config=self.hook_config,
             params=state.params,
             model=state.build_model(),
             optimizer=state.optimizer,

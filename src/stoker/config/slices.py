@@ -1,0 +1,197 @@
+"""The engine components' config slices: what each one is handed instead of the whole ``RunConfig``.
+
+Each slice is a frozen keyword-only dataclass that validates itself; its fields keep the flat
+``RunConfig`` names the user wrote (so an error names ``RunConfig.iterations_per_loop``, the
+spelling the user knows). ``RunConfig`` builds them (``loop_config``, ``input_config``, ...) and
+the Estimator hands each to its component:
+
+- ``LoopConfig``: the training loop and its step (``TrainingRun``, ``make_train_step``, the
+  default hooks);
+- ``InputConfig``: batching and the infeed (``InputPlan``);
+- ``StateConfig``: building the model and optimizer (``ModelState``);
+- ``EvalConfig``: evaluation (``EvaluationRun``).
+
+The other components' slices live beside them: ``stoker.checkpoint.CheckpointConfig``,
+``stoker.distributed.DistributionConfig`` and the ``stoker.precision.Precision`` objects. The
+engine's slices live here rather than in ``stoker.engine`` because the hooks may import the
+config, and the hooks must never reach the engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..distributed.pipeline import PipelineConfig
+from ..distributed.watchdog import StuckReplica
+from ..errors import ConfigError
+from ..kernels.linear import FAST_LINEAR_MODES
+from ..kernels.sgd_in_backward import SGD_IN_BACKWARD_MODES
+
+COMPILE_MODES: tuple[str, ...] = ("none", "module", "step")  # also True (= "module") and False (= "none")
+
+
+def positive_int(name: str, value: object) -> None:
+    """Raise a ``ConfigError`` naming ``RunConfig.<name>`` unless ``value`` is an int >= 1."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"RunConfig.{name} must be a positive integer; got {value!r}")
+
+
+def compile_mode(value: object) -> str:
+    """``RunConfig.compile`` as one of ``COMPILE_MODES`` (``True``: ``"module"``, ``False``: ``"none"``)."""
+    if isinstance(value, bool):
+        return "module" if value else "none"
+    if value not in COMPILE_MODES:
+        raise ConfigError(
+            f"RunConfig.compile must be True, False, {', '.join(map(repr, COMPILE_MODES))}; got {value!r}"
+        )
+    return str(value)
+
+
+def _positive_or_none(name: str, value: float | None) -> None:
+    if value is not None and not value > 0:
+        raise ConfigError(f"RunConfig.{name} must be > 0; got {value}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LoopConfig:
+    """The training loop's slice: steps per loop, the step's shape, the default hooks' settings, and
+    how long a replica may wait in a collective before it names the stuck ones (``stuck_replica``).
+
+    ``compile`` is held as its mode (``"none"``, ``"module"``, ``"step"``).
+    """
+
+    iterations_per_loop: int = 10
+    gradient_accumulation_steps: int = 1
+    gradient_clip_norm: float | None = None
+    compile: str = "none"
+    cuda_graph: bool = False
+    log_every_n_steps: int | None = 100
+    progress_bar: bool = True
+    summaries: bool = True
+    mlperf_log: bool = False
+    stuck_replica: StuckReplica | None = None
+
+    def __post_init__(self) -> None:
+        if self.stuck_replica is not None and not isinstance(self.stuck_replica, StuckReplica):
+            raise ConfigError(
+                "RunConfig.stuck_replica must be a stoker.distributed.StuckReplica(factor=..., min_seconds=...) or "
+                f"None; got {self.stuck_replica!r}"
+            )
+        positive_int("iterations_per_loop", self.iterations_per_loop)
+        positive_int("gradient_accumulation_steps", self.gradient_accumulation_steps)
+        if self.log_every_n_steps is not None:
+            positive_int("log_every_n_steps", self.log_every_n_steps)
+        _positive_or_none("gradient_clip_norm", self.gradient_clip_norm)
+        object.__setattr__(self, "compile", compile_mode(self.compile))
+        if not isinstance(self.cuda_graph, bool):
+            raise ConfigError(f"RunConfig.cuda_graph must be True or False; got {self.cuda_graph!r}")
+        if self.cuda_graph and self.compile == "step":
+            raise ConfigError("RunConfig: cuda_graph=True and compile='step' are two ways to run the step; pick one")
+
+
+@dataclass(frozen=True, kw_only=True)
+class InputConfig:
+    """The input's slice: how ``InputPlan`` divides batches and builds infeeds."""
+
+    seed: int = 0
+    prefetch_depth: int = 2
+    iterations_per_loop: int = 10
+    gradient_accumulation_steps: int = 1
+    pipeline_microbatches: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prefetch_depth, int) or self.prefetch_depth < 0:
+            raise ConfigError(f"RunConfig.prefetch_depth must be >= 0; got {self.prefetch_depth}")
+        positive_int("iterations_per_loop", self.iterations_per_loop)
+        positive_int("gradient_accumulation_steps", self.gradient_accumulation_steps)
+        if not isinstance(self.pipeline_microbatches, int) or self.pipeline_microbatches < 1:
+            raise ConfigError(
+                f"PipelineConfig.microbatches must be a positive integer; got {self.pipeline_microbatches!r}"
+            )
+
+    @property
+    def snapshot_every(self) -> int:
+        """Batches between the infeed's position snapshots: one loop's worth."""
+        return self.iterations_per_loop * self.gradient_accumulation_steps
+
+
+@dataclass(frozen=True, kw_only=True)
+class StateConfig:
+    """``ModelState``'s slice: how the model and optimizer are built.
+
+    The step's shape (accumulation, clipping, compile, CUDA graph) is here too, since whether
+    ``sgd_in_backward`` can apply depends on it. ``recompute`` is held as ``None``, ``"all"`` or
+    a tuple of patterns.
+    """
+
+    seed: int = 0
+    deterministic: bool = False
+    compile: str = "none"
+    cuda_graph: bool = False
+    fast_linear: str = "off"
+    sgd_in_backward: str = "off"
+    recompute: str | tuple[str, ...] | None = None
+    pipeline: PipelineConfig | None = None
+    gradient_accumulation_steps: int = 1
+    gradient_clip_norm: float | None = None
+    async_save: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "compile", compile_mode(self.compile))
+        if self.fast_linear not in FAST_LINEAR_MODES:
+            raise ConfigError(
+                f"RunConfig.fast_linear must be one of {', '.join(FAST_LINEAR_MODES)}; got {self.fast_linear!r}"
+            )
+        if self.sgd_in_backward not in SGD_IN_BACKWARD_MODES:
+            raise ConfigError(
+                f"RunConfig.sgd_in_backward must be one of {', '.join(SGD_IN_BACKWARD_MODES)}; "
+                f"got {self.sgd_in_backward!r}"
+            )
+        object.__setattr__(self, "recompute", recompute_spec(self.recompute))
+        positive_int("gradient_accumulation_steps", self.gradient_accumulation_steps)
+        _positive_or_none("gradient_clip_norm", self.gradient_clip_norm)
+        if self.pipeline is not None and not isinstance(self.pipeline, PipelineConfig):
+            raise ConfigError(
+                "RunConfig.pipeline must be None or a stoker.distributed.PipelineConfig(split=..., ...); "
+                f"got {self.pipeline!r}"
+            )
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalConfig:
+    """Evaluation's slice: the seed its input is built with, summaries, and what ``keep_best`` watches."""
+
+    seed: int = 0
+    summaries: bool = True
+    keep_best: tuple[str, str] | None = None
+
+
+def recompute_spec(value: object) -> str | tuple[str, ...] | None:
+    """``None``, ``"all"`` or a tuple of non-empty glob patterns (a single pattern or a list is accepted)."""
+    if value is None:
+        return None
+    if value == "all":
+        return "all"
+    patterns = [value] if isinstance(value, str) else value
+    if (
+        not isinstance(patterns, (list, tuple))
+        or not patterns
+        or not all(isinstance(p, str) and p.strip() for p in patterns)
+    ):
+        raise ConfigError(
+            "RunConfig.recompute must be None, 'all', or module-name patterns (a string or a list of "
+            f"strings such as 'layers.*'); got {value!r}"
+        )
+    return tuple(p.strip() for p in patterns)
+
+
+__all__ = [
+    "COMPILE_MODES",
+    "EvalConfig",
+    "InputConfig",
+    "LoopConfig",
+    "StateConfig",
+    "compile_mode",
+    "positive_int",
+    "recompute_spec",
+]
