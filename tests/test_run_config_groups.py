@@ -402,3 +402,86 @@ def test_resume_is_bitwise_the_same_with_the_old_and_the_new_spelling(tmp_path, 
     if kind == "fp16":
         assert by_old.state.scaler.state_dict() == by_new.state.scaler.state_dict() == whole.state.scaler.state_dict()
         assert by_new.state.scaler.skipped_steps > 0  # the dynamic scale really backed off
+
+
+# ------------------------------------------------------------------ the slices each component is handed
+def test_each_slice_rejects_a_bad_value_with_a_config_error_naming_the_field():
+    from stoker import ConfigError
+    from stoker.checkpoint import CheckpointConfig
+    from stoker.config import EvalConfig, InputConfig, LoopConfig, StateConfig
+    from stoker.distributed import DistributionConfig
+
+    cases = [
+        (
+            lambda: LoopConfig(iterations_per_loop=0),
+            r"^RunConfig.iterations_per_loop must be a positive integer; got 0$",
+        ),
+        (lambda: LoopConfig(compile="graph"), r"^RunConfig.compile must be True, False, 'none', 'module', 'step'"),
+        (lambda: LoopConfig(cuda_graph=True, compile="step"), r"cuda_graph=True and compile='step' are two ways"),
+        (lambda: InputConfig(prefetch_depth=-1), r"^RunConfig.prefetch_depth must be >= 0; got -1$"),
+        (lambda: StateConfig(fast_linear="fast"), r"^RunConfig.fast_linear must be one of .*; got 'fast'$"),
+        (lambda: StateConfig(recompute=[""]), r"^RunConfig.recompute must be None, 'all', or module-name patterns"),
+        (lambda: CheckpointConfig(keep_checkpoint_max=-1), r"^RunConfig.keep_checkpoint_max must be >= 0"),
+        (lambda: CheckpointConfig(keep_best=("loss", "low")), r"^RunConfig.keep_best must be \(metric_name"),
+        (lambda: CheckpointConfig(io=True), r"^RunConfig.checkpoint_io must be a stoker.checkpoint.CheckpointIO"),
+        (lambda: DistributionConfig(strategy="ring"), r"^RunConfig.strategy must be one of auto, single, .*'ring'$"),
+        (lambda: DistributionConfig(device="tpu"), r"^RunConfig.device must be auto, cpu, cuda or cuda:N; got 'tpu'$"),
+    ]
+    for build, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            build()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        LoopConfig().iterations_per_loop = 3  # type: ignore[misc]
+    assert EvalConfig() == EvalConfig(seed=0, summaries=True, keep_best=None)
+
+
+def test_run_config_hands_each_component_its_slice():
+    from stoker.config import LoopConfig
+
+    config = RunConfig(
+        model_dir="/tmp/m",
+        seed=7,
+        iterations_per_loop=4,
+        gradient_accumulation_steps=2,
+        compile=True,
+        save_checkpoints_steps=3,
+        keep_best=["loss", "min"],
+        prefetch_depth=0,
+        recompute="layers.*",
+        checkpoint_io=CheckpointIO(async_save=True),
+        device="cpu",
+        pipeline=None,
+    )
+    assert config.loop_config == LoopConfig(iterations_per_loop=4, gradient_accumulation_steps=2, compile="module")
+    assert (config.input_config.seed, config.input_config.snapshot_every, config.input_config.prefetch_depth) == (
+        7,
+        8,
+        0,
+    )
+    state = config.state_config
+    assert (state.seed, state.compile, state.recompute, state.async_save) == (7, "module", ("layers.*",), True)
+    saving = config.checkpoint_config
+    assert (saving.model_dir, saving.save_checkpoints_steps, saving.save_checkpoints_secs) == ("/tmp/m", 3, None)
+    assert saving.keep_best == config.eval_config.keep_best == config.keep_best == ("loss", "min")
+    assert config.distribution_config.device == "cpu" and config.distribution_config.pipeline_stages == 1
+    assert RunConfig().checkpoint_config.save_checkpoints_secs == RunConfig().save_checkpoints_secs == 600.0
+    # a RunConfig error is the slice's error: the same message either way
+    with pytest.raises(ValueError, match=r"^RunConfig.iterations_per_loop must be a positive integer; got 0$"):
+        RunConfig(iterations_per_loop=0)
+
+
+def test_the_old_spellings_live_in_one_module_with_their_removal_version():
+    import ast
+
+    from stoker.config import REMOVED_IN, deprecated
+
+    assert REMOVED_IN == "0.3" and deprecated.DEPRECATED is DEPRECATED
+    src = ROOT / "src" / "stoker"
+    files = [*sorted((src / "config").glob("*.py")), *sorted((src / "engine").glob("*.py")), src / "estimator.py"]
+    users = set()
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            name = getattr(node, "attr", None) or getattr(node, "arg", None) or getattr(node, "id", None)
+            if name in DEPRECATED:
+                users.add(path.relative_to(src).as_posix())
+    assert not users, f"the pre-0.2 names are used outside config/deprecated.py's table: {sorted(users)}"

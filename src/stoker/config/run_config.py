@@ -194,7 +194,7 @@ class RunConfig:
             prefetch_depth=self.prefetch_depth,
             iterations_per_loop=self.iterations_per_loop,
             gradient_accumulation_steps=self.gradient_accumulation_steps,
-            pipeline_microbatches=1 if self.pipeline is None else self.pipeline.microbatches,
+            microbatches=1 if self.pipeline is None else self.pipeline.microbatches,
         )
 
     @property
@@ -217,7 +217,9 @@ class RunConfig:
     @property
     def eval_config(self) -> EvalConfig:
         """Evaluation's slice (``EvaluationRun``)."""
-        return EvalConfig(seed=self.seed, summaries=self.summaries, keep_best=self.checkpoint_config.keep_best)
+        return EvalConfig(
+            seed=self.seed, summaries=self.summaries, keep_best=self.checkpoint_config.keep_best, device=self.device
+        )
 
     @property
     def checkpoint_config(self) -> CheckpointConfig:

@@ -97,17 +97,15 @@ class InputConfig:
     prefetch_depth: int = 2
     iterations_per_loop: int = 10
     gradient_accumulation_steps: int = 1
-    pipeline_microbatches: int = 1
+    microbatches: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.prefetch_depth, int) or self.prefetch_depth < 0:
             raise ConfigError(f"RunConfig.prefetch_depth must be >= 0; got {self.prefetch_depth}")
         positive_int("iterations_per_loop", self.iterations_per_loop)
         positive_int("gradient_accumulation_steps", self.gradient_accumulation_steps)
-        if not isinstance(self.pipeline_microbatches, int) or self.pipeline_microbatches < 1:
-            raise ConfigError(
-                f"PipelineConfig.microbatches must be a positive integer; got {self.pipeline_microbatches!r}"
-            )
+        if not isinstance(self.microbatches, int) or self.microbatches < 1:
+            raise ConfigError(f"PipelineConfig.microbatches must be a positive integer; got {self.microbatches!r}")
 
     @property
     def snapshot_every(self) -> int:
@@ -159,11 +157,13 @@ class StateConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class EvalConfig:
-    """Evaluation's slice: the seed its input is built with, summaries, and what ``keep_best`` watches."""
+    """Evaluation's slice: the seed its input is built with, summaries, what ``keep_best`` watches,
+    and the device as configured (``evaluate_continuously(device=...)`` evaluates on a copy elsewhere)."""
 
     seed: int = 0
     summaries: bool = True
     keep_best: tuple[str, str] | None = None
+    device: str = "auto"
 
 
 def recompute_spec(value: object) -> str | tuple[str, ...] | None:

@@ -47,8 +47,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from .. import storage
 from ..checkpoint.index import Best, CheckpointIndex, CheckpointRecord, Coverage, coverage_line
 from ..checkpoint.lease import LEASE_STALE_AFTER, LeaseHolder, live_leases
@@ -388,7 +386,7 @@ def _logged_steps(path: Location) -> set[int]:
 def evaluation_on_device(evaluation: EvaluationRun, device: str | None) -> EvaluationRun:
     """``evaluation``, or a copy of its components on ``device`` (one replica, no optimizer)."""
     state, inputs = evaluation.state, evaluation.inputs
-    if device is None or _is_device(device, state.strategy.device):
+    if device is None or device == evaluation.config.device:
         return evaluation
     strategy = make_strategy("single", device)  # one replica: no collective to time out
     new_state = ModelState(
@@ -407,15 +405,8 @@ def evaluation_on_device(evaluation: EvaluationRun, device: str | None) -> Evalu
         eval_batch_size=inputs.eval_batch_size,
         predict_batch_size=inputs.predict_batch_size,
     )
-    return EvaluationRun(new_state, new_inputs, evaluation.model_fn, config=evaluation.config)
-
-
-def _is_device(name: str, device: torch.device) -> bool:
-    """Whether ``name`` (``"cpu"``, ``"cuda:1"``, ...) is ``device``; ``False`` for what torch cannot read."""
-    try:
-        return torch.device(name) == device
-    except RuntimeError:
-        return False
+    config = dataclasses.replace(evaluation.config, device=device)
+    return EvaluationRun(new_state, new_inputs, evaluation.model_fn, config=config)
 
 
 __all__ = [

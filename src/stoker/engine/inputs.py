@@ -70,7 +70,7 @@ class InputPlan:
                 f"{what}={global_batch} is not divisible by {world * accumulation} ({detail}); "
                 f"use a multiple of {world * accumulation}"
             )
-        micro = self.config.pipeline_microbatches if mode is ModeKeys.TRAIN else 1
+        micro = self.config.microbatches if mode is ModeKeys.TRAIN else 1
         if (global_batch // world) % micro:
             raise ConfigError(
                 f"{what}={global_batch} gives {global_batch // world} examples per replica ({world} replicas), "
