@@ -1,9 +1,10 @@
 """Which ``TrainStep`` a training run uses: eager, compiled (``compile="step"``) or a CUDA graph.
 
-``RunConfig.compile`` and ``RunConfig.cuda_graph`` (its ``LoopConfig`` slice) choose; what a variant cannot run is refused
-with a ``ConfigError`` naming the option and the cause. A CUDA-graph step that is built can still
-fall back to eager at run time, with a warning naming the cause (a batch whose shapes change, a
-host sync in ``model_fn``): only running the step shows those.
+``RunConfig.compile`` and ``RunConfig.cuda_graph`` (its ``LoopConfig`` slice) choose; what a
+variant cannot run is refused with a ``ConfigError`` naming the option and the cause. A
+CUDA-graph step that is built can still fall back to eager at run time, with a warning naming
+the cause (a batch whose shapes change, a host sync in ``model_fn``): only running the step
+shows those.
 """
 
 from __future__ import annotations
