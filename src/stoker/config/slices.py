@@ -19,7 +19,7 @@ config, and the hooks must never reach the engine.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..distributed.pipeline import PipelineConfig
 from ..distributed.watchdog import StuckReplica
@@ -69,7 +69,7 @@ class LoopConfig:
     progress_bar: bool = True
     summaries: bool = True
     mlperf_log: bool = False
-    stuck_replica: StuckReplica | None = None
+    stuck_replica: StuckReplica | None = field(default_factory=StuckReplica)
 
     def __post_init__(self) -> None:
         if self.stuck_replica is not None and not isinstance(self.stuck_replica, StuckReplica):
