@@ -1,7 +1,8 @@
 """``BenchConfig``: every setting of one ``stoker bench`` run, each declared once, validated once.
 
 Field names are tf_cnn_benchmarks' flag names, so ``--batch_size=32`` becomes
-``BenchConfig(batch_size=32)``. Each field is declared with :func:`~stoker.bench.flags.option`:
+``BenchConfig(batch_size=32)``. ``BenchConfig`` joins one dataclass per ``--help`` group
+(:class:`RunFlags`, :class:`DeviceFlags`, ...). Each field is declared with :func:`~stoker.bench.flags.option`:
 its default, help, ``--help`` group, allowed values and range, from which the parser,
 ``--help`` and docs/bench.md's flag lists are made (:mod:`stoker.bench.flags` says why this
 shape). ``__post_init__`` checks every value against its declaration and then the combinations
@@ -44,16 +45,9 @@ DEFAULT_INFERENCE_ITERATIONS = 100
 
 
 @dataclass(kw_only=True)
-class BenchConfig:
-    """Settings of a benchmark run: one field per flag, declared with its help (``--help`` and
-    docs/bench.md are made from these declarations; see :mod:`stoker.bench.flags`).
+class RunFlags:
+    """What to run: the model, the data and the mode."""
 
-    ``None`` means "not given" where the default depends on other settings (``num_batches``,
-    ``init_learning_rate``, the fp16 flags, the inference flags), so that a flag given in the
-    wrong mode can be refused rather than silently ignored.
-    """
-
-    # what to run
     model: str = option("trivial", "zoo model name (--list_models)", group=RUN)
     data_name: str | None = option(
         None,
@@ -72,7 +66,12 @@ class BenchConfig:
     mode: str = option("training", "training (tf_cnn_benchmarks) or inference (latency)", group=RUN, choices=RUN_MODES)
     forward_only: bool = option(False, "time the forward pass only", group=RUN)
     eval: bool = option(False, "evaluate the newest checkpoint in --train_dir", group=RUN)
-    # how much
+
+
+@dataclass(kw_only=True)
+class AmountFlags:
+    """How much: batch size, step counts, progress and the device loop."""
+
     batch_size: int = option(
         DEFAULT_BATCH_SIZE,
         "batch size per device",
@@ -100,7 +99,12 @@ class BenchConfig:
     iterations_per_loop: int = option(
         1, "steps per host round trip; 1 times every step, N > 1 times loops of N steps", group=AMOUNT, minimum=1
     )
-    # where and how
+
+
+@dataclass(kw_only=True)
+class DeviceFlags:
+    """Where and how: replicas, device, data format, precision, compilation, kernels, threads."""
+
     num_gpus: int = option(
         1,
         "replicas on this machine (one per CUDA device, or CPU processes sharing the cores), launched as "
@@ -180,7 +184,13 @@ class BenchConfig:
         "CPU: 1.5x faster, peak memory kept)",
         group=WHERE,
     )
-    # real data
+    gpu_indices: str = option("", "CUDA device of each replica, comma-separated", group=WHERE, default_text="0..N-1")
+
+
+@dataclass(kw_only=True)
+class InputFlags:
+    """Real data (``--data_dir``): decoding, workers, preprocessing and prefetching."""
+
     decode_on_device: bool = option(
         False,
         "CUDA only, JPEG data: decode batches with nvJPEG on the GPU (needs torchvision) and crop there",
@@ -200,7 +210,39 @@ class BenchConfig:
         group=INPUT,
         choices=("auto", "thread", "process"),
     )
-    # optimizer and learning rate
+    batch_group_size: int = option(
+        1, "batches the input pipeline prepares per group (the infeed's prefetch depth)", group=INPUT, minimum=1
+    )
+    distortions: bool = option(
+        False,
+        "tf_cnn's colour distortions on top of its random crop and flip (TF 2's tf_cnn: crop and flip only)",
+        group=INPUT,
+    )
+    resize_method: str = option(
+        "bilinear",
+        "resizing of real images",
+        group=INPUT,
+        choices=("bilinear", "nearest", "bicubic", "area", "round_robin", "crop"),
+    )
+    use_datasets: bool = option(True, "decode real data in workers (false: in the training process)", group=INPUT)
+    datasets_use_prefetch: bool = option(True, "prepare batches ahead in the infeed's thread", group=INPUT)
+    datasets_prefetch_buffer_size: int = option(1, "batches prepared ahead per device", group=INPUT, minimum=0)
+    datasets_num_private_threads: int | None = option(
+        None,
+        "workers decoding real data (--data_worker_kind says of which kind)",
+        group=INPUT,
+        minimum=0,
+        default_text="one per usable core, fewer where the header says why",
+    )
+    datasets_repeat_cached_sample: bool = option(
+        False, "read one batch of the real data and repeat it forever", group=INPUT
+    )
+
+
+@dataclass(kw_only=True)
+class OptimizerFlags:
+    """The optimizer and the learning rate."""
+
     optimizer: str = option("sgd", "sgd, momentum (Nesterov), rmsprop or adam", group=OPTIMIZER, choices=OPTIMIZERS)
     init_learning_rate: float | None = option(
         None,
@@ -236,7 +278,19 @@ class BenchConfig:
     gradient_clip: float | None = option(
         None, "clip each gradient element to [-c, c]", group=OPTIMIZER, above=0, default_text="none"
     )
-    # evaluation during training
+    resnet_base_lr: float | None = option(
+        None,
+        "ResNet models: the learning rate at batch 256, scaled with the batch",
+        group=OPTIMIZER,
+        above=0,
+        default_text="0.128",
+    )
+
+
+@dataclass(kw_only=True)
+class EvaluationFlags:
+    """Evaluation beside or during training."""
+
     eval_interval_secs: float = option(
         0.0,
         "with --eval: look for new checkpoints in --train_dir every N seconds and evaluate the newest (older "
@@ -257,7 +311,12 @@ class BenchConfig:
         default_text="none",
     )
     print_training_accuracy: bool = option(False, "print the training batch's top-1 / top-5", group=EVALUATION)
-    # checkpoints, traces, results
+
+
+@dataclass(kw_only=True)
+class OutputFlags:
+    """Checkpoints, traces, results and benchmark logs."""
+
     train_dir: str | None = option(
         None,
         "checkpoints; rerunning the same command resumes from the newest",
@@ -283,7 +342,24 @@ class BenchConfig:
         default_text="measured: the fastest of three kernels in the compute dtype (the BLAS gemm, oneDNN's "
         "linear, a channels_last 3x3 convolution; cuDNN on CUDA), measured once per machine and cached",
     )
-    # inference latency benchmark
+    benchmark_log_dir: str | None = option(
+        None,
+        "write benchmark_run.log and metric.log (JSON lines) into this folder",
+        group=OUTPUTS,
+        default_text="none",
+    )
+    benchmark_test_id: str | None = option(
+        None,
+        "a test id recorded in --benchmark_log_dir's files and the results file",
+        group=OUTPUTS,
+        default_text="none",
+    )
+
+
+@dataclass(kw_only=True)
+class InferenceFlags:
+    """The inference latency benchmark (``--mode=inference``)."""
+
     num_inference_threads: int | None = option(
         None, "threads calling the model", group=INFERENCE, minimum=1, default_text="1"
     )
@@ -297,7 +373,12 @@ class BenchConfig:
         group=INFERENCE,
         default_text="none: the zoo model",
     )
-    # tf_cnn_benchmarks' other flags
+
+
+@dataclass(kw_only=True)
+class MoreTfFlags:
+    """tf_cnn_benchmarks' other implemented flags (evaluation schedules, summaries, XLA, ...)."""
+
     eval_batch_size: int = option(
         0, "evaluation batch size per device", group=MORE, minimum=0, default_text="0: --batch_size"
     )
@@ -317,9 +398,6 @@ class BenchConfig:
     eval_during_training_at_specified_epochs: tuple[float, ...] = option(
         (), "evaluate at these epochs (comma-separated)", group=MORE, above=0, default_text="none"
     )
-    batch_group_size: int = option(
-        1, "batches the input pipeline prepares per group (the infeed's prefetch depth)", group=INPUT, minimum=1
-    )
     display_perf_ewma: float | None = option(
         None,
         "progress lines show an exponentially weighted moving average of images/sec with this weight on the "
@@ -328,30 +406,6 @@ class BenchConfig:
         above=0,
         maximum=1,
         default_text="none: the mean",
-    )
-    distortions: bool = option(
-        False,
-        "tf_cnn's colour distortions on top of its random crop and flip (TF 2's tf_cnn: crop and flip only)",
-        group=INPUT,
-    )
-    resize_method: str = option(
-        "bilinear",
-        "resizing of real images",
-        group=INPUT,
-        choices=("bilinear", "nearest", "bicubic", "area", "round_robin", "crop"),
-    )
-    use_datasets: bool = option(True, "decode real data in workers (false: in the training process)", group=INPUT)
-    datasets_use_prefetch: bool = option(True, "prepare batches ahead in the infeed's thread", group=INPUT)
-    datasets_prefetch_buffer_size: int = option(1, "batches prepared ahead per device", group=INPUT, minimum=0)
-    datasets_num_private_threads: int | None = option(
-        None,
-        "workers decoding real data (--data_worker_kind says of which kind)",
-        group=INPUT,
-        minimum=0,
-        default_text="one per usable core, fewer where the header says why",
-    )
-    datasets_repeat_cached_sample: bool = option(
-        False, "read one batch of the real data and repeat it forever", group=INPUT
     )
     gradient_repacking: int = option(
         0,
@@ -383,19 +437,6 @@ class BenchConfig:
         group=MORE,
         choices=("total_loss", "base_loss"),
     )
-    benchmark_log_dir: str | None = option(
-        None,
-        "write benchmark_run.log and metric.log (JSON lines) into this folder",
-        group=OUTPUTS,
-        default_text="none",
-    )
-    benchmark_test_id: str | None = option(
-        None,
-        "a test id recorded in --benchmark_log_dir's files and the results file",
-        group=OUTPUTS,
-        default_text="none",
-    )
-    gpu_indices: str = option("", "CUDA device of each replica, comma-separated", group=WHERE, default_text="0..N-1")
     gpu_memory_frac_for_testing: float = option(
         0.0,
         "CUDA: cap this process's memory at this fraction (torch.cuda.set_per_process_memory_fraction)",
@@ -404,13 +445,29 @@ class BenchConfig:
         maximum=1,
         default_text="0: no cap",
     )
-    resnet_base_lr: float | None = option(
-        None,
-        "ResNet models: the learning rate at batch 256, scaled with the batch",
-        group=OPTIMIZER,
-        above=0,
-        default_text="0.128",
-    )
+
+
+@dataclass(kw_only=True)
+class BenchConfig(
+    MoreTfFlags,
+    InferenceFlags,
+    OutputFlags,
+    EvaluationFlags,
+    OptimizerFlags,
+    InputFlags,
+    DeviceFlags,
+    AmountFlags,
+    RunFlags,
+):
+    """Settings of a benchmark run: one field per flag, declared with its help in the dataclass
+    of its ``--help`` group (``--help`` and docs/bench.md are made from these declarations; see
+    :mod:`stoker.bench.flags`).
+
+    ``None`` means "not given" where the default depends on other settings (``num_batches``,
+    ``init_learning_rate``, the fp16 flags, the inference flags), so that a flag given in the
+    wrong mode can be refused rather than silently ignored.
+    """
+
     #: noted flags that were given, as (name, value): each prints a ``Note:`` line (flags.py)
     noted_flags: tuple[tuple[str, str], ...] = ()
 
