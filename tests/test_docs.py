@@ -3,10 +3,13 @@ defects issue 43 found in the docs do not come back."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from helpers.paths import ROOT
 from helpers.processes import python_env
@@ -134,3 +137,14 @@ def test_every_runconfig_keyword_and_bench_flag_a_page_names_exists():
             for flag in re.findall(r"(?<![\w-])(--[a-z][a-z0-9_]*)", command):
                 negated = "--" + flag[len("--no") :] if flag.startswith("--no") else flag
                 assert flag in flags or negated in flags, f"{page}: stoker bench has no flag {flag}"
+
+
+@pytest.mark.slow  # ~70 s here: every subcommand's --help in its own process
+def test_the_command_line_page_is_the_commands_help():
+    spec = importlib.util.spec_from_file_location("cli_help", ROOT / "docs" / "_ext" / "cli_help.py")
+    assert spec is not None and spec.loader is not None
+    cli_help = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cli_help)
+    assert (ROOT / "docs" / "cli.md").read_text() == cli_help.render(), (
+        "docs/cli.md differs from the commands' --help: regenerate it with python docs/_ext/cli_help.py"
+    )

@@ -73,7 +73,8 @@ def help_text(argv: list[str]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def render() -> str:
+    """docs/cli.md as the commands' help makes it now."""
     parts = [INTRO]
     for heading, argv, guide, collapsed in SECTIONS:
         text = help_text(argv)
@@ -85,7 +86,11 @@ def main() -> None:
             parts.append(f'??? note "`{heading} --help`"\n\n{body}\n')
         else:
             parts.append(f"```text\n{text}\n```\n")
-    (ROOT / "docs" / "cli.md").write_text("\n".join(parts))
+    return "\n".join(parts)
+
+
+def main() -> None:
+    (ROOT / "docs" / "cli.md").write_text(render())
 
 
 if __name__ == "__main__":
