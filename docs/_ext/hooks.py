@@ -12,7 +12,8 @@ Those warnings are logged at DEBUG here (``mkdocs build --verbose`` lists them).
 griffe warning, e.g. a parameter that the signature does not have, still fails the build.
 
 The changelog page: ``docs/changelog.md`` is a pointer to ``CHANGELOG.md`` for readers of the
-repository (GitHub renders it); on the site the page shows ``CHANGELOG.md`` itself. A snippet
+repository (GitHub renders it); on the site the page shows ``CHANGELOG.md`` itself, its
+``docs/...`` links made relative to the page. A snippet
 include (``--8<--``) would do the same on the site but show its raw include line on GitHub.
 """
 
@@ -62,5 +63,7 @@ CHANGELOG = Path(__file__).resolve().parents[2] / "CHANGELOG.md"
 def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:  # noqa: ARG001 - the mkdocs hook signature
     """The site's changelog page is the repository's ``CHANGELOG.md``."""
     if page.file.src_uri == "changelog.md":
-        return CHANGELOG.read_text(encoding="utf-8")
+        # CHANGELOG.md links pages as GitHub sees them from the root (docs/x.md); the site's
+        # changelog page sits beside them (x.md)
+        return re.sub(r"\]\(docs/", "](", CHANGELOG.read_text(encoding="utf-8"))
     return markdown
