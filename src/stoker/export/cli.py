@@ -56,7 +56,10 @@ def add_parser(subparsers: Any) -> None:
         help="also compile the program with AOTInductor into model.aoti.pt2 (needs a C++ compiler)",
     )
     p.add_argument(
-        "--aot_device", choices=AOT_DEVICES, default="cpu", help="the device the --aot package is compiled for (cuda: not yet verified on a GPU)"
+        "--aot_device",
+        choices=AOT_DEVICES,
+        default="cpu",
+        help="the device the --aot package is compiled for (cuda: not yet verified on a GPU)",
     )
     p.set_defaults(func=_export_command)
 
