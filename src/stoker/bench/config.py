@@ -55,6 +55,7 @@ class RunFlags:
         group=RUN,
         choices=DATA_NAMES,
         default_text="the only one --model exists for, else guessed from --data_dir, else imagenet",
+        docs="CIFAR-10 binaries in --data_dir are recognised.",
     )
     data_dir: str | None = option(
         None,
@@ -62,6 +63,9 @@ class RunFlags:
         "validation-*-of-*), an image folder (root/<class>/<image>) or CIFAR-10 binaries",
         group=RUN,
         default_text="none: synthetic data",
+        docs="TFRecord shards are picked when the folder holds `train-*-of-*` files; an image folder may "
+        "have train/ and validation/ (or val/) subfolders; the header's Dataset: line says which; a "
+        "folder with both shards and class folders, or neither, exits 2 naming both layouts.",
     )
     mode: str = option("training", "training (tf_cnn_benchmarks) or inference (latency)", group=RUN, choices=RUN_MODES)
     forward_only: bool = option(False, "time the forward pass only", group=RUN)
@@ -78,12 +82,23 @@ class AmountFlags:
         group=AMOUNT,
         minimum=0,
         default_text="0: the model's default batch size (docs/bench.md, Per-model defaults)",
+        docs="The header prints the global batch too.",
     )
     num_batches: int | None = option(
-        None, "timed batches", group=AMOUNT, minimum=1, default_text=f"{DEFAULT_NUM_BATCHES}"
+        None,
+        "timed batches",
+        group=AMOUNT,
+        minimum=1,
+        default_text=f"{DEFAULT_NUM_BATCHES}",
+        docs="Timed steps (training, forward-only) or batches (evaluation).",
     )
     num_epochs: float | None = option(
-        None, "timed epochs instead of --num_batches", group=AMOUNT, above=0, default_text="none: --num_batches"
+        None,
+        "timed epochs instead of --num_batches",
+        group=AMOUNT,
+        above=0,
+        default_text="none: --num_batches",
+        docs="ceil(epochs x examples / batch) steps.",
     )
     num_eval_batches: int | None = option(
         None, "batches per evaluation", group=AMOUNT, minimum=1, default_text="--num_batches"
@@ -94,10 +109,21 @@ class AmountFlags:
         "steps)",
         group=AMOUNT,
         minimum=0,
+        docs="In the same training run as the timed ones.",
     )
-    display_every: int = option(10, "print progress every N steps", group=AMOUNT, minimum=1)
+    display_every: int = option(
+        10,
+        "print progress every N steps",
+        group=AMOUNT,
+        minimum=1,
+        docs="A progress line after step 1 and every N steps.",
+    )
     iterations_per_loop: int = option(
-        1, "steps per host round trip; 1 times every step, N > 1 times loops of N steps", group=AMOUNT, minimum=1
+        1,
+        "steps per host round trip; 1 times every step, N > 1 times loops of N steps",
+        group=AMOUNT,
+        minimum=1,
+        docs="See *Timing without per-step synchronisation*.",
     )
 
 
@@ -111,6 +137,7 @@ class DeviceFlags:
         "torchrun --nproc_per_node=N would (under torchrun: WORLD_SIZE)",
         group=WHERE,
         minimum=1,
+        docs="See *Several replicas*.",
     )
     device: str = option(
         "auto", "cpu, cuda (or gpu), or auto (CUDA when torch sees it)", group=WHERE, choices=DEVICES, case="lower"
@@ -123,6 +150,7 @@ class DeviceFlags:
         case="upper",
         default_text="NHWC for image models (but the few measured faster in NCHW on a CPU), NCHW for the "
         "others; the header's Defaults: line says which",
+        docs="See *Speed notes*.",
     )
     precision: str = option(
         "fp32", "fp32, bf16 or fp16 (autocast; fp32 master weights)", group=WHERE, choices=PRECISIONS
@@ -134,7 +162,12 @@ class DeviceFlags:
         above=0,
         default_text=f"{DEFAULT_FP16_LOSS_SCALE:g}",
     )
-    fp16_enable_auto_loss_scale: bool = option(False, "dynamic fp16 loss scaling", group=WHERE)
+    fp16_enable_auto_loss_scale: bool = option(
+        False,
+        "dynamic fp16 loss scaling",
+        group=WHERE,
+        docs="Halve and skip on inf/NaN, double after --fp16_inc_loss_scale_every_n good steps.",
+    )
     fp16_inc_loss_scale_every_n: int | None = option(
         None, "double the dynamic loss scale after N good steps", group=WHERE, minimum=1, default_text="1000"
     )
@@ -145,13 +178,18 @@ class DeviceFlags:
         choices=VARIABLE_UPDATES,
     )
     compile: bool | str = option(
-        False, "true or module: torch.compile the model; step: compile the whole training step", group=WHERE
+        False,
+        "true or module: torch.compile the model; step: compile the whole training step",
+        group=WHERE,
+        docs='step is RunConfig(compile="step"); see '
+        "[device_loop.md](device_loop.md#eager-compiled-step-and-cuda-graph-loops).",
     )
     cuda_graph: bool = option(
         False,
         "CUDA only: capture the training step once as a CUDA graph and replay it (every --optimizer is built "
         "capturable on CUDA); flags whose step cannot be captured exit 2 naming why",
         group=WHERE,
+        docs="RunConfig(cuda_graph=True); see *GPU check*.",
     )
     fast_linear: str = option(
         "auto",
@@ -159,6 +197,7 @@ class DeviceFlags:
         "the BLAS here; cached per machine), on, or off (the BLAS)",
         group=WHERE,
         choices=FAST_LINEAR_MODES,
+        docs="RunConfig(fast_linear=...); see *Fast linear*.",
     )
     sgd_in_backward: str = option(
         "auto",
@@ -166,6 +205,7 @@ class DeviceFlags:
         "gradient written): auto (where the run allows it), on (an error says what stands in the way) or off",
         group=WHERE,
         choices=SGD_IN_BACKWARD_MODES,
+        docs="See *SGD inside the backward*.",
     )
     tf_random_seed: int = option(1234, "seed of the weights and the synthetic data", group=WHERE)
     num_intra_threads: int | None = option(
@@ -174,6 +214,7 @@ class DeviceFlags:
         group=WHERE,
         minimum=1,
         default_text="the cores idle just before the run (1 where the input is the work: the header says so)",
+        docs='See *How "auto" is resolved*.',
     )
     num_inter_threads: int | None = option(
         None, "torch inter-op threads", group=WHERE, minimum=1, default_text="torch's"
@@ -183,6 +224,7 @@ class DeviceFlags:
         "keep freed host memory for reuse instead of returning it to the OS every step (glibc; resnet50 on "
         "CPU: 1.5x faster, peak memory kept)",
         group=WHERE,
+        docs="See *Speed notes*; false keeps the C library's defaults.",
     )
     gpu_indices: str = option("", "CUDA device of each replica, comma-separated", group=WHERE, default_text="0..N-1")
 
@@ -195,6 +237,7 @@ class InputFlags:
         False,
         "CUDA only, JPEG data: decode batches with nvJPEG on the GPU (needs torchvision) and crop there",
         group=INPUT,
+        docs="On an H200 slower than 16 CPU workers (*GPU check*).",
     )
     image_decoder: str = option(
         "auto",
@@ -202,6 +245,7 @@ class InputFlags:
         "if installed; else Pillow), libjpeg-crop, simplejpeg or pillow",
         group=INPUT,
         choices=("auto", "libjpeg-crop", "simplejpeg", "pillow"),
+        docs="libjpeg-crop builds on first use where a C compiler and the libjpeg-turbo headers are installed.",
     )
     data_worker_kind: str = option(
         "auto",
@@ -209,6 +253,8 @@ class InputFlags:
         "threads with libjpeg-crop, up to 4, training on a CPU; else processes; the header says which and why)",
         group=INPUT,
         choices=("auto", "thread", "process"),
+        docs="thread: threads of the training process; process: worker processes, batches through shared "
+        "memory ([docs/data.md, Workers](data.md#workers)).",
     )
     batch_group_size: int = option(
         1, "batches the input pipeline prepares per group (the infeed's prefetch depth)", group=INPUT, minimum=1
@@ -217,22 +263,36 @@ class InputFlags:
         False,
         "tf_cnn's colour distortions on top of its random crop and flip (TF 2's tf_cnn: crop and flip only)",
         group=INPUT,
+        docs="Brightness, saturation, hue and contrast, applied on the device; evaluation always uses "
+        "tf_cnn's eval_image box. CIFAR-10: pad-crop-flip, or none with --nodistortions.",
     )
     resize_method: str = option(
         "bilinear",
         "resizing of real images",
         group=INPUT,
         choices=("bilinear", "nearest", "bicubic", "area", "round_robin", "crop"),
+        docs="area is Pillow's box filter; round_robin takes the four by position in the batch; crop does "
+        "not resize (a random or central crop; images must be at least the model's size).",
     )
     use_datasets: bool = option(True, "decode real data in workers (false: in the training process)", group=INPUT)
     datasets_use_prefetch: bool = option(True, "prepare batches ahead in the infeed's thread", group=INPUT)
-    datasets_prefetch_buffer_size: int = option(1, "batches prepared ahead per device", group=INPUT, minimum=0)
+    datasets_prefetch_buffer_size: int = option(
+        1,
+        "batches prepared ahead per device",
+        group=INPUT,
+        minimum=0,
+        docs="The infeed prepares this times --batch_group_size batches ahead (the engine's default, 2, "
+        "when both are 1).",
+    )
     datasets_num_private_threads: int | None = option(
         None,
         "workers decoding real data (--data_worker_kind says of which kind)",
         group=INPUT,
         minimum=0,
         default_text="one per usable core, fewer where the header says why",
+        docs="One per core in this process's CPU affinity, shared among the replicas of a machine; on CUDA two "
+        "fewer per replica; on a CPU none when a step per image lasts >= 20 decodes (resnet50: decoding then "
+        'runs in the input thread); see *How "auto" is resolved*.',
     )
     datasets_repeat_cached_sample: bool = option(
         False, "read one batch of the real data and repeat it forever", group=INPUT
@@ -243,7 +303,13 @@ class InputFlags:
 class OptimizerFlags:
     """The optimizer and the learning rate."""
 
-    optimizer: str = option("sgd", "sgd, momentum (Nesterov), rmsprop or adam", group=OPTIMIZER, choices=OPTIMIZERS)
+    optimizer: str = option(
+        "sgd",
+        "sgd, momentum (Nesterov), rmsprop or adam",
+        group=OPTIMIZER,
+        choices=OPTIMIZERS,
+        docs="momentum is Nesterov's, as TensorFlow's; rmsprop uses TensorFlow's formula.",
+    )
     init_learning_rate: float | None = option(
         None,
         "initial learning rate",
@@ -253,7 +319,11 @@ class OptimizerFlags:
         "line says which)",
     )
     piecewise_learning_rate_schedule: str | None = option(
-        None, "LR0;E1;LR1;...;En;LRn: rate LRi from epoch Ei", group=OPTIMIZER, default_text="none"
+        None,
+        "LR0;E1;LR1;...;En;LRn: rate LRi from epoch Ei",
+        group=OPTIMIZER,
+        default_text="none",
+        docs="Excludes the other rate flags.",
     )
     num_epochs_per_decay: float = option(
         0.0,
@@ -261,6 +331,7 @@ class OptimizerFlags:
         group=OPTIMIZER,
         minimum=0,
         default_text="0: no decay",
+        docs="Staircase exponential decay: both decay flags, with --init_learning_rate.",
     )
     learning_rate_decay_factor: float = option(
         0.0, "decay factor every --num_epochs_per_decay", group=OPTIMIZER, minimum=0, default_text="0: no decay"
@@ -274,7 +345,9 @@ class OptimizerFlags:
     adam_beta1: float = option(0.9, "Adam beta1", group=OPTIMIZER, minimum=0)
     adam_beta2: float = option(0.999, "Adam beta2", group=OPTIMIZER, minimum=0)
     adam_epsilon: float = option(1e-8, "Adam epsilon", group=OPTIMIZER, minimum=0)
-    weight_decay: float = option(4e-5, "L2 factor", group=OPTIMIZER, minimum=0)
+    weight_decay: float = option(
+        4e-5, "L2 factor", group=OPTIMIZER, minimum=0, docs="total_loss includes weight_decay x sum(w^2) / 2."
+    )
     gradient_clip: float | None = option(
         None, "clip each gradient element to [-c, c]", group=OPTIMIZER, above=0, default_text="none"
     )
@@ -322,6 +395,7 @@ class OutputFlags:
         "checkpoints; rerunning the same command resumes from the newest",
         group=OUTPUTS,
         default_text="none: no checkpoints",
+        docs="Rerunning the same command resumes (*Checkpoints and resume*).",
     )
     save_model_steps: int | None = option(
         None, "checkpoint every N steps", group=OUTPUTS, minimum=1, default_text="only at the end"
@@ -330,9 +404,19 @@ class OutputFlags:
         None, "checkpoint every N seconds", group=OUTPUTS, above=0, default_text="only at the end"
     )
     max_ckpts_to_keep: int = option(5, "checkpoints kept (0 keeps all)", group=OUTPUTS, minimum=0)
-    trace_file: str | None = option(None, "Chrome trace of one warm-up step", group=OUTPUTS, default_text="none")
+    trace_file: str | None = option(
+        None,
+        "Chrome trace of one warm-up step",
+        group=OUTPUTS,
+        default_text="none",
+        docs="Open it in chrome://tracing or Perfetto.",
+    )
     results_file: str | None = option(
-        None, "write the results: .json (replaced) or .csv (a row appended)", group=OUTPUTS, default_text="none"
+        None,
+        "write the results: .json (replaced) or .csv (a row appended)",
+        group=OUTPUTS,
+        default_text="none",
+        docs="A new .csv file gets a header row.",
     )
     peak_tflops: float | None = option(
         None,
@@ -341,12 +425,15 @@ class OutputFlags:
         above=0,
         default_text="measured: the fastest of three kernels in the compute dtype (the BLAS gemm, oneDNN's "
         "linear, a channels_last 3x3 convolution; cuDNN on CUDA), measured once per machine and cached",
+        docs="Times the replicas under torchrun; see *The peak and MFU*.",
     )
     benchmark_log_dir: str | None = option(
         None,
         "write benchmark_run.log and metric.log (JSON lines) into this folder",
         group=OUTPUTS,
         default_text="none",
+        docs="benchmark_run.log says what ran, where, every flag and the test id; metric.log gets "
+        "average_examples_per_sec, the loss and accuracies appended.",
     )
     benchmark_test_id: str | None = option(
         None,
@@ -372,6 +459,7 @@ class InferenceFlags:
         "DIR/model.aoti.pt2 for its AOT package (stoker export --aot)",
         group=INFERENCE,
         default_text="none: the zoo model",
+        docs="Not with --compile, --train_dir or a --precision.",
     )
 
 
@@ -413,8 +501,11 @@ class MoreTfFlags:
         group=MORE,
         minimum=0,
         default_text="0: DDP's 25 MB buckets",
+        docs="RunConfig.ddp_bucket_cap_mb.",
     )
-    xla: bool = option(False, "torch.compile the model (TensorFlow: XLA auto-jit)", group=MORE)
+    xla: bool = option(
+        False, "torch.compile the model (TensorFlow: XLA auto-jit)", group=MORE, docs="Not with --compile."
+    )
     xla_compile: bool = option(
         False, "torch.compile the whole training step (TensorFlow: compile the graph with XLA)", group=MORE
     )
@@ -426,16 +517,23 @@ class MoreTfFlags:
         group=MORE,
         choices=(0, 1, 2, 3),
         default_text="0: none",
+        docs="Written to --train_dir/events; gradients as the optimizer applies them.",
     )
     save_summaries_steps: int = option(
         0, "write summaries every N steps", group=MORE, minimum=0, default_text="0: every --display_every"
     )
-    ml_perf: bool = option(False, "MLPerf :::MLLOG lines (to --train_dir/mlperf.log, else standard output)", group=MORE)
+    ml_perf: bool = option(
+        False,
+        "MLPerf :::MLLOG lines (to --train_dir/mlperf.log, else standard output)",
+        group=MORE,
+        docs="Run start and stop, epochs, batch size and seed (stoker.hooks.mlperf).",
+    )
     loss_type_to_report: str = option(
         "total_loss",
         "total_loss (with the L2 term) or base_loss (without)",
         group=MORE,
         choices=("total_loss", "base_loss"),
+        docs="On progress lines, summaries and results.",
     )
     gpu_memory_frac_for_testing: float = option(
         0.0,

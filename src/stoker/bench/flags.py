@@ -84,6 +84,7 @@ class Flag:
     maximum: float | None = None
     item: str = "str"
     case: str | None = None
+    #: more for docs/bench.md's list (Markdown), after the help
     docs: str = ""
     note: str | None = None
 
@@ -263,7 +264,7 @@ def markdown_tables(flags: Sequence[Flag]) -> str:
             head = ["| Flag | Default | Meaning |", "|---|---|---|"]
             lines = [
                 f"| `--{f.name}` | {_cell(f.default_text or format_value(f.default) or '(empty)')} | "
-                f"{_cell(f.help + (' ' + f.docs if f.docs else ''))} |"
+                f"{_cell(f.help)}{'. ' + f.docs if f.docs else ''} |"  # docs: Markdown already
                 for f in rows
             ]
         parts.append("\n".join([f"### {group[0].upper()}{group[1:]}", "", *head, *lines]))
