@@ -67,7 +67,7 @@ def flat_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 
 
 class TrackerHook(Hook):
-    """Logs a training run to an experiment tracker; subclasses say which (:meth:`_tracker`)."""
+    """Logs a training run to an experiment tracker; subclasses say which (:meth:`_open`)."""
 
     # Before the checkpoint saver (30): the points of a boundary are taken before its checkpoint
     # is written, so they are in it. The end of training is logged in close(), after every
@@ -96,6 +96,7 @@ class TrackerHook(Hook):
     def after_setup(self, run: RunContext) -> None:
         if self.every_n_steps is None:
             self.every_n_steps = run.config.log_every_n_steps or 100
+        self._ending = False
         if not run.is_chief:
             return
         self._tracker = self._open(run)
