@@ -19,7 +19,7 @@ from helpers.paths import SCRIPTS
 from helpers.processes import PYTHON, finished, in_background, launch_replicas, python_env, run_process
 from helpers.rollback import POISONED, make, omitting, poisoned_data, train_input
 from stoker.engine.infeed import with_rollback
-from stoker.hooks import NanLossHook
+from stoker.hooks import Hook, NanLossHook
 from stoker.summary.writer import read_metrics_csv
 
 SCRIPT = SCRIPTS / "rollback_script.py"
@@ -86,6 +86,20 @@ def test_the_default_still_stops_and_rollback_needs_a_checkpoint(tmp_path):
     x, y = poisoned_data(poisoned=[2])
     with pytest.raises(stoker.NanLossError, match="no checkpoint to roll back to"):
         make(tmp_path / "b").train(train_input(x, y), max_steps=16, hooks=[NanLossHook(on_nan="rollback")])
+
+
+class SaveBeforeTheGuard(Hook):
+    priority = 5  # before NanLossHook (10): it checkpoints the step the guard then finds bad
+
+    def after_loop(self, run, result):  # noqa: ANN001
+        run.save_checkpoint()
+
+
+def test_no_rollback_to_a_checkpoint_written_after_the_bad_step(tmp_path):
+    x, y = poisoned_data(value=30.0)  # a spike: finite weights, so the early save succeeds
+    hooks = [NanLossHook(on_nan="rollback", spike_factor=4.0, spike_window=5), SaveBeforeTheGuard()]
+    with pytest.raises(stoker.NanLossError, match="not before the bad step: no good checkpoint to roll back to"):
+        make(tmp_path).train(train_input(x, y), max_steps=16, hooks=hooks)
 
 
 def test_bad_arguments_name_themselves():

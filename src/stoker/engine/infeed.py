@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from ..data._tree import batch_rows, tree_map
-from ..errors import StateError
+from ..errors import CheckpointMismatchError, DataError, StateError
 
 log = logging.getLogger("stoker")
 
@@ -185,18 +185,7 @@ class Infeed:
 
     def _restore(self, state: dict[str, Any]) -> None:
         if "reshard" in state:  # saved by a run with another number of replicas
-            saved = state["reshard"]
-            reshard = getattr(self._source, "reshard_state_dict", None)
-            if not callable(reshard):
-                raise ValueError(
-                    f"{self.what}: the checkpoint was written by {len(saved)} replicas and this source cannot be "
-                    "re-sharded to a different number (stoker.data sources can, with the same global batch); "
-                    f"resume with {len(saved)} replicas"
-                )
-            state.update(source=reshard([s["source"] for s in saved]), skip=saved[0]["skip"])
-            for key in ("raw", "rollbacks"):
-                if key in saved[0]:
-                    state.setdefault(key, saved[0][key])
+            state.update(_resharded(self._source, state["reshard"], self.what))
         if self._api is not None and state.get("source") is not None:
             getattr(self._source, self._api[1])(state["source"])
         elif self._api is None and int(state.get("skip", 0)):
@@ -212,7 +201,7 @@ class Infeed:
             try:
                 next(self._it)
             except StopIteration:
-                raise RuntimeError(
+                raise StateError(
                     f"{self.what}: the data ended after {i} of the {n} batches needed to resume its "
                     "position; resume with the same input_fn and data"
                 ) from None
@@ -268,9 +257,9 @@ class Infeed:
             return self._to_device(Batch(features, labels, None, -1))
         rows = batch_rows(features)
         if rows is None:
-            raise ValueError(f"{self.what}: features need a batch dimension to be padded")
+            raise DataError(f"{self.what}: features need a batch dimension to be padded")
         if rows > self.pad_to:
-            raise ValueError(
+            raise DataError(
                 f"{self.what} yielded a batch of {rows} rows, more than the per-replica batch of "
                 f"{self.pad_to}; batch with params['batch_size']"
             )
@@ -389,6 +378,22 @@ class Infeed:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _resharded(source: Any, saved: list[dict[str, Any]], what: str) -> dict[str, Any]:
+    """The input state for this replica from the states every replica of a run with another
+    number of replicas saved: the source re-sharded, the count past its snapshot and the
+    rollback records kept."""
+    reshard = getattr(source, "reshard_state_dict", None)
+    if not callable(reshard):
+        raise CheckpointMismatchError(
+            f"{what}: the checkpoint was written by {len(saved)} replicas and this source cannot be "
+            "re-sharded to a different number (stoker.data sources can, with the same global batch); "
+            f"resume with {len(saved)} replicas"
+        )
+    state = {"source": reshard([s["source"] for s in saved]), "skip": saved[0]["skip"]}
+    state.update({key: saved[0][key] for key in ("raw", "rollbacks") if key in saved[0]})
+    return state
 
 
 def with_rollback(

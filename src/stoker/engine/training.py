@@ -197,6 +197,14 @@ class TrainingRun:
         since = (state.pending_input_state or {}).get("rollbacks", [])
         state.holds = None
         state.restore_for_training()
+        if request.step <= state.global_step:  # a hook before NanLossHook saved after the bad step
+            raise NanLossError(
+                request.step,
+                request.loss,
+                str(latest),
+                detail=f"the newest checkpoint is of step {state.global_step}, not before the bad step: "
+                "no good checkpoint to roll back to",
+            ) from request
         accumulation = self.config.gradient_accumulation_steps
         state.pending_input_state = with_rollback(
             state.pending_input_state,
