@@ -53,16 +53,16 @@ class MachineFacts:
 
 #: A CPU run whose training step per image lasts at least this many JPEG decodes decodes in the
 #: infeed's thread: worker processes cost it more than they win (resnet50 on a CPU).
-#: Measured: docs/bench.md#how-auto-is-resolved.
+#: Measured: docs/results/cnn.md#auto-thresholds.
 INLINE_DECODE_RATIO = 20.0
 #: One core decodes a 224 training crop of a ~500x375 JPEG in about this long.
-#: Measured: docs/bench.md#how-auto-is-resolved.
+#: Measured: docs/results/cnn.md#auto-thresholds.
 DECODE_MS_PER_IMAGE = 2.0
 #: On a CUDA host each replica keeps this many cores from decoding (its training and infeed
-#: threads). Measured: docs/bench.md#how-auto-is-resolved.
+#: threads). Measured: docs/results/cnn.md#auto-thresholds.
 CUDA_CORES_KEPT = 2
 #: Zoo image models that train faster NCHW than NHWC (channels_last) on a CPU with torch's
-#: oneDNN kernels; every other image model trains NHWC there. Measured: docs/bench.md#how-auto-is-resolved.
+#: oneDNN kernels; every other image model trains NHWC there. Measured: docs/results/cnn.md#data-format.
 CPU_NCHW_MODELS: frozenset[str] = frozenset({"vgg11", "vgg16", "vgg19"})
 
 
@@ -70,7 +70,7 @@ def intra_threads(*, given: int | None, input_bound: Choice[bool], facts: Machin
     """torch's intra-op threads: ``given`` (``--num_intra_threads``); 1 where the input is the
     work (``input_bound``); the machine's cores shared by the local replicas; else the cores
     that were idle just before the run (an OpenMP pool with more threads than idle cores waits
-    for its slowest thread; docs/bench.md#how-auto-is-resolved)."""
+    for its slowest thread; measured: docs/results/cnn.md#auto-thresholds)."""
     if given is not None:
         return Choice(given, "--num_intra_threads")
     if input_bound.value:

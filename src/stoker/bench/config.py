@@ -603,7 +603,7 @@ class BenchConfig(
     @property
     def channels_last(self) -> bool:
         """``--data_format=NHWC``. Left out (``None``), :func:`stoker.bench.run_benchmark` first
-        replaces it with the model's default on the device (``workload.default_data_format``)."""
+        replaces it with the model's default on the device (:func:`stoker.resolve.data_format`)."""
         return self.data_format == "NHWC"
 
     @property
