@@ -127,7 +127,7 @@ def main() -> int:
             log_every_n_steps=STEPS_PER_EPOCH,  # metrics.csv and TensorBoard events: CSVLogger, TensorBoardLogger
             progress_bar=False,
         ),
-        params={"hidden": 128, "learning_rate": 1e-3},  # self.save_hyperparameters(): saved in run_spec.json
+        params={"hidden": 128, "learning_rate": 1e-3},  # the hparams: handed to build_model, model_fn, optimizer
         train_batch_size=BATCH_SIZE,
     )
 
