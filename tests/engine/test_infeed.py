@@ -132,3 +132,23 @@ def test_a_resharded_position_keeps_the_batches_counted_past_its_snapshot():
     restore = {"reshard": [{"source": saved.state_dict(), "skip": 2}]}
     with Infeed(stoker.data.arrays(x, batch_size=4, shuffle=False), device=CPU, restore=restore) as infeed:
         assert next(infeed).features[0].item() == 20.0  # batch 5: 3 in the snapshot, 2 counted past it
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.001], ids=["inline", "prefetch-thread"])
+def test_batches_a_rollback_took_out_are_passed_over_and_every_position_resumes(delay):
+    # Stream batches 3, PROBE_BATCHES + 4 and PROBE_BATCHES + 5 were taken out by rollbacks: the
+    # second pair is fetched by the prefetch thread when fetching is slow (after the probe).
+    n, out = PROBE_BATCHES + 20, [3, PROBE_BATCHES + 4, PROBE_BATCHES + 5]
+    restore = {"source": {"pos": 0}, "skip": 0, "raw": 0, "rollbacks": [{"step": 4, "batches": out}]}
+    with Infeed(Counted(n, delay=delay), device=CPU, prefetch_depth=3, snapshot_every=4, restore=restore) as infeed:
+        got, states = [], [infeed.state_dict()]
+        for batch in infeed:
+            got.append(int(batch.features))
+            states.append(infeed.state_dict())
+        assert infeed.prefetching is (delay > 0)
+    kept = [i for i in range(n) if i not in out]
+    assert got == kept
+    assert [s["raw"] for s in states][-1] == n and all(s["rollbacks"][0]["batches"] == out for s in states)
+    for k in range(len(states)):  # a checkpoint taken after any batch resumes at the next kept one
+        with Infeed(Counted(n), device=CPU, prefetch_depth=0, restore=dict(states[k])) as resumed:
+            assert [int(b.features) for b in resumed] == kept[k:], k
