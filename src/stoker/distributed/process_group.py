@@ -183,10 +183,13 @@ class ProcessGroupStrategy(Strategy):
             try:
                 self._store.set(key, repr(time.time()))
                 self._store.set(where, self.progress.record())
-                if self.progress.watch is not None:
-                    check_and_exit(self.progress, self._others_progress, me, self.process_name)
             except Exception:  # noqa: BLE001 - the store lives in rank 0; if it is gone, stop beating
                 return
+            if self.progress.watch is not None:
+                try:
+                    check_and_exit(self.progress, self._others_progress, me, self.process_name)
+                except Exception as error:  # noqa: BLE001 - a failed check must not stop the heartbeat
+                    log.debug("stuck-replica check: %s", error)
             self._stop.wait(_HEARTBEAT_EVERY)
 
     def _others_progress(self) -> dict[int, str]:
