@@ -72,6 +72,12 @@ def test_a_spike_rolls_back_like_a_nan(tmp_path):
     assert_bitwise(weights(est), weights(ref))  # the reference sees no spike: the same window, restored
 
 
+def test_a_spike_stops_the_run_when_not_rolling_back(tmp_path):
+    x, y = poisoned_data(value=30.0)
+    with pytest.raises(stoker.NanLossError, match=r"at step 10 \(over 4 x the median [\d.]+ of the last 5 losses\)"):
+        make(tmp_path).train(train_input(x, y), max_steps=16, hooks=[NanLossHook(spike_factor=4.0, spike_window=5)])
+
+
 def test_max_rollbacks_then_stops_with_nan_loss_error(tmp_path):
     x, y = poisoned_data()
     est = make(tmp_path)
