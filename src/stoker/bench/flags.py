@@ -2,7 +2,7 @@
 
 A flag is declared in exactly one place:
 
-- a flag that sets a setting is a ``BenchConfig`` field (``bench/config.py``) made with
+- a flag that sets a setting is a ``BenchConfig`` field (declared in ``bench/settings.py``) made with
   :func:`option`: its default is the field's, its type the field's annotation (``int | None``,
   ``tuple[int, ...]`` for a comma-separated list, ...), and :class:`Flag` in its ``metadata``
   carries the help, the ``--help`` group, the allowed values and the range;
@@ -13,9 +13,9 @@ A flag is declared in exactly one place:
 
 Why fields with metadata rather than one table that generates the dataclass: the readers
 (``bench/train.py``, ``bench/report.py``, ``benchmarks/*.py``) keep a plain, typed dataclass
-whose attributes mypy checks, and a reader of ``config.py`` sees each setting, its default and
-its meaning together. From these declarations :func:`declared` lists every flag, and
-``bench/cli.py`` builds the parser (groups for ``--help``, absl booleans ``--flag``,
+whose attributes mypy checks, and a reader of ``settings.py`` sees each setting, its default and
+its meaning together. From these declarations :func:`all_flags` lists every flag,
+:func:`add_flags` builds the parser (groups for ``--help``, absl booleans ``--flag``,
 ``--noflag``, ``--flag=true``), :func:`note_lines` writes the header's
 ``Note: --flag=value has no effect here: <why>`` lines, :func:`check_value` validates a field,
 and :func:`markdown_tables` writes docs/bench.md's flag lists (``tests/bench/test_bench_flags.py``
