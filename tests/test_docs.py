@@ -148,3 +148,11 @@ def test_the_command_line_page_is_the_commands_help():
     assert (ROOT / "docs" / "cli.md").read_text() == cli_help.render(), (
         "docs/cli.md differs from the commands' --help: regenerate it with python docs/_ext/cli_help.py"
     )
+
+
+def test_the_installation_page_lists_every_extra():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    page = (ROOT / "docs" / "installation.md").read_text()
+    assert [extra for extra in extras if f"| `{extra}` |" not in page] == []
