@@ -24,10 +24,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from .checkpoint.io_config import CheckpointConfig
 from .checkpoint.manager import CheckpointManager
 from .checkpoint.warm_start import WarmStartSettings
 from .config import RunConfig
-from .distributed import Strategy, make_strategy
+from .distributed import DistributionConfig, Strategy, make_strategy
 from .engine import (
     ContinuousEvalConfig,
     ContinuousEvalResult,
@@ -93,15 +94,10 @@ class Estimator:
             raise TypeError(f"config must be a stoker.RunConfig; got {type(config).__name__}")
         self.config = config or RunConfig()
         self.params: dict[str, Any] = dict(params or {})
-        if not (isinstance(model, nn.Module) or callable(model)):
-            raise TypeError(f"model must be an nn.Module or a function params -> nn.Module; got {type(model).__name__}")
         self.model_fn = model_fn
         # Each component is handed its slice of the config, never the whole RunConfig.
         cfg = self.config
-        dist, saving = cfg.distribution_config, cfg.checkpoint_config
-        self.strategy: Strategy = make_strategy(
-            dist.strategy, dist.device, dist.distributed_timeout, dist.pipeline, bucket_cap_mb=dist.ddp_bucket_cap_mb
-        )
+        self.strategy: Strategy = _build_strategy(cfg.distribution_config)
         self.inputs = InputPlan(
             params=self.params,
             config=cfg.input_config,
@@ -110,24 +106,13 @@ class Estimator:
             eval_batch_size=eval_batch_size,
             predict_batch_size=predict_batch_size,
         )
-        checkpoints = (
-            CheckpointManager(
-                saving.model_dir,
-                keep_checkpoint_max=saving.keep_checkpoint_max,
-                keep_best=saving.keep_best,
-                writer=self.strategy.is_chief,
-                retry=saving.io.retry,
-            )
-            if saving.model_dir
-            else None
-        )
         self.state = ModelState(
             model=model,
             params=self.params,
             config=cfg.state_config,
             precision=cfg.make_precision(),
             strategy=self.strategy,
-            checkpoints=checkpoints,
+            checkpoints=_build_checkpoints(cfg.checkpoint_config, writer=self.strategy.is_chief),
             optimizer=optimizer,
             lr_schedule=lr_schedule,
             warm_start_from=warm_start_from,
@@ -159,7 +144,7 @@ class Estimator:
 
     @property
     def model_dir(self) -> str | None:
-        return self.config.model_dir  # type: ignore[return-value]
+        return self.config.checkpoint_config.model_dir
 
     @property
     def global_step(self) -> int:
@@ -232,10 +217,7 @@ class Estimator:
         check_train_arguments(steps, max_steps)
         if self.train_batch_size is None:
             raise ConfigError("train: the Estimator needs train_batch_size")
-        if not self.state.can_train:
-            raise ConfigError(
-                "train: the Estimator needs optimizer=lambda params, parameters: torch.optim.X(parameters, ...)"
-            )
+        # (Without an optimizer, ModelState.build_for_training says what to pass.)
         # A hook the caller passes replaces the default hook of the same class (e.g. a
         # LoggingHook(language_model=True) instead of the plain one).
         given = {type(h) for h in hooks}
@@ -436,6 +418,30 @@ class EvaluationHook(Hook):
         est = self.estimator
         est.global_step = run.global_step
         self.last_results = run.last_evaluation = est.evaluate(self.input_fn, steps=self.steps)
+
+
+def _build_strategy(config: DistributionConfig) -> Strategy:
+    """The ``Strategy`` distribution's slice asks for."""
+    return make_strategy(
+        config.strategy,
+        config.device,
+        config.distributed_timeout,
+        config.pipeline,
+        bucket_cap_mb=config.ddp_bucket_cap_mb,
+    )
+
+
+def _build_checkpoints(config: CheckpointConfig, *, writer: bool) -> CheckpointManager | None:
+    """The ``model_dir``'s manager checkpointing's slice asks for (``None``: a run kept in memory)."""
+    if not config.model_dir:
+        return None
+    return CheckpointManager(
+        config.model_dir,
+        keep_checkpoint_max=config.keep_checkpoint_max,
+        keep_best=config.keep_best,
+        writer=writer,
+        retry=config.io.retry,
+    )
 
 
 def _ensure_log_handler(is_chief: bool = True) -> None:
