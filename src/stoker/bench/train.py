@@ -436,16 +436,52 @@ def _write_run_spec(cfg: BenchConfig, workload: Workload) -> None:
 def _train(
     cfg: BenchConfig, workload: Workload, est: Estimator, train_input: InputFn, eval_input: InputFn, log: LogFn
 ) -> dict[str, Any]:
+    """Train for the warm-up and the timed steps (from where ``--train_dir`` stopped); return the timings."""
     start = (CheckpointManager(cfg.train_dir, writer=False).latest_step() or 0) if cfg.train_dir else 0
     target = cfg.num_warmup_batches + workload.num_batches
     remaining = max(0, target - start)
-    # A resumed process warms up again (allocator, caches, compilation) before timing.
-    warm = min(cfg.num_warmup_batches, remaining)
     if start:
         log(f"Resuming from global step {start} in {cfg.train_dir}: {remaining} steps to global step {target}")
     if remaining == 0:
         log(f"Nothing to run: {cfg.train_dir} is already at global step {start} (warm-up + --num_batches = {target})")
         return {"num_steps": 0, "global_step": start, "images_per_sec": 0.0}
+    warm, timed = _warm_up_and_timed(cfg, remaining, log)
+    first_timed = start + warm
+    trace = _trace_hook(cfg, first_step=start + max(0, warm - 2))
+    log("Running warm up")
+    timer = StepTimer(
+        batch_size=workload.batch_size,
+        display_every=cfg.display_every,
+        with_accuracy=cfg.print_training_accuracy,
+        log=log,
+        ewma=cfg.display_perf_ewma,
+        first_step=first_timed,
+    )
+    hooks: list[Hook] = [timer, *(h for h in (summary_hook(cfg), mlperf_hook(cfg, workload)) if h is not None)]
+    warm_up_end = WarmUpEnd(first_timed, lambda: _log_warm_up_end(cfg, workload, est, log, warm=warm, trace=trace))
+    if warm:
+        hooks.append(warm_up_end)
+    else:
+        warm_up_end.finish()
+    if trace:
+        hooks.append(trace)
+    evaluator = _evaluator(cfg, workload, est, eval_input, log, first_step=first_timed)
+    if evaluator is not None:
+        hooks.append(evaluator)
+    # One train call for the warm-up and the timed steps: one input pipeline (see the module docstring).
+    est.train(train_input, max_steps=first_timed + timed, hooks=hooks)
+    warm_up_end.finish()  # if training stopped within the warm-up (its data ended, a stop hook)
+    if trace and not warm and trace.written is not None:
+        log(f"Dumping trace to {trace.written}")
+    return _training_results(est, workload, timer, evaluator, log)
+
+
+def _warm_up_and_timed(cfg: BenchConfig, remaining: int, log: LogFn) -> tuple[int, int]:
+    """Split the ``remaining`` steps of this run into ``(warm-up, timed)`` steps.
+
+    A resumed process warms up again (allocator, caches, compilation) before timing.
+    """
+    warm = min(cfg.num_warmup_batches, remaining)
     # The timed steps start at a loop boundary: a warm-up that ends inside a loop of
     # --iterations_per_loop steps is rounded up to the end of that loop. The rounding adds
     # warm-up steps and never takes timed ones (tf_cnn_benchmarks times --num_batches steps).
@@ -458,55 +494,38 @@ def _train(
             f"{timed} step(s) timed"
         )
         warm = rounded
-        target = start + warm + timed
-    first_timed = start + warm
-    trace = _trace_hook(cfg, first_step=start + max(0, warm - 2))
+    return warm, timed
 
-    def warm_up_done() -> None:
-        if warm and trace and trace.written is not None:
-            log(f"Dumping trace to {trace.written}")
-        log("Done warm up")
-        if warm:
-            for line in linear_lines(cfg, workload.device):
-                log(line)
-            ran = updating_in_backward(est.model, ran=True)
-            for line in update_line(cfg, workload.device, ran, est.state.sgd_in_backward_refusal):
-                log(line)
-        elif workload.device.type == "cpu" and (cfg.fast_linear != "off" or cfg.sgd_in_backward != "off"):
-            # Both are settled by the first step; before it, "nothing ran" would read as "nothing will".
-            log(
-                "Note: no warm-up steps: the linear kernels and the in-backward update are chosen in the first "
-                "timed step (which pays for measuring them; a warm-up step shows the choices here)"
-            )
-        if trace and not warm:
-            log("Note: no warm-up steps, so the traced step is the first timed one")
-        log(step_header(cfg.print_training_accuracy, cfg.loss_type_to_report))
 
-    log("Running warm up")
-    timer = StepTimer(
-        batch_size=workload.batch_size,
-        display_every=cfg.display_every,
-        with_accuracy=cfg.print_training_accuracy,
-        log=log,
-        ewma=cfg.display_perf_ewma,
-        first_step=first_timed,
-    )
-    hooks: list[Hook] = [timer, *(h for h in (summary_hook(cfg), mlperf_hook(cfg, workload)) if h is not None)]
-    warm_up_end = WarmUpEnd(first_timed, warm_up_done)
-    if warm:
-        hooks.append(warm_up_end)
-    else:
-        warm_up_end.finish()
-    if trace:
-        hooks.append(trace)
-    evaluator = _evaluator(cfg, workload, est, eval_input, log, first_step=first_timed)
-    if evaluator is not None:
-        hooks.append(evaluator)
-    # One train call for the warm-up and the timed steps: one input pipeline (see the module docstring).
-    est.train(train_input, max_steps=target, hooks=hooks)
-    warm_up_end.finish()  # if training stopped within the warm-up (its data ended, a stop hook)
-    if trace and not warm and trace.written is not None:
+def _log_warm_up_end(
+    cfg: BenchConfig, workload: Workload, est: Estimator, log: LogFn, *, warm: int, trace: ProfilerHook | None
+) -> None:
+    """The lines between the warm-up and the timed steps: the kernels chosen, then the step table's header."""
+    if warm and trace and trace.written is not None:
         log(f"Dumping trace to {trace.written}")
+    log("Done warm up")
+    if warm:
+        for line in linear_lines(cfg, workload.device):
+            log(line)
+        ran = updating_in_backward(est.model, ran=True)
+        for line in update_line(cfg, workload.device, ran, est.state.sgd_in_backward_refusal):
+            log(line)
+    elif workload.device.type == "cpu" and (cfg.fast_linear != "off" or cfg.sgd_in_backward != "off"):
+        # Both are settled by the first step; before it, "nothing ran" would read as "nothing will".
+        log(
+            "Note: no warm-up steps: the linear kernels and the in-backward update are chosen in the first "
+            "timed step (which pays for measuring them; a warm-up step shows the choices here)"
+        )
+    if trace and not warm:
+        log("Note: no warm-up steps, so the traced step is the first timed one")
+    log(step_header(cfg.print_training_accuracy, cfg.loss_type_to_report))
+
+
+def _training_results(
+    est: Estimator, workload: Workload, timer: StepTimer, evaluator: EvalDuringTraining | None, log: LogFn
+) -> dict[str, Any]:
+    """The timings, losses and accuracy of the timed steps; with an evaluator, the last evaluation's
+    accuracy (evaluating once more if its schedule has not reached the end)."""
     out = _timing_fields(timer.steps, timer.elapsed, workload.batch_size, timer.step_times)
     out.update(
         global_step=est.global_step, losses=timer.losses, last_average_loss=timer.losses[-1] if timer.losses else None

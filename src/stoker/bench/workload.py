@@ -26,17 +26,13 @@ Data:
 
 from __future__ import annotations
 
-import itertools
 import os
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
 from .. import resolve as rules
-from ..data import RepeatedBatch, cifar_binary, image_folder, imagenet_tfrecords, synthetic_images
 from ..data.images import IMAGE_EXTENSIONS, scan_image_folder
 from ..data.tfrecord import expected_layouts, find_shards
 from ..data.tfrecord_index import RecordShards
@@ -59,9 +55,17 @@ from .defaults import (
     model_defaults,
     model_learning_rate,
 )
+from .inputs import (
+    CifarBinaries,
+    FirstBatchRepeated,
+    FolderImages,
+    ImageOptions,
+    InputFn,
+    ModelExamples,
+    SyntheticImages,
+    TFRecordImages,
+)
 from .plan import resolve_plan
-
-InputFn = Callable[[dict[str, Any]], Iterable[Any]]
 
 # Examples per epoch of the real data sets, for --num_epochs and the "Num epochs" line.
 EXAMPLES_PER_EPOCH: dict[str, dict[str, int]] = {
@@ -235,27 +239,14 @@ def resolve_workload(
     """
     dataset = cfg.data_name or guess_data_name(cfg.data_dir, None if custom_model else cfg.model)
     synthetic = cfg.data_dir is None
-    info = None
-    if not custom_model:
-        try:
-            info = get_model_info(cfg.model, dataset)
-        except ValueError as e:
-            raise BenchFlagError(("model",), f"--model: {e}") from None
-        _check_task(cfg, info, synthetic)
+    info = None if custom_model else _model_info(cfg, dataset, synthetic)
+    if info is not None:
         image_size = image_size or info.image_size
         num_classes = num_classes or info.num_classes
     device = resolve_device(cfg.device, cfg.gpu_indices)
     # Under torchrun every process is one replica (the engine's strategy joins them).
     world = torchrun_world_size()
-    train_examples = EXAMPLES_PER_EPOCH[dataset]["train"]
-    eval_examples = EXAMPLES_PER_EPOCH[dataset]["validation"]
-    if not synthetic:
-        assert cfg.data_dir is not None
-        if not Path(cfg.data_dir).is_dir():
-            raise BenchFlagError(("data_dir",), f"--data_dir={cfg.data_dir}: no such directory")
-        train_examples, eval_examples, folder_classes, layout = _count_examples(dataset, Path(cfg.data_dir))
-        if folder_classes is not None and num_classes is not None and folder_classes > num_classes:
-            num_classes = folder_classes  # more class folders than the model's default logits
+    train_examples, eval_examples, num_classes, layout = _data_on_disk(cfg, dataset, num_classes)
     evaluating = cfg.benchmark_mode == MODE_EVAL
     defaults = None if custom_model else model_defaults(cfg.model, dataset)
     per_device = cfg.batch_size or (defaults.batch_size if defaults else FALLBACK_BATCH_SIZE)
@@ -269,30 +260,12 @@ def resolve_workload(
     data_format = cfg.data_format
     if data_format is None:
         choice = rules.data_format(
-            image_model=None if custom_model or info is None else info.is_classifier,
-            model=cfg.model,
-            device_type=device.type,
+            image_model=None if info is None else info.is_classifier, model=cfg.model, device_type=device.type
         )
-        data_format, why = choice.value, choice.reason
-        used = (*used, f"data format {data_format} ({why}; --data_format overrides)")
+        data_format = choice.value
+        used = (*used, f"data format {data_format} ({choice.reason}; --data_format overrides)")
     examples = eval_examples if evaluating else train_examples
-    if cfg.num_epochs is not None:
-        num_batches = -(-int(cfg.num_epochs * examples) // batch)
-    elif cfg.num_batches is not None:
-        num_batches = cfg.num_batches
-    elif evaluating and not synthetic:
-        num_batches = -(-eval_examples // batch)  # one pass over the evaluation data
-    else:
-        num_batches = DEFAULT_NUM_BATCHES
-    if cfg.mode == "inference":
-        num_batches = cfg.iterations or 0
-    eval_batches = cfg.num_eval_batches
-    if cfg.num_eval_epochs is not None:
-        eval_batches = max(1, -(-int(cfg.num_eval_epochs * eval_examples) // eval_batch))
-        if evaluating:
-            num_batches = eval_batches
-    if eval_batches is None and synthetic and cfg.benchmark_mode != MODE_INFERENCE:
-        eval_batches = num_batches  # synthetic data never ends: evaluate as many batches as training runs
+    num_batches, eval_batches = _batch_counts(cfg, synthetic, examples, eval_examples, batch, eval_batch)
     return Workload(
         dataset=dataset,
         synthetic=synthetic,
@@ -311,9 +284,60 @@ def resolve_workload(
         model_rate=model_rate,
         defaults_used=used,
         model_info=info,
-        data_layout="" if synthetic else layout,
+        data_layout=layout,
         data_format=data_format,
     )
+
+
+def _model_info(cfg: BenchConfig, dataset: str, synthetic: bool) -> ModelInfo:
+    """The registry's entry of ``--model`` on ``dataset``, refusing what it cannot do here."""
+    try:
+        info = get_model_info(cfg.model, dataset)
+    except ValueError as e:
+        raise BenchFlagError(("model",), f"--model: {e}") from None
+    _check_task(cfg, info, synthetic)
+    return info
+
+
+def _data_on_disk(cfg: BenchConfig, dataset: str, num_classes: int | None) -> tuple[int, int, int | None, str]:
+    """``(training examples, evaluation examples, classes, layout)`` of ``--data_dir``; for synthetic
+    data, the data set's sizes, the classes given and no layout."""
+    train_examples = EXAMPLES_PER_EPOCH[dataset]["train"]
+    eval_examples = EXAMPLES_PER_EPOCH[dataset]["validation"]
+    if cfg.data_dir is None:
+        return train_examples, eval_examples, num_classes, ""
+    if not Path(cfg.data_dir).is_dir():
+        raise BenchFlagError(("data_dir",), f"--data_dir={cfg.data_dir}: no such directory")
+    train_examples, eval_examples, folder_classes, layout = _count_examples(dataset, Path(cfg.data_dir))
+    if folder_classes is not None and num_classes is not None and folder_classes > num_classes:
+        num_classes = folder_classes  # more class folders than the model's default logits
+    return train_examples, eval_examples, num_classes, layout
+
+
+def _batch_counts(
+    cfg: BenchConfig, synthetic: bool, examples: int, eval_examples: int, batch: int, eval_batch: int
+) -> tuple[int, int | None]:
+    """``(num_batches, eval_batches)``: the timed steps or batches of the mode, and the batches of an
+    evaluation (``None``: one pass over real evaluation data). ``examples``: those the mode reads."""
+    evaluating = cfg.benchmark_mode == MODE_EVAL
+    if cfg.num_epochs is not None:
+        num_batches = -(-int(cfg.num_epochs * examples) // batch)
+    elif cfg.num_batches is not None:
+        num_batches = cfg.num_batches
+    elif evaluating and not synthetic:
+        num_batches = -(-eval_examples // batch)  # one pass over the evaluation data
+    else:
+        num_batches = DEFAULT_NUM_BATCHES
+    if cfg.mode == "inference":
+        num_batches = cfg.iterations or 0
+    eval_batches = cfg.num_eval_batches
+    if cfg.num_eval_epochs is not None:
+        eval_batches = max(1, -(-int(cfg.num_eval_epochs * eval_examples) // eval_batch))
+        if evaluating:
+            num_batches = eval_batches
+    if eval_batches is None and synthetic and cfg.benchmark_mode != MODE_INFERENCE:
+        eval_batches = num_batches  # synthetic data never ends: evaluate as many batches as training runs
+    return num_batches, eval_batches
 
 
 def _model_rate(
@@ -412,7 +436,7 @@ def _count_examples(dataset: str, data_dir: Path) -> tuple[int, int, int | None,
 
 
 def make_input_fn(cfg: BenchConfig, workload: Workload, *, train: bool, repeat: bool = True) -> InputFn:
-    """The ``input_fn`` of the training (``train=True``) or evaluation data.
+    """The ``input_fn`` of the training (``train=True``) or evaluation data (a :mod:`stoker.bench.inputs` kind).
 
     Training data always repeats. Evaluation data repeats when ``repeat`` (``--eval`` reads
     ``--num_batches`` batches, which may exceed one pass, as in tf_cnn_benchmarks), else it is
@@ -421,95 +445,53 @@ def make_input_fn(cfg: BenchConfig, workload: Workload, *, train: bool, repeat: 
     ``--datasets_num_private_threads`` (decoding workers) and ``--datasets_repeat_cached_sample``
     (one batch read, then repeated).
     """
-    info = workload.model_info
+    info, seed = workload.model_info, cfg.tf_random_seed
     if workload.synthetic and info is not None and not info.is_classifier:
-
-        def model_input_fn(params: dict[str, Any]) -> Iterable[Any]:
-            features, labels = info.example_batch(
-                params["batch_size"], num_classes=workload.num_classes, device=workload.device, seed=cfg.tf_random_seed
-            )
-            return RepeatedBatch(features, labels, seed=cfg.tf_random_seed)
-
-        return model_input_fn
+        return ModelExamples(info=info, num_classes=workload.num_classes, device=workload.device, seed=seed)
     if workload.synthetic:
         shape = (3, workload.image_size, workload.image_size)
-        seed = cfg.tf_random_seed
-
-        def synthetic_input_fn(params: dict[str, Any]) -> Iterable[Any]:
-            return synthetic_images(
-                shape,
-                workload.num_classes,
-                batch_size=params["batch_size"],
-                device=workload.device,
-                seed=seed,
-                channels_last=cfg.channels_last,
-            )
-
-        return synthetic_input_fn
+        return SyntheticImages(
+            shape=shape,
+            num_classes=workload.num_classes,
+            device=workload.device,
+            seed=seed,
+            channels_last=cfg.channels_last,
+        )
     assert cfg.data_dir is not None
     data_dir = Path(cfg.data_dir)
     # A source given a number of epochs keeps a partial last batch, which the Estimator pads.
     epochs = None if train else (1_000_000 if repeat else 1)
-    augment = train and cfg.distortions
-    plan = resolve_plan(cfg, workload)  # the data workers and their kind
-    workers = plan.data_workers.value
-    # tf_cnn's training preprocessing always crops at random and flips; --distortions adds colour.
-    folder_train, distort = train, train and cfg.distortions
+    input_fn: InputFn
     if workload.dataset == "cifar10":
+        augment = train and cfg.distortions
+        input_fn = CifarBinaries(data_dir=data_dir, train=train, seed=seed, num_epochs=epochs, augment=augment)
+    else:
+        input_fn = _image_input_fn(cfg, workload, data_dir, train=train, epochs=epochs)
+    return FirstBatchRepeated(input_fn) if cfg.datasets_repeat_cached_sample and train else input_fn
 
-        def cifar_input_fn(params: dict[str, Any]) -> Iterable[Any]:
-            return cifar_binary(
-                data_dir,
-                batch_size=params["batch_size"],
-                train=train,
-                seed=cfg.tf_random_seed,
-                num_epochs=epochs,
-                num_shards=params["num_replicas"],
-                shard_index=params["replica_index"],
-                augment=augment,
-            )
 
-        return _cached(cifar_input_fn) if cfg.datasets_repeat_cached_sample and train else cifar_input_fn
-
-    def image_options(params: dict[str, Any]) -> dict[str, Any]:
-        """What the folder and the records sources are given alike (one list, so neither drifts)."""
-        return {
-            "batch_size": params["batch_size"],
-            "image_size": workload.image_size,
-            "train": train,
-            "seed": cfg.tf_random_seed,
-            "num_epochs": epochs,
-            "num_workers": workers,
-            "num_shards": params["num_replicas"],
-            "shard_index": params["replica_index"],
-            "augment": folder_train,
-            "resize_method": cfg.resize_method,
-            "crop": "tf_cnn",
-            "distortions": distort,
-            "output": "uint8",  # normalised on the device by the model_fn (bench.model.device_images)
-            "decoder": cfg.image_decoder,
-            "worker_kind": plan.worker_kind.value,
-            "decode_on_device": cfg.decode_on_device,
-            "pin_memory": workload.device.type == "cuda",  # the infeed's H2D copy starts from pinned memory
-        }
-
+def _image_input_fn(
+    cfg: BenchConfig, workload: Workload, data_dir: Path, *, train: bool, epochs: int | None
+) -> TFRecordImages | FolderImages:
+    """The ``input_fn`` of ImageNet-shaped JPEG data: TFRecord shards or an image folder."""
+    plan = resolve_plan(cfg, workload)  # the data workers and their kind
+    options = ImageOptions(
+        image_size=workload.image_size,
+        train=train,
+        seed=cfg.tf_random_seed,
+        num_epochs=epochs,
+        num_workers=plan.data_workers.value,
+        worker_kind=plan.worker_kind.value,
+        resize_method=cfg.resize_method,
+        distortions=train and cfg.distortions,
+        decoder=cfg.image_decoder,
+        decode_on_device=cfg.decode_on_device,
+        pin_memory=workload.device.type == "cuda",
+    )
     if workload.data_layout == TFRECORDS:
-
-        def records_input_fn(params: dict[str, Any]) -> Iterable[Any]:
-            return imagenet_tfrecords(
-                data_dir,
-                split="train" if train or not find_shards(data_dir, "validation") else "validation",
-                num_classes=workload.num_classes,
-                **image_options(params),
-            )
-
-        return _cached(records_input_fn) if cfg.datasets_repeat_cached_sample and train else records_input_fn
+        return TFRecordImages(data_dir=data_dir, num_classes=workload.num_classes, options=options)
     train_root, eval_root = _image_folder_roots(data_dir)
-
-    def folder_input_fn(params: dict[str, Any]) -> Iterable[Any]:
-        return image_folder(train_root if train else eval_root, **image_options(params))
-
-    return _cached(folder_input_fn) if cfg.datasets_repeat_cached_sample and train else folder_input_fn
+    return FolderImages(root=train_root if train else eval_root, options=options)
 
 
 def prefetch_depth(cfg: BenchConfig) -> int | None:
@@ -520,17 +502,3 @@ def prefetch_depth(cfg: BenchConfig) -> int | None:
     if cfg.datasets_prefetch_buffer_size == 1 and cfg.batch_group_size == 1:
         return None
     return cfg.datasets_prefetch_buffer_size * cfg.batch_group_size
-
-
-def _cached(input_fn: InputFn) -> InputFn:
-    """``--datasets_repeat_cached_sample``: the first batch of ``input_fn``, repeated forever."""
-
-    def cached_input_fn(params: dict[str, Any]) -> Iterable[Any]:
-        source = iter(input_fn(params))
-        first = next(source)
-        close = getattr(source, "close", None)
-        if close is not None:
-            close()  # stop its workers: nothing more is read
-        return itertools.repeat(first)
-
-    return cached_input_fn

@@ -46,7 +46,7 @@ from .. import storage
 from .._version import __version__
 from ..checkpoint.manager import INDEX_NAME, CheckpointManager, model_state_to_bytes
 from ..engine.model_state import ModelState
-from ..errors import ExportError
+from ..errors import ConfigError, ExportError
 from ..run_spec import (  # re-exported: run_spec.json was this module's before stoker.run_spec
     RUN_SPEC_BUILDERS,
     RUN_SPEC_FILE,
@@ -179,6 +179,59 @@ def export(
             compiler; the signature's ``aot`` entry records the device and torch version it runs on).
         aot_device: ``"cpu"`` or ``"cuda"``: the device the package is compiled for.
     """
+    package_device = aot_device if aot else None  # where the AOT package runs; None: no package
+    formats = _check_request(estimator, formats, package_device)
+    target = storage.location(export_dir)
+    _check_target(target)
+    names, tensors, structure = _flatten_features(example_features)
+    tensors = _example_batch(tensors, dynamic_batch)
+    weights = _load_weights(estimator, checkpoint_path)
+    module = _predict_module(estimator, structure, batch_size=int(tensors[0].shape[0]))
+    traced = _trace(module, names, tensors, dynamic_batch)
+    # An export to an fsspec URL is built in a local directory, then uploaded (signature last).
+    staging: Path | None = None
+    if isinstance(target, storage.UrlPath):
+        staging = Path(tempfile.mkdtemp(prefix="stoker-export-"))
+        local_dir = staging / "export"
+    else:
+        local_dir = target
+    try:
+        files = _write_export(local_dir, traced, weights, formats, package_device)
+        if isinstance(target, storage.UrlPath):
+            for name in [*files, SIGNATURE_FILE]:  # the signature last: an export is complete once it is there
+                storage.upload(local_dir / name, target / name)
+    finally:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+    source, step, which = weights
+    log.info(
+        "exported %s (step %d, %s) to %s: %s", source or "the weights in memory", step, which, target, ", ".join(files)
+    )
+    return target
+
+
+@dataclass(frozen=True)
+class _Traced:
+    """The traced computation: the eager module, its ``torch.export`` program, the example inputs
+    (names and CPU tensors) it was traced with, and the eager outputs on them."""
+
+    module: PredictModule
+    program: torch.export.ExportedProgram
+    names: list[str]
+    tensors: list[torch.Tensor]
+    dynamic_shapes: Any
+    eager: dict[str, torch.Tensor]
+
+    @property
+    def dynamic_batch(self) -> bool:
+        return self.dynamic_shapes is not None
+
+
+def _check_request(estimator: Exportable, formats: Sequence[str], aot_device: str | None) -> tuple[str, ...]:
+    """Refuse what cannot be exported before any work; return the formats to write (``pt2`` first).
+
+    ``aot_device``: the device of the AOT package asked for, ``None`` for none.
+    """
     if estimator.state.pipeline_stages > 1:
         raise ExportError(
             "export: this process holds only some pipeline stages; export from one process (the same program "
@@ -187,22 +240,17 @@ def export(
     formats = tuple(dict.fromkeys(("pt2", *formats)))
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
-        raise ValueError(f"export: unknown format(s) {unknown}; choose from {', '.join(FORMATS)}")
+        raise ConfigError(f"export: unknown format(s) {unknown}; choose from {', '.join(FORMATS)}")
     if "onnx" in formats:
         _require_onnx()
-    if aot:  # before any work: a missing compiler or device should not cost a trace first
+    if aot_device is not None:  # a missing compiler or device should not cost a trace first
         require_cxx()
         check_device(aot_device)
-    target = storage.location(export_dir)
-    _check_target(target)
-    # An export to an fsspec URL is built in a local directory, then uploaded (signature last).
-    staging: Path | None = None
-    if isinstance(target, storage.UrlPath):
-        staging = Path(tempfile.mkdtemp(prefix="stoker-export-"))
-        export_dir = staging / "export"
-    else:
-        export_dir = target
-    names, tensors, structure = _flatten_features(example_features)
+    return formats
+
+
+def _example_batch(tensors: list[torch.Tensor], dynamic_batch: bool) -> list[torch.Tensor]:
+    """The example inputs to trace with, on the CPU: one batch size, at least two rows when it is dynamic."""
     rows = {t.shape[0] for t in tensors if t.dim()}
     if len(rows) != 1 or any(not t.dim() for t in tensors):
         raise ExportError(
@@ -213,15 +261,22 @@ def export(
         # torch.export specialises a dimension of size 1 (broadcasting could depend on it), so
         # trace with two rows: the program still accepts a batch of one.
         tensors = [t.repeat(2, *([1] * (t.dim() - 1))) for t in tensors]
-    tensors = [t.detach().cpu() for t in tensors]
+    return [t.detach().cpu() for t in tensors]
 
-    source, step, which = _load_weights(estimator, checkpoint_path)
+
+def _predict_module(
+    estimator: Exportable, structure: tuple[str, ...] | int | None, *, batch_size: int
+) -> PredictModule:
+    """A :class:`PredictModule` over a CPU copy of the estimator's model, in eval mode."""
     # A CPU copy: the export does not depend on where the Estimator trains, and leaves it alone.
     model = copy.deepcopy(estimator.model).to("cpu").eval()
     params = dict(estimator.params)
-    params.update(batch_size=int(tensors[0].shape[0]), num_replicas=1, replica_index=0, cache=None)
-    module = PredictModule(model, estimator.model_fn, params, structure).eval()
+    params.update(batch_size=batch_size, num_replicas=1, replica_index=0, cache=None)
+    return PredictModule(model, estimator.model_fn, params, structure).eval()
 
+
+def _trace(module: PredictModule, names: list[str], tensors: list[torch.Tensor], dynamic_batch: bool) -> _Traced:
+    """Run ``module`` eagerly on ``tensors`` and trace it with ``torch.export``."""
     with torch.no_grad():
         eager = module(*tensors)
     batch = torch.export.Dim(BATCH, min=1) if dynamic_batch else None
@@ -240,82 +295,96 @@ def export(
         raise ExportError(
             f"torch.export could not trace model_fn's PREDICT computation: {type(e).__name__}: {e}.{hint}"
         ) from e
+    return _Traced(module, program, names, tensors, dynamic_shapes, eager)
+
+
+def _write_export(
+    export_dir: Path,
+    traced: _Traced,
+    weights: tuple[storage.Location | None, int, str],
+    formats: tuple[str, ...],
+    aot_device: str | None,
+) -> list[str]:
+    """Write the export's files beside ``export_dir`` and rename them into place; return the file names
+    (the signature excepted)."""
     tmp = export_dir.parent / f".tmp-export-{export_dir.name}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir(parents=True)
     try:
-        torch.export.save(program, str(tmp / PROGRAM_FILE))
-        # Check what serving will see: the program as torch.export.load reads it back.
-        try:
-            with torch.no_grad():
-                exported = torch.export.load(str(tmp / PROGRAM_FILE)).module()(*tensors)
-        except Exception as e:  # noqa: BLE001 - a program that does not load back is not an export
-            raise ExportError(
-                f"the saved program does not load back with torch.export.load: {type(e).__name__}: {e}"
-            ) from e
-        max_diff = _max_difference(eager, exported)
-        (tmp / WEIGHTS_FILE).write_bytes(model_state_to_bytes(model.state_dict()))
+        exported = _save_program(traced, tmp / PROGRAM_FILE)
+        max_diff = _max_difference(traced.eager, exported)
+        (tmp / WEIGHTS_FILE).write_bytes(model_state_to_bytes(traced.module.model.state_dict()))
         files = [PROGRAM_FILE, WEIGHTS_FILE]
         if "onnx" in formats:
-            _write_onnx(program, tmp / ONNX_FILE, names, list(exported))
+            _write_onnx(traced.program, tmp / ONNX_FILE, traced.names, list(exported))
             files.append(ONNX_FILE)
-        aot_info = (
-            _write_aot(module, program, tensors, dynamic_shapes, eager, tmp / AOT_FILE, aot_device) if aot else None
-        )
-        if aot_info is not None:
+        aot_info = None
+        if aot_device is not None:
+            aot_info = _write_aot(traced, tmp / AOT_FILE, aot_device)
             files.append(AOT_FILE)
-        signature = {
-            "format": EXPORT_FORMAT,
-            "inputs": [_describe(n, t, dynamic_batch) for n, t in zip(names, tensors, strict=True)],
-            "outputs": [_describe(n, t, dynamic_batch) for n, t in exported.items()],
-            "dynamic_batch": dynamic_batch,
-            "files": files,
-            "checkpoint": str(source) if source is not None else None,
-            "checkpoint_choice": which,
-            "global_step": step,
-            "max_abs_difference_from_eager": max_diff,
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "stoker_version": __version__,
-            "torch_version": torch.__version__,
-            **({"aot": aot_info} if aot_info is not None else {}),
-        }
+        signature = _signature(traced, exported, files, weights, max_diff, aot_info)
         (tmp / SIGNATURE_FILE).write_text(json.dumps(signature, indent=1) + "\n")
         _move_into_place(tmp, export_dir)
-        if isinstance(target, storage.UrlPath):
-            for name in [*files, SIGNATURE_FILE]:  # the signature last: an export is complete once it is there
-                storage.upload(export_dir / name, target / name)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    finally:
-        if staging is not None:
-            shutil.rmtree(staging, ignore_errors=True)
-    log.info(
-        "exported %s (step %d, %s) to %s: %s", source or "the weights in memory", step, which, target, ", ".join(files)
-    )
-    return target
+    return files
 
 
-def _write_aot(
-    module: nn.Module,
-    program: torch.export.ExportedProgram,
-    tensors: list[torch.Tensor],
-    dynamic_shapes: Any,
-    eager: Mapping[str, torch.Tensor],
-    path: Path,
-    device: str,
+def _save_program(traced: _Traced, path: Path) -> dict[str, torch.Tensor]:
+    """Save the program at ``path`` and run it as ``torch.export.load`` reads it back; return its outputs."""
+    torch.export.save(traced.program, str(path))
+    # Check what serving will see: the program as torch.export.load reads it back.
+    try:
+        with torch.no_grad():
+            return torch.export.load(str(path)).module()(*traced.tensors)
+    except Exception as e:  # noqa: BLE001 - a program that does not load back is not an export
+        raise ExportError(
+            f"the saved program does not load back with torch.export.load: {type(e).__name__}: {e}"
+        ) from e
+
+
+def _signature(
+    traced: _Traced,
+    exported: Mapping[str, torch.Tensor],
+    files: list[str],
+    weights: tuple[storage.Location | None, int, str],
+    max_diff: float,
+    aot_info: dict[str, Any] | None,
 ) -> dict[str, Any]:
+    """The contents of ``signature.json``."""
+    source, step, which = weights
+    dynamic_batch = traced.dynamic_batch
+    return {
+        "format": EXPORT_FORMAT,
+        "inputs": [_describe(n, t, dynamic_batch) for n, t in zip(traced.names, traced.tensors, strict=True)],
+        "outputs": [_describe(n, t, dynamic_batch) for n, t in exported.items()],
+        "dynamic_batch": dynamic_batch,
+        "files": files,
+        "checkpoint": str(source) if source is not None else None,
+        "checkpoint_choice": which,
+        "global_step": step,
+        "max_abs_difference_from_eager": max_diff,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "stoker_version": __version__,
+        "torch_version": torch.__version__,
+        **({"aot": aot_info} if aot_info is not None else {}),
+    }
+
+
+def _write_aot(traced: _Traced, path: Path, device: str) -> dict[str, Any]:
     """Compile the AOT package at ``path``, load it back and check it against eager; return its signature entry."""
+    program, tensors = traced.program, traced.tensors
     if device != "cpu":  # the program was traced on CPU; a CUDA package needs the computation traced on CUDA
-        on_device = copy.deepcopy(module).to(device)
+        on_device = copy.deepcopy(traced.module).to(device)
         tensors = [t.to(device) for t in tensors]
-        program = torch.export.export(on_device, tuple(tensors), dynamic_shapes=dynamic_shapes)
+        program = torch.export.export(on_device, tuple(tensors), dynamic_shapes=traced.dynamic_shapes)
     info = compile_package(program, path, device)
     try:
         with torch.no_grad():
             got = {k: v.cpu() for k, v in load_package(path, info)(*tensors).items()}
     except Exception as e:  # noqa: BLE001 - a package that does not load and run is not an export
         raise ExportError(f"the AOT package does not load back with aoti_load_package: {type(e).__name__}: {e}") from e
-    info["max_abs_difference_from_eager"] = _max_difference(eager, got)
+    info["max_abs_difference_from_eager"] = _max_difference(traced.eager, got)
     return info
 
 
