@@ -1,5 +1,5 @@
 """What a ``BenchConfig`` means on this machine: data set, model shape, device, step counts,
-and the ``input_fn`` s that feed the Estimator.
+and which ``input_fn`` (a kind of :mod:`stoker.bench.inputs`) feeds the Estimator.
 
 Data:
 
