@@ -143,3 +143,70 @@ def test_cli_version_help_and_usage_error():
     assert out.returncode == 0 and "usage: stoker" in out.stdout
     out = run_process([PYTHON, "-m", "stoker", "--bogus"], capture_output=True, text=True, env=env)
     assert out.returncode == 2 and "unrecognized arguments: --bogus" in out.stderr
+
+
+# ------------------------------------------------------------------ the error tree stays whole
+# Every exception stoker raises for bad input or state is a StokerError (docs/errors.md); these
+# few raises of a built-in are not about the user's input, and say why here.
+BUILTIN_RAISES_ALLOWED = {
+    # Python's protocols: os.fspath() wants TypeError, a module's __getattr__ AttributeError, a
+    # sequence's index out of range IndexError (the TFRecord index behind __getitem__)
+    ("storage/stores.py", "__fspath__", "TypeError"),
+    ("__init__.py", "__getattr__", "AttributeError"),
+    ("hooks/__init__.py", "__getattr__", "AttributeError"),
+    ("data/tfrecord_index.py", "locate", "IndexError"),
+    # internal invariants of the input workers ("this cannot happen"): a bug report, not user input
+    ("data/_workers/threads.py", "_take", "RuntimeError"),
+    ("data/_workers/example_threads.py", "take", "RuntimeError"),
+    ("data/_workers/processes.py", "read_slot", "RuntimeError"),
+    ("data/_workers/processes.py", "_take", "RuntimeError"),
+}
+BUILTINS = {"ValueError", "TypeError", "KeyError", "IndexError", "RuntimeError", "AttributeError", "Exception"}
+
+
+def _raises_of_builtins() -> set[tuple[str, str, str]]:
+    import ast
+
+    from helpers.paths import ROOT
+
+    found = set()
+    package = ROOT / "src" / "stoker"
+    for path in package.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        for func in ast.walk(tree):
+            if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(func):
+                exc = node.exc if isinstance(node, ast.Raise) else None
+                name = exc.func.id if isinstance(exc, ast.Call) and isinstance(exc.func, ast.Name) else None
+                if name in BUILTINS:
+                    found.add((path.relative_to(package).as_posix(), func.name, name))
+    return found
+
+
+def test_stoker_raises_no_bare_builtin_for_bad_input():
+    """A bad argument raises ConfigError (a ValueError), a wrong type from user code UserCodeError
+    (a TypeError), a wrong state StateError (a RuntimeError): never the bare built-in."""
+    raised = _raises_of_builtins()
+    nested_ok = {(f, fn, e) for (f, fn, e) in raised if (f, fn, e) in BUILTIN_RAISES_ALLOWED}
+    assert raised - nested_ok == set(), "raise a stoker.errors class (see docs/errors.md) instead"
+
+
+def test_every_exception_class_stoker_defines_is_a_stoker_error():
+    import ast
+
+    from helpers.paths import ROOT
+
+    control_flow = {"RollbackRequest"}  # hooks/nan.py: a request the training run handles, never escapes it
+    outside = []
+    package = ROOT / "src" / "stoker"
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.name not in control_flow:
+                bases = {b.id for b in node.bases if isinstance(b, ast.Name)}
+                if bases & BUILTINS or "ImportError" in bases:
+                    module = ".".join(path.relative_to(ROOT / "src").with_suffix("").parts)
+                    cls = getattr(__import__(module, fromlist=["_"]), node.name)
+                    if not issubclass(cls, stoker.StokerError):
+                        outside.append(f"{module}.{node.name}")
+    assert outside == [], "make these StokerError subclasses (keeping the built-in as a second base)"

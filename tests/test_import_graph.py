@@ -273,7 +273,7 @@ LAYERS: dict[str, set[str]] = {
     "stoker.errors": set(),
     "stoker._cache": set(),  # the cache folder's one convention: a leaf every layer may import
     "stoker._version": set(),
-    "stoker.plugins": set(),
+    "stoker.plugins": {"stoker.errors"},
     "stoker.spec": {"stoker.errors"},
     "stoker.metrics": {"stoker.errors"},
     "stoker.rng": {"stoker.errors"},

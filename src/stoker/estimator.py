@@ -47,7 +47,7 @@ from .engine import (
     default_hooks,
     evaluation_on_device,
 )
-from .errors import ConfigError
+from .errors import ConfigError, UserCodeError
 from .hooks import Hook, RunContext
 from .hooks.base import LoopResult, every_n_steps_due
 from .spec import EstimatorSpec
@@ -91,7 +91,7 @@ class Estimator:
         warm_start_from: str | os.PathLike[str] | WarmStartSettings | None = None,
     ) -> None:
         if config is not None and not isinstance(config, RunConfig):
-            raise TypeError(f"config must be a stoker.RunConfig; got {type(config).__name__}")
+            raise UserCodeError(f"config must be a stoker.RunConfig; got {type(config).__name__}")
         self.config = config or RunConfig()
         self.params: dict[str, Any] = dict(params or {})
         self.model_fn = model_fn

@@ -12,7 +12,7 @@ the module that ``stoker train NAME`` runs). A third-party package declares its 
 stoker's own are declared the same way in its ``pyproject.toml``, and also listed here
 (:data:`BUILTIN`) for a source tree run without an install (``PYTHONPATH=src``), where no
 package metadata exists. A module is imported only when its name is asked for. This module
-imports nothing of stoker.
+imports nothing of stoker but its errors.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import importlib
 import logging
 from importlib import metadata
 from types import ModuleType
+from .errors import StokerError
 
 log = logging.getLogger("stoker")
 
@@ -34,7 +35,7 @@ BUILTIN: dict[str, dict[str, str]] = {
 }
 
 
-class PluginError(ImportError):
+class PluginError(StokerError, ImportError):
     """An entry point's module that cannot be imported; the message names the entry and its package."""
 
 

@@ -19,6 +19,8 @@ import bisect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from ..errors import ConfigError
+
 #: Examples per epoch that the model schedules count in (the data sets' training sizes).
 IMAGENET_TRAIN = 1_281_167
 CIFAR10_TRAIN = 50_000
@@ -127,7 +129,7 @@ def model_learning_rate(defaults: ModelDefaults, global_batch: int, *, base_lr: 
         scaled = lr * global_batch / 32
         rate = _piecewise([b * 32 // global_batch for b in (160_000, 200_000)], [scaled, scaled * 0.1, scaled * 0.01])
         return _warmup(rate, scaled, int(COCO_TRAIN / global_batch * 5))
-    raise ValueError(f"unknown learning-rate schedule {kind!r}")
+    raise ConfigError(f"unknown learning-rate schedule {kind!r}")
 
 
 def describe(defaults: ModelDefaults, model: str) -> str:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..errors import UserCodeError
 from ._tree import tree_leaves, tree_map
 from .base import DataError, IndexedSource, epoch_generator
 
@@ -139,7 +140,7 @@ class ArraySource(IndexedSource):
 
 def _check_labels(labels: Any, num_classes: int) -> None:
     if not isinstance(labels, (torch.Tensor, np.ndarray)):
-        raise TypeError("arrays: num_classes checks a single label tensor or array; give labels as one")
+        raise UserCodeError("arrays: num_classes checks a single label tensor or array; give labels as one")
     t = torch.as_tensor(labels)
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise DataError(f"arrays: num_classes was given but the labels are {t.dtype}, not integers")

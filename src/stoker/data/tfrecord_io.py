@@ -30,6 +30,7 @@ from typing import Any
 
 import google_crc32c
 
+from ..errors import UserCodeError
 from .base import DataError
 
 _HEADER = struct.Struct("<QI")  # length, masked crc32c of the 8 length bytes
@@ -207,7 +208,7 @@ def make_example(
         elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             feature.float_list.value.extend(float(v) for v in values)
         else:
-            raise TypeError(f"make_example: {key!r} mixes types or holds a {type(values[0]).__name__}")
+            raise UserCodeError(f"make_example: {key!r} mixes types or holds a {type(values[0]).__name__}")
     return bytes(example.SerializeToString())
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 
+from ..errors import ConfigError
 from .base import SingleDevice, Strategy, resolve_device
 from .config import STRATEGIES, DistributionConfig
 from .pipeline import PipelineConfig, PipelineStrategy
@@ -77,7 +78,7 @@ def make_strategy(
     if pipeline is not None:
         return PipelineStrategy(device, timeout, pipeline)
     if name == "single":
-        raise ValueError(
+        raise ConfigError(
             f"RunConfig.strategy='single' but WORLD_SIZE={world}: use 'auto' or 'replicated' under torchrun"
         )
     kinds = {"independent": Independent, "sharded": Sharded}

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..errors import StokerError
+from ..errors import ConfigError, StokerError
 from .base import Strategy, resolve_device
 from .watchdog import Progress, check_and_exit
 
@@ -59,7 +59,7 @@ class ProcessGroupStrategy(Strategy):
         if self._owns_group:
             missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
             if missing:
-                raise ValueError(
+                raise ConfigError(
                     f"WORLD_SIZE={self.world_size} but {', '.join(missing)} is not set: launch with "
                     "torchrun --nproc_per_node=N (or set the torch.distributed environment variables)"
                 )

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from ..data._tree import batch_rows, tree_map
-from ..errors import CheckpointMismatchError, DataError, StateError
+from ..errors import CheckpointMismatchError, DataError, StateError, UserCodeError
 
 log = logging.getLogger("stoker")
 
@@ -96,7 +96,7 @@ class Infeed:
         what: str = "input_fn",
     ) -> None:
         if not isinstance(source, Iterable):
-            raise TypeError(
+            raise UserCodeError(
                 f"{what} must return an iterable of (features, labels) batches; got {type(source).__name__}"
             )
         self.device = device

@@ -17,7 +17,7 @@ import torch
 from ..config.slices import InputConfig
 from ..data._tree import batch_rows
 from ..distributed import Strategy
-from ..errors import ConfigError, DataError
+from ..errors import ConfigError, DataError, UserCodeError
 from ..rng import rng_state, seed_everything, set_rng_state
 from ..spec import ModeKeys
 from .infeed import Batch, Infeed
@@ -90,7 +90,7 @@ class InputPlan:
     def infeed(self, input_fn: InputFn, mode: ModeKeys, params: dict[str, Any], restore: Any = None) -> Infeed:
         """Call ``input_fn(params)`` and wrap what it returns in an ``Infeed`` to the device."""
         if not callable(input_fn):
-            raise TypeError(f"input_fn must be a function params -> iterable; got {type(input_fn).__name__}")
+            raise UserCodeError(f"input_fn must be a function params -> iterable; got {type(input_fn).__name__}")
         cfg = self.config
         # input_fn and iter() run with freshly seeded global RNGs, so an input pipeline that
         # draws from them when it is built does so identically in a fresh and a resumed run.

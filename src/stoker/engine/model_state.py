@@ -40,7 +40,7 @@ from ..config.slices import StateConfig
 from ..distributed import Strategy
 from ..distributed.pipeline import plan_stages
 from ..distributed.sharded import DCP_DIR, load_sharded, save_sharded
-from ..errors import CheckpointError, ConfigError, NanLossError
+from ..errors import CheckpointError, ConfigError, NanLossError, UserCodeError
 from ..kernels.linear import use_fast_linear
 from ..kernels.sgd_in_backward import optimizer_refusal, run_refusal, update_in_backward
 from ..memory.recompute import apply_recompute
@@ -85,7 +85,9 @@ class ModelState:
         warm_start_from: str | os.PathLike[str] | WarmStartSettings | None = None,
     ) -> None:
         if not (isinstance(model, nn.Module) or callable(model)):
-            raise TypeError(f"model must be an nn.Module or a function params -> nn.Module; got {type(model).__name__}")
+            raise UserCodeError(
+                f"model must be an nn.Module or a function params -> nn.Module; got {type(model).__name__}"
+            )
         self.model_arg = model
         self.params = params
         self.config = config
@@ -138,7 +140,7 @@ class ModelState:
             torch.use_deterministic_algorithms(True, warn_only=True)
         model = self.model_arg if isinstance(self.model_arg, nn.Module) else self.model_arg(self.params)
         if not isinstance(model, nn.Module):
-            raise TypeError(f"model(params) must return an nn.Module; it returned a {type(model).__name__}")
+            raise UserCodeError(f"model(params) must return an nn.Module; it returned a {type(model).__name__}")
         self._model = model.to(self.strategy.device)
         # before warm start (bf16-sr: fp32 weights are then rounded to nearest once)
         self._model = self.precision.convert_module(self._model, sharded=self.strategy.shards_state)
@@ -171,7 +173,7 @@ class ModelState:
             )
         opt = self.optimizer_fn(self.params, model.parameters())
         if not isinstance(opt, torch.optim.Optimizer):
-            raise TypeError(
+            raise UserCodeError(
                 f"optimizer(params, parameters) must return a torch.optim.Optimizer; got {type(opt).__name__}"
             )
         opt = self.precision.convert_optimizer(opt, seed=self.config.seed)

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
+from ..errors import UserCodeError
+
 if TYPE_CHECKING:
     import torch
 
@@ -177,7 +179,7 @@ class HookRunner:
         self.hooks: list[Hook] = list(hooks)
         for h in self.hooks:
             if not isinstance(h, Hook):
-                raise TypeError(f"hooks must be stoker.hooks.Hook instances; got {type(h).__name__}")
+                raise UserCodeError(f"hooks must be stoker.hooks.Hook instances; got {type(h).__name__}")
         # Checkpoint keys: the hook's state_key, numbered when two hooks share one.
         self._keys: list[str] = []
         for h in self.hooks:

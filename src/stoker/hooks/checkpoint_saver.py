@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from ..errors import ConfigError
 from .base import Hook, LoopResult, RunContext, every_n_steps_due, next_due_step
 
 # The longest stretch (in seconds at the measured step rate) between two clock reads of a
@@ -18,7 +19,7 @@ class CheckpointSaverHook(Hook):
 
     def __init__(self, save_steps: int | None = None, save_secs: float | None = None) -> None:
         if (save_steps is None) == (save_secs is None):
-            raise ValueError("CheckpointSaverHook: give exactly one of save_steps and save_secs")
+            raise ConfigError("CheckpointSaverHook: give exactly one of save_steps and save_secs")
         self.save_steps = save_steps
         self.save_secs = save_secs
         self._last_step = 0

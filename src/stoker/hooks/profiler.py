@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from ..errors import ConfigError
 from .base import Hook, LoopResult, RunContext
 
 log = logging.getLogger("stoker")
@@ -28,7 +29,9 @@ class ProfilerHook(Hook):
         self, start_step: int = 10, num_steps: int = 10, trace_file: str | os.PathLike[str] | None = None
     ) -> None:
         if start_step < 0 or num_steps < 1:
-            raise ValueError(f"ProfilerHook: start_step must be >= 0 and num_steps >= 1; got {start_step}, {num_steps}")
+            raise ConfigError(
+                f"ProfilerHook: start_step must be >= 0 and num_steps >= 1; got {start_step}, {num_steps}"
+            )
         self.start_step = start_step
         self.num_steps = num_steps
         self.trace_file = trace_file

@@ -166,7 +166,7 @@ class CharTransformerXL(nn.Module):
     ) -> None:
         super().__init__()
         if d_model % 2:
-            raise ValueError(f"charlm: d_model must be even (sinusoidal encodings); got {d_model}")
+            raise ConfigError(f"charlm: d_model must be even (sinusoidal encodings); got {d_model}")
         self.mem_len = mem_len
         self.d_model = d_model
         self.embed = nn.Embedding(VOCAB, d_model)
@@ -185,7 +185,7 @@ class CharTransformerXL(nn.Module):
 
     def forward(self, tokens: torch.Tensor, memory: Cache | None = None) -> tuple[torch.Tensor, Cache | None]:
         if memory is not None and len(memory) != len(self.blocks):
-            raise ValueError(f"charlm: memory has {len(memory)} layers, the model {len(self.blocks)}")
+            raise ConfigError(f"charlm: memory has {len(memory)} layers, the model {len(self.blocks)}")
         t = tokens.shape[1]
         m = 0 if memory is None else memory[0].shape[1]
         k = m + t

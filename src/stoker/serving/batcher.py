@@ -27,12 +27,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..errors import ConfigError, StateError
+from ..errors import ConfigError, StateError, StokerError
 
 Tensors = dict[str, torch.Tensor]
 
 
-class Saturated(RuntimeError):
+class Saturated(StokerError, RuntimeError):
     """More requests than ``max_pending`` are in the server; the client should retry later."""
 
 
