@@ -14,7 +14,7 @@ bad argument, ``TypeError`` for a bad ``model_fn``), that built-in stays a secon
         ImageDecodeError                bytes that are not a decodable image
           WindowDecodeError               libjpeg refused a crop window
       RequestError (ValueError)       a serving request that does not fit the signature
-      DistributedError (RuntimeError) a layout of processes, stages or replicas that cannot work
+      DistributedError (RuntimeError) the processes of a run stopped working together
       CheckpointError                 a checkpoint is missing, does not fit or is unreadable
         CheckpointMismatchError (ValueError), CorruptCheckpointError, StorageError
       UserCodeError (TypeError)       user code took or returned a type stoker cannot use
@@ -112,4 +112,6 @@ class RequestError(StokerError, ValueError):
 
 
 class DistributedError(StokerError, RuntimeError):
-    """A layout of processes, pipeline stages or replicas that cannot work as configured."""
+    """The processes of a run stopped working together (a replica that stopped responding:
+    ``stoker.distributed.ReplicaLostError``). A layout that cannot work as configured is a
+    :class:`ConfigError`, found before any process waits."""

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..errors import ConfigError, StokerError
+from ..errors import ConfigError, DistributedError, StokerError
 from .base import Strategy, resolve_device
 from .watchdog import Progress, check_and_exit
 
@@ -36,7 +36,7 @@ _HEARTBEAT_EVERY = 1.0
 _TEARDOWN_WAIT = 30.0  # seconds teardown waits for the other replicas
 
 
-class ReplicaLostError(StokerError):
+class ReplicaLostError(DistributedError):
     """A replica stopped responding; the survivors stop instead of hanging."""
 
 
