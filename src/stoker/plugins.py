@@ -21,6 +21,7 @@ import importlib
 import logging
 from importlib import metadata
 from types import ModuleType
+
 from .errors import StokerError
 
 log = logging.getLogger("stoker")
