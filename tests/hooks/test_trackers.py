@@ -197,3 +197,28 @@ def test_two_replicas_log_one_run_from_the_chief_and_stop_together(tmp_path):
     (run,) = client.search_runs([client.get_experiment_by_name("callbacks").experiment_id])
     assert [s for s, _ in history(client, run.info.run_id, "eval/loss")] == [4, 8]
     assert [s for s, _ in history(client, run.info.run_id, "loss")] == [4, 6, 8]
+
+
+def wandb_series(rows: list[dict[str, float]], key: str) -> list[tuple[int, float]]:
+    return [(int(r["_step"]), r[key]) for r in rows if key in r]
+
+
+@pytest.mark.slow
+def test_wandb_kill_9_anywhere_gives_one_run_with_each_step_once(tmp_path):
+    pytest.importorskip("wandb")
+    env = {**python_env(), "WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path / "wandb-dir")}
+    args = ("--max_steps", "40")
+    run_to_end(tmp_path / "ref", "--wandb", str(tmp_path / "ref-wb"), *args, env=env)
+    # killed mid-loop, inside a checkpoint write and mid-loop again, then run to the end
+    kill_at_random_moments(tmp_path / "killed", "--wandb", str(tmp_path / "wb"), *args, times=3, seed=3, env=env)
+    run_to_end(tmp_path / "killed", "--wandb", str(tmp_path / "wb"), *args, env=env)
+    (ref_dir,) = (tmp_path / "ref-wb" / "wandb").glob("offline-run-*")
+    ref_rows = wandb_history(tmp_path / "ref-wb", ref_dir.name.rsplit("-", 1)[1])
+    dirs = sorted((tmp_path / "wb" / "wandb").glob("offline-run-*"))
+    (run_id,) = {d.name.rsplit("-", 1)[1] for d in dirs}  # one W&B run across the four processes
+    assert len(dirs) == 4, dirs  # one offline directory per process
+    rows = wandb_history(tmp_path / "wb", run_id)  # every file, oldest first
+    steps = [r["_step"] for r in rows]
+    assert steps == sorted(set(steps)) == [r["_step"] for r in ref_rows]  # each step once, in order, none lost
+    for key in ("loss", "learning_rate", "eval/loss", "eval/accuracy"):
+        assert wandb_series(rows, key) == wandb_series(ref_rows, key), key  # the uninterrupted run's values

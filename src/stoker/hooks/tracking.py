@@ -8,7 +8,8 @@ and best checkpoints as artifacts. Only the chief logs.
 checkpointed state, so a resumed run (kill -9, preemption, an elastic restart) continues the same
 tracker run. Points are held back and sent when a checkpoint has been written (and at the end),
 so the tracker never receives a step past the newest checkpoint; the points not yet sent when a
-checkpoint is written are in that checkpoint's state too. A resumed run sends those first, less
+checkpoint is written are in that checkpoint's state too, and so are those sent too recently for
+the tracker to surely hold them (:attr:`Tracker.unsure_s`). A resumed run sends those first, less
 any the tracker already has (a kill may come after the send), which it asks the tracker
 (:meth:`Tracker.last_steps`): each step reaches the tracker once, with the values of the run
 that continues.
@@ -33,6 +34,11 @@ Point = tuple[str, float, int, int]
 
 class Tracker:
     """The calls a tracker hook makes of one tracking service (MLflow, W&B)."""
+
+    # Seconds after a send before the service surely holds what it was sent (W&B's service
+    # buffers it and a kill -9 loses the buffer): points sent more recently stay in the
+    # checkpoint's state, so a resumed run sends again those the service lacks.
+    unsure_s: float = 0.0
 
     def start(self, run_id: str | None, params: Mapping[str, str]) -> str:
         """Open run ``run_id`` to continue it, or a new run logging ``params``; its id."""
@@ -87,6 +93,8 @@ class TrackerHook(Hook):
         self._run: RunContext | None = None
         # A resumed run: the newest step the tracker already had of each key (asked once per key)
         self._have: dict[str, int] | None = None
+        self._unsure: list[tuple[float, list[Point]]] = []  # (monotonic time, points) of recent sends
+        self._unsure_s = 0.0
 
     def _open(self, run: RunContext) -> Tracker:
         """The tracker client for ``run`` (imports its package)."""
@@ -101,6 +109,7 @@ class TrackerHook(Hook):
             return
         self._tracker = self._open(run)
         self._run = run
+        self._unsure_s, self._unsure = self._tracker.unsure_s, []
         resumed = self.run_id is not None
         self.run_id = self._tracker.start(self.run_id, {} if resumed else self._params(run))
         self._have = {} if resumed else None
@@ -146,7 +155,7 @@ class TrackerHook(Hook):
         acc = self._interval
         return {
             "run_id": self.run_id,
-            "pending": [list(p) for p in self._pending],
+            "pending": [list(p) for p in self._recent() + self._pending],
             "eval_step": self._eval_step,
             "last_step": self._last_step,
             "interval": {"loss_sum": acc.loss_sum, "loss_n": acc.loss_n, "values": acc.values, "bad": acc.bad},
@@ -202,6 +211,15 @@ class TrackerHook(Hook):
             points = [p for p in points if p[2] > self._have[p[0]]]
         if points:
             self._tracker.log(points)
+            if self._unsure_s:
+                self._unsure = [*self._unsure, (time.monotonic(), points)]
+
+    def _recent(self) -> list[Point]:
+        """The points sent less than ``Tracker.unsure_s`` ago (a resumed run sends again those the
+        tracker lacks)."""
+        now = time.monotonic()
+        self._unsure = [(t, points) for t, points in self._unsure if now - t < self._unsure_s]
+        return [p for _, points in self._unsure for p in points]
 
     def _log_checkpoints(self, run: RunContext) -> None:
         model_dir = Path(str(run.model_dir))

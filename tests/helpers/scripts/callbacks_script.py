@@ -33,6 +33,8 @@ def hooks_from(args: argparse.Namespace) -> list[stoker.hooks.Hook]:
         hooks.append(stoker.hooks.ReduceLROnPlateau(monitor, mode, float(factor), int(patience)))
     if args.mlflow:
         hooks.append(stoker.hooks.MLflowLogger(tracking_uri=args.mlflow, experiment="callbacks", run_name="tiny"))
+    if args.wandb:
+        hooks.append(stoker.hooks.WandbLogger(project="callbacks", mode="offline", dir=args.wandb))
     return hooks
 
 
@@ -45,6 +47,7 @@ def main() -> None:
     p.add_argument("--early_stopping", default=None, help="MONITOR:MODE:PATIENCE:MIN_DELTA")
     p.add_argument("--plateau", default=None, help="MONITOR:MODE:FACTOR:PATIENCE")
     p.add_argument("--mlflow", default=None, help="a tracking URI")
+    p.add_argument("--wandb", default=None, help="a directory for W&B's offline run files")
     args = p.parse_args()
     if args.slow_write:  # widens the window in which a kill lands inside a checkpoint write
         from stoker.storage import stores as storage
