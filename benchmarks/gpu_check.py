@@ -345,7 +345,7 @@ def plan(
 TARGETS_BUDGET_S = 540.0  # one run of the targets plan: under 9 minutes, the tests included
 # The rows' estimates (Row.est_s) are not measurements: process start (torch import, CUDA
 # initialisation) of ~10 s, the timed steps at the rates of the 2026-11-26 H200 runs
-# (docs/bench.md), about a minute to compile resnet50 or the 24-layer BERT on a 16-core host.
+# (docs/bench-reference.md), about a minute to compile resnet50 or the 24-layer BERT on a 16-core host.
 # A run records each row's elapsed_s: replace them with those.
 TARGET_TESTS = [  # the cuda-marked tests it runs: the CUDA paths and issue 41's capturable optimizers
     "tests/test_cuda.py",

@@ -1,6 +1,6 @@
-"""Regenerate docs/bench.md's flag lists from the flags' declarations (``stoker.bench.flags``).
+"""Regenerate docs/bench-reference.md's flag lists from the flags' declarations (``stoker.bench.flags``).
 
-    .venv/bin/python docs/_ext/bench_flags.py     # from the repository root; rewrites docs/bench.md
+    .venv/bin/python docs/_ext/bench_flags.py     # from the repository root; rewrites docs/bench-reference.md
 
 The lists sit between the markers below; ``tests/bench/test_bench_flags.py`` fails when the
 page and the declarations differ, so run this after adding or changing a flag.
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGE = ROOT / "docs" / "bench.md"
+PAGE = ROOT / "docs" / "bench-reference.md"
 BEGIN = "<!-- flags:begin (python docs/_ext/bench_flags.py) -->\n"
 END = "<!-- flags:end -->"
 

@@ -105,11 +105,11 @@ def test_a_new_field_appears_in_the_parser_the_help_and_the_docs_list() -> None:
 
 
 def test_the_docs_flag_lists_are_the_declarations() -> None:
-    """docs/bench.md's flag lists are ``markdown_tables`` of the declarations, between markers;
+    """docs/bench-reference.md's flag lists are ``markdown_tables`` of the declarations, between markers;
     regenerate them with ``python docs/_ext/bench_flags.py``."""
     from stoker.bench.flags import markdown_tables
 
-    page = (ROOT / "docs" / "bench.md").read_text()
+    page = (ROOT / "docs" / "bench-reference.md").read_text()
     begin, end = "<!-- flags:begin (python docs/_ext/bench_flags.py) -->\n", "<!-- flags:end -->"
     assert (
         page[page.index(begin) + len(begin) : page.index(end)].strip()

@@ -4,7 +4,7 @@ Field names are tf_cnn_benchmarks' flag names, so ``--batch_size=32`` becomes
 ``BenchConfig(batch_size=32)``. ``BenchConfig`` joins the dataclasses of
 :mod:`stoker.bench.settings`, one per ``--help`` group, where each flag is declared once: its
 default, help, group, allowed values and range, from which the parser, ``--help`` and
-docs/bench.md's flag lists are made (:mod:`stoker.bench.flags` says why this shape).
+docs/bench-reference.md's flag lists are made (:mod:`stoker.bench.flags` says why this shape).
 ``__post_init__`` checks every value against its declaration and then the combinations
 (:func:`stoker.bench.checks.validate`), raising :class:`BenchFlagError`, which names the flags
 (the command line prints it and exits with status 2).
@@ -62,7 +62,7 @@ class BenchConfig(
     RunFlags,
 ):
     """Settings of a benchmark run: one field per flag, declared with its help in the dataclass
-    of its ``--help`` group (``--help`` and docs/bench.md are made from these declarations; see
+    of its ``--help`` group (``--help`` and docs/bench-reference.md are made from these declarations; see
     :mod:`stoker.bench.flags`).
 
     ``None`` means "not given" where the default depends on other settings (``num_batches``,

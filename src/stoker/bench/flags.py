@@ -18,7 +18,7 @@ its meaning together. From these declarations :func:`all_flags` lists every flag
 :func:`add_flags` builds the parser (groups for ``--help``, absl booleans ``--flag``,
 ``--noflag``, ``--flag=true``), :func:`note_lines` writes the header's
 ``Note: --flag=value has no effect here: <why>`` lines, :func:`check_value` validates a field,
-and :func:`markdown_tables` writes docs/bench.md's flag lists (``tests/bench/test_bench_flags.py``
+and :func:`markdown_tables` writes docs/bench-reference.md's flag lists (``tests/bench/test_bench_flags.py``
 checks that the page holds exactly them, and that every flag of tf_cnn_benchmarks is declared).
 """
 
@@ -84,7 +84,7 @@ class Flag:
     maximum: float | None = None
     item: str = "str"
     case: str | None = None
-    #: more for docs/bench.md's list (Markdown), after the help
+    #: more for docs/bench-reference.md's list (Markdown), after the help
     docs: str = ""
     note: str | None = None
 
@@ -251,7 +251,7 @@ def note_lines(given: Sequence[tuple[str, str]]) -> list[str]:
 
 # ------------------------------------------------------------------------------ the docs
 def markdown_tables(flags: Sequence[Flag]) -> str:
-    """docs/bench.md's flag lists: one table per ``--help`` group (a noted flag's row: its note)."""
+    """docs/bench-reference.md's flag lists: one table per ``--help`` group (a noted flag's row: its note)."""
     parts = []
     for group in GROUPS:
         rows = [f for f in flags if f.group == group]

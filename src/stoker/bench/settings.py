@@ -1,9 +1,9 @@
 """The declarations of ``stoker bench``'s flags: one keyword-only dataclass per ``--help`` group.
 
 Each field is one flag, declared once with :func:`~stoker.bench.flags.option`: its default, its
-help, its ``--help`` group, its allowed values and range, and (``docs``) what docs/bench.md adds.
+help, its ``--help`` group, its allowed values and range, and (``docs``) what docs/bench-reference.md adds.
 :class:`~stoker.bench.config.BenchConfig` joins these dataclasses and validates them; the
-parser, ``--help`` and docs/bench.md's flag lists are made from them (:mod:`stoker.bench.flags`).
+parser, ``--help`` and docs/bench-reference.md's flag lists are made from them (:mod:`stoker.bench.flags`).
 A new flag is a new field here, in the group its ``--help`` shows it in.
 """
 
@@ -74,7 +74,7 @@ class AmountFlags:
         "batch size per device",
         group=AMOUNT,
         minimum=0,
-        default_text="0: the model's default batch size (docs/bench.md, Per-model defaults)",
+        default_text="0: the model's default batch size (docs/bench-reference.md, Per-model defaults)",
         docs="The header prints the global batch too.",
     )
     num_batches: int | None = option(
@@ -308,8 +308,8 @@ class OptimizerFlags:
         "initial learning rate",
         group=OPTIMIZER,
         above=0,
-        default_text="the model's rate or schedule (docs/bench.md, Per-model defaults; the header's Defaults: "
-        "line says which)",
+        default_text="the model's rate or schedule (docs/bench-reference.md, Per-model defaults; "
+        "the header's Defaults: line says which)",
     )
     piecewise_learning_rate_schedule: str | None = option(
         None,

@@ -79,7 +79,7 @@ class RunConfig:
         compile: ``False`` / ``"none"``: eager; ``True`` / ``"module"``: wrap the model in
             ``torch.compile``; ``"step"``: compile the whole training step (forward, loss
             scaling, backward, optimizer update; see ``docs/device_loop.md``).
-        fast_linear: which kernel ``nn.Linear`` runs on the CPU (``docs/bench.md``, "Fast linear"):
+        fast_linear: which kernel ``nn.Linear`` runs on the CPU (``docs/bench-reference.md``, "Fast linear"):
             ``"off"`` (default: the BLAS, as plain PyTorch), ``"on"`` (oneDNN's inner product for
             the forward and both backward products) or ``"auto"`` (oneDNN for each layer shape
             where it measured >= 5 % faster on this machine; measured once per machine and

@@ -8,7 +8,7 @@ cost as much as the product itself. :func:`update_in_backward` makes such layers
 product straight into the weight, ``W.addmm_(grad_y.T, x, beta=1 - lr * wd, alpha=-lr)``
 (:class:`~stoker.kernels.linear.LinearSGDInBackwardFunction`): the same update to fp32 rounding,
 no gradient written. Measured on a 2-core AVX2 EPYC, one thread, the ``trivial`` training step at
-batch 32: 32-36 ms against 40-51 ms (three interleaved pairs, 2026-11-26; ``docs/bench.md``).
+batch 32: 32-36 ms against 40-51 ms (three interleaved pairs, 2026-11-26; ``docs/bench-reference.md``).
 
 What it needs, because the update happens before ``optimizer.step`` and no ``.grad`` is left for
 anyone to read (:func:`run_refusal` and :func:`optimizer_refusal` say which is missing):

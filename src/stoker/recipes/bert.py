@@ -370,7 +370,7 @@ class BertConfig(TextCorpusConfig):
     fast_linear: str = option(
         "auto",
         "CPU: nn.Linear on oneDNN's inner product: auto (each layer shape where it measured at least 5 percent "
-        "faster than the BLAS on this machine; cached), on, or off (docs/bench.md)",
+        "faster than the BLAS on this machine; cached), on, or off (docs/bench-reference.md)",
         choices=FAST_LINEAR_MODES,
     )
     recompute: list[str] | None = option(
