@@ -4,7 +4,7 @@ A choice that depends on the machine (how many threads, what decodes the input a
 kind of worker, ...) is a pure function here from explicit facts (core counts, what the
 decoder can do, where the step runs) to a :class:`Choice`: the value and a short reason a run
 header can print. Nothing here measures or reads the machine: callers gather the facts
-(``stoker.kernels.machine``, ``stoker.data.jpeg``) and pass them in, so each rule can be
+(``stoker.kernels.machine``, ``stoker.data.images.decoders``) and pass them in, so each rule can be
 tested on made-up facts.
 
 This module is a leaf (it imports no other part of stoker), so every layer may ask it: the

@@ -137,15 +137,18 @@ def _set_threads(cfg: BenchConfig, parser: argparse.ArgumentParser, log: Callabl
     """Apply the plan's intra-op threads (:func:`stoker.bench.plan.resolve_threads`: given, 1
     where the input is the work, else the cores idle just before the run; its ``Note:`` when it
     departs from torch's default) and ``--num_inter_threads``."""
-    from .plan import machine_facts, resolve_threads
+    from .plan import input_bound_choice, machine_facts, resolve_threads
     from .workload import guess_data_name, resolve_device
 
-    facts = machine_facts(sample_busy=cfg.num_intra_threads is None, world=world)
     try:
         dataset = cfg.data_name or guess_data_name(cfg.data_dir, cfg.model)
         device = resolve_device(cfg.device, cfg.gpu_indices)
     except (BenchFlagError, ValueError):  # the run itself reports the bad flag
         dataset, device = "", torch.device("cpu")
+    # The busy cores (a 0.2 s sample) decide only a run whose threads are neither given nor 1
+    # for an input-bound run, so the others start without waiting for the sample.
+    sample = cfg.num_intra_threads is None and not input_bound_choice(cfg, dataset, device).value
+    facts = machine_facts(sample_busy=sample, world=world)
     threads = resolve_threads(cfg, facts, dataset, device)
     if threads.value != torch.get_num_threads() or cfg.num_intra_threads is not None:
         torch.set_num_threads(threads.value)
