@@ -22,3 +22,19 @@ def stale_index_write_is_refused_and_loses_nothing(url: str) -> None:
     stale.record_eval(1, {"loss": 0.5})  # re-read, applied on top of the trainer's update
     records = trainer.index().checkpoints
     assert [r.step for r in records] == [1, 2] and records[0].metrics == {"loss": 0.5}
+
+
+def slow_checkpoint_writes(seconds: float) -> None:
+    """Make every checkpoint file write sleep ``seconds`` first, in this process: it widens the
+    window in which a kill lands inside a checkpoint write (the crash tests' child scripts)."""
+    import time
+
+    from stoker.storage import stores as storage  # where write_all looks _write_one up
+
+    real = storage._write_one
+
+    def slow(path, data, retry):  # noqa: ANN001, ANN202
+        time.sleep(seconds)
+        return real(path, data, retry)
+
+    storage._write_one = slow

@@ -14,6 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for helpers
 
 import stoker  # noqa: E402
+from helpers.stores import slow_checkpoint_writes  # noqa: E402
 from helpers.tiny import classifier_fn, eval_input, make_data, make_estimator, train_input  # noqa: E402
 
 
@@ -50,15 +51,7 @@ def main() -> None:
     p.add_argument("--wandb", default=None, help="a directory for W&B's offline run files")
     args = p.parse_args()
     if args.slow_write:  # widens the window in which a kill lands inside a checkpoint write
-        from stoker.storage import stores as storage
-
-        real = storage._write_one
-
-        def slow(path, data, retry):  # noqa: ANN001, ANN202
-            time.sleep(args.slow_write)
-            return real(path, data, retry)
-
-        storage._write_one = slow
+        slow_checkpoint_writes(args.slow_write)
     torch.set_num_threads(1)
     x, y = make_data(100)
     ex, ey = make_data(64, seed=1)

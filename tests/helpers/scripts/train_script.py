@@ -12,6 +12,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for helpers
 
 import stoker  # noqa: E402
+from helpers.stores import slow_checkpoint_writes  # noqa: E402
 from helpers.tiny import classifier_fn, make_data, make_estimator, train_input  # noqa: E402
 
 
@@ -30,15 +31,7 @@ def main() -> None:
     p.add_argument("--slow_write", type=float, default=0.0, help="seconds each checkpoint file write sleeps first")
     args = p.parse_args()
     if args.slow_write:  # widens the window in which a kill lands inside a checkpoint write
-        from stoker.storage import stores as storage  # where write_all looks _write_one up
-
-        real = storage._write_one
-
-        def slow(path, data, retry):  # noqa: ANN001, ANN202
-            time.sleep(args.slow_write)
-            return real(path, data, retry)
-
-        storage._write_one = slow
+        slow_checkpoint_writes(args.slow_write)
     torch.set_num_threads(1)
     x, y = make_data(100)
     est = make_estimator(
