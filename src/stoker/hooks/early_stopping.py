@@ -36,13 +36,28 @@ STOP_FILE = "early_stop.json"
 MODES = ("min", "max")
 
 
+def check_monitor(owner: str, monitor: object) -> str:
+    """``monitor`` if it can name an evaluation metric; a ``ConfigError`` from ``owner`` else."""
+    if not isinstance(monitor, str) or not monitor:
+        raise ConfigError(f"{owner}: monitor must be the name of an evaluation metric; got {monitor!r}")
+    return monitor
+
+
+def monitored_value(owner: str, monitor: str, results: Mapping[str, float]) -> float:
+    """``results[monitor]`` as a float; a ``ConfigError`` from ``owner`` naming the metrics the
+    evaluation has when it lacks ``monitor``."""
+    if monitor not in results:
+        available = sorted(k for k in results if k != "global_step")
+        raise ConfigError(f"{owner}: monitor={monitor!r} is not among the evaluation's metrics {available}")
+    return float(results[monitor])
+
+
 class MetricWatch:
     """One monitored evaluation metric: whether a value improves on another (``mode``,
     ``min_delta``), and the value read from an evaluation's results."""
 
     def __init__(self, owner: str, monitor: str, mode: str, min_delta: float) -> None:
-        if not isinstance(monitor, str) or not monitor:
-            raise ConfigError(f"{owner}: monitor must be the name of an evaluation metric; got {monitor!r}")
+        check_monitor(owner, monitor)
         if mode not in MODES:
             raise ConfigError(f"{owner}: mode must be one of {MODES}; got {mode!r}")
         if not (isinstance(min_delta, (int, float)) and min_delta >= 0):
@@ -58,13 +73,8 @@ class MetricWatch:
         return value - self.min_delta > than if self.mode == "max" else value + self.min_delta < than
 
     def value(self, results: Mapping[str, float]) -> float:
-        """The monitored metric of ``results``; a ``ConfigError`` naming those it has if absent."""
-        if self.monitor not in results:
-            available = sorted(k for k in results if k != "global_step")
-            raise ConfigError(
-                f"{self.owner}: monitor={self.monitor!r} is not among the evaluation's metrics {available}"
-            )
-        return float(results[self.monitor])
+        """The monitored metric of ``results`` (:func:`monitored_value`)."""
+        return monitored_value(self.owner, self.monitor, results)
 
 
 def check_positive_int(owner: str, name: str, value: object, minimum: int = 1) -> int:

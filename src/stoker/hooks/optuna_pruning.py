@@ -10,6 +10,7 @@ import warnings
 from typing import Any
 
 from .base import Hook, LoopResult, RunContext
+from .early_stopping import monitored_value
 from .tracking import missing_extra
 
 log = logging.getLogger("stoker")
@@ -62,14 +63,7 @@ class OptunaPruning(Hook):
         step = int(ev["global_step"])
         if step > run.global_step or (self.reported and step <= self.reported[-1][0]):
             return False
-        if self.monitor not in ev:
-            from ..errors import ConfigError
-
-            available = sorted(k for k in ev if k != "global_step")
-            raise ConfigError(
-                f"OptunaPruning: monitor={self.monitor!r} is not among the evaluation's metrics {available}"
-            )
-        value = float(ev[self.monitor])
+        value = monitored_value("OptunaPruning", self.monitor, ev)
         self.reported.append((step, value))
         with warnings.catch_warnings():  # a resumed run reports its start step again: ignored
             warnings.simplefilter("ignore", UserWarning)

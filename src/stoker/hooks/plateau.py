@@ -15,7 +15,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .base import Hook, LoopResult, RunContext
-from .early_stopping import MODES, check_positive_int
+from .early_stopping import MODES, check_monitor, check_positive_int, monitored_value
 
 log = logging.getLogger("stoker")
 
@@ -53,8 +53,7 @@ class ReduceLROnPlateau(Hook):
         eps: float = 1e-8,
     ) -> None:
         owner = "ReduceLROnPlateau"
-        if not isinstance(monitor, str) or not monitor:
-            raise ConfigError(f"{owner}: monitor must be the name of an evaluation metric; got {monitor!r}")
+        check_monitor(owner, monitor)
         if mode not in MODES:
             raise ConfigError(f"{owner}: mode must be one of {MODES}; got {mode!r}")
         if not (isinstance(factor, (int, float)) and 0 < factor < 1):
@@ -82,12 +81,7 @@ class ReduceLROnPlateau(Hook):
         if step <= self.seen_step:
             return False
         self.seen_step = step
-        if self.monitor not in results:
-            available = sorted(k for k in results if k != "global_step")
-            raise ConfigError(
-                f"ReduceLROnPlateau: monitor={self.monitor!r} is not among the evaluation's metrics {available}"
-            )
-        value = float(results[self.monitor])
+        value = monitored_value("ReduceLROnPlateau", self.monitor, results)
         if self.improves(value, self.best):
             self.best, self.num_bad = value, 0
         else:
