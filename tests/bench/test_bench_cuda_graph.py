@@ -39,14 +39,15 @@ def test_every_update_is_capturable_on_cuda(changes: dict[str, object], plan: Up
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam", "rmsprop"])
-def test_optimizers_built_for_cuda_carry_the_flags(optimizer: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """make_optimizer for parameters on a CUDA device (the placement faked: torch builds these
-    flags on CPU tensors too), and what the engine's capture check says of each."""
+def test_optimizers_built_for_cuda_carry_the_flags(optimizer: str) -> None:
+    """make_optimizer as for parameters on a CUDA device (torch builds these flags on CPU tensors
+    too), and what the engine's capture check says of each."""
     from stoker.engine.cuda_graph_step import capture_refusals
 
-    monkeypatch.setattr(optim, "_placement", lambda parameters: ("cuda", True))
     cfg = BenchConfig(optimizer=optimizer, weight_decay=0.1)
-    opt = make_optimizer(cfg, _params(), 0.1)
+    opt = make_optimizer(cfg, _params(), 0.1, device_type="cuda")
+    stand_in = optim.optimizer_for(cfg, "cuda")  # what the bench's --cuda_graph check asks the engine about
+    assert type(stand_in) is type(opt) and stand_in.defaults == {**opt.defaults, "lr": 1.0}
     fused = optimizer != "rmsprop"
     assert bool(opt.defaults.get("fused")) is fused
     assert bool(opt.defaults.get("capturable")) is (optimizer in ("adam", "rmsprop"))
@@ -55,6 +56,69 @@ def test_optimizers_built_for_cuda_carry_the_flags(optimizer: str, monkeypatch: 
     assert capture_refusals(optimizer=opt) == []
     dynamic = capture_refusals(optimizer=opt, dynamic_scaling=True)
     assert dynamic == [] if fused else "fp16 dynamic loss scaling" in dynamic[0]
+
+
+def _engine_refusals(cfg: BenchConfig, device_type: str, replicas: int) -> list[str]:
+    """What the engine refuses for the run the bench builds from ``cfg`` with ``--cuda_graph=true``:
+    the bench's RunConfig (its checks: device, compile='step', bf16-sr), then the engine's capture
+    check of the step (``make_train_step``'s) over the optimizer the bench builds for the device."""
+    from types import SimpleNamespace
+
+    from stoker.bench.train import model_params, run_config
+    from stoker.engine.cuda_graph_step import cuda_graph_refusals as engine_refusals
+    from stoker.errors import ConfigError
+
+    try:
+        config = run_config(cfg.replace(cuda_graph=True), device_type)
+    except ConfigError as e:
+        return [str(e)]
+    kwargs = {
+        "optimizer": make_optimizer(cfg, _params(), 0.1, device_type=device_type),
+        "precision": config.make_precision(),
+        "params": model_params(cfg),
+    }
+    return engine_refusals(config.loop_config, SimpleNamespace(world_size=replicas), kwargs)
+
+
+def test_bench_says_capturable_exactly_when_the_engine_does() -> None:
+    """The bench's flag check (``stoker bench --cuda_graph``, before anything is built) and the
+    engine's (``RunConfig(cuda_graph=True)`` over the built step) agree on every combination of the
+    knobs either reads: the optimizer, clipping, weight decay, precision and loss scaling, fp16
+    weights, compile, replicas and the device. The optimizers are built over CPU tensors with the
+    flags they get on that device (torch builds fused and capturable optimizers on CPU)."""
+    import itertools
+
+    knobs = itertools.product(
+        ("sgd", "momentum", "adam", "rmsprop"),
+        (None, 1.0),  # --gradient_clip
+        (0.0, 1e-4),  # --weight_decay
+        ("fp32", "fp16", "fp16 dynamic", "fp16 weights", "bf16"),
+        (False, "module", "step"),
+        (("cuda", 1), ("cuda", 2), ("cpu", 1)),
+    )
+    capturable = {}
+    for optimizer, clip, decay, precision, compile_, (device_type, replicas) in knobs:
+        cfg = BenchConfig(
+            optimizer=optimizer,
+            gradient_clip=clip,
+            weight_decay=decay,
+            precision=precision.split()[0],
+            fp16_enable_auto_loss_scale=precision == "fp16 dynamic",
+            fp16_vars=precision == "fp16 weights",
+            compile=compile_,
+        )
+        bench = cuda_graph_refusals(cfg, device_type, replicas=replicas)
+        engine = _engine_refusals(cfg, device_type, replicas)
+        key = (optimizer, clip, decay, precision, compile_, device_type, replicas)
+        assert (not bench) == (not engine), (key, bench, engine)
+        capturable[key] = not bench
+    # Both answers were reached, and by the update's own rule too (fp16 dynamic scaling needs a fused optimizer).
+    assert capturable[("rmsprop", 1.0, 1e-4, "fp16", "module", "cuda", 1)]
+    assert capturable[("momentum", None, 1e-4, "fp16 dynamic", False, "cuda", 1)]
+    assert not capturable[("rmsprop", None, 1e-4, "fp16 dynamic", False, "cuda", 1)]
+    assert (
+        sum(capturable.values()) == 4 * 2 * 2 * 5 * 2 - 2 * 2 * 2
+    )  # cuda, one replica, not step: all but rmsprop's dynamic
 
 
 def test_tf_rmsprop_takes_a_device_tensor_rate() -> None:

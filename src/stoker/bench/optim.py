@@ -206,17 +206,20 @@ def fuses_weight_decay(cfg: BenchConfig, parameters: Sequence[torch.nn.Parameter
     return update_plan(cfg, device_type, plain=plain).decay_inside
 
 
-def make_optimizer(cfg: BenchConfig, parameters: Iterable[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+def make_optimizer(
+    cfg: BenchConfig, parameters: Iterable[torch.nn.Parameter], lr: float, *, device_type: str | None = None
+) -> torch.optim.Optimizer:
     """The optimizer ``--optimizer`` names, with its hyper-parameter flags, at rate ``lr``, built
-    as :func:`update_plan` says for where the parameters are.
+    as :func:`update_plan` says for where the parameters are (``device_type``: as for parameters
+    on such a device instead; see :func:`optimizer_for`).
 
     The weight decay is added to the gradients by a step pre-hook, or, where the plan says so,
     by torch's fused SGD kernel (the same update, one pass).
     """
     opt: torch.optim.Optimizer
     parameters = list(parameters)
-    device_type, plain = _placement(parameters)
-    plan = update_plan(cfg, device_type, plain=plain)
+    placed, plain = _placement(parameters)
+    plan = update_plan(cfg, device_type or placed, plain=plain)
     decay = cfg.weight_decay if plan.decay_inside else 0.0
     fused = plan.fused or None  # None: torch's default (foreach where it applies)
     if cfg.optimizer == "sgd":
@@ -245,6 +248,15 @@ def make_optimizer(cfg: BenchConfig, parameters: Iterable[torch.nn.Parameter], l
         opt.register_step_pre_hook(_decay_and_clip(cfg.weight_decay, cfg.gradient_clip))
     opt.register_load_state_dict_post_hook(_keep_settings(opt))
     return opt
+
+
+def optimizer_for(cfg: BenchConfig, device_type: str) -> torch.optim.Optimizer:
+    """The optimizer :func:`make_optimizer` builds for this run's parameters on a ``device_type``
+    device, over one fp32 CPU stand-in parameter: the same class, flags (``fused``,
+    ``capturable``) and hooks, so the engine's checks of the built optimizer
+    (:mod:`stoker.engine.cuda_graph_step`) can be asked before anything is built, without the device.
+    (torch builds fused and capturable optimizers over CPU tensors; only their ``step`` would refuse.)"""
+    return make_optimizer(cfg, [torch.nn.Parameter(torch.zeros(1))], 1.0, device_type=device_type)
 
 
 def _keep_settings(optimizer: torch.optim.Optimizer) -> Callable[[torch.optim.Optimizer], None]:

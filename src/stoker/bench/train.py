@@ -253,39 +253,9 @@ def build_estimator(
 
     ``bucket_mb``: DDP's gradient bucket size (``--gradient_repacking``, see :func:`repacking_bucket_mb`).
     """
-    depth = prefetch_depth(cfg)
-    prefetch: dict[str, Any] = {} if depth is None else {"prefetch_depth": depth}  # else RunConfig's default
     if cfg.fp16_vars and cfg.precision == "fp16":
         model = _fp16_weights(model)
-    loss_scale = LossScale(  # static unless --fp16_enable_auto_loss_scale (the growth interval is then unused)
-        dynamic=bool(cfg.fp16_enable_auto_loss_scale),
-        init=float(cfg.fp16_loss_scale or DEFAULT_FP16_LOSS_SCALE),
-        growth_interval=cfg.fp16_inc_loss_scale_every_n or 1000,
-    )
-    config = RunConfig(
-        model_dir=cfg.train_dir,
-        seed=cfg.tf_random_seed,
-        iterations_per_loop=cfg.iterations_per_loop,
-        save_checkpoints_steps=cfg.save_model_steps,
-        # tf_cnn_benchmarks saves only at the end unless asked; math.inf means "never by time".
-        save_checkpoints_secs=None if cfg.save_model_steps else (cfg.save_model_secs or math.inf),
-        keep_checkpoint_max=cfg.max_ckpts_to_keep,
-        log_every_n_steps=None,  # the harness prints its own progress lines
-        precision=cast(PrecisionName, cfg.precision),  # one of PRECISIONS: BenchConfig checked it
-        loss_scale=loss_scale,
-        device=str(workload.device),
-        compile=cast("bool | Literal['none', 'module', 'step']", cfg.compile_mode),  # RunConfig checks it
-        cuda_graph=cfg.cuda_graph,
-        fast_linear=cast("Literal['auto', 'on', 'off']", cfg.fast_linear),  # BenchConfig checked it
-        sgd_in_backward=cast("Literal['off', 'auto', 'on']", cfg.sgd_in_backward),
-        # One process: every strategy is the same single replica. Under torchrun: DDP
-        # (replicated), FSDP2 (sharded) or no gradient exchange (independent).
-        strategy=effective_variable_update(cfg),
-        ddp_bucket_cap_mb=bucket_mb,
-        progress_bar=False,
-        summaries=False,
-        **prefetch,
-    )
+    config = run_config(cfg, str(workload.device), bucket_mb=bucket_mb)
     optimizer_fn, schedule_fn = optimizer_and_schedule(
         cfg,
         workload.train_examples / workload.batch_size,
@@ -301,6 +271,41 @@ def build_estimator(
         params=model_params(cfg),
         train_batch_size=workload.batch_size,
         eval_batch_size=workload.eval_batch_size,
+    )
+
+
+def run_config(cfg: BenchConfig, device: str, *, bucket_mb: float | None = None) -> RunConfig:
+    """The ``RunConfig`` of :func:`build_estimator`'s Estimator for a run on ``device``."""
+    depth = prefetch_depth(cfg)
+    prefetch: dict[str, Any] = {} if depth is None else {"prefetch_depth": depth}  # else RunConfig's default
+    loss_scale = LossScale(  # static unless --fp16_enable_auto_loss_scale (the growth interval is then unused)
+        dynamic=bool(cfg.fp16_enable_auto_loss_scale),
+        init=float(cfg.fp16_loss_scale or DEFAULT_FP16_LOSS_SCALE),
+        growth_interval=cfg.fp16_inc_loss_scale_every_n or 1000,
+    )
+    return RunConfig(
+        model_dir=cfg.train_dir,
+        seed=cfg.tf_random_seed,
+        iterations_per_loop=cfg.iterations_per_loop,
+        save_checkpoints_steps=cfg.save_model_steps,
+        # tf_cnn_benchmarks saves only at the end unless asked; math.inf means "never by time".
+        save_checkpoints_secs=None if cfg.save_model_steps else (cfg.save_model_secs or math.inf),
+        keep_checkpoint_max=cfg.max_ckpts_to_keep,
+        log_every_n_steps=None,  # the harness prints its own progress lines
+        precision=cast(PrecisionName, cfg.precision),  # one of PRECISIONS: BenchConfig checked it
+        loss_scale=loss_scale,
+        device=device,
+        compile=cast("bool | Literal['none', 'module', 'step']", cfg.compile_mode),  # RunConfig checks it
+        cuda_graph=cfg.cuda_graph,
+        fast_linear=cast("Literal['auto', 'on', 'off']", cfg.fast_linear),  # BenchConfig checked it
+        sgd_in_backward=cast("Literal['off', 'auto', 'on']", cfg.sgd_in_backward),
+        # One process: every strategy is the same single replica. Under torchrun: DDP
+        # (replicated), FSDP2 (sharded) or no gradient exchange (independent).
+        strategy=effective_variable_update(cfg),
+        ddp_bucket_cap_mb=bucket_mb,
+        progress_bar=False,
+        summaries=False,
+        **prefetch,
     )
 
 
@@ -743,5 +748,6 @@ __all__ = [
     "build_estimator",
     "l2_loss",
     "run_benchmark",
+    "run_config",
     "zoo_model",
 ]

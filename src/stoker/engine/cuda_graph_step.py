@@ -72,17 +72,29 @@ def capture_refusals(
         reasons.append(f"{world_size} replicas: gradient all-reduce is not captured by this loop; use one replica")
     if carries_cache:
         reasons.append("a carried cache (EstimatorSpec.cache) is not captured")
-    if not (optimizer.defaults.get("capturable") or optimizer.defaults.get("fused")):
+    if not captures_update(optimizer):
         reasons.append(
             f"optimizer {name} is not capturable: build it with capturable=True (Adam, AdamW, ...) "
             "or fused=True (SGD, Adam, AdamW)"
         )
-    elif dynamic_scaling and not getattr(optimizer, "_step_supports_amp_scaling", False):
+    elif dynamic_scaling and not skips_update_on_device(optimizer):
         reasons.append(
             f"fp16 dynamic loss scaling skips updates on the device only with a fused optimizer; build {name} "
             "with fused=True, or use a static loss_scale"
         )
     return reasons
+
+
+def captures_update(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether a CUDA graph can capture ``optimizer.step()``: it was built ``capturable=True`` or
+    ``fused=True`` (its flags only; nothing touches a device, so a CPU-built one answers for CUDA)."""
+    return bool(optimizer.defaults.get("capturable") or optimizer.defaults.get("fused"))
+
+
+def skips_update_on_device(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether ``optimizer.step()`` skips the update on the device when fp16 gradients overflowed
+    (torch's fused kernels read ``found_inf``), as fp16 dynamic loss scaling needs inside a graph."""
+    return bool(getattr(optimizer, "_step_supports_amp_scaling", False))
 
 
 def cuda_graph_refusals(config: LoopConfig, strategy: Any, kwargs: dict[str, Any]) -> list[str]:
@@ -322,4 +334,11 @@ def _copy_snapshot(host_call: Any) -> Any:
     return first, [v.clone() for v in values]
 
 
-__all__ = ["WARMUP_STEPS", "CudaGraphTrainStep", "capture_refusals", "cuda_graph_refusals"]
+__all__ = [
+    "WARMUP_STEPS",
+    "CudaGraphTrainStep",
+    "capture_refusals",
+    "captures_update",
+    "cuda_graph_refusals",
+    "skips_update_on_device",
+]
