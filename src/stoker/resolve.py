@@ -15,7 +15,7 @@ page each constant cites.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -204,10 +204,40 @@ def auto_worker_kind(threads_suffice: bool, num_workers: int) -> Choice[str]:
     return Choice("thread", "the decoder releases the GIL")
 
 
+#: ``decoder="auto"`` leaves the first decoder of its order (libjpeg-crop) only for one measured at
+#: least this much faster per image: a smaller gap is within the measurement's noise, and the
+#: fixed order keeps reruns naming the same decoder.
+DECODER_MARGIN = 0.05
+
+
+def image_decoder(candidates: Sequence[str], ms_per_image: Mapping[str, float] | None, examples: int) -> Choice[str]:
+    """What ``decoder="auto"`` decodes JPEGs with: of ``candidates`` (the installed decoders whose
+    pixels are libjpeg-turbo's fast-DCT pixels bit for bit, in their fixed order), the one measured
+    fastest (``ms_per_image``: milliseconds per training crop, timed on ``examples`` of the run's
+    own examples), keeping the first unless another is :data:`DECODER_MARGIN` faster. No candidate:
+    Pillow (its pixels differ; never chosen over a candidate). One candidate or no timings: the first."""
+    if not candidates:
+        return Choice("pillow", "auto: neither libjpeg-crop nor simplejpeg works here")
+    first = candidates[0]
+    if len(candidates) == 1:
+        return Choice(first, "auto: the only fast-DCT decoder here")
+    if not ms_per_image:
+        return Choice(first, "auto: the first of " + ", ".join(candidates) + " (nothing readable to time)")
+    timed = ", ".join(f"{name} {ms_per_image[name]:.2f}" for name in candidates)
+    reason = f"auto: {timed} ms per image, timed on {examples} of this data's examples"
+    fastest = min(candidates, key=lambda name: ms_per_image[name])
+    if ms_per_image[fastest] < (1.0 - DECODER_MARGIN) * ms_per_image[first]:
+        return Choice(fastest, reason)
+    if fastest != first:
+        reason += f"; {first} kept, the others within {DECODER_MARGIN:.0%}"
+    return Choice(first, reason)
+
+
 __all__ = [
     "AUTO_THREAD_WORKERS_MAX",
     "CPU_NCHW_MODELS",
     "CUDA_CORES_KEPT",
+    "DECODER_MARGIN",
     "DECODE_MS_PER_IMAGE",
     "INLINE_DECODE_RATIO",
     "Choice",
@@ -216,6 +246,7 @@ __all__ = [
     "data_format",
     "data_workers",
     "decode_inline",
+    "image_decoder",
     "image_threads_suffice",
     "input_bound",
     "intra_threads",

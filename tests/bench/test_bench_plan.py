@@ -3,6 +3,7 @@ machine facts (nothing here depends on this machine's cores, load or decoders)."
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -161,3 +162,52 @@ def test_the_plan_on_a_cuda_host_and_on_synthetic_data(decodes: dict[Any, Any]) 
     lines = resolve_plan(cfg(model="trivial", num_intra_threads=2), synthetic, facts(2)).lines()
     assert lines[:2] == ["threads: 2 (--num_intra_threads)", "input: none (synthetic data: nothing to decode)"]
     assert len(lines) == 6  # the input's five choices as one line
+
+
+# ------------------------------------------------------------------------------ --image_decoder=auto
+def test_auto_decoder_is_measured_once_on_the_data_and_named_to_every_source(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, decodes: dict[Any, Any]
+) -> None:
+    import stoker.data.images.auto_decoder as auto
+    from helpers.images import make_image_tree
+    from stoker.bench.workload import make_input_fn
+
+    if len(auto.candidates()) < 2:
+        pytest.skip("needs both libjpeg-crop and simplejpeg")
+    timings: list[int] = []
+
+    def timed(names: list[str], samples: list[Any], size: int) -> tuple[dict[str, float], int]:
+        timings.append(len(samples))
+        return {"libjpeg-crop": 2.0, "simplejpeg": 1.0}, len(samples)
+
+    monkeypatch.setattr(auto, "time_decoders_one_thread", timed)
+    monkeypatch.setattr(auto, "_chosen", {})
+    plan_module._measured_decoder.cache_clear()
+    root = make_image_tree(tmp_path / "jpegs", classes=2, per_class=10, size=40)
+    workload = SimpleNamespace(
+        synthetic=False,
+        dataset="imagenet",
+        num_classes=2,
+        device=CPU,
+        data_layout="image folder",
+        image_size=32,
+        model_info=None,
+    )
+    run = cfg(model="trivial", data_dir=str(root), image_decoder="auto", data_worker_kind="auto")
+    plan = resolve_plan(run, workload, facts(2))
+    assert plan.decoder == Choice(
+        "simplejpeg", "auto: libjpeg-crop 2.00, simplejpeg 1.00 ms per image, timed on 16 of this data's examples"
+    )
+    # simplejpeg holds the GIL: processes, as for --image_decoder=simplejpeg
+    assert (
+        plan.worker_kind
+        == resolve_plan(
+            cfg(model="trivial", data_dir=str(root), image_decoder="simplejpeg"), workload, facts(2)
+        ).worker_kind
+    )
+    assert plan.worker_kind.value == "process" and resolve_plan(run, workload, facts(2)) == plan
+    assert timings == [16], "the header's plan and the sources' share one measurement"
+    options = make_input_fn(run, workload, train=True).options  # type: ignore[union-attr]
+    assert options.decoder == "simplejpeg" and timings == [16]
+    source = make_input_fn(run, workload, train=True)({"batch_size": 4, "num_replicas": 1, "replica_index": 0})
+    assert source.decoder_choice == Choice("simplejpeg", "decoder=simplejpeg") and timings == [16]  # type: ignore[attr-defined]

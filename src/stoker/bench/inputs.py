@@ -16,7 +16,9 @@ Estimator as ``input_fn(params)`` with the per-replica ``batch_size``, ``num_rep
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,10 +27,38 @@ from typing import Any
 import torch
 
 from ..data import RepeatedBatch, cifar_binary, image_folder, imagenet_tfrecords, synthetic_images
+from ..data.images import IMAGE_EXTENSIONS
 from ..data.tfrecord import find_shards
 from ..models import ModelInfo
+from ..resolve import Choice
 
 InputFn = Callable[[dict[str, Any]], Iterable[Any]]
+
+
+#: What an ImageNet ``--data_dir`` holds (the header's ``Dataset:`` line says it).
+TFRECORDS, IMAGE_FOLDER = "TFRecord shards", "image folder"
+
+
+def image_folder_roots(data_dir: Path) -> tuple[Path, Path]:
+    """The training and evaluation roots of an image folder: ``train`` and ``validation`` (or
+    ``val``) where they exist, else ``data_dir`` itself for both."""
+    train = data_dir / "train"
+    for name in ("validation", "val"):
+        if (data_dir / name).is_dir():
+            return (train if train.is_dir() else data_dir), data_dir / name
+    return (train if train.is_dir() else data_dir), (train if train.is_dir() else data_dir)
+
+
+def has_class_folders(root: Path) -> bool:
+    """A visible subfolder of ``root`` (or of ``root/train``) directly holds an image file."""
+    for top in (root, root / "train"):
+        if not top.is_dir():
+            continue
+        for sub in os.scandir(top):
+            if sub.is_dir() and not sub.name.startswith("."):
+                if any(f.name.lower().endswith(IMAGE_EXTENSIONS) for f in os.scandir(sub.path)):
+                    return True
+    return False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,7 +206,29 @@ class FirstBatchRepeated:
         return itertools.repeat(first)
 
 
+def auto_decoder_choice(
+    data_dir: Path, data_layout: str, num_classes: int, options: ImageOptions, batch_size: int
+) -> Choice[str]:
+    """``--image_decoder=auto``'s measured decoder (:mod:`stoker.data.images.auto_decoder`) for
+    ``options``' data: a source built here with no workers times the installed decoders on its
+    own examples, then is closed; the run's sources are then given the decoder by name."""
+    probe = dataclasses.replace(options, num_workers=0, worker_kind="auto", decoder="auto", decode_on_device=False)
+    params = {"batch_size": batch_size, "num_replicas": 1, "replica_index": 0}
+    if data_layout == TFRECORDS:
+        source = TFRecordImages(data_dir=data_dir, num_classes=num_classes, options=probe)(params)
+    else:
+        train_root, eval_root = image_folder_roots(data_dir)
+        source = FolderImages(root=train_root if options.train else eval_root, options=probe)(params)
+    choice: Choice[str] = source.decoder_choice  # type: ignore[attr-defined]
+    close = getattr(source, "close", None)
+    if close is not None:
+        close()
+    return choice
+
+
 __all__ = [
+    "IMAGE_FOLDER",
+    "TFRECORDS",
     "CifarBinaries",
     "FirstBatchRepeated",
     "FolderImages",
@@ -185,4 +237,7 @@ __all__ = [
     "ModelExamples",
     "SyntheticImages",
     "TFRecordImages",
+    "auto_decoder_choice",
+    "has_class_folders",
+    "image_folder_roots",
 ]

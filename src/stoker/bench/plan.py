@@ -15,13 +15,15 @@ FLOPs over this machine's measured peak) is kept per model, data set and precisi
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..data.images.decoders import get_decoder
+from ..data.images.decoders import DECODERS, get_decoder
 from ..distributed import torchrun_world_size
 from ..kernels.machine import busy_cores, usable_cores
 from ..models import create_model, example_flops, get_model_info
@@ -39,6 +41,7 @@ from ..resolve import (
 from .checks import sgd_in_backward_blockers
 from .config import MODE_TRAIN, MODE_TRAIN_AND_EVAL, BenchConfig
 from .cuda_graph import cuda_graph_refusals
+from .inputs import ImageOptions, auto_decoder_choice
 
 NOTHING_TO_DECODE = "synthetic data: nothing to decode"
 TRAINING_FLOPS_FACTOR = 3.0  # a training image: the forward pass and a backward pass of twice its FLOPs
@@ -157,24 +160,53 @@ def trains_on_cuda(cfg: BenchConfig) -> bool:
     )
 
 
-def resolve_worker_kind(cfg: BenchConfig, workers: int) -> Choice[str]:
+def resolve_worker_kind(cfg: BenchConfig, workers: int, decoder: str | None = None) -> Choice[str]:
     """``thread`` or ``process`` for ``workers`` decoding workers (:func:`stoker.resolve.worker_kind`;
-    as the image source decides it: pinned batches on CUDA)."""
+    as the image source decides it: pinned batches on CUDA) decoding with ``decoder`` (a name of
+    :data:`~stoker.data.images.decoders.DECODERS`; else ``--image_decoder``'s fixed-order pick)."""
+    named = decoder if decoder in DECODERS else cfg.image_decoder  # "raw" (CIFAR-10), "nvjpeg": as the flag says
     suffice = image_threads_suffice(
-        releases_gil=get_decoder(cfg.image_decoder).releases_gil,
+        releases_gil=get_decoder(named).releases_gil,
         decode_on_device=cfg.decode_on_device,
         pin_memory=trains_on_cuda(cfg),
     )
     return worker_kind(cfg.data_worker_kind, suffice, workers)
 
 
-def _decoder(cfg: BenchConfig) -> Choice[str]:
+def _decoder(cfg: BenchConfig, workload: Any) -> Choice[str]:
     if cfg.decode_on_device:
         return Choice("nvjpeg", "--decode_on_device")
-    name = get_decoder(cfg.image_decoder).name
     if cfg.image_decoder != "auto":
-        return Choice(name, f"--image_decoder={cfg.image_decoder}")
-    return Choice(name, "auto: the first of libjpeg-crop, simplejpeg and pillow available here")
+        return Choice(get_decoder(cfg.image_decoder).name, f"--image_decoder={cfg.image_decoder}")
+    assert cfg.data_dir is not None
+    train = cfg.benchmark_mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL) and not cfg.eval
+    return _measured_decoder(
+        data_dir=cfg.data_dir,
+        data_layout=workload.data_layout,
+        num_classes=workload.num_classes,
+        options=ImageOptions(
+            image_size=workload.image_size,
+            train=train,
+            seed=cfg.tf_random_seed,
+            num_epochs=None if train else 1,
+            num_workers=0,
+            worker_kind="auto",
+            resize_method=cfg.resize_method,
+            distortions=train and cfg.distortions,
+            decoder="auto",
+            decode_on_device=False,
+            pin_memory=False,
+        ),
+        batch_size=1,
+    )
+
+
+@functools.lru_cache(maxsize=8)
+def _measured_decoder(
+    *, data_dir: str, data_layout: str, num_classes: int, options: ImageOptions, batch_size: int
+) -> Choice[str]:
+    # Once per process and setting: the plan is resolved for the header and again for each source.
+    return auto_decoder_choice(Path(data_dir), data_layout, num_classes, options, batch_size)
 
 
 def _input_choices(cfg: BenchConfig, workload: Any, facts: MachineFacts) -> dict[str, Choice[Any]]:
@@ -189,9 +221,11 @@ def _input_choices(cfg: BenchConfig, workload: Any, facts: MachineFacts) -> dict
             "decode_inline": Choice(False, none.reason),
         }
     cifar, on_cuda = workload.dataset == "cifar10", trains_on_cuda(cfg)
+    decoder = Choice("raw", "CIFAR-10 binaries") if cifar else _decoder(cfg, workload)
 
     def training_thread_helps(workers: int) -> bool:
-        return workers > 0 and not cifar and not on_cuda and resolve_worker_kind(cfg, workers).value == "thread"
+        kind = resolve_worker_kind(cfg, workers, decoder.value).value
+        return workers > 0 and not cifar and not on_cuda and kind == "thread"
 
     ratio = step_in_decodes(cfg, workload.dataset, workload.num_classes, workload.device)
     inline = decode_inline(None if cfg.datasets_num_private_threads is not None else ratio)
@@ -207,8 +241,8 @@ def _input_choices(cfg: BenchConfig, workload: Any, facts: MachineFacts) -> dict
     helps = training_thread_helps(workers.value)
     return {
         "data_workers": workers,
-        "worker_kind": resolve_worker_kind(cfg, workers.value),
-        "decoder": Choice("raw", "CIFAR-10 binaries") if cifar else _decoder(cfg),
+        "worker_kind": resolve_worker_kind(cfg, workers.value, decoder.value),
+        "decoder": decoder,
         "training_thread_decodes": Choice(
             helps, "threads decode for a CPU step" if helps else "workers or the input thread decode"
         ),

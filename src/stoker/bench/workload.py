@@ -56,6 +56,8 @@ from .defaults import (
     model_learning_rate,
 )
 from .inputs import (
+    IMAGE_FOLDER,
+    TFRECORDS,
     CifarBinaries,
     FirstBatchRepeated,
     FolderImages,
@@ -64,6 +66,8 @@ from .inputs import (
     ModelExamples,
     SyntheticImages,
     TFRecordImages,
+    has_class_folders,
+    image_folder_roots,
 )
 from .plan import resolve_plan
 
@@ -366,29 +370,6 @@ def _model_rate(
     return None, model_learning_rate(defaults, global_batch, base_lr=cfg.resnet_base_lr), described
 
 
-def _image_folder_roots(data_dir: Path) -> tuple[Path, Path]:
-    train = data_dir / "train"
-    for name in ("validation", "val"):
-        if (data_dir / name).is_dir():
-            return (train if train.is_dir() else data_dir), data_dir / name
-    return (train if train.is_dir() else data_dir), (train if train.is_dir() else data_dir)
-
-
-TFRECORDS, IMAGE_FOLDER = "TFRecord shards", "image folder"
-
-
-def _has_class_folders(root: Path) -> bool:
-    """A visible subfolder of ``root`` (or of ``root/train``) directly holds an image file."""
-    for top in (root, root / "train"):
-        if not top.is_dir():
-            continue
-        for sub in os.scandir(top):
-            if sub.is_dir() and not sub.name.startswith("."):
-                if any(f.name.lower().endswith(IMAGE_EXTENSIONS) for f in os.scandir(sub.path)):
-                    return True
-    return False
-
-
 def _count_records(data_dir: Path) -> tuple[int, int]:
     """Examples in the ``train-*-of-*`` and ``validation-*-of-*`` shards (the training ones when
     there are no validation shards); indexing them on first use."""
@@ -416,14 +397,14 @@ def _count_examples(dataset: str, data_dir: Path) -> tuple[int, int, int | None,
             raise BenchFlagError(("data_dir",), f"--data_dir={data_dir}: no CIFAR-10 data_batch_*.bin files")
         return int(train), int(test or train), None, ""  # the data set names the layout
     if find_shards(data_dir, "train"):
-        if _has_class_folders(data_dir):
+        if has_class_folders(data_dir):
             raise BenchFlagError(
                 ("data_dir",),
                 f"--data_dir={data_dir} holds both train-*-of-* TFRecord shards and folders of images; "
                 f"point it at one kind: {expected_layouts(data_dir)}",
             )
         return *_count_records(data_dir), None, TFRECORDS
-    train_root, eval_root = _image_folder_roots(data_dir)
+    train_root, eval_root = image_folder_roots(data_dir)
     try:
         classes, train_paths, _ = scan_image_folder(train_root, IMAGE_EXTENSIONS)
         eval_paths = train_paths if eval_root == train_root else scan_image_folder(eval_root, IMAGE_EXTENSIONS)[1]
@@ -484,13 +465,14 @@ def _image_input_fn(
         worker_kind=plan.worker_kind.value,
         resize_method=cfg.resize_method,
         distortions=train and cfg.distortions,
-        decoder=cfg.image_decoder,
+        # the plan's decoder: auto measured once (stoker.data.images.auto_decoder), then named to every source
+        decoder=cfg.image_decoder if cfg.decode_on_device else plan.decoder.value,
         decode_on_device=cfg.decode_on_device,
         pin_memory=workload.device.type == "cuda",
     )
     if workload.data_layout == TFRECORDS:
         return TFRecordImages(data_dir=data_dir, num_classes=workload.num_classes, options=options)
-    train_root, eval_root = _image_folder_roots(data_dir)
+    train_root, eval_root = image_folder_roots(data_dir)
     return FolderImages(root=train_root if train else eval_root, options=options)
 
 

@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from ...errors import ConfigError, DataError
-from ...resolve import image_threads_suffice
+from ...resolve import Choice, image_threads_suffice
 from ..base import IndexedSource, example_uniforms
+from . import auto_decoder
 from .color import color_params
 from .crops import FLIP_INDEX, INCEPTION_DRAWS, INCEPTION_FLIP_INDEX, TRAIN_DRAWS, source_box
 from .decoders import RESIZE_METHODS, RESIZE_MODES, ImageDecodeError, decode_crop_resize, get_decoder
@@ -117,9 +118,16 @@ class EncodedImageSource(IndexedSource):
         # uint8 batches in pinned host memory (CUDA): the infeed's copy to the GPU is then
         # asynchronous with no extra staging copy (pin_memory() of a pinned tensor is a no-op).
         self.pin_memory = bool(pin_memory) and output == "uint8"
-        self.decoder = get_decoder(decoder)
         self._draws = TRAIN_DRAWS if crop == "tf_cnn" or self.distortions else INCEPTION_DRAWS
         self._flip_index = FLIP_INDEX if crop == "tf_cnn" else INCEPTION_FLIP_INDEX
+        self.decoder = get_decoder(decoder)  # auto: the first of the fixed order, until measured
+        #: The CPU decoder and why (``auto``: measured on this data, :mod:`.auto_decoder`).
+        self.decoder_choice: Choice[str] = Choice(self.decoder.name, f"decoder={decoder}")
+        if decode_on_device:
+            self.decoder_choice = Choice(self.decoder.name, "image headers only: the GPU decodes")
+        elif decoder == "auto":
+            self.decoder_choice = self._measured_decoder(int(indexed.get("seed", 0)))
+            self.decoder = get_decoder(self.decoder_choice.value)
         self._preprocess = ImagePreprocessor(self.mean, self.std, distortions=self.distortions, channels_last=False)
         self._device_decoder = None
         if decode_on_device:
@@ -165,8 +173,26 @@ class EncodedImageSource(IndexedSource):
 
     @property
     def decoder_name(self) -> str:
-        """What decodes: ``simplejpeg``, ``pillow`` or ``nvjpeg``."""
+        """What decodes: ``libjpeg-crop``, ``simplejpeg``, ``pillow`` or ``nvjpeg``."""
         return "nvjpeg" if self._device_decoder is not None else self.decoder.name
+
+    def _measured_decoder(self, seed: int) -> Choice[str]:
+        """``decoder="auto"``: the decoder that builds this source's first-epoch crops fastest here
+        (:func:`.auto_decoder.choose_decoder`); unreadable examples are left out of the timing."""
+        if len(auto_decoder.candidates()) < 2:
+            return auto_decoder.choose_decoder(None, [], self.image_size)
+        indices = auto_decoder.sample_indices(self.num_examples)
+        draws = example_uniforms(seed, 0, indices, self._draws) if self.augment else None
+        samples, names = [], []
+        for position, index in enumerate(indices):
+            try:
+                example, box, flip, wh = self._plan_sized(index, None if draws is None else draws[position])
+            except DataError:
+                continue
+            samples.append(auto_decoder.TimingSample(example.data, box, self._method(index), flip, wh))
+            names.append(example.name)
+        setting = (type(self).__name__, self.num_examples, tuple(names), self.image_size, self.resize_method)
+        return auto_decoder.choose_decoder((*setting, self.crop, self.augment, seed), samples, self.image_size)
 
     def _box(
         self, width: int, height: int, u: np.ndarray | None, example: EncodedExample
