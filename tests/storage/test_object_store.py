@@ -245,8 +245,12 @@ def test_run_spec_on_a_memory_store():
     assert read_run_spec(url)["model"] == "lenet"
 
 
-def test_export_from_a_memory_store_to_one():
+def test_export_from_a_memory_store_to_one(tmp_path, monkeypatch):
+    import tempfile
+
     from stoker.export import export
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # where the loader's copy goes
 
     x, y = make_data(64)
     url = _memory_url()
@@ -257,8 +261,10 @@ def test_export_from_a_memory_store_to_one():
     assert signature["global_step"] == 4 and signature["checkpoint"].startswith(url + "/ckpt-4.")
     from stoker.export import load_exported
 
-    exported = load_exported(target)  # copied down, then loaded
+    exported = load_exported(target)  # copied down, loaded, the copy removed
     assert exported.signature == signature
+    assert str(exported.path) == url + "-export" and exported.path.name == url.rsplit("/", 1)[1] + "-export"
+    assert list(tmp_path.glob("stoker-export-*")) == [], "the temporary copy is removed once loaded"
     eager = est.model.eval()(x[:4])
     torch.testing.assert_close(exported({"features": x[:4]})["logits"], eager, rtol=1e-5, atol=1e-6)
     names = storage.listdir(location(url + "-export"))

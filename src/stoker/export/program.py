@@ -36,7 +36,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Protocol
 
 import torch
@@ -499,10 +499,11 @@ class ExportedModel:
 
     ``module`` is the ``torch.export`` program's module, or the AOTInductor runner when the
     export was loaded with ``aot=True`` (``aot`` then holds the signature's ``aot`` entry).
-    Inputs are moved to ``device``; outputs stay there.
+    Inputs are moved to ``device``; outputs stay there. ``path`` is where it was loaded from
+    (a local directory, or an fsspec URL as a :class:`~stoker.storage.UrlPath`).
     """
 
-    path: Path
+    path: PurePath
     signature: dict[str, Any]
     module: Callable[..., Any]
     aot: dict[str, Any] | None = None
@@ -535,6 +536,21 @@ class ExportedModel:
             return dict(self.module(*[inputs[n].to(device) for n in self.input_names]))
 
 
+def _load_from_url(where: storage.UrlPath, aot: bool | None) -> ExportedModel:
+    """An export at an fsspec URL, copied to a temporary directory, loaded, and the copy removed
+    (torch's loaders read local files, and keep nothing open of them once loaded). The model's
+    ``path`` is the URL."""
+    base = where.parent if where.name == AOT_FILE else where
+    with tempfile.TemporaryDirectory(prefix="stoker-export-") as tmp:
+        local = Path(tmp) / base.name  # the export's own name: a server names its model after it
+        local.mkdir()
+        for name in storage.listdir(base):
+            (local / name).write_bytes(storage.read_bytes(base / name))
+        model = load_exported(local / AOT_FILE if where.name == AOT_FILE else local, aot=aot)
+    model.path = base
+    return model
+
+
 def load_exported(export_path: str | os.PathLike[str], *, aot: bool | None = None) -> ExportedModel:
     """Load an export for inference (no model code needed).
 
@@ -542,15 +558,11 @@ def load_exported(export_path: str | os.PathLike[str], *, aot: bool | None = Non
     ``model.pt2``) or the ``model.aoti.pt2`` file itself (an AOT package; its ``signature.json``
     beside it). A package compiled for another device or torch version is refused with an
     ``ExportError`` before it is loaded. An fsspec URL is copied to a local temporary
-    directory first (torch's loaders read local files).
+    directory first (torch's loaders read local files), which is removed once it is loaded.
     """
     where = storage.location(export_path)
     if isinstance(where, storage.UrlPath):
-        base = where.parent if where.name == AOT_FILE else where
-        local = Path(tempfile.mkdtemp(prefix="stoker-export-"))
-        for name in storage.listdir(base):
-            (local / name).write_bytes(storage.read_bytes(base / name))
-        return load_exported(local / AOT_FILE if where.name == AOT_FILE else local, aot=aot)
+        return _load_from_url(where, aot)
     path = where
     if path.is_file() and path.name == AOT_FILE:
         if aot is False:
