@@ -59,6 +59,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1144,13 +1145,13 @@ def _plain_bert_model(shape: dict[str, int], vocab: int = 257) -> Any:
     return PlainBert()
 
 
-def plain_bert_loop(
-    precision: str, variant: str, num_batches: int, num_warmup: int, device: str, shape: dict[str, int]
-) -> dict[str, Any]:
-    """Examples/sec of a hand-written BERT masked-LM loop with the recipe's work per step: 15 %
-    of each window's positions are targets (the loss over them, in fp32), AdamW (fused on CUDA,
-    weight decay 0.01 but not on biases and LayerNorm weights), gradient clipping at 1.0, bf16
-    autocast. Synthetic tokens on the device; ``compiled``: ``torch.compile`` of the model."""
+def plain_bert_step(precision: str, variant: str, device: str, shape: dict[str, int]) -> Callable[[], Any]:
+    """One training step of a hand-written BERT masked-LM loop with the recipe's work per step:
+    15 % of each window's positions are targets (the loss over them, in fp32), AdamW (fused on
+    CUDA, weight decay 0.01 but not on biases and LayerNorm weights), gradient clipping at 1.0,
+    bf16 autocast. Synthetic tokens on the device, one batch for every step; ``compiled``:
+    ``torch.compile`` of the model. The step returns the (detached) loss without waiting for it.
+    Shared with ``benchmarks/transformer.py`` (the same loop on CPU, beside the recipe)."""
     import torch
     import torch.nn.functional as F
 
@@ -1180,6 +1181,18 @@ def plain_bert_loop(
         opt.zero_grad(set_to_none=True)
         return loss.detach()
 
+    return step
+
+
+def plain_bert_loop(
+    precision: str, variant: str, num_batches: int, num_warmup: int, device: str, shape: dict[str, int]
+) -> dict[str, Any]:
+    """Examples/sec of :func:`plain_bert_step` after ``num_warmup`` untimed steps."""
+    import torch
+
+    dev = torch.device(device)
+    step = plain_bert_step(precision, variant, device, shape)
+
     def sync() -> None:
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
@@ -1195,7 +1208,7 @@ def plain_bert_loop(
     sync()
     elapsed = time.perf_counter() - start
     return {
-        "images_per_sec": num_batches * b / elapsed,  # examples (windows) per second
+        "images_per_sec": num_batches * shape["batch"] / elapsed,  # examples (windows) per second
         "elapsed_s": elapsed,
         "warm_up_s": warm_s,
         "loss": float(loss),
