@@ -233,6 +233,20 @@ def image_decoder(candidates: Sequence[str], ms_per_image: Mapping[str, float] |
     return Choice(first, reason)
 
 
+def attention_form(given: str, device_type: str) -> Choice[str]:
+    """The attention of the Transformer recipes (``--attention``): ``sdpa`` or ``math`` as given;
+    ``auto``: ``sdpa`` on CUDA (its flash and memory-efficient kernels), ``math`` elsewhere. On a
+    CPU torch's ``scaled_dot_product_attention`` was never faster than the written-out form
+    (fp32: 0.95-1.01x; bf16: 0.62-0.81x, its CPU kernel slower in bf16 and without dropout
+    support), and ``math`` trains bitwise as the recipes did before the option.
+    Measured: docs/results/transformer.md."""
+    if given != "auto":
+        return Choice(given, f"--attention={given}")
+    if device_type == "cuda":
+        return Choice("sdpa", "auto: on CUDA, scaled_dot_product_attention (flash / memory-efficient kernels)")
+    return Choice("math", "auto: on the CPU the written-out attention measured as fast in fp32, faster in bf16")
+
+
 __all__ = [
     "AUTO_THREAD_WORKERS_MAX",
     "CPU_NCHW_MODELS",
@@ -242,6 +256,7 @@ __all__ = [
     "INLINE_DECODE_RATIO",
     "Choice",
     "MachineFacts",
+    "attention_form",
     "auto_worker_kind",
     "data_format",
     "data_workers",

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 import pytest
 import torch
@@ -118,11 +119,11 @@ def test_the_options_parse_appear_in_help_and_reach_the_run() -> None:
     parser = argparse.ArgumentParser(prog="stoker train bert")
     RECIPE.add_arguments(parser)
     text = parser.format_help()
-    assert "--attention {sdpa,math}" in text and "--compile {none,module,step}" in text
+    assert "--attention {auto,sdpa,math}" in text and "--compile {none,module,step}" in text
     args = parser.parse_args(["--model_dir", "d", "--attention", "math", "--compile", "module"])
     assert (args.attention, args.compile) == ("math", "module")
     defaults = parser.parse_args(["--model_dir", "d"])
-    assert (defaults.attention, defaults.compile) == ("sdpa", "none")
+    assert (defaults.attention, defaults.compile) == ("auto", "none")
     with pytest.raises(SystemExit):
         parser.parse_args(["--model_dir", "d", "--attention", "flash"])
     cfg = tiny_config(None, 1, compile="module", attention="math")
@@ -184,3 +185,29 @@ def test_the_flop_count_is_torch_flop_counters() -> None:
     with FlopCounterMode(display=False) as counter:
         model(torch.randint(0, 256, (1, 32))).sum().backward()
     assert training_flops_per_example(cfg) == counter.get_total_flops()
+
+
+def test_auto_is_sdpa_on_cuda_and_math_on_the_cpu_and_the_form_is_what_the_run_spec_records(tmp_path) -> None:  # noqa: ANN001
+    from stoker.recipes.bert import RECIPE, BertConfig
+
+    assert BertConfig(device="cpu").model_params()["attention"] == "math"
+    assert BertConfig(device="cuda").model_params()["attention"] == "sdpa"
+    assert BertConfig(device="cpu", attention="sdpa").model_params()["attention"] == "sdpa"
+    assert BertConfig(device="cuda:0", attention="math").model_params()["attention"] == "math"
+    # a run spec from before the option (no "attention" anywhere) rebuilds the written-out form
+    cfg = tiny_config(str(tmp_path), 1)
+    params = {k: v for k, v in cfg.model_params().items() if k != "attention"}
+    config = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "attention"}
+    old = RECIPE.config_from_run_spec({"params": params, "config": {**config, "device": "cuda"}}, tmp_path)
+    assert old.model_params()["attention"] == "math"
+
+
+def test_the_default_on_a_cpu_trains_bitwise_as_the_written_out_form(tmp_path) -> None:  # noqa: ANN001
+    """``auto`` on a CPU is ``math``: the same weights after training as naming it."""
+    runs = {}
+    for attention in ("auto", "math"):
+        est = build_estimator(tiny_config(None, 3, attention=attention, device="cpu"))
+        est.train(input_fns(tiny_config(None, 3))[0], max_steps=3)
+        runs[attention] = est.model_state_dict()
+    for name, weight in runs["auto"].items():
+        assert torch.equal(weight, runs["math"][name]), name

@@ -60,8 +60,32 @@ def test_resume_is_bitwise_within_one_form(tmp_path, attention: str) -> None:  #
 def test_the_option_parses_and_appears_in_help() -> None:
     parser = argparse.ArgumentParser(prog="stoker train charlm")
     RECIPE.add_arguments(parser)
-    assert "--attention {sdpa,math}" in parser.format_help()
-    assert parser.parse_args(["--model_dir", "d"]).attention == "sdpa"
+    assert "--attention {auto,sdpa,math}" in parser.format_help()
+    assert parser.parse_args(["--model_dir", "d"]).attention == "auto"
     assert parser.parse_args(["--model_dir", "d", "--attention", "math"]).attention == "math"
     params = {k: v for k, v in tiny_config("d", 1).model_params().items() if k != "attention"}
     assert CharTransformerXL.from_params(params).blocks[0].attn.attention == "math"  # an older run spec
+
+
+def test_auto_is_sdpa_on_cuda_and_math_on_the_cpu_and_the_form_is_what_the_run_spec_records() -> None:
+    from stoker.recipes.charlm import CharLMConfig
+
+    assert CharLMConfig(device="cpu").model_params()["attention"] == "math"
+    assert CharLMConfig(device="cuda:1").model_params()["attention"] == "sdpa"
+    assert CharLMConfig(device="cuda", attention="math").model_params()["attention"] == "math"
+    assert CharLMConfig(device="cpu", attention="sdpa").model_params()["attention"] == "sdpa"
+    default = CharLMConfig().model_params()["attention"]
+    assert default == ("sdpa" if torch.cuda.is_available() else "math")
+
+
+def test_an_older_run_spec_rebuilds_the_written_out_form_and_a_newer_one_its_own(tmp_path) -> None:  # noqa: ANN001
+    """A run spec from before ``--attention`` (no ``attention`` in its params or config) trained
+    the written-out form, on any device; one written now records the form it trained."""
+    cfg = tiny_config(str(tmp_path), 1)
+    params = {k: v for k, v in cfg.model_params().items() if k != "attention"}
+    config = {k: v for k, v in dataclasses.asdict(cfg).items() if k != "attention"}
+    for device in ("cpu", "cuda"):
+        old = RECIPE.config_from_run_spec({"params": params, "config": {**config, "device": device}}, tmp_path)
+        assert old.model_params()["attention"] == "math"
+    new = RECIPE.config_from_run_spec({"params": {**params, "attention": "sdpa"}, "config": config}, tmp_path)
+    assert new.model_params()["attention"] == "sdpa"

@@ -52,7 +52,16 @@ from ..metrics import Mean
 from ..spec import EstimatorSpec, ModeKeys
 from . import corpus
 from .corpus import TextCorpusConfig
-from .skeleton import ATTENTION_CHOICES, InputFn, Recipe, fused_on_cuda, option, standard_run_config
+from .skeleton import (
+    ATTENTION_CHOICES,
+    ATTENTION_FORMS,
+    InputFn,
+    Recipe,
+    attention_for,
+    fused_on_cuda,
+    option,
+    standard_run_config,
+)
 
 MASK_ID = 256  # bytes are 0..255
 VOCAB = 257
@@ -101,8 +110,8 @@ class SelfAttention(nn.Module):
         super().__init__()
         if hidden_size % num_heads:
             raise ConfigError(f"bert: hidden_size {hidden_size} is not divisible by num_heads {num_heads}")
-        if attention not in ATTENTION_CHOICES:
-            raise ConfigError(f"bert: attention={attention!r}; allowed: {', '.join(ATTENTION_CHOICES)}")
+        if attention not in ATTENTION_FORMS:
+            raise ConfigError(f"bert: attention={attention!r}; allowed: {', '.join(ATTENTION_FORMS)}")
         self.num_heads = num_heads
         self.attention = attention
         self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
@@ -344,9 +353,10 @@ class BertConfig(TextCorpusConfig):
     intermediate_size: int = option(512, "hidden width of the feed-forward blocks")
     dropout: float = option(0.1, "dropout rate")
     attention: str = option(
-        "sdpa",
-        "attention kernel: sdpa (torch's scaled_dot_product_attention: flash / memory-efficient on CUDA) or math "
-        "(written out, the attention weights an ordinary saved tensor, as docs/memory.md measures)",
+        "auto",
+        "attention kernel: sdpa (torch's scaled_dot_product_attention: flash / memory-efficient on CUDA), math "
+        "(written out, the attention weights an ordinary saved tensor, as docs/memory.md measures) or auto "
+        "(sdpa on CUDA, math on the CPU, where it measured as fast or faster; docs/results/transformer.md)",
         choices=ATTENTION_CHOICES,
     )
     compile: str = option(
@@ -402,7 +412,8 @@ class BertConfig(TextCorpusConfig):
 
     def model_params(self) -> dict[str, Any]:
         """The ``params`` that define the model and its data shape (saved in ``run_spec.json``)."""
-        return {k: getattr(self, k) for k in (*MODEL_KEYS, "seq_len", "mask_prob", "attention")}
+        params = {k: getattr(self, k) for k in (*MODEL_KEYS, "seq_len", "mask_prob")}
+        return {**params, "attention": attention_for(self.attention, self.device).value}
 
     def recompute_spec(self) -> str | tuple[str, ...] | None:
         """``recompute`` as ``RunConfig.recompute`` takes it (``["all"]`` is ``"all"``)."""
@@ -579,7 +590,7 @@ def _report(config: BertConfig, results: Mapping[str, float]) -> str:
         f"held-out at step {results['global_step']}: mlm_accuracy = {results['mlm_accuracy']:.4f}, "
         f"mlm_loss = {results['mlm_loss']:.4f} nats (ppl {math.exp(min(results['mlm_loss'], 700.0)):.3f}), "
         f"precision {config.precision}, recompute {' '.join(config.recompute or ['none'])}, "
-        f"attention {config.attention}, compile {config.compile}, "
+        f"attention {config.model_params()['attention']}, compile {config.compile}, "
         f"stages {_stages_note(config)}, model_dir {config.model_dir}"
     )
 
@@ -611,6 +622,7 @@ RECIPE: Recipe[BertConfig] = Recipe(
     report=_report,
     example_features=lambda config: torch.zeros(2, config.seq_len, dtype=torch.int64),
     flops_per_example=training_flops_per_example,
+    older_params={"attention": "math"},  # run specs from before --attention trained the written-out form
 )
 add_arguments, run, main = RECIPE.add_arguments, RECIPE.run, RECIPE.main
 build_estimator, config_error = RECIPE.build_estimator, RECIPE.config_error

@@ -43,7 +43,7 @@ from ..metrics import Metric
 from ..spec import EstimatorSpec, ModeKeys
 from . import corpus
 from .corpus import TextCorpusConfig
-from .skeleton import ATTENTION_CHOICES, InputFn, Recipe, fused_on_cuda, option
+from .skeleton import ATTENTION_CHOICES, ATTENTION_FORMS, InputFn, Recipe, attention_for, fused_on_cuda, option
 
 VOCAB = 256  # bytes
 RUN_SPEC_KIND = "charlm"
@@ -71,8 +71,8 @@ class RelativeAttention(nn.Module):
 
     def __init__(self, d_model: int, n_head: int, d_head: int, dropout: float, attention: str = "sdpa") -> None:
         super().__init__()
-        if attention not in ATTENTION_CHOICES:
-            raise ConfigError(f"charlm: attention={attention!r}; allowed: {', '.join(ATTENTION_CHOICES)}")
+        if attention not in ATTENTION_FORMS:
+            raise ConfigError(f"charlm: attention={attention!r}; allowed: {', '.join(ATTENTION_FORMS)}")
         self.n_head, self.d_head = n_head, d_head
         self.attention = attention
         self.q = nn.Linear(d_model, n_head * d_head, bias=False)
@@ -281,9 +281,10 @@ class CharLMConfig(TextCorpusConfig):
     d_inner: int = option(512, "hidden width of the MLPs")
     dropout: float = option(0.1, "dropout rate")
     attention: str = option(
-        "sdpa",
-        "attention kernel: sdpa (torch's scaled_dot_product_attention, the position scores its additive mask) "
-        "or math (written out, the attention weights an ordinary saved tensor)",
+        "auto",
+        "attention kernel: sdpa (torch's scaled_dot_product_attention, the position scores its additive mask), "
+        "math (written out, the attention weights an ordinary saved tensor) or auto (sdpa on CUDA, math on the "
+        "CPU, where it measured as fast)",
         choices=ATTENTION_CHOICES,
     )
     batch_size: int = option(16, "global batch: parallel streams of text")
@@ -307,7 +308,8 @@ class CharLMConfig(TextCorpusConfig):
 
     def model_params(self) -> dict[str, Any]:
         """The ``params`` that define the model and its data shape (saved in ``run_spec.json``)."""
-        return {k: getattr(self, k) for k in (*MODEL_KEYS, "seq_len", "attention")}
+        params = {k: getattr(self, k) for k in (*MODEL_KEYS, "seq_len")}
+        return {**params, "attention": attention_for(self.attention, self.device).value}
 
 
 def split_corpus(config: CharLMConfig) -> tuple[list[Path], list[Path]]:
@@ -412,6 +414,7 @@ RECIPE: Recipe[CharLMConfig] = Recipe(
     check=_check,
     report=_report,
     example_features=lambda config: torch.zeros(2, config.seq_len, dtype=torch.int64),
+    older_params={"attention": "math"},  # run specs from before --attention trained the written-out form
 )
 add_arguments, run, main = RECIPE.add_arguments, RECIPE.run, RECIPE.main
 build_estimator, config_error = RECIPE.build_estimator, RECIPE.config_error

@@ -93,6 +93,7 @@ from ..config import RunConfig
 from ..errors import StokerError
 from ..estimator import Estimator
 from ..hooks import Hook
+from ..resolve import Choice, attention_form
 from ..run_spec import recipe_config, register_eval_input, register_run_spec, write_run_spec
 from ..spec import EstimatorSpec
 from .throughput import Throughput
@@ -102,8 +103,10 @@ ModelFn = Callable[[nn.Module, Any, Any, Any, dict[str, Any]], EstimatorSpec]
 OptimizerFn = Callable[[dict[str, Any], Iterable[nn.Parameter]], torch.optim.Optimizer]
 ScheduleFn = Callable[[dict[str, Any], torch.optim.Optimizer], Any]
 
-#: ``--attention`` of the Transformer recipes: torch's scaled_dot_product_attention, or written out
-ATTENTION_CHOICES: tuple[str, ...] = ("sdpa", "math")
+#: The attention forms of the Transformer recipes' models: torch's scaled_dot_product_attention, or written out
+ATTENTION_FORMS: tuple[str, ...] = ("sdpa", "math")
+#: ``--attention``: a form, or ``auto`` (:func:`attention_for`)
+ATTENTION_CHOICES: tuple[str, ...] = ("auto", *ATTENTION_FORMS)
 
 #: :func:`option` keywords of a flag that takes one or more paths (``--text a.txt b/``)
 PATHS: dict[str, Any] = {"nargs": "+", "metavar": "PATH"}
@@ -125,6 +128,21 @@ def option(default: Any, help: str, **flag: Any) -> Any:
     and ``type`` that of the default; ``flag`` gives other ``add_argument`` keywords
     (``nargs="+"``, ``metavar``, ``choices``, ``type=int`` for a ``None`` default)."""
     return field(default=default, metadata={"help": help, "flag": flag})
+
+
+def device_type_of(device: str) -> str:
+    """``cuda`` or ``cpu``: where a recipe's ``--device`` (``auto``: CUDA where torch sees it) trains."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return "cuda" if device in ("cuda", "gpu") or device.startswith("cuda:") else "cpu"
+
+
+def attention_for(attention: str, device: str) -> Choice[str]:
+    """The attention form a Transformer recipe's model is built with: ``--attention``, or for
+    ``auto`` the rule of :func:`stoker.resolve.attention_form` on the run's device. The form, not
+    ``auto``, is what ``model_params()`` and ``run_spec.json`` record, so an export or a
+    ``stoker evaluate`` of the run rebuilds what trained."""
+    return attention_form(attention, device_type_of(device))
 
 
 def fused_on_cuda(parameters: Sequence[torch.Tensor]) -> bool:
@@ -218,6 +236,8 @@ class Recipe(Generic[C]):
     ``example_features`` are what ``stoker export`` traces the model with. With
     ``flops_per_example`` (training FLOPs of one example), ``run`` prints a second line: the
     training examples/sec and MFU (:class:`~stoker.recipes.throughput.Throughput`).
+    ``older_params``: what a run trained with when its ``run_spec.json`` predates a model
+    option (``{"attention": "math"}``: the written-out attention, before ``--attention``).
     """
 
     name: str
@@ -238,6 +258,7 @@ class Recipe(Generic[C]):
     report: Callable[[C, Mapping[str, float]], str] | None = None
     example_features: Callable[[C], Any] | None = None
     flops_per_example: Callable[[C], float] | None = None
+    older_params: Mapping[str, Any] = field(default_factory=dict)
 
     # ------------------------------------------------------------ the command line
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -379,6 +400,7 @@ class Recipe(Generic[C]):
     def config_from_run_spec(self, spec: Mapping[str, Any], model_dir: str | os.PathLike[str]) -> C:
         """The config a ``run_spec.json`` written by :meth:`train` records, reading ``model_dir``."""
         # recipe_config wants a dataclass type; a recipe's config class is one (RecipeFields cannot say so)
+        spec = {**spec, "params": {**self.older_params, **spec["params"]}}
         return cast(C, recipe_config(cast(Any, self.config_class), spec, model_dir))
 
     def register(
@@ -421,6 +443,9 @@ class Recipe(Generic[C]):
 
 __all__ = [
     "ATTENTION_CHOICES",
+    "ATTENTION_FORMS",
+    "attention_for",
+    "device_type_of",
     "PATHS",
     "InputFn",
     "Recipe",
