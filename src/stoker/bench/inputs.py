@@ -206,19 +206,27 @@ class FirstBatchRepeated:
         return itertools.repeat(first)
 
 
-def auto_decoder_choice(
-    data_dir: Path, data_layout: str, num_classes: int, options: ImageOptions, batch_size: int
-) -> Choice[str]:
+def image_input_fn(
+    data_dir: Path, data_layout: str, num_classes: int, options: ImageOptions
+) -> TFRecordImages | FolderImages:
+    """The ``input_fn`` of ImageNet-shaped JPEG data in ``data_dir``: its TFRecord shards
+    (``data_layout`` :data:`TFRECORDS`), or the image folder's training or evaluation root as
+    ``options.train`` says."""
+    if data_layout == TFRECORDS:
+        return TFRecordImages(data_dir=data_dir, num_classes=num_classes, options=options)
+    train_root, eval_root = image_folder_roots(data_dir)
+    return FolderImages(root=train_root if options.train else eval_root, options=options)
+
+
+def auto_decoder_choice(data_dir: Path, data_layout: str, num_classes: int, options: ImageOptions) -> Choice[str]:
     """``--image_decoder=auto``'s measured decoder (:mod:`stoker.data.images.auto_decoder`) for
     ``options``' data: a source built here with no workers times the installed decoders on its
     own examples, then is closed; the run's sources are then given the decoder by name."""
-    probe = dataclasses.replace(options, num_workers=0, worker_kind="auto", decoder="auto", decode_on_device=False)
-    params = {"batch_size": batch_size, "num_replicas": 1, "replica_index": 0}
-    if data_layout == TFRECORDS:
-        source = TFRecordImages(data_dir=data_dir, num_classes=num_classes, options=probe)(params)
-    else:
-        train_root, eval_root = image_folder_roots(data_dir)
-        source = FolderImages(root=train_root if options.train else eval_root, options=probe)(params)
+    probe = dataclasses.replace(
+        options, num_workers=0, worker_kind="auto", decoder="auto", decode_on_device=False, pin_memory=False
+    )
+    params = {"batch_size": 1, "num_replicas": 1, "replica_index": 0}
+    source = image_input_fn(data_dir, data_layout, num_classes, probe)(params)
     choice: Choice[str] = source.decoder_choice  # type: ignore[attr-defined]
     close = getattr(source, "close", None)
     if close is not None:
@@ -240,4 +248,5 @@ __all__ = [
     "auto_decoder_choice",
     "has_class_folders",
     "image_folder_roots",
+    "image_input_fn",
 ]

@@ -180,33 +180,41 @@ def _decoder(cfg: BenchConfig, workload: Any) -> Choice[str]:
         return Choice(get_decoder(cfg.image_decoder).name, f"--image_decoder={cfg.image_decoder}")
     assert cfg.data_dir is not None
     train = cfg.benchmark_mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL) and not cfg.eval
-    return _measured_decoder(
-        data_dir=cfg.data_dir,
-        data_layout=workload.data_layout,
-        num_classes=workload.num_classes,
-        options=ImageOptions(
-            image_size=workload.image_size,
-            train=train,
-            seed=cfg.tf_random_seed,
-            num_epochs=None if train else 1,
-            num_workers=0,
-            worker_kind="auto",
-            resize_method=cfg.resize_method,
-            distortions=train and cfg.distortions,
-            decoder="auto",
-            decode_on_device=False,
-            pin_memory=False,
-        ),
-        batch_size=1,
-    )
+    options = image_options(cfg, workload, train=train, epochs=None if train else 1)
+    return _measured_decoder(cfg.data_dir, workload.data_layout, workload.num_classes, options)
 
 
 @functools.lru_cache(maxsize=8)
-def _measured_decoder(
-    *, data_dir: str, data_layout: str, num_classes: int, options: ImageOptions, batch_size: int
-) -> Choice[str]:
+def _measured_decoder(data_dir: str, data_layout: str, num_classes: int, options: ImageOptions) -> Choice[str]:
     # Once per process and setting: the plan is resolved for the header and again for each source.
-    return auto_decoder_choice(Path(data_dir), data_layout, num_classes, options, batch_size)
+    return auto_decoder_choice(Path(data_dir), data_layout, num_classes, options)
+
+
+def image_options(
+    cfg: BenchConfig,
+    workload: Any,
+    *,
+    train: bool,
+    epochs: int | None,
+    num_workers: int = 0,
+    worker_kind: str = "auto",
+    decoder: str = "auto",
+) -> ImageOptions:
+    """The :class:`~stoker.bench.inputs.ImageOptions` of a run's JPEG source (training or
+    evaluation data): what the flags and the workload say, with the workers and the decoder given."""
+    return ImageOptions(
+        image_size=workload.image_size,
+        train=train,
+        seed=cfg.tf_random_seed,
+        num_epochs=epochs,
+        num_workers=num_workers,
+        worker_kind=worker_kind,
+        resize_method=cfg.resize_method,
+        distortions=train and cfg.distortions,
+        decoder=decoder,
+        decode_on_device=cfg.decode_on_device,
+        pin_memory=workload.device.type == "cuda",
+    )
 
 
 def _input_choices(cfg: BenchConfig, workload: Any, facts: MachineFacts) -> dict[str, Choice[Any]]:
@@ -296,6 +304,7 @@ __all__ = [
     "TRAINING_FLOPS_FACTOR",
     "ResolvedPlan",
     "flops_per_image",
+    "image_options",
     "input_bound_choice",
     "machine_facts",
     "resolve_plan",

@@ -61,15 +61,15 @@ from .inputs import (
     CifarBinaries,
     FirstBatchRepeated,
     FolderImages,
-    ImageOptions,
     InputFn,
     ModelExamples,
     SyntheticImages,
     TFRecordImages,
     has_class_folders,
     image_folder_roots,
+    image_input_fn,
 )
-from .plan import resolve_plan
+from .plan import image_options, resolve_plan
 
 # Examples per epoch of the real data sets, for --num_epochs and the "Num epochs" line.
 EXAMPLES_PER_EPOCH: dict[str, dict[str, int]] = {
@@ -456,24 +456,17 @@ def _image_input_fn(
 ) -> TFRecordImages | FolderImages:
     """The ``input_fn`` of ImageNet-shaped JPEG data: TFRecord shards or an image folder."""
     plan = resolve_plan(cfg, workload)  # the data workers and their kind
-    options = ImageOptions(
-        image_size=workload.image_size,
+    options = image_options(
+        cfg,
+        workload,
         train=train,
-        seed=cfg.tf_random_seed,
-        num_epochs=epochs,
+        epochs=epochs,
         num_workers=plan.data_workers.value,
         worker_kind=plan.worker_kind.value,
-        resize_method=cfg.resize_method,
-        distortions=train and cfg.distortions,
         # the plan's decoder: auto measured once (stoker.data.images.auto_decoder), then named to every source
         decoder=cfg.image_decoder if cfg.decode_on_device else plan.decoder.value,
-        decode_on_device=cfg.decode_on_device,
-        pin_memory=workload.device.type == "cuda",
     )
-    if workload.data_layout == TFRECORDS:
-        return TFRecordImages(data_dir=data_dir, num_classes=workload.num_classes, options=options)
-    train_root, eval_root = image_folder_roots(data_dir)
-    return FolderImages(root=train_root if train else eval_root, options=options)
+    return image_input_fn(data_dir, workload.data_layout, workload.num_classes, options)
 
 
 def prefetch_depth(cfg: BenchConfig) -> int | None:
