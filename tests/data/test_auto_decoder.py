@@ -6,12 +6,12 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from PIL import Image
 
 import stoker.data.images.auto_decoder as auto
+from helpers.images import noisy_jpeg
 from stoker.data import image_folder
 from stoker.data.images import jpeg_crop
 from stoker.resolve import DECODER_MARGIN, Choice, image_decoder
@@ -23,14 +23,11 @@ both = pytest.mark.skipif(
 
 
 def jpeg_tree(root: Path, classes: int = 2, per_class: int = 10, size: tuple[int, int] = (120, 90)) -> Path:
-    """Noisy smooth JPEGs (odd iMCU edges), one folder per class."""
-    rng = np.random.default_rng(0)
+    """Detailed JPEGs (odd iMCU edges), one folder per class."""
     for c in range(classes):
         (root / f"c{c}").mkdir(parents=True)
         for i in range(per_class):
-            small = rng.integers(0, 256, (size[1] // 8 + 1, size[0] // 8 + 1, 3), dtype=np.uint8)
-            image = Image.fromarray(small).resize(size, Image.Resampling.BICUBIC)
-            image.save(root / f"c{c}" / f"{i:02d}.jpg", quality=90)
+            (root / f"c{c}" / f"{i:02d}.jpg").write_bytes(noisy_jpeg(*size, seed=100 * c + i))
     return root
 
 

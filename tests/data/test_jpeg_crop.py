@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from helpers.images import noisy_jpeg
 from helpers.processes import PYTHON, python_env
 from stoker.data.images import jpeg_crop
 from stoker.data.images.decoders import ImageDecodeError, available_decoders, decode_crop_resize, get_decoder
@@ -21,20 +22,6 @@ from stoker.data.images.decoders import ImageDecodeError, available_decoders, de
 pytestmark = pytest.mark.skipif(
     not jpeg_crop.available(), reason=f"the window decoder cannot be built here: {jpeg_crop.unavailable_reason()}"
 )
-
-
-def noisy_jpeg(width: int = 203, height: int = 157, seed: int = 0, **save: object) -> bytes:
-    """Content with detail at every scale (smooth blobs plus noise), odd sizes (partial iMCUs)."""
-    rng = np.random.default_rng(seed)
-    small = rng.integers(0, 256, (height // 8 + 1, width // 8 + 1, 3), dtype=np.uint8)
-    smooth = np.asarray(Image.fromarray(small).resize((width, height), Image.Resampling.BICUBIC), dtype=np.int16)
-    pixels = np.clip(smooth + rng.integers(-20, 21, smooth.shape), 0, 255).astype(np.uint8)
-    image = Image.fromarray(pixels)
-    if save.pop("gray", False):
-        image = image.convert("L")
-    buf = io.BytesIO()
-    image.save(buf, format="JPEG", **{"quality": 90, **save})
-    return buf.getvalue()
 
 
 VARIANTS = {

@@ -3,6 +3,7 @@ trained on them (also by helpers/scripts/data_train_script.py)."""
 
 from __future__ import annotations
 
+import io
 import time
 from pathlib import Path
 
@@ -16,6 +17,20 @@ import stoker
 
 IMAGE_SIZE = 16
 BATCH = 8
+
+
+def noisy_jpeg(width: int = 203, height: int = 157, seed: int = 0, **save: object) -> bytes:
+    """Content with detail at every scale (smooth blobs plus noise), odd sizes (partial iMCUs)."""
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, (height // 8 + 1, width // 8 + 1, 3), dtype=np.uint8)
+    smooth = np.asarray(Image.fromarray(small).resize((width, height), Image.Resampling.BICUBIC), dtype=np.int16)
+    pixels = np.clip(smooth + rng.integers(-20, 21, smooth.shape), 0, 255).astype(np.uint8)
+    image = Image.fromarray(pixels)
+    if save.pop("gray", False):
+        image = image.convert("L")
+    buf = io.BytesIO()
+    image.save(buf, format="JPEG", **{"quality": 90, **save})
+    return buf.getvalue()
 
 
 def make_image_tree(
