@@ -134,7 +134,7 @@ def device_type_of(device: str) -> str:
     """``cuda`` or ``cpu``: where a recipe's ``--device`` (``auto``: CUDA where torch sees it) trains."""
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
-    return "cuda" if device in ("cuda", "gpu") or device.startswith("cuda:") else "cpu"
+    return "cuda" if device.partition(":")[0] == "cuda" else "cpu"  # the values RunConfig.device takes
 
 
 def attention_for(attention: str, device: str) -> Choice[str]:
