@@ -11,22 +11,12 @@ import pytest
 import torch
 
 import stoker.bench.plan as plan_module
-from stoker import resolve as rules
+from helpers.machine import facts
 from stoker.bench.config import BenchConfig
 from stoker.bench.plan import resolve_plan
-from stoker.resolve import Choice, MachineFacts
+from stoker.resolve import Choice
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
-
-
-def facts(cores: int = 2, *, busy: float | None = 0.0, local: int = 1, threads: int | None = None) -> MachineFacts:
-    return MachineFacts(
-        usable_cores=cores,
-        cpu_count=cores,
-        default_threads=cores if threads is None else threads,
-        busy_cores=busy,
-        local_world_size=local,
-    )
 
 
 def real(dataset: str = "imagenet", device: torch.device = CPU) -> Any:
@@ -47,73 +37,6 @@ def decodes(monkeypatch: pytest.MonkeyPatch) -> dict[tuple[str, str, int | None,
 
 def cfg(**kw: Any) -> BenchConfig:
     return BenchConfig(**{"device": "cpu", "image_decoder": "pillow", **kw})
-
-
-# ------------------------------------------------------------------------------ the rules
-def test_threads_given_input_bound_shared_busy_or_default() -> None:
-    idle = Choice(False, "no JPEG data decoded for a CPU training step")
-    bound = rules.input_bound(0.13)
-    assert bound == Choice(True, "a training step per image lasts ~0.13 JPEG decodes")
-    assert rules.intra_threads(given=3, input_bound=bound, facts=facts(8)) == Choice(3, "--num_intra_threads")
-    one = rules.intra_threads(given=None, input_bound=bound, facts=facts(8))
-    assert (one.value, one.reason) == (1, "a training step per image lasts ~0.13 JPEG decodes")
-    assert one.note.startswith("Note: the input is the work here (a training step per image lasts ~0.13 JPEG")
-    shared = rules.intra_threads(given=None, input_bound=idle, facts=facts(16, local=4))
-    assert shared == Choice(4, "4 local replicas share 16 cores")
-    busy = rules.intra_threads(given=None, input_bound=idle, facts=facts(8, busy=2.6))
-    assert (busy.value, busy.reason) == (5, "2.6 of 8 cores were busy before the run")
-    assert busy.note == (
-        "Note: 2.6 of 8 cores were busy before the run: using 5 intra-op thread(s) instead of 8 "
-        "(--num_intra_threads overrides)"
-    )
-    assert rules.intra_threads(given=None, input_bound=idle, facts=facts(8, busy=0.2)) == Choice(
-        8, "torch's default: the cores were idle before the run"
-    )
-    assert rules.intra_threads(given=None, input_bound=idle, facts=facts(8, busy=None)).value == 8
-    assert not rules.input_bound(1.5).value and not rules.input_bound(None).value
-
-
-def test_workers_and_their_kind() -> None:
-    never: Any = lambda n: False  # noqa: E731 - the training thread never decodes
-    inline = rules.decode_inline(116.0)
-    assert inline == Choice(True, "decoding in the input thread: a step lasts ~116 decodes")
-    assert not rules.decode_inline(19.9).value and not rules.decode_inline(None).value
-    kw: dict[str, Any] = {"use_datasets": True, "decode_on_device": False, "given": None, "on_cuda": False}
-    workers = rules.data_workers(inline=inline, facts=facts(16), training_thread_helps=never, **kw)
-    assert workers == Choice(0, inline.reason)
-    no = rules.decode_inline(None)
-    assert rules.data_workers(inline=no, facts=facts(16), training_thread_helps=never, **kw).value == 16
-    cuda = {**kw, "on_cuda": True}
-    assert rules.data_workers(inline=no, facts=facts(16), training_thread_helps=never, **cuda) == Choice(
-        14, "2 cores kept for the training and infeed threads"
-    )
-    assert rules.data_workers(inline=no, facts=facts(16, local=8), training_thread_helps=never, **cuda).value == 2
-    helped = rules.data_workers(inline=no, facts=facts(2), training_thread_helps=lambda n: True, **kw)
-    assert helped == Choice(1, "one per core: the training thread decodes too")
-    given = {**kw, "given": 3}
-    assert rules.data_workers(inline=inline, facts=facts(), training_thread_helps=never, **given).value == 3
-    off = {**kw, "use_datasets": False}
-    assert rules.data_workers(inline=no, facts=facts(), training_thread_helps=never, **off).value == 0
-    gil = rules.image_threads_suffice(releases_gil=True, decode_on_device=False, pin_memory=False)
-    assert rules.worker_kind("auto", gil, 4) == Choice("thread", "the decoder releases the GIL for a whole decode")
-    assert rules.worker_kind("auto", gil, 5).value == "process"
-    pinned = rules.image_threads_suffice(releases_gil=True, decode_on_device=False, pin_memory=True)
-    assert rules.worker_kind("auto", pinned, 2) == Choice(
-        "process", "the batches feed a CUDA step (processes measured faster there)"
-    )
-    assert rules.worker_kind("thread", pinned, 8) == Choice("thread", "--data_worker_kind=thread")
-
-
-def test_data_format() -> None:
-    assert rules.data_format(image_model=True, model="resnet50", device_type="cpu") == Choice(
-        "NHWC", "channels_last: faster for convolutions on the CPU"
-    )
-    assert rules.data_format(image_model=True, model="vgg16", device_type="cpu").value == "NCHW"
-    assert rules.data_format(image_model=True, model="vgg16", device_type="cuda").value == "NHWC"
-    assert rules.data_format(image_model=False, model="ncf", device_type="cpu") == Choice(
-        "NCHW", "ncf does not take images"
-    )
-    assert rules.data_format(image_model=None, model="", device_type="cpu").value == "NCHW"
 
 
 # ------------------------------------------------------------------------------ the plan

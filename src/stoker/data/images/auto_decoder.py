@@ -1,7 +1,7 @@
 """``decoder="auto"``: the JPEG decoder measured fastest on a source's own examples.
 
 ``libjpeg-crop`` and ``simplejpeg`` give the same pixels bit for bit (both are libjpeg-turbo with
-the fast integer DCT and the fast chroma upsampling; ``tests/data/test_jpeg_crop.py`` checks it),
+the fast integer DCT and the fast chroma upsampling; ``tests/data/images/test_jpeg_crop.py`` checks it),
 so ``auto`` times each installed one on :data:`SAMPLE_EXAMPLES` of the source's own examples,
 with the source's own crop boxes, resize and flips, and takes the faster
 (:func:`stoker.resolve.image_decoder`, which keeps the first of the fixed order unless another is

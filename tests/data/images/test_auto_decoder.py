@@ -14,7 +14,7 @@ import stoker.data.images.auto_decoder as auto
 from helpers.images import noisy_jpeg
 from stoker.data import image_folder
 from stoker.data.images import jpeg_crop
-from stoker.resolve import DECODER_MARGIN, Choice, image_decoder
+from stoker.resolve import Choice
 
 both = pytest.mark.skipif(
     not jpeg_crop.available() or "simplejpeg" not in auto.candidates(),
@@ -29,25 +29,6 @@ def jpeg_tree(root: Path, classes: int = 2, per_class: int = 10, size: tuple[int
         for i in range(per_class):
             (root / f"c{c}" / f"{i:02d}.jpg").write_bytes(noisy_jpeg(*size, seed=100 * c + i))
     return root
-
-
-# ------------------------------------------------------------------------------ the rule
-def test_the_rule_keeps_the_first_unless_another_is_clearly_faster() -> None:
-    names = ["libjpeg-crop", "simplejpeg"]
-    faster = image_decoder(names, {"libjpeg-crop": 2.0, "simplejpeg": 1.0}, 16)
-    assert faster == Choice(
-        "simplejpeg", "auto: libjpeg-crop 2.00, simplejpeg 1.00 ms per image, timed on 16 of this data's examples"
-    )
-    near = image_decoder(names, {"libjpeg-crop": 1.0, "simplejpeg": 1.0 - DECODER_MARGIN / 2}, 16)
-    assert near.value == "libjpeg-crop" and near.reason.endswith("libjpeg-crop kept, the others within 5%")
-    slower = image_decoder(names, {"libjpeg-crop": 1.0, "simplejpeg": 1.5}, 16)
-    assert slower.value == "libjpeg-crop" and "kept" not in slower.reason
-
-
-def test_the_rule_without_a_choice_to_make() -> None:
-    assert image_decoder([], None, 0) == Choice("pillow", "auto: neither libjpeg-crop nor simplejpeg works here")
-    assert image_decoder(["simplejpeg"], None, 0) == Choice("simplejpeg", "auto: the only fast-DCT decoder here")
-    assert image_decoder(["libjpeg-crop", "simplejpeg"], {}, 0).reason.endswith("(nothing readable to time)")
 
 
 # ------------------------------------------------------------------------------ the timing

@@ -108,7 +108,7 @@ def test_decoders_agree_and_auto_takes_the_fastest_available(monkeypatch: pytest
     a = decode_crop_resize(data, box, 32, "bilinear", decoder=get_decoder("simplejpeg")).astype(int)
     b = decode_crop_resize(data, box, 32, "bilinear", decoder=get_decoder("pillow")).astype(int)
     assert np.abs(a - b).mean() < 2 and np.abs(a - b).max() <= 12  # fast vs accurate integer DCT
-    # as where no window decoder can be built (its own tests: tests/data/test_jpeg_crop.py)
+    # as where no window decoder can be built (its own tests: tests/data/images/test_jpeg_crop.py)
     monkeypatch.setattr(jpeg_module, "_crop_available", lambda: False)
     assert get_decoder().name == "simplejpeg" and available_decoders() == ["simplejpeg", "pillow"]
     monkeypatch.setattr(jpeg_module, "_simplejpeg_available", lambda: False)
