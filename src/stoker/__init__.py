@@ -12,59 +12,50 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from . import _moved
 from ._version import __version__
 
-if TYPE_CHECKING:
-    from . import data, hooks, metrics, precision
-    from .checkpoint import CheckpointIO, WarmStartSettings
-    from .config import RunConfig
-    from .distributed import PipelineConfig
-    from .errors import (
-        CheckpointError,
-        CheckpointMismatchError,
-        ConfigError,
-        CorruptCheckpointError,
-        DataError,
-        DistributedError,
-        ImageDecodeError,
-        ModelFnError,
-        NanLossError,
-        NonFiniteError,
-        RequestError,
-        StateError,
-        StokerError,
-        StorageError,
-        UnknownNameError,
-        UserCodeError,
-    )
-    from .estimator import Estimator
-    from .memory import keep_freed_host_memory
-    from .precision import LossScale
-    from .spec import EstimatorSpec, ModeKeys
-    from .storage import RetryPolicy
+if TYPE_CHECKING:  # the table below for type checkers: each name re-exported as itself (PEP 484)
+    from . import data as data
+    from . import hooks as hooks
+    from . import metrics as metrics
+    from . import precision as precision
+    from .checkpoint import CheckpointIO as CheckpointIO
+    from .checkpoint import WarmStartSettings as WarmStartSettings
+    from .config import RunConfig as RunConfig
+    from .distributed import PipelineConfig as PipelineConfig
+    from .errors import CheckpointError as CheckpointError
+    from .errors import CheckpointMismatchError as CheckpointMismatchError
+    from .errors import ConfigError as ConfigError
+    from .errors import CorruptCheckpointError as CorruptCheckpointError
+    from .errors import DataError as DataError
+    from .errors import DistributedError as DistributedError
+    from .errors import ExportError as ExportError
+    from .errors import ImageDecodeError as ImageDecodeError
+    from .errors import ModelFnError as ModelFnError
+    from .errors import NanLossError as NanLossError
+    from .errors import NonFiniteError as NonFiniteError
+    from .errors import RequestError as RequestError
+    from .errors import StateError as StateError
+    from .errors import StokerError as StokerError
+    from .errors import StorageError as StorageError
+    from .errors import UnknownNameError as UnknownNameError
+    from .errors import UserCodeError as UserCodeError
+    from .estimator import Estimator as Estimator
+    from .memory import keep_freed_host_memory as keep_freed_host_memory
+    from .precision import LossScale as LossScale
+    from .spec import EstimatorSpec as EstimatorSpec
+    from .spec import ModeKeys as ModeKeys
+    from .storage import RetryPolicy as RetryPolicy
 
-#: public name -> the module that defines it (a module itself where the name is a subpackage)
-_EXPORTS = {
-    "CheckpointError": ".errors",
-    "CorruptCheckpointError": ".errors",
-    "ModelFnError": ".errors",
-    "NanLossError": ".errors",
-    "NonFiniteError": ".errors",
-    "StokerError": ".errors",
-    "StorageError": ".errors",
-    "UserCodeError": ".errors",
-    "CheckpointMismatchError": ".errors",
-    "ConfigError": ".errors",
-    "DataError": ".errors",
-    "DistributedError": ".errors",
-    "ImageDecodeError": ".errors",
-    "RequestError": ".errors",
-    "StateError": ".errors",
-    "UnknownNameError": ".errors",
+#: The public API, one table: each name ``import stoker`` gives -> the module it is loaded from (a
+#: subpackage or module given by name is that module). ``__all__`` and the loading below are made
+#: from it; tests/test_public_api.py holds the imports above and the API reference's table to it.
+_PUBLIC: dict[str, str] = {
+    # the facade and what a model_fn returns
     "Estimator": ".estimator",
     "EstimatorSpec": ".spec",
     "ModeKeys": ".spec",
+    # how a run executes, and its groups of settings
     "RunConfig": ".config",
     "CheckpointIO": ".checkpoint",
     "LossScale": ".precision",
@@ -72,57 +63,43 @@ _EXPORTS = {
     "RetryPolicy": ".storage",
     "WarmStartSettings": ".checkpoint",
     "keep_freed_host_memory": ".memory",
+    # the error tree
+    "StokerError": ".errors",
+    "CheckpointError": ".errors",
+    "CheckpointMismatchError": ".errors",
+    "ConfigError": ".errors",
+    "CorruptCheckpointError": ".errors",
+    "DataError": ".errors",
+    "DistributedError": ".errors",
+    "ExportError": ".errors",
+    "ImageDecodeError": ".errors",
+    "ModelFnError": ".errors",
+    "NanLossError": ".errors",
+    "NonFiniteError": ".errors",
+    "RequestError": ".errors",
+    "StateError": ".errors",
+    "StorageError": ".errors",
+    "UnknownNameError": ".errors",
+    "UserCodeError": ".errors",
+    # subpackages and modules loaded on first use
+    "data": ".data",
+    "hooks": ".hooks",
+    "metrics": ".metrics",
+    "precision": ".precision",
 }
-_SUBMODULES = {"data", "hooks", "metrics", "precision"}
 
-
-_moved.install()  # the pre-0.2 module names (stoker.serve, stoker.loop, ...) still import, with a warning
+__all__ = ["__version__", *_PUBLIC]
 
 
 def __getattr__(name: str) -> Any:
-    if name in _SUBMODULES:
-        return importlib.import_module(f".{name}", __name__)
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name], __name__), name)
-        globals()[name] = value  # later lookups skip this function
-        return value
-    raise AttributeError(f"module 'stoker' has no attribute {name!r}")
+    where = _PUBLIC.get(name)
+    if where is None:
+        raise AttributeError(f"module 'stoker' has no attribute {name!r}")
+    module = importlib.import_module(where, __name__)
+    value = module if where == f".{name}" else getattr(module, name)
+    globals()[name] = value  # later lookups skip this function
+    return value
 
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
-
-
-__all__ = [
-    "CheckpointError",
-    "CheckpointIO",
-    "CorruptCheckpointError",
-    "StorageError",
-    "UserCodeError",
-    "CheckpointMismatchError",
-    "ConfigError",
-    "DataError",
-    "DistributedError",
-    "ImageDecodeError",
-    "RequestError",
-    "StateError",
-    "UnknownNameError",
-    "Estimator",
-    "EstimatorSpec",
-    "LossScale",
-    "ModeKeys",
-    "ModelFnError",
-    "NanLossError",
-    "NonFiniteError",
-    "PipelineConfig",
-    "RetryPolicy",
-    "RunConfig",
-    "StokerError",
-    "WarmStartSettings",
-    "__version__",
-    "data",
-    "hooks",
-    "keep_freed_host_memory",
-    "metrics",
-    "precision",
-]

@@ -1,7 +1,7 @@
 /*
  * (x - mean) / std of interleaved uint8 RGB pixels into float32, in one pass: what torch computes
  * in three (the cast, the subtraction, the division), with the same float32 operations on each
- * value, so bit for bit the same result. Built by stoker.data.fused_normalize with the system C
+ * value, so bit for bit the same result. Built by stoker.data.images.fused_normalize with the system C
  * compiler (-O3: the inner loop over 24 values, three pixels to a vector of eight, vectorises)
  * and called through ctypes. Plain C, no Python headers.
  *

@@ -2,7 +2,7 @@
  * Decode only a window of a JPEG: libjpeg-turbo's partial decompression (jpeg_crop_scanline for
  * the columns, jpeg_skip_scanlines for the rows above, stopping after the last row needed) at a
  * DCT scale of 1/1, 1/2, 1/4 or 1/8, with the fast integer IDCT and plain upsampling, as
- * TensorFlow's decode_and_crop_jpeg does. Built by stoker.data.jpeg_crop with the system C
+ * TensorFlow's decode_and_crop_jpeg does. Built by stoker.data.images.jpeg_crop with the system C
  * compiler against the system libjpeg (libjpeg-turbo >= 1.5.1) and called through ctypes: a plain
  * C interface, no Python headers, so one build serves every Python.
  *
