@@ -123,9 +123,8 @@ def test_every_runconfig_keyword_and_bench_flag_a_page_names_exists():
 
     import stoker
     from stoker.bench.cli import add_parser
-    from stoker.config import DEPRECATED
 
-    fields = {f.name for f in dataclasses.fields(stoker.RunConfig)} | set(DEPRECATED)
+    fields = {f.name for f in dataclasses.fields(stoker.RunConfig)}
     fields.add("tf_random_seed")  # TPUEstimator's RunConfig, in the migration guide's left column
     parser = add_parser(argparse.ArgumentParser().add_subparsers())
     flags = {option for action in parser._actions for option in action.option_strings}

@@ -1,14 +1,13 @@
-"""``RunConfig``'s groups: ``pipeline``, ``loss_scale`` and ``checkpoint_io`` validate themselves, the flat
-spellings before 0.2 still work (with a ``DeprecationWarning`` naming the new one), and a run spelled
-either way trains and resumes to the same bits."""
+"""``RunConfig``: a plain keyword-only dataclass whose groups (``pipeline``, ``loss_scale``,
+``checkpoint_io``) validate themselves, whose rules across groups stay in it, which hands each
+component its slice, and with which a run using the groups resumes to the same bits."""
 
 from __future__ import annotations
 
 import dataclasses
-import re
+import inspect
 import subprocess
 import sys
-import warnings
 
 import pytest
 import torch
@@ -17,7 +16,6 @@ from helpers.paths import ROOT
 from helpers.processes import python_env
 from helpers.tiny import make_data, make_estimator, state_equal, train_input
 from stoker import CheckpointIO, LossScale, PipelineConfig, RetryPolicy, RunConfig
-from stoker.config import DEPRECATED
 
 FAST = RetryPolicy(attempts=3, backoff=0.001, max_backoff=0.01, timeout=30.0)
 
@@ -166,242 +164,50 @@ def test_stoker_itself_emits_no_deprecation_warning():
     assert out.returncode == 0, out.stderr
 
 
-# ------------------------------------------------------------------ the spellings before 0.2
-OLD_AND_NEW = [
-    ({"pipeline_split": ("a",)}, {"pipeline": PipelineConfig(split=("a",))}),
-    ({"pipeline_split": "a", "pipeline_microbatches": 4}, {"pipeline": PipelineConfig(split="a", microbatches=4)}),
-    (
-        {"pipeline_split": ("a",), "pipeline_schedule": "gpipe"},
-        {"pipeline": PipelineConfig(split="a", schedule="gpipe")},
-    ),
-    (
-        {"pipeline_split": ("a", "b", "c"), "pipeline_schedule": "interleaved1f1b", "pipeline_stages_per_process": 2},
-        {"pipeline": PipelineConfig(split=("a", "b", "c"), schedule="interleaved1f1b", stages_per_process=2)},
-    ),
-    ({"pipeline_microbatches": 4}, {}),  # no split, no pipeline: checked, no effect (as before 0.2)
-    ({"loss_scale_init": 2.0**20}, {"loss_scale": LossScale(init=2.0**20)}),
-    ({"loss_scale_growth_interval": 3}, {"loss_scale": LossScale(growth_interval=3)}),
-    (
-        {"loss_scale": "dynamic", "loss_scale_init": 64, "loss_scale_growth_interval": 3},
-        {"loss_scale": LossScale(init=64.0, growth_interval=3)},
-    ),
-    (  # a static scale had no initial scale: loss_scale_init did nothing then, and does nothing now
-        {"loss_scale": 128, "loss_scale_init": 64},
-        {"loss_scale": LossScale(dynamic=False, init=128.0)},
-    ),
-    ({"async_checkpoints": True}, {"checkpoint_io": CheckpointIO(async_save=True)}),
-    ({"storage_retry": FAST}, {"checkpoint_io": CheckpointIO(retry=FAST)}),
-    (
-        {"async_checkpoints": True, "storage_retry": FAST},
-        {"checkpoint_io": CheckpointIO(async_save=True, retry=FAST)},
-    ),
-]
-NEW_SPELLING = {
-    "pipeline_split": r"use RunConfig\(pipeline=PipelineConfig\(split=...\)\)",
-    "pipeline_microbatches": r"use RunConfig\(pipeline=PipelineConfig\(microbatches=...\)\)",
-    "pipeline_schedule": r"use RunConfig\(pipeline=PipelineConfig\(schedule=...\)\)",
-    "pipeline_stages_per_process": r"use RunConfig\(pipeline=PipelineConfig\(stages_per_process=...\)\)",
-    "loss_scale_init": r"use RunConfig\(loss_scale=LossScale\(init=...\)\)",
-    "loss_scale_growth_interval": r"use RunConfig\(loss_scale=LossScale\(growth_interval=...\)\)",
-    "async_checkpoints": r"use RunConfig\(checkpoint_io=CheckpointIO\(async_save=...\)\)",
-    "storage_retry": r"use RunConfig\(checkpoint_io=CheckpointIO\(retry=...\)\)",
+def test_run_config_is_a_plain_dataclass_without_the_flat_spellings_before_0_1():
+    fields = [f.name for f in dataclasses.fields(RunConfig)]
+    assert list(inspect.signature(RunConfig).parameters) == fields
+    assert RunConfig().loss_scale == LossScale() and RunConfig().checkpoint_io == CheckpointIO()
+    assert RunConfig().checkpoint_io is not RunConfig().checkpoint_io  # each config its own group objects
+    for old in ("pipeline_split", "loss_scale_init", "async_checkpoints", "storage_retry"):
+        with pytest.raises(TypeError, match=f"unexpected keyword argument '{old}'"):
+            RunConfig(**{old: None})
+        assert not hasattr(RunConfig(), old)
+
+
+# ------------------------------------------------------------------ resume with the groups
+GROUPS = {
+    "fp16": {
+        "precision": "fp16",
+        "loss_scale": LossScale(init=2.0**20, growth_interval=3),  # overflows, backs off, grows
+        "checkpoint_io": CheckpointIO(async_save=True),
+    },
+    "pipeline": {
+        "pipeline": PipelineConfig(split=("fc2",), microbatches=4, schedule="gpipe"),  # one process: unsplit
+        "checkpoint_io": CheckpointIO(retry=FAST),
+    },
 }
 
 
-def test_the_table_covers_every_deprecated_name():
-    assert set(NEW_SPELLING) == set(DEPRECATED)
-    assert set(DEPRECATED) == {name for old, _ in OLD_AND_NEW for name in old if name != "loss_scale"}
-
-
-@pytest.mark.parametrize(("old", "new"), OLD_AND_NEW, ids=lambda kw: ",".join(kw) or "nothing")
-def test_an_old_spelling_builds_the_same_config_and_names_the_new_one(old, new):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        built = RunConfig(**old)
-    deprecated = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
-    names = [n for n in old if n in DEPRECATED]
-    assert len(deprecated) == len(names), deprecated
-    for name, message in zip(names, deprecated, strict=True):
-        assert message.startswith(f"RunConfig({name}=...) is deprecated; ")
-        assert re.search(NEW_SPELLING[name], message), message
-        assert "goes away after 0.2" in message
-    assert built == RunConfig(**new)
-
-
-@pytest.mark.parametrize("name", sorted(NEW_SPELLING))
-def test_each_old_keyword_warns_with_pytest_warns(name):
-    value = {
-        "pipeline_split": ("a",),
-        "pipeline_microbatches": 2,
-        "pipeline_schedule": "gpipe",
-        "pipeline_stages_per_process": 1,
-        "loss_scale_init": 8.0,
-        "loss_scale_growth_interval": 5,
-        "async_checkpoints": True,
-        "storage_retry": FAST,
-    }[name]
-    with pytest.warns(DeprecationWarning, match=rf"RunConfig\({name}=...\) is deprecated; {NEW_SPELLING[name]}"):
-        RunConfig(**{name: value})
-
-
-def test_old_attributes_read_the_groups_with_a_warning():
-    config = RunConfig(
-        pipeline=PipelineConfig(
-            split=("a", "b", "c"), microbatches=4, schedule="interleaved1f1b", stages_per_process=2
-        ),
-        loss_scale=LossScale(init=64.0, growth_interval=7),
-        checkpoint_io=CheckpointIO(async_save=True, retry=FAST),
-    )
-    expected = {
-        "pipeline_split": ("a", "b", "c"),
-        "pipeline_microbatches": 4,
-        "pipeline_schedule": "interleaved1f1b",
-        "pipeline_stages_per_process": 2,
-        "loss_scale_init": 64.0,
-        "loss_scale_growth_interval": 7,
-        "async_checkpoints": True,
-        "storage_retry": FAST,
-    }
-    for name, value in expected.items():
-        group, attr = DEPRECATED[name]
-        with pytest.warns(DeprecationWarning, match=rf"RunConfig.{name} is deprecated; read RunConfig.{group}.{attr}"):
-            assert getattr(config, name) == value
-    plain = RunConfig()  # without a pipeline: what the flat fields held then
-    with pytest.warns(DeprecationWarning):
-        assert (plain.pipeline_split, plain.pipeline_microbatches, plain.pipeline_schedule) == (None, 1, "1f1b")
-    with pytest.warns(DeprecationWarning):
-        assert (plain.async_checkpoints, plain.storage_retry, plain.loss_scale_init) == (False, RetryPolicy(), 2.0**15)
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        (
-            {"pipeline": PipelineConfig(split="a"), "pipeline_microbatches": 4},
-            r"RunConfig: pipeline_microbatches= and pipeline= both given.*pass only "
-            r"pipeline=PipelineConfig\(microbatches=4\)",
-        ),
-        (
-            {"pipeline": PipelineConfig(split="a"), "pipeline_split": ("a",)},
-            r"pipeline_split= and pipeline= both given",
-        ),
-        (
-            {"loss_scale": LossScale(), "loss_scale_init": 8.0},
-            r"loss_scale_init= and loss_scale= both given.*pass only loss_scale=LossScale\(init=8.0\)",
-        ),
-        (
-            {"loss_scale": LossScale(dynamic=False, init=4), "loss_scale_growth_interval": 3},
-            r"loss_scale_growth_interval= and loss_scale= both given",
-        ),
-        (
-            {"checkpoint_io": CheckpointIO(), "async_checkpoints": True},
-            r"async_checkpoints= and checkpoint_io= both given.*"
-            r"pass only checkpoint_io=CheckpointIO\(async_save=True\)",
-        ),
-        (
-            {"checkpoint_io": CheckpointIO(async_save=True), "storage_retry": FAST},
-            r"storage_retry= and checkpoint_io= both given",
-        ),
-    ],
-)
-def test_old_and_new_spelling_of_one_setting_is_an_error(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        RunConfig(**kwargs)
-    base = RunConfig()
-    with pytest.raises(ValueError, match=message.split(".*")[0]):
-        base.replace(**kwargs)
-
-
-def test_replace_with_an_old_name_changes_that_setting_of_the_group():
-    config = RunConfig(
-        pipeline=PipelineConfig(split="a", microbatches=2),
-        loss_scale=LossScale(init=64.0, growth_interval=7),
-        checkpoint_io=CheckpointIO(retry=FAST),
-    )
-    with pytest.warns(DeprecationWarning, match=NEW_SPELLING["pipeline_microbatches"]):
-        assert config.replace(pipeline_microbatches=4).pipeline == PipelineConfig(split="a", microbatches=4)
-    with pytest.warns(DeprecationWarning, match=NEW_SPELLING["loss_scale_growth_interval"]):
-        assert config.replace(loss_scale_growth_interval=3).loss_scale == LossScale(init=64.0, growth_interval=3)
-    with pytest.warns(DeprecationWarning, match=NEW_SPELLING["async_checkpoints"]):
-        assert config.replace(async_checkpoints=True).checkpoint_io == CheckpointIO(async_save=True, retry=FAST)
-    with pytest.warns(DeprecationWarning, match=NEW_SPELLING["pipeline_split"]):
-        assert config.replace(pipeline_split=None).pipeline is None
-    with pytest.warns(DeprecationWarning):  # dataclasses.replace of a config that holds the defaults works too
-        assert dataclasses.replace(RunConfig(), async_checkpoints=True) == RunConfig(
-            checkpoint_io=CheckpointIO(async_save=True)
-        )
-
-
-def test_a_bad_value_in_an_old_spelling_names_the_group_field():
-    cases = [
-        ({"pipeline_split": ("a",), "pipeline_schedule": "zb"}, "PipelineConfig.schedule must be one of gpipe, 1f1b"),
-        ({"pipeline_schedule": "zb"}, "PipelineConfig.schedule must be one of"),  # no split: checked as before 0.2
-        ({"loss_scale_init": 0}, "LossScale.init must be a positive finite number"),
-        ({"async_checkpoints": 1}, "CheckpointIO.async_save must be True or False"),
-    ]
-    for kwargs, message in cases:
-        with pytest.raises(ValueError, match=message), warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            RunConfig(**kwargs)
-
-
-# ------------------------------------------------------------------ resume is the same, spelled either way
-SPELLINGS = {
-    "fp16": (
-        {"precision": "fp16", "loss_scale_init": 2.0**20, "loss_scale_growth_interval": 3, "async_checkpoints": True},
-        {
-            "precision": "fp16",
-            "loss_scale": LossScale(init=2.0**20, growth_interval=3),  # overflows, backs off, grows
-            "checkpoint_io": CheckpointIO(async_save=True),
-        },
-    ),
-    "pipeline": (
-        {"pipeline_split": ("fc2",), "pipeline_microbatches": 4, "pipeline_schedule": "gpipe", "storage_retry": FAST},
-        {
-            "pipeline": PipelineConfig(split=("fc2",), microbatches=4, schedule="gpipe"),  # one process: unsplit
-            "checkpoint_io": CheckpointIO(retry=FAST),
-        },
-    ),
-}
-
-
-def _train_and_resume(model_dir, x, y, warn: bool, **config):  # noqa: ANN001, ANN202
-    common = {"iterations_per_loop": 3, "save_checkpoints_steps": 5}
-    runs = []
-    for max_steps in (7, 14):  # a new Estimator, as a new process would build, resumes from ckpt-5... ckpt-7
-        if warn:
-            with pytest.warns(DeprecationWarning):
-                est = make_estimator(model_dir, **common, **config)
-        else:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error", DeprecationWarning)
-                est = make_estimator(model_dir, **common, **config)
-        est.train(train_input(x, y), max_steps=max_steps)
-        runs.append(est)
-    return runs[-1]
-
-
-@pytest.mark.parametrize("kind", sorted(SPELLINGS))
-def test_resume_is_bitwise_the_same_with_the_old_and_the_new_spelling(tmp_path, kind):
-    old, new = SPELLINGS[kind]
+@pytest.mark.parametrize("kind", sorted(GROUPS))
+def test_a_run_with_the_groups_resumes_bitwise(tmp_path, kind):
+    config = {"iterations_per_loop": 3, "save_checkpoints_steps": 5, **GROUPS[kind]}
     x, y = make_data(100)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", DeprecationWarning)
-        whole = make_estimator(tmp_path / "whole", iterations_per_loop=3, save_checkpoints_steps=5, **new)
-        whole.train(train_input(x, y), max_steps=14)
-    by_old = _train_and_resume(tmp_path / "old", x, y, warn=True, **old)
-    by_new = _train_and_resume(tmp_path / "new", x, y, warn=False, **new)
-    assert by_old.config.replace(model_dir=None) == by_new.config.replace(model_dir=None)
-    assert by_old.global_step == by_new.global_step == whole.global_step == 14
-    assert state_equal(by_old.model, by_new.model) and state_equal(by_new.model, whole.model)
-    for key, value in by_new.state.optimizer.state_dict()["state"].items():
+    whole = make_estimator(tmp_path / "whole", **config)
+    whole.train(train_input(x, y), max_steps=14)
+    for max_steps in (7, 14):  # a new Estimator, as a new process would build, resumes from ckpt-5... ckpt-7
+        resumed = make_estimator(tmp_path / "resumed", **config)
+        resumed.train(train_input(x, y), max_steps=max_steps)
+    assert resumed.global_step == whole.global_step == 14
+    assert state_equal(resumed.model, whole.model)
+    for key, value in whole.state.optimizer.state_dict()["state"].items():
         for name, t in value.items():
             assert torch.equal(
-                torch.as_tensor(t), torch.as_tensor(by_old.state.optimizer.state_dict()["state"][key][name])
+                torch.as_tensor(t), torch.as_tensor(resumed.state.optimizer.state_dict()["state"][key][name])
             )
     if kind == "fp16":
-        assert by_old.state.scaler.state_dict() == by_new.state.scaler.state_dict() == whole.state.scaler.state_dict()
-        assert by_new.state.scaler.skipped_steps > 0  # the dynamic scale really backed off
+        assert resumed.state.scaler.state_dict() == whole.state.scaler.state_dict()
+        assert whole.state.scaler.skipped_steps > 0  # the dynamic scale really backed off
 
 
 # ------------------------------------------------------------------ the slices each component is handed
@@ -468,20 +274,3 @@ def test_run_config_hands_each_component_its_slice():
     # a RunConfig error is the slice's error: the same message either way
     with pytest.raises(ValueError, match=r"^RunConfig.iterations_per_loop must be a positive integer; got 0$"):
         RunConfig(iterations_per_loop=0)
-
-
-def test_the_old_spellings_live_in_one_module_with_their_removal_version():
-    import ast
-
-    from stoker.config import REMOVED_IN, deprecated
-
-    assert REMOVED_IN == "0.3" and deprecated.DEPRECATED is DEPRECATED
-    src = ROOT / "src" / "stoker"
-    files = [*sorted((src / "config").glob("*.py")), *sorted((src / "engine").glob("*.py")), src / "estimator.py"]
-    users = set()
-    for path in files:
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            name = getattr(node, "attr", None) or getattr(node, "arg", None) or getattr(node, "id", None)
-            if name in DEPRECATED:
-                users.add(path.relative_to(src).as_posix())
-    assert not users, f"the pre-0.2 names are used outside config/deprecated.py's table: {sorted(users)}"

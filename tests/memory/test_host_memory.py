@@ -15,7 +15,7 @@ from helpers.processes import PYTHON, python_env
 # setting the heap keeps the memory and the later allocations fault in nothing.
 PROBE = """
 import resource, sys, torch
-import stoker.estimator  # a training process has the engine loaded before it allocates (as `import stoker` did in 0.1)
+import stoker.estimator  # a training process has the engine loaded before it allocates
 from stoker.memory.host import host_memory_kept, keep_freed_host_memory
 if sys.argv[1] == "keep":
     assert keep_freed_host_memory() and keep_freed_host_memory() and host_memory_kept()

@@ -137,4 +137,4 @@ def test_retry_policy_is_a_run_config_field():
             checkpoint_io=stoker.CheckpointIO(retry=RetryPolicy(attempts=2)),
             no_such_field=1,  # type: ignore[call-arg]
         )
-    assert stoker.RunConfig().storage_retry.attempts == 5
+    assert stoker.RunConfig().checkpoint_io.retry.attempts == 5

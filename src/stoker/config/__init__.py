@@ -5,8 +5,7 @@
 - ``slices.py``: the engine components' slices (``LoopConfig``, ``InputConfig``,
   ``StateConfig``, ``EvalConfig``); the other slices live beside their components
   (``stoker.checkpoint.CheckpointConfig``, ``stoker.distributed.DistributionConfig``,
-  ``stoker.precision.Precision``);
-- ``deprecated.py``: the flat spellings before 0.2, removed in 0.3.
+  ``stoker.precision.Precision``).
 
 The config may import errors, precision, checkpoint, distributed and kernels; never the engine
 (the hooks import the config, and must never reach the engine).
@@ -15,16 +14,13 @@ The config may import errors, precision, checkpoint, distributed and kernels; ne
 from ..distributed.config import STRATEGIES
 from ..distributed.pipeline import PIPELINE_SCHEDULES, PipelineConfig, check_schedule
 from ..precision import PRECISIONS
-from .deprecated import DEPRECATED, REMOVED_IN
 from .run_config import PrecisionName, RunConfig
 from .slices import COMPILE_MODES, EvalConfig, InputConfig, LoopConfig, StateConfig
 
 __all__ = [
     "COMPILE_MODES",
-    "DEPRECATED",
     "PIPELINE_SCHEDULES",
     "PRECISIONS",
-    "REMOVED_IN",
     "STRATEGIES",
     "EvalConfig",
     "InputConfig",

@@ -14,16 +14,16 @@ Estimator reads the whole config. What ``RunConfig`` itself checks is how the sl
 (``_check_across``). A bad value raises ``ConfigError`` (a ``ValueError``) naming the field and
 the values it accepts.
 
-The flat spellings before 0.2 (``pipeline_split=``, ``loss_scale_init=``, ...) live in
-``deprecated.py`` until 0.3.
+It is a plain keyword-only dataclass: its fields, their defaults (a fresh group object for each
+group) and its ``__init__`` are the dataclass's own.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 from ..checkpoint.io_config import CheckpointConfig, CheckpointIO
 from ..distributed.config import DistributionConfig
@@ -31,12 +31,9 @@ from ..distributed.pipeline import PipelineConfig
 from ..distributed.watchdog import StuckReplica
 from ..errors import ConfigError
 from ..precision import LossScale, Precision, make_precision
-from . import deprecated
-from .deprecated import DEFAULT_CHECKPOINT_IO, DEFAULT_LOSS_SCALE
 from .slices import EvalConfig, InputConfig, LoopConfig, StateConfig, compile_mode
 
 PrecisionName = Literal["fp32", "bf16", "fp16", "bf16-sr"]
-_DEFAULT_STUCK_REPLICA = StuckReplica()
 
 
 @dataclass(kw_only=True)
@@ -136,7 +133,7 @@ class RunConfig:
     keep_best: tuple[str, str] | None = None
     log_every_n_steps: int | None = 100
     precision: PrecisionName | Precision = "fp32"
-    loss_scale: LossScale | float | Literal["dynamic"] = DEFAULT_LOSS_SCALE
+    loss_scale: LossScale | float | Literal["dynamic"] = field(default_factory=LossScale)
     gradient_accumulation_steps: int = 1
     gradient_clip_norm: float | None = None
     device: str = "auto"
@@ -150,12 +147,12 @@ class RunConfig:
     progress_bar: bool = True
     summaries: bool = True
     distributed_timeout: float = 1800.0
-    stuck_replica: StuckReplica | None = _DEFAULT_STUCK_REPLICA
+    stuck_replica: StuckReplica | None = field(default_factory=StuckReplica)
     deterministic: bool = False
     mlperf_log: bool = False
     recompute: str | tuple[str, ...] | None = None
     pipeline: PipelineConfig | None = None
-    checkpoint_io: CheckpointIO = DEFAULT_CHECKPOINT_IO
+    checkpoint_io: CheckpointIO = field(default_factory=CheckpointIO)
 
     def __post_init__(self) -> None:
         self.loss_scale = LossScale.of(self.loss_scale)
@@ -299,14 +296,9 @@ class RunConfig:
         """``compile`` as one of ``"none"``, ``"module"``, ``"step"``."""
         return compile_mode(self.compile)
 
-    def replace(self, **changes: object) -> RunConfig:
-        """A copy with some fields changed (validated again).
-
-        A deprecated flat name (``pipeline_microbatches=8``) changes that setting of the group
-        this config holds, with a ``DeprecationWarning`` (``dataclasses.replace`` passes every
-        field, so there a deprecated name collides with its group).
-        """
-        return dataclasses.replace(self, **deprecated.new_spelling(changes, base=self))
+    def replace(self, **changes: Any) -> RunConfig:
+        """A copy with some fields changed (validated again): ``dataclasses.replace``."""
+        return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, object]:
         """The fields as plain values (a ``Precision`` given as an object by its name and loss scale)."""
@@ -318,7 +310,5 @@ class RunConfig:
                 values["loss_scale"] = dataclasses.asdict(loss_scale)
         return values
 
-
-deprecated.install(RunConfig)  # the flat keywords and attributes before 0.2, until 0.3
 
 __all__ = ["PipelineConfig", "PrecisionName", "RunConfig"]
