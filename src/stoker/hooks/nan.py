@@ -17,15 +17,20 @@ import sys
 from collections import deque
 from typing import Any
 
-from ..errors import ConfigError, NanLossError
+from ..errors import ConfigError, NanLossError, StokerError
 from .base import Hook, LoopResult, RunContext
 
 ON_NAN = ("stop", "rollback")
 
 
-class RollbackRequest(Exception):  # noqa: N818 - a request the training run handles, not an error
+class RollbackRequest(StokerError):  # noqa: N818 - a request the training run handles, not an error
     """Raised by ``NanLossHook(on_nan="rollback")`` at a loop boundary: the training run rolls
-    back to its newest checkpoint and passes over the input batches of global step ``step``."""
+    back to its newest checkpoint and passes over the input batches of global step ``step``.
+
+    It never leaves ``Estimator.train`` (the training run catches it); a ``StokerError`` so that
+    every exception stoker defines is in one tree. Raising unwinds the hooks after this one at that
+    boundary, so none of them writes a checkpoint of the bad step.
+    """
 
     def __init__(self, step: int, loss: float, reason: str) -> None:
         super().__init__(f"roll back: {reason}")

@@ -34,7 +34,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .._version import __version__
-from ..errors import ConfigError
+from ..errors import ConfigError, StokerError
 from ..export.program import BATCH, ExportedModel
 from .batcher import BatchingConfig, DynamicBatcher, Saturated
 from .protocol import (
@@ -152,8 +152,9 @@ class _Counted:
             self.metrics.latency.labels(route).observe(time.perf_counter() - start)
 
 
-class _Refused(Exception):
-    """An answer other than 200, with its status and JSON payload."""
+class _Refused(StokerError):
+    """An answer other than 200, with its status and JSON payload (raised in a route, turned into
+    the response by ``ServeApp._refused``; it never leaves the server)."""
 
     def __init__(self, status: int, payload: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         super().__init__(payload.get("error"))
