@@ -101,13 +101,6 @@ def busy_cores(seconds: float = 0.2) -> float | None:
     return (1.0 - (idle1 - idle0) / (total1 - total0)) * (os.cpu_count() or 1)
 
 
-def device_description(device: torch.device) -> str:
-    """The device in words: the CPU model or the CUDA device's name."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    return cpu_model()
-
-
 def machine_key(device: torch.device, dtype: str) -> str:
     """The key of figures measured for ``dtype`` on ``device`` with the current thread count."""
     if device.type == "cuda":
@@ -159,7 +152,6 @@ __all__ = [
     "cpu_has_fast",
     "busy_cores",
     "cpu_model",
-    "device_description",
     "machine_key",
     "usable_cores",
 ]
