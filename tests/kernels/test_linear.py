@@ -13,8 +13,9 @@ from torch import nn
 
 import stoker
 from helpers.tiny import make_data, make_estimator, state_equal, train_input
+from stoker._cache import cache_dir
 from stoker.kernels import linear as fl
-from stoker.kernels.machine import cache_dir, machine_key
+from stoker.kernels.machine import machine_key
 
 pytestmark = pytest.mark.skipif(not fl.onednn_available(), reason="this torch build has no oneDNN linear")
 

@@ -9,6 +9,7 @@ import time
 import pytest
 import torch
 
+from stoker._cache import cache_dir
 from stoker.kernels import machine, peak
 
 
@@ -44,7 +45,7 @@ def test_the_fastest_kernel_sets_the_peak_and_is_cached(monkeypatch):
     again = peak.measured_peak(cpu, "fp32")
     assert again.cached and again.kernels == figures and calls == ["fp32"]
     assert again.describe().endswith(", cached")
-    stored = json.loads((machine.cache_dir() / peak.PEAKS_FILE).read_text())
+    stored = json.loads((cache_dir() / peak.PEAKS_FILE).read_text())
     assert list(stored) == [machine.machine_key(cpu, "fp32")]
     assert peak.measured_peak(cpu, "bf16-sr").kernel == "oneDNN conv3x3 channels_last fp32" and calls[-1] == "bf16-sr"
 
@@ -52,7 +53,7 @@ def test_the_fastest_kernel_sets_the_peak_and_is_cached(monkeypatch):
 @pytest.mark.parametrize("content", ["{half", "[1, 2]", '{"KEY": {"gflops": "x"}}', '{"KEY": {"gflops": -1}}'])
 def test_a_corrupt_cache_is_measured_again_and_rewritten(monkeypatch, content):
     cpu = torch.device("cpu")
-    path = machine.cache_dir() / peak.PEAKS_FILE
+    path = cache_dir() / peak.PEAKS_FILE
     path.parent.mkdir(parents=True)
     path.write_text(content.replace("KEY", machine.machine_key(cpu, "fp32")))
     monkeypatch.setattr(peak, "measure_kernels", lambda d, p, b: {"BLAS gemm fp32": 99.0})

@@ -22,9 +22,10 @@ from typing import Any
 
 import torch
 
+from .._cache import cache_dir
 from .._version import __version__
 from ..kernels.linear import LINEAR_FILE, describe_choices
-from ..kernels.machine import BF16_FLAGS, FP16_FLAGS, cache_dir, cpu_has_fast
+from ..kernels.machine import BF16_FLAGS, FP16_FLAGS, cpu_has_fast
 from ..kernels.peak import measured_peak
 from ..memory.host import host_memory_kept
 from ..models import (

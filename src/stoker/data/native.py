@@ -119,4 +119,4 @@ class NativeLibrary:
         return self._reason
 
 
-__all__ = ["NativeLibrary", "cache_dir", "compiler"]
+__all__ = ["NativeLibrary", "compiler"]

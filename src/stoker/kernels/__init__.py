@@ -24,7 +24,7 @@ from .linear import (
     use_fast_linear,
     use_plain_linear,
 )
-from .machine import cache_dir, cpu_flags, cpu_has_fast, machine_key
+from .machine import cpu_flags, cpu_has_fast, machine_key
 from .peak import Peak, measured_peak
 from .sgd_in_backward import SGD_IN_BACKWARD_MODES, update_in_backward, updating_in_backward
 
@@ -35,7 +35,6 @@ __all__ = [
     "OneDNNLinearFunction",
     "Peak",
     "SGD_IN_BACKWARD_MODES",
-    "cache_dir",
     "cpu_flags",
     "cpu_has_fast",
     "describe_choices",

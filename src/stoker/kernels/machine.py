@@ -145,7 +145,6 @@ def cache_store(name: str, key: str, value: Any) -> None:
 __all__ = [
     "BF16_FLAGS",
     "FP16_FLAGS",
-    "cache_dir",
     "cache_load",
     "cache_store",
     "cpu_flags",
