@@ -17,6 +17,7 @@ from helpers.paths import ROOT
 from helpers.processes import PYTHON, python_env, run_process
 from stoker.bench import BenchConfig, run_benchmark
 from stoker.models import DATASETS, list_models
+from stoker.run_spec import estimator_from_model_dir
 
 STEP_RE = re.compile(r"(\d+)\timages/sec: ([\d.]+) \+/- ([\d.]+) \(jitter = ([\d.]+)\)\t([\d.]+)")
 TOTAL_RE = re.compile(r"total images/sec: ([\d.]+)")
@@ -353,7 +354,7 @@ def test_train_dir_exports_and_the_export_benchmarks(capsys: pytest.CaptureFixtu
     code, _, err = run_main(capsys, *QUICK, "--num_batches=2", "--num_warmup_batches=0", f"--train_dir={train_dir}")
     assert code == 0, err
     assert json.loads((train_dir / "run_spec.json").read_text())["model"] == "trivial"  # what stoker export reads
-    est, example, _ = export.estimator_from_model_dir(train_dir)
+    est, example, _ = estimator_from_model_dir(train_dir)
     export.export(est, tmp_path / "exported", example)
     code, out, err = run_main(
         capsys, *QUICK, "--mode=inference", f"--exported={tmp_path / 'exported'}", "--iterations=5"

@@ -20,10 +20,9 @@ from stoker.export import (
     export,
     load_exported,
     onnx_available,
-    read_run_spec,
-    write_run_spec,
 )
 from stoker.export.cli import add_parser
+from stoker.run_spec import read_run_spec, write_run_spec
 
 
 @pytest.fixture(scope="module")

@@ -19,11 +19,11 @@ import torch.nn.functional as F
 import stoker
 from helpers.processes import PYTHON
 from stoker.errors import ExportError
-from stoker.export import AOT_FILE, export, load_exported, write_run_spec
+from stoker.export import AOT_FILE, export, load_exported
 from stoker.export.aot import AOT_FORMAT
 from stoker.export.cli import add_parser
 from stoker.models import create_model
-from stoker.run_spec import estimator_from_model_dir
+from stoker.run_spec import estimator_from_model_dir, write_run_spec
 
 # Loads the package with torch alone and proves stoker was never imported.
 FRESH_PYTHON = (

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from helpers.tiny import eval_input, make_data, make_estimator, train_input
-from stoker.export import write_run_spec
 from stoker.hooks.mlperf import EvalCSV, MLLogger, MLPerfLogHook, evaluate_checkpoints, read_mllog
+from stoker.run_spec import write_run_spec
 from stoker.summary.cli import add_parser
 from stoker.summary.inspect import format_inspection, inspect_run, plot_run
 

@@ -9,14 +9,6 @@ Estimator's best or newest checkpoint as ``model.pt2`` + ``model.safetensors`` +
 the run-spec providers that recipes and the harness register. See docs/export.md.
 """
 
-from ..run_spec import (
-    RUN_SPEC_BUILDERS,
-    RUN_SPEC_FILE,
-    RUN_SPEC_FORMAT,
-    estimator_from_model_dir,
-    read_run_spec,
-    write_run_spec,
-)
 from .aot import AOT_DEVICES, AOT_FILE
 from .program import (
     BATCH,
@@ -42,18 +34,12 @@ __all__ = [
     "FORMATS",
     "ONNX_FILE",
     "PROGRAM_FILE",
-    "RUN_SPEC_BUILDERS",
-    "RUN_SPEC_FILE",
-    "RUN_SPEC_FORMAT",
     "SIGNATURE_FILE",
     "WEIGHTS_FILE",
     "ExportError",
     "ExportedModel",
     "PredictModule",
-    "estimator_from_model_dir",
     "export",
     "load_exported",
     "onnx_available",
-    "read_run_spec",
-    "write_run_spec",
 ]

@@ -18,8 +18,8 @@ Which weights: the ``checkpoint_path`` given; else the best checkpoint of ``mode
 weights in the Estimator's memory.
 
 The ``run_spec.json`` convention (how a recipe or harness records in its ``model_dir`` how to
-rebuild the model) lives in :mod:`stoker.run_spec`, with the registry of builders by kind; its
-names are re-exported here. The ``stoker export MODEL_DIR`` command is :mod:`stoker.export.cli`.
+rebuild the model) lives in :mod:`stoker.run_spec`, with the registry of builders by kind. The
+``stoker export MODEL_DIR`` command is :mod:`stoker.export.cli`.
 See docs/export.md.
 """
 
@@ -47,14 +47,6 @@ from .._version import __version__
 from ..checkpoint.manager import INDEX_NAME, CheckpointManager, model_state_to_bytes
 from ..engine.model_state import ModelState
 from ..errors import ConfigError, ExportError
-from ..run_spec import (  # re-exported: run_spec.json was this module's before stoker.run_spec
-    RUN_SPEC_BUILDERS,
-    RUN_SPEC_FILE,
-    RUN_SPEC_FORMAT,
-    estimator_from_model_dir,
-    read_run_spec,
-    write_run_spec,
-)
 from ..spec import EstimatorSpec, ModeKeys
 from .aot import AOT_FILE, check_device, compile_package, load_package, require_cxx
 
@@ -591,17 +583,11 @@ def load_exported(export_path: str | os.PathLike[str], *, aot: bool | None = Non
 
 
 __all__ = [
-    "RUN_SPEC_BUILDERS",
-    "RUN_SPEC_FILE",
-    "RUN_SPEC_FORMAT",
     "AOT_FILE",
     "ExportError",
     "ExportedModel",
     "PredictModule",
-    "estimator_from_model_dir",
     "export",
     "load_exported",
     "onnx_available",
-    "read_run_spec",
-    "write_run_spec",
 ]
