@@ -34,6 +34,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+#: command -> the options (or positional, upper case) that name a directory it uses, and whether
+#: it writes there: checked before the command runs (:func:`check_directories`). ``stoker bench``
+#: checks its own (``--train_dir``, ``--benchmark_log_dir``) with its flags.
+DIRECTORY_ARGUMENTS: dict[str, tuple[tuple[str, bool], ...]] = {
+    "train": (("--model_dir", True),),
+    "adanet": (("--model_dir", True),),
+    "evaluate": (("MODEL_DIR", False),),
+    "export": (("MODEL_DIR", False), ("--out", True)),
+    "inspect": (("MODEL_DIR", False),),
+    "plot": (("MODEL_DIR", False),),
+}
+
+
 class CommandParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose usage error is the one line that matters and where to read
     more (``see stoker bench --help``), not the whole usage; exit status 2. Subcommands'
@@ -81,6 +94,23 @@ def _info(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_directories(command: str, args: argparse.Namespace) -> str | None:
+    """The one-line problem with a directory ``command``'s arguments name (a file, a path under
+    a file, a folder it cannot write, a missing bucket), or ``None``."""
+    from .errors import ConfigError
+    from .storage import check_dir
+
+    for flag, writes in DIRECTORY_ARGUMENTS.get(command, ()):
+        value = getattr(args, flag.lstrip("-").lower(), None)
+        if value is None:
+            continue
+        try:
+            check_dir(value, flag, writable=writes)
+        except ConfigError as e:
+            return str(e)
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
     command = next((a for a in given if not a.startswith("-")), None)
@@ -92,6 +122,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0
+    problem = check_directories(args.command, args)
+    if problem:  # before the command prints anything or builds a model
+        print(f"stoker {args.command}: error: {problem}", file=sys.stderr)
+        return 2
     return int(args.func(args))
 
 

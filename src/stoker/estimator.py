@@ -51,7 +51,7 @@ from .errors import ConfigError, UserCodeError
 from .hooks import Hook, RunContext
 from .hooks.base import LoopResult, every_n_steps_due
 from .spec import EstimatorSpec
-from .storage import Location
+from .storage import Location, check_dir
 
 log = logging.getLogger("stoker")
 
@@ -435,6 +435,7 @@ def _build_checkpoints(config: CheckpointConfig, *, writer: bool) -> CheckpointM
     """The ``model_dir``'s manager checkpointing's slice asks for (``None``: a run kept in memory)."""
     if not config.model_dir:
         return None
+    check_dir(config.model_dir, "model_dir", writable=writer)  # one line now, not a traceback at the first write
     return CheckpointManager(
         config.model_dir,
         keep_checkpoint_max=config.keep_checkpoint_max,

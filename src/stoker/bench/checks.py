@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConfigError
+from ..storage import check_dir
 from .errors import fail
 from .flags import Flag, check_value
 
@@ -59,6 +60,19 @@ def validate(cfg: Any, flags: tuple[Flag, ...]) -> None:
     _check_devices(cfg)
     _check_combinations(cfg)
     _check_learning_rate(cfg)
+    _check_output_dirs(cfg)
+
+
+def _check_output_dirs(cfg: Any) -> None:
+    """--train_dir and --benchmark_log_dir must be directories this user can write (or create):
+    refused now, before the header, not at the first checkpoint or after the run."""
+    for name in ("train_dir", "benchmark_log_dir"):
+        path = getattr(cfg, name)
+        if path is not None:
+            try:
+                check_dir(path, f"--{name}")
+            except ConfigError as e:
+                raise fail(str(e), name) from None
 
 
 def _check_devices(cfg: Any) -> None:

@@ -11,6 +11,7 @@ from .retry import DEFAULT_RETRY, RetryPolicy, explain, is_transient
 from .stores import (
     Location,
     UrlPath,
+    check_dir,
     download,
     exists,
     file_sizes,
@@ -38,6 +39,7 @@ __all__ = [
     "Location",
     "RetryPolicy",
     "UrlPath",
+    "check_dir",
     "download",
     "exists",
     "explain",

@@ -35,7 +35,7 @@ from concurrent.futures import wait
 from pathlib import Path, PurePath, PurePosixPath
 from typing import Any, TypeVar
 
-from ..errors import StorageError
+from ..errors import ConfigError, StorageError
 from .retry import DEFAULT_RETRY, RetryPolicy, _executor, _pool_lock, explain, is_transient
 
 log = logging.getLogger("stoker")
@@ -213,6 +213,49 @@ def file_sizes(path: Location, retry: RetryPolicy = DEFAULT_RETRY) -> dict[str, 
         found = retry.call("list", path, find)
         return {k[len(base) :]: int(v.get("size") or 0) for k, v in found.items() if k.startswith(base)}
     return {p.relative_to(path).as_posix(): p.stat().st_size for p in path.rglob("*") if p.is_file()}
+
+
+def check_dir(path: str | os.PathLike[str] | Location, name: str, *, writable: bool = True) -> None:
+    """Raise a one-line :class:`~stoker.errors.ConfigError` naming ``name`` (``"model_dir"``,
+    ``"--train_dir"``) when ``path`` cannot be a directory stoker uses: a file, a path under a
+    file, a directory (or its nearest existing parent) that is read-only or not writable when
+    ``writable``, or an object-store URL whose bucket does not exist. It only looks: nothing is
+    created, so a refused path is left as it was."""
+    where = location(path)
+    if isinstance(where, UrlPath):
+        _check_bucket(where, name)
+        return
+    if where.exists() and not where.is_dir():
+        advice = "; give a directory (created if missing)" if writable else ""
+        raise ConfigError(f"{name} {str(path)!r} is a file, not a directory{advice}")
+    existing = next(p for p in (where, *where.absolute().parents) if p.exists() or p == p.parent)
+    if not existing.is_dir():
+        raise ConfigError(f"{name} {str(path)!r} cannot be created: {str(existing)!r} is a file, not a directory")
+    if writable and not os.access(existing, os.W_OK | os.X_OK):
+        # access() answers EROFS for a read-only mount, even to root; statvfs says which it was
+        read_only = bool(os.statvfs(existing).f_flag & os.ST_RDONLY)
+        why = "is on a read-only file system" if read_only else "is not writable by this user"
+        if existing != where:
+            why = f"cannot be created: {str(existing)!r} {why}"
+        raise ConfigError(f"{name} {str(path)!r} {why}; give a writable directory")
+
+
+def _check_bucket(path: UrlPath, name: str) -> None:
+    """A bucket that surely does not exist is refused; any doubt (no rights to look, a store
+    that does not answer) is left to the first real operation, which names its cause."""
+    if path.protocol not in _EXTRAS or len(path.parts) < 2:
+        return  # memory:// and the like have no buckets
+    bucket = path.parts[1]
+    try:
+        fs = filesystem(path)
+        found = RetryPolicy(attempts=1, timeout=30.0).call("look up", path, lambda: fs.exists(bucket))
+    except Exception:  # noqa: BLE001 - see the docstring
+        return
+    if not found:
+        raise ConfigError(
+            f"{name} {str(path)!r}: the bucket {bucket!r} does not exist (or these credentials cannot see it); "
+            "create it first"
+        )
 
 
 def makedirs(path: Location, retry: RetryPolicy = DEFAULT_RETRY) -> None:
