@@ -84,7 +84,9 @@ def objective(trial, model_dir: str) -> float:  # noqa: ANN001 - an optuna.Trial
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=6, help="finished trials the study should have")
-    parser.add_argument("--storage", required=True, help="an Optuna RDB URL, e.g. sqlite:///study.db")
+    parser.add_argument(
+        "--storage", required=True, help="an Optuna RDB URL (sqlite:///study.db) or the path of a SQLite file"
+    )
     parser.add_argument("--model_dir", required=True, help="each trial's checkpoints go to MODEL_DIR/trial-<N>")
     parser.add_argument("--sleep", type=float, default=0.0, help=argparse.SUPPRESS)  # tests: slows each trial
     args = parser.parse_args()

@@ -9,6 +9,7 @@ import logging
 import warnings
 from typing import Any
 
+from ..errors import ConfigError
 from .base import Hook, LoopResult, RunContext
 from .early_stopping import monitored_value
 from .tracking import missing_extra
@@ -33,6 +34,11 @@ class OptunaPruning(Hook):
             import optuna
         except ImportError as e:
             raise missing_extra("optuna", "optuna", "OptunaPruning") from e
+        if not (callable(getattr(trial, "report", None)) and callable(getattr(trial, "should_prune", None))):
+            raise ConfigError(
+                "OptunaPruning: trial must be the optuna trial the objective is given (optuna.trial.Trial); "
+                f"got {type(trial).__name__}"
+            )
         self._optuna = optuna
         self.trial, self.monitor = trial, monitor
         self.reported: list[tuple[int, float]] = []
