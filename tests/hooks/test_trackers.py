@@ -70,6 +70,83 @@ def test_mlflow_resumes_the_same_run_without_repeating_a_step(tmp_path):
     assert [s for s, _ in history(client, first.run_id, "eval/loss")] == [4, 8, 12, 16]
 
 
+def test_without_a_tracking_uri_the_store_is_in_the_model_dir(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    x, y = make_data(48)
+    logger = stoker.hooks.MLflowLogger(experiment="tiny")
+    with caplog.at_level("INFO", logger="stoker"):
+        make_estimator("m", iterations_per_loop=2, log_every_n_steps=2).train(
+            train_input(x, y), max_steps=4, hooks=[logger]
+        )
+    model_dir = tmp_path / "m"
+    uri = f"sqlite:///{model_dir / 'mlflow.db'}"
+    assert f"MLflowLogger: runs go to {uri}, their artifacts to {model_dir / 'mlruns'}" in caplog.messages
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # nothing in the current directory
+    client = MlflowClient(tracking_uri=uri)
+    assert [s for s, _ in history(client, logger.run_id, "loss")] == [2, 4]
+    artifacts = client.get_run(logger.run_id).info.artifact_uri
+    assert artifacts.startswith(str(model_dir / "mlruns")) or artifacts.startswith((model_dir / "mlruns").as_uri())
+    assert (model_dir / "mlruns").is_dir() and any((model_dir / "mlruns").rglob("model.safetensors"))
+    again = stoker.hooks.MLflowLogger(experiment="tiny")  # a rerun continues the same MLflow run there
+    make_estimator("m", iterations_per_loop=2, log_every_n_steps=2).train(train_input(x, y), max_steps=8, hooks=[again])
+    assert again.run_id == logger.run_id
+    assert [s for s, _ in history(client, logger.run_id, "loss")] == [2, 4, 6, 8]
+
+
+def test_without_a_model_dir_mlflow_s_default_store_is_used_and_said(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    x, y = make_data(48)
+    logger = stoker.hooks.MLflowLogger()
+    with caplog.at_level("INFO", logger="stoker"):
+        make_estimator(None, iterations_per_loop=2).train(train_input(x, y), max_steps=2, hooks=[logger])
+    assert (
+        "MLflowLogger: no model_dir: runs go to MLflow's default store (sqlite:///mlflow.db and ./mlruns in "
+        f"{tmp_path}); give tracking_uri to keep them elsewhere"
+    ) in caplog.messages
+    assert MlflowClient(tracking_uri="sqlite:///mlflow.db").get_run(logger.run_id).info.status == "FINISHED"
+
+
+@pytest.mark.parametrize("form", ["file:{d}/mlruns", "file://{d}/mlruns", "{d}/mlruns"])
+def test_a_file_store_uri_is_refused_in_one_line_with_the_sqlite_uri(tmp_path, monkeypatch, form):
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
+    from stoker.hooks.mlflow_logger import _mlflow_version
+
+    if _mlflow_version() < (3, 13):
+        pytest.skip("MLflow before 3.13 keeps file stores")
+    uri = form.format(d=tmp_path)
+    with pytest.raises(stoker.errors.ConfigError) as e:
+        stoker.hooks.MLflowLogger(tracking_uri=uri)
+    major, minor = _mlflow_version()
+    assert str(e.value) == (
+        f"MLflowLogger: tracking_uri={uri!r} is a file store, which MLflow {major}.{minor} refuses; use "
+        f"'sqlite:///{tmp_path / 'mlflow.db'}' (a SQLite file; `mlflow migrate-filestore` moves an existing store "
+        "into it), leave it unset for one in the model_dir, or set MLFLOW_ALLOW_FILE_STORE=true"
+    )
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # the same from the environment
+    with pytest.raises(stoker.errors.ConfigError, match=r"^MLflowLogger: MLFLOW_TRACKING_URI='.*' is a file store"):
+        stoker.hooks.MLflowLogger()
+    assert list(tmp_path.iterdir()) == []  # refused when made: nothing written
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow's opt-out is honoured
+    stoker.hooks.MLflowLogger(tracking_uri=uri)
+    stoker.hooks.MLflowLogger(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    stoker.hooks.MLflowLogger(tracking_uri="http://127.0.0.1:5000")
+
+
+def test_mlflow_3_13_refuses_a_file_store_as_the_hook_says(tmp_path, monkeypatch):
+    """What the refusal above stands for: the installed MLflow's own exception."""
+    from mlflow.exceptions import MlflowException
+
+    from stoker.hooks.mlflow_logger import _mlflow_version
+
+    if _mlflow_version() < (3, 13):
+        pytest.skip("MLflow before 3.13 keeps file stores")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
+    with pytest.raises(MlflowException, match="MLFLOW_ALLOW_FILE_STORE=true"):
+        MlflowClient(tracking_uri=(tmp_path / "mlruns").as_uri()).create_experiment("x")
+
+
 def test_without_the_package_the_error_names_the_extra(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "mlflow", None)
     monkeypatch.setitem(sys.modules, "mlflow.tracking", None)
