@@ -284,13 +284,15 @@ LAYERS: dict[str, set[str]] = {
     "stoker.resolve": {"stoker.errors"},
     "stoker.storage": {"stoker.errors"},
     "stoker.data": {"stoker.errors", "stoker._cache", "stoker.resolve"},
-    "stoker.cli": {"stoker._version"},
+    # the table of commands, and the check of the directories a command names before it runs (storage: a leaf)
+    "stoker.cli": {"stoker._version", "stoker.errors", "stoker.storage"},
     "stoker.run_spec": {"stoker.errors", "stoker.storage", "stoker._version", "stoker.plugins"},
     "stoker.distributed": {"stoker.errors", "stoker.storage", "stoker.memory"},
     "stoker.checkpoint": {"stoker.errors", "stoker.storage", "stoker.distributed"},
     "stoker.summary": {"stoker.errors", "stoker.storage", "stoker.checkpoint", "stoker.run_spec"},
     "stoker.serving": {"stoker.errors", "stoker._version", "stoker.export"},
-    "stoker.tune": {"stoker.errors"},  # optuna runs the trials; the objective brings the Estimator
+    # optuna runs the trials; the objective brings the Estimator; storage checks the trials' model_dir
+    "stoker.tune": {"stoker.errors", "stoker.storage"},
     "stoker.config": {
         "stoker.errors",
         "stoker.precision",

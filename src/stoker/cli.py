@@ -3,7 +3,9 @@
 Every package that has a command keeps its parser in ``<package>/cli.py`` as
 ``add_parser(subparsers)``. This module lists them in :data:`COMMANDS` and imports only the
 module of the command that runs (the subcommands pull in torch, the model zoo, matplotlib), so
-``stoker --help`` and a mistyped command answer at once. Usage errors exit with status 2.
+``stoker --help`` and a mistyped command answer at once. Usage errors exit with status 2, and
+so does a directory a command names that cannot be used (:data:`DIRECTORY_ARGUMENTS`, checked
+with :func:`stoker.storage.check_dir` before the command prints or builds anything).
 """
 
 from __future__ import annotations
