@@ -17,6 +17,7 @@ import zipfile
 from pathlib import Path
 
 from helpers.paths import ROOT
+from stoker._version import __version__
 
 SRC = ROOT / "src"
 PACKAGE = "stoker"
@@ -75,6 +76,8 @@ def test_the_wheel_carries_every_file_the_package_loads(tmp_path: Path) -> None:
 
     with build_wheel(ROOT, tmp_path) as wheel:
         carried = set(wheel.namelist())
+        (metadata,) = [name for name in carried if name.endswith(".dist-info/METADATA")]
+        assert f"\nVersion: {__version__}\n" in wheel.read(metadata).decode()  # from _version.py
     python = {p.relative_to(SRC).as_posix() for p in (SRC / PACKAGE).rglob("*.py") if "__pycache__" not in p.parts}
     assert not python - carried, f"modules missing from the wheel: {sorted(python - carried)}"
     left_out = (beside | set(named)) - carried
@@ -97,3 +100,17 @@ def test_the_scan_finds_a_file_beside_a_module_and_one_the_code_names(tmp_path: 
         "pkg/sub/_a.c": "pkg/sub/mod.py",
         "pkg/sub/table.json": "pkg/sub/mod.py",
     }
+
+
+def test_the_version_is_kept_in_one_place_and_is_the_changelogs_newest_release() -> None:
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    assert 'dynamic = ["version"]' in pyproject and 'attr = "stoker._version.__version__"' in pyproject
+    assert not re.search(r"^version\s*=\s*[\"']", pyproject, re.MULTILINE), "the version lives in _version.py only"
+    changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    releases = re.findall(r"^## (\d+\.\d+\.\d+) \(\d{4}-\d{2}-\d{2}\)", changelog, re.MULTILINE)
+    assert releases, "CHANGELOG.md: a release is a '## X.Y.Z (YYYY-MM-DD)' heading"
+    newest = releases[0]
+    # the released version, or the next one in the making (X.Y.Z.devN) above it
+    assert __version__ == newest or (".dev" in __version__ and __version__.split(".dev")[0] != newest), (
+        f"_version.py says {__version__}; CHANGELOG.md's newest release is {newest}"
+    )
