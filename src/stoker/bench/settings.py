@@ -31,7 +31,10 @@ MODE_FORWARD_ONLY = "forward-only"
 MODE_INFERENCE = "inference"
 
 DEFAULT_NUM_BATCHES = 100
-DEFAULT_BATCH_SIZE = 0  # the model's default (bench/defaults.py)
+DEFAULT_BATCH_SIZE = 0  # the model's default (its registry entry's, stoker.models)
+#: What a model without defaults of its own (a custom model) trains with: the base ``Model`` class's
+#: of tf_cnn_benchmarks.
+FALLBACK_BATCH_SIZE = 32
 DEFAULT_LEARNING_RATE = 0.005
 DEFAULT_FP16_LOSS_SCALE = 128.0
 DEFAULT_INFERENCE_ITERATIONS = 100

@@ -37,23 +37,17 @@ from ..data.images import IMAGE_EXTENSIONS, scan_image_folder
 from ..data.tfrecord import expected_layouts, find_shards
 from ..data.tfrecord_index import RecordShards
 from ..distributed import torchrun_world_size
-from ..models import DATASETS, DEFAULT_NUM_CLASSES, ModelInfo, get_model_info
+from ..models import DATASETS, DEFAULT_NUM_CLASSES, EXAMPLES_PER_EPOCH, ModelInfo, get_model_info
+from ..models.schedules import LearningRate, describe_learning_rate, learning_rate_schedule
 from .checks import gpu_indices as parse_gpu_indices
 from .config import (
+    DEFAULT_LEARNING_RATE,
     DEFAULT_NUM_BATCHES,
+    FALLBACK_BATCH_SIZE,
     MODE_EVAL,
     MODE_INFERENCE,
     BenchConfig,
     BenchFlagError,
-)
-from .defaults import (
-    FALLBACK_BATCH_SIZE,
-    FALLBACK_LEARNING_RATE,
-    LearningRate,
-    ModelDefaults,
-    describe,
-    model_defaults,
-    model_learning_rate,
 )
 from .inputs import (
     IMAGE_FOLDER,
@@ -71,17 +65,6 @@ from .inputs import (
 )
 from .plan import image_options, resolve_plan
 
-# Examples per epoch of the real data sets, for --num_epochs and the "Num epochs" line.
-EXAMPLES_PER_EPOCH: dict[str, dict[str, int]] = {
-    "imagenet": {"train": 1_281_167, "validation": 50_000},
-    "cifar10": {"train": 50_000, "validation": 10_000},
-    # MLPerf NCF: 19,861,770 training positives with 4 sampled negatives each; one held-out
-    # positive per user for evaluation.
-    "movielens": {"train": 99_308_850, "validation": 138_493},
-    # train-clean-100 + train-clean-360, and test-clean (the reference's file patterns).
-    "librispeech": {"train": 132_553, "validation": 2_620},
-    "coco": {"train": 118_287, "validation": 4_952},
-}
 _CIFAR_RECORD_BYTES = 1 + 32 * 32 * 3
 _CIFAR_MARKERS = ("data_batch_1.bin", "test_batch.bin", "cifar-10-batches-bin")
 
@@ -252,8 +235,9 @@ def resolve_workload(
     world = torchrun_world_size()
     train_examples, eval_examples, num_classes, layout = _data_on_disk(cfg, dataset, num_classes)
     evaluating = cfg.benchmark_mode == MODE_EVAL
-    defaults = None if custom_model else model_defaults(cfg.model, dataset)
-    per_device = cfg.batch_size or (defaults.batch_size if defaults else FALLBACK_BATCH_SIZE)
+    # The model's own batch size and learning rate (its registry entry's), or stoker's fallbacks
+    defaults = info if info is not None and info.default_batch_size is not None else None
+    per_device = cfg.batch_size or (defaults.default_batch_size if defaults else None) or FALLBACK_BATCH_SIZE
     eval_batch = (cfg.eval_batch_size or per_device) * world
     # --batch_size is per device, as in tf_cnn_benchmarks; --eval runs at the evaluation batch.
     batch = eval_batch if evaluating else per_device * world
@@ -345,11 +329,12 @@ def _batch_counts(
 
 
 def _model_rate(
-    cfg: BenchConfig, defaults: ModelDefaults | None, global_batch: int
+    cfg: BenchConfig, defaults: ModelInfo | None, global_batch: int
 ) -> tuple[float | None, LearningRate | None, tuple[str, ...]]:
-    """The model's learning rate when no rate flag is given: ``(constant, schedule, description)``."""
+    """The model's learning rate when no rate flag is given: ``(constant, schedule, description)``
+    (``defaults``: the registry entry of a model with defaults of its own)."""
     rate_flags = cfg.init_learning_rate is not None or cfg.piecewise_learning_rate_schedule is not None
-    resnet = defaults is not None and defaults.schedule == "resnet"
+    resnet = defaults is not None and defaults.lr_schedule == "resnet"
     if cfg.resnet_base_lr is not None and (rate_flags or not resnet):
         why = (
             (
@@ -362,12 +347,12 @@ def _model_rate(
         raise BenchFlagError(("resnet_base_lr",), f"--resnet_base_lr {why}")
     if rate_flags or cfg.mode == "inference":
         return None, None, ()
-    if defaults is None:
-        return None, None, (f"learning rate {FALLBACK_LEARNING_RATE:g} (stoker's fallback)",)
-    described = (describe(defaults, cfg.model),)
-    if defaults.schedule == "constant":
-        return defaults.learning_rate, None, described
-    return None, model_learning_rate(defaults, global_batch, base_lr=cfg.resnet_base_lr), described
+    if defaults is None or defaults.default_learning_rate is None:
+        return None, None, (f"learning rate {DEFAULT_LEARNING_RATE:g} (stoker's fallback)",)
+    described = (describe_learning_rate(defaults),)
+    if defaults.lr_schedule == "constant":
+        return defaults.default_learning_rate, None, described
+    return None, learning_rate_schedule(defaults, global_batch, base_lr=cfg.resnet_base_lr), described
 
 
 def _count_records(data_dir: Path) -> tuple[int, int]:

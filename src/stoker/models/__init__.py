@@ -13,7 +13,9 @@ dataset).image_size`` says which ``H = W``) in either memory format and returns
 ``[B, num_classes]`` logits. The models of other data sets (``ncf`` on MovieLens,
 ``deepspeech2`` on LibriSpeech, ``ssd300`` on COCO) take their own inputs, which
 ``get_model_info(...).example_batch(n)`` makes, and train with their registered ``loss``.
-Adding a model is a factory decorated with ``register_model``; see ``registry.py``. The zoo
+Adding a model is a factory decorated with ``register_model``; see ``registry.py``. An entry also
+owns the model's defaults in tf_cnn_benchmarks (batch size, learning rate and the kind of its
+schedule, ``schedules.py``), which ``stoker bench`` trains with when no flag says otherwise. The zoo
 imports nothing of stoker but its errors: its models are plain ``nn.Module`` s any PyTorch code can use.
 """
 
@@ -45,6 +47,8 @@ from . import (  # noqa: F401
 from .registry import (
     DATASETS,
     DEFAULT_NUM_CLASSES,
+    EXAMPLES_PER_EPOCH,
+    LR_SCHEDULES,
     LossFn,
     ModelInfo,
     SyntheticBatchFn,
@@ -57,6 +61,8 @@ from .registry import (
 __all__ = [
     "DATASETS",
     "DEFAULT_NUM_CLASSES",
+    "EXAMPLES_PER_EPOCH",
+    "LR_SCHEDULES",
     "LossFn",
     "ModelInfo",
     "SyntheticBatchFn",

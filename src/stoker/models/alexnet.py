@@ -48,7 +48,14 @@ def _lrn() -> nn.LocalResponseNorm:
     return nn.LocalResponseNorm(size=9, alpha=0.001, beta=0.75, k=1.0)
 
 
-@register_model("alexnet", dataset="cifar10", default_image_size=32, default_batch_size=128, default_learning_rate=0.1)
+@register_model(
+    "alexnet",
+    dataset="cifar10",
+    default_image_size=32,
+    default_batch_size=128,
+    default_learning_rate=0.1,
+    lr_schedule="alexnet_cifar",
+)
 def alexnet_cifar10(num_classes: int) -> nn.Module:
     """AlexNet-style network of TensorFlow's CIFAR-10 tutorial (2 convs + LRN, 384-192 dense)."""
     features = nn.Sequential(

@@ -58,7 +58,12 @@ def _densenet(depth: int, growth_rate: int, num_classes: int) -> Classifier:
 
 
 @register_model(
-    "densenet40_k12", dataset="cifar10", default_image_size=32, default_batch_size=64, default_learning_rate=0.1
+    "densenet40_k12",
+    dataset="cifar10",
+    default_image_size=32,
+    default_batch_size=64,
+    default_learning_rate=0.1,
+    lr_schedule="densenet_cifar",
 )
 def densenet40_k12(num_classes: int) -> nn.Module:
     """DenseNet-40, growth rate 12 (12 layers per block)."""
@@ -66,7 +71,12 @@ def densenet40_k12(num_classes: int) -> nn.Module:
 
 
 @register_model(
-    "densenet100_k12", dataset="cifar10", default_image_size=32, default_batch_size=64, default_learning_rate=0.1
+    "densenet100_k12",
+    dataset="cifar10",
+    default_image_size=32,
+    default_batch_size=64,
+    default_learning_rate=0.1,
+    lr_schedule="densenet_cifar",
 )
 def densenet100_k12(num_classes: int) -> nn.Module:
     """DenseNet-100, growth rate 12 (32 layers per block)."""
@@ -74,7 +84,12 @@ def densenet100_k12(num_classes: int) -> nn.Module:
 
 
 @register_model(
-    "densenet100_k24", dataset="cifar10", default_image_size=32, default_batch_size=64, default_learning_rate=0.1
+    "densenet100_k24",
+    dataset="cifar10",
+    default_image_size=32,
+    default_batch_size=64,
+    default_learning_rate=0.1,
+    lr_schedule="densenet_cifar",
 )
 def densenet100_k24(num_classes: int) -> nn.Module:
     """DenseNet-100, growth rate 24 (32 layers per block)."""

@@ -27,6 +27,28 @@ DATASETS: tuple[str, ...] = ("imagenet", "cifar10", "movielens", "librispeech", 
 # interacted or not; LibriSpeech: 28 characters and the CTC blank; COCO: 80 classes and the
 # background.
 DEFAULT_NUM_CLASSES: dict[str, int] = {"imagenet": 1001, "cifar10": 10, "movielens": 2, "librispeech": 29, "coco": 81}
+#: Examples per epoch of each data set's training and validation splits: what ``--num_epochs``
+#: and the model schedules (``schedules.py``) count in.
+EXAMPLES_PER_EPOCH: dict[str, dict[str, int]] = {
+    "imagenet": {"train": 1_281_167, "validation": 50_000},
+    "cifar10": {"train": 50_000, "validation": 10_000},
+    # MLPerf NCF: 19,861,770 training positives with 4 sampled negatives each; one held-out
+    # positive per user for evaluation.
+    "movielens": {"train": 99_308_850, "validation": 138_493},
+    # train-clean-100 + train-clean-360, and test-clean (the reference's file patterns).
+    "librispeech": {"train": 132_553, "validation": 2_620},
+    "coco": {"train": 118_287, "validation": 4_952},
+}
+#: The learning-rate schedules a model's entry may name (``schedules.py`` says what each is).
+LR_SCHEDULES: tuple[str, ...] = (
+    "constant",
+    "resnet",
+    "official_resnet",
+    "resnet_cifar",
+    "densenet_cifar",
+    "alexnet_cifar",
+    "ssd",
+)
 
 ModelFactory = Callable[..., nn.Module]
 #: ``(batch_size, num_classes, generator, device) -> (features, labels)``: one random batch.
@@ -52,6 +74,8 @@ class ModelInfo:
         default_batch_size: the per-device batch size tf_cnn_benchmarks' model definition
             sets (``None``: the reference sets none of its own).
         default_learning_rate: the learning rate that definition sets (``None``: likewise).
+        lr_schedule: how that rate changes with the step: one of :data:`LR_SCHEDULES`
+            (:func:`stoker.models.schedules.learning_rate_schedule` says how).
         synthetic_batch: makes a random batch for a model that does not read images
             (``None``: an image classifier).
         loss: the training loss of such a model (``None``: softmax cross-entropy on logits).
@@ -67,6 +91,7 @@ class ModelInfo:
     min_image_size: int
     default_batch_size: int | None = None
     default_learning_rate: float | None = None
+    lr_schedule: str = "constant"
     synthetic_batch: SyntheticBatchFn | None = None
     loss: LossFn | None = None
     example: str = "images"
@@ -120,6 +145,7 @@ def register_model(
     description: str | None = None,
     default_batch_size: int | None = None,
     default_learning_rate: float | None = None,
+    lr_schedule: str = "constant",
     synthetic_batch: SyntheticBatchFn | None = None,
     loss: LossFn | None = None,
     example: str = "images",
@@ -129,13 +155,16 @@ def register_model(
     ``num_classes_default`` defaults to the dataset's class count (1001 for ImageNet, 10 for
     CIFAR-10); ``min_image_size`` defaults to ``default_image_size`` (a fixed-size model);
     ``description`` defaults to the first line of the factory's docstring;
-    ``default_batch_size`` and ``default_learning_rate`` record the reference's own defaults;
+    ``default_batch_size``, ``default_learning_rate`` and ``lr_schedule`` record the reference's
+    own defaults (what ``stoker bench`` trains with when no flag says otherwise);
     ``synthetic_batch``, ``loss`` and ``example`` describe a model that is not an image
     classifier (see the module docstring).
     Registering the same
     ``(dataset, name)`` twice is an error. The factory is returned unchanged.
     """
     _check_dataset(dataset)
+    if lr_schedule not in LR_SCHEDULES:
+        raise UnknownNameError(f"unknown lr_schedule {lr_schedule!r}; allowed: {', '.join(LR_SCHEDULES)}")
 
     def decorate(factory: ModelFactory) -> ModelFactory:
         key = (dataset, name)
@@ -152,6 +181,7 @@ def register_model(
             min_image_size=default_image_size if min_image_size is None else min_image_size,
             default_batch_size=default_batch_size,
             default_learning_rate=default_learning_rate,
+            lr_schedule=lr_schedule,
             synthetic_batch=synthetic_batch,
             loss=loss,
             example=example,

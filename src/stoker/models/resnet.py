@@ -152,6 +152,7 @@ def _tf_cnn_resnet(layer_counts: Sequence[int], version: str, num_classes: int) 
     min_image_size=32,
     default_batch_size=64,
     default_learning_rate=0.128,
+    lr_schedule="resnet",
 )
 def resnet50(num_classes: int) -> nn.Module:
     """ResNet-50 v1 (tf_cnn_benchmarks): stride on the first 1x1 convolution of a block."""
@@ -165,6 +166,7 @@ def resnet50(num_classes: int) -> nn.Module:
     min_image_size=32,
     default_batch_size=64,
     default_learning_rate=0.128,
+    lr_schedule="resnet",
 )
 def resnet50_v1_5(num_classes: int) -> nn.Module:
     """ResNet-50 v1.5 (tf_cnn_benchmarks): stride on the 3x3 convolution of a block."""
@@ -178,6 +180,7 @@ def resnet50_v1_5(num_classes: int) -> nn.Module:
     min_image_size=32,
     default_batch_size=64,
     default_learning_rate=0.128,
+    lr_schedule="resnet",
 )
 def resnet50_v2(num_classes: int) -> nn.Module:
     """ResNet-50 v2, pre-activation (tf_cnn_benchmarks)."""
@@ -191,6 +194,7 @@ def resnet50_v2(num_classes: int) -> nn.Module:
     min_image_size=32,
     default_batch_size=32,
     default_learning_rate=0.128,
+    lr_schedule="resnet",
 )
 def resnet101(num_classes: int) -> nn.Module:
     """ResNet-101 v1 (tf_cnn_benchmarks)."""
@@ -204,6 +208,7 @@ def resnet101(num_classes: int) -> nn.Module:
     min_image_size=32,
     default_batch_size=32,
     default_learning_rate=0.128,
+    lr_schedule="resnet",
 )
 def resnet101_v2(num_classes: int) -> nn.Module:
     """ResNet-101 v2, pre-activation (tf_cnn_benchmarks)."""
@@ -217,6 +222,7 @@ def resnet101_v2(num_classes: int) -> nn.Module:
     min_image_size=32,
     default_batch_size=32,
     default_learning_rate=0.128,
+    lr_schedule="resnet",
 )
 def resnet152(num_classes: int) -> nn.Module:
     """ResNet-152 v1 (tf_cnn_benchmarks)."""
@@ -230,6 +236,7 @@ def resnet152(num_classes: int) -> nn.Module:
     min_image_size=32,
     default_batch_size=32,
     default_learning_rate=0.128,
+    lr_schedule="resnet",
 )
 def resnet152_v2(num_classes: int) -> nn.Module:
     """ResNet-152 v2, pre-activation (tf_cnn_benchmarks)."""
@@ -294,6 +301,7 @@ def _official_resnet(size: int, version: int, num_classes: int) -> Classifier:
     min_image_size=32,
     default_batch_size=32,
     default_learning_rate=0.0125,
+    lr_schedule="official_resnet",
 )
 def official_resnet18(num_classes: int) -> nn.Module:
     """ResNet-18 v1, TensorFlow official r1 model."""
@@ -307,6 +315,7 @@ def official_resnet18(num_classes: int) -> nn.Module:
     min_image_size=32,
     default_batch_size=32,
     default_learning_rate=0.0125,
+    lr_schedule="official_resnet",
 )
 def official_resnet18_v2(num_classes: int) -> nn.Module:
     """ResNet-18 v2, pre-activation, TensorFlow official r1 model."""
@@ -320,6 +329,7 @@ def official_resnet18_v2(num_classes: int) -> nn.Module:
     min_image_size=32,
     default_batch_size=32,
     default_learning_rate=0.0125,
+    lr_schedule="official_resnet",
 )
 def official_resnet34(num_classes: int) -> nn.Module:
     """ResNet-34 v1, TensorFlow official r1 model."""
@@ -333,6 +343,7 @@ def official_resnet34(num_classes: int) -> nn.Module:
     min_image_size=32,
     default_batch_size=32,
     default_learning_rate=0.0125,
+    lr_schedule="official_resnet",
 )
 def official_resnet34_v2(num_classes: int) -> nn.Module:
     """ResNet-34 v2, pre-activation, TensorFlow official r1 model."""
@@ -346,6 +357,7 @@ def official_resnet34_v2(num_classes: int) -> nn.Module:
     min_image_size=32,
     default_batch_size=128,
     default_learning_rate=0.05,
+    lr_schedule="official_resnet",
 )
 def official_resnet50(num_classes: int) -> nn.Module:
     """ResNet-50 v1 (stride on the 3x3 convolution), TensorFlow official r1 model."""
@@ -359,6 +371,7 @@ def official_resnet50(num_classes: int) -> nn.Module:
     min_image_size=32,
     default_batch_size=128,
     default_learning_rate=0.05,
+    lr_schedule="official_resnet",
 )
 def official_resnet50_v2(num_classes: int) -> nn.Module:
     """ResNet-50 v2, pre-activation, TensorFlow official r1 model."""
@@ -372,6 +385,7 @@ def official_resnet50_v2(num_classes: int) -> nn.Module:
     min_image_size=32,
     default_batch_size=32,
     default_learning_rate=0.0125,
+    lr_schedule="official_resnet",
 )
 def official_resnet101(num_classes: int) -> nn.Module:
     """ResNet-101 v1 (stride on the 3x3 convolution), TensorFlow official r1 model."""
@@ -385,6 +399,7 @@ def official_resnet101(num_classes: int) -> nn.Module:
     min_image_size=32,
     default_batch_size=32,
     default_learning_rate=0.0125,
+    lr_schedule="official_resnet",
 )
 def official_resnet101_v2(num_classes: int) -> nn.Module:
     """ResNet-101 v2, pre-activation, TensorFlow official r1 model."""
@@ -398,6 +413,7 @@ def official_resnet101_v2(num_classes: int) -> nn.Module:
     min_image_size=32,
     default_batch_size=32,
     default_learning_rate=0.0125,
+    lr_schedule="official_resnet",
 )
 def official_resnet152(num_classes: int) -> nn.Module:
     """ResNet-152 v1 (stride on the 3x3 convolution), TensorFlow official r1 model."""
@@ -411,6 +427,7 @@ def official_resnet152(num_classes: int) -> nn.Module:
     min_image_size=32,
     default_batch_size=32,
     default_learning_rate=0.0125,
+    lr_schedule="official_resnet",
 )
 def official_resnet152_v2(num_classes: int) -> nn.Module:
     """ResNet-152 v2, pre-activation, TensorFlow official r1 model."""
@@ -424,6 +441,7 @@ def official_resnet152_v2(num_classes: int) -> nn.Module:
     min_image_size=32,
     default_batch_size=32,
     default_learning_rate=0.0125,
+    lr_schedule="official_resnet",
 )
 def official_resnet200(num_classes: int) -> nn.Module:
     """ResNet-200 v1 (stride on the 3x3 convolution), TensorFlow official r1 model."""
@@ -437,6 +455,7 @@ def official_resnet200(num_classes: int) -> nn.Module:
     min_image_size=32,
     default_batch_size=32,
     default_learning_rate=0.0125,
+    lr_schedule="official_resnet",
 )
 def official_resnet200_v2(num_classes: int) -> nn.Module:
     """ResNet-200 v2, pre-activation, TensorFlow official r1 model."""
@@ -484,56 +503,104 @@ def _cifar_resnet(blocks_per_stage: int, v2: bool, num_classes: int) -> Classifi
     return Classifier(nn.Sequential(*layers), in_ch, num_classes)
 
 
-@register_model("resnet20", dataset="cifar10", default_image_size=32, default_batch_size=128, default_learning_rate=0.1)
+@register_model(
+    "resnet20",
+    dataset="cifar10",
+    default_image_size=32,
+    default_batch_size=128,
+    default_learning_rate=0.1,
+    lr_schedule="resnet_cifar",
+)
 def resnet20_cifar10(num_classes: int) -> nn.Module:
     """CIFAR-10 ResNet-20 v1 (3 blocks per stage)."""
     return _cifar_resnet(3, False, num_classes)
 
 
 @register_model(
-    "resnet20_v2", dataset="cifar10", default_image_size=32, default_batch_size=128, default_learning_rate=0.1
+    "resnet20_v2",
+    dataset="cifar10",
+    default_image_size=32,
+    default_batch_size=128,
+    default_learning_rate=0.1,
+    lr_schedule="resnet_cifar",
 )
 def resnet20_v2_cifar10(num_classes: int) -> nn.Module:
     """CIFAR-10 ResNet-20 v2, pre-activation (3 blocks per stage)."""
     return _cifar_resnet(3, True, num_classes)
 
 
-@register_model("resnet32", dataset="cifar10", default_image_size=32, default_batch_size=128, default_learning_rate=0.1)
+@register_model(
+    "resnet32",
+    dataset="cifar10",
+    default_image_size=32,
+    default_batch_size=128,
+    default_learning_rate=0.1,
+    lr_schedule="resnet_cifar",
+)
 def resnet32_cifar10(num_classes: int) -> nn.Module:
     """CIFAR-10 ResNet-32 v1 (5 blocks per stage)."""
     return _cifar_resnet(5, False, num_classes)
 
 
 @register_model(
-    "resnet32_v2", dataset="cifar10", default_image_size=32, default_batch_size=128, default_learning_rate=0.1
+    "resnet32_v2",
+    dataset="cifar10",
+    default_image_size=32,
+    default_batch_size=128,
+    default_learning_rate=0.1,
+    lr_schedule="resnet_cifar",
 )
 def resnet32_v2_cifar10(num_classes: int) -> nn.Module:
     """CIFAR-10 ResNet-32 v2, pre-activation (5 blocks per stage)."""
     return _cifar_resnet(5, True, num_classes)
 
 
-@register_model("resnet44", dataset="cifar10", default_image_size=32, default_batch_size=128, default_learning_rate=0.1)
+@register_model(
+    "resnet44",
+    dataset="cifar10",
+    default_image_size=32,
+    default_batch_size=128,
+    default_learning_rate=0.1,
+    lr_schedule="resnet_cifar",
+)
 def resnet44_cifar10(num_classes: int) -> nn.Module:
     """CIFAR-10 ResNet-44 v1 (7 blocks per stage)."""
     return _cifar_resnet(7, False, num_classes)
 
 
 @register_model(
-    "resnet44_v2", dataset="cifar10", default_image_size=32, default_batch_size=128, default_learning_rate=0.1
+    "resnet44_v2",
+    dataset="cifar10",
+    default_image_size=32,
+    default_batch_size=128,
+    default_learning_rate=0.1,
+    lr_schedule="resnet_cifar",
 )
 def resnet44_v2_cifar10(num_classes: int) -> nn.Module:
     """CIFAR-10 ResNet-44 v2, pre-activation (7 blocks per stage)."""
     return _cifar_resnet(7, True, num_classes)
 
 
-@register_model("resnet56", dataset="cifar10", default_image_size=32, default_batch_size=128, default_learning_rate=0.1)
+@register_model(
+    "resnet56",
+    dataset="cifar10",
+    default_image_size=32,
+    default_batch_size=128,
+    default_learning_rate=0.1,
+    lr_schedule="resnet_cifar",
+)
 def resnet56_cifar10(num_classes: int) -> nn.Module:
     """CIFAR-10 ResNet-56 v1 (9 blocks per stage)."""
     return _cifar_resnet(9, False, num_classes)
 
 
 @register_model(
-    "resnet56_v2", dataset="cifar10", default_image_size=32, default_batch_size=128, default_learning_rate=0.1
+    "resnet56_v2",
+    dataset="cifar10",
+    default_image_size=32,
+    default_batch_size=128,
+    default_learning_rate=0.1,
+    lr_schedule="resnet_cifar",
 )
 def resnet56_v2_cifar10(num_classes: int) -> nn.Module:
     """CIFAR-10 ResNet-56 v2, pre-activation (9 blocks per stage)."""
@@ -541,7 +608,12 @@ def resnet56_v2_cifar10(num_classes: int) -> nn.Module:
 
 
 @register_model(
-    "resnet110", dataset="cifar10", default_image_size=32, default_batch_size=128, default_learning_rate=0.1
+    "resnet110",
+    dataset="cifar10",
+    default_image_size=32,
+    default_batch_size=128,
+    default_learning_rate=0.1,
+    lr_schedule="resnet_cifar",
 )
 def resnet110_cifar10(num_classes: int) -> nn.Module:
     """CIFAR-10 ResNet-110 v1 (18 blocks per stage)."""
@@ -549,7 +621,12 @@ def resnet110_cifar10(num_classes: int) -> nn.Module:
 
 
 @register_model(
-    "resnet110_v2", dataset="cifar10", default_image_size=32, default_batch_size=128, default_learning_rate=0.1
+    "resnet110_v2",
+    dataset="cifar10",
+    default_image_size=32,
+    default_batch_size=128,
+    default_learning_rate=0.1,
+    lr_schedule="resnet_cifar",
 )
 def resnet110_v2_cifar10(num_classes: int) -> nn.Module:
     """CIFAR-10 ResNet-110 v2, pre-activation (18 blocks per stage)."""

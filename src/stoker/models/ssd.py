@@ -226,6 +226,7 @@ def synthetic_detections(
     default_learning_rate=1e-3,
     synthetic_batch=synthetic_detections,
     loss=ssd_loss,
+    lr_schedule="ssd",
 )
 def ssd300(num_classes: int) -> nn.Module:
     """SSD300, ResNet-34 backbone: 8,732 default boxes over 6 maps, 81 classes (COCO and background)."""
