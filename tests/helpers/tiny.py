@@ -79,3 +79,10 @@ def make_estimator(model_dir: str | os.PathLike[str] | None = None, **config: ob
 def state_equal(a: nn.Module, b: nn.Module) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def optimizer_state_equal(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> bool:
+    """Bitwise the same per-parameter state (momentum buffers, Adam moments, steps)."""
+    sa, sb = a.state_dict()["state"], b.state_dict()["state"]
+    same = sa.keys() == sb.keys() and all(sa[k].keys() == sb[k].keys() for k in sa)
+    return same and all(torch.equal(torch.as_tensor(sa[k][n]), torch.as_tensor(sb[k][n])) for k in sa for n in sa[k])
