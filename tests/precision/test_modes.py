@@ -146,6 +146,28 @@ def test_make_precision_by_name_and_by_object():
     assert issubclass(BF16SRPrecision, Precision) and BF16Precision() != FP32Precision()
 
 
+def test_every_list_of_precision_names_comes_from_the_modes():
+    """RunConfig's Literal, the bench's choices and each mode's dtypes are read off the classes."""
+    import typing
+
+    from stoker.bench.settings import PRECISIONS as BENCH
+    from stoker.config import PrecisionName
+    from stoker.precision import autocast_context, compute_dtype, precision_names
+
+    assert typing.get_args(PrecisionName) == stoker.precision.PRECISIONS == precision_names()
+    assert BENCH == precision_names(master_weights="fp32") == ("fp32", "bf16", "fp16")  # bf16-sr's are bf16
+    assert [compute_dtype(n) for n in precision_names()] == [
+        torch.float32,
+        torch.bfloat16,
+        torch.float16,
+        torch.bfloat16,
+    ]
+    with autocast_context("fp16", torch.device("cpu")):
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.float16
+    with pytest.raises(ConfigError, match=r"precision must be one of fp32, bf16, fp16, bf16-sr; got 'fp8'"):
+        compute_dtype("fp8")
+
+
 def test_run_config_takes_a_precision_object():
     config = RunConfig(precision=FP16Precision(loss_scale=128))
     assert config.precision_name == "fp16" and config.to_dict()["precision"] == "fp16"

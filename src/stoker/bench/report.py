@@ -36,6 +36,7 @@ from ..models import (
     get_model_info,
     list_models,
 )
+from ..precision import compute_dtype
 from .config import (
     DEFAULT_FP16_LOSS_SCALE,
     MODE_INFERENCE,
@@ -56,7 +57,6 @@ from .workload import Workload, prefetch_depth
 
 PEAK_MATMUL_SIZE = 2048
 _LABEL_WIDTH = 13  # tf_cnn_benchmarks aligns its header values after "Num batches: "
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 # Scalar fields of a result, in the order of the CSV columns.
 CSV_FIELDS: tuple[str, ...] = (
@@ -365,7 +365,7 @@ def measure_matmul_peak(
 ) -> float:
     """GFLOP/s of the fastest of ``repeats`` ``size x size`` BLAS matmuls in the compute dtype
     (one of the kernels :func:`efficiency_peak` measures; kept for scripts that want this one)."""
-    dtype = _DTYPES[precision]
+    dtype = compute_dtype(precision)
     a = torch.randn(size, size, device=device).to(dtype)
     b = torch.randn(size, size, device=device).to(dtype)
     flop = 2.0 * size**3

@@ -13,12 +13,14 @@ from dataclasses import dataclass
 
 from ..kernels.linear import FAST_LINEAR_MODES
 from ..kernels.sgd_in_backward import SGD_IN_BACKWARD_MODES
+from ..precision import precision_names
 from .flags import AMOUNT, EVALUATION, INFERENCE, INPUT, MORE, OPTIMIZER, OUTPUTS, RUN, WHERE, option
 
 DATA_NAMES: tuple[str, ...] = ("imagenet", "cifar10", "movielens", "librispeech", "coco")
 DATA_FORMATS: tuple[str, ...] = ("NCHW", "NHWC")
 DEVICES: tuple[str, ...] = ("auto", "cpu", "cuda", "gpu")
-PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+#: the precisions over fp32 master weights (``stoker.precision``'s modes that autocast or not)
+PRECISIONS: tuple[str, ...] = precision_names(master_weights="fp32")
 OPTIMIZERS: tuple[str, ...] = ("sgd", "momentum", "rmsprop", "adam")
 VARIABLE_UPDATES: tuple[str, ...] = ("independent", "replicated", "sharded", "parameter_server")
 RUN_MODES: tuple[str, ...] = ("training", "inference")
@@ -149,7 +151,10 @@ class DeviceFlags:
         docs="See *Speed notes*.",
     )
     precision: str = option(
-        "fp32", "fp32, bf16 or fp16 (autocast; fp32 master weights)", group=WHERE, choices=PRECISIONS
+        "fp32",
+        f"{', '.join(PRECISIONS[:-1])} or {PRECISIONS[-1]} (autocast; fp32 master weights)",
+        group=WHERE,
+        choices=PRECISIONS,
     )
     fp16_loss_scale: float | None = option(
         None,

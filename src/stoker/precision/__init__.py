@@ -23,7 +23,9 @@ from .modes import (
     FP32Precision,
     Precision,
     autocast_context,
+    compute_dtype,
     make_precision,
+    precision_names,
 )
 
 __all__ = [
@@ -36,5 +38,7 @@ __all__ = [
     "LossScaler",
     "Precision",
     "autocast_context",
+    "compute_dtype",
     "make_precision",
+    "precision_names",
 ]

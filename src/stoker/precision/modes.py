@@ -24,34 +24,22 @@ from ..errors import ConfigError
 from ..memory.stochastic_rounding import StochasticRounding, to_bf16
 from .loss_scale import LossScale, LossScaler
 
-#: the names ``RunConfig(precision=...)`` takes
-PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "bf16-sr")
-_AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "bf16-sr": torch.bfloat16}
-
-
-def autocast_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    """A context manager running the forward pass in the precision named ``precision`` (a no-op
-    for fp32). Kept for code that holds a name (the bench); a run asks its ``Precision``."""
-    dtype = _AUTOCAST_DTYPES.get(precision)
-    if dtype is None:
-        if precision != "fp32":
-            raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=dtype)
-
 
 class Precision:
     """The interface every precision mode implements; the defaults are fp32's (do nothing).
 
     Attributes:
-        name: the name ``RunConfig(precision=...)`` takes for this mode.
+        name: the name ``RunConfig(precision=...)`` takes for this mode (:data:`PRECISIONS`
+            lists them, from the classes).
         autocast_dtype: the dtype the forward pass autocasts to (``None``: no autocast).
+        master_weights: the dtype the weights (and the update) are kept in, as a precision name.
         scaler: the loss scaler whose state checkpoints keep (``None``: no loss scaling).
         pipeline_ok: whether a pipelined run (``RunConfig.pipeline``) supports this mode.
     """
 
     name: ClassVar[str]
     autocast_dtype: ClassVar[torch.dtype | None] = None
+    master_weights: ClassVar[str] = "fp32"
     pipeline_ok: ClassVar[bool] = True
     scaler: LossScaler | None = None
 
@@ -188,6 +176,7 @@ class BF16SRPrecision(Precision):
 
     name = "bf16-sr"
     autocast_dtype = torch.bfloat16
+    master_weights = "bf16"
     pipeline_ok = False
 
     def convert_module(self, module: nn.Module, *, sharded: bool = False) -> nn.Module:
@@ -222,6 +211,33 @@ class BF16SRPrecision(Precision):
 _BY_NAME: dict[str, type[Precision]] = {
     cls.name: cls for cls in (FP32Precision, BF16Precision, FP16Precision, BF16SRPrecision)
 }
+#: the names ``RunConfig(precision=...)`` takes: the modes' own, in this order
+PRECISIONS: tuple[str, ...] = tuple(_BY_NAME)
+
+
+def precision_names(*, master_weights: str | None = None) -> tuple[str, ...]:
+    """The names of :data:`PRECISIONS` whose mode keeps its weights in ``master_weights``
+    (``"fp32"``: the autocast modes over fp32 master weights, what ``stoker bench`` offers)."""
+    return tuple(name for name, cls in _BY_NAME.items() if master_weights in (None, cls.master_weights))
+
+
+def compute_dtype(precision: str) -> torch.dtype:
+    """The dtype the forward pass of the mode named ``precision`` computes in (fp32: ``float32``)."""
+    return _mode(precision).autocast_dtype or torch.float32
+
+
+def autocast_context(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """A context manager running the forward pass in the precision named ``precision`` (a no-op
+    for fp32). Kept for code that holds a name (the bench); a run asks its ``Precision``."""
+    dtype = _mode(precision).autocast_dtype
+    return contextlib.nullcontext() if dtype is None else torch.autocast(device_type=device.type, dtype=dtype)
+
+
+def _mode(precision: str) -> type[Precision]:
+    cls = _BY_NAME.get(precision)
+    if cls is None:
+        raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}; got {precision!r}")
+    return cls
 
 
 def make_precision(precision: str | Precision, loss_scale: LossScale | float | str = "dynamic") -> Precision:
@@ -248,5 +264,7 @@ __all__ = [
     "FP32Precision",
     "Precision",
     "autocast_context",
+    "compute_dtype",
     "make_precision",
+    "precision_names",
 ]
