@@ -26,6 +26,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Callable, Sequence
 
+from ..errors import ConfigError
 from .registry import EXAMPLES_PER_EPOCH, ModelInfo
 
 LearningRate = Callable[[int], float]
@@ -38,9 +39,9 @@ _COCO = EXAMPLES_PER_EPOCH["coco"]["train"]
 def learning_rate_schedule(info: ModelInfo, global_batch: int, *, base_lr: float | None = None) -> LearningRate:
     """The learning rate of ``info``'s model at each global step, for steps of ``global_batch``
     examples. ``base_lr`` replaces the ``resnet`` schedule's 0.128 at batch 256 (``--resnet_base_lr``).
-    A model without a rate of its own (``default_learning_rate`` ``None``) has none: ``ValueError``."""
+    A model without a rate of its own (``default_learning_rate`` ``None``) has none: ``ConfigError``."""
     if info.default_learning_rate is None:
-        raise ValueError(f"model {info.name!r} ({info.dataset}) has no learning rate of its own")
+        raise ConfigError(f"model {info.name!r} ({info.dataset}) has no learning rate of its own")
     kind = info.lr_schedule
     lr = base_lr if base_lr is not None and kind == "resnet" else info.default_learning_rate
     if kind == "constant":
