@@ -49,7 +49,7 @@ from .engine import (
 )
 from .errors import ConfigError, UserCodeError
 from .hooks import Hook, RunContext
-from .hooks.base import LoopResult, every_n_steps_due
+from .hooks.base import LoopResult, check_evaluations, every_n_steps_due
 from .spec import EstimatorSpec
 from .storage import Location, check_dir
 
@@ -222,6 +222,7 @@ class Estimator:
         # LoggingHook(language_model=True) instead of the plain one).
         given = {type(h) for h in hooks}
         hook_list = [h for h in self.default_hooks() if type(h) not in given] + list(hooks)
+        check_evaluations(hook_list)  # EarlyStopping on an evaluation metric would never act
         training = TrainingRun(
             self.state, self.inputs, self._model_fn, hook_list, loop=self.config.loop_config, hook_config=self.config
         )
@@ -368,6 +369,7 @@ class EvaluationHook(Hook):
     """
 
     priority = 35  # after the checkpoint saver, so the evaluation is recorded on its checkpoint
+    makes_evaluations = True
 
     def __init__(self, estimator: Estimator, input_fn: InputFn, every_n_steps: int, steps: int | None = None) -> None:
         self.estimator = estimator

@@ -475,8 +475,9 @@ def test_stoker_evaluate_watch_beside_stoker_train_charlm(tmp_path):
         (["--watch", "--checkpoint", "x"], "--checkpoint evaluates one checkpoint"),
         (["--last_step", "5"], "--last_step applies only with --watch"),
         (["--early_stopping", "loss"], "--early_stopping applies only with --watch"),
-        (["--watch", "--early_stopping", "loss:lower"], "EarlyStopping: mode must be one of ('min', 'max')"),
+        (["--watch", "--early_stopping", "loss:lower"], "EarlyStopping: mode must be one of ('auto', 'min', 'max')"),
         (["--watch", "--early_stopping", "loss:min:x"], "PATIENCE must be an integer"),
+        (["--watch", "--early_stopping", "gain"], "EarlyStopping: mode='auto' cannot tell whether 'gain' should go"),
     ],
 )
 def test_stoker_evaluate_usage_errors_exit_2(tmp_path, capsys, argv, message):

@@ -69,7 +69,11 @@ def test_a_monitor_the_evaluation_lacks_is_named(tmp_path):
     est = make_estimator(tmp_path / "m", iterations_per_loop=2)
     with pytest.raises(ConfigError, match=r"monitor='val' is not among the evaluation's metrics \['accuracy'"):
         est.train_and_evaluate(
-            train_input(x, y), eval_input(x, y), max_steps=8, eval_every_n_steps=4, hooks=[ReduceLROnPlateau("val")]
+            train_input(x, y),
+            eval_input(x, y),
+            max_steps=8,
+            eval_every_n_steps=4,
+            hooks=[ReduceLROnPlateau("val", "min")],
         )
 
 
@@ -89,3 +93,39 @@ def test_kill_9_anywhere_then_rerun_gives_the_same_rates_and_weights(tmp_path):
     ref_state = torch.load(tmp_path / "ref" / "ckpt-40" / "train_state.pt", weights_only=False)
     got_state = torch.load(killed / "ckpt-40" / "train_state.pt", weights_only=False)
     assert got_state["optimizer"]["param_groups"][0]["lr"] == ref_state["optimizer"]["param_groups"][0]["lr"] < 0.01
+
+
+def plateau_run(model_dir, plateau, max_steps=60):  # noqa: ANN001, ANN201
+    x, y = make_data(48)
+    est = make_estimator(model_dir, iterations_per_loop=2)
+    est.train(train_input(x, y), max_steps=max_steps, hooks=[plateau])
+    return est
+
+
+def test_watches_a_training_value_in_train(tmp_path, caplog):
+    plateau = ReduceLROnPlateau("loss", factor=0.5, patience=0, source="train", every_n_steps=6)
+    with caplog.at_level("INFO", logger="stoker"):
+        est = plateau_run(tmp_path / "m", plateau)
+    # the mean training loss per 6 steps falls to 0.870 at 30, then rises (StepLR halves the rate every 7 steps)
+    assert plateau.reductions == [(36, [0.00015625]), (42, [3.90625e-05]), (48, [1.953125e-05])]
+    said = "ReduceLROnPlateau: the training loss has not improved: learning rate now 0.00015625 (step 36)"
+    assert said in caplog.text
+    assert est.state.optimizer.param_groups[0]["lr"] == 1.953125e-05 / 4  # StepLR at 49 and 56
+
+
+@pytest.mark.parametrize("first", [34, 36, 40])
+def test_source_train_is_exact_across_a_resume(tmp_path, first):
+    def make():  # noqa: ANN202
+        return ReduceLROnPlateau("loss", factor=0.5, patience=0, source="train", every_n_steps=6)
+
+    reference = make()
+    plateau_run(tmp_path / "ref", reference)
+    plateau_run(tmp_path / "resumed", make(), max_steps=first)
+    resumed = make()  # a fresh Estimator and hook on the same model_dir
+    est = plateau_run(tmp_path / "resumed", resumed)
+    assert resumed.state_dict() == reference.state_dict()
+    assert resumed.reductions == reference.reductions and est.global_step == 60
+    for name in ("model.safetensors", "train_state.pt"):
+        assert (tmp_path / "resumed" / "ckpt-60" / name).read_bytes() == (
+            tmp_path / "ref" / "ckpt-60" / name
+        ).read_bytes()

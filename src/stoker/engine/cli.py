@@ -82,8 +82,9 @@ def add_parser(subparsers: Any) -> None:
         default=None,
         metavar="MONITOR[:MODE[:PATIENCE[:MIN_DELTA]]]",
         help="--watch: stop training when MONITOR (an evaluation metric) has not improved for PATIENCE "
-        "evaluations (MODE min or max; default min:3:0): the evaluator writes early_stop.json into "
-        "MODEL_DIR and the trainer stops at its next checkpoint (docs/callbacks.md)",
+        "evaluations (MODE auto, min or max; default auto:3:0, auto reads the name: loss min, accuracy max): "
+        "the evaluator writes early_stop.json into MODEL_DIR and the trainer stops at its next checkpoint "
+        "(docs/callbacks.md)",
     )
     p.set_defaults(func=_evaluate_command)
 

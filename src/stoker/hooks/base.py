@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from ..errors import UserCodeError
+from ..errors import ConfigError, UserCodeError
 
 if TYPE_CHECKING:
     import torch
@@ -133,9 +133,15 @@ class Hook:
     its ``after_loop`` is then skipped until ``run.global_step`` reaches it (``None``, the
     default: after every loop). What the skipped loops did is summed in ``run.totals``.
     With ``iterations_per_loop=1`` this saves a call per hook per step.
+
+    ``needs_evaluations``: a hook that acts on evaluations (``run.last_evaluation``) sets it, and
+    ``Estimator.train`` refuses it unless a hook that makes them (``makes_evaluations``, such as
+    ``train_and_evaluate``'s ``EvaluationHook``) runs too: without one it would never act.
     """
 
     due_step: int | None = None
+    needs_evaluations: bool = False
+    makes_evaluations: bool = False
 
     def begin(self, run: RunContext) -> None:
         """Training is about to start: the model and optimizer are built and restored, the
@@ -399,6 +405,24 @@ def every_n_steps_due(last: int, step: int, n: int) -> bool:
     steps, an interval of ``n`` is honoured rounded up to a loop boundary.
     """
     return step // n > last // n
+
+
+def check_evaluations(hooks: Sequence[Hook]) -> None:
+    """A ``ConfigError`` naming ``train_and_evaluate`` when one of ``hooks`` needs evaluations
+    (``Hook.needs_evaluations``) and none of them makes any."""
+    if any(h.makes_evaluations for h in hooks):
+        return
+    needing = [h for h in hooks if h.needs_evaluations]
+    if not needing:
+        return
+    names = list(dict.fromkeys(type(h).__name__ for h in needing))
+    which, verb, it = (names[0], "acts", "it") if len(names) == 1 else (" and ".join(names), "act", "them")
+    # EarlyStopping and ReduceLROnPlateau (a ``source`` of "eval") can watch a training value instead
+    instead = " (or watch a training value: source='train')" if any(getattr(h, "source", None) for h in needing) else ""
+    raise ConfigError(
+        f"train: {which} {verb} on evaluations, which train() does not make: give {it} to "
+        f"train_and_evaluate(train_input_fn, eval_input_fn, max_steps, eval_every_n_steps=N){instead}"
+    )
 
 
 def sorted_hooks(hooks: Sequence[Hook]) -> list[Hook]:

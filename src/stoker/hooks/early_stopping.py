@@ -1,10 +1,13 @@
-"""``EarlyStopping``: stop training when an evaluation metric stops improving; the stop file.
+"""``EarlyStopping``: stop training when a metric stops improving (or reaches a target,
+diverges, is not finite); the stop file.
 
 The hook reads the evaluations the run makes (``run.last_evaluation``, set by
 ``train_and_evaluate``'s ``EvaluationHook``, which hands a resumed run back the evaluation of
-the checkpoint it resumed from). Its own state (best value, evaluations without improvement,
-the step it stopped at) is kept in checkpoints, so a run killed anywhere and run again stops at
-the same step with the same weights, and a stopped run run again stops at once and says why.
+the checkpoint it resumed from), or a training value every N steps (``source="train"``; what
+is watched and how: ``monitor.py``). Its own state (best value, checks without improvement,
+the step it stopped at and why) is kept in checkpoints, so a run killed anywhere and run again
+stops at the same step with the same weights, and a stopped run run again stops at once and
+says how to go on.
 
 A stop is also recorded in ``model_dir/early_stop.json`` (written atomically), which is how a
 watching evaluator (``stoker evaluate --watch --early_stopping ...``) stops a trainer: every
@@ -26,6 +29,15 @@ from typing import TYPE_CHECKING, Any
 from .. import storage
 from ..errors import ConfigError, StorageError
 from .base import Hook, LoopResult, RunContext
+from .monitor import (
+    EVAL_PRIORITY,
+    TRAIN_PRIORITY,
+    Monitor,
+    check_monitor,
+    check_number,
+    check_positive_int,
+    monitored_value,
+)
 
 if TYPE_CHECKING:
     from ..storage import Location
@@ -33,114 +45,174 @@ if TYPE_CHECKING:
 log = logging.getLogger("stoker")
 
 STOP_FILE = "early_stop.json"
-MODES = ("min", "max")
-
-
-def check_monitor(owner: str, monitor: object) -> str:
-    """``monitor`` if it can name an evaluation metric; a ``ConfigError`` from ``owner`` else."""
-    if not isinstance(monitor, str) or not monitor:
-        raise ConfigError(f"{owner}: monitor must be the name of an evaluation metric; got {monitor!r}")
-    return monitor
-
-
-def monitored_value(owner: str, monitor: str, results: Mapping[str, float]) -> float:
-    """``results[monitor]`` as a float; a ``ConfigError`` from ``owner`` naming the metrics the
-    evaluation has when it lacks ``monitor``."""
-    if monitor not in results:
-        available = sorted(k for k in results if k != "global_step")
-        raise ConfigError(f"{owner}: monitor={monitor!r} is not among the evaluation's metrics {available}")
-    return float(results[monitor])
-
-
-class MetricWatch:
-    """One monitored evaluation metric: whether a value improves on another (``mode``,
-    ``min_delta``), and the value read from an evaluation's results."""
-
-    def __init__(self, owner: str, monitor: str, mode: str, min_delta: float) -> None:
-        check_monitor(owner, monitor)
-        if mode not in MODES:
-            raise ConfigError(f"{owner}: mode must be one of {MODES}; got {mode!r}")
-        if not (isinstance(min_delta, (int, float)) and min_delta >= 0):
-            raise ConfigError(f"{owner}: min_delta must be a number >= 0; got {min_delta!r}")
-        self.owner, self.monitor, self.mode, self.min_delta = owner, monitor, mode, float(min_delta)
-
-    def improves(self, value: float, than: float | None) -> bool:
-        """Whether ``value`` beats ``than`` by more than ``min_delta`` (NaN never does)."""
-        if math.isnan(value):
-            return False
-        if than is None:
-            return True
-        return value - self.min_delta > than if self.mode == "max" else value + self.min_delta < than
-
-    def value(self, results: Mapping[str, float]) -> float:
-        """The monitored metric of ``results`` (:func:`monitored_value`)."""
-        return monitored_value(self.owner, self.monitor, results)
-
-
-def check_positive_int(owner: str, name: str, value: object, minimum: int = 1) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ConfigError(f"{owner}: {name} must be an integer >= {minimum}; got {value!r}")
-    return value
 
 
 class EarlyStopping(Hook):
-    """Stop training when ``monitor`` has not improved for ``patience`` evaluations.
+    """Stop training when ``monitor`` stops improving, reaches a target, diverges or is not finite.
 
-    Give it in ``hooks=`` to ``Estimator.train_and_evaluate``. Keras' rule: an evaluation
-    improves when it beats the best so far by more than ``min_delta`` (``mode="min"``: lower
-    is better; ``"max"``: higher); with a ``baseline``, an improvement that does not also beat
-    the baseline does not reset the count. When ``patience`` evaluations in a row did not
-    improve, training stops at that step (its checkpoint, written for the evaluation, is the
-    final one; ``RunConfig.keep_best`` still names the best) and ``early_stop.json`` records why.
+    Keras' rule: a check improves when it beats the best so far by more than ``min_delta``
+    (``mode="auto"``: the direction the name says, :func:`~stoker.hooks.monitor.resolve_mode`;
+    ``"min"``: lower is better; ``"max"``: higher); with a ``baseline``, an improvement that does
+    not also beat the baseline does not reset the count, and an improvement never stops. When
+    ``patience`` checks in a row did not improve (``0``: the first that does not), training
+    stops at that step. Lightning's extra stops, checked first: the value is NaN or infinite
+    (``check_finite``), it reaches ``stopping_threshold`` (at least that good), or it is worse
+    than ``divergence_threshold``.
 
-    Attributes (after training): ``best``, ``best_step``, ``stopped_step``, ``reason``.
+    ``source="eval"`` (default): the checks are the evaluations of ``train_and_evaluate`` (give
+    the hook there; ``train`` refuses it). ``source="train"``: the training loss (``"loss"``) or a
+    ``host_call`` value, its mean over each ``every_n_steps`` steps (default
+    ``RunConfig.log_every_n_steps``), in ``train`` or ``train_and_evaluate``.
+
+    The stop's step's checkpoint is the final one (``RunConfig.keep_best`` still names the best)
+    and ``early_stop.json`` records the stop. A stopped run rerun stops at once, unless the
+    settings given now would not have stopped it (e.g. a larger ``patience``): then it trains on
+    from there as a run with those settings would have.
+
+    Attributes (after training): ``best``, ``best_step``, ``stopped_step``, ``stopped_by``
+    (``"patience"``, ``"stopping_threshold"``, ``"divergence_threshold"``, ``"check_finite"``),
+    ``reason``.
     """
 
-    priority = 37  # after EvaluationHook (35), whose results it reads at the same boundary
+    priority = EVAL_PRIORITY
 
     def __init__(
         self,
         monitor: str,
-        mode: str = "min",
+        mode: str = "auto",
         patience: int = 3,
         min_delta: float = 0.0,
         baseline: float | None = None,
+        *,
+        stopping_threshold: float | None = None,
+        divergence_threshold: float | None = None,
+        check_finite: bool = True,
+        source: str = "eval",
+        every_n_steps: int | None = None,
     ) -> None:
-        self.watch = MetricWatch("EarlyStopping", monitor, mode, min_delta)
-        self.patience = check_positive_int("EarlyStopping", "patience", patience)
-        self.baseline = None if baseline is None else float(baseline)
+        owner = "EarlyStopping"
+        self.watch = Monitor(owner, monitor, mode, source, every_n_steps)
+        self.patience = check_positive_int(owner, "patience", patience, minimum=0)
+        if not (isinstance(min_delta, (int, float)) and min_delta >= 0):
+            raise ConfigError(f"{owner}: min_delta must be a number >= 0; got {min_delta!r}")
+        if not isinstance(check_finite, bool):
+            raise ConfigError(f"{owner}: check_finite must be True or False; got {check_finite!r}")
+        self.min_delta, self.check_finite = float(min_delta), check_finite
+        self.baseline = check_number(owner, "baseline", baseline)
+        self.stopping_threshold = check_number(owner, "stopping_threshold", stopping_threshold)
+        self.divergence_threshold = check_number(owner, "divergence_threshold", divergence_threshold)
+        if (
+            self.stopping_threshold is not None
+            and self.divergence_threshold is not None
+            and not self.watch.better(self.stopping_threshold, self.divergence_threshold)
+        ):
+            raise ConfigError(
+                f"{owner}: stopping_threshold must be better than divergence_threshold (mode={self.watch.mode!r}); "
+                f"got {self.stopping_threshold:g} and {self.divergence_threshold:g}"
+            )
+        self.priority = TRAIN_PRIORITY if source == "train" else EVAL_PRIORITY
+        self.needs_evaluations = source == "eval"
         self.best: float | None = None
         self.best_step: int | None = None
         self.wait = 0
-        self.seen_step = -1  # the step of the last evaluation taken in
         self.stopped_step: int | None = None
+        self.stopped_by: str | None = None
+        self.stopped_value: float | None = None
         self.reason = ""
 
+    @property
+    def source(self) -> str:
+        """``"eval"`` or ``"train"``: what ``monitor`` names."""
+        return self.watch.source
+
     # ------------------------------------------------------------ the rule
+    def improves(self, value: float, than: float | None) -> bool:
+        """Whether ``value`` beats ``than`` by more than ``min_delta`` (NaN never does)."""
+        if math.isnan(value):
+            return False
+        return than is None or self.watch.better(
+            value + (self.min_delta if self.watch.mode == "min" else -self.min_delta), than
+        )
+
     def observe(self, step: int, results: Mapping[str, float]) -> bool:
-        """Take in the evaluation of ``step``; whether training should stop there."""
-        if step <= self.seen_step:
+        """Take in the evaluation ``results`` of ``step``; whether training should stop there."""
+        if step <= self.watch.seen_step:
             return self.stopped_step is not None
-        self.seen_step = step
+        self.watch.seen_step = step
+        return self.decide(step, self.watch.value(results))
+
+    def decide(self, step: int, value: float) -> bool:
+        """Take in ``value``, the check of ``step``; whether training should stop there."""
         if self.stopped_step is not None:
             return True
-        value = self.watch.value(results)
         self.wait += 1
-        if self.watch.improves(value, self.best):
+        improved = self.improves(value, self.best)
+        if improved:
             self.best, self.best_step = value, step
-            if self.baseline is None or self.watch.improves(value, self.baseline):
+            if self.baseline is None or self.improves(value, self.baseline):
                 self.wait = 0
-                return False
-        if self.wait < self.patience:
+        stopped_by = self._stop_rule(value, improved)
+        if stopped_by is None:
             return False
-        self.stopped_step = step
-        best = "none" if self.best is None else f"{self.best:.6g} at step {self.best_step}"
-        self.reason = (
-            f"early stopping: {self.watch.monitor} did not improve ({self.watch.mode}, min_delta "
-            f"{self.watch.min_delta:g}{'' if self.baseline is None else f', baseline {self.baseline:g}'}) in "
-            f"{self.wait} evaluation(s); best {best}"
-        )
+        self.stopped_step, self.stopped_by, self.stopped_value = step, stopped_by, value
+        self.reason = self._reason()
         return True
+
+    def _stop_rule(self, value: float, improved: bool) -> str | None:
+        """Which rule stops at a check of ``value`` (``None``: none), in Lightning's order."""
+        if self.check_finite and not math.isfinite(value):
+            return "check_finite"
+        target = self.stopping_threshold
+        if target is not None and (value == target or self.watch.better(value, target)):
+            return "stopping_threshold"
+        if self.divergence_threshold is not None and self.watch.better(self.divergence_threshold, value):
+            return "divergence_threshold"
+        if not improved and self.wait >= self.patience:  # Keras: an improvement never stops
+            return "patience"
+        return None
+
+    def _stop_holds(self) -> bool:
+        """Whether the settings given now make the recorded stop too (its reason updated to theirs)."""
+        value = self.stopped_value
+        if value is None:  # a checkpoint from before stopped_value was kept: a patience stop
+            return self.wait >= self.patience
+        stopped_by = self._stop_rule(value, improved=self.best_step == self.stopped_step)
+        if stopped_by is not None and stopped_by != self.stopped_by:
+            self.stopped_by = stopped_by
+            self.reason = self._reason()
+        return stopped_by is not None
+
+    def _reason(self) -> str:
+        watch, value = self.watch, self.stopped_value
+        name = watch.name if watch.source == "eval" else f"training {watch.name}"
+        if self.stopped_by == "check_finite":
+            return f"early stopping: {name} = {value} is not finite (check_finite)"
+        if self.stopped_by == "stopping_threshold":
+            return f"early stopping: {name} = {value:.6g} reached stopping_threshold {self.stopping_threshold:g}"
+        if self.stopped_by == "divergence_threshold":
+            worse = "above" if watch.mode == "min" else "below"
+            return f"early stopping: {name} = {value:.6g} is {worse} divergence_threshold {self.divergence_threshold:g}"
+        best = "none" if self.best is None else f"{self.best:.6g} at step {self.best_step}"
+        baseline = "" if self.baseline is None else f", baseline {self.baseline:g}"
+        return (
+            f"early stopping: {name} did not improve ({watch.mode}, min_delta {self.min_delta:g}{baseline}) in "
+            f"{self.wait} {watch.checks}; best {best}"
+        )
+
+    def _how_to_continue(self) -> str:
+        """What a rerun needs to train on after the recorded stop."""
+        if self.stopped_by == "check_finite":
+            change = "check_finite=False"
+        elif self.stopped_by == "stopping_threshold":
+            change = "a stopping_threshold it has not reached, or none"
+        elif self.stopped_by == "divergence_threshold":
+            change = "a divergence_threshold it has not crossed, or none"
+        else:
+            change = f"patience > {self.wait} (the checks in a row without improvement)"
+        return (
+            f"to train on from here, rerun with {change}; or remove EarlyStopping from hooks= and "
+            f"{STOP_FILE} from the model_dir"
+        )
 
     def replay(self, evaluations: Iterable[tuple[int, Mapping[str, float]]]) -> bool:
         """:meth:`observe` each ``(step, results)`` in step order; whether training should stop."""
@@ -151,53 +223,83 @@ class EarlyStopping(Hook):
 
     # ------------------------------------------------------------ the hook
     def after_setup(self, run: RunContext) -> None:
-        self._take(run)  # a resumed run gets back the evaluation of the step it resumed at
-        if self.stopped_step is not None:
-            log.info(
-                "EarlyStopping: this run stopped early at step %d (%s); nothing more to do (to train on, "
-                "remove EarlyStopping from hooks= and %s from model_dir)",
-                self.stopped_step,
-                self.reason,
-                STOP_FILE,
-            )
-            run.request_stop(f"it stopped early at step {self.stopped_step}")
-            self._record(run)
+        if self.stopped_step is not None and not self._stop_holds():
+            self._forget_stop()
+        if self.stopped_step is None:
+            seen = self.watch.start(run)  # a resumed run's check of the step it resumed at
+            if seen is not None:
+                self.decide(*seen)
+        if self.stopped_step is None:
+            self._withdraw_stop_file(run)
+            return
+        log.info(
+            "EarlyStopping: this run stopped early at step %d (%s); nothing more to do: %s",
+            self.stopped_step,
+            self.reason,
+            self._how_to_continue(),
+        )
+        run.request_stop(f"it stopped early at step {self.stopped_step}")
+        self._record(run)
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
-        if self._take(run):
+        if self.stopped_step is not None:
+            return
+        seen = self.watch.take(run, result)
+        if seen is not None and self.decide(*seen):
             run.request_stop(self.reason)
-            run.save_checkpoint()  # the final checkpoint: the one of this step, written for its evaluation
+            run.save_checkpoint()  # the final checkpoint: the one of this step (for an evaluation, written already)
             self._record(run)
 
-    def _take(self, run: RunContext) -> bool:
-        """Observe the run's newest evaluation if it is new; whether it stops training now."""
-        ev = run.last_evaluation
-        if ev is None or self.stopped_step is not None:
-            return False
-        step = int(ev["global_step"])
-        if step > run.global_step or step <= self.seen_step:
-            return False
-        return self.observe(step, ev)
+    def scheduled_after(self, step: int) -> int | None:
+        """``source="train"``: the next check's step (loops end there); ``None`` for evaluations."""
+        return self.watch.scheduled_after(step)
+
+    def _forget_stop(self) -> None:
+        self.stopped_step = self.stopped_by = self.stopped_value = None
+        self.reason = ""
+
+    def _withdraw_stop_file(self, run: RunContext) -> None:
+        """Remove the ``early_stop.json`` this hook wrote at the step the run resumes at when the
+        settings given now do not stop there (e.g. a larger ``patience``): training goes on."""
+        if run.model_dir is None:
+            return
+        if run.is_chief:
+            found = read_stop(run.model_dir)
+            if found is not None and found.get("by") == "EarlyStopping" and found["step"] == run.global_step:
+                log.info(
+                    "EarlyStopping: the stop at step %d (%s) does not hold with the settings given now; training "
+                    "goes on",
+                    found["step"],
+                    found.get("reason", ""),
+                )
+                remove_stop(run.model_dir)
+        run.any_replica(False)  # collective: no replica's StopFileHook reads the file before it is gone
 
     def _record(self, run: RunContext) -> None:
         if run.is_chief and run.model_dir is not None and self.stopped_step is not None:
             if read_stop(run.model_dir) is None:  # a kill may have come before it was written
-                write_stop(run.model_dir, self.stopped_step, self.reason)
+                write_stop(run.model_dir, self.stopped_step, self.reason, by="EarlyStopping")
 
     def state_dict(self) -> dict[str, Any]:
         return {
+            **self.watch.state_dict(),
             "best": self.best,
             "best_step": self.best_step,
             "wait": self.wait,
-            "seen_step": self.seen_step,
             "stopped_step": self.stopped_step,
+            "stopped_by": self.stopped_by,
+            "stopped_value": self.stopped_value,
             "reason": self.reason,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.best, self.best_step = state["best"], state["best_step"]
-        self.wait, self.seen_step = int(state["wait"]), int(state["seen_step"])
+        if not self.watch.load_state_dict(state):
+            return
+        self.best, self.best_step, self.wait = state["best"], state["best_step"], int(state["wait"])
         self.stopped_step, self.reason = state["stopped_step"], state["reason"]
+        # before these two were kept, every stop was patience's
+        self.stopped_by = state.get("stopped_by", None if self.stopped_step is None else "patience")
+        self.stopped_value = state.get("stopped_value")
 
     @classmethod
     def parse(cls, spec: str) -> EarlyStopping:
@@ -210,26 +312,32 @@ class EarlyStopping(Hook):
             min_delta = float(parts[3]) if len(parts) > 3 else 0.0
         except ValueError as e:
             raise ConfigError(f"--early_stopping {spec!r}: PATIENCE must be an integer, MIN_DELTA a number") from e
-        return cls(parts[0], parts[1] if len(parts) > 1 else "min", patience, min_delta)
+        return cls(parts[0], parts[1] if len(parts) > 1 else "auto", patience, min_delta)
 
     def evaluator_callback(self, model_dir: str | os.PathLike[str]) -> Any:
         """An ``on_result(step, results)`` for a watching evaluator: decides from each evaluation
         and writes ``early_stop.json`` when training should stop (the trainer stops at its next
         checkpoint, the evaluator at its next look at the model_dir)."""
+        if self.source != "eval":
+            raise ConfigError("EarlyStopping: a watching evaluator decides from evaluations: give source='eval'")
 
         def on_result(step: int, results: dict[str, float]) -> None:
             if self.stopped_step is None and self.observe(step, results):
                 log.info("evaluator: %s; stopping training at its next checkpoint", self.reason)
-                write_stop(model_dir, step, self.reason)
+                write_stop(model_dir, step, self.reason, by="evaluator")
 
         return on_result
 
 
 # ==================================================================== the stop file
-def write_stop(model_dir: str | os.PathLike[str] | Location, step: int, reason: str) -> None:
+def write_stop(model_dir: str | os.PathLike[str] | Location, step: int, reason: str, by: str | None = None) -> None:
     """Record in ``model_dir/early_stop.json`` that training stops (step of the deciding
-    evaluation, why); written atomically (temp + rename; an object store's put is atomic)."""
-    data = json.dumps({"step": int(step), "reason": reason}).encode()
+    evaluation, why, and who decided: ``"EarlyStopping"`` in the trainer, ``"evaluator"``);
+    written atomically (temp + rename; an object store's put is atomic)."""
+    found: dict[str, Any] = {"step": int(step), "reason": reason}
+    if by is not None:
+        found["by"] = by
+    data = json.dumps(found).encode()
     path = storage.location(model_dir) / STOP_FILE
     if isinstance(path, Path):
         tmp = path.with_name(f".{STOP_FILE}.{uuid.uuid4().hex}.tmp")
@@ -240,7 +348,7 @@ def write_stop(model_dir: str | os.PathLike[str] | Location, step: int, reason: 
 
 
 def read_stop(model_dir: str | os.PathLike[str] | Location) -> dict[str, Any] | None:
-    """What ``early_stop.json`` says (``{"step", "reason"}``), or ``None`` when there is none."""
+    """What ``early_stop.json`` says (``{"step", "reason"}`` and ``"by"``), or ``None`` when there is none."""
     path = storage.location(model_dir) / STOP_FILE
     try:
         if isinstance(path, Path) and not path.exists():
@@ -249,6 +357,15 @@ def read_stop(model_dir: str | os.PathLike[str] | Location) -> dict[str, Any] | 
     except (OSError, StorageError, ValueError):
         return None
     return found if isinstance(found, dict) and "step" in found else None
+
+
+def remove_stop(model_dir: str | os.PathLike[str] | Location) -> None:
+    """Remove ``model_dir/early_stop.json`` (if there is one)."""
+    path = storage.location(model_dir) / STOP_FILE
+    if isinstance(path, Path):
+        path.unlink(missing_ok=True)
+    elif storage.exists(path):
+        storage.remove_tree(path)
 
 
 class StopFileHook(Hook):
@@ -264,7 +381,7 @@ class StopFileHook(Hook):
     def after_setup(self, run: RunContext) -> None:
         if run.model_dir is None:
             return
-        if self._check(run, "this run was stopped early"):
+        if self._check(run, "this run was stopped early", f"; to train on, remove {STOP_FILE} from the model_dir"):
             return
 
         def checkpointed(path: Location) -> None:
@@ -272,14 +389,23 @@ class StopFileHook(Hook):
 
         run.on_checkpoint.append(checkpointed)
 
-    def _check(self, run: RunContext, what: str) -> bool:
+    def _check(self, run: RunContext, what: str, then: str = "") -> bool:
         assert run.model_dir is not None
         found = read_stop(run.model_dir)
         if found is None:
             return False
         if not run.stop_requested:
-            run.request_stop(f"{what}: {STOP_FILE} says {found.get('reason', '')} (at step {found['step']})")
+            run.request_stop(f"{what}: {STOP_FILE} says {found.get('reason', '')} (at step {found['step']}){then}")
         return True
 
 
-__all__ = ["STOP_FILE", "EarlyStopping", "MetricWatch", "StopFileHook", "read_stop", "write_stop"]
+__all__ = [
+    "STOP_FILE",
+    "EarlyStopping",
+    "StopFileHook",
+    "check_monitor",
+    "monitored_value",
+    "read_stop",
+    "remove_stop",
+    "write_stop",
+]

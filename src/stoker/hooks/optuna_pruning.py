@@ -28,6 +28,7 @@ class OptunaPruning(Hook):
     """
 
     priority = 37  # after EvaluationHook (35), whose results it reads at the same boundary
+    needs_evaluations = True
 
     def __init__(self, trial: Any, monitor: str) -> None:
         try:
