@@ -151,6 +151,19 @@ def test_kill_9_anywhere_then_rerun_stops_at_the_same_step_with_the_same_weights
     assert again == reference and "this run stopped early at step 24" in log and "eval at step" not in log
 
 
+@pytest.mark.slow
+def test_kill_9_anywhere_with_a_training_value_then_rerun_stops_at_the_same_step(tmp_path):
+    watch = ("--early_stopping", "loss:min:2:0:train")  # the mean training loss every 3 steps: stops at 40
+    reference, _ = run_to_end(tmp_path / "ref", *watch)
+    assert reference["global_step"] == 40
+    killed = tmp_path / "killed"
+    steps = kill_at_random_moments(killed, *watch, times=3, seed=3)
+    assert min(steps) < 40, steps
+    resumed, _ = run_to_end(killed, *watch)
+    assert resumed == reference and read_stop(killed) == read_stop(tmp_path / "ref")
+    assert weights(killed, 40) == weights(tmp_path / "ref", 40)
+
+
 def test_parse_flag():
     early = EarlyStopping.parse("accuracy:max:4:0.01")
     assert (early.watch.name, early.watch.mode, early.patience, early.min_delta) == ("accuracy", "max", 4, 0.01)

@@ -27,8 +27,12 @@ def slow_fn(model, features, labels, mode, params):  # noqa: ANN001, ANN201
 def hooks_from(args: argparse.Namespace) -> list[stoker.hooks.Hook]:
     hooks: list[stoker.hooks.Hook] = []
     if args.early_stopping:
-        monitor, mode, patience, min_delta = args.early_stopping.split(":")
-        hooks.append(stoker.hooks.EarlyStopping(monitor, mode, int(patience), float(min_delta)))
+        monitor, mode, patience, min_delta, *source = args.early_stopping.split(":")
+        hooks.append(
+            stoker.hooks.EarlyStopping(
+                monitor, mode, int(patience), float(min_delta), source=source[0] if source else "eval"
+            )
+        )
     if args.plateau:
         monitor, mode, factor, patience = args.plateau.split(":")
         hooks.append(stoker.hooks.ReduceLROnPlateau(monitor, mode, float(factor), int(patience)))
@@ -45,7 +49,7 @@ def main() -> None:
     p.add_argument("--max_steps", type=int, default=60)
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--slow_write", type=float, default=0.0, help="seconds each checkpoint file write sleeps first")
-    p.add_argument("--early_stopping", default=None, help="MONITOR:MODE:PATIENCE:MIN_DELTA")
+    p.add_argument("--early_stopping", default=None, help="MONITOR:MODE:PATIENCE:MIN_DELTA[:SOURCE]")
     p.add_argument("--plateau", default=None, help="MONITOR:MODE:FACTOR:PATIENCE")
     p.add_argument("--mlflow", default=None, help="a tracking URI")
     p.add_argument("--wandb", default=None, help="a directory for W&B's offline run files")
