@@ -24,8 +24,9 @@ import torch
 
 from .._cache import cache_dir
 from .._version import __version__
+from ..kernels.fp16_cost import KINDS, fp16_cost, fp16_note, say_once
 from ..kernels.linear import LINEAR_FILE, describe_choices
-from ..kernels.machine import BF16_FLAGS, FP16_FLAGS, cpu_has_fast
+from ..kernels.machine import BF16_FLAGS, cpu_has_fast
 from ..kernels.peak import measured_peak
 from ..memory.host import host_memory_kept
 from ..models import (
@@ -252,30 +253,27 @@ def update_line(cfg: BenchConfig, device: torch.device, layers: list[str], refus
 
 
 def precision_notes(precision: str, device: torch.device) -> list[str]:
-    """``Note:`` lines for a low precision this CPU has no fast kernels for (it still runs).
+    """``Note:`` lines for a low precision that is slow on this CPU (the run still runs).
 
-    Without avx512_bf16/amx_bf16 (bf16) or avx512_fp16/amx_fp16 (fp16) the kernels convert to
-    fp32 and back on every use: measured on an AVX2 EPYC, bf16 matmuls reach 20 GFLOP/s and
-    fp16 2.4 against fp32's 145. The note gives this machine's figures (:func:`measured_peak`,
-    each kernel within a second, cached).
+    fp16: always a note with what its forward+backward costs against fp32 and bf16 here
+    (:func:`stoker.kernels.fp16_cost.fp16_note`, measured once per machine, cached): the CPU's
+    flags do not tell (an Intel Xeon with avx512_fp16 ran a resnet50 fp16 backward 100x slower
+    than fp32). bf16 without avx512_bf16/amx_bf16: the kernels convert to fp32 and back on every
+    use (an AVX2 EPYC: bf16 matmuls 20 GFLOP/s against fp32's 145); the note gives this
+    machine's figures (:func:`measured_peak`, each kernel within a second, cached).
     """
-    if device.type != "cpu" or precision == "fp32" or cpu_has_fast(precision):
+    if device.type != "cpu" or precision == "fp32":
         return []
-    low = "bf16" if precision.startswith("bf16") else "fp16"
-    slow, fast = measured_peak(device, low), measured_peak(device, "fp32")
-    figures = f"{low} kernels reach {slow.gflops:.1f} GFLOP/s here against {fast.gflops:.1f} in fp32"
-    if low == "bf16":
-        return [
-            f"Note: bf16 runs emulated on this CPU (no {' or '.join(BF16_FLAGS)} in /proc/cpuinfo): {figures}, "
-            "so this run is slower than --precision=fp32 would be"
-        ]
-    advice = (
-        "use --precision=bf16 (fp32's exponent range, no loss scaling)"
-        if cpu_has_fast("bf16")
-        else f"use --precision=fp32 here, or --precision=bf16 on a CPU with {' or '.join(BF16_FLAGS)}"
-    )
+    if precision == "fp16":
+        say_once("fp16")  # the Estimator the run builds says it no second time
+        return ["Note: " + fp16_note(fp16_cost(), KINDS, lambda name: f"--precision={name}")[1]]
+    if cpu_has_fast(precision):
+        return []
+    slow, fast = measured_peak(device, "bf16"), measured_peak(device, "fp32")
+    figures = f"bf16 kernels reach {slow.gflops:.1f} GFLOP/s here against {fast.gflops:.1f} in fp32"
     return [
-        f"Note: this CPU has no fast fp16 kernels (no {' or '.join(FP16_FLAGS)} in /proc/cpuinfo): {figures}; {advice}"
+        f"Note: bf16 runs emulated on this CPU (no {' or '.join(BF16_FLAGS)} in /proc/cpuinfo): {figures}, "
+        "so this run is slower than --precision=fp32 would be"
     ]
 
 

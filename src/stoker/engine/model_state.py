@@ -41,6 +41,7 @@ from ..distributed import Strategy
 from ..distributed.pipeline import plan_stages
 from ..distributed.sharded import DCP_DIR, load_sharded, save_sharded
 from ..errors import CheckpointError, ConfigError, NanLossError, UserCodeError
+from ..kernels.fp16_cost import fp16_cost, fp16_note, layer_kinds, say_once
 from ..kernels.linear import use_fast_linear
 from ..kernels.sgd_in_backward import optimizer_refusal, run_refusal, update_in_backward
 from ..memory.recompute import apply_recompute
@@ -178,6 +179,8 @@ class ModelState:
             )
         opt = self.precision.convert_optimizer(opt, seed=self.config.seed)
         self.optimizer = opt
+        if self.precision.autocast_dtype is torch.float16 and self.strategy.device.type == "cpu":
+            _say_fp16_cost(model, self.strategy.is_chief)
         if self.schedule_fn is not None:
             self.schedule = self.schedule_fn(self.params, opt)
         if self.config.sgd_in_backward != "off":
@@ -479,6 +482,15 @@ def _to_device(cache: Any, device: torch.device) -> Any:
     if isinstance(cache, torch.Tensor):
         return cache.to(device)
     return tuple(_to_device(c, device) for c in cache)
+
+
+def _say_fp16_cost(model: nn.Module, chief: bool) -> None:
+    """Say, once per process, what fp16 costs on this CPU for ``model``'s layer kinds (the chief
+    measures, under a second on the first run of a machine): a warning when it is many times
+    fp32's, since on some CPUs fp16's backward is ~100x slower. The run stays in fp16, as asked."""
+    if chief and say_once("fp16"):
+        level, line = fp16_note(fp16_cost(), layer_kinds(model), lambda name: f"RunConfig(precision={name!r})")
+        log.log(level, line)
 
 
 __all__ = ["TRAIN_STATE_FORMAT", "ModelArg", "ModelState", "OptimizerFn", "ScheduleFn"]

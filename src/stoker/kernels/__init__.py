@@ -4,6 +4,8 @@
   key for "this machine, this torch, these threads", and the JSON cache of measured figures.
 - :mod:`~stoker.kernels.peak`: the practical peak for MFU, the fastest of the BLAS gemm,
   oneDNN's linear and a channels_last 3x3 convolution, measured once per machine.
+- :mod:`~stoker.kernels.fp16_cost`: what fp16 training costs against fp32 (and bf16) on this
+  CPU, measured once per machine; the line a run in fp16 on a CPU says.
 - :mod:`~stoker.kernels.datasheet`: NVIDIA GPUs' data-sheet bf16 peaks (pure Python), which
   :func:`~stoker.kernels.peak.device_peak` quotes MFU against on a GPU.
 - :mod:`~stoker.kernels.linear`: ``nn.Linear`` on oneDNN's inner product where it beats the
