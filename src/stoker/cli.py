@@ -31,7 +31,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("stoker.serving.cli", "serve an export over the Open Inference Protocol (KServe v2)"),
     "inspect": ("stoker.summary.cli", "show a model_dir: checkpoints, latest metrics, run spec"),
     "plot": ("stoker.summary.cli", "plot a model_dir's curves into a PNG"),
-    "checkpoint": ("stoker.checkpoint.cli", "checkpoint utilities (consolidate a sharded checkpoint)"),
+    "checkpoint": (
+        "stoker.checkpoint.cli",
+        "checkpoint utilities (list, verify, repair the index, consolidate a sharded checkpoint)",
+    ),
     "info": ("stoker.cli", "print versions and the devices torch sees"),
 }
 

@@ -17,6 +17,7 @@ bad argument, ``TypeError`` for a bad ``model_fn``), that built-in stays a secon
       DistributedError (RuntimeError) the processes of a run stopped working together
       CheckpointError                 a checkpoint is missing, does not fit or is unreadable
         CheckpointMismatchError (ValueError), CorruptCheckpointError, StorageError
+          DamagedCheckpointError (a CorruptCheckpointError)
       UserCodeError (TypeError)       user code took or returned a type stoker cannot use
         ModelFnError                    ``model_fn`` in particular
       NonFiniteError (ValueError)     a loss or a metric that must be finite is not
@@ -41,7 +42,14 @@ class CheckpointMismatchError(CheckpointError, ValueError):
 
 
 class CorruptCheckpointError(CheckpointError):
-    """A checkpoint file's sha256 does not match the index: it is refused, never loaded."""
+    """A checkpoint file is refused, never loaded: its bytes are not the ones written
+    (:class:`DamagedCheckpointError`) or its decoder refuses them (data ``weights_only`` rejects)."""
+
+
+class DamagedCheckpointError(CorruptCheckpointError):
+    """A checkpoint's bytes are not the ones written: a file's sha256 differs from its manifest or
+    index record, or a file is missing or unreadable. Training resumes from the newest checkpoint
+    that verifies instead; ``stoker checkpoint verify`` names every such file."""
 
 
 class StorageError(CheckpointError):

@@ -24,8 +24,12 @@ SCRIPT = SCRIPTS / "train_script.py"
 
 
 def _files(model_dir: Path, step: int) -> dict[str, bytes]:
+    """A checkpoint's files, its manifest with the write's time left out."""
     d = model_dir / f"ckpt-{step}"
-    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+    files = {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+    manifest = json.loads(files.pop("manifest.json"))
+    files["manifest.json"] = json.dumps({k: v for k, v in manifest.items() if k not in ("time", "parent")}).encode()
+    return files
 
 
 def _latest(model_dir: Path) -> str:

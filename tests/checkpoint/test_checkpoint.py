@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 
 import pytest
 import safetensors.torch
@@ -13,7 +14,8 @@ import torch
 import stoker
 from helpers.tiny import TinyNet, eval_input, make_data, make_estimator, train_input
 from stoker import checkpoint as ckpt_mod
-from stoker.errors import CheckpointError, CorruptCheckpointError, StorageError
+from stoker.checkpoint import load_checkpoint
+from stoker.errors import CheckpointError, DamagedCheckpointError, StorageError
 from stoker.storage import stores as storage_mod
 
 
@@ -66,20 +68,46 @@ def test_evaluation_feeds_keep_best(tmp_path):
     assert index["latest"] == "ckpt-12"
 
 
-def test_corrupt_checkpoint_is_refused_and_previous_offered(tmp_path):
+def _flip_a_byte(path):
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_damaged_checkpoint_is_refused_by_evaluate_and_skipped_by_resume(tmp_path, caplog):
     x, y = make_data(64)
     make_estimator(tmp_path, save_checkpoints_steps=4).train(train_input(x, y), max_steps=8)
-    f = tmp_path / "ckpt-8" / "model.safetensors"
-    data = bytearray(f.read_bytes())
-    data[-5] ^= 0xFF
-    f.write_bytes(bytes(data))
+    _flip_a_byte(tmp_path / "ckpt-8" / "model.safetensors")
     with pytest.raises(
-        CorruptCheckpointError, match=r"ckpt-8.*model.safetensors.*previous retained checkpoint is .*ckpt-4"
-    ):
-        make_estimator(tmp_path).train(train_input(x, y), max_steps=12)
+        DamagedCheckpointError, match=r"ckpt-8.*model.safetensors has sha256 .* but the index says .*ckpt-4"
+    ) as info:
+        make_estimator(tmp_path).evaluate(eval_input(x, y))
+    assert "delete" not in str(info.value)
     # the offered one loads
     res = make_estimator(tmp_path).evaluate(eval_input(x, y), checkpoint_path=tmp_path / "ckpt-4")
     assert res["global_step"] == 4
+    # training resumes from ckpt-4, says so once, and ends bitwise as an uninterrupted run
+    caplog.set_level(logging.WARNING, logger="stoker")
+    resumed = make_estimator(tmp_path, save_checkpoints_steps=4)
+    resumed.train(train_input(x, y), max_steps=12)
+    lines = [r.getMessage() for r in caplog.records if "damaged" in r.getMessage()]
+    assert len(lines) == 1 and "ckpt-8 is damaged (model.safetensors has sha256" in lines[0], lines
+    assert f"resuming from {tmp_path / 'ckpt-4'}, the newest checkpoint that verifies" in lines[0]
+    reference = make_estimator(tmp_path / "ref", save_checkpoints_steps=4)
+    reference.train(train_input(x, y), max_steps=12)
+    for step in (8, 12):  # the damaged ckpt-8 was saved again, whole
+        a = (tmp_path / f"ckpt-{step}" / "model.safetensors").read_bytes()
+        assert a == (tmp_path / "ref" / f"ckpt-{step}" / "model.safetensors").read_bytes(), step
+
+
+def test_every_checkpoint_damaged_is_an_error_not_a_start_at_step_0(tmp_path):
+    x, y = make_data(64)
+    make_estimator(tmp_path, save_checkpoints_steps=4).train(train_input(x, y), max_steps=8)
+    for step in (4, 8):
+        _flip_a_byte(tmp_path / f"ckpt-{step}" / "train_state.pt")
+    with pytest.raises(CheckpointError, match=r"every retained checkpoint in .* is damaged \(ckpt-8, ckpt-4\)"):
+        make_estimator(tmp_path).train(train_input(x, y), max_steps=12)
+    assert json.loads((tmp_path / "checkpoint.json").read_text())["latest"] == "ckpt-8"  # nothing changed
 
 
 def test_crash_during_save_leaves_previous_checkpoint_latest(tmp_path, monkeypatch):
@@ -167,18 +195,13 @@ def test_evaluate_without_checkpoint_or_training_is_an_error(tmp_path):
         make_estimator(tmp_path).evaluate(eval_input(x, y), checkpoint_path=tmp_path / "nope")
 
 
-def test_incomplete_checkpoint_is_refused_and_deleting_it_falls_back(tmp_path, caplog):
-    import shutil
-
+def test_an_incomplete_checkpoint_is_refused_and_resume_falls_back(tmp_path):
     x, y = make_data(64)
     make_estimator(tmp_path, save_checkpoints_steps=4).train(train_input(x, y), max_steps=8)
     (tmp_path / "ckpt-8" / "train_state.pt").unlink()
-    with pytest.raises(
-        CheckpointError, match=r"ckpt-8' is incomplete: train_state.pt missing; delete the directory .*ckpt-4"
-    ):
-        make_estimator(tmp_path).train(train_input(x, y), max_steps=12)
-    shutil.rmtree(tmp_path / "ckpt-8")  # what the message says to do
-    resumed = make_estimator(tmp_path)
+    with pytest.raises(DamagedCheckpointError, match=r"ckpt-8' is corrupt: train_state.pt missing .*ckpt-4"):
+        load_checkpoint(tmp_path / "ckpt-8")
+    resumed = make_estimator(tmp_path, save_checkpoints_steps=4)
     resumed.train(train_input(x, y), max_steps=12)
     assert resumed.global_step == 12
     reference = make_estimator(tmp_path / "ref", save_checkpoints_steps=4)

@@ -34,12 +34,18 @@ class _Touch:
 
 
 def _plant(model_dir: Path, ckpt: str, fname: str, data: bytes) -> None:
+    """A hostile file whose sha256 the index and the checkpoint's manifest both carry: only the
+    decoder stands between it and the unpickler."""
     (model_dir / ckpt / fname).write_bytes(data)
     index_path = model_dir / "checkpoint.json"
     index = json.loads(index_path.read_text())
     rec = next(r for r in index["checkpoints"] if r["name"] == ckpt)
     rec["files"][fname] = hashlib.sha256(data).hexdigest()
     index_path.write_text(json.dumps(index))
+    manifest_path = model_dir / ckpt / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["files"][fname] = {"bytes": len(data), "sha256": rec["files"][fname]}
+    manifest_path.write_text(json.dumps(manifest))
 
 
 @pytest.fixture(scope="module")

@@ -86,7 +86,7 @@ def test_permanent_fault_stops_training_resumably(tmp_path, monkeypatch, referen
         ),
     ):
         est.train(train_input(x, y), max_steps=12)
-    assert faults.n == 3 + 1  # 3 files + the index of ckpt-8 were attempted, no retry of a permanent fault
+    assert faults.n == 3 + 2  # 3 files, the manifest and the index of ckpt-8 attempted, no retry of a permanent fault
     assert _latest(tmp_path) == "ckpt-4"
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(("ckpt-", "."))) == ["ckpt-4"]
     monkeypatch.setattr(storage, "_write_durably", faults.real)  # space freed: rerun the same command

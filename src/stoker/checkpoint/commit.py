@@ -44,7 +44,8 @@ from ..errors import CheckpointError, StorageError
 from ..storage import lock as store_lock
 from ..storage.stores import Location, RetryPolicy, UrlPath
 from .files import CKPT_RE, INDEX_LOCK_NAME
-from .index import INDEX_NAME, CheckpointIndex, CheckpointRecord, IndexChange
+from .index import INDEX_NAME, CheckpointIndex, CheckpointRecord, IndexChange, repair_hint
+from .manifest import MANIFEST_NAME, Manifest
 
 log = logging.getLogger("stoker")
 
@@ -53,6 +54,10 @@ FINISHED_NAME = "finished.json"
 Retain = Callable[[CheckpointIndex], tuple[CheckpointIndex, list[str]]]
 """Retention: the index without what it no longer keeps, and the directories it dropped."""
 Blobs = Sequence[tuple[str, bytes]]
+Rebuild = Callable[[bytes | None], tuple[CheckpointIndex, str | None] | None]
+"""Recovery's rewrite of an index: given the stored index's bytes (``None``: there is none), the
+index to write instead and the name to keep the old bytes under (``None``: not kept), or
+``None`` to leave the index as it is."""
 
 
 def temp_name(path: Path) -> Path:
@@ -115,6 +120,16 @@ class CommitProtocol(ABC):
         """Remove what a crashed write left behind (``named``: the directories the index names)."""
 
     @abstractmethod
+    def rewrite(self, rebuild: Rebuild) -> CheckpointIndex | None:
+        """Under the index lock: replace the index with what ``rebuild`` makes of the stored one,
+        keeping the old bytes first where it says so; the index written, or ``None`` if left."""
+
+    @abstractmethod
+    def write_own_file(self, directory: str, name: str, data: bytes) -> bool:
+        """Write a checkpoint's file about itself (``evaluation.json``, a repaired manifest) into
+        its folder ``directory`` so that a reader never sees half of it; False if the folder is gone."""
+
+    @abstractmethod
     def write_marker(self, name: str, data: bytes) -> None:
         """Write a small file (``finished.json``) so that a reader never sees half of it."""
 
@@ -147,7 +162,7 @@ class LocalDirectory(CommitProtocol):
         try:
             data = path.read_bytes()
         except OSError as e:
-            raise CheckpointError(f"{path} is unreadable ({e}); restore it or remove model_dir") from e
+            raise CheckpointError(f"{path} is unreadable ({e}); {repair_hint(str(path))}") from e
         return CheckpointIndex.parse(data, str(path))
 
     @contextmanager
@@ -197,14 +212,17 @@ class LocalDirectory(CommitProtocol):
         # the checkpoint directory is. The index lock is held from this read to that rename,
         # so another writer's update (an evaluator's result) is neither lost nor overwritten.
         with self.lock():
-            index, _ = self.read_index().adding(record)
+            current = self.read_index()
+            manifest = Manifest.of(record, sizes, current)  # written with the files: renamed with them
+            index, _ = current.adding(record)
             index, removed = retain(index)
             index_path, finished_path = model_dir / INDEX_NAME, model_dir / FINISHED_NAME
             index_tmp, finished_tmp = temp_name(index_path), temp_name(finished_path)
             extra = [(finished_tmp, finished_json(record.step))] if finished else []
+            own = [(staging / MANIFEST_NAME, manifest.encode())]
             try:
                 written = storage.write_all(
-                    [(staging / f, d) for f, d in blobs] + [(index_tmp, index.encode())] + extra, self.retry
+                    [(staging / f, d) for f, d in blobs] + own + [(index_tmp, index.encode())] + extra, self.retry
                 )
                 if written[: len(blobs)] != [record.files[f] for f, _ in blobs]:
                     raise CheckpointError(f"{record.name}: a file's sha256 changed while it was written")
@@ -231,6 +249,48 @@ class LocalDirectory(CommitProtocol):
         else:
             os.replace(staging, final)
         return final
+
+    def rewrite(self, rebuild: Rebuild) -> CheckpointIndex | None:
+        path = self._dir() / INDEX_NAME
+        with self.lock():
+            try:
+                data = path.read_bytes() if path.exists() else None
+            except OSError as e:
+                raise CheckpointError(f"{path} is unreadable ({e}); {repair_hint(str(path))}") from e
+            plan = rebuild(data)
+            if plan is None:
+                return None
+            index, keep = plan
+            jobs = [(temp_name(path), index.encode())]
+            if keep is not None and data is not None:
+                jobs.append((temp_name(path.with_name(keep)), data))
+            try:
+                storage.write_all(jobs, self.retry)
+                if len(jobs) == 2:  # the old bytes are kept before they are replaced
+                    os.replace(jobs[1][0], path.with_name(keep or ""))
+                os.replace(jobs[0][0], path)
+                storage.fsync_dir(path.parent)
+            finally:
+                for tmp, _ in jobs:
+                    tmp.unlink(missing_ok=True)
+        return index
+
+    def write_own_file(self, directory: str, name: str, data: bytes) -> bool:
+        folder = self._dir() / directory
+        if not folder.is_dir():
+            return False
+        path = folder / name
+        tmp = temp_name(path)
+        try:
+            storage.write_all([(tmp, data)], self.retry)
+            os.replace(tmp, path)
+        except (OSError, StorageError):
+            tmp.unlink(missing_ok=True)
+            if not folder.is_dir():  # retention deleted it meanwhile
+                return False
+            raise
+        storage.fsync_dir(folder)
+        return True
 
     def remove_leftovers(self, named: Callable[[], set[str]]) -> None:
         """Temporary directories, index and ``finished.json`` files of a crashed save (a final
@@ -309,8 +369,35 @@ class ObjectStore(CommitProtocol):
         wrong = sorted(f for f, n in sizes.items() if listed.get(f) != n)
         if wrong:
             raise StorageError(f"{staging}: {', '.join(wrong)} did not arrive complete (sizes listed back differ)")
+        # The manifest last, once every file is known complete: a prefix without one is an
+        # unfinished write. Only this trainer moves ``latest``, so the index read now names the parent.
+        manifest = Manifest.of(record, sizes, self.read_index())
+        storage.write_all([(staging / MANIFEST_NAME, manifest.encode())], self.retry)
         replaced, removed = self.update(lambda index: index.adding(record), retain)  # the commit point
         return staging, replaced + removed
+
+    def rewrite(self, rebuild: Rebuild) -> CheckpointIndex | None:
+        """Conditional on the index being unchanged since it was read, like :meth:`update`."""
+        path = self._path()
+        with self.lock():
+            for _ in range(self.ATTEMPTS):
+                data, version = storage.read_versioned(path, self.retry)
+                plan = rebuild(data)
+                if plan is None:
+                    return None
+                index, keep = plan
+                if keep is not None and data is not None:
+                    storage.write_all([(self.model_dir / keep, data)], self.retry)
+                if storage.put_if(path, index.encode(), version, self.retry):
+                    return index
+                time.sleep(0.05)
+        raise StorageError(f"cannot write {path}: it kept changing under {self.ATTEMPTS} conditional writes")
+
+    def write_own_file(self, directory: str, name: str, data: bytes) -> bool:
+        # One PUT is atomic. Into a prefix retention has just deleted, it leaves an orphan the
+        # next save removes (the index names no such prefix).
+        storage.write_all([(self.model_dir / directory / name, data)], self.retry)
+        return True
 
     def remove_leftovers(self, named: Callable[[], set[str]]) -> None:
         """The ``ckpt-<step>.<random>`` prefixes of crashed writes no index names."""
@@ -352,6 +439,7 @@ __all__ = [
     "CommitProtocol",
     "LocalDirectory",
     "ObjectStore",
+    "Rebuild",
     "Retain",
     "commit_protocol",
     "finished_json",

@@ -22,10 +22,11 @@ import torch
 from torch import nn
 
 from .. import storage
-from ..errors import CheckpointError
+from ..errors import CheckpointError, DamagedCheckpointError, StorageError
 from ..storage.stores import Location
 from . import safe_load
 from .index import INDEX_FORMAT, INDEX_NAME, CheckpointIndex, CheckpointRecord, record_dir
+from .manifest import MANIFEST_NAME, OWN_FILES, Manifest
 
 log = logging.getLogger("stoker")
 
@@ -112,65 +113,88 @@ def previous_retained(path: Location) -> str | None:
     return str(path.parent / earlier[-1].directory) if earlier else None
 
 
-def _read_verified(path: Location, fname: str, expected: Mapping[str, str] | None) -> bytes:
+def expected_files(path: Location) -> tuple[Mapping[str, str] | None, str]:
+    """The sha256 every file of checkpoint ``path`` must have, and what says so: the index
+    record that names it, else the checkpoint's own manifest; ``(None, "")`` when neither does."""
+    record = index_record(path)
+    if record is not None:
+        return record.files, "the index"
+    try:
+        data = storage.read_bytes(path / MANIFEST_NAME)
+    except (OSError, StorageError):
+        return None, ""
+    try:
+        return Manifest.parse(data, str(path / MANIFEST_NAME)).files, "its manifest"
+    except CheckpointError as e:
+        log.warning("%s; its files are checked against nothing", e)
+        return None, ""
+
+
+def damaged(path: Location, what: str) -> DamagedCheckpointError:
+    """The error for checkpoint ``path`` whose bytes are not the ones written (``what``: how)."""
+    return DamagedCheckpointError(
+        f"checkpoint {str(path)!r} is corrupt: {what}; refusing to load it"
+        f"{safe_load.offer(str(path), previous_retained(path))}; training resumes from the newest "
+        "checkpoint that verifies (`stoker checkpoint verify` lists what is damaged)"
+    )
+
+
+def _read_verified(path: Location, fname: str, expected: Mapping[str, str] | None, by: str = "the index") -> bytes:
     file = path / fname
     try:
         data = storage.read_bytes(file)
     except OSError as e:
+        if expected is not None:
+            raise damaged(path, f"{fname} cannot be read ({e})") from e
         raise CheckpointError(f"cannot read {file}: {e}") from e
     if expected is not None:
         want = expected.get(fname)
         got = hashlib.sha256(data).hexdigest()
-        if want is None or got != want:
-            raise safe_load.refused(
-                str(path),
-                fname,
-                f"has sha256 {got[:12]}… but the index says {str(want)[:12]}…",
-                previous_retained(path),
-            )
+        if want is None:
+            raise damaged(path, f"{fname} is not one of its files by {by}")
+        if got != want:
+            raise damaged(path, f"{fname} has sha256 {got[:12]}… but {by} says {want[:12]}…")
     return data
 
 
-def _read_decoded(path: Location, fname: str, expected: Mapping[str, str] | None) -> Any:
+def _read_decoded(path: Location, fname: str, expected: Mapping[str, str] | None, by: str = "the index") -> Any:
     """Read, verify and safely decode one file of a checkpoint."""
-    return safe_load.decode(_read_verified(path, fname, expected), fname, str(path), previous_retained(path))
+    return safe_load.decode(_read_verified(path, fname, expected, by), fname, str(path), previous_retained(path))
 
 
 def load_checkpoint(path: str | os.PathLike[str] | Location) -> LoadedCheckpoint:
-    """Read a checkpoint directory, verifying each file against its index entry."""
+    """Read a checkpoint directory, verifying each file against its index entry (or, when no
+    index beside it names it, its own manifest)."""
     path = storage.location(path)
-    record = index_record(path)
-    expected = record.files if record else None
-    names = storage.files_under(path)
-    if record is None:
-        log.warning("checkpoint %s is not listed in an index: its files cannot be verified", path)
+    expected, by = expected_files(path)
+    names = [f for f in storage.files_under(path) if f not in OWN_FILES]
+    if expected is None:
+        log.warning("checkpoint %s is not listed in an index and has no manifest: its files cannot be verified", path)
     else:
-        missing = sorted(f for f in record.files if f not in names)
+        missing = sorted(f for f in expected if f not in names)
         if missing:
-            prev = previous_retained(path)
-            hint = f"; delete the directory to resume from the previous retained checkpoint {prev!r}" if prev else ""
-            raise CheckpointError(f"checkpoint {str(path)!r} is incomplete: {', '.join(missing)} missing{hint}")
+            raise damaged(path, f"{', '.join(missing)} missing (listed by {by})")
     dcp_files = [f for f in names if f.startswith("dcp/")]
     model_state = None
     if dcp_files:
         for fname in dcp_files:
             if fname.endswith("/.metadata"):  # DCP itself unpickles it unrestricted: vet it first
-                _read_decoded(path, fname, expected)
+                _read_decoded(path, fname, expected, by)
             else:
-                _read_verified(path, fname, expected)
+                _read_verified(path, fname, expected, by)
     else:
-        model_state = _read_decoded(path, MODEL_FILE, expected)
+        model_state = _read_decoded(path, MODEL_FILE, expected, by)
     train_state: dict[str, Any] = {}
     if TRAIN_STATE_FILE in names:
-        train_state = _read_decoded(path, TRAIN_STATE_FILE, expected)
+        train_state = _read_decoded(path, TRAIN_STATE_FILE, expected, by)
         if not isinstance(train_state, dict):
             what = f"holds a {type(train_state).__name__}, not a dict"
             raise safe_load.refused(str(path), TRAIN_STATE_FILE, what, previous_retained(path))
     input_states: dict[int, Any] = {}
     for fname in names:
         if fname.startswith("input-") and "/" not in fname:
-            input_states[int(fname.split(".", 1)[0].split("-", 1)[1])] = _read_decoded(path, fname, expected)
-    step = int(train_state.get("global_step", record.step if record else step_of(path)))
+            input_states[int(fname.split(".", 1)[0].split("-", 1)[1])] = _read_decoded(path, fname, expected, by)
+    step = int(train_state.get("global_step", step_of(path)))
     dcp_dir = path / "dcp" if model_state is None else None
     return LoadedCheckpoint(path, step, model_state, train_state, input_states, dcp_dir)
 
@@ -209,6 +233,8 @@ __all__ = [
     "LoadedCheckpoint",
     "check_state_fits",
     "checkpoint_blobs",
+    "damaged",
+    "expected_files",
     "index_record",
     "load_checkpoint",
     "model_state_to_bytes",

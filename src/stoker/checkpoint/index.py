@@ -56,7 +56,7 @@ class _Fields:
         return f"{self.where}.{key}" if self.where else key
 
     def fail(self, name: str, what: str) -> NoReturn:
-        raise CheckpointError(f"{self.source} is malformed: {name!r} {what}; restore it or remove model_dir")
+        raise CheckpointError(f"{self.source} is malformed: {name!r} {what}; {repair_hint(self.source)}")
 
     def get(self, key: str, check: Callable[[Any], bool], want: str, *, required: bool = True) -> Any:
         if key not in self.obj:
@@ -261,7 +261,7 @@ class CheckpointIndex:
             try:
                 obj = json.loads(data)
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise CheckpointError(f"{source} is unreadable ({e}); restore it or remove model_dir") from e
+                raise CheckpointError(f"{source} is unreadable ({e}); {repair_hint(source)}") from e
         else:
             obj = dict(data)
         if not isinstance(obj, dict):
@@ -403,7 +403,26 @@ def _check_version(obj: dict[str, Any], source: str) -> None:
         )
     if fmt != INDEX_FORMAT:
         got = "no 'format' field" if fmt is None else f"format {fmt!r}"
-        raise CheckpointError(f"{source} has {got}; this stoker reads {INDEX_FORMAT!r}")
+        raise CheckpointError(f"{source} has {got}; this stoker reads {INDEX_FORMAT!r}; {repair_hint(source)}")
+
+
+def written_by_newer(data: bytes | str) -> bool:
+    """Whether ``data`` is an index of a newer version than this stoker reads: refused with
+    "upgrade stoker", never taken for damage and rebuilt."""
+    try:
+        obj = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    fmt = obj.get("format") if isinstance(obj, dict) else None
+    version = fmt[len(INDEX_FORMAT_PREFIX) :] if isinstance(fmt, str) and fmt.startswith(INDEX_FORMAT_PREFIX) else ""
+    return version.isdigit() and int(version) > INDEX_VERSION
+
+
+def repair_hint(source: str) -> str:
+    """What to do about an index (``source``: its path) that cannot be used: the command that
+    rebuilds it from the checkpoints' own manifests and deletes nothing."""
+    folder = source.rsplit("/", 1)[0] if "/" in source else "."
+    return f"run `stoker checkpoint repair {folder}` to rebuild it from the checkpoints' manifests"
 
 
 def coverage_line(coverage: Coverage | None) -> str:
@@ -434,4 +453,6 @@ __all__ = [
     "IndexChange",
     "coverage_line",
     "record_dir",
+    "repair_hint",
+    "written_by_newer",
 ]

@@ -36,6 +36,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -44,10 +45,11 @@ from typing import Any, TypeVar
 import torch
 
 from .. import storage
-from ..errors import CheckpointError, StorageError
+from ..errors import CheckpointError, DamagedCheckpointError, StorageError
 from ..storage.stores import DEFAULT_RETRY, Location, RetryPolicy, UrlPath
 from .commit import FINISHED_NAME, CommitProtocol, commit_protocol, finished_json
 from .files import (
+    CKPT_RE,
     INDEX_FORMAT,
     INDEX_LOCK_NAME,
     INDEX_NAME,
@@ -64,6 +66,8 @@ from .files import (
 )
 from .index import Best, CheckpointIndex, CheckpointRecord, IndexChange, coverage_line
 from .lease import live_leases
+from .manifest import EVALUATION_NAME, Evaluation
+from .recovery import checked_index
 
 log = logging.getLogger("stoker")
 
@@ -92,6 +96,9 @@ class CheckpointManager:
         self.keep_best = keep_best
         self.writer = writer
         self._leftovers_checked = False  # see the module docstring: at the first save, not here
+        self._index_checked = False  # the first read compares the index with the folders (recovery)
+        self._check_lock = threading.Lock()
+        self._damaged: dict[str, str] = {}  # folder -> why: checkpoints found damaged by this process
         if isinstance(self.model_dir, UrlPath):
             storage.filesystem(self.model_dir)  # a missing extra (s3fs, gcsfs) is named now
         if writer:
@@ -108,7 +115,18 @@ class CheckpointManager:
 
     # ---------------------------------------------------------------- index
     def index(self) -> CheckpointIndex:
-        """``checkpoint.json`` as it is now (empty before the first checkpoint)."""
+        """``checkpoint.json`` as it is now (empty before the first checkpoint).
+
+        The first read also checks that it describes the checkpoint folders, and rebuilds it
+        from their manifests if it is missing, unreadable, stale or foreign
+        (``stoker.checkpoint.recovery``): never a silent start over existing checkpoints.
+        """
+        if not self._index_checked:
+            with self._check_lock:
+                if not self._index_checked:
+                    index = checked_index(self.protocol, writer=self.writer)
+                    self._index_checked = True
+                    return index
         return self.protocol.read_index()
 
     def records(self) -> list[CheckpointRecord]:
@@ -116,16 +134,21 @@ class CheckpointManager:
         return list(self.index().checkpoints)
 
     def latest_path(self) -> Location | None:
-        """The newest indexed checkpoint whose directory exists.
+        """The latest checkpoint whose directory exists and that this process has not found damaged.
 
-        Deleting a checkpoint's directory by hand (e.g. one refused as corrupt) makes the
-        previous retained one the latest.
+        Deleting a checkpoint's directory by hand makes the previous retained one the latest. A
+        record newer than ``latest`` (one a resume skipped as damaged, until its step is saved
+        again) is never the latest.
         """
         index = self.index()
-        for rec in reversed(index.checkpoints):
+        latest = index.record(index.latest) if index.latest else None
+        records = [r for r in index.checkpoints if latest is None or r.step <= latest.step]
+        for rec in reversed(records):
+            if rec.directory in self._damaged:
+                continue
             path = self.model_dir / rec.directory
             if storage.is_dir(path):
-                if rec.name != index.latest:
+                if rec.name != index.latest and (latest is None or latest.directory not in self._damaged):
                     log.warning("%s is missing: resuming from the previous retained checkpoint %s", index.latest, path)
                 return path
         return None
@@ -133,6 +156,41 @@ class CheckpointManager:
     def latest_step(self) -> int | None:
         latest = self.latest_path()
         return None if latest is None else step_of(latest)
+
+    def load_for_resume(self) -> LoadedCheckpoint | None:
+        """The newest checkpoint that verifies, loaded, for training to resume from (``None``:
+        there is none yet).
+
+        A damaged checkpoint (a file whose sha256 differs from its index record or manifest, or
+        that is missing) is skipped with one warning naming it and the file, and the previous
+        one tried; it stays on disk (and in the index) until its step is saved again. If every
+        retained checkpoint is damaged, ``CheckpointError`` names them: never a start at step 0.
+        """
+        skipped: list[str] = []
+        while (path := self.latest_path()) is not None:
+            try:
+                ckpt = load_checkpoint(path)
+            except DamagedCheckpointError as e:
+                self._damaged[path.name] = str(e)
+                skipped.append(path.name)
+                continue
+            if skipped:
+                why = "; ".join(self._damaged[d].split(": ", 1)[1].split("; refusing")[0] for d in skipped)
+                log.warning(
+                    "%s damaged (%s): resuming from %s, the newest checkpoint that verifies; %s stays on disk "
+                    "until its step is saved again",
+                    " and ".join(skipped) + (" is" if len(skipped) == 1 else " are"),
+                    why,
+                    path,
+                    " and ".join(skipped),
+                )
+            return ckpt
+        if skipped:
+            raise CheckpointError(
+                f"every retained checkpoint in {self.model_dir} is damaged ({', '.join(skipped)}): nothing was "
+                f"loaded or changed; `stoker checkpoint verify {self.model_dir}` names each damaged file"
+            )
+        return None
 
     def best(self) -> Best | None:
         return self.index().best
@@ -158,9 +216,31 @@ class CheckpointManager:
         """
         if not self.writer:
             raise CheckpointError("this CheckpointManager was opened read-only (writer=False)")
-        result, removed = self.protocol.update(change, self._retain)
+        self.index()  # checked (and rebuilt if need be) before its first update
+
+        def mirrored(index: CheckpointIndex) -> tuple[CheckpointIndex, T]:
+            new, result = change(index)
+            self._mirror(index, new)
+            return new, result
+
+        result, removed = self.protocol.update(mirrored, self._retain)
         self._remove(removed)
         return result
+
+    def _mirror(self, old: CheckpointIndex, new: CheckpointIndex) -> None:
+        """Write ``evaluation.json`` of every checkpoint whose results, ``superseded`` mark or
+        claim to be the best ``new`` changes: before the index itself, so a checkpoint's own
+        files always hold at least what the index does (recovery rebuilds from them)."""
+        now = time.time()
+        for rec in new.checkpoints:
+            mine = Evaluation.of(rec, new, now)
+            before = old.record_in(rec.directory)
+            if mine is None or mine.same_content(None if before is None else Evaluation.of(before, old, now)):
+                continue
+            try:
+                self.protocol.write_own_file(rec.directory, EVALUATION_NAME, mine.encode())
+            except (OSError, StorageError) as e:  # the index still holds it; only its copy is missing
+                log.warning("could not write %s (%s)", self.model_dir / rec.directory / EVALUATION_NAME, e)
 
     # ---------------------------------------------------------------- finished marker
     def mark_finished(self, step: int) -> None:
@@ -215,6 +295,7 @@ class CheckpointManager:
             raise CheckpointError("only the chief process writes checkpoints")
         name = f"ckpt-{step}"
         staging = tmp_dir if tmp_dir is not None else self.begin(step)
+        self._damaged.pop(name, None)  # saved again: the new files replace a damaged folder of this name
         try:
             files: dict[str, str] = {}
             sizes: dict[str, int] = {}
@@ -315,7 +396,7 @@ class CheckpointManager:
         if checkpoint_path is None:
             return self.latest_path()
         p = storage.location(checkpoint_path)
-        if storage.exists(p / INDEX_NAME):
+        if storage.exists(p / INDEX_NAME) or any(CKPT_RE.match(n) for n in storage.listdir(p)):
             latest = CheckpointManager(p, writer=False).latest_path()
             if latest is None:
                 raise CheckpointError(f"{p} holds no checkpoint yet")

@@ -93,13 +93,10 @@ def refused(where: str, fname: str, cause: str, fallback: str | None) -> Corrupt
 
 
 def offer(where: str, fallback: str | None) -> str:
-    """The sentence that names the checkpoint to use instead of a refused one."""
+    """The sentence that names the checkpoint to use instead of a refused one (it deletes nothing)."""
     if not fallback:
         return "; no earlier checkpoint is retained"
-    return (
-        f"; the previous retained checkpoint is {fallback!r}: delete the directory {where!r} "
-        f"to resume training from it, or pass checkpoint_path={fallback!r} to evaluate/predict"
-    )
+    return f"; the previous retained checkpoint is {fallback!r}: pass checkpoint_path={fallback!r} to evaluate/predict"
 
 
 def _first_line(e: BaseException) -> str:

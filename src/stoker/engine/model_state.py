@@ -214,8 +214,10 @@ class ModelState:
                     "(an error stopped training, or evaluate/predict loaded other weights): build a new Estimator"
                 )
             return
-        self.apply(load_checkpoint(latest), full=True)
-        log.info("resumed from %s (step %d)", latest, self.global_step)
+        # the newest checkpoint that verifies: a damaged one is skipped, with a warning
+        ckpt = self.checkpoints.load_for_resume() if self.checkpoints is not None else None
+        self.apply(ckpt or load_checkpoint(latest), full=True)
+        log.info("resumed from %s (step %d)", self.holds, self.global_step)
 
     def restore_weights(self) -> None:
         """Build the model and load the newest checkpoint's weights, if memory does not hold them."""
