@@ -340,11 +340,12 @@ def test_train_refuses_hooks_that_act_on_evaluations(tmp_path):
 
 
 def test_train_refuses_optuna_pruning_too(tmp_path):
-    pytest.importorskip("optuna")
+    optuna = pytest.importorskip("optuna")
     x, y = make_data(48)
+    trial = optuna.create_study().ask()
     with pytest.raises(ConfigError, match=r"^train: OptunaPruning acts on evaluations, .*eval_every_n_steps=N\)$"):
         make_estimator(tmp_path / "m").train(
-            train_input(x, y), max_steps=8, hooks=[stoker.hooks.OptunaPruning(object(), "loss")]
+            train_input(x, y), max_steps=8, hooks=[stoker.hooks.OptunaPruning(trial, "loss")]
         )
 
 
