@@ -49,7 +49,7 @@ from .engine import (
 )
 from .errors import ConfigError, UserCodeError
 from .hooks import Hook, RunContext
-from .hooks.base import LoopResult, check_evaluations, every_n_steps_due
+from .hooks.base import LoopResult, check_evaluations, every_n_steps_due, next_due_step
 from .spec import EstimatorSpec
 from .storage import Location, check_dir
 
@@ -316,8 +316,10 @@ class Estimator:
     ) -> dict[str, float]:
         """Train to ``max_steps``, evaluating (and checkpointing) every ``eval_every_n_steps``.
 
-        Each evaluation is recorded on its checkpoint, which feeds ``RunConfig.keep_best``.
-        Returns the final evaluation.
+        Evaluations fall on the multiples of ``eval_every_n_steps`` (loops end there) and at the
+        end. Each is recorded on its checkpoint, which feeds ``RunConfig.keep_best``. Returns the
+        final evaluation; after a signal's stop in a process that goes on
+        (``PreemptionHook(exit_process=False)``), the newest one so far (``{}`` if none).
         """
         if not isinstance(eval_every_n_steps, int) or eval_every_n_steps < 1:
             raise ConfigError(
@@ -325,6 +327,8 @@ class Estimator:
             )
         evaluator = EvaluationHook(self, eval_input_fn, every_n_steps=eval_every_n_steps, steps=eval_steps)
         self.train(train_input_fn, max_steps=max_steps, hooks=[*hooks, evaluator])
+        if evaluator.interrupted:  # a signal stopped training and the process goes on (exit_process=False)
+            return evaluator.last_results or {}
         if evaluator.last_results is None or evaluator.last_results["global_step"] != self.global_step:
             return self.evaluate(eval_input_fn, steps=eval_steps)
         return evaluator.last_results
@@ -361,6 +365,9 @@ class Estimator:
 class EvaluationHook(Hook):
     """Evaluate every ``every_n_steps`` steps during training, on a fresh checkpoint of that step.
 
+    The evaluations fall on the multiples of ``every_n_steps`` (loops end there), and at the
+    end of training when it reaches ``max_steps``, its data's end or a hook's stop (early
+    stopping): never at a stop from outside (a signal), whose checkpoint a rerun continues.
     Each result is put in ``run.last_evaluation`` for the hooks after this one (EarlyStopping,
     trackers). The step of the last evaluation is kept in checkpoints: a run resumed from the
     checkpoint of a step it evaluated takes that result back from the index (or evaluates it
@@ -378,9 +385,13 @@ class EvaluationHook(Hook):
         self.steps = steps
         self._last: int | None = None
         self.last_results: dict[str, float] | None = None
+        #: Whether the last training ended interrupted (a signal), without its final evaluation.
+        self.interrupted = False
 
     def after_setup(self, run: RunContext) -> None:
+        self.interrupted = False
         last, self._last = self._last, run.global_step
+        self.due_step = next_due_step(run.global_step, self.every_n_steps)
         if last is None or last >= run.global_step or not every_n_steps_due(last, run.global_step, self.every_n_steps):
             return
         # The run was resumed from the checkpoint of a step it evaluated (or was about to).
@@ -390,11 +401,18 @@ class EvaluationHook(Hook):
         else:
             self.last_results = run.last_evaluation = recorded
 
+    def scheduled_after(self, step: int) -> int:
+        return next_due_step(step, self.every_n_steps)
+
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
         if every_n_steps_due(self._last or 0, run.global_step, self.every_n_steps):
             self._evaluate(run)
+        self.due_step = next_due_step(run.global_step, self.every_n_steps)
 
     def end(self, run: RunContext) -> None:
+        self.interrupted = run.interrupted
+        if self.interrupted:
+            return  # the rerun evaluates where an uninterrupted run would
         if self.last_results is None or self.last_results["global_step"] != run.global_step:
             self._evaluate(run)
 

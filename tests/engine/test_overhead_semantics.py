@@ -174,9 +174,9 @@ def test_a_final_save_killed_mid_write_leaves_no_finished_marker_temp_file(tmp_p
 @pytest.mark.parametrize(
     ("iterations", "resume_at", "expected"),
     [
-        (3, None, [3, 6, 9, 10]),  # the first boundary at or past each multiple of 2, then end's line
+        (3, None, [2, 4, 6, 8, 10]),  # loops of 3 end early on each multiple of 2: 2, 3, 4, 6, 8, 9, 10
         (1, None, [2, 4, 6, 8, 10]),
-        (3, 5, [8, 10]),  # resumed at 5: loops end at 8 and 10; due at 6, then at 10
+        (3, 5, [6, 8, 10]),  # resumed at 5: the same multiples, not counted from the resume
     ],
 )
 def test_logging_and_summary_intervals_when_loops_do_not_divide_them(tmp_path, iterations, resume_at, expected):

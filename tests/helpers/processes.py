@@ -34,20 +34,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_replicas(script: Path, nproc: int, *args: str) -> list[subprocess.Popen[str]]:
+def launch_replicas(
+    script: Path, nproc: int, *args: str, env: Mapping[str, str] | None = None
+) -> list[subprocess.Popen[str]]:
     """Start ``nproc`` processes of ``script`` the way torchrun would (RANK, LOCAL_RANK,
-    WORLD_SIZE, MASTER_ADDR/PORT); with ``nproc == 1``, as a plain process without them."""
+    WORLD_SIZE, MASTER_ADDR/PORT); with ``nproc == 1``, as a plain process without them.
+    ``env``: the environment to start from (default :func:`python_env`)."""
     port = free_port()
     procs = []
+    base = python_env() if env is None else dict(env)
     for rank in range(nproc):
-        env = python_env()
-        env.update(
+        child = dict(base)
+        child.update(
             RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
         )
         if nproc == 1:
             for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
-                env.pop(k)
-        procs.append(popen([PYTHON, str(script), *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+                child.pop(k)
+        procs.append(popen([PYTHON, str(script), *args], env=child, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
     return procs
 
 

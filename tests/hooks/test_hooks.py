@@ -34,6 +34,7 @@ def test_runner_calls_only_overridden_methods():
         "after_loop": 0,
         "end": 1,
         "close": 0,
+        "scheduled_after": 0,
     }
     with pytest.raises(TypeError, match="Hook instances"):
         HookRunner([object()])  # type: ignore[list-item]

@@ -226,11 +226,14 @@ class TrainingRun:
         )
 
     def _loops(self, run: RunContext, runner: HookRunner, loop: DeviceLoop, infeed: Infeed, step: TrainStep) -> None:
-        """Device loops with the hooks between them until a stop is requested."""
+        """Device loops with the hooks between them until a stop is requested.
+
+        Where loops end is a property of the run in global steps, never of where this process
+        started (:meth:`_loop_end`), so a resumed run meets every hook at the same steps.
+        """
         state = self.state
         end_loop = getattr(step, "end_loop", None)  # a step keeping state on the device hands it back
         alone = self.strategy.world_size == 1
-        iterations = self.config.iterations_per_loop
         before_loop = runner.before_loop if runner.has("before_loop") else None
         check_checkpoint = state.check_checkpoint if state.writer is not None else None
         totals = run.totals
@@ -238,15 +241,15 @@ class TrainingRun:
         # step, none has a before_loop), loops that no hook would see run as one: up to the
         # first due step. Hooks see the same steps; the host is visited less often.
         merge = alone and before_loop is None
+        # Every step a loop boundary, whatever is scheduled: no schedule to read per step.
+        unit = self.config.iterations_per_loop == 1 and not merge
         # With iterations_per_loop=1 this body runs every step: keep it short.
         while not run.stop_requested:
-            n = iterations
-            if merge:
-                due = runner.first_due_step()
-                if due is not None and due - run.global_step > n:
-                    n = min(due - run.global_step, MAX_MERGED_STEPS)
-            if run.max_steps is not None:
-                n = min(n, run.max_steps - run.global_step)
+            first = run.global_step
+            end = first + 1 if unit else self._loop_end(runner, first, merge)
+            if run.max_steps is not None and end > run.max_steps:
+                end = run.max_steps
+            n = end - first
             if n <= 0:
                 break
             if before_loop is not None:
@@ -270,6 +273,24 @@ class TrainingRun:
                 check_checkpoint()  # an asynchronous write that failed stops training here
             if not alone:  # a stop one replica decided (a signal, its clock) stops them all
                 run.stop_requested = run.any_replica(run.stop_requested)
+
+    def _loop_end(self, runner: HookRunner, step: int, merge: bool) -> int:
+        """The global step the loop starting at ``step`` ends at: the next multiple of
+        ``iterations_per_loop``, or earlier at the first step a hook is scheduled at
+        (``Hook.scheduled_after``), so that ``eval_every_n_steps=25`` with loops of 10 evaluates
+        at 25, 50, 75. Merged (``merge``), it runs on to the first due step instead, at most to
+        the next multiple of ``MAX_MERGED_STEPS``. Every replica computes the same ends: they
+        follow from the global step and the hooks' settings only."""
+        iterations = self.config.iterations_per_loop
+        end = (step // iterations + 1) * iterations
+        if merge:
+            due = runner.first_due_step()
+            if due is not None and due > end:
+                end = max(end, min(due, (step // MAX_MERGED_STEPS + 1) * MAX_MERGED_STEPS))
+        if end == step + 1:
+            return end  # nothing can fall before it (iterations_per_loop=1 with a hook on every loop)
+        scheduled = runner.next_scheduled_step(step)
+        return scheduled if scheduled < end else end
 
     def _mark_finished(self, max_steps: int | None) -> None:
         """Write ``finished.json`` (for a watching evaluator) once ``max_steps`` is reached,

@@ -4,6 +4,13 @@ Hooks run on the host once per device loop (``RunConfig.iterations_per_loop`` st
 TPUEstimator, never inside it. Every method is a no-op; the runner calls only the methods a
 hook overrides. A hook asks training to stop by calling ``run.request_stop(reason)``, which
 sets the flag ``run.stop_requested``; the device loop checks that flag after every step.
+
+**The schedule is a property of the run, in global steps.** Loops end at multiples of
+``iterations_per_loop`` and at every step a hook is scheduled at (``Hook.scheduled_after``),
+counted from step 0, never from where a process started: a run resumed at any step, after any
+stop, meets its hooks' actions at the very steps an uninterrupted run does. A stop from outside
+(a signal: ``run.interrupt``) may end a loop at any step; hooks tell it from a planned end by
+``run.interrupted`` and do nothing there that an uninterrupted run would not do.
 """
 
 from __future__ import annotations
@@ -67,6 +74,10 @@ class RunContext:
     world_size: int = 1
     stop_requested: bool = False
     stop_reason: str = ""
+    # Stops asked from outside the run (a signal) and planned ones (max_steps, the data's end,
+    # a hook's rule) so far: together they say whether the run is ``interrupted``.
+    _interrupts: bool = False
+    _final: bool = False
     last_checkpoint: Location | None = None  # a UrlPath when model_dir is an fsspec URL
     last_checkpoint_step: int | None = None
     # Rollbacks this run took so far (NanLossHook(on_nan="rollback")), resumes included.
@@ -92,9 +103,25 @@ class RunContext:
         return cast("str | None", self.config.model_dir)  # RunConfig.__post_init__ made it a str
 
     def request_stop(self, reason: str = "") -> None:
-        """Ask training to stop after the current step."""
+        """Ask training to stop after the current step: the run's planned end (``max_steps``,
+        the data's end, a hook's rule such as early stopping)."""
         self.stop_requested = True
+        self._final = True
         self.stop_reason = self.stop_reason or reason
+
+    def interrupt(self, reason: str = "") -> None:
+        """Stop after the current step because of something outside the run (a signal): the
+        run is not over, a rerun continues it (``interrupted``)."""
+        self.stop_requested = True
+        self._interrupts = True
+        self.stop_reason = self.stop_reason or reason
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether training stops only because it was interrupted (``interrupt``), not at its
+        planned end. At such a stop hooks act as after a kill: no final evaluation, no report of
+        a partial interval; their state, in the stop's checkpoint, carries on in the rerun."""
+        return self._interrupts and not self._final
 
     def any_replica(self, flag: bool) -> bool:
         """``flag`` agreed across replicas (true if true anywhere).
@@ -137,6 +164,9 @@ class Hook:
     ``needs_evaluations``: a hook that acts on evaluations (``run.last_evaluation``) sets it, and
     ``Estimator.train`` refuses it unless a hook that makes them (``makes_evaluations``, such as
     ``train_and_evaluate``'s ``EvaluationHook``) runs too: without one it would never act.
+
+    ``scheduled_after``: a hook that acts at fixed global steps (every N steps) says which, and
+    loops end there, so it acts at exactly those steps, in a resumed run too.
     """
 
     due_step: int | None = None
@@ -157,7 +187,15 @@ class Hook:
         """A device loop has finished; its per-step values are in ``result``."""
 
     def end(self, run: RunContext) -> None:
-        """Training has finished normally."""
+        """Training has finished normally (``run.interrupted``: stopped by a signal, to go on
+        in a rerun)."""
+
+    def scheduled_after(self, step: int) -> int | None:
+        """The first global step after ``step`` at which this hook acts on a schedule of steps
+        (``None``: it has none). The training loop ends a loop there, so the action falls on
+        that step whatever ``iterations_per_loop`` is and wherever a process started: keep it
+        a function of ``step`` and the hook's settings (every replica must agree on it)."""
+        return None
 
     def close(self) -> None:
         """Release resources (signal handlers, files); called last, also after an error."""
@@ -175,7 +213,7 @@ class Hook:
         return type(self).__name__
 
 
-_EVENTS = ("begin", "after_setup", "before_loop", "after_loop", "end", "close")
+_EVENTS = ("begin", "after_setup", "before_loop", "after_loop", "end", "close", "scheduled_after")
 
 
 class HookRunner:
@@ -194,7 +232,7 @@ class HookRunner:
                 n += 1
                 key = f"{h.state_key}#{n}"
             self._keys.append(key)
-        self._by_event: dict[str, list[Callable[..., None]]] = {
+        self._by_event: dict[str, list[Callable[..., Any]]] = {
             event: [getattr(h, event) for h in self.hooks if getattr(type(h), event) is not getattr(Hook, event)]
             for event in _EVENTS
         }
@@ -202,6 +240,9 @@ class HookRunner:
         # The per-loop events, kept as attributes: with iterations_per_loop=1 they run every step.
         self._before_loop = self._by_event["before_loop"]
         self._after_loop = [(h, h.after_loop) for h in self.hooks if type(h).after_loop is not Hook.after_loop]
+        self._scheduled: list[Callable[[int], int | None]] = [
+            h.scheduled_after for h in self.hooks if type(h).scheduled_after is not Hook.scheduled_after
+        ]
 
     def _call(self, event: str, *args: Any) -> None:
         for fn in self._by_event[event]:
@@ -220,6 +261,15 @@ class HookRunner:
             if due is None:
                 return None
             if due < first:
+                first = due
+        return first
+
+    def next_scheduled_step(self, step: int) -> int:
+        """The first step after ``step`` at which some hook is scheduled (``sys.maxsize``: none)."""
+        first = sys.maxsize
+        for fn in self._scheduled:
+            due = fn(step)
+            if due is not None and step < due < first:
                 first = due
         return first
 
@@ -291,16 +341,23 @@ class RunTotals:
         self.on_nonfinite_loss: list[Callable[[], None]] = []
 
     def add(self, result: LoopResult) -> None:
-        """Add one loop's result."""
+        """Add one loop's result.
+
+        Values are added one step at a time, in step order, so the sums are the same however
+        the steps were cut into loops (a run stopped and resumed mid-interval sums bitwise as
+        an uninterrupted one).
+        """
         self.steps += result.steps
         self.seconds += result.seconds
         self.input_wait_seconds += result.input_wait_seconds
         losses = result.losses
-        total = losses[0] if len(losses) == 1 else sum(losses)
+        total = self.loss_sum
+        for v in losses:
+            total += v
         if total - total == 0.0:  # x - x: NaN unless x is finite
-            self.loss_sum += total
+            self.loss_sum = total
         else:
-            self.loss_sum += self._finite_part(None, losses)
+            self.loss_sum = self._finite_sum(None, self.loss_sum, losses)
             for fn in self.on_nonfinite_loss:
                 fn()
         self.loss_n += len(losses)
@@ -310,15 +367,16 @@ class RunTotals:
                 acc = values.get(name)
                 if acc is None:
                     acc = values[name] = [0.0, 0, 0.0]
-                total = vals[0] if len(vals) == 1 else sum(vals)
-                acc[0] += total if total - total == 0.0 else self._finite_part(name, vals)
+                total = acc[0]
+                for v in vals:
+                    total += v
+                acc[0] = total if total - total == 0.0 else self._finite_sum(name, acc[0], vals)
                 acc[1] += len(vals)
                 acc[2] = vals[-1]
 
-    def _finite_part(self, name: str | None, vals: list[float]) -> float:
-        """The sum of the finite ``vals``; the others are counted in ``bad[name]``."""
+    def _finite_sum(self, name: str | None, total: float, vals: list[float]) -> float:
+        """``total`` plus the finite ``vals``; the others are counted in ``bad[name]``."""
         counts = self.bad.setdefault(name, [0, 0, 0])
-        total = 0.0
         for v in vals:
             if v - v == 0.0:
                 total += v
@@ -370,7 +428,8 @@ class IntervalHook(Hook):
 
     It reads that interval from ``run.totals`` (:meth:`_interval`) and restarts it when it acts
     (:meth:`_restart`), which also sets ``due_step`` to the next multiple of ``every_n_steps``:
-    it is called only at the steps it acts at, not after every loop in between.
+    it is called only at the steps it acts at, not after every loop in between. Those multiples
+    are its schedule (:meth:`scheduled_after`): loops end on them.
     """
 
     def __init__(self, every_n_steps: int) -> None:
@@ -379,6 +438,9 @@ class IntervalHook(Hook):
 
     def after_setup(self, run: RunContext) -> None:
         self._restart(run)
+
+    def scheduled_after(self, step: int) -> int:
+        return next_due_step(step, self.every_n_steps)
 
     def _restart(self, run: RunContext) -> None:
         self._since = run.totals.copy()
@@ -401,8 +463,9 @@ def next_due_step(step: int, n: int) -> int:
 def every_n_steps_due(last: int, step: int, n: int) -> bool:
     """Whether an every-``n``-steps action last done at ``last`` is due at ``step``.
 
-    It fires at the first loop boundary at or past each multiple of ``n``: with loops of ``N``
-    steps, an interval of ``n`` is honoured rounded up to a loop boundary.
+    It fires at the first loop boundary at or past each multiple of ``n``: exactly at the
+    multiple when the hook declares it (``Hook.scheduled_after``, so loops end there), else
+    rounded up to a loop boundary.
     """
     return step // n > last // n
 

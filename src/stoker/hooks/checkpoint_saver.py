@@ -13,7 +13,8 @@ CLOCK_READ_SECS = 5.0
 
 
 class CheckpointSaverHook(Hook):
-    """Save every ``save_steps`` steps or ``save_secs`` seconds (at loop boundaries) and at the end."""
+    """Save every ``save_steps`` steps (on their multiples: loops end there) or ``save_secs``
+    seconds (at loop boundaries), and at the end."""
 
     priority = 30
 
@@ -39,6 +40,9 @@ class CheckpointSaverHook(Hook):
         else:
             self.due_step = None  # the clock is read after the next loop
             self._clock_mark = (step, self._last_time)
+
+    def scheduled_after(self, step: int) -> int | None:
+        return None if self.save_steps is None else next_due_step(step, self.save_steps)
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
         if self.save_steps is not None:

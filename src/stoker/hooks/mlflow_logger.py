@@ -188,8 +188,8 @@ class _MLflow(Tracker):
     def log_artifacts(self, directory: Path, name: str) -> None:
         self.client.log_artifacts(self.run_id, str(directory), name)
 
-    def finish(self, ok: bool) -> None:
-        self.client.set_terminated(self.run_id, "FINISHED" if ok else "FAILED")
+    def finish(self, ok: bool, interrupted: bool = False) -> None:
+        self.client.set_terminated(self.run_id, "FINISHED" if ok else "KILLED" if interrupted else "FAILED")
 
 
 def _create_store(uri: str, artifacts: Path) -> None:

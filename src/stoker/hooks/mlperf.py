@@ -32,7 +32,7 @@ from typing import IO, Any, Protocol
 from .. import storage
 from ..checkpoint.manager import CheckpointManager
 from ..errors import ConfigError
-from .base import Hook, LoopResult, RunContext, every_n_steps_due
+from .base import Hook, LoopResult, RunContext, every_n_steps_due, next_due_step
 
 log = logging.getLogger("stoker")
 
@@ -308,7 +308,16 @@ class MLPerfLogHook(Hook):
         ):
             self._evaluate(run)
 
+    def scheduled_after(self, step: int) -> int | None:
+        if self.estimator is None or not self.eval_every_n_steps:
+            return None
+        return next_due_step(step, self.eval_every_n_steps)
+
     def end(self, run: RunContext) -> None:
+        if run.interrupted:  # a signal: the rerun evaluates where an uninterrupted run would
+            self._close_epoch(run)
+            self._stop("aborted", run.global_step)
+            return
         if self.estimator is not None and (self.last_results is None or self.last_results["step"] != run.global_step):
             self._evaluate(run)
         self._close_epoch(run)

@@ -21,9 +21,14 @@ class PreemptionHook(Hook):
     several replicas: at the end of the loop, so that all replicas stop at the same step), a
     checkpoint of that step is written, the remaining hooks' ``end`` run, and then (with
     ``exit_process=True``) the process exits with code 128 + signal number, the convention
-    schedulers such as SLURM read as "terminated by signal". A second signal during the save
-    is left to the default handler, so a double Ctrl-C still kills at once.
-    Rerunning the same command resumes from that checkpoint.
+    schedulers such as SLURM read as "terminated by signal". The stop is an interruption
+    (``run.interrupt``), not the run's end: no final evaluation, no partial report, so the
+    rerun of the same command ends bitwise as an uninterrupted run would.
+
+    The first signal puts back the handlers that were there before for every one of
+    ``signals``: a second signal of any of them goes to those (by default SIGTERM ends the
+    process at once, SIGINT raises ``KeyboardInterrupt``), so a double Ctrl-C still stops at
+    once, and the rerun resumes from the newest complete checkpoint, as after a kill -9.
     """
 
     priority = 90
@@ -48,16 +53,17 @@ class PreemptionHook(Hook):
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.received = signum
         self.due_step = None  # after_loop runs at the end of this loop
-        signal.signal(signum, self._previous.get(signum, signal.SIG_DFL))
+        for sig, previous in self._previous.items():  # a second signal: what was there before
+            signal.signal(sig, previous)
         if self._run is not None:
-            self._run.request_stop(f"received {signal.Signals(signum).name}")
+            self._run.interrupt(f"received {signal.Signals(signum).name}")
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
         # Signals reach replicas at slightly different times: act when any replica has one.
         if run.any_replica(self.received is not None):
             if self.received is None:
                 self.received = signal.SIGTERM
-            run.request_stop(f"received {signal.Signals(self.received).name}")
+            run.interrupt(f"received {signal.Signals(self.received).name}")
             path = run.save_checkpoint()
             log.warning(
                 "%s at step %d: checkpoint %s written; rerun the same command to resume",

@@ -43,7 +43,7 @@ class SummaryHook(IntervalHook):
         self._flush(run)  # called only once due_step is reached
 
     def end(self, run: RunContext) -> None:
-        if self._has_steps_since(run):
+        if self._has_steps_since(run) and not run.interrupted:  # interrupted: no row a rerun would not write
             self._flush(run)
         self.close()
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .base import Hook, LoopResult, RunContext, RunTotals, every_n_steps_due
+from .base import Hook, LoopResult, RunContext, RunTotals, every_n_steps_due, next_due_step
 
 log = logging.getLogger("stoker")
 
@@ -54,7 +54,9 @@ class Tracker:
     def log_artifacts(self, directory: Path, name: str) -> None:
         raise NotImplementedError
 
-    def finish(self, ok: bool) -> None:
+    def finish(self, ok: bool, interrupted: bool = False) -> None:
+        """End the tracker's run: ``ok`` at training's end, ``interrupted`` at a signal's stop
+        (a rerun continues the same run), else after an error."""
         raise NotImplementedError
 
 
@@ -117,6 +119,9 @@ class TrackerHook(Hook):
         if run.model_dir is not None:
             run.on_checkpoint.append(lambda path: self._send())
 
+    def scheduled_after(self, step: int) -> int | None:
+        return None if self.every_n_steps is None else next_due_step(step, self.every_n_steps)
+
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
         if self._tracker is None:
             return
@@ -140,14 +145,15 @@ class TrackerHook(Hook):
             tracker.finish(ok=False)  # points held back stay in the checkpoint's state
             return
         self._tracker = tracker
+        ended = not run.interrupted  # interrupted (a signal): the rerun reports the interval and the end
         try:
-            if self._interval.loss_n:
+            if self._interval.loss_n and ended:
                 self._take_interval(run)
             self._take_evaluation(run)
             self._send()
-            if self.log_checkpoints and run.model_dir is not None:
+            if self.log_checkpoints and run.model_dir is not None and ended:
                 self._log_checkpoints(run)
-            tracker.finish(ok=True)
+            tracker.finish(ok=ended, interrupted=not ended)
         finally:
             self._tracker = None
 

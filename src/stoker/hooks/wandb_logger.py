@@ -116,7 +116,7 @@ class _Wandb(Tracker):
         artifact.add_dir(str(directory))
         self.run.log_artifact(artifact, aliases=[directory.name])
 
-    def finish(self, ok: bool) -> None:
+    def finish(self, ok: bool, interrupted: bool = False) -> None:
         self.run.finish(exit_code=0 if ok else 1)
 
 

@@ -1,0 +1,213 @@
+"""Graceful stops are as exact as kill -9: a run stopped by SIGTERM or SIGINT at any step, rerun
+with the same command, ends bitwise as the uninterrupted run (weights, best checkpoint, the steps
+evaluated, the tracker's history with each step once); loops end on every step a hook is
+scheduled at, counted from step 0. Real processes and real signals (helpers/stops.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+import stoker
+from helpers.paths import SCRIPTS
+from helpers.processes import PYTHON
+from helpers.stops import Job, Stop, ending, install
+from helpers.tiny import eval_input, make_data, make_estimator, train_input
+from stoker.hooks import Hook, PreemptionHook
+from stoker.summary.writer import read_metrics_csv
+
+
+class Boundaries(Hook):
+    """Records every loop boundary and every checkpoint written (called after every loop)."""
+
+    priority = 99
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.saves: list[int] = []
+
+    def after_setup(self, run):  # noqa: ANN001
+        run.on_checkpoint.append(lambda path: self.saves.append(int(str(path).rsplit("-", 1)[1])))
+
+    def after_loop(self, run, result):  # noqa: ANN001
+        self.steps.append(run.global_step)
+
+
+def evaluated_steps(model_dir: Path) -> list[int]:
+    return [r["step"] for r in read_metrics_csv(model_dir) if r["tag"] == "eval/loss"]
+
+
+def multiples(*ns: int, upto: int) -> list[int]:
+    return sorted({k for n in ns for k in range(n, upto + 1, n)} | {upto})
+
+
+# ------------------------------------------------------------------ where loops end (item 2)
+def test_evaluations_and_checkpoints_fall_on_their_steps_counted_from_step_0(tmp_path):
+    x, y = make_data(64)
+    ex, ey = make_data(32, seed=1)
+
+    def train_and_evaluate(max_steps: int) -> Boundaries:
+        est = make_estimator(tmp_path, iterations_per_loop=10, save_checkpoints_steps=15, log_every_n_steps=7)
+        seen = Boundaries()
+        est.train_and_evaluate(
+            train_input(x, y), eval_input(ex, ey), max_steps=max_steps, eval_every_n_steps=25, hooks=[seen]
+        )
+        return seen
+
+    first = train_and_evaluate(33)
+    assert first.steps == [s for s in multiples(7, 10, 15, 25, upto=33)]  # 7, 10, 14, 15, 20, 21, 25, 28, 30, 33
+    second = train_and_evaluate(60)  # resumed at 33: the same schedule, not counted from 33
+    assert second.steps == [s for s in multiples(7, 10, 15, 25, upto=60) if s > 33]
+    assert evaluated_steps(tmp_path) == [25, 33, 50, 60]  # 33 and 60: each train_and_evaluate's end
+    assert first.saves == [15, 25, 30, 33] and second.saves == [45, 50, 60]
+
+
+def test_iterations_per_loop_1_and_merged_loops_keep_the_schedule(tmp_path):
+    x, y = make_data(64)
+    ex, ey = make_data(32, seed=1)
+    for iterations in (1, 7):  # 7: merged loops (no hook watches every loop) run to the due steps
+        est = make_estimator(
+            tmp_path / str(iterations), iterations_per_loop=iterations, save_checkpoints_steps=9, log_every_n_steps=None
+        )
+        est.train_and_evaluate(train_input(x, y), eval_input(ex, ey), max_steps=30, eval_every_n_steps=12)
+        assert evaluated_steps(tmp_path / str(iterations)) == [12, 24, 30]
+        index = stoker.checkpoint.CheckpointManager(tmp_path / str(iterations), writer=False).index()
+        assert [r.step for r in index.checkpoints] == [12, 18, 24, 27, 30]
+
+
+# ------------------------------------------------------------------ a signal in this process
+def test_a_signal_mid_interval_is_not_an_evaluation_and_the_rerun_ends_as_one_run(tmp_path):
+    """A real SIGTERM (sent to this process inside step 13's device loop), PreemptionHook without
+    exiting: training stops at 13 with a checkpoint that is no evaluation, and a second call
+    ends bitwise as an uninterrupted run."""
+    x, y = make_data(64)
+    ex, ey = make_data(32, seed=1)
+
+    def train_and_evaluate(model_dir: Path, hooks: list[Hook]) -> tuple[stoker.Estimator, dict[str, float]]:
+        est = make_estimator(model_dir, iterations_per_loop=4, save_checkpoints_steps=6, keep_best=("accuracy", "max"))
+        result = est.train_and_evaluate(
+            train_input(x, y), eval_input(ex, ey), max_steps=30, eval_every_n_steps=10, hooks=hooks
+        )
+        return est, result
+
+    _, want = train_and_evaluate(tmp_path / "ref", [])
+    undo = install(Stop("sigterm", 13))
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        est, stopped = train_and_evaluate(tmp_path / "run", [PreemptionHook(exit_process=False)])
+    finally:
+        undo()
+    assert signal.getsignal(signal.SIGTERM) is previous
+    assert est.global_step == 13
+    assert stopped["global_step"] == 10  # the newest evaluation; none at the stop
+    assert evaluated_steps(tmp_path / "run") == [10]
+    record = stoker.checkpoint.CheckpointManager(tmp_path / "run", writer=False).index().record("ckpt-13")
+    assert record is not None and not record.evaluated
+    _, got = train_and_evaluate(tmp_path / "run", [])
+    assert got == want
+    assert ending(tmp_path / "run") == ending(tmp_path / "ref")
+    assert evaluated_steps(tmp_path / "run") == [10, 20, 30]
+
+
+def test_the_first_signal_hands_every_signal_back_to_the_previous_handlers(tmp_path):
+    x, y = make_data(64)
+    got: list[int] = []
+    before = {sig: signal.signal(sig, lambda signum, _: got.append(signum)) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+    class SecondSignal(Hook):
+        def after_loop(self, run, result):  # noqa: ANN001
+            if run.global_step == 4:
+                os.kill(os.getpid(), signal.SIGTERM)  # the first: PreemptionHook's
+                os.kill(os.getpid(), signal.SIGINT)  # the second, of the other kind: the previous handler's
+
+    try:
+        est = make_estimator(tmp_path, iterations_per_loop=2)
+        est.train(train_input(x, y), max_steps=20, hooks=[PreemptionHook(exit_process=False), SecondSignal()])
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+    assert est.global_step == 4 and got == [signal.SIGINT]
+
+
+# ------------------------------------------------------------------ real processes (item 1)
+CALLBACKS = Job(
+    argv=(
+        PYTHON,
+        str(SCRIPTS / "callbacks_script.py"),
+        *("--max_steps", "40", "--iterations_per_loop", "4", "--eval_every", "5", "--save_every", "6"),
+        *("--log_every", "3", "--early_stopping", "accuracy:max:4:0", "--plateau", "accuracy:max:0.5:1"),
+    ),
+    env=(("MLFLOW_ALLOW_FILE_STORE", "true"),),
+)
+
+
+def mlflow_history(uri: str) -> dict[str, list[tuple[int, float]]]:
+    """Every metric of the one run in ``uri``'s "callbacks" experiment: sorted (step, value)."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("callbacks").experiment_id])
+    assert run.info.status == "FINISHED"
+    keys = sorted(run.data.metrics)
+    return {key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)) for key in keys}
+
+
+@pytest.mark.parametrize(
+    ("kind", "step", "mlflow"),
+    [
+        ("sigterm", 13, False),
+        pytest.param("sigterm", 13, True, marks=pytest.mark.slow),
+        pytest.param("sigint", 22, True, marks=pytest.mark.slow),
+    ],
+    ids=["sigterm", "sigterm-mlflow", "sigint-mlflow"],
+)
+def test_a_stop_mid_interval_with_every_callback_ends_as_the_uninterrupted_run(
+    tmp_path, monkeypatch, kind, step, mlflow
+):
+    """train_and_evaluate with EarlyStopping, ReduceLROnPlateau, keep_best (and MLflowLogger),
+    stopped by a real signal inside a loop between two evaluations, then rerun."""
+    extra: tuple[str, ...] = ()
+    if mlflow:
+        pytest.importorskip("mlflow")
+        monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+        extra = ("--mlflow", (tmp_path / "ref-mlruns").as_uri())
+    reference = Job(CALLBACKS.argv + extra, env=CALLBACKS.env).start(tmp_path / "ref")
+    if mlflow:
+        extra = ("--mlflow", (tmp_path / "mlruns").as_uri())
+    job = Job(CALLBACKS.argv + extra, env=CALLBACKS.env)
+    ((_, _, err),) = job.run_stopped(tmp_path / "run", Stop(kind, step))
+    assert f"{signal.Signals(Stop(kind, step).signum).name} at step {step}: checkpoint" in err
+    assert "Traceback" not in err
+    assert evaluated_steps(tmp_path / "run") == list(range(5, step, 5))  # none at the stop
+    job.run_ok(tmp_path / "run")
+    out, err = reference[0].communicate(timeout=300)
+    assert reference[0].returncode == 0, err
+    want = ending(tmp_path / "ref")
+    assert want.evaluated_steps == [5, 10, 15, 20, 25]  # the plateau cuts at 15 and 25, early stopping at 25
+    assert ending(tmp_path / "run") == want
+    if not mlflow:
+        return
+    got, history = mlflow_history((tmp_path / "mlruns").as_uri()), mlflow_history((tmp_path / "ref-mlruns").as_uri())
+    assert got.keys() == history.keys()
+    for key in ("loss", "learning_rate", "eval/loss", "eval/accuracy"):
+        assert got[key] == history[key], key  # each step once, with the uninterrupted run's values
+    for key in got:  # rates are timings, the rest exact: each at the uninterrupted run's steps, once
+        assert [s for s, _ in got[key]] == [s for s, _ in history[key]], key
+
+
+def test_a_second_signal_inside_the_stop_checkpoint_ends_the_process_at_once(tmp_path):
+    """A second SIGTERM, sent inside the write of the first one's checkpoint, goes to the default
+    handler: the process ends by it at once; the rerun resumes from the newest complete
+    checkpoint (the one before) and still ends bitwise as the uninterrupted run."""
+    reference = CALLBACKS.start(tmp_path / "ref")
+    ((code, _, err),) = CALLBACKS.run(tmp_path / "run", [Stop("sigterm", 13), Stop("sigterm", 13, "checkpoint")])
+    assert code == -signal.SIGTERM, err[-3000:]
+    index = stoker.checkpoint.CheckpointManager(tmp_path / "run", writer=False).index()
+    assert index.latest == "ckpt-12"
+    CALLBACKS.run_ok(tmp_path / "run")
+    out, err = reference[0].communicate(timeout=300)
+    assert reference[0].returncode == 0, err
+    assert ending(tmp_path / "run") == ending(tmp_path / "ref")
