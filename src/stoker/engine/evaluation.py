@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..config.slices import EvalConfig
-from ..errors import ConfigError
+from ..errors import ConfigError, DataError
 from ..metrics import MetricAccumulator
 from ..spec import EstimatorSpec, ModeKeys
 from ..storage import Location
@@ -82,7 +82,12 @@ class EvaluationRun:
                 sums.add(spec, batch)
                 if steps is not None and i + 1 >= steps:
                     break
-        results = sums.results(self.strategy.all_reduce_sum)
+        results, batches = sums.results(self.strategy.all_reduce_sum)
+        if not batches:  # an empty evaluation is not one: say so, never report it as results
+            raise DataError(
+                "evaluate: input_fn yielded no batch (an empty data set, or a source already at its end); "
+                "nothing was evaluated"
+            )
         results["global_step"] = step
         if was_training:
             model.train()
@@ -120,9 +125,11 @@ class _EvalSums:
         self.metrics = MetricAccumulator()
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         self.loss_count = torch.zeros((), dtype=torch.float64, device=device)
+        self.batches = 0
         self.warned = False
 
     def add(self, spec: EstimatorSpec, batch: Batch) -> None:
+        self.batches += 1
         mask = batch.mask
         real = mask.to(torch.float64) if mask is not None else None
         if spec.loss is not None:
@@ -143,12 +150,13 @@ class _EvalSums:
         for metric_name, update in (spec.eval_metrics or {}).items():
             self.metrics.add(metric_name, update, real)
 
-    def results(self, all_reduce_sum: Any) -> dict[str, float]:
-        """The mean loss and every metric, after one sum over replicas."""
+    def results(self, all_reduce_sum: Any) -> tuple[dict[str, float], int]:
+        """The mean loss and every metric, and the batches evaluated, after one sum over replicas."""
         keys, totals = self.metrics.flat_totals()
+        batches = torch.tensor(float(self.batches), dtype=torch.float64, device=self.loss_sum.device)
         packed = torch.cat(
             [
-                torch.stack([self.loss_sum, self.loss_count]),
+                torch.stack([self.loss_sum, self.loss_count, batches]),
                 totals if totals is not None else self.loss_sum.new_zeros(0),
             ]
         )
@@ -156,8 +164,8 @@ class _EvalSums:
         results: dict[str, float] = {}
         if values[1] > 0:
             results["loss"] = values[0] / values[1]
-        results.update(self.metrics.results(keys, values[2:]))
-        return results
+        results.update(self.metrics.results(keys, values[3:]))
+        return results, int(values[2])
 
 
 __all__ = ["EvaluationRun"]
