@@ -391,20 +391,25 @@ class CheckpointManager:
             storage.remove_tree(self.model_dir / d)
 
     # ---------------------------------------------------------------- load
-    def resolve(self, checkpoint_path: str | os.PathLike[str] | Location | None) -> Location | None:
-        """A checkpoint directory from ``None`` (latest here), a model_dir, or a ``ckpt-<step>`` dir."""
+    def resolve(
+        self, checkpoint_path: str | os.PathLike[str] | Location | None, name: str = "checkpoint_path"
+    ) -> Location | None:
+        """A checkpoint directory from ``None`` (latest here), a model_dir, or a ``ckpt-<step>`` dir;
+        an error names the argument ``name`` it came from."""
         if checkpoint_path is None:
             return self.latest_path()
         p = storage.location(checkpoint_path)
         if storage.exists(p / INDEX_NAME) or any(CKPT_RE.match(n) for n in storage.listdir(p)):
             latest = CheckpointManager(p, writer=False).latest_path()
             if latest is None:
-                raise CheckpointError(f"{p} holds no checkpoint yet")
+                raise CheckpointError(f"{name} {str(p)!r} holds no checkpoint yet")
             return latest
         if storage.exists(p / MODEL_FILE) or storage.is_dir(p / "dcp"):
             return p
+        if not storage.exists(p):
+            raise CheckpointError(f"{name} {str(p)!r} does not exist")
         raise CheckpointError(
-            f"checkpoint_path {str(p)!r} is neither a model_dir (with {INDEX_NAME}) nor a "
+            f"{name} {str(p)!r} is neither a model_dir (with {INDEX_NAME}) nor a "
             f"checkpoint directory (with {MODEL_FILE})"
         )
 

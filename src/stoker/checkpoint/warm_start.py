@@ -17,7 +17,6 @@ import torch
 from torch import nn
 
 from .. import storage
-from ..errors import CheckpointError
 from . import safe_load
 from .files import load_checkpoint
 from .manager import CheckpointManager
@@ -58,9 +57,8 @@ def warm_start(model: nn.Module, settings: WarmStartSettings | str | os.PathLike
     if src.suffix == ".safetensors" and storage.is_file(src):
         source = safe_load.decode(storage.read_bytes(src), src.name, str(src), None)
     else:
-        resolved = CheckpointManager(src, writer=False).resolve(src) if storage.exists(src) else None
-        if resolved is None:
-            raise CheckpointError(f"warm_start_from: {str(src)!r} does not exist")
+        resolved = CheckpointManager(src, writer=False).resolve(src, "warm_start_from")
+        assert resolved is not None  # resolve raises for a path that holds no checkpoint
         loaded = load_checkpoint(resolved)
         if loaded.model_state is not None:
             source = loaded.model_state
