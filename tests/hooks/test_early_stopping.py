@@ -453,6 +453,22 @@ def test_source_train_is_exact_across_a_resume(tmp_path, kwargs, first):
     assert weights(tmp_path / "resumed", step) == weights(tmp_path / "ref", step)
 
 
+def test_source_train_checks_at_each_multiple_whatever_the_loops(tmp_path):
+    reference = Recorded("loss", patience=2, source="train", every_n_steps=6)
+    train(tmp_path / "ref", reference)  # loops of 2 steps
+    x, y = make_data(48)
+    checks = []
+    for max_steps in (21, 60):  # loops of 4, a stop between loop boundaries and a resume there
+        landed = Recorded("loss", patience=2, source="train", every_n_steps=6)
+        est = make_estimator(tmp_path / "m", iterations_per_loop=4)
+        est.model_fn = host_fn
+        est.train(train_input(x, y), max_steps=max_steps, hooks=[landed])
+        checks += landed.checks
+    assert [step for step, _ in checks] == [6, 12, 18, 24, 30, 36, 42]  # loops end at each multiple
+    assert checks == reference.checks and landed.state_dict() == reference.state_dict()
+    assert weights(tmp_path / "m", 42) == weights(tmp_path / "ref", 42)
+
+
 def test_evaluations_are_exact_across_a_resume(tmp_path):
     def make():  # noqa: ANN202 - eval loss improves by more than 0.01 until 32, not at 36 and 40
         return EarlyStopping("loss", patience=2, min_delta=0.01)
