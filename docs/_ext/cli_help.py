@@ -37,6 +37,8 @@ stoker evaluate runs/charlm --watch                         # evaluate each new 
 stoker inspect runs/charlm && stoker plot runs/charlm --out curves.png
 stoker export runs/charlm --out exported/charlm --aot && stoker serve exported/charlm/model.aoti.pt2 --port 8080
 stoker checkpoint consolidate runs/big                      # one model.safetensors from a sharded checkpoint
+stoker checkpoint verify runs/charlm                        # every file of every checkpoint against its sha256
+stoker checkpoint repair runs/charlm --dry-run              # what rebuilding a lost or damaged index would write
 stoker info                                                 # versions and the devices torch sees
 ```
 
@@ -59,6 +61,9 @@ SECTIONS = [
     ("stoker plot", ["plot"], "[seeing a run](seeing_a_run.md)", False),
     ("stoker checkpoint", ["checkpoint"], "[checkpoints](checkpoints.md)", False),
     ("stoker checkpoint consolidate", ["checkpoint", "consolidate"], "", False),
+    ("stoker checkpoint list", ["checkpoint", "list"], "[checkpoints](checkpoints.md#stoker-checkpoint-list-verify-repair)", False),
+    ("stoker checkpoint verify", ["checkpoint", "verify"], "", False),
+    ("stoker checkpoint repair", ["checkpoint", "repair"], "", False),
     ("stoker info", ["info"], "", False),
 ]
 

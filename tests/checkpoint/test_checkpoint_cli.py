@@ -104,6 +104,23 @@ def test_verify_a_missing_file_and_a_checkpoint_from_before_manifests(run, capsy
     )
 
 
+def test_verify_a_sharded_checkpoint_names_a_damaged_slice(tmp_path, capsys):
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    m = CheckpointManager(tmp_path)
+    staging = m.begin(4)
+    dcp.save({"model": torch.nn.Linear(3, 2).state_dict()}, checkpoint_id=str(staging / "dcp"), no_dist=True)
+    m.save(4, None, {"global_step": 4}, {0: {"skip": 4}}, tmp_dir=staging)
+    code, out, _ = run_main(capsys, "checkpoint", "verify", str(tmp_path))
+    files = len(json.loads((tmp_path / "checkpoint.json").read_text())["checkpoints"][0]["files"])
+    assert code == 0 and f"ckpt-4: ok ({files} files" in out
+    [piece] = [p for p in (tmp_path / "ckpt-4" / "dcp").iterdir() if p.suffix == ".distcp"]
+    _flip_a_byte(piece)
+    code, out, _ = run_main(capsys, "checkpoint", "verify", str(tmp_path))
+    assert code == 1 and f"ckpt-4: DAMAGED: dcp/{piece.name} has sha256" in out
+
+
 def test_repair_rebuilds_a_lost_index_then_finds_nothing_to_do(run, capsys):
     good = (run / "checkpoint.json").read_bytes()
     (run / "checkpoint.json").unlink()

@@ -5,6 +5,9 @@ of and read back through: :mod:`~stoker.checkpoint.index` (``checkpoint.json`` a
 schema, parse, encode, version), :mod:`~stoker.checkpoint.commit` (the commit protocols on
 local disks and object stores, behind one interface), :mod:`~stoker.checkpoint.manager`
 (``CheckpointManager``: saving, retention, ``keep_best``, evaluation results),
+:mod:`~stoker.checkpoint.manifest` (each checkpoint's own ``manifest.json`` and ``evaluation.json``),
+:mod:`~stoker.checkpoint.recovery` (a lost, damaged, stale or foreign index rebuilt from them),
+:mod:`~stoker.checkpoint.verify` (``stoker checkpoint verify``/``repair``: every file checked),
 :mod:`~stoker.checkpoint.warm_start` (weights from another run), :mod:`~stoker.checkpoint.files` (file
 names, serialisation, sha256-verified loading), :mod:`~stoker.checkpoint.async_writer` (saves on
 a background thread), :mod:`~stoker.checkpoint.io_config` (``CheckpointIO``: whether a run

@@ -42,7 +42,7 @@ def add_parser(subparsers: Any) -> None:
             "verify",
             "read every checkpoint file and check its size and sha256",
             "Check every file of every checkpoint against its manifest (and the index record), or, for a "
-            "checkpoint from before manifests, against the index. PATH may be one ckpt-<step> folder, "
+            "checkpoint from before manifests, against the index. MODEL_DIR may also be one ckpt-<step> folder, "
             "checked on its own. Exit 1 when anything is damaged or the index does not describe the "
             "checkpoints.",
         ),

@@ -5,13 +5,16 @@ ever names complete checkpoints. :class:`CommitProtocol` is the interface the ma
 :func:`commit_protocol` picks the implementation once, from what the model_dir's storage can
 do (:data:`PROTOCOLS`, the first whose ``supports`` holds):
 
-* :class:`LocalDirectory` (a filesystem: atomic rename, ``fsync``, ``flock``): the files go
-  into a hidden temporary directory, every file fsynced, then it is renamed into place; only
+Either way a checkpoint's ``manifest.json`` (``stoker.checkpoint.manifest``) is part of its
+commit: it exists once every file is complete, and before the index names the checkpoint.
+
+* :class:`LocalDirectory` (a filesystem: atomic rename, ``fsync``, ``flock``): the files and
+  the manifest go into a hidden temporary directory, every file fsynced, then it is renamed into place; only
   after that is the index replaced (temp + rename) under the index lock. The fsyncs that do
   not depend on each other (every file and the new index's temporary file) run concurrently,
   so the filesystem commits them together.
 * :class:`ObjectStore` (no rename): the files go under a fresh prefix ``ckpt-<step>.<random>/``,
-  are verified (listed back, sizes compared), and then the index is written, as the commit
+  are verified (listed back, sizes compared), the manifest written, and then the index, as the commit
   point, with a conditional write (S3 ``If-Match``/``If-None-Match``, GCS
   ``ifGenerationMatch``; on stores without them, under a lock object ``checkpoint.json.lock``,
   ``stoker.storage.lock``). A prefix no index names is an orphan of a crashed write and is

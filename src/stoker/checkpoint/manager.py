@@ -14,12 +14,20 @@ Layout (a user-facing format, documented in docs/checkpoints.md)::
       ckpt-<step>/input-<rank>.json   input pipeline position of each replica (.pt if not JSON)
       ckpt-<step>/dcp/                sharded runs: model and optimizer slices of every replica
                                       (torch.distributed.checkpoint) instead of model.safetensors
+      ckpt-<step>/manifest.json       the checkpoint on its own: every file's sha256 and size
+      ckpt-<step>/evaluation.json     what the index records about it after its commit
+                                      (``stoker.checkpoint.manifest``)
 
 A checkpoint exists once the index names it, and the index only ever names complete
 checkpoints. How that is kept depends on the storage: a local directory renames, an object
 store makes the index write the commit point (``stoker.checkpoint.commit``: one
 ``CommitProtocol``, chosen once when the manager opens). The manager adds what is the same on
 both: retention, ``keep_best``, evaluation results and the ``finished.json`` marker.
+
+The index is never a single point of failure: its first read compares it with the checkpoint
+folders and rebuilds it from their manifests when it is missing, unreadable, stale or foreign
+(``stoker.checkpoint.recovery``), and a resume skips a damaged checkpoint for the newest one that
+verifies (:meth:`CheckpointManager.load_for_resume`).
 
 Leftovers of a crashed write (local temporary directories, object-store orphans) are removed at
 a manager's first save, not when it opens: an evaluator opens a writing manager on a model_dir

@@ -89,7 +89,8 @@ def verify_folder(
     folder = model_dir / found.directory
     listed = storage.file_sizes(folder, retry)
     for fname in sorted(listed):
-        if fname in OWN_FILES or fname.rsplit("/", 1)[-1].startswith("."):
+        base = fname.rsplit("/", 1)[-1]
+        if fname in OWN_FILES or "/" not in fname and base.startswith(".") and base.endswith(".tmp"):
             continue  # its own files, and a temporary file of an interrupted write of them
         try:
             data = storage.read_bytes(folder / fname, retry)
