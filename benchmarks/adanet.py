@@ -118,7 +118,7 @@ def time_adanet(args: argparse.Namespace, data: tuple[torch.Tensor, torch.Tensor
             train_batch_size=args.batch,
         )
         start, cpu = time.perf_counter(), time.process_time()
-        est.train(lambda p: stoker.data.arrays(x, y, batch_size=p["batch_size"], seed=1))
+        est.train(lambda p: stoker.data.arrays(x, y, read=stoker.data.ReadOptions(seed=1).for_replica(p)))
         return time.perf_counter() - start, time.process_time() - cpu
 
 
@@ -135,7 +135,10 @@ def time_sequential(args: argparse.Namespace, data: tuple[torch.Tensor, torch.Te
                 config=run_config(str(Path(tmp) / f"mlp{depth}"), args.steps, args.loop),
                 train_batch_size=args.batch,
             )
-            est.train(lambda p: stoker.data.arrays(x, y, batch_size=p["batch_size"], seed=1), max_steps=args.steps)
+            est.train(
+                lambda p: stoker.data.arrays(x, y, read=stoker.data.ReadOptions(seed=1).for_replica(p)),
+                max_steps=args.steps,
+            )
         return time.perf_counter() - start, time.process_time() - cpu
 
 

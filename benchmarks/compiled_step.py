@@ -51,7 +51,7 @@ def run(mode: str, x: torch.Tensor, y: torch.Tensor, steps: int, warmup: int = 2
         config=stoker.RunConfig(iterations_per_loop=100, progress_bar=False, log_every_n_steps=10**9, compile=mode),
         train_batch_size=BATCH,
     )
-    input_fn = lambda p: stoker.data.arrays(x, y, batch_size=p["batch_size"], seed=0)  # noqa: E731
+    input_fn = lambda p: stoker.data.arrays(x, y, read=stoker.data.ReadOptions(seed=0).for_replica(p))  # noqa: E731
     start = time.perf_counter()
     est.train(input_fn, max_steps=warmup)
     compile_s = time.perf_counter() - start

@@ -119,7 +119,10 @@ def bench_model(
             )
         # The Estimator reads the exported weights (warm start), so all paths compute the same thing.
         est = make_estimator(batch, str(weights))
-        data = lambda p, x=x: stoker.data.arrays(x, batch_size=p["batch_size"], shuffle=False, num_epochs=1)  # noqa: E731
+
+        def data(p, x=x):
+            return stoker.data.arrays(x, read=stoker.data.ReadOptions(shuffle=False, num_epochs=1).for_replica(p))
+
         paths: dict[str, Callable[[], Any]] = {
             "estimator.predict": lambda est=est, data=data: next(est.predict(data, yield_single_examples=False)),
             "eager": lambda x=x: _no_grad(module, x),

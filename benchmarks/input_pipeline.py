@@ -54,7 +54,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from stoker.data import example_uniforms, image_folder
+from stoker.data import ImageOptions, ReadOptions, example_uniforms, image_folder
 from stoker.data.images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -175,7 +175,9 @@ class Normalised:
 def stoker_real(root: Path, workers: int) -> Callable[[], Iterable[object]]:
     return lambda: Normalised(
         image_folder(
-            root, batch_size=REAL_BATCH, image_size=REAL_SIZE, num_workers=workers, output="uint8", crop="tf_cnn"
+            root,
+            read=ReadOptions(batch_size=REAL_BATCH, num_workers=workers),
+            image=ImageOptions(image_size=REAL_SIZE, output="uint8", crop="tf_cnn"),
         )
     )
 
@@ -276,7 +278,9 @@ def rate(make: Callable[[], Iterable[object]], batches: int) -> tuple[float, flo
 
 def stoker_variant(root: Path, workers: int, start_method: str | None = None) -> Callable[[], Iterable[object]]:
     return lambda: image_folder(
-        root, batch_size=BATCH, image_size=IMAGE_SIZE, num_workers=workers, start_method=start_method
+        root,
+        read=ReadOptions(batch_size=BATCH, num_workers=workers, start_method=start_method),
+        image=ImageOptions(image_size=IMAGE_SIZE),
     )
 
 
@@ -288,7 +292,7 @@ def plain_variant(root: Path, workers: int) -> Callable[[], Iterable[object]]:
 
 
 def checkpoint_cost(root: Path) -> tuple[float, int]:
-    source = image_folder(root, batch_size=BATCH, image_size=IMAGE_SIZE)
+    source = image_folder(root, read=ReadOptions(batch_size=BATCH), image=ImageOptions(image_size=IMAGE_SIZE))
     next(source)
     times = []
     for _ in range(1000):

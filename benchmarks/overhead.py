@@ -176,7 +176,7 @@ def stoker_run(iterations: int, source: str = "arrays", preds: str = "none", mod
                 train_batch_size=BATCH,
             )
             if source == "arrays":
-                input_fn = lambda p: stoker.data.arrays(x, y, batch_size=p["batch_size"], seed=0)  # noqa: E731
+                input_fn = lambda p: stoker.data.arrays(x, y, read=stoker.data.ReadOptions(seed=0).for_replica(p))  # noqa: E731
             else:
                 input_fn = generator_input(x, y)
             start = time.perf_counter()

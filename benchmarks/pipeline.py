@@ -82,7 +82,7 @@ def worker(args: argparse.Namespace) -> dict[str, Any]:
             else None,
         ),
     )
-    data = lambda p: stoker.data.arrays(x, y, batch_size=p["batch_size"], seed=0)  # noqa: E731
+    data = lambda p: stoker.data.arrays(x, y, read=stoker.data.ReadOptions(seed=0).for_replica(p))  # noqa: E731
     est.train(data, max_steps=args.steps * (1 + args.loops), hooks=[times])
     timed = times.loops[1:]  # the first loop warms up (and infers the pipeline's shapes)
     step = sum(s for _, s in timed) / sum(n for n, _ in timed)

@@ -42,8 +42,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 import cnn  # noqa: E402  (a sibling script: its stoker and TensorFlow runners)
 
 from stoker.bench import run_benchmark  # noqa: E402
+from stoker.data import ReadOptions  # noqa: E402
+from stoker.data.images import ImageOptions, image_folder  # noqa: E402
 from stoker.data.images import decoders as jpeg_module  # noqa: E402
-from stoker.data.images import image_folder  # noqa: E402
 from stoker.kernels.machine import usable_cores  # noqa: E402
 
 BATCH, TARGET = cnn.BATCH, cnn.REAL_TARGET_OVER_TF
@@ -67,7 +68,12 @@ class Timed:
 def per_image_ms(data_dir: str, images: int) -> dict[str, float]:
     """ms per training image on one thread: the whole per-image call, its window decode and its resize."""
     torch.set_num_threads(1)
-    source = image_folder(data_dir, batch_size=BATCH, image_size=SIZE, train=True, crop="tf_cnn", output="uint8")
+    source = image_folder(
+        data_dir,
+        read=ReadOptions(batch_size=BATCH),
+        image=ImageOptions(image_size=SIZE, crop="tf_cnn", output="uint8"),
+        train=True,
+    )
     if not hasattr(source.decoder, "decode_window"):
         raise SystemExit(f"the window decoder is not available here ({source.decoder_name}): nothing to split")
     decode = Timed(source.decoder.decode_window)

@@ -89,28 +89,17 @@ def main() -> int:
     model_dir = args.model_dir or tempfile.mkdtemp(prefix="from_lightning-")
     (x_train, y_train), (x_test, y_test) = load_data()
 
-    # The DataLoaders -> input_fn(params): params["batch_size"] is the per-replica batch, and the
-    # source's position (epoch, batch) is saved in every checkpoint, so a resume is mid-epoch exact.
+    # The DataLoaders -> input_fn(params): ReadOptions says how to read (DataLoader(shuffle=...)),
+    # for_replica(params) adds the per-replica batch and this replica's shard (the DistributedSampler),
+    # and the source's position (epoch, batch) is saved in every checkpoint: a resume is mid-epoch exact.
+    train_read = stoker.data.ReadOptions(seed=0)
+    eval_read = stoker.data.ReadOptions(shuffle=False, num_epochs=1)
+
     def train_input_fn(params: dict) -> stoker.data.ArraySource:
-        return stoker.data.arrays(
-            x_train,
-            y_train,
-            batch_size=params["batch_size"],
-            seed=0,
-            num_shards=params["num_replicas"],
-            shard_index=params["replica_index"],
-        )
+        return stoker.data.arrays(x_train, y_train, read=train_read.for_replica(params))
 
     def eval_input_fn(params: dict) -> stoker.data.ArraySource:
-        return stoker.data.arrays(
-            x_test,
-            y_test,
-            batch_size=params["batch_size"],
-            shuffle=False,
-            num_epochs=1,
-            num_shards=params["num_replicas"],
-            shard_index=params["replica_index"],
-        )
+        return stoker.data.arrays(x_test, y_test, read=eval_read.for_replica(params))
 
     est = stoker.Estimator(
         model=build_model,
@@ -154,7 +143,7 @@ def main() -> int:
     print(f"best checkpoint: {best['name']} (accuracy {best['value']:.4f})")  # ModelCheckpoint.best_model_path
 
     def predict_input_fn(params: dict) -> stoker.data.ArraySource:
-        return stoker.data.arrays(x_test[:5], batch_size=params["batch_size"], shuffle=False, num_epochs=1)
+        return stoker.data.arrays(x_test[:5], read=eval_read.for_replica(params))
 
     # trainer.predict(model, dataloader) -> est.predict: one dict per example, padding removed.
     predicted = [row["class"].item() for row in est.predict(predict_input_fn)]

@@ -91,27 +91,18 @@ def main() -> int:
 
     (x_train, y_train), (x_test, y_test) = load_data()
 
-    # input_fn(params) as in TPUEstimator: params["batch_size"] is the per-replica batch.
+    # input_fn(params) as in TPUEstimator: params["batch_size"] is the per-replica batch, and
+    # ReadOptions.for_replica(params) reads it with this replica's shard (params["context"]'s job).
+    train_read = stoker.data.ReadOptions(seed=0)  # reshuffled every epoch, repeats forever
+    eval_read = stoker.data.ReadOptions(shuffle=False, num_epochs=1)  # one pass
+
     def train_input_fn(params: dict) -> stoker.data.ArraySource:
-        return stoker.data.arrays(
-            x_train,
-            y_train,
-            batch_size=params["batch_size"],
-            seed=0,
-            num_shards=params["num_replicas"],
-            shard_index=params["replica_index"],
-        )  # reshuffled every epoch, repeats forever, its position is saved in every checkpoint
+        # Its position is saved in every checkpoint.
+        return stoker.data.arrays(x_train, y_train, read=train_read.for_replica(params))
 
     def eval_input_fn(params: dict) -> stoker.data.ArraySource:
-        return stoker.data.arrays(
-            x_test,
-            y_test,
-            batch_size=params["batch_size"],
-            shuffle=False,
-            num_epochs=1,
-            num_shards=params["num_replicas"],
-            shard_index=params["replica_index"],
-        )  # one pass: 4 batches of 64 and one of 41, which stoker pads to 64 and masks
+        # 4 batches of 64 and one of 41, which stoker pads to 64 and masks.
+        return stoker.data.arrays(x_test, y_test, read=eval_read.for_replica(params))
 
     est = stoker.Estimator(
         model=build_model,
@@ -143,7 +134,7 @@ def main() -> int:
     )
 
     def predict_input_fn(params: dict) -> stoker.data.ArraySource:
-        return stoker.data.arrays({"x": x_test["x"][:5]}, batch_size=params["batch_size"], shuffle=False, num_epochs=1)
+        return stoker.data.arrays({"x": x_test["x"][:5]}, read=eval_read.for_replica(params))
 
     # No is_padding filter: the 5 rows are padded to the batch of 64 and the padding is removed.
     for i, row in enumerate(est.predict(predict_input_fn)):

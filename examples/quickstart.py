@@ -89,27 +89,18 @@ def main() -> int:
 
     (x_train, y_train), (x_test, y_test) = load_data()
 
-    # params["batch_size"] is set by stoker: the global batch divided among replicas.
+    # How to read; for_replica(params) adds what stoker sets: params["batch_size"] (the global
+    # batch divided among replicas) and this replica's shard of the data.
+    eval_read = stoker.data.ReadOptions(shuffle=False, num_epochs=1)
+
     def train_input_fn(params: dict) -> stoker.data.ArraySource:
-        return stoker.data.arrays(
-            x_train,
-            y_train,
-            batch_size=params["batch_size"],
-            seed=params["data_seed"],
-            num_shards=params["num_replicas"],
-            shard_index=params["replica_index"],
-        )  # shuffled anew each epoch, repeats forever, checkpointable
+        # Shuffled anew each epoch, repeats forever, checkpointable.
+        read = stoker.data.ReadOptions(seed=params["data_seed"])
+        return stoker.data.arrays(x_train, y_train, read=read.for_replica(params))
 
     def eval_input_fn(params: dict) -> stoker.data.ArraySource:
-        return stoker.data.arrays(
-            x_test,
-            y_test,
-            batch_size=params["batch_size"],
-            shuffle=False,
-            num_epochs=1,
-            num_shards=params["num_replicas"],
-            shard_index=params["replica_index"],
-        )  # one pass: 4 batches of 64 and one of 41, which stoker pads and masks
+        # One pass: 4 batches of 64 and one of 41, which stoker pads and masks.
+        return stoker.data.arrays(x_test, y_test, read=eval_read.for_replica(params))
 
     est = stoker.Estimator(
         model=build_model,
@@ -138,7 +129,7 @@ def main() -> int:
     )
 
     def predict_input_fn(params: dict) -> stoker.data.ArraySource:
-        return stoker.data.arrays(x_test[:5], batch_size=params["batch_size"], shuffle=False, num_epochs=1)
+        return stoker.data.arrays(x_test[:5], read=eval_read.for_replica(params))
 
     for i, row in enumerate(est.predict(predict_input_fn)):
         confidence = row["probabilities"][row["class"]].item()

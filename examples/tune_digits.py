@@ -72,8 +72,8 @@ def objective(trial, model_dir: str) -> float:  # noqa: ANN001 - an optuna.Trial
         train_batch_size=64,
     )
     results = est.train_and_evaluate(
-        lambda p: stoker.data.arrays(x, y, batch_size=p["batch_size"], seed=0),
-        lambda p: stoker.data.arrays(ex, ey, batch_size=p["batch_size"], shuffle=False, num_epochs=1),
+        lambda p: stoker.data.arrays(x, y, read=stoker.data.ReadOptions(seed=0).for_replica(p)),
+        lambda p: stoker.data.arrays(ex, ey, read=stoker.data.ReadOptions(shuffle=False, num_epochs=1).for_replica(p)),
         max_steps=MAX_STEPS,
         eval_every_n_steps=EVAL_EVERY,
         hooks=[stoker.hooks.OptunaPruning(trial, "loss")],

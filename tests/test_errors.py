@@ -122,7 +122,9 @@ def test_oversized_eval_batch_is_named():
     est = make_estimator()
     est.train(train_input(x, y), max_steps=1)
     with pytest.raises(ValueError, match="yielded a batch of 32 rows, more than the per-replica batch of 16"):
-        est.evaluate(lambda p: stoker.data.arrays(x, y, batch_size=32, shuffle=False, num_epochs=1))
+        est.evaluate(
+            lambda p: stoker.data.arrays(x, y, read=stoker.data.ReadOptions(batch_size=32, shuffle=False, num_epochs=1))
+        )
 
 
 def test_multi_replica_without_a_launcher_is_refused_clearly(monkeypatch):

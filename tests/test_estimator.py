@@ -46,7 +46,7 @@ Y = torch.tensor([1.0, 2.0])
 
 
 def whole_batch(params):  # noqa: ANN001, ANN201
-    return stoker.data.arrays(X, Y, batch_size=params["batch_size"], shuffle=False)
+    return stoker.data.arrays(X, Y, read=stoker.data.ReadOptions(shuffle=False).for_replica(params))
 
 
 def test_exact_sgd_values_on_a_linear_model():
@@ -65,7 +65,9 @@ def test_exact_sgd_values_on_a_linear_model():
 def test_evaluate_returns_loss_metrics_and_step():
     est = linear_estimator()
     est.train(whole_batch, max_steps=1)  # w = (2.1, 0.6)
-    res = est.evaluate(lambda p: stoker.data.arrays(X, Y, batch_size=p["batch_size"], shuffle=False, num_epochs=1))
+    res = est.evaluate(
+        lambda p: stoker.data.arrays(X, Y, read=stoker.data.ReadOptions(shuffle=False, num_epochs=1).for_replica(p))
+    )
     # predictions: 1*2.1+2*0.6 = 3.3 and 3*2.1+4*0.6 = 8.7 -> squared errors 5.29 and 44.89
     assert res["global_step"] == 1
     assert res["loss"] == pytest.approx((5.29 + 44.89) / 2, rel=1e-6)
@@ -153,7 +155,9 @@ def test_a_hook_can_stop_training():
 def test_training_ends_when_the_data_ends():
     x, y = make_data(64)
     est = make_estimator(iterations_per_loop=3)
-    est.train(lambda p: stoker.data.arrays(x, y, batch_size=p["batch_size"], num_epochs=2), max_steps=100)
+    est.train(
+        lambda p: stoker.data.arrays(x, y, read=stoker.data.ReadOptions(num_epochs=2).for_replica(p)), max_steps=100
+    )
     assert est.global_step == 8  # 2 epochs x 4 batches of 16
 
 
@@ -178,7 +182,7 @@ def test_params_batch_size_is_per_replica_and_accumulation_step():
     def input_fn(params):  # noqa: ANN001, ANN202
         seen.update(params)
         x, y = make_data(64)
-        return stoker.data.arrays(x, y, batch_size=params["batch_size"])
+        return stoker.data.arrays(x, y, read=stoker.data.ReadOptions().for_replica(params))
 
     est = make_estimator(batch=32, gradient_accumulation_steps=4)
     est.train(input_fn, max_steps=1)
@@ -257,7 +261,8 @@ def test_predict_pads_to_a_static_batch():
     out = list(
         est.predict(
             lambda p: stoker.data.arrays(
-                torch.arange(20.0).reshape(10, 2), batch_size=p["batch_size"], shuffle=False, num_epochs=1
+                torch.arange(20.0).reshape(10, 2),
+                read=stoker.data.ReadOptions(shuffle=False, num_epochs=1).for_replica(p),
             )
         )
     )

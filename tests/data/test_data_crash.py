@@ -109,7 +109,10 @@ def test_estimator_evaluates_image_folder_with_workers(tmp_path: Path, tree: Pat
         results.append(
             est.evaluate(
                 lambda p, w=workers: stoker.data.image_folder(
-                    tree, batch_size=p["batch_size"], image_size=16, train=False, num_workers=w
+                    tree,
+                    read=stoker.data.ReadOptions(num_workers=w).for_replica(p),
+                    image=stoker.data.ImageOptions(image_size=16),
+                    train=False,
                 )
             )
         )

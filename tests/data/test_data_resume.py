@@ -16,7 +16,7 @@ import torch
 
 import stoker
 from helpers.images import make_image_tree, make_index_tree, write_cifar
-from stoker.data import cifar_binary, image_folder, text_chars
+from stoker.data import ImageOptions, ReadOptions, cifar_binary, image_folder, text_chars
 from stoker.data._workers import _SlotRun, one_kernel_thread
 from stoker.data.cifar import CIFAR10_MEAN, CIFAR10_STD
 from stoker.data.images import IMAGENET_MEAN, IMAGENET_STD
@@ -98,16 +98,23 @@ def cifar_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_arrays_resume_is_exact(workers: int) -> None:
     x = torch.randn(50, 3)
     y = torch.arange(50)
-    make = lambda: stoker.data.arrays({"x": x}, y, batch_size=8, seed=5, num_workers=workers)  # noqa: E731
+
+    def make():
+        return stoker.data.arrays({"x": x}, y, read=stoker.data.ReadOptions(batch_size=8, seed=5, num_workers=workers))
+
     rng = random.Random()
     check_resume(make, 20, cut_points(6, 20, rng))
 
 
 @pytest.mark.parametrize(("workers", "kind"), [(0, "auto"), (2, "thread"), (2, "process")])
 def test_image_folder_train_resume_is_exact(image_tree: Path, workers: int, kind: str) -> None:
-    make = lambda: image_folder(  # noqa: E731
-        image_tree, batch_size=5, image_size=12, seed=1, num_workers=workers, worker_kind=kind
-    )
+    def make():
+        return image_folder(
+            image_tree,
+            read=ReadOptions(batch_size=5, seed=1, num_workers=workers, worker_kind=kind),
+            image=ImageOptions(image_size=12),
+        )
+
     per_epoch = len(make())
     assert per_epoch == 7  # 36 images, batches of 5
     total = 2 * per_epoch + 3
@@ -117,7 +124,11 @@ def test_image_folder_train_resume_is_exact(image_tree: Path, workers: int, kind
 def test_image_folder_workers_give_the_same_batches_as_the_main_process(image_tree: Path) -> None:
     batches = {}
     for workers, kind in ((0, "auto"), (1, "process"), (2, "process"), (1, "thread"), (3, "thread")):
-        src = image_folder(image_tree, batch_size=5, image_size=12, seed=1, num_workers=workers, worker_kind=kind)
+        src = image_folder(
+            image_tree,
+            read=ReadOptions(batch_size=5, seed=1, num_workers=workers, worker_kind=kind),
+            image=ImageOptions(image_size=12),
+        )
         batches[workers, kind] = draw(src, 16)  # 16 batches of 7 an epoch: through two epoch boundaries
         src.close()
     assert all(same(batches[0, "auto"], b) for b in batches.values())
@@ -125,7 +136,14 @@ def test_image_folder_workers_give_the_same_batches_as_the_main_process(image_tr
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_image_folder_eval_pass_resume_is_exact_and_ends(image_tree: Path, workers: int) -> None:
-    make = lambda: image_folder(image_tree, batch_size=5, image_size=12, train=False, num_workers=workers)  # noqa: E731
+    def make():
+        return image_folder(
+            image_tree,
+            read=ReadOptions(batch_size=5, num_workers=workers),
+            image=ImageOptions(image_size=12),
+            train=False,
+        )
+
     whole = draw(make(), 100)
     assert len(whole) == 8 and whole[-1][0].shape[0] == 1  # 36 = 7 x 5 + 1: the partial batch is kept
     check_resume(make, 8, [3, 7, 8])
@@ -133,7 +151,7 @@ def test_image_folder_eval_pass_resume_is_exact_and_ends(image_tree: Path, worke
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_cifar_resume_is_exact(cifar_dir: Path, workers: int) -> None:
-    make = lambda: cifar_binary(cifar_dir, batch_size=16, seed=2, num_workers=workers)  # noqa: E731
+    make = lambda: cifar_binary(cifar_dir, read=ReadOptions(batch_size=16, seed=2, num_workers=workers))  # noqa: E731
     per_epoch = len(make())
     assert per_epoch == 6  # 100 records, batches of 16
     total = 2 * per_epoch + 2
@@ -142,7 +160,7 @@ def test_cifar_resume_is_exact(cifar_dir: Path, workers: int) -> None:
 
 def test_text_resume_is_exact() -> None:
     files = stoker.data.stdlib_corpus(max_bytes=200_000)
-    make = lambda: text_chars(files, seq_len=32, batch_size=64, num_shards=2, shard_index=1)  # noqa: E731
+    make = lambda: text_chars(files, seq_len=32, read=ReadOptions(batch_size=64, num_shards=2, shard_index=1))  # noqa: E731
     per_epoch = len(make())
     total = per_epoch + 5
     check_resume(make, total, cut_points(per_epoch, total, random.Random()))
@@ -162,26 +180,26 @@ def test_synthetic_images_state() -> None:
 
 
 def test_state_is_tiny_json_and_refuses_other_data(image_tree: Path) -> None:
-    src = image_folder(image_tree, batch_size=5, image_size=12)
+    src = image_folder(image_tree, read=ReadOptions(batch_size=5), image=ImageOptions(image_size=12))
     draw(src, 9)
     state = src.state_dict()
     assert state["epoch"] == 1 and state["batch"] == 2
     assert len(json.dumps(state)) < 200
-    same_data = image_folder(image_tree, batch_size=5, image_size=12)
+    same_data = image_folder(image_tree, read=ReadOptions(batch_size=5), image=ImageOptions(image_size=12))
     same_data.load_state_dict(state)  # same data: fine
-    other_seed = image_folder(image_tree, batch_size=5, image_size=12, seed=9)
+    other_seed = image_folder(image_tree, read=ReadOptions(batch_size=5, seed=9), image=ImageOptions(image_size=12))
     with pytest.raises(ValueError, match="seed=0 but this source has seed=9"):
         other_seed.load_state_dict(state)
-    two = image_folder(image_tree, batch_size=5, image_size=12, num_shards=2)
+    two = image_folder(image_tree, read=ReadOptions(batch_size=5, num_shards=2), image=ImageOptions(image_size=12))
     with pytest.raises(ValueError, match="num_shards=1 but this source has num_shards=2"):
         two.load_state_dict(state)
     x = torch.zeros(30, 2)
     with pytest.raises(ValueError, match="num_examples=36 but this source has num_examples=30"):
-        stoker.data.arrays(x, batch_size=5).load_state_dict(state)
+        stoker.data.arrays(x, read=stoker.data.ReadOptions(batch_size=5)).load_state_dict(state)
 
 
 def test_arrays_state_keys() -> None:
-    src = stoker.data.arrays(torch.zeros(10, 2), batch_size=3)
+    src = stoker.data.arrays(torch.zeros(10, 2), read=stoker.data.ReadOptions(batch_size=3))
     assert set(src.state_dict()) == {
         "epoch",
         "batch",
@@ -198,7 +216,7 @@ def test_epochs_reshuffle_and_runs_repeat() -> None:
     x = torch.arange(40)
 
     def epochs(seed: int) -> list[torch.Tensor]:
-        src = stoker.data.arrays(x, batch_size=40, seed=seed)
+        src = stoker.data.arrays(x, read=stoker.data.ReadOptions(batch_size=40, seed=seed))
         return [next(src) for _ in range(3)]
 
     a, b, c = epochs(0), epochs(0), epochs(1)
@@ -210,7 +228,7 @@ def test_epochs_reshuffle_and_runs_repeat() -> None:
 
 def test_image_augmentation_differs_between_epochs_and_repeats_across_runs(image_tree: Path) -> None:
     def images_by_file(seed: int) -> list[dict[int, torch.Tensor]]:
-        src = image_folder(image_tree, batch_size=36, image_size=12, seed=seed)
+        src = image_folder(image_tree, read=ReadOptions(batch_size=36, seed=seed), image=ImageOptions(image_size=12))
         out = []
         for epoch in range(2):
             images, _ = next(src)
@@ -231,16 +249,16 @@ def test_sharding_is_disjoint_and_complete(tmp_path: Path, cifar_dir: Path, shar
     index_tree = make_index_tree(tmp_path / "idx", classes=3, per_class=7)  # 21 images
     seen: dict[str, list[int]] = {"arrays": [], "image_folder": [], "cifar": []}
     for r in range(shards):
-        arr = stoker.data.arrays(torch.arange(23), batch_size=4, num_epochs=1, num_shards=shards, shard_index=r, seed=7)
+        arr = stoker.data.arrays(
+            torch.arange(23),
+            read=stoker.data.ReadOptions(batch_size=4, num_epochs=1, num_shards=shards, shard_index=r, seed=7),
+        )
         seen["arrays"] += torch.cat(list(arr)).tolist()
         img = image_folder(
             index_tree,
-            batch_size=4,
-            image_size=8,
+            read=ReadOptions(batch_size=4, num_shards=shards, shard_index=r, num_workers=2 if r == 0 else 0),
+            image=ImageOptions(image_size=8),
             train=False,
-            num_shards=shards,
-            shard_index=r,
-            num_workers=2 if r == 0 else 0,
         )
         for images, _ in img:
             # flat-colour PNGs: red channel = example index, green = 7 everywhere
@@ -249,7 +267,11 @@ def test_sharding_is_disjoint_and_complete(tmp_path: Path, cifar_dir: Path, shar
             ) * 255
             assert torch.allclose(raw[:, 1], torch.full_like(raw[:, 1], 7.0), atol=0.01)
             seen["image_folder"] += raw[:, 0, 0, 0].round().long().tolist()
-        cif = cifar_binary(cifar_dir, batch_size=7, train=False, num_shards=shards, shard_index=r, shuffle=True, seed=3)
+        cif = cifar_binary(
+            cifar_dir,
+            read=ReadOptions(batch_size=7, num_shards=shards, shard_index=r, shuffle=True, seed=3),
+            train=False,
+        )
         for images, _ in cif:
             # the eval images are not augmented: channel 0 pixels 0, 1 hold the record number
             raw = (
@@ -268,7 +290,9 @@ def test_sharding_is_disjoint_and_complete(tmp_path: Path, cifar_dir: Path, shar
 def test_training_shards_step_in_lockstep_and_are_disjoint(shards: int) -> None:
     per_replica = []
     for r in range(shards):
-        src = stoker.data.arrays(torch.arange(50), batch_size=4, num_shards=shards, shard_index=r, seed=1)
+        src = stoker.data.arrays(
+            torch.arange(50), read=stoker.data.ReadOptions(batch_size=4, num_shards=shards, shard_index=r, seed=1)
+        )
         per_replica.append((len(src), torch.cat(draw(src, len(src))).tolist()))
     assert len({n for n, _ in per_replica}) == 1  # same number of batches on every replica
     ids = [i for _, got in per_replica for i in got]
@@ -284,7 +308,9 @@ def test_text_streams_are_contiguous_and_shard_the_corpus(tmp_path: Path, shards
     batch, seq = 3, 10
     streams: list[bytes] = []
     for r in range(shards):
-        src = text_chars(tmp_path, seq_len=seq, batch_size=batch, num_shards=shards, shard_index=r, num_epochs=1)
+        src = text_chars(
+            tmp_path, seq_len=seq, read=ReadOptions(batch_size=batch, num_shards=shards, shard_index=r, num_epochs=1)
+        )
         batches = list(src)
         assert len(batches) == len(src) > 0
         inputs = torch.cat([x for x, _ in batches], dim=1)
@@ -307,15 +333,15 @@ def test_stdlib_corpus_is_deterministic() -> None:
 def test_advance_jumps_like_next(workers: int) -> None:
     x = torch.arange(30)
     for n in (0, 1, 4, 5, 7, 12):
-        walked = stoker.data.arrays(x, batch_size=6, seed=3, num_workers=workers)
+        walked = stoker.data.arrays(x, read=stoker.data.ReadOptions(batch_size=6, seed=3, num_workers=workers))
         draw(walked, n)
-        jumped = stoker.data.arrays(x, batch_size=6, seed=3, num_workers=workers)
+        jumped = stoker.data.arrays(x, read=stoker.data.ReadOptions(batch_size=6, seed=3, num_workers=workers))
         jumped.advance(n)
         assert jumped.state_dict() == walked.state_dict()
         assert same(draw(jumped, 3), draw(walked, 3))
         walked.close()
         jumped.close()
-    one_pass = stoker.data.arrays(x, batch_size=6, num_epochs=1)
+    one_pass = stoker.data.arrays(x, read=stoker.data.ReadOptions(batch_size=6, num_epochs=1))
     one_pass.advance(5)
     assert draw(one_pass, 1) == []
     with pytest.raises(ValueError, match="ends 0 batches from here"):
@@ -323,7 +349,11 @@ def test_advance_jumps_like_next(workers: int) -> None:
 
 
 def test_workers_stop_at_once_when_a_source_in_a_reference_cycle_is_collected(image_tree: Path) -> None:
-    src = image_folder(image_tree, batch_size=5, image_size=12, num_workers=2, worker_kind="process")
+    src = image_folder(
+        image_tree,
+        read=ReadOptions(batch_size=5, num_workers=2, worker_kind="process"),
+        image=ImageOptions(image_size=12),
+    )
     next(iter(src))
     workers = list(src._loader_it._workers)  # the worker processes
     assert all(w.is_alive() for w in workers)
@@ -337,7 +367,11 @@ def test_workers_stop_at_once_when_a_source_in_a_reference_cycle_is_collected(im
 
 
 def test_thread_workers_stop_when_a_source_in_a_reference_cycle_is_collected(image_tree: Path) -> None:
-    src = image_folder(image_tree, batch_size=5, image_size=12, num_workers=2, worker_kind="thread")
+    src = image_folder(
+        image_tree,
+        read=ReadOptions(batch_size=5, num_workers=2, worker_kind="thread"),
+        image=ImageOptions(image_size=12),
+    )
     next(iter(src))
     pool = src._loader_it  # float32 batches: whole batches per thread, normalised there
     assert isinstance(pool, concurrent.futures.ThreadPoolExecutor) and pool._threads
@@ -352,7 +386,11 @@ def test_thread_workers_stop_when_a_source_in_a_reference_cycle_is_collected(ima
 
 
 def test_slot_threads_stop_when_a_source_in_a_reference_cycle_is_collected(image_tree: Path) -> None:
-    src = image_folder(image_tree, batch_size=5, image_size=12, num_workers=2, worker_kind="thread", output="uint8")
+    src = image_folder(
+        image_tree,
+        read=ReadOptions(batch_size=5, num_workers=2, worker_kind="thread"),
+        image=ImageOptions(image_size=12, output="uint8"),
+    )
     next(iter(src))
     run = src._loader_it
     assert isinstance(run, _SlotRun) and len(run.threads) == 2
@@ -367,29 +405,38 @@ def test_slot_threads_stop_when_a_source_in_a_reference_cycle_is_collected(image
 
 
 def test_worker_kind_auto_takes_threads_only_where_the_decoder_releases_the_gil(image_tree: Path) -> None:
-    assert image_folder(image_tree, batch_size=5, image_size=12, decoder="pillow").worker_kind == "process"
-    assert stoker.data.arrays(torch.zeros(4), batch_size=2).worker_kind == "process"
+    assert (
+        image_folder(
+            image_tree, read=ReadOptions(batch_size=5), image=ImageOptions(image_size=12, decoder="pillow")
+        ).worker_kind
+        == "process"
+    )
+    assert stoker.data.arrays(torch.zeros(4), read=stoker.data.ReadOptions(batch_size=2)).worker_kind == "process"
     if "libjpeg-crop" in available_decoders():
         for workers, kind in ((0, "thread"), (4, "thread"), (5, "process")):  # beyond 4 the GIL would bound threads
-            src = image_folder(image_tree, batch_size=5, image_size=12, decoder="libjpeg-crop", num_workers=workers)
+            src = image_folder(
+                image_tree,
+                read=ReadOptions(batch_size=5, num_workers=workers),
+                image=ImageOptions(image_size=12, decoder="libjpeg-crop"),
+            )
             assert src.worker_kind == kind, workers
         # a CUDA infeed (pinned batches) keeps processes: threads measured slower there (H200 host)
         pinned = image_folder(
             image_tree,
-            batch_size=5,
-            image_size=12,
-            decoder="libjpeg-crop",
-            num_workers=2,
-            output="uint8",
-            pin_memory=True,
+            read=ReadOptions(batch_size=5, num_workers=2),
+            image=ImageOptions(image_size=12, decoder="libjpeg-crop", output="uint8", pin_memory=True),
         )
         assert pinned.worker_kind == "process"
     assert auto_worker_kind(True, 4).value == "thread" and auto_worker_kind(True, 16).value == "process"
     assert auto_worker_kind(False, 1).value == "process"
-    forced = image_folder(image_tree, batch_size=5, image_size=12, decoder="pillow", worker_kind="thread")
+    forced = image_folder(
+        image_tree,
+        read=ReadOptions(batch_size=5, worker_kind="thread"),
+        image=ImageOptions(image_size=12, decoder="pillow"),
+    )
     assert forced.worker_kind == "thread"
-    with pytest.raises(ValueError, match=r"image_folder: worker_kind must be one of auto, thread, process; got 'fib'"):
-        image_folder(image_tree, batch_size=5, image_size=12, worker_kind="fib")
+    with pytest.raises(ValueError, match=r"ReadOptions: worker_kind must be one of auto, thread, process; got 'fib'"):
+        image_folder(image_tree, read=ReadOptions(batch_size=5, worker_kind="fib"), image=ImageOptions(image_size=12))
 
 
 def test_a_decoding_thread_runs_torch_kernels_on_one_thread_and_leaves_the_others_alone() -> None:
@@ -413,19 +460,19 @@ def test_resharding_keeps_the_examples_consumed():
     from stoker.data import arrays as _arrays
 
     x = _torch.arange(40.0).reshape(40, 1)
-    two = [_arrays(x, batch_size=4, seed=3, num_shards=2, shard_index=r) for r in range(2)]
+    two = [_arrays(x, read=ReadOptions(batch_size=4, seed=3, num_shards=2, shard_index=r)) for r in range(2)]
     seen = [next(two[r])[:, 0].tolist() for r in range(2) for _ in range(1)]
     seen += [next(two[r])[:, 0].tolist() for r in range(2)]
-    one = _arrays(x, batch_size=8, seed=3)
+    one = _arrays(x, read=ReadOptions(batch_size=8, seed=3))
     one.load_state_dict(one.reshard_state_dict([s.state_dict() for s in two]))
     rest = [v for _ in range(3) for v in next(one)[:, 0].tolist()]
     consumed = sorted(v for batch in seen for v in batch)
     assert sorted(consumed + rest) == sorted(set(consumed + rest))  # nothing seen twice
-    whole = _arrays(x, batch_size=8, seed=3)
+    whole = _arrays(x, read=ReadOptions(batch_size=8, seed=3))
     first_two = sorted(v for _ in range(2) for v in next(whole)[:, 0].tolist())
     assert consumed == first_two  # 2 replica steps = the same examples as 2 global steps
     assert rest == [v for _ in range(3) for v in next(whole)[:, 0].tolist()]
     import pytest as _pytest
 
     with _pytest.raises(ValueError, match="global batch changed"):
-        _arrays(x, batch_size=4, seed=3).reshard_state_dict([s.state_dict() for s in two])
+        _arrays(x, read=ReadOptions(batch_size=4, seed=3)).reshard_state_dict([s.state_dict() for s in two])

@@ -5,6 +5,7 @@ and a bug in a decoding thread reaches the caller."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import threading
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 from helpers.images import make_image_tree
-from stoker.data import image_folder
+from stoker.data import ImageOptions, ReadOptions, image_folder
 from stoker.data._workers import _ExampleThreads
 from stoker.data.images import EncodedImageSource
 from stoker.data.images.decoders import available_decoders
@@ -44,13 +45,25 @@ def _same(a: list[tuple[torch.Tensor, torch.Tensor]], b: list[tuple[torch.Tensor
 
 
 def test_a_uint8_thread_source_builds_by_example_and_is_fetched_on_the_training_thread(tree: Path) -> None:
-    src = image_folder(tree, batch_size=4, image_size=12, num_workers=1, worker_kind="thread", output="uint8")
+    src = image_folder(
+        tree,
+        read=ReadOptions(batch_size=4, num_workers=1, worker_kind="thread"),
+        image=ImageOptions(image_size=12, output="uint8"),
+    )
     assert isinstance(src._workers, _ExampleThreads) and src.prefers_inline_fetch
-    floats = image_folder(tree, batch_size=4, image_size=12, num_workers=1, worker_kind="thread")
+    floats = image_folder(
+        tree, read=ReadOptions(batch_size=4, num_workers=1, worker_kind="thread"), image=ImageOptions(image_size=12)
+    )
     assert not isinstance(floats._workers, _ExampleThreads) and not floats.prefers_inline_fetch  # normalised off it
-    processes = image_folder(tree, batch_size=4, image_size=12, num_workers=1, worker_kind="process")
+    processes = image_folder(
+        tree, read=ReadOptions(batch_size=4, num_workers=1, worker_kind="process"), image=ImageOptions(image_size=12)
+    )
     assert not processes.prefers_inline_fetch  # the infeed may fetch them on its own thread
-    pinned_kind = image_folder(tree, batch_size=4, image_size=12, num_workers=1, decoder="pillow", output="uint8")
+    pinned_kind = image_folder(
+        tree,
+        read=ReadOptions(batch_size=4, num_workers=1),
+        image=ImageOptions(image_size=12, decoder="pillow", output="uint8"),
+    )
     assert pinned_kind.worker_kind == "process" and not pinned_kind.prefers_inline_fetch
 
 
@@ -66,13 +79,14 @@ def test_the_asking_thread_decodes_while_its_batch_is_not_ready(tree: Path, monk
         return fill(self, *args, **kwargs)
 
     monkeypatch.setattr(EncodedImageSource, "fill_slot", slow_in_workers)
-    options = dict(batch_size=4, image_size=12, seed=3, output="uint8")
-    helped = _draw(image_folder(tree, num_workers=1, worker_kind="thread", **options), 12)  # 7.5 batches an epoch
+    read, image = ReadOptions(batch_size=4, seed=3), ImageOptions(image_size=12, output="uint8")
+    threads = dataclasses.replace(read, num_workers=1, worker_kind="thread")
+    helped = _draw(image_folder(tree, read=threads, image=image), 12)  # 7.5 batches an epoch
     main = threading.main_thread().name
     assert decoded_by.count(main) > len(decoded_by) // 3  # the caller did a good share
     assert any(n != main for n in decoded_by)  # and so did the decoding thread
     monkeypatch.setattr(EncodedImageSource, "fill_slot", fill)
-    assert _same(helped, _draw(image_folder(tree, **options), 12))  # bitwise the batches built inline
+    assert _same(helped, _draw(image_folder(tree, read=read, image=image), 12))  # bitwise the batches built inline
 
 
 def test_bad_examples_are_reported_in_slot_order_as_inline(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -84,7 +98,10 @@ def test_bad_examples_are_reported_in_slot_order_as_inline(tmp_path: Path, caplo
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="stoker"):
             src = image_folder(
-                root, batch_size=4, image_size=8, train=False, skip_bad_examples=True, num_workers=workers
+                root,
+                read=ReadOptions(batch_size=4, skip_bad_examples=True, num_workers=workers),
+                image=ImageOptions(image_size=8),
+                train=False,
             )
             batch = next(iter(src))
             src.close()
@@ -101,7 +118,11 @@ def test_a_bug_in_a_decoding_thread_reaches_the_caller(tree: Path, monkeypatch: 
         raise ZeroDivisionError("a bug, not bad data")
 
     monkeypatch.setattr(EncodedImageSource, "fill_slot", broken)
-    src = image_folder(tree, batch_size=4, image_size=12, num_workers=2, worker_kind="thread", output="uint8")
+    src = image_folder(
+        tree,
+        read=ReadOptions(batch_size=4, num_workers=2, worker_kind="thread"),
+        image=ImageOptions(image_size=12, output="uint8"),
+    )
     with pytest.raises(ZeroDivisionError, match="a bug, not bad data"):
         next(iter(src))
     src.close()

@@ -20,6 +20,8 @@ import torch
 from helpers.images import make_image_tree
 from stoker.data import (
     DataError,
+    ImageOptions,
+    ReadOptions,
     image_folder,
     imagenet_tfrecords,
     tfrecord_io,
@@ -199,10 +201,11 @@ def test_examples_keep_the_folder_images_with_1_based_labels(tree: Path, records
 
 @pytest.mark.parametrize("train", [True, False])
 def test_same_order_augmentation_and_batches_as_image_folder(tree: Path, records: Path, train: bool) -> None:
-    kw = dict(batch_size=4, image_size=8, seed=5, train=train)
-    split = {"split": "train"}
-    ours = batches(imagenet_tfrecords(records, **kw, **split), 9 if train else 5)  # 9: past an epoch of 4
-    folder = batches(image_folder(tree, **kw), 9 if train else 5)
+    read, image = ReadOptions(batch_size=4, seed=5), ImageOptions(image_size=8)
+    ours = batches(imagenet_tfrecords(records, read=read, image=image, train=train, split="train"), 9 if train else 5)
+    folder = batches(
+        image_folder(tree, read=read, image=image, train=train), 9 if train else 5
+    )  # 9: past an epoch of 4
     assert same(ours, folder, shift=1)
     if train:
         assert not torch.equal(ours[0][0], ours[4][0])  # epochs reshuffle
@@ -220,7 +223,11 @@ def _resume(make: object, total: int, cut: int) -> list[tuple[torch.Tensor, torc
 @pytest.mark.parametrize(("workers", "kind"), [(0, "auto"), (2, "process"), (2, "thread")])
 def test_mid_epoch_resume_is_bitwise_the_uninterrupted_run(records: Path, workers: int, kind: str) -> None:
     def make() -> object:
-        return imagenet_tfrecords(records, batch_size=4, image_size=8, seed=2, num_workers=workers, worker_kind=kind)
+        return imagenet_tfrecords(
+            records,
+            read=ReadOptions(batch_size=4, seed=2, num_workers=workers, worker_kind=kind),
+            image=ImageOptions(image_size=8),
+        )
 
     whole = batches(make(), 7)
     for cut in (2, 4, 5):  # mid-epoch, at the epoch boundary (4 batches), after it
@@ -238,22 +245,24 @@ def test_resharding_gives_the_examples_image_folder_gives(tree: Path, records: P
             s.load_state_dict(s.reshard_state_dict(states))
         return seen + [batches(s, 3) for s in new]
 
-    def ours(**kw: int) -> object:
-        return imagenet_tfrecords(records, image_size=8, seed=7, **kw)
+    def ours(**read: int) -> object:
+        return imagenet_tfrecords(records, read=ReadOptions(seed=7, **read), image=ImageOptions(image_size=8))
 
-    def folder(**kw: int) -> object:
-        return image_folder(tree, image_size=8, seed=7, **kw)
+    def folder(**read: int) -> object:
+        return image_folder(tree, read=ReadOptions(seed=7, **read), image=ImageOptions(image_size=8))
 
     mine, theirs = run(ours), run(folder)
     assert all(same(a, b, shift=1) for a, b in zip(mine, theirs, strict=True))
     # and the resharded run goes on with exactly the examples one replica would have read
-    whole = batches(imagenet_tfrecords(records, image_size=8, seed=7, batch_size=4), 4)
+    whole = batches(
+        imagenet_tfrecords(records, read=ReadOptions(seed=7, batch_size=4), image=ImageOptions(image_size=8)), 4
+    )
     labels = sorted(torch.cat([lab for part in mine for _, lab in part]).tolist())
     assert labels == sorted(torch.cat([lab for _, lab in whole]).tolist())
 
 
 def test_a_copy_for_a_spawned_worker_reads_the_same_without_the_open_files(records: Path) -> None:
-    src = imagenet_tfrecords(records, batch_size=4, image_size=8, seed=1)
+    src = imagenet_tfrecords(records, read=ReadOptions(batch_size=4, seed=1), image=ImageOptions(image_size=8))
     src.records.read(0)
     assert src.records._fds  # the shard opened by the read
     copy = pickle.loads(pickle.dumps(src))
@@ -261,7 +270,7 @@ def test_a_copy_for_a_spawned_worker_reads_the_same_without_the_open_files(recor
 
 
 def test_a_copy_for_a_worker_thread_opens_its_own_files(records: Path) -> None:
-    src = imagenet_tfrecords(records, batch_size=4, image_size=8, seed=1)
+    src = imagenet_tfrecords(records, read=ReadOptions(batch_size=4, seed=1), image=ImageOptions(image_size=8))
     src.records.read(0)
     view = src._thread_copy()
     assert view.records is not src.records and not view.records._fds  # closing one never closes the other's
@@ -271,7 +280,9 @@ def test_a_copy_for_a_worker_thread_opens_its_own_files(records: Path) -> None:
 def test_an_example_without_a_label_names_the_shard_record_and_key(tmp_path: Path) -> None:
     good = imagenet_example(b"\xff\xd8", 3)
     write_tfrecords(tmp_path / "train-00000-of-00001", [good, make_example({"image/encoded": b"\xff\xd8"})])
-    src = imagenet_tfrecords(tmp_path, batch_size=2, image_size=8, train=False, split="train")
+    src = imagenet_tfrecords(
+        tmp_path, read=ReadOptions(batch_size=2), image=ImageOptions(image_size=8), train=False, split="train"
+    )
     with pytest.raises(DataError) as e:
         src._encoded(1)
     shard = tmp_path / "train-00000-of-00001"
@@ -285,7 +296,7 @@ def test_an_example_without_a_label_names_the_shard_record_and_key(tmp_path: Pat
 
 def test_a_folder_without_shards_says_what_was_expected(tmp_path: Path) -> None:
     with pytest.raises(DataError, match=r"holds no train-\*-of-\* shards; .* should hold either TFRecord shards"):
-        imagenet_tfrecords(tmp_path, batch_size=2)
+        imagenet_tfrecords(tmp_path, read=ReadOptions(batch_size=2))
 
 
 def _corrupt_record(records: Path, tmp_path: Path, record: int) -> Path:
@@ -309,7 +320,9 @@ def test_skipped_examples_are_counted_and_identical_after_a_resume(
     bad = _corrupt_record(records, tmp_path, 9)
 
     def make(skip: bool = True) -> object:
-        return imagenet_tfrecords(bad, batch_size=4, image_size=8, seed=2, skip_bad_examples=skip)
+        return imagenet_tfrecords(
+            bad, read=ReadOptions(batch_size=4, seed=2, skip_bad_examples=skip), image=ImageOptions(image_size=8)
+        )
 
     strict = make(skip=False)
     with pytest.raises(DataError, match=r"train-00001-of-00003: record 3 at byte \d+: corrupt data: data checksum"):
@@ -322,7 +335,9 @@ def test_skipped_examples_are_counted_and_identical_after_a_resume(
     logged = [r.getMessage() for r in caplog.records if "skipped a bad example" in r.getMessage()]
     assert len(logged) == len(met) and all("train-00001-of-00003: record 3 at byte" in m for m in logged)
     assert same(_resume(make, 8, 3), whole) and same(_resume(make, 8, 5), whole)
-    clean = batches(imagenet_tfrecords(records, batch_size=4, image_size=8, seed=2), 8)
+    clean = batches(
+        imagenet_tfrecords(records, read=ReadOptions(batch_size=4, seed=2), image=ImageOptions(image_size=8)), 8
+    )
     differs = [i for i in range(8) if not same(whole[i : i + 1], clean[i : i + 1])]
     assert len(differs) == len(met)  # only the batches that held example 9
 
@@ -358,7 +373,9 @@ assert ns["example_class"]().FromString(data).features.feature["k"].int64_list.v
     io_module = Path(tfrecord_io.__file__)
     subprocess.run([str(TF_PYTHON), "-c", script, str(tmp_path), str(io_module)], check=True, env=env, timeout=300)
     assert (tmp_path / "plain").read_bytes() == frame_record(b"hello")
-    src = imagenet_tfrecords(tmp_path, batch_size=2, image_size=8, train=False, split="train")
+    src = imagenet_tfrecords(
+        tmp_path, read=ReadOptions(batch_size=2), image=ImageOptions(image_size=8), train=False, split="train"
+    )
     first, second = src._encoded(0), src._encoded(1)
     assert (first.data, first.label, first.bbox) == (jpeg, 7, None)
     assert second.label == 1000 and second.bbox is not None
@@ -374,7 +391,9 @@ def test_the_object_boxes_steer_tf_cnns_training_crop(tree: Path, tmp_path: Path
     jpeg = (tree / "class_0" / "img_000.jpg").read_bytes()  # 20 x 20
     box = [(0.05, 0.1, 0.3, 0.45)]  # a small object near the top left
     write_tfrecords(tmp_path / "train-00000-of-00001", [imagenet_example(jpeg, 1), imagenet_example(jpeg, 1, bbox=box)])
-    src = imagenet_tfrecords(tmp_path, batch_size=2, image_size=8, crop="tf_cnn", seed=3)
+    src = imagenet_tfrecords(
+        tmp_path, read=ReadOptions(batch_size=2, seed=3), image=ImageOptions(image_size=8, crop="tf_cnn")
+    )
     u = example_uniforms(3, 0, list(range(20)), TRAIN_DRAWS)  # 20 draws of the uniforms
     wholes = [src._plan_example(0, row)[1] for row in u]
     boxed = [src._plan_example(1, row)[1] for row in u]

@@ -85,7 +85,10 @@ def test_two_stage_1f1b_equals_one_process_and_its_checkpoint_reads_in_one_proce
     est = stoker.Estimator(
         model=make_model, model_fn=classifier_fn, config=stoker.RunConfig(progress_bar=False), eval_batch_size=16
     )
-    eval_input = lambda params: stoker.data.arrays(x, y, batch_size=params["batch_size"], shuffle=False, num_epochs=1)  # noqa: E731
+
+    def eval_input(params):
+        return stoker.data.arrays(x, y, read=stoker.data.ReadOptions(shuffle=False, num_epochs=1).for_replica(params))
+
     metrics = est.evaluate(eval_input, checkpoint_path=ckpt)
     assert metrics["accuracy"] == pp["metrics"]["accuracy"] and metrics["global_step"] == 12
     assert metrics["loss"] == pytest.approx(pp["metrics"]["loss"], rel=1e-6)
@@ -102,7 +105,7 @@ def test_two_stage_1f1b_equals_one_process_and_its_checkpoint_reads_in_one_proce
         optimizer=lambda p, ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9),
         config=stoker.RunConfig(model_dir=model_dir, progress_bar=False),
     )
-    train_input = lambda params: stoker.data.arrays(x, y, batch_size=params["batch_size"])  # noqa: E731
+    train_input = lambda params: stoker.data.arrays(x, y, read=stoker.data.ReadOptions().for_replica(params))  # noqa: E731
     with pytest.raises(stoker.errors.CheckpointError, match="2 pipeline stage.*this run has 1.*warm_start_from"):
         est.train(train_input, max_steps=14)
 
@@ -236,7 +239,7 @@ def test_bad_pipeline_settings_are_named():
 def test_one_process_runs_a_pipelined_program_unsplit():
     x, y = make_data(64)
     est = _estimator(pipeline=stoker.PipelineConfig(split=("2",), microbatches=4), log_every_n_steps=None)
-    est.train(lambda params: stoker.data.arrays(x, y, batch_size=params["batch_size"]), max_steps=3)
+    est.train(lambda params: stoker.data.arrays(x, y, read=stoker.data.ReadOptions().for_replica(params)), max_steps=3)
     assert est.global_step == 3 and sorted(est.model.state_dict()) == [
         "0.0.bias",
         "0.0.weight",

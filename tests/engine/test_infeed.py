@@ -126,11 +126,13 @@ def test_a_resharded_position_keeps_the_batches_counted_past_its_snapshot():
     import stoker
 
     x = torch.arange(64, dtype=torch.float32).reshape(64, 1)
-    saved = stoker.data.arrays(x, batch_size=4, shuffle=False)
+    saved = stoker.data.arrays(x, read=stoker.data.ReadOptions(batch_size=4, shuffle=False))
     for _ in range(3):
         next(saved)
     restore = {"reshard": [{"source": saved.state_dict(), "skip": 2}]}
-    with Infeed(stoker.data.arrays(x, batch_size=4, shuffle=False), device=CPU, restore=restore) as infeed:
+    with Infeed(
+        stoker.data.arrays(x, read=stoker.data.ReadOptions(batch_size=4, shuffle=False)), device=CPU, restore=restore
+    ) as infeed:
         assert next(infeed).features[0].item() == 20.0  # batch 5: 3 in the snapshot, 2 counted past it
 
 

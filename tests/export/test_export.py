@@ -115,7 +115,10 @@ def test_dict_features_in_memory_estimator_and_replacing_an_export(tmp_path):
         train_batch_size=8,
     )
     x, y = make_data(16)
-    est.train(lambda p: stoker.data.arrays({"a": x, "b": x * 2}, y, batch_size=p["batch_size"]), max_steps=2)
+    est.train(
+        lambda p: stoker.data.arrays({"a": x, "b": x * 2}, y, read=stoker.data.ReadOptions().for_replica(p)),
+        max_steps=2,
+    )
     example = {"a": x[:3], "b": x[3:6]}
     out = export(est, tmp_path / "exp", example)
     again = export(est, tmp_path / "exp", example)  # an earlier export is replaced
@@ -184,7 +187,7 @@ def test_cli_exports_a_zoo_model_dir_from_its_run_spec(tmp_path, capsys):
         train_batch_size=4,
     )
     images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
-    est.train(lambda p: stoker.data.arrays(images, labels, batch_size=p["batch_size"]), max_steps=2)
+    est.train(lambda p: stoker.data.arrays(images, labels, read=stoker.data.ReadOptions().for_replica(p)), max_steps=2)
     write_run_spec(model_dir, kind="zoo", model="trivial", dataset="cifar10")
     assert read_run_spec(model_dir)["model"] == "trivial"
 

@@ -58,7 +58,7 @@ def run_fresh(package, inputs: list[torch.Tensor], tmp_path) -> list[dict[str, t
 
 
 def predict_batch(est: stoker.Estimator, x: torch.Tensor, checkpoint: str | None = None) -> dict[str, torch.Tensor]:
-    data = lambda p: stoker.data.arrays(x, batch_size=p["batch_size"], shuffle=False, num_epochs=1)  # noqa: E731
+    data = lambda p: stoker.data.arrays(x, read=stoker.data.ReadOptions(shuffle=False, num_epochs=1).for_replica(p))  # noqa: E731
     batches = list(est.predict(data, checkpoint_path=checkpoint, yield_single_examples=False))
     return {k: torch.cat([b[k] for b in batches]) for k in batches[0]}
 
@@ -89,7 +89,7 @@ def resnet20_aot(tmp_path_factory):
         train_batch_size=4,
     )
     images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
-    est.train(lambda p: stoker.data.arrays(images, labels, batch_size=p["batch_size"]), max_steps=1)
+    est.train(lambda p: stoker.data.arrays(images, labels, read=stoker.data.ReadOptions().for_replica(p)), max_steps=1)
     write_run_spec(model_dir, kind="zoo", model="resnet20", dataset="cifar10")
     out = tmp_path_factory.mktemp("exp") / "resnet20"
     assert _cli(["export", str(model_dir), "--out", str(out), "--aot"]) == 0

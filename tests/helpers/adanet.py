@@ -27,12 +27,12 @@ def make_data(n: int = 96, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 def train_input(x: torch.Tensor, y: torch.Tensor, seed: int = 0):  # noqa: ANN201
     return lambda p: stoker.data.arrays(
-        x, y, batch_size=p["batch_size"], seed=seed + 100 * p.get("adanet_iteration", 0)
+        x, y, read=stoker.data.ReadOptions(seed=seed + 100 * p.get("adanet_iteration", 0)).for_replica(p)
     )
 
 
 def eval_input(x: torch.Tensor, y: torch.Tensor | None = None):  # noqa: ANN201
-    return lambda p: stoker.data.arrays(x, y, batch_size=p["batch_size"], shuffle=False, num_epochs=1)
+    return lambda p: stoker.data.arrays(x, y, read=stoker.data.ReadOptions(shuffle=False, num_epochs=1).for_replica(p))
 
 
 class MLP(nn.Module):

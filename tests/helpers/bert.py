@@ -3,7 +3,9 @@ stochastic-rounding tests)."""
 
 from __future__ import annotations
 
-from stoker.data import stdlib_corpus
+from typing import Any
+
+from stoker.data import ReadOptions, stdlib_corpus
 from stoker.recipes.bert import BertConfig, MaskedTextWindows
 
 TINY = dict(
@@ -33,6 +35,8 @@ def tiny_config(model_dir: str | None, max_steps: int, **changes: object) -> Ber
     return BertConfig(model_dir=model_dir, text=text, max_steps=max_steps, **{**TINY, **changes})
 
 
-def windows(**kwargs: object) -> MaskedTextWindows:
+def windows(mask_prob: float = 0.15, **read: Any) -> MaskedTextWindows:
+    """Masked windows of 20 bytes, batches of 8, seed 3; ``read`` changes those read options."""
     files = stdlib_corpus(150_000)
-    return MaskedTextWindows(files, **{"seq_len": 20, "batch_size": 8, "seed": 3, **kwargs})
+    options = ReadOptions(**{"batch_size": 8, "seed": 3, **read})
+    return MaskedTextWindows(files, seq_len=20, read=options, mask_prob=mask_prob)

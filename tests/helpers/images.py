@@ -106,12 +106,8 @@ def input_fn(data: str | Path, num_workers: int = 2):  # noqa: ANN201
     def fn(params: dict) -> stoker.data.ImageFolderSource:
         return stoker.data.image_folder(
             data,
-            batch_size=params["batch_size"],
-            image_size=IMAGE_SIZE,
-            num_workers=num_workers,
-            num_shards=params["num_replicas"],
-            shard_index=params["replica_index"],
-            seed=3,
+            read=stoker.data.ReadOptions(num_workers=num_workers, seed=3).for_replica(params),
+            image=stoker.data.ImageOptions(image_size=IMAGE_SIZE),
         )
 
     return fn

@@ -23,15 +23,14 @@ def poisoned_data(
     micro-batch; of replica 0 when ``num_shards`` replicas read the data) are ``value`` (inf:
     the loss is NaN)."""
     x, y = make_data(96)
-    order = stoker.data.arrays(x, y, batch_size=batch, seed=0, num_shards=num_shards)
+    order = stoker.data.arrays(x, y, read=stoker.data.ReadOptions(batch_size=batch, seed=0, num_shards=num_shards))
     for k in poisoned:
         x[order.batch_indices(0, k)] = value
     return x, y
 
 
 def _source(x: torch.Tensor, y: torch.Tensor, params: dict[str, Any]) -> stoker.data.ArraySource:
-    shards = {"num_shards": params["num_replicas"], "shard_index": params["replica_index"]}
-    return stoker.data.arrays(x, y, batch_size=params["batch_size"], seed=0, **shards)
+    return stoker.data.arrays(x, y, read=stoker.data.ReadOptions(seed=0).for_replica(params))
 
 
 def train_input(x: torch.Tensor, y: torch.Tensor) -> Callable[[dict[str, Any]], Any]:

@@ -49,11 +49,13 @@ def make_data(n: int = 200, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def train_input(x: torch.Tensor, y: torch.Tensor, seed: int = 0):  # noqa: ANN201
-    return lambda params: stoker.data.arrays(x, y, batch_size=params["batch_size"], seed=seed)
+    return lambda params: stoker.data.arrays(x, y, read=stoker.data.ReadOptions(seed=seed).for_replica(params))
 
 
 def eval_input(x: torch.Tensor, y: torch.Tensor | None = None):  # noqa: ANN201
-    return lambda params: stoker.data.arrays(x, y, batch_size=params["batch_size"], shuffle=False, num_epochs=1)
+    return lambda params: stoker.data.arrays(
+        x, y, read=stoker.data.ReadOptions(shuffle=False, num_epochs=1).for_replica(params)
+    )
 
 
 def make_estimator(model_dir: str | os.PathLike[str] | None = None, **config: object) -> stoker.Estimator:

@@ -110,7 +110,9 @@ def test_summaries_reach_metrics_csv_and_tensorboard(tmp_path):
     est = make_estimator(tmp_path, iterations_per_loop=5, log_every_n_steps=5)
     est.model_fn = lm_fn
     est.train(train_input(x, y), max_steps=10)
-    est.evaluate(lambda p: stoker.data.arrays(x, y, batch_size=p["batch_size"], shuffle=False, num_epochs=1))
+    est.evaluate(
+        lambda p: stoker.data.arrays(x, y, read=stoker.data.ReadOptions(shuffle=False, num_epochs=1).for_replica(p))
+    )
     rows = read_metrics_csv(tmp_path)
     losses = [(r["step"], r["value"]) for r in rows if r["tag"] == "loss"]
     assert losses == [(5, pytest.approx(math.log(2))), (10, pytest.approx(math.log(2)))]

@@ -115,7 +115,9 @@ def test_recompute_through_the_estimator_trains_bitwise_the_same_weights(tmp_pat
             ),
             train_batch_size=4,
         )
-        est.train(lambda p: MaskedTextWindows(files, seq_len=16, batch_size=p["batch_size"]), max_steps=4)
+        est.train(
+            lambda p: MaskedTextWindows(files, seq_len=16, read=stoker.data.ReadOptions().for_replica(p)), max_steps=4
+        )
         assert recomputed_modules(est.model) == ([] if recompute is None else ["layers.0", "layers.1"])
         return est.model_state_dict()
 

@@ -171,12 +171,12 @@ def test_evaluation_and_prediction_do_not_round_or_draw(tmp_path):
     weights = {k: v.clone() for k, v in est.model.state_dict().items()}
 
     def eval_fn(params):  # noqa: ANN001, ANN202
-        return stoker.data.arrays(x, y, batch_size=params["batch_size"], shuffle=False, num_epochs=1)
+        return stoker.data.arrays(x, y, read=stoker.data.ReadOptions(shuffle=False, num_epochs=1).for_replica(params))
 
     first, again = est.evaluate(eval_fn), est.evaluate(eval_fn)
     rows = list(
         est.predict(
-            lambda p: stoker.data.arrays(x, batch_size=p["batch_size"], shuffle=False, num_epochs=1),
+            lambda p: stoker.data.arrays(x, read=stoker.data.ReadOptions(shuffle=False, num_epochs=1).for_replica(p)),
             yield_single_examples=False,
         )
     )
@@ -189,7 +189,7 @@ def test_evaluation_and_prediction_do_not_round_or_draw(tmp_path):
     assert plain.evaluate(eval_fn) == first
     plain_rows = list(
         plain.predict(
-            lambda p: stoker.data.arrays(x, batch_size=p["batch_size"], shuffle=False, num_epochs=1),
+            lambda p: stoker.data.arrays(x, read=stoker.data.ReadOptions(shuffle=False, num_epochs=1).for_replica(p)),
             yield_single_examples=False,
         )
     )

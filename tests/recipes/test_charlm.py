@@ -164,7 +164,9 @@ def test_cli_train_then_export_equals_predict(tmp_path, capsys):
     tokens = torch.randint(0, 256, (5, cfg.seq_len), generator=torch.Generator().manual_seed(3))
     batches = list(
         est.predict(
-            lambda p: stoker.data.arrays(tokens, batch_size=p["batch_size"], shuffle=False, num_epochs=1),
+            lambda p: stoker.data.arrays(
+                tokens, read=stoker.data.ReadOptions(shuffle=False, num_epochs=1).for_replica(p)
+            ),
             checkpoint_path=program.signature["checkpoint"],
             yield_single_examples=False,
         )

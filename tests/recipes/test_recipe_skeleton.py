@@ -32,10 +32,10 @@ class LinRegConfig(RecipeConfig):
 
 def input_fns(config: LinRegConfig):  # noqa: ANN201
     def train_fn(params):  # noqa: ANN001, ANN202
-        return stoker.data.arrays(X, Y, batch_size=params["batch_size"], seed=config.seed)
+        return stoker.data.arrays(X, Y, read=stoker.data.ReadOptions(seed=config.seed).for_replica(params))
 
     def eval_fn(params):  # noqa: ANN001, ANN202
-        return stoker.data.arrays(X, Y, batch_size=params["batch_size"], shuffle=False, num_epochs=1)
+        return stoker.data.arrays(X, Y, read=stoker.data.ReadOptions(shuffle=False, num_epochs=1).for_replica(params))
 
     return train_fn, eval_fn
 

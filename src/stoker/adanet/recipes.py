@@ -107,12 +107,14 @@ def load_split(name: str, seed: int = 0, test_fraction: float = 0.2) -> Split:
 def train_input(x: torch.Tensor, y: torch.Tensor, seed: int) -> Callable[[dict[str, Any]], Any]:
     """Shuffled batches, repeating; each AdaNet iteration gets its own order of examples."""
     return lambda params: stoker_data.arrays(
-        x, y, batch_size=params["batch_size"], seed=seed + 1000 * params.get("adanet_iteration", 0)
+        x, y, read=stoker_data.ReadOptions(seed=seed + 1000 * params.get("adanet_iteration", 0)).for_replica(params)
     )
 
 
 def eval_input(x: torch.Tensor, y: torch.Tensor) -> Callable[[dict[str, Any]], Any]:
-    return lambda params: stoker_data.arrays(x, y, batch_size=params["batch_size"], shuffle=False, num_epochs=1)
+    return lambda params: stoker_data.arrays(
+        x, y, read=stoker_data.ReadOptions(shuffle=False, num_epochs=1).for_replica(params)
+    )
 
 
 # ====================================================================== builders

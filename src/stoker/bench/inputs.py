@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from ..data import RepeatedBatch, cifar_binary, image_folder, imagenet_tfrecords, synthetic_images
+from ..data import ReadOptions, RepeatedBatch, cifar_binary, image_folder, imagenet_tfrecords, synthetic_images
+from ..data import images as data_images
 from ..data.images import IMAGE_EXTENSIONS
 from ..data.tfrecord import find_shards
 from ..models import ModelInfo
@@ -109,16 +110,8 @@ class CifarBinaries:
     augment: bool
 
     def __call__(self, params: dict[str, Any]) -> Iterable[Any]:
-        return cifar_binary(
-            self.data_dir,
-            batch_size=params["batch_size"],
-            train=self.train,
-            seed=self.seed,
-            num_epochs=self.num_epochs,
-            num_shards=params["num_replicas"],
-            shard_index=params["replica_index"],
-            augment=self.augment,
-        )
+        read = ReadOptions(seed=self.seed, num_epochs=self.num_epochs).for_replica(params)
+        return cifar_binary(self.data_dir, read=read, train=self.train, augment=self.augment)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,26 +132,22 @@ class ImageOptions:
 
     def for_replica(self, params: dict[str, Any]) -> dict[str, Any]:
         """The keyword arguments of ``image_folder`` / ``imagenet_tfrecords`` for ``params``' replica."""
-        return {
-            "batch_size": params["batch_size"],
-            "image_size": self.image_size,
-            "train": self.train,
-            "seed": self.seed,
-            "num_epochs": self.num_epochs,
-            "num_workers": self.num_workers,
-            "num_shards": params["num_replicas"],
-            "shard_index": params["replica_index"],
+        read = ReadOptions(
+            seed=self.seed, num_epochs=self.num_epochs, num_workers=self.num_workers, worker_kind=self.worker_kind
+        )
+        image = data_images.ImageOptions(
+            image_size=self.image_size,
             # tf_cnn's training preprocessing always crops at random and flips; --distortions adds colour.
-            "augment": self.train,
-            "resize_method": self.resize_method,
-            "crop": "tf_cnn",
-            "distortions": self.distortions,
-            "output": "uint8",  # normalised on the device by the model_fn (bench.model.device_images)
-            "decoder": self.decoder,
-            "worker_kind": self.worker_kind,
-            "decode_on_device": self.decode_on_device,
-            "pin_memory": self.pin_memory,  # the infeed's H2D copy starts from pinned memory
-        }
+            augment=self.train,
+            resize_method=self.resize_method,
+            crop="tf_cnn",
+            distortions=self.distortions,
+            output="uint8",  # normalised on the device by the model_fn (bench.model.device_images)
+            decoder=self.decoder,
+            decode_on_device=self.decode_on_device,
+            pin_memory=self.pin_memory,  # the infeed's H2D copy starts from pinned memory
+        )
+        return {"train": self.train, "read": read.for_replica(params), "image": image}
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -2,7 +2,9 @@
 
 Every source but :func:`synthetic_images` is index-based (:mod:`stoker.data.base`): the
 position ``(epoch, batch)`` is its whole state, so resuming is a jump, exact with or without
-worker processes.
+worker processes. Each takes how to read as one :class:`ReadOptions` (``read=``: batch size,
+order, epochs, workers, and the replica's shard from ``ReadOptions.for_replica(params)``);
+image sources also take what to make of each image as one :class:`ImageOptions` (``image=``).
 
 - :func:`arrays`: in-memory tensors / numpy arrays.
 - :func:`image_folder`: a class-per-folder tree of JPEG/PNG files (ImageNet layout).
@@ -21,7 +23,8 @@ of the engine that reads it.
 from .arrays import ArraySource, arrays
 from .base import DataError, IndexedSource, epoch_generator, example_uniforms
 from .cifar import CifarSource, cifar_binary
-from .images import ImageFolderSource, image_folder
+from .images import ImageFolderSource, ImageOptions, image_folder
+from .options import ReadOptions
 from .synthetic import RepeatedBatch, SyntheticImages, synthetic_images
 from .text import TextSource, stdlib_corpus, text_chars
 from .tfrecord import TFRecordImageSource, imagenet_tfrecords, write_imagenet_tfrecords
@@ -32,7 +35,9 @@ __all__ = [
     "CifarSource",
     "DataError",
     "ImageFolderSource",
+    "ImageOptions",
     "IndexedSource",
+    "ReadOptions",
     "RepeatedBatch",
     "SyntheticImages",
     "TFRecordImageSource",

@@ -17,6 +17,7 @@ import torch
 from ..errors import UserCodeError
 from ._tree import tree_leaves, tree_map
 from .base import DataError, IndexedSource, epoch_generator
+from .options import ReadOptions
 
 __all__ = ["ArraySource", "arrays", "epoch_generator"]
 
@@ -45,16 +46,8 @@ class ArraySource(IndexedSource):
         features: Any,
         labels: Any = None,
         *,
-        batch_size: int,
-        shuffle: bool = True,
-        seed: int = 0,
-        num_epochs: int | None = None,
-        drop_remainder: bool | None = None,
-        num_shards: int = 1,
-        shard_index: int = 0,
+        read: ReadOptions,
         num_classes: int | None = None,
-        num_workers: int = 0,
-        start_method: str | None = None,
     ) -> None:
         self.features = tree_map(lambda t: t, features)
         self.labels = tree_map(lambda t: t, labels) if labels is not None else None
@@ -74,23 +67,15 @@ class ArraySource(IndexedSource):
         if num_classes is not None:
             _check_labels(self.labels, num_classes)
         self.num_classes = num_classes
-        super().__init__(
-            batch_size=batch_size,
-            shuffle=shuffle,
-            seed=seed,
-            num_epochs=num_epochs,
-            drop_remainder=drop_remainder,
-            num_shards=num_shards,
-            shard_index=shard_index,
-            num_workers=num_workers,
-            start_method=start_method,
-        )
-        if num_workers > 0:
+        super().__init__(read)
+        if self.num_workers > 0:
             self.prefers_inline_fetch = False  # the workers do the work; the thread only waits
         row_bytes = sum(t.element_size() * t[:1].numel() for t in leaves)
         # Gathering ahead pays only in the calling thread (a worker builds every n-th batch).
         self._chunk_batches = (
-            1 if num_workers > 0 else max(1, min(CHUNK_BATCHES, CHUNK_BYTES // max(1, row_bytes * batch_size)))
+            1
+            if self.num_workers > 0
+            else max(1, min(CHUNK_BATCHES, CHUNK_BYTES // max(1, row_bytes * self.batch_size)))
         )
         self._chunk: tuple[int, int, int, Any] | None = None  # (epoch, first batch, end batch, gathered)
 
@@ -157,43 +142,17 @@ def arrays(
     features: Any,
     labels: Any = None,
     *,
-    batch_size: int,
-    shuffle: bool = True,
-    seed: int = 0,
-    num_epochs: int | None = None,
-    drop_remainder: bool | None = None,
-    num_shards: int = 1,
-    shard_index: int = 0,
+    read: ReadOptions,
     num_classes: int | None = None,
-    num_workers: int = 0,
-    start_method: str | None = None,
 ) -> ArraySource:
     """Batches from in-memory arrays: tensors, numpy arrays, or dicts / tuples of them.
 
     Args:
         features, labels: arrays whose first dimension is the example.
-        batch_size: examples per batch (give ``params["batch_size"]``: the per-replica batch).
-        shuffle: reshuffle every epoch from ``(seed, epoch)``.
-        num_epochs: ``None`` repeats forever (training); ``1`` is one pass (evaluation).
-        drop_remainder: drop the last partial batch; default True when repeating forever.
-        num_shards, shard_index: read one disjoint shard (give ``params["num_replicas"]`` and
-            ``params["replica_index"]``).
+        read: how to read (:class:`~stoker.data.ReadOptions`; in an ``input_fn``,
+            ``ReadOptions(...).for_replica(params)``). ``shuffle=None`` shuffles; workers are
+            rarely worth it (indexing is cheap).
         num_classes: if given, every label must be an integer in ``[0, num_classes)``; checked
             here, once, with the first offending example named.
-        num_workers: index in worker processes (rarely worth it: indexing is cheap).
-        start_method: multiprocessing start method for the workers (default fork on Linux).
     """
-    return ArraySource(
-        features,
-        labels,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        seed=seed,
-        num_epochs=num_epochs,
-        drop_remainder=drop_remainder,
-        num_shards=num_shards,
-        shard_index=shard_index,
-        num_classes=num_classes,
-        num_workers=num_workers,
-        start_method=start_method,
-    )
+    return ArraySource(features, labels, read=read, num_classes=num_classes)

@@ -41,6 +41,7 @@ import torch
 from ..errors import CheckpointMismatchError, ConfigError, DataError
 from ..resolve import auto_worker_kind
 from ._workers import InSlot, _SlotRing, _Workers, build_in_slot, make_workers, read_slot
+from .options import ReadOptions
 
 log = logging.getLogger("stoker")
 
@@ -83,24 +84,6 @@ def example_uniforms(
         counters = np.arange(count, dtype=np.uint64) * _GOLDEN
         bits = _splitmix64(base[:, None] + counters[None, :])
     return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
-
-
-def _check_arguments(
-    name: str, batch_size: Any, num_epochs: int | None, num_shards: Any, shard_index: int, num_workers: Any
-) -> None:
-    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
-        raise ConfigError(f"{name}: batch_size must be a positive integer; got {batch_size!r}")
-    if num_epochs is not None and num_epochs < 1:
-        raise ConfigError(f"{name}: num_epochs must be None (repeat forever) or >= 1; got {num_epochs}")
-    if not isinstance(num_shards, int) or num_shards < 1:
-        raise ConfigError(f"{name}: num_shards must be a positive integer; got {num_shards!r}")
-    if not 0 <= shard_index < num_shards:
-        raise ConfigError(f"{name}: shard_index must be in [0, {num_shards}); got {shard_index}")
-    if not isinstance(num_workers, int) or num_workers < 0:
-        raise ConfigError(f"{name}: num_workers must be an integer >= 0; got {num_workers!r}")
-
-
-WORKER_KINDS = ("auto", "thread", "process")
 
 
 class _ShardOrder:
@@ -301,68 +284,44 @@ class IndexedSource(_SavedPosition, ABC):
     its state.
 
     Args:
-        batch_size: examples per batch (give ``params["batch_size"]``: the per-replica batch).
-        shuffle: reshuffle every epoch from ``(seed, epoch)``.
-        seed: seeds the order and the augmentation.
-        num_epochs: ``None`` repeats forever (training); ``1`` is one pass (evaluation).
-        drop_remainder: drop the last partial batch; default True when repeating forever.
-        num_shards, shard_index: read one disjoint shard (give ``params["num_replicas"]`` and
-            ``params["replica_index"]``).
-        num_workers: build batches in this many workers (0: in the calling thread).
-        worker_kind: ``"process"`` (forked worker processes, batches through shared memory),
-            ``"thread"`` (threads of this process; for batch building that runs outside the
-            GIL) or ``"auto"``: threads where the source says its building releases the GIL
-            (:meth:`_threads_suffice`: the libjpeg-crop decoder feeding a CPU step) and ``num_workers`` is at most
-            :data:`AUTO_THREAD_WORKERS_MAX`, else processes.
-        skip_bad_examples: replace an unreadable example by the next readable one in the
-            epoch's order, and log it, instead of raising.
-        start_method: multiprocessing start method for the workers (default: ``fork`` on
-            Linux, the platform default elsewhere).
+        read: how to read (:class:`~stoker.data.ReadOptions`: batch size, order, epochs, shard,
+            workers). ``shuffle=None`` shuffles; give ``read.for_replica(params)`` in an
+            ``input_fn``. ``worker_kind="auto"`` builds in threads where the source says its
+            building releases the GIL (:meth:`_threads_suffice`: the libjpeg-crop decoder
+            feeding a CPU step) and ``num_workers`` is at most :data:`AUTO_THREAD_WORKERS_MAX`,
+            else in processes.
     """
 
     name = "source"
     #: Ask the Infeed to call ``next()`` on the training thread (no prefetch thread).
     prefers_inline_fetch = False
 
-    def __init__(
-        self,
-        *,
-        batch_size: int,
-        shuffle: bool = True,
-        seed: int = 0,
-        num_epochs: int | None = None,
-        drop_remainder: bool | None = None,
-        num_shards: int = 1,
-        shard_index: int = 0,
-        num_workers: int = 0,
-        skip_bad_examples: bool = False,
-        start_method: str | None = None,
-        worker_kind: str = "auto",
-    ) -> None:
+    def __init__(self, read: ReadOptions) -> None:
         name = self.name
-        _check_arguments(name, batch_size, num_epochs, num_shards, shard_index, num_workers)
-        if worker_kind not in WORKER_KINDS:
-            raise ConfigError(f"{name}: worker_kind must be one of {', '.join(WORKER_KINDS)}; got {worker_kind!r}")
-        self.batch_size = batch_size
-        self.shuffle = bool(shuffle)
-        self.seed = int(seed)
-        self.num_epochs = num_epochs
+        self.batch_size = batch_size = read.batch_size_of(name)
+        self.shuffle = True if read.shuffle is None else bool(read.shuffle)
+        self.seed = int(read.seed)
+        self.num_epochs = read.num_epochs
         # Training repeats forever and wants full batches; a single pass (eval) keeps them all.
-        self.drop_remainder = (num_epochs is None) if drop_remainder is None else bool(drop_remainder)
-        self.num_shards = num_shards
-        self.shard_index = shard_index
-        self.num_workers = num_workers
-        self.skip_bad_examples = bool(skip_bad_examples)
-        self.start_method = start_method
+        self.drop_remainder = (read.num_epochs is None) if read.drop_remainder is None else bool(read.drop_remainder)
+        self.num_shards = read.num_shards
+        self.shard_index = read.shard_index
+        self.num_workers = read.num_workers
+        self.skip_bad_examples = bool(read.skip_bad_examples)
+        self.start_method = read.start_method
         if self.num_examples < 1:
             raise DataError(f"{name}: the data holds no examples")
         self._plan = _ShardOrder(
-            self.num_examples, shuffle=self.shuffle, seed=self.seed, num_shards=num_shards, shard_index=shard_index
+            self.num_examples,
+            shuffle=self.shuffle,
+            seed=self.seed,
+            num_shards=self.num_shards,
+            shard_index=self.shard_index,
         )
         self.batches_per_epoch = self._count_batches()
         if self.batches_per_epoch < 1:
             raise ConfigError(
-                f"{name}: {self.num_examples} examples over {num_shards} shard(s) do not fill one batch "
+                f"{name}: {self.num_examples} examples over {self.num_shards} shard(s) do not fill one batch "
                 f"of {batch_size} with drop_remainder=True; use a smaller batch or drop_remainder=False"
             )
         self.epoch = 0
@@ -371,9 +330,9 @@ class IndexedSource(_SavedPosition, ABC):
         self.bad_examples_skipped = 0
         self._bad: list[str] = []
         #: ``"thread"`` or ``"process"``: what builds the batches when ``num_workers > 0``.
-        if worker_kind == "auto":
-            worker_kind = auto_worker_kind(self._threads_suffice(), num_workers).value
-        self.worker_kind = worker_kind
+        self.worker_kind = read.worker_kind
+        if read.worker_kind == "auto":
+            self.worker_kind = auto_worker_kind(self._threads_suffice(), self.num_workers).value
         self._workers: _Workers = make_workers(self.worker_kind, self._builds_by_slot())
         #: Set only in a worker's copy: the shared-memory slots its batches are built into.
         self._slots: _SlotRing | None = None
@@ -549,11 +508,6 @@ class IndexedSource(_SavedPosition, ABC):
         return state
 
     # ------------------------------------------------------------------ checkpoint state (and _SavedPosition)
-    @staticmethod
-    def mode_defaults(train: bool, shuffle: bool | None, num_epochs: int | None) -> tuple[bool, int | None]:
-        """Defaults of file-backed sources: training shuffles and repeats, eval is one pass in order."""
-        return (train if shuffle is None else shuffle), (num_epochs if num_epochs is not None or train else 1)
-
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Jump to a saved position; refuses a state saved for other data, seed or sharding."""
         epoch, batch = _checked_position(self.name, state, self._expected_state(), self.batches_per_epoch)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from .base import DataError, IndexedSource, example_uniforms
 from .images import normalize_images
+from .options import ReadOptions
 
 log = logging.getLogger("stoker")
 
@@ -90,41 +91,20 @@ class CifarSource(IndexedSource):
         self,
         data_dir: str | os.PathLike[str],
         *,
-        batch_size: int,
+        read: ReadOptions,
         train: bool = True,
-        shuffle: bool | None = None,
-        seed: int = 0,
-        num_epochs: int | None = None,
-        drop_remainder: bool | None = None,
-        num_workers: int = 0,
-        num_shards: int = 1,
-        shard_index: int = 0,
-        skip_bad_examples: bool = False,
-        start_method: str | None = None,
         augment: bool | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         if not self.data_dir.is_dir():
             raise DataError(f"cifar_binary: the data folder {self.data_dir} does not exist")
         self.files = _find_files(self.data_dir, TRAIN_FILES if train else TEST_FILES)
-        images, labels = read_cifar_binary(self.files, skip_bad_examples=skip_bad_examples)
+        images, labels = read_cifar_binary(self.files, skip_bad_examples=read.skip_bad_examples)
         self.images = torch.from_numpy(images)
         self.labels = torch.from_numpy(labels)
         self.train = bool(train)
         self.augment = self.train if augment is None else bool(augment)
-        shuffle, num_epochs = self.mode_defaults(self.train, shuffle, num_epochs)
-        super().__init__(
-            batch_size=batch_size,
-            shuffle=shuffle,
-            seed=seed,
-            num_epochs=num_epochs,
-            drop_remainder=drop_remainder,
-            num_shards=num_shards,
-            shard_index=shard_index,
-            num_workers=num_workers,
-            skip_bad_examples=skip_bad_examples,
-            start_method=start_method,
-        )
+        super().__init__(read.for_mode(self.train))
 
     @property
     def num_examples(self) -> int:
@@ -157,20 +137,7 @@ class CifarSource(IndexedSource):
 
 
 def cifar_binary(
-    data_dir: str | os.PathLike[str],
-    *,
-    batch_size: int,
-    train: bool = True,
-    shuffle: bool | None = None,
-    seed: int = 0,
-    num_epochs: int | None = None,
-    drop_remainder: bool | None = None,
-    num_workers: int = 0,
-    num_shards: int = 1,
-    shard_index: int = 0,
-    skip_bad_examples: bool = False,
-    start_method: str | None = None,
-    augment: bool | None = None,
+    data_dir: str | os.PathLike[str], *, read: ReadOptions, train: bool = True, augment: bool | None = None
 ) -> CifarSource:
     """``(images, labels)`` batches of CIFAR-10 from its binary files in ``data_dir``.
 
@@ -180,29 +147,14 @@ def cifar_binary(
     Args:
         data_dir: holds ``data_batch_1.bin`` ... ``data_batch_5.bin`` and ``test_batch.bin``
             (or holds the ``cifar-10-batches-bin`` folder that does).
-        batch_size: give ``params["batch_size"]``.
+        read: how to read (:class:`~stoker.data.ReadOptions`); ``shuffle`` and ``num_epochs``
+            left ``None`` follow ``train`` (shuffled and forever, else one pass in order);
+            ``skip_bad_examples`` drops records whose label is not 0-9 (logged) instead of raising.
         train: the training files, augmented and shuffled; else ``test_batch.bin`` in order.
-        num_epochs: ``None``: forever when ``train``, one pass otherwise.
-        skip_bad_examples: drop records whose label is not 0-9 (logged) instead of raising.
         augment: pad, crop and flip (default ``train``; tf_cnn_benchmarks' ``--nodistortions`` is False).
-        Others: as :func:`~stoker.data.image_folder`.
 
     Raises:
         DataError: a file is missing (all missing names are listed), truncated (its size and
             the record size are given) or holds a label above 9 (file and record named).
     """
-    return CifarSource(
-        data_dir,
-        batch_size=batch_size,
-        train=train,
-        shuffle=shuffle,
-        seed=seed,
-        num_epochs=num_epochs,
-        drop_remainder=drop_remainder,
-        num_workers=num_workers,
-        num_shards=num_shards,
-        shard_index=shard_index,
-        skip_bad_examples=skip_bad_examples,
-        start_method=start_method,
-        augment=augment,
-    )
+    return CifarSource(data_dir, read=read, train=train, augment=augment)

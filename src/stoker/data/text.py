@@ -11,6 +11,7 @@ streams again from their starts. The position is the state, as for every stoker 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sysconfig
 from collections.abc import Sequence
@@ -21,6 +22,7 @@ import torch
 
 from ..errors import ConfigError
 from .base import DataError, IndexedSource
+from .options import ReadOptions
 
 PathLike = str | os.PathLike[str]
 
@@ -63,18 +65,13 @@ class TextSource(IndexedSource):
         paths: PathLike | Sequence[PathLike],
         *,
         seq_len: int,
-        batch_size: int,
-        num_epochs: int | None = None,
-        num_shards: int = 1,
-        shard_index: int = 0,
+        read: ReadOptions,
         extensions: Sequence[str] | None = None,
     ) -> None:
         if not isinstance(seq_len, int) or seq_len < 1:
             raise ConfigError(f"text_chars: seq_len must be a positive integer; got {seq_len!r}")
-        if not isinstance(batch_size, int) or batch_size < 1:
-            raise ConfigError(f"text_chars: batch_size must be a positive integer; got {batch_size!r}")
-        if not 0 <= shard_index < num_shards:
-            raise ConfigError(f"text_chars: shard_index must be in [0, {num_shards}); got {shard_index}")
+        _check_in_order(read)
+        batch_size, num_shards, shard_index = read.batch_size_of(self.name), read.num_shards, read.shard_index
         self.files = _collect(paths, extensions)
         data = (
             np.concatenate([np.fromfile(f, dtype=np.uint8) for f in self.files])
@@ -94,15 +91,8 @@ class TextSource(IndexedSource):
         streams = data[: self.num_streams * self.stream_len].reshape(self.num_streams, self.stream_len)
         # Only this replica's streams are kept.
         self.streams = torch.from_numpy(streams[shard_index * batch_size : (shard_index + 1) * batch_size].copy())
-        super().__init__(
-            batch_size=batch_size,
-            shuffle=False,
-            seed=0,
-            num_epochs=num_epochs,
-            drop_remainder=True,
-            num_shards=num_shards,
-            shard_index=shard_index,
-        )
+        # The streams are read in order, whole batches only; no seed enters them.
+        super().__init__(dataclasses.replace(read, shuffle=False, seed=0, drop_remainder=True))
 
     @property
     def num_examples(self) -> int:
@@ -125,14 +115,21 @@ class TextSource(IndexedSource):
         return window[:, :-1].contiguous(), window[:, 1:].contiguous()
 
 
+def _check_in_order(read: ReadOptions) -> None:
+    """A :class:`ConfigError` for the read options a text stream cannot honour."""
+    if read.shuffle:
+        raise ConfigError("text_chars: the streams are read in order; give ReadOptions(shuffle=None or False)")
+    if read.drop_remainder is False:
+        raise ConfigError("text_chars: batches are always whole segments; give ReadOptions(drop_remainder=None)")
+    if read.num_workers:
+        raise ConfigError("text_chars: a batch is a slice of memory, built inline; give ReadOptions(num_workers=0)")
+
+
 def text_chars(
     paths: PathLike | Sequence[PathLike],
     *,
     seq_len: int,
-    batch_size: int,
-    num_epochs: int | None = None,
-    num_shards: int = 1,
-    shard_index: int = 0,
+    read: ReadOptions,
     extensions: Sequence[str] | None = None,
 ) -> TextSource:
     """Byte-level ``(inputs, targets)`` batches from text files, in contiguous parallel streams.
@@ -141,20 +138,14 @@ def text_chars(
         paths: files and folders (walked recursively, files sorted; hidden ones skipped),
             concatenated in the order given.
         seq_len: bytes per row of a batch; ``targets`` are ``inputs`` shifted by one byte.
-        batch_size: streams (rows) per batch for this replica (give ``params["batch_size"]``).
-        num_epochs: ``None`` repeats forever.
-        num_shards, shard_index: give ``params["num_replicas"]`` and ``params["replica_index"]``.
+        read: how to read (:class:`~stoker.data.ReadOptions`; in an ``input_fn``,
+            ``ReadOptions(...).for_replica(params)``): ``batch_size`` streams (rows) per batch
+            for this replica, ``num_epochs`` (``None`` repeats forever) and the shard. The
+            streams are read in order: ``shuffle=True``, ``drop_remainder=False`` and workers
+            are refused, and the seed does not enter.
         extensions: inside folders, only files ending so (e.g. ``(".py",)``); default all.
     """
-    return TextSource(
-        paths,
-        seq_len=seq_len,
-        batch_size=batch_size,
-        num_epochs=num_epochs,
-        num_shards=num_shards,
-        shard_index=shard_index,
-        extensions=extensions,
-    )
+    return TextSource(paths, seq_len=seq_len, read=read, extensions=extensions)
 
 
 def held_out_split(

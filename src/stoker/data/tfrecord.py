@@ -44,7 +44,9 @@ from PIL import Image
 from ..errors import ConfigError
 from .base import DataError
 from .images.folder import IMAGE_EXTENSIONS, scan_image_folder
+from .images.options import ImageOptions
 from .images.source import EncodedExample, EncodedImageSource
+from .options import ReadOptions
 from .tfrecord_index import RecordShards
 from .tfrecord_io import example_class, make_example, write_tfrecords
 
@@ -127,8 +129,7 @@ def parse_imagenet_example(data: bytes, name: str, num_classes: int = IMAGENET_N
 
 
 class TFRecordImageSource(EncodedImageSource):
-    """Decoded, augmented image batches from ImageNet TFRecord shards. See :func:`imagenet_tfrecords`
-    (its typed signature and defaults; the other options go to :class:`EncodedImageSource` as given)."""
+    """Decoded, augmented image batches from ImageNet TFRecord shards. See :func:`imagenet_tfrecords`."""
 
     name = "imagenet_tfrecords"
 
@@ -136,12 +137,12 @@ class TFRecordImageSource(EncodedImageSource):
         self,
         data_dir: str | os.PathLike[str],
         *,
+        read: ReadOptions,
+        image: ImageOptions | None = None,
         train: bool = True,
         split: str | None = None,
-        skip_bad_examples: bool = False,
         num_classes: int = IMAGENET_NUM_CLASSES,
         index_dir: str | os.PathLike[str] | None = None,
-        **options: Any,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.split = split or ("train" if train else "validation")
@@ -153,9 +154,9 @@ class TFRecordImageSource(EncodedImageSource):
                 f"imagenet_tfrecords: {self.data_dir} holds no {self.split}-*-of-* shards; "
                 f"{expected_layouts(self.data_dir)}"
             )
-        self.records = RecordShards(shards, index_dir=index_dir, lenient=skip_bad_examples)
+        self.records = RecordShards(shards, index_dir=index_dir, lenient=read.skip_bad_examples)
         self.num_classes = int(num_classes)
-        super().__init__(train=train, skip_bad_examples=skip_bad_examples, **options)
+        super().__init__(read=read, image=image, train=train)
 
     @property
     def num_examples(self) -> int:
@@ -179,28 +180,10 @@ class TFRecordImageSource(EncodedImageSource):
 def imagenet_tfrecords(
     data_dir: str | os.PathLike[str],
     *,
-    batch_size: int,
-    image_size: int = 224,
+    read: ReadOptions,
+    image: ImageOptions | None = None,
     train: bool = True,
     split: str | None = None,
-    shuffle: bool | None = None,
-    seed: int = 0,
-    num_epochs: int | None = None,
-    drop_remainder: bool | None = None,
-    num_workers: int = 0,
-    num_shards: int = 1,
-    shard_index: int = 0,
-    skip_bad_examples: bool = False,
-    start_method: str | None = None,
-    worker_kind: str = "auto",
-    augment: bool | None = None,
-    resize_method: str = "bilinear",
-    crop: str = "inception",
-    distortions: bool = False,
-    output: str = "float32",
-    decoder: str = "auto",
-    decode_on_device: bool | str = False,
-    pin_memory: bool = False,
     num_classes: int = IMAGENET_NUM_CLASSES,
     index_dir: str | os.PathLike[str] | None = None,
 ) -> TFRecordImageSource:
@@ -215,29 +198,27 @@ def imagenet_tfrecords(
     (:mod:`stoker.data.tfrecord_io`: ``<data_dir>/.stoker-index/``, or the user cache when the
     data folder is read-only).
 
-    ``batch_size``, ``image_size``, ``train``, ``shuffle``, ``seed``, ``num_epochs``,
-    ``drop_remainder``, ``num_workers``, ``num_shards``, ``shard_index``, ``start_method``, ``worker_kind``,
-    ``augment``, ``resize_method``, ``crop``, ``distortions``, ``output``, ``decoder``,
-    ``decode_on_device`` and ``pin_memory`` mean what they mean for :func:`~stoker.data.image_folder` (the
-    decode-and-crop batch builder is :class:`~stoker.data.images.EncodedImageSource`);
-    ``crop="tf_cnn"`` crops around the example's object boxes as tf_cnn does.
+    ``read``, ``image`` and ``train`` mean what they mean for :func:`~stoker.data.image_folder`
+    (the decode-and-crop batch builder is :class:`~stoker.data.images.EncodedImageSource`);
+    ``crop="tf_cnn"`` crops around the example's object boxes as tf_cnn does. With
+    ``read.skip_bad_examples`` an unreadable example (bad checksum, truncated record, missing
+    key, undecodable image) is replaced by the next readable one in the epoch's order, counted
+    in ``.bad_examples_skipped`` and logged, and a shard whose framing breaks contributes the
+    records before the break; otherwise these raise :class:`~stoker.data.DataError`.
 
     Args:
         data_dir: the folder holding the shards.
         split: the shard name prefix (default ``train`` / ``validation`` by ``train``).
-        skip_bad_examples: replace an unreadable example (bad checksum, truncated record, missing
-            key, undecodable image) by the next readable one in the epoch's order, counted in
-            ``.bad_examples_skipped`` and logged; a shard whose framing breaks contributes the
-            records before the break. Otherwise these raise :class:`~stoker.data.DataError`.
         num_classes: labels must lie in ``[0, num_classes)``.
         index_dir: cache the shard indexes here instead.
 
     Raises:
         DataError: the folder is missing or holds no ``<split>-*-of-*`` shards, or a shard is
-            corrupt (see ``skip_bad_examples``).
+            corrupt (see ``read.skip_bad_examples``).
     """
-    # Every argument by name: this signature is the typed, documented face of TFRecordImageSource.
-    return TFRecordImageSource(**locals())
+    return TFRecordImageSource(
+        data_dir, read=read, image=image, train=train, split=split, num_classes=num_classes, index_dir=index_dir
+    )
 
 
 def imagenet_example(

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..config import RunConfig
-from ..data import IndexedSource, example_uniforms
+from ..data import IndexedSource, ReadOptions, example_uniforms
 from ..data.base import DataError
 from ..data.text import _collect as collect_text_files  # same expansion rule as text_chars
 from ..distributed import PipelineConfig
@@ -281,13 +281,8 @@ class MaskedTextWindows(IndexedSource):
         paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
         *,
         seq_len: int,
-        batch_size: int,
+        read: ReadOptions,
         mask_prob: float = 0.15,
-        shuffle: bool = True,
-        seed: int = 0,
-        num_epochs: int | None = None,
-        num_shards: int = 1,
-        shard_index: int = 0,
     ) -> None:
         if not isinstance(seq_len, int) or seq_len < 2:
             raise ConfigError(f"masked_text: seq_len must be an integer >= 2; got {seq_len!r}")
@@ -307,14 +302,7 @@ class MaskedTextWindows(IndexedSource):
                 f"masked_text: {data.size} bytes in {len(self.files)} file(s) do not fill one window of {seq_len}"
             )
         self.windows = torch.from_numpy(data[: count * seq_len].reshape(count, seq_len).copy())
-        super().__init__(
-            batch_size=batch_size,
-            shuffle=shuffle,
-            seed=seed,
-            num_epochs=num_epochs,
-            num_shards=num_shards,
-            shard_index=shard_index,
-        )
+        super().__init__(read)
 
     @property
     def num_examples(self) -> int:
@@ -463,24 +451,16 @@ def input_fns(config: BertConfig) -> tuple[InputFn, InputFn]:
         return MaskedTextWindows(
             train_files,
             seq_len=params["seq_len"],
-            batch_size=params["batch_size"],
+            read=ReadOptions(seed=config.seed).for_replica(params),
             mask_prob=params["mask_prob"],
-            seed=config.seed,
-            num_shards=params["num_replicas"],
-            shard_index=params["replica_index"],
         )
 
     def eval_input_fn(params: dict[str, Any]) -> Iterable[Any]:
         return MaskedTextWindows(
             eval_files,
             seq_len=params["seq_len"],
-            batch_size=params["batch_size"],
+            read=ReadOptions(shuffle=False, seed=0, num_epochs=1).for_replica(params),
             mask_prob=params["mask_prob"],
-            shuffle=False,
-            seed=0,
-            num_epochs=1,
-            num_shards=params["num_replicas"],
-            shard_index=params["replica_index"],
         )
 
     return train_input_fn, eval_input_fn

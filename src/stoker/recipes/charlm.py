@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data import text_chars
+from ..data import ReadOptions, text_chars
 from ..errors import ConfigError
 from ..estimator import Estimator
 from ..hooks import Hook, LoggingHook
@@ -324,23 +324,10 @@ def input_fns(config: CharLMConfig) -> tuple[InputFn, InputFn]:
     train_files, eval_files = split_corpus(config)
 
     def train_input_fn(params: dict[str, Any]) -> Iterable[Any]:
-        return text_chars(
-            train_files,
-            seq_len=params["seq_len"],
-            batch_size=params["batch_size"],
-            num_shards=params["num_replicas"],
-            shard_index=params["replica_index"],
-        )
+        return text_chars(train_files, seq_len=params["seq_len"], read=ReadOptions().for_replica(params))
 
     def eval_input_fn(params: dict[str, Any]) -> Iterable[Any]:
-        return text_chars(
-            eval_files,
-            seq_len=params["seq_len"],
-            batch_size=params["batch_size"],
-            num_epochs=1,
-            num_shards=params["num_replicas"],
-            shard_index=params["replica_index"],
-        )
+        return text_chars(eval_files, seq_len=params["seq_len"], read=ReadOptions(num_epochs=1).for_replica(params))
 
     return train_input_fn, eval_input_fn
 

@@ -38,8 +38,10 @@ A whole recipe, ``linreg.py`` (declare it in a ``stoker.recipes`` entry point, a
     def input_fns(config):
         x = torch.randn(256, config.features, generator=torch.Generator().manual_seed(config.seed))
         y = x.sum(1)
-        train = lambda p: stoker.data.arrays(x, y, batch_size=p["batch_size"], seed=config.seed)
-        held_out = lambda p: stoker.data.arrays(x, y, batch_size=p["batch_size"], shuffle=False, num_epochs=1)
+        train_read = stoker.data.ReadOptions(seed=config.seed)
+        eval_read = stoker.data.ReadOptions(shuffle=False, num_epochs=1)
+        train = lambda p: stoker.data.arrays(x, y, read=train_read.for_replica(p))
+        held_out = lambda p: stoker.data.arrays(x, y, read=eval_read.for_replica(p))
         return train, held_out
 
 

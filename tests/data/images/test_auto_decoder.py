@@ -12,7 +12,7 @@ from PIL import Image
 
 import stoker.data.images.auto_decoder as auto
 from helpers.images import noisy_jpeg
-from stoker.data import image_folder
+from stoker.data import ImageOptions, ReadOptions, image_folder
 from stoker.data.images import jpeg_crop
 from stoker.resolve import Choice
 
@@ -35,7 +35,7 @@ def jpeg_tree(root: Path, classes: int = 2, per_class: int = 10, size: tuple[int
 @both
 def test_timing_covers_every_readable_example_and_leaves_out_a_bad_one(tmp_path: Path) -> None:
     root = jpeg_tree(tmp_path / "d")
-    source = image_folder(root, batch_size=4, decoder="pillow")
+    source = image_folder(root, read=ReadOptions(batch_size=4), image=ImageOptions(decoder="pillow"))
     samples = []
     for index in range(5):
         example, box, flip, wh = source._plan_sized(index, None)
@@ -72,17 +72,23 @@ def test_auto_takes_the_measured_faster_and_its_batches_are_the_same_bitwise(
 
     monkeypatch.setattr(auto, "time_decoders_one_thread", timed)
     monkeypatch.setattr(auto, "_chosen", {})
-    source = image_folder(root, batch_size=4, image_size=32, seed=3, decoder="auto")
+    source = image_folder(
+        root, read=ReadOptions(batch_size=4, seed=3), image=ImageOptions(image_size=32, decoder="auto")
+    )
     assert source.decoder_choice.value == fastest == source.decoder_name
     assert source.decoder_choice.reason.startswith("auto: libjpeg-crop ") and seen == [16]
-    image_folder(root, batch_size=4, image_size=32, seed=3, decoder="auto")
+    image_folder(root, read=ReadOptions(batch_size=4, seed=3), image=ImageOptions(image_size=32, decoder="auto"))
     assert seen == [16], "the same data and setting are timed once per process"
-    image_folder(root, batch_size=4, image_size=32, seed=3, train=False, decoder="auto")
+    image_folder(
+        root, read=ReadOptions(batch_size=4, seed=3), image=ImageOptions(image_size=32, decoder="auto"), train=False
+    )
     assert seen == [16, 16], "another setting (evaluation crops) is timed again"
     # whichever wins, the batches are the ones each named decoder builds
     first = next(iter(source))[0]
     for name in auto.SAME_PIXELS:
-        named = image_folder(root, batch_size=4, image_size=32, seed=3, decoder=name)
+        named = image_folder(
+            root, read=ReadOptions(batch_size=4, seed=3), image=ImageOptions(image_size=32, decoder=name)
+        )
         torch.testing.assert_close(next(iter(named))[0], first, rtol=0, atol=0)
 
 
@@ -94,7 +100,7 @@ def test_auto_with_a_single_fast_decoder_times_nothing(tmp_path: Path, monkeypat
 
     monkeypatch.setattr(auto, "time_decoders_one_thread", refuse)
     monkeypatch.setattr(auto, "candidates", lambda: [])
-    source = image_folder(root, batch_size=2, decoder="auto")
+    source = image_folder(root, read=ReadOptions(batch_size=2), image=ImageOptions(decoder="auto"))
     assert source.decoder_choice == Choice("pillow", "auto: neither libjpeg-crop nor simplejpeg works here")
     assert source.decoder_name == "pillow"
 
@@ -104,7 +110,9 @@ def test_auto_on_unreadable_examples_still_builds_the_source(tmp_path: Path) -> 
     root = jpeg_tree(tmp_path / "d", per_class=2)
     for path in sorted(root.rglob("*.jpg")):
         path.write_bytes(path.read_bytes()[:100])  # headers survive, the scans do not
-    source = image_folder(root, batch_size=2, decoder="auto", skip_bad_examples=True)
+    source = image_folder(
+        root, read=ReadOptions(batch_size=2, skip_bad_examples=True), image=ImageOptions(decoder="auto")
+    )
     assert source.decoder_choice.value == "libjpeg-crop"
     assert source.decoder_choice.reason.endswith("(nothing readable to time)")
 
@@ -112,7 +120,9 @@ def test_auto_on_unreadable_examples_still_builds_the_source(tmp_path: Path) -> 
 @both
 def test_a_real_timing_of_this_machine_names_both_decoders(tmp_path: Path) -> None:
     root = jpeg_tree(tmp_path / "d", size=(500, 375), per_class=8)
-    choice = image_folder(root, batch_size=2, image_size=224, decoder="auto").decoder_choice
+    choice = image_folder(
+        root, read=ReadOptions(batch_size=2), image=ImageOptions(image_size=224, decoder="auto")
+    ).decoder_choice
     assert choice.value in auto.SAME_PIXELS
     assert "libjpeg-crop " in choice.reason and "simplejpeg " in choice.reason and "timed on 16 " in choice.reason
 
@@ -124,6 +134,6 @@ def test_a_png_tree_is_not_a_problem(tmp_path: Path) -> None:
         buf = io.BytesIO()
         Image.new("RGB", (20, 20), (i, 2, 3)).save(buf, format="PNG")
         (root / "a" / f"{i}.png").write_bytes(buf.getvalue())
-    source = image_folder(root, batch_size=3, image_size=8, decoder="auto")
+    source = image_folder(root, read=ReadOptions(batch_size=3), image=ImageOptions(image_size=8, decoder="auto"))
     assert source.decoder_choice.value in ("pillow", *auto.SAME_PIXELS)
     assert next(iter(source))[0].shape == (3, 3, 8, 8)

@@ -3,6 +3,7 @@ worker slots (bitwise the main process's batches), resume, bad JPEGs, and GPU de
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 import torch
 from PIL import Image
 
-from stoker.data import DataError, image_folder
+from stoker.data import DataError, ImageOptions, ReadOptions, image_folder
 from stoker.data.images import decoders as jpeg_module
 from stoker.data.images.decoders import available_decoders, dct_scale, decode_crop_resize, get_decoder
 from stoker.data.preprocessing import COLOR_PARAMS, ImagePreprocessor
@@ -124,9 +125,9 @@ def test_decoders_agree_and_auto_takes_the_fastest_available(monkeypatch: pytest
 def test_float_output_is_the_preprocessor_of_the_uint8_output(tmp_path: Path, crop: str) -> None:
     root = jpeg_tree(tmp_path)
     for distortions in (False, True):
-        kw = {"batch_size": 6, "image_size": 24, "seed": 4, "crop": crop, "distortions": distortions}
-        as_float = image_folder(root, **kw)
-        as_uint8 = image_folder(root, output="uint8", **kw)
+        read, image = ReadOptions(batch_size=6, seed=4), ImageOptions(image_size=24, crop=crop, distortions=distortions)
+        as_float = image_folder(root, read=read, image=image)
+        as_uint8 = image_folder(root, read=read, image=dataclasses.replace(image, output="uint8"))
         pre = ImagePreprocessor(distortions=distortions, channels_last=False)
         for _ in range(4):
             (xf, yf), (xu, yu) = next(as_float), next(as_uint8)
@@ -142,10 +143,11 @@ def test_float_output_is_the_preprocessor_of_the_uint8_output(tmp_path: Path, cr
 @pytest.mark.parametrize("output", ["uint8", "float32"])
 def test_shared_memory_slots_give_bitwise_the_main_process_batches(tmp_path: Path, output: str) -> None:
     root = jpeg_tree(tmp_path, per_class=7)
-    kw = {"batch_size": 4, "image_size": 16, "seed": 2, "output": output, "crop": "tf_cnn", "distortions": True}
-    reference = image_folder(root, **kw)
+    read = ReadOptions(batch_size=4, seed=2)
+    image = ImageOptions(image_size=16, output=output, crop="tf_cnn", distortions=True)
+    reference = image_folder(root, read=read, image=image)
     expected = [next(reference) for _ in range(11)]  # 14 examples: 3 batches an epoch, across 3 epochs
-    src = image_folder(root, num_workers=2, worker_kind="process", **kw)
+    src = image_folder(root, read=dataclasses.replace(read, num_workers=2, worker_kind="process"), image=image)
     got = [next(iter(src)) for _ in range(11)]
     ring = src._workers.ring
     assert ring is not None and ring.count == 2 * 2 + 2  # prefetch 2 x 2 workers, plus the one being read
@@ -162,9 +164,14 @@ def test_shared_memory_slots_give_bitwise_the_main_process_batches(tmp_path: Pat
 @pytest.mark.parametrize("kind", ["thread", "process"])
 def test_resume_with_workers_is_exact(tmp_path: Path, kind: str) -> None:
     root = jpeg_tree(tmp_path, per_class=7)
-    make = lambda: image_folder(  # noqa: E731
-        root, batch_size=4, image_size=16, seed=5, output="uint8", crop="tf_cnn", num_workers=2, worker_kind=kind
-    )
+
+    def make():
+        return image_folder(
+            root,
+            read=ReadOptions(batch_size=4, seed=5, num_workers=2, worker_kind=kind),
+            image=ImageOptions(image_size=16, output="uint8", crop="tf_cnn"),
+        )
+
     straight = make()
     expected = [next(iter(straight)) for _ in range(8)]
     first = make()
@@ -189,7 +196,12 @@ def test_bad_jpeg_names_the_file_the_example_and_the_fault(tmp_path: Path, decod
     bad = root / "class_1" / "img_001.jpg"  # example 4 in file order
     data = bad.read_bytes()
     bad.write_bytes(data[: len(data) // 2])  # the header intact, the scan cut short
-    src = image_folder(root, batch_size=6, image_size=16, train=False, decoder=decoder, num_workers=workers)
+    src = image_folder(
+        root,
+        read=ReadOptions(batch_size=6, num_workers=workers),
+        image=ImageOptions(image_size=16, decoder=decoder),
+        train=False,
+    )
     # the evaluation crop (the centre 87.5 %) reaches into the missing half, so the window decoder sees it too
     fault = "image file is truncated" if decoder == "pillow" else "corrupt or truncated JPEG: Premature end"
     with pytest.raises(DataError, match=rf"image_folder: cannot read image {bad} \(example 4\): .*{fault}"):
@@ -203,16 +215,14 @@ def test_skipped_bad_examples_are_identical_after_a_resume(
 ) -> None:
     root = jpeg_tree(tmp_path, per_class=5)
     (root / "class_0" / "img_002.jpg").write_bytes(b"\xff\xd8\xff not really a jpeg")
-    make = lambda: image_folder(  # noqa: E731
-        root,
-        batch_size=3,
-        image_size=16,
-        seed=1,
-        output="uint8",
-        skip_bad_examples=True,
-        num_workers=2,
-        worker_kind=kind,
-    )
+
+    def make():
+        return image_folder(
+            root,
+            read=ReadOptions(batch_size=3, seed=1, skip_bad_examples=True, num_workers=2, worker_kind=kind),
+            image=ImageOptions(image_size=16, output="uint8"),
+        )
+
     straight = make()
     expected = [next(iter(straight)) for _ in range(9)]  # 3 epochs: the bad one is met once each
     assert straight.bad_examples_skipped == 3
@@ -238,7 +248,7 @@ def test_decode_on_device_without_cuda_says_what_it_needs(tmp_path: Path) -> Non
         pytest.skip("this machine has CUDA")
     root = jpeg_tree(tmp_path, per_class=2)
     with pytest.raises(ValueError, match="decode_on_device needs a CUDA device"):
-        image_folder(root, batch_size=2, decode_on_device=True)
+        image_folder(root, read=ReadOptions(batch_size=2), image=ImageOptions(decode_on_device=True))
 
 
 @pytest.mark.cuda
@@ -248,8 +258,9 @@ def test_decode_on_device_matches_the_cpu_path(tmp_path: Path) -> None:
     import torch.nn.functional as F
 
     root = jpeg_tree(tmp_path, per_class=4)
-    kw = {"batch_size": 4, "image_size": 32, "seed": 3, "output": "uint8", "crop": "tf_cnn"}
-    cpu, gpu = image_folder(root, **kw), image_folder(root, decode_on_device=True, **kw)
+    read, image = ReadOptions(batch_size=4, seed=3), ImageOptions(image_size=32, output="uint8", crop="tf_cnn")
+    cpu = image_folder(root, read=read, image=image)
+    gpu = image_folder(root, read=read, image=dataclasses.replace(image, decode_on_device=True))
     pillow = get_decoder("pillow")
 
     def full_resolution_reference(source: Any, epoch: int) -> torch.Tensor:
@@ -290,7 +301,11 @@ def test_skipped_examples_reach_the_summaries(tmp_path: Path) -> None:
     est = make_estimator(tmp_path / "run", iterations_per_loop=2, log_every_n_steps=2, summaries=True)
 
     def input_fn(params: dict) -> object:
-        return image_folder(root, batch_size=params["batch_size"], image_size=16, skip_bad_examples=True, seed=1)
+        return image_folder(
+            root,
+            read=ReadOptions(skip_bad_examples=True, seed=1).for_replica(params),
+            image=ImageOptions(image_size=16),
+        )
 
     est.train(input_fn, max_steps=6)  # batch 8 of 12 examples: one epoch a step and a half
     rows = [r for r in read_metrics_csv(tmp_path / "run") if r["tag"] == "bad_examples_skipped"]
@@ -303,9 +318,11 @@ def test_skipped_examples_reach_the_summaries(tmp_path: Path) -> None:
 @pytest.mark.parametrize("workers", [0, 2])
 def test_uint8_batches_come_pinned_for_a_cuda_infeed(tmp_path: Path, workers: int) -> None:
     root = jpeg_tree(tmp_path, per_class=4)
-    kw = {"batch_size": 4, "image_size": 16, "seed": 3, "output": "uint8"}
-    pinned = image_folder(root, pin_memory=True, num_workers=workers, **kw)
-    plain = image_folder(root, **kw)
+    read, image = ReadOptions(batch_size=4, seed=3), ImageOptions(image_size=16, output="uint8")
+    pinned = image_folder(
+        root, read=dataclasses.replace(read, num_workers=workers), image=dataclasses.replace(image, pin_memory=True)
+    )
+    plain = image_folder(root, read=read, image=image)
     for _ in range(3):
         (xp, yp), (x, y) = next(iter(pinned)), next(plain)
         assert xp.is_pinned() and xp.pin_memory() is xp  # the infeed's pin_memory() then copies nothing

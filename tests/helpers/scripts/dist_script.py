@@ -97,25 +97,10 @@ def main() -> None:
     )
 
     def train_input(params):  # noqa: ANN001, ANN202
-        return stoker.data.arrays(
-            x,
-            y,
-            batch_size=params["batch_size"],
-            seed=0,
-            num_shards=params["num_replicas"],
-            shard_index=params["replica_index"],
-        )
+        return stoker.data.arrays(x, y, read=stoker.data.ReadOptions(seed=0).for_replica(params))
 
     def eval_input(params):  # noqa: ANN001, ANN202
-        return stoker.data.arrays(
-            x,
-            y,
-            batch_size=params["batch_size"],
-            shuffle=False,
-            num_epochs=1,
-            num_shards=params["num_replicas"],
-            shard_index=params["replica_index"],
-        )
+        return stoker.data.arrays(x, y, read=stoker.data.ReadOptions(shuffle=False, num_epochs=1).for_replica(params))
 
     losses = LossLog()
     hooks: list[Hook] = [losses]

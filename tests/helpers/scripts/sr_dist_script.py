@@ -36,14 +36,7 @@ def main() -> None:
         train_batch_size=16,
     )
     est.train(
-        lambda params: stoker.data.arrays(
-            x,
-            y,
-            batch_size=params["batch_size"],
-            seed=0,
-            num_shards=params["num_replicas"],
-            shard_index=params["replica_index"],
-        ),
+        lambda params: stoker.data.arrays(x, y, read=stoker.data.ReadOptions(seed=0).for_replica(params)),
         max_steps=args.max_steps,
     )
     rank = est.strategy.rank

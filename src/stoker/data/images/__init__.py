@@ -1,5 +1,7 @@
 """Image sources and their preprocessing: one module per concern.
 
+- :mod:`.options`: :class:`ImageOptions`, what each image becomes (size, crop, resize, colour
+  distortions, decoder, output), one frozen value every image source takes;
 - :mod:`.folder`: :func:`image_folder` (one folder per class, the ImageNet layout) and the scan
   of such a tree;
 - :mod:`.source`: :class:`EncodedImageSource`, the batch builder that image folders and
@@ -25,8 +27,9 @@ from .crops import center_crop_box, random_resized_crop_box
 from .decoders import RESIZE_METHODS
 from .folder import IMAGE_EXTENSIONS, ImageFolderSource, image_folder, scan_image_folder
 from .normalize import IMAGENET_MEAN, IMAGENET_STD, normalize_images
+from .options import CROPS, OUTPUTS, ImageOptions
 from .pillow import RESIZE_FILTERS, augment_image, decode_rgb
-from .source import CROPS, OUTPUTS, EncodedExample, EncodedImageSource
+from .source import EncodedExample, EncodedImageSource
 
 __all__ = [
     "CROPS",
@@ -39,6 +42,7 @@ __all__ = [
     "EncodedExample",
     "EncodedImageSource",
     "ImageFolderSource",
+    "ImageOptions",
     "augment_image",
     "center_crop_box",
     "decode_rgb",

@@ -12,11 +12,12 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from ...errors import DataError
+from ..options import ReadOptions
+from .options import ImageOptions
 from .source import EncodedExample, EncodedImageSource
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp")
@@ -59,17 +60,22 @@ def scan_image_folder(
 
 
 class ImageFolderSource(EncodedImageSource):
-    """Decoded, augmented image batches from a folder tree. See :func:`image_folder` (its typed
-    signature and defaults; the other options go to :class:`EncodedImageSource` as given)."""
+    """Decoded, augmented image batches from a folder tree. See :func:`image_folder`."""
 
     name = "image_folder"
 
     def __init__(
-        self, root: str | os.PathLike[str], *, extensions: Sequence[str] = IMAGE_EXTENSIONS, **options: Any
+        self,
+        root: str | os.PathLike[str],
+        *,
+        read: ReadOptions,
+        image: ImageOptions | None = None,
+        train: bool = True,
+        extensions: Sequence[str] = IMAGE_EXTENSIONS,
     ) -> None:
         self.root = Path(root)
         self._classes, self.paths, self.targets = scan_image_folder(root, extensions)
-        super().__init__(**options)
+        super().__init__(read=read, image=image, train=train)
 
     @property
     def num_examples(self) -> int:
@@ -108,82 +114,41 @@ def _read_file(path: str) -> bytes:
 def image_folder(
     root: str | os.PathLike[str],
     *,
-    batch_size: int,
-    image_size: int = 224,
+    read: ReadOptions,
+    image: ImageOptions | None = None,
     train: bool = True,
-    shuffle: bool | None = None,
-    seed: int = 0,
-    num_epochs: int | None = None,
-    drop_remainder: bool | None = None,
-    num_workers: int = 0,
-    num_shards: int = 1,
-    shard_index: int = 0,
-    skip_bad_examples: bool = False,
     extensions: Sequence[str] = IMAGE_EXTENSIONS,
-    start_method: str | None = None,
-    worker_kind: str = "auto",
-    augment: bool | None = None,
-    resize_method: str = "bilinear",
-    crop: str = "inception",
-    distortions: bool = False,
-    output: str = "float32",
-    decoder: str = "auto",
-    decode_on_device: bool | str = False,
-    pin_memory: bool = False,
 ) -> ImageFolderSource:
     """``(images, labels)`` batches from ``root/<class>/**/<image>`` files.
 
     Classes are the sorted subfolder names (``.classes``) and labels their index; files are
     sorted. Images are float32 ``[batch, 3, image_size, image_size]`` normalised by the
     ImageNet mean and std (``output="uint8"``: the uint8 ``[batch, image_size, image_size, 3]``
-    batch, to normalise on the device), labels int64. JPEGs are decoded with simplejpeg when it
-    is installed (else Pillow), at the smallest DCT scale the crop allows
-    (:mod:`stoker.data.images.decoders`); other formats with Pillow.
+    batch, to normalise on the device), labels int64. JPEGs are decoded at the smallest DCT
+    scale the crop allows (:mod:`stoker.data.images.decoders`); other formats with Pillow.
 
     Args:
         root: the folder holding one subfolder per class.
-        batch_size: examples per batch (give ``params["batch_size"]``).
-        image_size: side of the square output images.
-        train: random-resized-crop and flip augmentation, shuffled (else resize and centre
-            crop, in file order).
-        shuffle: default ``train``.
-        seed: seeds the order and the augmentation.
-        num_epochs: ``None``: forever when ``train``, one pass otherwise.
-        drop_remainder: default True when repeating forever (a single pass keeps the last
-            partial batch; the Estimator pads it).
-        num_workers: decode in this many workers, each building whole batches.
-        num_shards, shard_index: give ``params["num_replicas"]`` and ``params["replica_index"]``.
-        skip_bad_examples: replace an unreadable image by the next readable one in the
-            epoch's order, counted in ``.bad_examples_skipped`` and logged; otherwise an
-            unreadable image raises a :class:`~stoker.data.DataError` naming the file.
+        read: how to read (:class:`~stoker.data.ReadOptions`; in an ``input_fn``,
+            ``ReadOptions(...).for_replica(params)``). ``shuffle`` and ``num_epochs`` left
+            ``None`` follow ``train``; ``drop_remainder=None`` keeps a single pass's last
+            partial batch (the Estimator pads it); ``skip_bad_examples`` replaces an unreadable
+            image by the next readable one of the epoch's order, counted in
+            ``.bad_examples_skipped`` and logged (otherwise a :class:`~stoker.data.DataError`
+            names the file); ``worker_kind="auto"`` takes threads when the decoder releases the
+            GIL for the whole decode (``libjpeg-crop``), ``num_workers <= 4`` and the batches
+            are not pinned for a CUDA infeed, else processes.
+        image: what each image becomes (:class:`~stoker.data.images.ImageOptions`: size, crop,
+            resize, colour distortions, decoder, output; ``None``: its defaults);
+            ``.decoder_choice`` says which decoder ``decoder="auto"`` took and why.
+        train: augment (random crop and flip) and shuffle; else resize and centre crop, in
+            file order.
         extensions: file name endings that are images (case-insensitive).
-        start_method: multiprocessing start method for the workers (default fork on Linux).
-        worker_kind: ``auto`` (threads when the decoder releases the GIL for the whole decode,
-            ``libjpeg-crop``, ``num_workers <= 4`` and the batches are not pinned for a CUDA
-            infeed; else processes), ``thread`` or ``process``.
-        augment: random crop and flip (default ``train``); ``False`` on training data gives the
-            evaluation transform (tf_cnn_benchmarks' ``--nodistortions``).
-        resize_method: ``bilinear`` (default), ``nearest``, ``bicubic``, ``area``,
-            ``round_robin`` (the four by position in the batch) or ``crop`` (no resizing).
-        crop: ``inception`` (torchvision's random-resized-crop box, the default) or ``tf_cnn``
-            (tf_cnn_benchmarks' training and evaluation boxes, :mod:`stoker.data.preprocessing`).
-        distortions: also tf_cnn's colour distortions (brightness, saturation, hue, contrast)
-            on augmented batches: applied in the loader for ``float32``; with ``uint8`` the
-            features are ``{"images", "color"}`` for an ``ImagePreprocessor(distortions=True)``.
-        output: ``float32`` (normalised NCHW, the default) or ``uint8`` (NHWC, as decoded).
-        decoder: ``auto`` (``libjpeg-crop`` or ``simplejpeg``, whichever builds this source's crops
-            faster, timed on 16 of its examples: their pixels are the same; Pillow where neither
-            works; :mod:`stoker.data.images.auto_decoder`), ``libjpeg-crop``, ``simplejpeg`` or
-            ``pillow``. ``.decoder_choice`` says which and why.
-        decode_on_device: ``True`` (or a CUDA device name): decode batches with nvJPEG on the
-            GPU and crop and resize them there (needs torchvision with CUDA); no worker processes.
-        pin_memory: ``uint8`` batches in pinned host memory (for a CUDA infeed; needs CUDA).
 
     Raises:
         DataError: the root is missing or has no class folders, or a class folder has no images.
     """
-    # Every argument by name: this signature is the typed, documented face of ImageFolderSource.
-    return ImageFolderSource(**locals())
+    return ImageFolderSource(root, read=read, image=image, train=train, extensions=extensions)
 
 
 __all__ = ["IMAGE_EXTENSIONS", "ImageFolderSource", "image_folder", "scan_image_folder"]

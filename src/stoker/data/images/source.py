@@ -11,26 +11,25 @@ worker builds it and after any resume.
 
 from __future__ import annotations
 
+import dataclasses
 from abc import abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
 import numpy as np
 import torch
 
-from ...errors import ConfigError, DataError
+from ...errors import DataError
 from ...resolve import Choice, image_threads_suffice
 from ..base import IndexedSource, example_uniforms
+from ..options import ReadOptions
 from . import auto_decoder
 from .color import color_params
 from .crops import FLIP_INDEX, INCEPTION_DRAWS, INCEPTION_FLIP_INDEX, TRAIN_DRAWS, source_box
-from .decoders import RESIZE_METHODS, RESIZE_MODES, ImageDecodeError, decode_crop_resize, get_decoder
-from .normalize import IMAGENET_MEAN, IMAGENET_STD, ImagePreprocessor
+from .decoders import RESIZE_MODES, ImageDecodeError, decode_crop_resize, get_decoder
+from .normalize import ImagePreprocessor
+from .options import ImageOptions
 
-#: What an encoded-image source yields: ``float32`` normalised NCHW (the default) or the ``uint8`` NHWC batch.
-OUTPUTS: tuple[str, ...] = ("float32", "uint8")
-#: Training crop samplers: torchvision's ``RandomResizedCrop`` box, or tf_cnn_benchmarks'.
-CROPS: tuple[str, ...] = ("inception", "tf_cnn")
 T = TypeVar("T")
 
 
@@ -43,18 +42,6 @@ class EncodedExample(NamedTuple):
     label: int
     bbox: np.ndarray | tuple[float, float, float, float] | None
     name: str
-
-
-def _check_options(name: str, image_size: Any, resize_method: str, output: str, crop: str) -> None:
-    """A :class:`ConfigError` naming the first of the image options that is not allowed."""
-    if not isinstance(image_size, int) or image_size < 1:
-        raise ConfigError(f"{name}: image_size must be a positive integer; got {image_size!r}")
-    if resize_method not in RESIZE_METHODS:
-        raise ConfigError(f"{name}: resize_method must be one of {', '.join(RESIZE_METHODS)}; got {resize_method!r}")
-    if output not in OUTPUTS:
-        raise ConfigError(f"{name}: output must be one of {', '.join(OUTPUTS)}; got {output!r}")
-    if crop not in CROPS:
-        raise ConfigError(f"{name}: crop must be one of {', '.join(CROPS)}; got {crop!r}")
 
 
 class EncodedImageSource(IndexedSource):
@@ -75,11 +62,10 @@ class EncodedImageSource(IndexedSource):
     float32 ``[N, 3, H, W]``, as before. ``decode_on_device=True`` decodes batches with nvJPEG
     on the GPU (``torchvision.io.decode_jpeg``) and crops and resizes them there.
 
-    ``shuffle`` and ``num_epochs`` left out (``None``) follow the mode, as for every file-backed
-    source (:meth:`~stoker.data.IndexedSource.mode_defaults`): training shuffles and repeats,
-    evaluation is one pass in order.
+    ``read``'s ``shuffle`` and ``num_epochs`` left ``None`` follow ``train``, as for every
+    file-backed source: training shuffles and repeats, evaluation is one pass in order.
 
-    Training crops (``augment``): ``crop="inception"`` (the default) is torchvision's
+    Training crops (``image.augment``): ``crop="inception"`` (the default) is torchvision's
     ``RandomResizedCrop`` box (area 8%-100%, aspect 3/4-4/3) and evaluation resizes the shorter
     side to ``image_size / 0.875``; ``crop="tf_cnn"`` is tf_cnn_benchmarks' (TensorFlow's
     ``sample_distorted_bounding_box`` with its arguments, honouring the example's object
@@ -88,45 +74,29 @@ class EncodedImageSource(IndexedSource):
 
     name = "encoded_images"
 
-    def __init__(
-        self,
-        *,
-        batch_size: int,
-        image_size: int = 224,
-        train: bool = True,
-        augment: bool | None = None,
-        resize_method: str = "bilinear",
-        crop: str = "inception",
-        distortions: bool = False,
-        output: str = "float32",
-        decoder: str = "auto",
-        decode_on_device: bool | str = False,
-        mean: Sequence[float] = IMAGENET_MEAN,
-        std: Sequence[float] = IMAGENET_STD,
-        pin_memory: bool = False,
-        **indexed: Any,
-    ) -> None:
-        _check_options(self.name, image_size, resize_method, output, crop)
-        self.image_size = image_size
+    def __init__(self, *, read: ReadOptions, image: ImageOptions | None = None, train: bool = True) -> None:
+        self.image = image = ImageOptions() if image is None else image
+        self.image_size = image.image_size
         self.train = bool(train)
-        self.augment = self.train if augment is None else bool(augment)
-        self.resize_method = resize_method
-        self.crop = crop
-        self.distortions = bool(distortions) and self.augment  # colour distortions go with the random crop
-        self.output = output
-        self.mean, self.std = tuple(mean), tuple(std)
+        self.augment = self.train if image.augment is None else bool(image.augment)
+        self.resize_method = image.resize_method
+        self.crop = image.crop
+        self.distortions = bool(image.distortions) and self.augment  # colour distortions go with the random crop
+        self.output = image.output
+        self.mean, self.std = tuple(image.mean), tuple(image.std)
         # uint8 batches in pinned host memory (CUDA): the infeed's copy to the GPU is then
         # asynchronous with no extra staging copy (pin_memory() of a pinned tensor is a no-op).
-        self.pin_memory = bool(pin_memory) and output == "uint8"
-        self._draws = TRAIN_DRAWS if crop == "tf_cnn" or self.distortions else INCEPTION_DRAWS
-        self._flip_index = FLIP_INDEX if crop == "tf_cnn" else INCEPTION_FLIP_INDEX
+        self.pin_memory = bool(image.pin_memory) and image.output == "uint8"
+        self._draws = TRAIN_DRAWS if image.crop == "tf_cnn" or self.distortions else INCEPTION_DRAWS
+        self._flip_index = FLIP_INDEX if image.crop == "tf_cnn" else INCEPTION_FLIP_INDEX
+        decoder, decode_on_device = image.decoder, image.decode_on_device
         self.decoder = get_decoder(decoder)  # auto: the first of the fixed order, until measured
         #: The CPU decoder and why (``auto``: measured on this data, :mod:`.auto_decoder`).
         self.decoder_choice: Choice[str] = Choice(self.decoder.name, f"decoder={decoder}")
         if decode_on_device:
             self.decoder_choice = Choice(self.decoder.name, "image headers only: the GPU decodes")
         elif decoder == "auto":
-            self.decoder_choice = self._measured_decoder(int(indexed.get("seed", 0)))
+            self.decoder_choice = self._measured_decoder(int(read.seed))
             self.decoder = get_decoder(self.decoder_choice.value)
         self._preprocess = ImagePreprocessor(self.mean, self.std, distortions=self.distortions, channels_last=False)
         self._device_decoder = None
@@ -134,11 +104,9 @@ class EncodedImageSource(IndexedSource):
             from .gpu_decode import DeviceDecoder
 
             self._device_decoder = DeviceDecoder("cuda" if decode_on_device is True else str(decode_on_device))
-            indexed["num_workers"] = 0  # the GPU decodes whole batches in this process; reading bytes is cheap
-        indexed["shuffle"], indexed["num_epochs"] = self.mode_defaults(
-            self.train, indexed.get("shuffle"), indexed.get("num_epochs")
-        )
-        super().__init__(batch_size=batch_size, **indexed)
+            # The GPU decodes whole batches in this process; reading bytes is cheap.
+            read = dataclasses.replace(read, num_workers=0)
+        super().__init__(read.for_mode(self.train))
         if self.worker_kind == "thread" and self.num_workers > 0 and self._builds_by_slot() and not self.pin_memory:
             # The training thread fetches (no infeed thread), so it is the one that decodes the
             # rest of its batch when the decoding threads have not finished it (_ExampleThreads).
@@ -379,4 +347,4 @@ class EncodedImageSource(IndexedSource):
         return self._finish(images, labels, self._color(epoch, [k for k, _ in planned]), copy=False)
 
 
-__all__ = ["CROPS", "OUTPUTS", "EncodedExample", "EncodedImageSource"]
+__all__ = ["EncodedExample", "EncodedImageSource"]
