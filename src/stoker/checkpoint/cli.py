@@ -79,6 +79,7 @@ def _consolidate(args: argparse.Namespace) -> int:
     import safetensors.torch
 
     from ..distributed.sharded import DCP_DIR, consolidate
+    from .files import load_checkpoint
     from .manager import CheckpointManager
 
     try:
@@ -91,7 +92,12 @@ def _consolidate(args: argparse.Namespace) -> int:
             f"stoker checkpoint consolidate: {ckpt or args.path} is not a sharded checkpoint (no {DCP_DIR}/ directory)"
         )
         return 1
-    weights = consolidate(ckpt / DCP_DIR)
+    try:
+        load_checkpoint(ckpt)  # every file verified and vetted as resume does, before DCP reads any
+        weights = consolidate(ckpt / DCP_DIR)
+    except CheckpointError as e:
+        print(f"stoker checkpoint consolidate: {e}")
+        return 1
     out = storage.location(args.out) if args.out else ckpt / "model.safetensors"
     tensors = {k: v.contiguous() for k, v in weights.items()}
     if isinstance(out, Path):

@@ -16,41 +16,14 @@ from __future__ import annotations
 
 import io
 import json
-import pickle
 from collections.abc import Callable
 from typing import Any
 
 import safetensors.torch
 import torch
 
+from ..distributed.dcp_metadata import load_dcp_metadata
 from ..errors import CorruptCheckpointError
-
-# Module -> names (``None``: every name) that a DCP ``.metadata`` pickle may refer to.
-_DCP_METADATA_GLOBALS: dict[str, frozenset[str] | None] = {
-    "torch.distributed.checkpoint.metadata": None,
-    "torch.distributed.checkpoint.filesystem": frozenset({"_StorageInfo"}),
-    "torch.serialization": frozenset({"_get_layout"}),
-    "torch": frozenset({"Size"}),  # and dtypes, checked below
-    "pathlib": frozenset({"PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath", "Path"}),
-    "collections": frozenset({"OrderedDict"}),
-    "builtins": frozenset({"set", "frozenset", "slice", "tuple", "list", "dict"}),
-}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    """``pickle.Unpickler`` that resolves only the globals a DCP metadata file needs."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        allowed = _DCP_METADATA_GLOBALS.get(module, frozenset())
-        is_dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
-        if not (is_dtype or allowed is None or name in allowed):
-            raise pickle.UnpicklingError(f"global {module}.{name} is not allowed in checkpoint metadata")
-        return super().find_class(module, name)
-
-
-def load_dcp_metadata(data: bytes) -> Any:
-    """Decode a DCP ``.metadata`` file, refusing any global it would not legitimately hold."""
-    return _MetadataUnpickler(io.BytesIO(data)).load()
 
 
 def load_torch(data: bytes) -> Any:

@@ -8,11 +8,19 @@ of the training state and the index as usual. ``stoker checkpoint consolidate`` 
 
 The load path below works for any model, sharded or not, with or without a process group,
 so a sharded checkpoint also resumes in one process (or under ``replicated``).
+
+Nothing a ``dcp/`` directory holds is unpickled in a way that runs code: DCP itself reads
+``.metadata`` with the plain ``pickle.load`` and every non-tensor entry of the slices with
+``torch.load(weights_only=False)``; here both go through stoker's decoders instead (the
+restricted metadata unpickler of :mod:`stoker.checkpoint.safe_load`, and torch's
+``weights_only`` unpickler), whoever calls: resume, evaluate, export, warm start and
+``stoker checkpoint consolidate``.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import tempfile
 from pathlib import Path
 from typing import Any, cast
@@ -21,6 +29,7 @@ import torch
 from torch import nn
 
 from .. import storage
+from ..errors import CheckpointError, CorruptCheckpointError
 from .process_group import ProcessGroupStrategy
 
 DCP_DIR = "dcp"
@@ -81,29 +90,84 @@ def load_sharded(
         set_state_dict,
     )
 
+    from .safe_dcp import SafeLoadPlanner, reader
+
     if optimizer is None:
         model_state = get_model_state_dict(model)
-        dcp.load({"model": model_state}, checkpoint_id=str(directory))
+        dcp.load({"model": model_state}, storage_reader=reader(directory), planner=SafeLoadPlanner())
         set_model_state_dict(model, model_state)
         return
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.load({"model": model_state, optimizer_key: optim_state}, checkpoint_id=str(directory))
+    dcp.load(
+        {"model": model_state, optimizer_key: optim_state},
+        storage_reader=reader(directory),
+        planner=SafeLoadPlanner(),
+    )
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
 
 
 def consolidate(directory: str | os.PathLike[str] | storage.Location) -> dict[str, torch.Tensor]:
-    """The full model weights of a ``dcp/`` checkpoint (local or fsspec URL), without a process group."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    """The full model weights of a ``dcp/`` checkpoint (local or fsspec URL), without a process group.
 
+    Raises ``CorruptCheckpointError`` (naming the directory) for a ``.metadata`` or a slice
+    entry that stoker's decoders refuse; nothing of it is unpickled unrestricted.
+    """
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+    from .safe_dcp import SafeEmptyPlanner, reader
+
+    source = storage.location(directory)
+    full: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        source = storage.location(directory)
-        if isinstance(source, storage.UrlPath):  # DCP's converter reads local files only: copy it down
+        local = source
+        if isinstance(source, storage.UrlPath):  # read whole files once, from a local copy
             local = Path(tmp) / "dcp"
             for name in storage.files_under(source):
                 (local / name).parent.mkdir(parents=True, exist_ok=True)
                 (local / name).write_bytes(storage.read_bytes(source / name))
-            source = local
-        out = Path(tmp) / "full.pt"
-        dcp_to_torch_save(str(source), str(out))
-        full: dict[str, Any] = torch.load(out, map_location="cpu", weights_only=True)
-    return {k: v for k, v in full["model"].items() if isinstance(v, torch.Tensor)}
+        try:
+            # what DCP's own dcp_to_torch_save does (dcp.load keeps only the keys the dict had)
+            _load_state_dict(full, storage_reader=reader(local), planner=SafeEmptyPlanner(), no_dist=True)
+        except pickle.UnpicklingError as e:  # the metadata, refused before DCP began
+            raise CorruptCheckpointError(
+                f"sharded checkpoint {str(source)!r} is corrupt: .metadata is refused ({refusal(e)}); "
+                "refusing to load it"
+            ) from None
+        except (Exception, CheckpointException) as e:  # DCP wraps its readers' errors in a BaseException
+            refused = caused_by(e, pickle.UnpicklingError)
+            if refused is not None:
+                raise CorruptCheckpointError(
+                    f"sharded checkpoint {str(source)!r} is corrupt: it holds data stoker's decoders refuse "
+                    f"({refusal(refused)}); refusing to load it"
+                ) from None
+            if isinstance(e, CheckpointException):  # not an Exception: say it as stoker's own
+                inner = next((f[0] for f in e.failures.values() if isinstance(f, tuple) and f), e)
+                raise CheckpointError(f"sharded checkpoint {str(source)!r} cannot be read: {refusal(inner)}") from None
+            raise
+    return {k: v for k, v in full.get("model", {}).items() if isinstance(v, torch.Tensor)}
+
+
+def caused_by(error: BaseException | None, kind: type[BaseException]) -> BaseException | None:
+    """The ``kind`` exception among ``error``, its causes, and a ``CheckpointException``'s per-rank
+    failures (DCP wraps its readers' errors so); ``None`` if there is none."""
+    seen = 0
+    while error is not None and seen < 20:
+        if isinstance(error, kind):
+            return error
+        failures = getattr(error, "failures", None)  # CheckpointException: {rank: (exception, traceback)}
+        if isinstance(failures, dict):
+            for failure in failures.values():
+                inner = failure[0] if isinstance(failure, tuple) and failure else getattr(failure, "exc", failure)
+                found = caused_by(inner if isinstance(inner, BaseException) else None, kind)
+                if found is not None:
+                    return found
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return None
+
+
+def refusal(error: BaseException) -> str:
+    """One line saying why a decoder refused (torch's weights_only message is a page of advice)."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    reason = next((line for line in lines if line.startswith("WeightsUnpickler error:")), lines[0] if lines else "")
+    return f"{type(error).__name__}: {reason[:200]}"

@@ -39,7 +39,7 @@ from ..checkpoint.warm_start import WarmStartSettings, warm_start
 from ..config.slices import StateConfig
 from ..distributed import Strategy
 from ..distributed.pipeline import plan_stages
-from ..distributed.sharded import DCP_DIR, load_sharded, save_sharded
+from ..distributed.sharded import DCP_DIR, caused_by, load_sharded, refusal, save_sharded
 from ..errors import CheckpointError, ConfigError, NanLossError, UserCodeError
 from ..kernels.fp16_cost import fp16_cost, fp16_note, layer_kinds, say_once
 from ..kernels.linear import use_fast_linear
@@ -403,17 +403,20 @@ def _load_sharded(
     ckpt: LoadedCheckpoint, model: nn.Module, optimizer: torch.optim.Optimizer | None, optimizer_key: str
 ) -> None:
     """A sharded checkpoint's weights (and optimizer) from its ``dcp/`` slices."""
+    from torch.distributed.checkpoint.api import CheckpointException  # DCP is slow to import
+
     assert ckpt.dcp_dir is not None
     try:
         load_sharded(ckpt.dcp_dir, model, optimizer, optimizer_key)
-    except Exception as e:  # noqa: BLE001 - DCP reports mismatches in many shapes
-        if _caused_by(e, pickle.UnpicklingError):  # a slice's pickled bytes that weights_only refuses
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP reports mismatches in many shapes
+        unsafe = caused_by(e, pickle.UnpicklingError)  # metadata or a slice entry a safe decoder refuses
+        if unsafe is not None:
             raise refused(
                 str(ckpt.path),
                 DCP_DIR,
-                f"holds data torch's weights_only unpickler refuses ({e})",
+                f"holds data stoker's decoders refuse ({refusal(unsafe)})",
                 previous_retained(ckpt.path),
-            ) from e
+            ) from None
         raise CheckpointError(f"checkpoint {str(ckpt.path)!r} does not fit the model or optimizer: {e}") from e
 
 
@@ -456,18 +459,6 @@ def _all_finite(params: list[torch.Tensor]) -> bool:
         return all(bool(torch.isfinite(p).all()) for p in params)
     ends = [torch.stack(torch.aminmax(p.detach())) for p in params if p.numel() and p.is_floating_point()]
     return not ends or bool(torch.isfinite(torch.cat([e.float() for e in ends])).all())
-
-
-def _caused_by(error: BaseException | None, kind: type[BaseException]) -> bool:
-    seen = 0
-    while error is not None and seen < 20:  # DCP wraps a rank's failure in its own error types
-        if isinstance(error, kind):
-            return True
-        failures = getattr(error, "failures", None)  # CheckpointException: {rank: WrappedException}
-        if isinstance(failures, dict) and any(_caused_by(getattr(f, "exc", f), kind) for f in failures.values()):
-            return True
-        error, seen = error.__cause__ or error.__context__, seen + 1
-    return False
 
 
 def _to_cpu(cache: Any) -> Any:
