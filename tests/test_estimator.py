@@ -314,3 +314,23 @@ def test_log_every_n_steps_none_turns_the_log_lines_off():
     est = make_estimator(log_every_n_steps=None)
     assert not any(type(h).__name__ in ("LoggingHook", "StepCounterHook") for h in est.default_hooks())
     est.train(train_input(x, y), max_steps=3)
+
+
+def test_the_estimator_records_what_it_chose_when_built():
+    """``Estimator.choices``: each setting's rule applied once at build, with the reason a front end prints."""
+    from stoker.resolve import Choice
+
+    if torch.cuda.is_available():
+        pytest.skip("the auto device is a GPU here")
+    est = linear_estimator(fast_linear="auto", sgd_in_backward="auto")
+    assert est.choices == {
+        "device": Choice(torch.device("cpu"), "auto: torch sees no CUDA device"),
+        "fast_linear": Choice("auto", "per layer shape, oneDNN or the BLAS, whichever measured faster here; cached"),
+        "sgd_in_backward": Choice("auto", "in the fast linear layers that allow it, chosen at the first step"),
+        "cuda_graph": Choice(False, "CUDA only"),
+    }
+    bf16 = linear_estimator(device="cpu", precision="bf16", fast_linear="on", sgd_in_backward="auto").choices
+    assert bf16["device"] == Choice(torch.device("cpu"), "RunConfig.device='cpu'")
+    assert bf16["fast_linear"] == Choice("on", "RunConfig.fast_linear='on'")
+    assert bf16["sgd_in_backward"] == Choice("off", "it needs RunConfig.precision='fp32' (got bf16)")
+    assert linear_estimator().choices["sgd_in_backward"] == Choice("off", "RunConfig.sgd_in_backward='off'")

@@ -280,14 +280,14 @@ LAYERS: dict[str, set[str]] = {
     "stoker.precision": {"stoker.errors", "stoker.memory"},  # bf16-sr converts through memory.stochastic_rounding
     "stoker.models": {"stoker.errors"},
     "stoker.memory": {"stoker.errors"},
-    "stoker.kernels": {"stoker.errors", "stoker._cache"},
+    "stoker.kernels": {"stoker.errors", "stoker._cache", "stoker.resolve"},
     "stoker.resolve": {"stoker.errors"},
     "stoker.storage": {"stoker.errors"},
     "stoker.data": {"stoker.errors", "stoker._cache", "stoker.resolve"},
     # the table of commands, and the check of the directories a command names before it runs (storage: a leaf)
     "stoker.cli": {"stoker._version", "stoker.errors", "stoker.storage"},
     "stoker.run_spec": {"stoker.errors", "stoker.storage", "stoker._version", "stoker.plugins"},
-    "stoker.distributed": {"stoker.errors", "stoker.storage", "stoker.memory"},
+    "stoker.distributed": {"stoker.errors", "stoker.storage", "stoker.memory", "stoker.resolve"},
     "stoker.checkpoint": {"stoker.errors", "stoker.storage", "stoker.distributed"},
     "stoker.summary": {"stoker.errors", "stoker.storage", "stoker.checkpoint", "stoker.run_spec"},
     "stoker.serving": {"stoker.errors", "stoker._version", "stoker.export"},
@@ -299,6 +299,7 @@ LAYERS: dict[str, set[str]] = {
         "stoker.checkpoint",
         "stoker.distributed",
         "stoker.kernels",
+        "stoker.resolve",
     },
     "stoker.hooks": {
         "stoker.errors",

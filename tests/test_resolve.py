@@ -93,3 +93,24 @@ def test_the_rule_without_a_choice_to_make() -> None:
     assert image_decoder([], None, 0) == Choice("pillow", "auto: neither libjpeg-crop nor simplejpeg works here")
     assert image_decoder(["simplejpeg"], None, 0) == Choice("simplejpeg", "auto: the only fast-DCT decoder here")
     assert image_decoder(["libjpeg-crop", "simplejpeg"], {}, 0).reason.endswith("(nothing readable to time)")
+
+
+def test_a_reason_reads_as_run_config_s_fields_and_is_said_in_a_front_end_s_names() -> None:
+    import pickle
+
+    from stoker.errors import ConfigError
+    from stoker.resolve import Names, Reason, spelled
+
+    class Flags(Names):
+        def field(self, name: str) -> str:
+            return f"--{name}"
+
+        def value(self, value: object) -> str:
+            return str(value).lower()
+
+    reason = Reason(lambda n: f"{n('cuda_graph', True)} needs {n('device')}")
+    assert reason == "RunConfig.cuda_graph=True needs RunConfig.device" and isinstance(reason, str)
+    assert reason.spelled(Flags()) == spelled(reason, Flags()) == "--cuda_graph=true needs --device"
+    assert spelled(ConfigError(reason), Flags()) == "--cuda_graph=true needs --device"
+    assert spelled("plain text", Flags()) == "plain text" and spelled(ValueError("x"), Flags()) == "x"
+    assert type(pickle.loads(pickle.dumps(reason))) is str  # crosses processes as its text

@@ -47,9 +47,11 @@ from .engine import (
     default_hooks,
     evaluation_on_device,
 )
+from .engine.cuda_graph_step import capture_refusals, cuda_graph_choice
 from .errors import ConfigError, UserCodeError
 from .hooks import Hook, RunContext
 from .hooks.base import LoopResult, check_evaluations, every_n_steps_due, next_due_step
+from .resolve import Choice
 from .spec import EstimatorSpec
 from .storage import Location, check_dir
 
@@ -73,8 +75,8 @@ class Estimator:
         warm_start_from: a checkpoint, model_dir, safetensors file or ``WarmStartSettings``
             to initialise weights from when ``model_dir`` has no checkpoint yet.
 
-    Its parts are public for the tools built on it: ``state`` (a ``ModelState``), ``inputs``
-    (an ``InputPlan``), ``evaluation`` (an ``EvaluationRun``) and ``strategy``.
+    Its parts are public for the tools built on it: ``state``, ``inputs``, ``evaluation``, ``strategy``
+    (the engine's components) and ``choices`` (what it chose when built, each with its reason).
     """
 
     def __init__(
@@ -92,11 +94,9 @@ class Estimator:
     ) -> None:
         if config is not None and not isinstance(config, RunConfig):
             raise UserCodeError(f"config must be a stoker.RunConfig; got {type(config).__name__}")
-        self.config = config or RunConfig()
+        self.config = cfg = config or RunConfig()  # each component is handed its slice, never all of it
         self.params: dict[str, Any] = dict(params or {})
         self.model_fn = model_fn
-        # Each component is handed its slice of the config, never the whole RunConfig.
-        cfg = self.config
         self.strategy: Strategy = _build_strategy(cfg.distribution_config)
         self.inputs = InputPlan(
             params=self.params,
@@ -118,6 +118,7 @@ class Estimator:
             warm_start_from=warm_start_from,
         )
         self._evaluation = EvaluationRun(self.state, self.inputs, self._model_fn, config=cfg.eval_config)
+        self.choices: dict[str, Choice[Any]] = _record_choices(cfg, self.strategy, self.state)
         _ensure_log_handler(self.strategy.is_chief)
 
     # ================================================================ properties
@@ -449,6 +450,21 @@ def _build_strategy(config: DistributionConfig) -> Strategy:
         config.pipeline,
         bucket_cap_mb=config.ddp_bucket_cap_mb,
     )
+
+
+def _record_choices(config: RunConfig, strategy: Strategy, state: ModelState) -> dict[str, Choice[Any]]:
+    """The choices :attr:`Estimator.choices` reports, made once when the Estimator is built."""
+    device = strategy.device_choice or Choice(strategy.device, f"the {config.strategy} strategy's")
+    loop, scaler = config.loop_config, state.precision.scaler
+    refusals = capture_refusals(  # the optimizer is checked when the step is built
+        device_type=strategy.device.type,
+        compile_mode=loop.compile,
+        dynamic_scaling=scaler is not None and scaler.dynamic,
+        accumulation_steps=loop.gradient_accumulation_steps,
+        world_size=strategy.world_size,
+    )
+    graph = cuda_graph_choice(loop.cuda_graph, strategy.device.type, refusals)
+    return {"device": device, **state.choices, "cuda_graph": graph}
 
 
 def _build_checkpoints(config: CheckpointConfig, *, writer: bool) -> CheckpointManager | None:

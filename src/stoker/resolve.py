@@ -11,15 +11,67 @@ This module is a leaf (it imports no other part of stoker), so every layer may a
 data sources resolve ``worker_kind="auto"`` with it, and ``stoker bench`` builds its plan from
 the same rules. The thresholds are measured values; where they were measured is in the docs
 page each constant cites.
+
+A rule elsewhere (the device, the kernels, the CUDA graph: each owner keeps its own) says its
+reason as a :class:`Reason` when the reason names a setting: it reads as ``RunConfig``'s
+fields, and a front end with other names for them (``stoker bench``'s flags) says it in its
+own (:meth:`Reason.spelled`), so a choice and its error read the same wherever they are shown.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
+_NO_VALUE: Any = object()
+
+
+class Names:
+    """How a reason names a setting: this class as ``RunConfig``'s fields
+    (``RunConfig.device='cpu'``); a front end subclasses it with its own names for them."""
+
+    def __call__(self, field: str, value: object = _NO_VALUE) -> str:
+        """``field`` alone, or set to ``value``."""
+        return self.field(field) if value is _NO_VALUE else f"{self.field(field)}={self.value(value)}"
+
+    def field(self, name: str) -> str:
+        return f"RunConfig.{name}"
+
+    def value(self, value: object) -> str:
+        return repr(value)
+
+
+#: ``RunConfig``'s names, what a :class:`Reason` reads as
+RUN_CONFIG_NAMES = Names()
+
+
+class Reason(str):
+    """A reason (or an error message) naming settings, made by ``say(names)``: it reads as
+    ``say(RUN_CONFIG_NAMES)``, and :meth:`spelled` says it with another front end's names. A
+    ``ConfigError`` whose message is a ``Reason`` is re-spelled the same way (:func:`spelled`)."""
+
+    say: Callable[[Names], str]
+
+    def __new__(cls, say: Callable[[Names], str]) -> Reason:
+        reason = super().__new__(cls, say(RUN_CONFIG_NAMES))
+        reason.say = say
+        return reason
+
+    def spelled(self, names: Names) -> str:
+        return self.say(names)
+
+    def __reduce__(self) -> tuple[Any, ...]:  # a plain string crosses processes (say may be a closure)
+        return (str, (str(self),))
+
+
+def spelled(text: object, names: Names) -> str:
+    """``text`` said with ``names``: a :class:`Reason` (or an exception whose message is one) is
+    re-spelled, anything else is its ``str``."""
+    if isinstance(text, BaseException) and len(text.args) == 1:
+        text = text.args[0]
+    return text.spelled(names) if isinstance(text, Reason) else str(text)
 
 
 @dataclass(frozen=True)
@@ -248,6 +300,7 @@ def attention_form(given: str, device_type: str) -> Choice[str]:
 
 
 __all__ = [
+    "RUN_CONFIG_NAMES",
     "AUTO_THREAD_WORKERS_MAX",
     "CPU_NCHW_MODELS",
     "CUDA_CORES_KEPT",
@@ -256,6 +309,8 @@ __all__ = [
     "INLINE_DECODE_RATIO",
     "Choice",
     "MachineFacts",
+    "Names",
+    "Reason",
     "attention_form",
     "auto_worker_kind",
     "data_format",
@@ -265,5 +320,6 @@ __all__ = [
     "image_threads_suffice",
     "input_bound",
     "intra_threads",
+    "spelled",
     "worker_kind",
 ]

@@ -77,7 +77,9 @@ def _engine_refusals(cfg: BenchConfig, device_type: str, replicas: int) -> list[
         "precision": config.make_precision(),
         "params": model_params(cfg),
     }
-    return engine_refusals(config.loop_config, SimpleNamespace(world_size=replicas), kwargs)
+    return engine_refusals(
+        config.loop_config, SimpleNamespace(world_size=replicas, device=torch.device(device_type)), kwargs
+    )
 
 
 def test_bench_says_capturable_exactly_when_the_engine_does() -> None:

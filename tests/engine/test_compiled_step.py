@@ -55,7 +55,7 @@ def test_compile_accepts_bools_and_modes_and_names_the_field():
 
 
 def test_cuda_graph_needs_a_cuda_device():
-    with pytest.raises(ValueError, match="cuda_graph=True needs a CUDA device; device is 'cpu'"):
+    with pytest.raises(ValueError, match=r"RunConfig.cuda_graph needs a CUDA device; RunConfig.device='cpu'"):
         stoker.RunConfig(device="cpu", cuda_graph=True)
     with pytest.raises(ValueError, match="cuda_graph=True and compile='step'"):
         stoker.RunConfig(cuda_graph=True, compile="step")
@@ -63,7 +63,7 @@ def test_cuda_graph_needs_a_cuda_device():
         return
     x, y = make_data(64)
     est = make(compile=False, cuda_graph=True)  # device="auto" resolves to the CPU here
-    with pytest.raises(ValueError, match="cuda_graph=True needs a CUDA device; this run's device is 'cpu'"):
+    with pytest.raises(ValueError, match="cannot be captured: a CUDA graph needs a CUDA device; this run's is 'cpu'"):
         est.train(train_input(x, y), max_steps=2)
 
 
@@ -191,7 +191,7 @@ def test_cuda_graph_refusals_name_the_cause():
     from stoker.precision import FP16Precision, FP32Precision
 
     net = torch.nn.Linear(2, 2)
-    one = SimpleNamespace(world_size=1)
+    one = SimpleNamespace(world_size=1, device=torch.device("cuda"))
     cfg = stoker.RunConfig().loop_config
 
     def why(opt, precision=None, params=None, config=cfg, strategy=one):  # noqa: ANN001, ANN202
@@ -212,7 +212,7 @@ def test_cuda_graph_refusals_name_the_cause():
     assert why(adam(), precision=FP16Precision(loss_scale=128)) == []
     [accumulation] = why(adam(), config=stoker.RunConfig(gradient_accumulation_steps=2).loop_config)
     assert "gradient_accumulation_steps" in accumulation
-    [replicas] = why(adam(), strategy=SimpleNamespace(world_size=2))
+    [replicas] = why(adam(), strategy=SimpleNamespace(world_size=2, device=torch.device("cuda")))
     assert replicas.startswith("2 replicas")
     [cache] = why(adam(), params={"cache": torch.zeros(1)})
     assert "cache" in cache
@@ -221,6 +221,28 @@ def test_cuda_graph_refusals_name_the_cause():
         optimizer=torch.optim.SGD(net.parameters(), lr=0.1), accumulation_steps=4, world_size=8, carries_cache=True
     )
     assert len(reasons) == 4 and "8 replicas" in reasons[1] and "SGD" in reasons[3]
+    # the device and a compiled step, each with the setting to change (a compiled step's update is its own)
+    assert capture_refusals(
+        optimizer=torch.optim.SGD(net.parameters(), lr=0.1), device_type="cpu", compile_mode="step"
+    ) == [
+        "a CUDA graph needs a CUDA device; this run's is 'cpu' (use RunConfig.device='cuda')",
+        "RunConfig.compile='step' is the other way to run the step whole; drop RunConfig.compile='step' or "
+        "RunConfig.cuda_graph",
+    ]
+
+
+def test_what_a_run_records_about_the_cuda_graph():
+    from stoker.engine.cuda_graph_step import cuda_graph_choice
+    from stoker.resolve import Choice
+
+    assert cuda_graph_choice(True, "cuda", []) == Choice(True, "RunConfig.cuda_graph")
+    assert cuda_graph_choice(False, "cpu", ["x"]) == Choice(False, "CUDA only")
+    assert cuda_graph_choice(False, "cuda", []) == Choice(
+        False, "not asked: RunConfig.cuda_graph would capture this step"
+    )
+    assert cuda_graph_choice(False, "cuda", ["2 replicas: ..."]).reason == (
+        "not asked, and it could not capture this step: 2 replicas: ..."
+    )
 
 
 def test_cuda_graph_on_a_step_that_cannot_be_captured_is_an_error():
@@ -238,7 +260,7 @@ def test_cuda_graph_on_a_step_that_cannot_be_captured_is_an_error():
     config = stoker.RunConfig(device="cuda", cuda_graph=True).loop_config
     with pytest.raises(ConfigError, match=r"cannot be captured: optimizer SGD is not capturable.*fused=True"):
         make_train_step(config, cuda, kwargs)
-    with pytest.raises(ConfigError, match="needs a CUDA device; this run's device is 'cpu'"):
+    with pytest.raises(ConfigError, match="needs a CUDA device; this run's is 'cpu' \\(use RunConfig.device='cuda'\\)"):
         make_train_step(config, SimpleNamespace(world_size=1, device=torch.device("cpu")), kwargs)
 
 

@@ -19,12 +19,15 @@ from helpers.cli import run_main
 from helpers.tiny import make_data, state_equal, train_input
 from stoker.kernels import linear as fl
 from stoker.kernels.sgd_in_backward import (
+    cannot_update_in_backward,
     optimizer_refusal,
     remove_update_in_backward,
     run_refusal,
+    sgd_in_backward_choice,
     update_in_backward,
     updating_in_backward,
 )
+from stoker.resolve import Choice, Names, spelled
 
 pytestmark = pytest.mark.skipif(not fl.onednn_available(), reason="this torch build has no oneDNN linear")
 
@@ -111,9 +114,9 @@ def test_tied_frozen_and_foreign_weights_keep_ordinary_gradients():
 @pytest.mark.parametrize(
     ("make", "why"),
     [
-        (lambda ps: torch.optim.Adam(ps), "it needs torch.optim.SGD; the optimizer is Adam"),
-        (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), "param group 0 has momentum=0.9"),
-        (lambda ps: torch.optim.SGD(ps, lr=0.1, maximize=True), "param group 0 has maximize=True"),
+        (lambda ps: torch.optim.Adam(ps), "needs torch.optim.SGD (the optimizer is Adam)"),
+        (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), "needs plain SGD (param group 0 has momentum=0.9)"),
+        (lambda ps: torch.optim.SGD(ps, lr=0.1, maximize=True), "needs plain SGD (param group 0 has maximize=True)"),
     ],
 )
 def test_an_optimizer_it_cannot_run_is_named(make, why):
@@ -140,7 +143,7 @@ def test_a_group_changed_to_momentum_later_stops_the_backward():
         model(torch.randn(4, 48)).sum().backward()
 
 
-def test_run_refusals_name_the_setting():
+def test_run_refusals_name_the_setting_in_each_front_end_s_words():
     ok = dict(
         device=torch.device("cpu"),
         world_size=1,
@@ -148,20 +151,41 @@ def test_run_refusals_name_the_setting():
         accumulation=1,
         clip_norm=None,
         compiled=False,
+        cuda_graph=False,
         fast_linear="auto",
     )
     assert run_refusal(**ok) is None  # type: ignore[arg-type]
     cases = {
-        "fast_linear": ("off", "needs fast_linear 'auto' or 'on'"),
-        "device": (torch.device("cuda"), "CPU only"),
-        "world_size": (2, "one process"),
-        "precision": ("bf16", "precision is bf16"),
-        "accumulation": (4, "gradient_accumulation_steps is 4"),
-        "clip_norm": (1.0, "clipping"),
-        "compiled": (True, "eagerly"),
+        "device": (torch.device("cuda"), "needs the CPU (this run's device is cuda)"),
+        "fast_linear": ("off", "needs RunConfig.fast_linear='auto' or 'on' (the update runs in those layers)"),
+        "compiled": (True, "needs no RunConfig.compile (the update runs eagerly)"),
+        "cuda_graph": (True, "needs no RunConfig.cuda_graph"),
+        "precision": ("bf16", "needs RunConfig.precision='fp32' (got bf16)"),
+        "world_size": (2, "needs one replica (replicas average gradients before the update)"),
+        "accumulation": (4, "needs one micro-batch per step (got RunConfig.gradient_accumulation_steps=4)"),
+        "clip_norm": (1.0, "needs no RunConfig.gradient_clip_norm (clipping needs every gradient first)"),
     }
     for key, (value, why) in cases.items():
-        assert why in (run_refusal(**{**ok, key: value}) or ""), key  # type: ignore[arg-type]
+        assert run_refusal(**{**ok, key: value}) == why, key  # type: ignore[arg-type]
+
+    class Flags(Names):  # a command line's names for the settings
+        def field(self, name: str) -> str:
+            return f"--{name}"
+
+        def value(self, value: object) -> str:
+            return str(value)
+
+    need = run_refusal(**{**ok, "precision": "bf16"})  # type: ignore[arg-type]
+    assert need is not None and need.spelled(Flags()) == "needs --precision=fp32 (got bf16)"
+    choice = sgd_in_backward_choice("auto", "cpu", need)
+    assert choice == Choice("off", "it needs RunConfig.precision='fp32' (got bf16)")
+    assert spelled(choice.reason, Flags()) == "it needs --precision=fp32 (got bf16)"
+    assert spelled(cannot_update_in_backward(need), Flags()) == (
+        "--sgd_in_backward=on needs --precision=fp32 (got bf16); use --sgd_in_backward=auto or off"
+    )
+    assert sgd_in_backward_choice("auto", "cuda", None) == Choice("off", "CPU only")
+    assert sgd_in_backward_choice("off", "cpu", None) == Choice("off", "RunConfig.sgd_in_backward='off'")
+    assert sgd_in_backward_choice("on", "cpu", None).value == "on"
 
 
 # ------------------------------------------------------------------ the Estimator
@@ -219,10 +243,10 @@ def test_on_names_what_stands_in_the_way_and_auto_steps_aside(tmp_path, caplog):
     x, y = make_data(50)
     momentum = lambda p, ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)  # noqa: E731
     est = _estimator(tmp_path / "on", momentum, fast_linear="on", sgd_in_backward="on")
-    with pytest.raises(ValueError, match=r"RunConfig.sgd_in_backward='on' cannot apply: .*momentum=0.9"):
+    with pytest.raises(ValueError, match=r"RunConfig.sgd_in_backward='on' needs plain SGD \(.*momentum=0.9\); use"):
         est.train(train_input(x, y), max_steps=2)
     est = _estimator(tmp_path / "blas", sgd_in_backward="on")
-    with pytest.raises(ValueError, match="needs fast_linear 'auto' or 'on'"):
+    with pytest.raises(ValueError, match=r"needs RunConfig.fast_linear='auto' or 'on' \(the update runs"):
         est.train(train_input(x, y), max_steps=2)
 
     auto = _estimator(tmp_path / "auto", momentum, fast_linear="on", sgd_in_backward="auto")

@@ -7,7 +7,7 @@
   (``stoker.checkpoint.CheckpointConfig``, ``stoker.distributed.DistributionConfig``,
   ``stoker.precision.Precision``).
 
-The config may import errors, precision, checkpoint, distributed and kernels; never the engine
+The config may import errors, resolve, precision, checkpoint, distributed and kernels; never the engine
 (the hooks import the config, and must never reach the engine).
 """
 

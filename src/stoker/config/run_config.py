@@ -31,6 +31,7 @@ from ..distributed.pipeline import PipelineConfig
 from ..distributed.watchdog import StuckReplica
 from ..errors import ConfigError
 from ..precision import LossScale, Precision, make_precision
+from ..resolve import Reason
 from .slices import EvalConfig, InputConfig, LoopConfig, StateConfig, compile_mode
 
 PrecisionName = Literal["fp32", "bf16", "fp16", "bf16-sr"]
@@ -262,9 +263,14 @@ class RunConfig:
 
     def _check_across(self) -> None:
         """Rules between slices: the CUDA graph and the device, the pipeline and the loop and precision."""
-        if self.cuda_graph and self.device == "cpu":
+        if self.cuda_graph and self.device == "cpu":  # an auto device is checked when the step is built
             raise ConfigError(
-                "RunConfig.cuda_graph=True needs a CUDA device; device is 'cpu' (set device='cuda' or cuda_graph=False)"
+                Reason(
+                    lambda n: (
+                        f"{n('cuda_graph')} needs a CUDA device; {n('device', 'cpu')} (use "
+                        f"{n('device', 'cuda')} or drop {n('cuda_graph')})"
+                    )
+                )
             )
         if self.pipeline is None:
             return

@@ -15,8 +15,8 @@ pipeline       replicas x pipeline stages (``RunConfig.pipeline``): the model cu
                over the replicas of each stage; checkpoints as ``sharded``
 =============  ==========================================================================
 
-Strategies may import storage, memory and errors; never the engine or the Estimator, which
-ask a strategy what to do and never which strategy they hold.
+Strategies may import storage, memory, resolve (the device rule's ``Choice``) and errors; never
+the engine or the Estimator, which ask a strategy what to do and never which strategy they hold.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 
 from ..errors import ConfigError
-from .base import SingleDevice, Strategy, resolve_device
+from .base import SingleDevice, Strategy, device_choice, resolve_device
 from .config import STRATEGIES, DistributionConfig
 from .pipeline import PipelineConfig, PipelineStrategy
 from .process_group import Independent, ProcessGroupStrategy, ReplicaLostError, Replicated
@@ -44,6 +44,7 @@ __all__ = [
     "SingleDevice",
     "Strategy",
     "StuckReplica",
+    "device_choice",
     "make_strategy",
     "resolve_device",
     "torchrun_rank",

@@ -9,31 +9,72 @@ from __future__ import annotations
 
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from ..errors import ConfigError
+from ..resolve import Choice, Reason
 from .watchdog import Progress
 
 
-def resolve_device(name: str) -> torch.device:
-    """``auto`` -> the local CUDA device when there is one, else the CPU."""
+def device_choice(name: str, *, indices: Sequence[int] = ()) -> Choice[torch.device]:
+    """Where this replica runs, the one rule for every device name: ``auto`` is CUDA where torch
+    sees it, else the CPU; ``cuda`` (and ``auto`` on CUDA) is the device of this replica,
+    ``LOCAL_RANK`` modulo the devices, or entry ``LOCAL_RANK`` of ``indices`` (``stoker bench
+    --gpu_indices``); ``cpu`` and ``cuda:N`` are what they say. A device torch cannot use is a
+    ``ConfigError`` whose message is a :class:`~stoker.resolve.Reason` (it names the settings)."""
+    given = name
+    asked = Reason(lambda n: n("device", given))
     if name == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
-        return torch.device("cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"RunConfig.device={name!r}, but torch sees no CUDA device; use 'cpu' or 'auto'")
-    return device
+        raise ConfigError(
+            Reason(lambda n: f"{n('device', given)}, but torch sees no CUDA device; use {n('device', 'cpu')}")
+        )
+    if device.type != "cuda":
+        if indices:
+            raise ConfigError(
+                Reason(
+                    lambda n: (
+                        f"{n('gpu_indices', tuple(indices))} names CUDA devices, but the device is the CPU "
+                        f"({n('device', name)})"
+                    )
+                )
+            )
+        return Choice(device, "auto: torch sees no CUDA device" if given == "auto" else asked)
+    if device.index is not None:
+        return Choice(device, asked)
+    local_rank, count = int(os.environ.get("LOCAL_RANK", "0") or 0), torch.cuda.device_count()  # torchrun
+    if indices:
+        if local_rank >= len(indices) or max(indices) >= count:
+            raise ConfigError(
+                Reason(
+                    lambda n: (
+                        f"{n('gpu_indices', tuple(indices))}: replica {local_rank} needs an entry, and "
+                        f"torch sees {count} CUDA device(s)"
+                    )
+                )
+            )
+        entry = Reason(lambda n: f"{n('gpu_indices', tuple(indices))}, replica {local_rank}")
+        return Choice(torch.device("cuda", indices[local_rank]), entry)
+    return Choice(torch.device("cuda", local_rank % count), "auto: torch sees CUDA" if given == "auto" else asked)
+
+
+def resolve_device(name: str) -> torch.device:
+    """The device :func:`device_choice` chooses for ``name``."""
+    return device_choice(name).value
 
 
 class Strategy(ABC):
     """Where a replica runs and how replicas combine their work."""
 
     device: torch.device
+    #: how ``device`` was chosen (:func:`device_choice`); ``None`` where the strategy places itself
+    device_choice: Choice[torch.device] | None = None
     rank: int = 0
     world_size: int = 1
     # Whether each replica holds only a slice of the model (checkpoints are then written by
@@ -106,7 +147,8 @@ class SingleDevice(Strategy):
     """One process on one device: every collective is the identity."""
 
     def __init__(self, device: str = "auto") -> None:
-        self.device = resolve_device(device)
+        self.device_choice = device_choice(device)
+        self.device = self.device_choice.value
 
     def wrap_model(self, model: nn.Module) -> nn.Module:
         return model

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import ConfigError, DistributedError, StokerError
-from .base import Strategy, resolve_device
+from .base import Strategy, device_choice
 from .watchdog import Progress, check_and_exit
 
 log = logging.getLogger("stoker")
@@ -49,10 +49,9 @@ class ProcessGroupStrategy(Strategy):
         self.rank = int(os.environ.get("RANK", "0"))
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-        self.device = resolve_device(device)
+        self.device_choice = device_choice(device)  # cuda: this replica's, by LOCAL_RANK
+        self.device = self.device_choice.value
         if self.device.type == "cuda":
-            if self.device.index is None:
-                self.device = torch.device("cuda", self.local_rank % torch.cuda.device_count())
             torch.cuda.set_device(self.device)
         backend = "nccl" if self.device.type == "cuda" else "gloo"
         self._owns_group = not dist.is_initialized()

@@ -23,8 +23,10 @@ The first ``WARMUP_STEPS`` steps run eagerly on a side stream (real steps on rea
 they initialise the optimizer state and let autograd and cuDNN pick their kernels); the next
 step is captured and then replayed, and every later step is a replay. Settings that cannot be
 captured (gradient accumulation, a carried ``cache``, several replicas, an optimizer that is
-neither fused nor capturable) are a :class:`~stoker.errors.ConfigError` naming each cause and
-its fix (:func:`capture_refusals`): a run that asks for a graph never runs eagerly unannounced.
+neither fused nor capturable, a device that is not CUDA) are a :class:`~stoker.errors.ConfigError`
+naming each cause and its fix (:func:`capture_refusals`, the one rule: ``stoker bench`` asks it
+too): a run that asks for a graph never runs eagerly unannounced. :func:`cuda_graph_choice` is
+what a run records about the graph when it is built (``Estimator.choices``).
 
 Written against torch's documented whole-network capture; run on an H200 (torch 2.11) by
 ``make gpu-check``: ``tests/test_cuda.py`` passes there and resnet50 replays within 2 % of a
@@ -42,7 +44,8 @@ from torch.utils import _pytree as pytree
 
 from ..config.slices import LoopConfig
 from ..data._tree import batch_rows
-from ..errors import ModelFnError
+from ..errors import ConfigError, ModelFnError
+from ..resolve import Choice, Reason, spelled
 from ..spec import ModeKeys
 from .infeed import Infeed
 from .loop import _NO_TRAIN_LOSS, TrainStep, _check_train_batch, _snapshot_host_call, check_spec
@@ -54,7 +57,9 @@ WARMUP_STEPS = 3
 
 def capture_refusals(
     *,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | None = None,
+    device_type: str = "cuda",
+    compile_mode: str = "none",
     dynamic_scaling: bool = False,
     accumulation_steps: int = 1,
     world_size: int = 1,
@@ -62,16 +67,41 @@ def capture_refusals(
 ) -> list[str]:
     """Why a training step with these settings cannot be captured as a CUDA graph (empty: it can).
 
-    Pure Python (nothing touches a device), so it is tested on CPU with CPU-built optimizers; each
-    reason names the setting and the fix."""
-    name = type(optimizer).__name__
-    reasons = []
+    Pure Python (nothing touches a device), so it is tested on CPU with CPU-built optimizers (an
+    optimizer flags what it would do on CUDA); ``optimizer`` ``None``: not built yet, not
+    checked. Each reason names the setting and the fix (a :class:`~stoker.resolve.Reason`)."""
+    reasons: list[str] = []
+    if device_type != "cuda":
+        reasons.append(
+            Reason(
+                lambda n: f"a CUDA graph needs a CUDA device; this run's is {device_type!r} (use {n('device', 'cuda')})"
+            )
+        )
+    if compile_mode == "step":
+        reasons.append(
+            Reason(
+                lambda n: (
+                    f"{n('compile', 'step')} is the other way to run the step whole; drop "
+                    f"{n('compile', 'step')} or {n('cuda_graph')}"
+                )
+            )
+        )
     if accumulation_steps > 1:
-        reasons.append("gradient_accumulation_steps > 1 is not captured (one micro-batch per step); set it to 1")
+        reasons.append(
+            Reason(
+                lambda n: (
+                    f"{n('gradient_accumulation_steps', accumulation_steps)} is not captured (one micro-batch "
+                    "per step); set it to 1"
+                )
+            )
+        )
     if world_size > 1:
         reasons.append(f"{world_size} replicas: gradient all-reduce is not captured by this loop; use one replica")
     if carries_cache:
         reasons.append("a carried cache (EstimatorSpec.cache) is not captured")
+    if optimizer is None or compile_mode == "step":  # a compiled step builds its own update
+        return reasons
+    name = type(optimizer).__name__
     if not captures_update(optimizer):
         reasons.append(
             f"optimizer {name} is not capturable: build it with capturable=True (Adam, AdamW, ...) "
@@ -79,10 +109,41 @@ def capture_refusals(
         )
     elif dynamic_scaling and not skips_update_on_device(optimizer):
         reasons.append(
-            f"fp16 dynamic loss scaling skips updates on the device only with a fused optimizer; build {name} "
-            "with fused=True, or use a static loss_scale"
+            Reason(
+                lambda n: (
+                    f"fp16 dynamic loss scaling skips updates on the device only with a fused optimizer; "
+                    f"build {name} with fused=True, or use a static {n('loss_scale')}"
+                )
+            )
         )
     return reasons
+
+
+def cuda_graph_choice(asked: bool, device_type: str, refusals: list[str]) -> Choice[bool]:
+    """Whether a run's training step is a CUDA graph: as ``asked`` (``RunConfig.cuda_graph``;
+    asked where it cannot capture is an error, not a choice); where not asked, what asking would
+    do on this ``device_type`` with these :func:`capture_refusals`."""
+    if asked:
+        return Choice(True, Reason(lambda n: n("cuda_graph")))
+    if device_type != "cuda":
+        return Choice(False, "CUDA only")
+    if refusals:
+        first = refusals[0]
+        return Choice(False, Reason(lambda n: f"not asked, and it could not capture this step: {spelled(first, n)}"))
+    return Choice(False, Reason(lambda n: f"not asked: {n('cuda_graph')} would capture this step"))
+
+
+def cannot_capture(refusals: list[str]) -> ConfigError:
+    """The error of ``cuda_graph=True`` where the step cannot be captured (to ``raise``)."""
+    return ConfigError(
+        Reason(
+            lambda n: (
+                f"{n('cuda_graph', True)}, but this training step cannot be captured: "
+                + "; ".join(spelled(r, n) for r in refusals)
+                + f" (or drop {n('cuda_graph')} to run the step eagerly)"
+            )
+        )
+    )
 
 
 def captures_update(optimizer: torch.optim.Optimizer) -> bool:
@@ -102,6 +163,8 @@ def cuda_graph_refusals(config: LoopConfig, strategy: Any, kwargs: dict[str, Any
     scaler = kwargs["precision"].scaler
     return capture_refusals(
         optimizer=kwargs["optimizer"],
+        device_type=strategy.device.type,
+        compile_mode=config.compile,
         dynamic_scaling=scaler is not None and scaler.dynamic,
         accumulation_steps=config.gradient_accumulation_steps,
         world_size=strategy.world_size,
@@ -337,8 +400,10 @@ def _copy_snapshot(host_call: Any) -> Any:
 __all__ = [
     "WARMUP_STEPS",
     "CudaGraphTrainStep",
+    "cannot_capture",
     "capture_refusals",
     "captures_update",
+    "cuda_graph_choice",
     "cuda_graph_refusals",
     "skips_update_on_device",
 ]

@@ -42,10 +42,17 @@ from ..distributed.pipeline import plan_stages
 from ..distributed.sharded import DCP_DIR, caused_by, load_sharded, refusal, save_sharded
 from ..errors import CheckpointError, ConfigError, NanLossError, UserCodeError
 from ..kernels.fp16_cost import fp16_cost, fp16_note, layer_kinds, say_once
-from ..kernels.linear import use_fast_linear
-from ..kernels.sgd_in_backward import optimizer_refusal, run_refusal, update_in_backward
+from ..kernels.linear import fast_linear_choice, use_fast_linear
+from ..kernels.sgd_in_backward import (
+    cannot_update_in_backward,
+    optimizer_refusal,
+    run_refusal,
+    sgd_in_backward_choice,
+    update_in_backward,
+)
 from ..memory.recompute import apply_recompute
 from ..precision import LossScaler, Precision
+from ..resolve import Choice
 from ..rng import rng_state, seed_everything, set_rng_state
 from ..storage.stores import Location, location
 
@@ -113,6 +120,8 @@ class ModelState:
         # Handed from a restored checkpoint (or a finished train()) to the next training run.
         self.pending_input_state: Any = None
         self.pending_hook_state: dict[str, Any] = {}
+        #: how the model's step runs, chosen when the state is built (see :func:`built_choices`)
+        self.choices: dict[str, Choice[Any]] = built_choices(config, strategy, precision)
         self.writer: AsyncCheckpointWriter | None = None
         if config.async_save and checkpoints is not None and checkpoints.writer:
             self.writer = AsyncCheckpointWriter(checkpoints.latest_path)
@@ -370,22 +379,42 @@ def _update_in_backward(
     model: nn.Module, opt: torch.optim.Optimizer, config: StateConfig, strategy: Strategy, precision: Precision
 ) -> tuple[list[str], str | None]:
     """``RunConfig.sgd_in_backward``: the fast linear layers apply ``opt``'s SGD in their backward.
-    Returns the layers that do, and why none does (``"auto"`` keeping the ordinary update)."""
-    why = run_refusal(
+    Returns the layers that do, and what the run needs where none does (``"auto"`` keeping the
+    ordinary update; :func:`~stoker.kernels.sgd_in_backward.sgd_in_backward_choice` says it)."""
+    need = sgd_in_backward_need(config, strategy, precision) or optimizer_refusal(opt)
+    if need is None:
+        return update_in_backward(model, opt), None
+    if config.sgd_in_backward == "on":
+        raise cannot_update_in_backward(need)
+    log.info("sgd_in_backward: the ordinary update: it %s", need)
+    return [], need
+
+
+def built_choices(config: StateConfig, strategy: Strategy, precision: Precision) -> dict[str, Choice[Any]]:
+    """What a run's settings choose about its model's step before anything is built, each by its
+    owner's rule: the fast linear layers and the SGD update inside the backward (until the
+    optimizer is built, which may still keep the ordinary update: ``sgd_in_backward_refusal``)."""
+    device = strategy.device.type
+    need = sgd_in_backward_need(config, strategy, precision)
+    return {
+        "fast_linear": fast_linear_choice(config.fast_linear, device),
+        "sgd_in_backward": sgd_in_backward_choice(config.sgd_in_backward, device, need),
+    }
+
+
+def sgd_in_backward_need(config: StateConfig, strategy: Strategy, precision: Precision) -> str | None:
+    """What the run's settings lack for the SGD update to run inside the backward (the optimizer
+    aside): :func:`~stoker.kernels.sgd_in_backward.run_refusal` of this run."""
+    return run_refusal(
         device=strategy.device,
         world_size=strategy.world_size,
         precision=precision.name,
         accumulation=config.gradient_accumulation_steps,
         clip_norm=config.gradient_clip_norm,
-        compiled=config.compile != "none" or config.cuda_graph,
+        compiled=config.compile != "none",
+        cuda_graph=config.cuda_graph,
         fast_linear=config.fast_linear,
-    ) or optimizer_refusal(opt)
-    if why is None:
-        return update_in_backward(model, opt), None
-    if config.sgd_in_backward == "on":
-        raise ConfigError(f"RunConfig.sgd_in_backward='on' cannot apply: {why}")
-    log.info("sgd_in_backward: the ordinary update: %s", why)
-    return [], why
+    )
 
 
 def _check_layout(ckpt: LoadedCheckpoint, stages: int) -> None:

@@ -13,7 +13,6 @@ from typing import Any
 
 from ..config.slices import LoopConfig
 from ..distributed import Strategy
-from ..errors import ConfigError
 from .loop import TrainStep
 
 
@@ -25,21 +24,11 @@ def make_train_step(config: LoopConfig, strategy: Strategy, kwargs: dict[str, An
 
         return PipelineTrainStep(runtime=runtime, **kwargs)
     if config.cuda_graph:
-        device = strategy.device
-        if device.type != "cuda":
-            raise ConfigError(
-                f"RunConfig.cuda_graph=True needs a CUDA device; this run's device is {str(device)!r} "
-                "(set device='cuda' or cuda_graph=False)"
-            )
-        from .cuda_graph_step import CudaGraphTrainStep, cuda_graph_refusals
+        from .cuda_graph_step import CudaGraphTrainStep, cannot_capture, cuda_graph_refusals
 
         reasons = cuda_graph_refusals(config, strategy, kwargs)
         if reasons:
-            raise ConfigError(
-                "RunConfig.cuda_graph=True, but this training step cannot be captured: "
-                + "; ".join(reasons)
-                + " (or set cuda_graph=False to run the step eagerly)"
-            )
+            raise cannot_capture(reasons)
         return CudaGraphTrainStep(**kwargs)
     if config.compile == "step":
         from .compiled_step import CompiledTrainStep, check_compiled_step_supported

@@ -13,8 +13,9 @@
 - :mod:`~stoker.kernels.sgd_in_backward`: plain SGD applied inside those layers' weight-gradient
   product (``RunConfig(sgd_in_backward=...)``, ``stoker bench --sgd_in_backward``).
 
-This package imports nothing of stoker but its errors and :mod:`stoker._cache` (the cache folder's
-one convention): the engine, the harness and benchmarks call it.
+This package imports nothing of stoker but its errors, :mod:`stoker._cache` (the cache folder's
+one convention) and :mod:`stoker.resolve` (``Choice``, for the rules of ``fast_linear`` and
+``sgd_in_backward`` that a run records): the engine, the harness and benchmarks call it.
 """
 
 from .linear import (

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ConfigError, StateError
+from ..resolve import Choice, Reason
 from .machine import cache_load, cache_store, machine_key
 
 FAST_LINEAR_MODES: tuple[str, ...] = ("auto", "on", "off")
@@ -365,6 +366,16 @@ def use_fast_linear(model: nn.Module, mode: str = "auto") -> list[str]:
     return names
 
 
+def fast_linear_choice(mode: str, device_type: str) -> Choice[str]:
+    """What ``RunConfig.fast_linear`` (``mode``) does on a ``device_type`` device: nothing but on
+    the CPU; ``auto`` measures each layer shape at its first step (:func:`choose`)."""
+    if device_type != "cpu":
+        return Choice("off", "CPU only")
+    if mode == "auto":
+        return Choice("auto", "per layer shape, oneDNN or the BLAS, whichever measured faster here; cached")
+    return Choice(mode, Reason(lambda n: n("fast_linear", mode)))
+
+
 def use_plain_linear(model: nn.Module) -> int:
     """Turn every :class:`OneDNNLinear` of ``model`` back into an ``nn.Linear``; return how many."""
     count = 0
@@ -417,6 +428,7 @@ __all__ = [
     "plain_sgd_refusal",
     "choose",
     "describe_choices",
+    "fast_linear_choice",
     "measure_linear",
     "onednn_available",
     "reset_choices",

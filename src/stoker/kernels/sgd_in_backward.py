@@ -39,50 +39,85 @@ from torch import nn
 from torch.optim.optimizer import _global_optimizer_pre_hooks
 
 from ..errors import ConfigError
+from ..resolve import Choice, Reason, spelled
 from .linear import OneDNNLinear, SGDUpdate, plain_sgd_refusal
 
 SGD_IN_BACKWARD_MODES: tuple[str, ...] = ("off", "auto", "on")
 
 
 def optimizer_refusal(optimizer: torch.optim.Optimizer) -> str | None:
-    """Why this optimizer's update cannot run inside the backward, or ``None`` when it can."""
+    """What this optimizer lacks for its update to run inside the backward (``"needs ..."``), or
+    ``None`` when it can."""
     if type(optimizer) is not torch.optim.SGD:
-        return f"it needs torch.optim.SGD; the optimizer is {type(optimizer).__name__}"
+        return f"needs torch.optim.SGD (the optimizer is {type(optimizer).__name__})"
     if optimizer._optimizer_step_pre_hooks or _global_optimizer_pre_hooks:
-        return "the optimizer has step pre-hooks, which read the gradients (e.g. decay or clipping added there)"
+        return "needs an optimizer without step pre-hooks (they read the gradients: decay or clipping added there)"
     for i, group in enumerate(optimizer.param_groups):
         why = plain_sgd_refusal(group, f"param group {i}")
         if why is not None:
-            return why
+            return f"needs plain SGD ({why.removeprefix('it is plain SGD only; ')})"
     return None
 
 
 def run_refusal(
     *,
-    device: torch.device,
+    device: torch.device | None,
     world_size: int,
     precision: str,
     accumulation: int,
     clip_norm: float | None,
     compiled: bool,
+    cuda_graph: bool,
     fast_linear: str,
-) -> str | None:
-    """Why a run with these settings cannot update inside the backward, or ``None`` when it can."""
+) -> Reason | None:
+    """What a run with these settings lacks for the update to run inside the backward
+    (``"needs ..."``, naming the setting), or ``None`` when it can (``device`` ``None``: not
+    known yet, not checked)."""
+    if device is not None and device.type != "cpu":
+        return Reason(lambda n: f"needs the CPU (this run's device is {device})")
     if fast_linear == "off":
-        return "it runs inside stoker's linear layers: needs fast_linear 'auto' or 'on'"
-    if device.type != "cpu":
-        return f"it runs on the CPU only; this run's device is {device}"
-    if world_size > 1:
-        return f"it needs one process ({world_size} replicas must average their gradients before the update)"
-    if precision != "fp32":
-        return f"it needs fp32; this run's precision is {precision}"
-    if accumulation > 1:
-        return f"it needs one micro-batch per step; gradient_accumulation_steps is {accumulation}"
-    if clip_norm is not None:
-        return "gradient clipping needs every gradient before any update"
+        return Reason(
+            lambda n: f"needs {n('fast_linear', 'auto')} or {n.value('on')} (the update runs in those layers)"
+        )
     if compiled:
-        return "it runs eagerly; compile and CUDA graphs trace the update themselves"
+        return Reason(lambda n: f"needs no {n('compile')} (the update runs eagerly)")
+    if cuda_graph:
+        return Reason(lambda n: f"needs no {n('cuda_graph')}")
+    if precision != "fp32":
+        return Reason(lambda n: f"needs {n('precision', 'fp32')} (got {precision})")
+    if world_size > 1:
+        return Reason(lambda n: "needs one replica (replicas average gradients before the update)")
+    if accumulation > 1:
+        return Reason(
+            lambda n: f"needs one micro-batch per step (got {n('gradient_accumulation_steps', accumulation)})"
+        )
+    if clip_norm is not None:
+        return Reason(lambda n: f"needs no {n('gradient_clip_norm')} (clipping needs every gradient first)")
     return None
+
+
+def sgd_in_backward_choice(mode: str, device_type: str, need: str | None) -> Choice[str]:
+    """What ``RunConfig.sgd_in_backward`` (``mode``) does on a ``device_type`` device, with ``need``
+    the run's (:func:`run_refusal`, and :func:`optimizer_refusal` once the optimizer is built)."""
+    if device_type != "cpu":
+        return Choice("off", "CPU only")
+    if mode == "off":
+        return Choice("off", Reason(lambda n: n("sgd_in_backward", "off")))
+    if need is not None:
+        return Choice("off", Reason(lambda n: f"it {spelled(need, n)}"))
+    return Choice(mode, "in the fast linear layers that allow it, chosen at the first step")
+
+
+def cannot_update_in_backward(need: str) -> ConfigError:
+    """The error of ``sgd_in_backward='on'`` where the run ``need`` s something (to ``raise``)."""
+    return ConfigError(
+        Reason(
+            lambda n: (
+                f"{n('sgd_in_backward', 'on')} {spelled(need, n)}; use {n('sgd_in_backward', 'auto')} or "
+                f"{n.value('off')}"
+            )
+        )
+    )
 
 
 def update_in_backward(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
@@ -94,7 +129,7 @@ def update_in_backward(model: nn.Module, optimizer: torch.optim.Optimizer) -> li
     """
     why = optimizer_refusal(optimizer)
     if why is not None:
-        raise ConfigError(f"sgd_in_backward: {why}")
+        raise ConfigError(f"sgd_in_backward: the optimizer {why}")
     group_of = {id(p): i for i, group in enumerate(optimizer.param_groups) for p in group["params"]}
     uses = collections.Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
     names = []
@@ -144,8 +179,10 @@ def updating_in_backward(model: nn.Module, *, ran: bool = False) -> list[str]:
 __all__: list[str] = [
     "SGD_IN_BACKWARD_MODES",
     "optimizer_refusal",
+    "cannot_update_in_backward",
     "remove_update_in_backward",
     "run_refusal",
+    "sgd_in_backward_choice",
     "update_in_backward",
     "updating_in_backward",
 ]

@@ -92,6 +92,7 @@ import torch
 from torch import nn
 
 from ..config import RunConfig
+from ..distributed import device_choice
 from ..errors import StokerError
 from ..estimator import Estimator
 from ..hooks import Hook
@@ -133,9 +134,10 @@ def option(default: Any, help: str, **flag: Any) -> Any:
 
 
 def device_type_of(device: str) -> str:
-    """``cuda`` or ``cpu``: where a recipe's ``--device`` (``auto``: CUDA where torch sees it) trains."""
+    """``cuda`` or ``cpu``: where a recipe's ``--device`` trains (``auto``: as the engine resolves
+    it, :func:`stoker.distributed.device_choice`; a named device is not checked here)."""
     if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return device_choice("auto").value.type
     return "cuda" if device.partition(":")[0] == "cuda" else "cpu"  # the values RunConfig.device takes
 
 
