@@ -74,6 +74,7 @@ def test_replicated_resume_is_bitwise_and_one_process_can_resume(tmp_path):
     assert sorted(p.name for p in (tmp_path / "whole" / "ckpt-12").iterdir()) == [
         "input-0.json",
         "input-1.json",
+        "manifest.json",
         "model.safetensors",
         "train_state.pt",
     ]

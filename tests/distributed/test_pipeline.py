@@ -63,11 +63,15 @@ def test_two_stage_1f1b_equals_one_process_and_its_checkpoint_reads_in_one_proce
     pp = load(tmp_path / "pp.json")
     assert pp["world_size"] == 2
     assert_same_run(pp, one_process)
-    # one atomic ckpt-12 whose index covers every stage's shard
+    # one atomic ckpt-12 whose index (and manifest) covers every stage's shard
     ckpt = model_dir / "ckpt-12"
     files = json.loads((model_dir / "checkpoint.json").read_text())["checkpoints"][-1]["files"]
     on_disk = sorted(str(p.relative_to(ckpt)) for p in ckpt.rglob("*") if p.is_file())
-    assert sorted(files) == on_disk and {"dcp/__0_0.distcp", "dcp/__1_0.distcp", "dcp/.metadata"} <= set(files)
+    assert sorted(files) == [f for f in on_disk if f not in ("manifest.json", "evaluation.json")] and {
+        "dcp/__0_0.distcp",
+        "dcp/__1_0.distcp",
+        "dcp/.metadata",
+    } <= set(files)
     # stoker checkpoint consolidate -> one model.safetensors that loads into the unsplit model
     from stoker.cli import main as stoker_cli
 

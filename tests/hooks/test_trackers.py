@@ -245,7 +245,8 @@ def test_wandb_offline_one_run_each_step_once(tmp_path, monkeypatch):
     assert all("loss" in r and "learning_rate" in r for r in rows)
     artifacts: list[tuple[str, list[str]]] = []
     wandb_history(tmp_path, hooks[0].run_id, artifacts)
-    assert (f"{hooks[0].run_id}-ckpt-16", ["input-0.json", "model.safetensors", "train_state.pt"]) in artifacts
+    files = ["evaluation.json", "input-0.json", "manifest.json", "model.safetensors", "train_state.pt"]
+    assert (f"{hooks[0].run_id}-ckpt-16", files) in artifacts  # the checkpoint with its own manifest
 
 
 @pytest.mark.slow

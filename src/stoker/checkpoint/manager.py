@@ -183,7 +183,7 @@ class CheckpointManager:
                 skipped.append(path.name)
                 continue
             if skipped:
-                why = "; ".join(self._damaged[d].split(": ", 1)[1].split("; refusing")[0] for d in skipped)
+                why = "; ".join(self._damaged[d].split(" is corrupt: ", 1)[-1].split("; refusing")[0] for d in skipped)
                 log.warning(
                     "%s damaged (%s): resuming from %s, the newest checkpoint that verifies; %s stays on disk "
                     "until its step is saved again",

@@ -124,13 +124,9 @@ def folders(model_dir: Location) -> list[str]:
     return sorted(names, key=lambda n: (int(CKPT_RE.match(n).group(1)), n))  # type: ignore[union-attr]
 
 
-def scan(
-    model_dir: Location, retry: RetryPolicy, only: Iterable[str] | None = None, *, sizes: bool = False
-) -> dict[str, Found]:
-    """Every checkpoint folder of ``model_dir`` (or those of ``only`` that exist), read."""
-    listed = folders(model_dir)
-    wanted = listed if only is None else [d for d in listed if d in set(only)]
-    return {d: read_folder(model_dir, d, retry, sizes=sizes) for d in wanted}
+def scan(model_dir: Location, retry: RetryPolicy, *, sizes: bool = False) -> dict[str, Found]:
+    """Every checkpoint folder of ``model_dir``, read (with ``sizes``: its files listed too)."""
+    return {d: read_folder(model_dir, d, retry, sizes=sizes) for d in folders(model_dir)}
 
 
 @dataclass(frozen=True)
@@ -242,15 +238,19 @@ class Rebuilt:
     """An index rebuilt from manifests, and what to say about it."""
 
     index: CheckpointIndex
-    records: list[CheckpointRecord] = field(default_factory=list)
-    incomplete: list[str] = field(default_factory=list)
-    dropped_legacy: list[str] = field(default_factory=list)
+    incomplete: list[str] = field(default_factory=list)  # folders with files missing or cut short
 
 
 def blocking_legacy(found: Mapping[str, Found], health: Health) -> list[Found]:
-    """Whole checkpoints without a manifest that no trusted index names: a rebuild cannot place them."""
-    trusted = health.stored if health.state in (OK, STALE) else None
-    return [f for f in found.values() if f.unplaceable and (trusted is None or trusted.record_in(f.directory) is None)]
+    """Whole checkpoints without a (readable) manifest that a rebuild cannot place: with no index
+    to trust, every one; with a stale index, those it does not name above its latest (below it,
+    an unnamed folder is what retention or a crash left, as with a sound index)."""
+    if health.state not in (OK, STALE) or health.stored is None:
+        return [f for f in found.values() if f.unplaceable]
+    stored = health.stored
+    latest = stored.record(stored.latest) if stored.latest else None
+    floor = latest.step if latest is not None else -1
+    return [f for f in found.values() if f.unplaceable and f.step > floor and stored.record_in(f.directory) is None]
 
 
 def rebuild(found: Mapping[str, Found], health: Health, damaged: Iterable[str] = ()) -> Rebuilt:
@@ -287,7 +287,7 @@ def rebuild(found: Mapping[str, Found], health: Health, damaged: Iterable[str] =
         checkpoints=tuple(records),
         coverage=trusted.coverage if trusted is not None else None,
     )
-    return Rebuilt(index, records, sorted(bad & {r.directory for r in records}))
+    return Rebuilt(index, sorted(bad & {r.directory for r in records}))
 
 
 def backup_name(state: str) -> str:
