@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from helpers.paths import SCRIPTS
-from helpers.processes import PYTHON, launch_replicas, python_env
+from helpers.processes import PYTHON, launch_replicas, popen, python_env
 
 SCRIPT = SCRIPTS / "dist_script.py"
 
@@ -113,21 +114,73 @@ def test_kill_9_of_one_replica_names_it_and_rerun_resumes(tmp_path):
     assert os.path.exists(model_dir / f"ckpt-{int(last.split('-')[1]) + 4}")
 
 
-def test_a_stuck_replica_is_named_with_its_step_and_phase_within_seconds(tmp_path):
+def test_a_stuck_replica_is_named_with_its_step_and_phase_and_every_replica_exits_within_seconds(tmp_path):
     # Replica 1 hangs in model_fn at its 10th step (loops of 2 steps: 4 loops timed before it);
     # replica 0 waits in that step's gradient all-reduce and must name it well before the 300 s
     # distributed_timeout: after min_seconds=3 (20 x a median step of ms is less) plus a heartbeat.
-    procs = launch(2, "--max_steps", "40", "--timeout", "300", "--hang", "1", "10", "200", "--stuck_min_seconds", "3")
+    # Then the stuck replica (still inside its 200 s step) ends too, from its heartbeat thread.
+    args = ("--max_steps", "40", "--timeout", "300", "--hang", "1", "10", "200", "--stuck_min_seconds", "3")
+    procs = launch(2, *args, "--model_dir", str(tmp_path / "m"))
     try:
         out, err = procs[0].communicate(timeout=150)
+        named = time.monotonic()
+        _, stuck_err = procs[1].communicate(timeout=30)
+        stuck_exited = time.monotonic() - named
     finally:
-        procs[1].kill()
-        procs[1].wait()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     assert procs[0].returncode == 1, err[-3000:]
     assert "stuck replica: replica 1 last seen at step 10, in the input and model_fn" in err, err[-3000:]
     assert "replica 0 has waited" in err and "the backward pass (its gradient all-reduce) of step 10" in err
     waited = float(err.split("replica 0 has waited ")[1].split(" s")[0])
     assert 3 <= waited < 10  # named within seconds of the limit, not after distributed_timeout
+    assert procs[1].returncode == 1, stuck_err[-3000:]
+    assert "replica 1 stops with exit status 1: another replica named a stuck one (stuck replica: replica 1" in (
+        stuck_err
+    )
+    assert stuck_exited < 5  # within a heartbeat or two of the naming, not after its 200 s step
+
+
+@pytest.mark.slow
+def test_under_torchrun_a_stuck_replica_ends_the_job_within_seconds_not_after_its_kill_timeout(tmp_path):
+    # torchrun's agent SIGTERMs the workers left when one fails and SIGKILLs them 30 s later; the
+    # stuck worker, inside a 200 s step, used to wait for that kill (its SIGTERM handler waits
+    # for the step to end). Now it ends by itself once named, and the job with it.
+    command = [
+        PYTHON,
+        *("-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"),
+        str(SCRIPT),
+        *("--max_steps", "40", "--timeout", "300", "--hang", "1", "10", "200", "--stuck_min_seconds", "3"),
+        *("--model_dir", str(tmp_path / "m")),  # with it, PreemptionHook's SIGTERM handler runs
+    ]
+    proc = popen(command, env=python_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    named: list[float] = []
+    lines: list[str] = []
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if "stuck replica: replica 1 last seen at step 10" in line and not named:
+                named.append(time.monotonic())
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout=240)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    ended = time.monotonic()
+    reader.join(timeout=10)
+    text = "".join(lines)
+    assert named, text[-3000:]
+    assert proc.returncode != 0
+    assert "replica 1 stops with exit status 1: another replica named a stuck one" in text, text[-3000:]
+    assert ended - named[0] < 15, text[-3000:]  # torchrun would have waited 30 s before its SIGKILL
 
 
 def test_a_replica_slow_between_loops_is_not_taken_for_stuck(tmp_path):

@@ -28,7 +28,7 @@ from torch import nn
 
 from ..errors import ConfigError, DistributedError, StokerError
 from .base import Strategy, device_choice
-from .watchdog import Progress, check_and_exit
+from .watchdog import ANNOUNCE_WAIT, STUCK_KEY, Progress, check_and_exit, stop_as_named
 
 log = logging.getLogger("stoker")
 
@@ -182,14 +182,34 @@ class ProcessGroupStrategy(Strategy):
             try:
                 self._store.set(key, repr(time.time()))
                 self._store.set(where, self.progress.record())
+                named = self._store.check([STUCK_KEY])  # another replica named a stuck one: stop too
             except Exception:  # noqa: BLE001 - the store lives in rank 0; if it is gone, stop beating
                 return
+            if named:
+                self._stop_as_named(me)
             if self.progress.watch is not None:
                 try:
-                    check_and_exit(self.progress, self._others_progress, me, self.process_name)
+                    check_and_exit(self.progress, self._others_progress, me, self.process_name, self._announce_stuck)
                 except Exception as error:  # noqa: BLE001 - a failed check must not stop the heartbeat
                     log.debug("stuck-replica check: %s", error)
             self._stop.wait(_HEARTBEAT_EVERY)
+
+    def _announce_stuck(self, message: str) -> None:
+        """Tell every replica that this one named a stuck one, and wait (bounded) until each has
+        read it: the store may live in this process and go with it."""
+        self._store.set(STUCK_KEY, message)
+        acks = [f"{STUCK_KEY}/seen/{r}" for r in range(self.world_size) if r != self.rank]
+        deadline = time.monotonic() + ANNOUNCE_WAIT
+        while time.monotonic() < deadline and not self._store.check(acks):
+            time.sleep(0.05)
+
+    def _stop_as_named(self, me: str) -> None:
+        try:
+            message = self._store.get(STUCK_KEY).decode()
+            self._store.set(f"{STUCK_KEY}/seen/{self.rank}", "1")
+        except Exception:  # noqa: BLE001 - the namer's store went away under us: stop all the same
+            message = "its message was lost with the store"
+        stop_as_named(me, message)
 
     def _others_progress(self) -> dict[int, str]:
         """The other replicas' published progress (those that published any)."""

@@ -14,6 +14,15 @@ ones missing, and where they were last seen. It logs that and ends its process w
 status 1 (a thread cannot interrupt a collective blocked in C++; the newest complete
 checkpoint is on disk, as after a kill -9).
 
+**Every replica stops at once.** Before it exits, the replica that named the stuck one puts its
+message in the store (:data:`STUCK_KEY`) and waits a moment (:data:`ANNOUNCE_WAIT`) for the
+others to see it. Every other replica's heartbeat thread reads that key once a second and ends
+its process too, with the same status: the stuck one (whose training thread may never come back
+to Python, so no signal handler of its own could end it cleanly) and any other waiting in the
+collective. A launcher then finds every process gone within seconds; torchrun no longer waits
+its 30 s before killing the stuck one. A replica stuck in C code that holds the GIL cannot run
+its heartbeat either; only the launcher's kill ends it.
+
 Only a replica last seen inside a training step (its input, ``model_fn``, backward, update) is
 named. The work between loops (the outfeed, hooks, evaluations, summaries, checkpoint writes:
 the chief writes while the others wait at the barrier) is marked exempt and left to
@@ -42,8 +51,14 @@ log = logging.getLogger("stoker")
 MIN_STEP_SAMPLES = 3
 #: The phase after a device loop (outfeed, hooks, evaluations, checkpoints): exempt.
 BETWEEN_LOOPS = "the work between loops (outfeed, hooks, evaluation)"
-#: Exit status of a replica that stops because another one is stuck.
+#: Exit status of every replica of a run that stops because a replica is stuck.
 STUCK_EXIT_CODE = 1
+#: The store key holding the message of the replica that named a stuck one (per torchrun restart:
+#: an elastic agent's store outlives the workers it restarts).
+STUCK_KEY = f"stoker/stuck/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+#: Seconds the naming replica waits for the others to see :data:`STUCK_KEY` before it exits (when it
+#: hosts the store, the store goes with it): a little over two heartbeats.
+ANNOUNCE_WAIT = 2.5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -167,9 +182,16 @@ def stuck_message(
     )
 
 
-def check_and_exit(progress: Progress, read: Callable[[], dict[int, Any]], me: str, name: Callable[[int], str]) -> None:
+def check_and_exit(
+    progress: Progress,
+    read: Callable[[], dict[int, Any]],
+    me: str,
+    name: Callable[[int], str],
+    announce: Callable[[str], None] | None = None,
+) -> None:
     """The heartbeat thread's check: if this replica is overdue in a collective and some
-    replicas have not entered it, name them and end the process."""
+    replicas have not entered it, name them, ``announce`` the message to every replica (they
+    stop too: :func:`stop_as_named`) and end the process."""
     now = time.time()
     limit = progress.overdue(now)
     if limit is None:
@@ -178,21 +200,44 @@ def check_and_exit(progress: Progress, read: Callable[[], dict[int, Any]], me: s
     if not missing:
         return  # everyone is in it (a slow collective), or the missing ones are exempt
     message = stuck_message(me, progress, missing, limit, name, now)
+    _report(message)
+    if announce is not None:
+        try:
+            announce(message)
+        except Exception as error:  # noqa: BLE001 - the store may be gone: exit all the same
+            log.debug("announcing the stuck replica: %s", error)
+    os._exit(STUCK_EXIT_CODE)
+
+
+def stop_as_named(me: str, message: str) -> None:
+    """End this process because another replica named a stuck one (``message``, which says who):
+    every replica of the run stops within a heartbeat."""
+    _report(
+        f"{me} stops with exit status {STUCK_EXIT_CODE}: another replica named a stuck one ({message}). Rerun "
+        "the same command to resume from the last complete checkpoint"
+    )
+    os._exit(STUCK_EXIT_CODE)
+
+
+def _report(message: str) -> None:
+    """Log ``message`` as an error and make sure it reaches the job's log before the process ends."""
     if log.hasHandlers():
         log.error("%s", message)
         for handler in logging.getLogger().handlers + log.handlers:
             handler.flush()
     else:  # nobody configured logging: the message must still reach the job's log
         print(message, file=sys.stderr, flush=True)
-    os._exit(STUCK_EXIT_CODE)
 
 
 __all__ = [
+    "ANNOUNCE_WAIT",
     "MIN_STEP_SAMPLES",
     "STUCK_EXIT_CODE",
+    "STUCK_KEY",
     "Progress",
     "Seen",
     "StuckReplica",
     "missing_replicas",
+    "stop_as_named",
     "stuck_message",
 ]
