@@ -331,3 +331,48 @@ def test_real_process_lost_index_then_rerun_is_bitwise_equal(tmp_path):
     assert f"resumed from {run / 'ckpt-12'} (step 12)" in again.stderr
     finished(ref)
     assert _weights(run, 24) == _weights(tmp_path / "ref", 24)
+
+
+# ---------------------------------------------------------------------------- the rule, on its own
+def _record(step: int, t: float):  # noqa: ANN202
+    from stoker.checkpoint import CheckpointRecord
+
+    return CheckpointRecord(name=f"ckpt-{step}", step=step, time=t, bytes=1, files={"f": "0"})
+
+
+def _folder(step: int, t: float, parent: tuple[str, float] | None, evaluated: bool = False):  # noqa: ANN202
+    from stoker.checkpoint.recovery import Found
+
+    manifest = Manifest(f"ckpt-{step}", step, t, {"f": "0"}, {"f": 1}, parent)
+    evaluation = Evaluation(f"ckpt-{step}", t, step, {"loss": 1.0}) if evaluated else None
+    return Found(f"ckpt-{step}", step, manifest, evaluation)
+
+
+@pytest.mark.parametrize(
+    ("folders", "state"),
+    [
+        ([(8, 3.0, ("ckpt-4", 2.0), False)], "ok"),  # a crash inside the save of ckpt-8
+        ([(8, 3.0, ("ckpt-4", 2.0), True)], "stale"),  # evaluated: it was committed once
+        ([(8, 3.0, ("ckpt-6", 2.5), False)], "stale"),  # its parent is not the index's latest
+        ([(8, 3.0, ("ckpt-4", 2.0), False), (12, 4.0, ("ckpt-8", 3.0), False)], "stale"),  # two newer
+        ([(8, 1.5, ("ckpt-2", 1.0), False)], "ok"),  # written before the index's checkpoints: passed over
+    ],
+)
+def test_which_newer_folders_make_an_index_stale(folders, state):
+    from stoker.checkpoint import CheckpointIndex
+    from stoker.checkpoint.recovery import assess
+
+    index = CheckpointIndex(latest="ckpt-4", checkpoints=(_record(2, 1.0), _record(4, 2.0)))
+    found = {f"ckpt-{s}": _folder(s, t, p, e) for s, t, p, e in folders}
+    found["ckpt-4"] = _folder(4, 2.0, ("ckpt-2", 1.0))
+    listed = ["ckpt-2", "ckpt-4", *(f"ckpt-{s}" for s, *_ in folders)]
+    assert assess(index.encode(), "checkpoint.json", found, listed).state == state
+
+
+def test_an_index_naming_nothing_beside_a_checkpoint_is_stale():
+    from stoker.checkpoint import CheckpointIndex
+    from stoker.checkpoint.recovery import assess
+
+    found = {"ckpt-4": _folder(4, 2.0, None)}
+    assert assess(CheckpointIndex().encode(), "checkpoint.json", found, ["ckpt-4"]).state == "stale"
+    assert assess(None, "checkpoint.json", found, ["ckpt-4"]).state == "missing"

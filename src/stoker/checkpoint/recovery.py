@@ -201,8 +201,8 @@ def assess(data: bytes | None, source: str, found: Mapping[str, Found], listed: 
     ]
     if not newer:
         return Health(OK, stored=index)
-    if len(newer) == 1 and newer[0].evaluation is None and newer[0].manifest is not None:
-        if newer[0].manifest.parent == (latest.key if latest else None):
+    if latest is not None and len(newer) == 1 and newer[0].evaluation is None and newer[0].manifest is not None:
+        if newer[0].manifest.parent == latest.key:
             return Health(OK, stored=index)  # an uncommitted write (docstring)
     verb = "is" if len(newer) == 1 else "are"
     names = f"{index.latest} as the latest" if index.latest else "no checkpoint"
