@@ -158,7 +158,7 @@ def plain_real_images_per_sec(case: Case, data_dir: str) -> float:
     sys.path.insert(0, str(Path(__file__).parent))
     from input_pipeline import PlainRealDataset  # noqa: PLC0415  (a sibling script)
 
-    from stoker.data.preprocessing import TF_CNN_MEAN, TF_CNN_STD, ImagePreprocessor
+    from stoker.data.images import TF_CNN_MEAN, TF_CNN_STD, ImagePreprocessor
 
     info = get_model_info(case.model, case.dataset)
     torch.manual_seed(1234)

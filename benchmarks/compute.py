@@ -56,7 +56,7 @@ from torch import nn
 import stoker
 from stoker.bench import BenchConfig, run_benchmark
 from stoker.bench.model import l2_loss
-from stoker.data.preprocessing import TF_CNN_MEAN, TF_CNN_STD, ImagePreprocessor
+from stoker.data.images import TF_CNN_MEAN, TF_CNN_STD, ImagePreprocessor
 from stoker.kernels import linear as fast_linear
 from stoker.kernels.machine import BF16_FLAGS, FP16_FLAGS, cpu_flags, cpu_model
 from stoker.kernels.peak import measure_kernels

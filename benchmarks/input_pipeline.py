@@ -4,7 +4,7 @@ Generates (once; into ``--data`` or a temporary folder) a tree of ~2,000 random 
 in 10 classes (fixed seed), then, interleaved round by round so that machine noise hits
 every variant alike, measures batches/sec of
 
-- ``stoker W=n``: ``image_folder(train=True, image_size=56, batch_size=64, num_workers=n)``
+- ``stoker W=n``: ``image_folder`` (training, ``image_size=56``, ``batch_size=64``, ``num_workers=n``)
   iterated directly (decoding threads fill a batch one example at a time and the caller helps,
   worker processes build whole batches; index-based augmentation);
 - ``plain W=n``: ``torch.utils.data.DataLoader(batch_size=64, shuffle=True, num_workers=n)``
@@ -24,7 +24,7 @@ smooth content plus mild noise; generated once into ``--real_data``, default
 ``~/.cache/stoker-bench/imagenet-like-<n>``), batch 32, 224px training crops, side by side in
 one run (interleaved rounds):
 
-- ``stoker real W=n``: ``image_folder(output="uint8", crop="tf_cnn", num_workers=n)`` (window
+- ``stoker real W=n``: ``image_folder`` with ``output="uint8"``, ``crop="tf_cnn"``, ``num_workers=n`` (window
   decode, uint8 resize; ``n`` threads with libjpeg-crop, else processes with shared-memory slots:
   ``worker_kind="auto"``), the batch normalised in the main process by
   ``ImagePreprocessor`` (what ``stoker bench`` does in the step on a CPU);
@@ -58,13 +58,16 @@ from stoker.data import ImageOptions, ReadOptions, example_uniforms, image_folde
 from stoker.data.images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
+    TRAIN_DRAWS,
+    ImagePreprocessor,
     augment_image,
     decode_rgb,
+    flip_of,
     random_resized_crop_box,
+    sample_distorted_box,
     scan_image_folder,
 )
 from stoker.data.images.decoders import available_decoders, decode_crop_resize, get_decoder
-from stoker.data.preprocessing import TRAIN_DRAWS, ImagePreprocessor, flip_of, sample_distorted_box
 
 REAL_BATCH = 32
 REAL_SIZE = 224

@@ -1,4 +1,4 @@
-"""What tf_cnn_benchmarks-style preprocessing costs: ``stoker.data.preprocessing`` on the CPU.
+"""What tf_cnn_benchmarks-style preprocessing costs on the CPU (``stoker.data.images``).
 
 Per batch (``--batch`` x ``--size`` x ``--size`` uint8 images, a smooth colour field with
 noise), interleaved round by round so machine noise hits every variant alike, the median
@@ -39,13 +39,13 @@ import torch
 
 from stoker import keep_freed_host_memory
 from stoker.data.base import example_uniforms
-from stoker.data.images import normalize_images
-from stoker.data.preprocessing import (
+from stoker.data.images import (
     IMAGENET_MEAN,
     IMAGENET_STD,
     TRAIN_DRAWS,
     ImagePreprocessor,
     color_params,
+    normalize_images,
     sample_distorted_box,
 )
 

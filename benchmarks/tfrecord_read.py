@@ -32,7 +32,7 @@ import numpy as np
 from PIL import Image
 
 from stoker.data import write_imagenet_tfrecords
-from stoker.data.tfrecord import find_shards, parse_imagenet_example
+from stoker.data.images.tfrecord import find_shards, parse_imagenet_example
 from stoker.data.tfrecord_index import INDEX_FOLDER, RecordShards
 from stoker.data.tfrecord_io import example_class
 

@@ -96,7 +96,7 @@ def test_the_readme_figures_are_one_short_row_each_with_its_date_and_machine():
 
 
 def test_the_tf_cnn_guide_and_bench_help_agree_that_data_dir_reads_tfrecords():
-    # Both once said TFRecords could not be read, while stoker.data.tfrecord read them.
+    # Both once said TFRecords could not be read, while stoker.data.images.tfrecord read them.
     help_text = subprocess.run(
         [sys.executable, "-m", "stoker", "bench", "--help"],
         env=python_env(),

@@ -13,8 +13,7 @@ from PIL import Image
 import stoker
 from helpers.images import make_image_tree, write_cifar
 from stoker.data import DataError, ImageOptions, ReadOptions, cifar_binary, image_folder, text_chars
-from stoker.data.images import IMAGENET_MEAN, IMAGENET_STD
-from stoker.data.preprocessing import ImagePreprocessor
+from stoker.data.images import IMAGENET_MEAN, IMAGENET_STD, ImagePreprocessor
 from stoker.errors import CheckpointMismatchError, ConfigError
 
 

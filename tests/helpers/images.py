@@ -1,5 +1,5 @@
-"""Small image data for the data tests: image trees, fake CIFAR-10 files, and a tiny conv net
-trained on them (also by helpers/scripts/data_train_script.py)."""
+"""Small image data for the data tests: image trees, fake CIFAR-10 files, a tiny conv net
+trained on them (also by helpers/scripts/data_train_script.py), and the colour ops' test image."""
 
 from __future__ import annotations
 
@@ -14,6 +14,10 @@ from PIL import Image
 from torch import nn
 
 import stoker
+from stoker.data.base import example_uniforms
+from stoker.data.images.color import color_params
+from stoker.data.images.crops import TRAIN_DRAWS
+from stoker.data.images.normalize import ImagePreprocessor
 
 IMAGE_SIZE = 16
 BATCH = 8
@@ -127,3 +131,37 @@ def write_cifar(folder: Path, per_file: int = 20, files: tuple[str, ...] | None 
             k += 1
         rec.tofile(folder / name)
     return folder
+
+
+#: Colour ops: max |ours - TensorFlow's| on the [0, 1] scale after the final clip. Measured
+#: ~1.2e-6 (float32 rounding of a different but equivalent order of operations); 1e-5 is
+#: 400x tighter than one 8-bit level (1/255 ~ 3.9e-3).
+COLOR_TOL = 1e-5
+
+
+def color_test_image(seed: int = 0) -> np.ndarray:
+    """32x40 RGB: a smooth colour field (every hue) with noise and pure black, white, grey and
+    saturated pixels, the corners of the colour ops."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.meshgrid(np.linspace(0, 1, 32), np.linspace(0, 1, 40), indexing="ij")
+    img = np.stack([xx, yy, 1 - xx * yy], -1) * 255 + rng.normal(0, 20, (32, 40, 3))
+    img = img.clip(0, 255).astype(np.uint8)
+    img[0, :4] = [[0, 0, 0], [255, 255, 255], [128, 128, 128], [255, 0, 0]]
+    return img
+
+
+def color_test_params() -> np.ndarray:
+    """Colour parameters of 16 examples' uniforms, then the extremes of every range and the identity."""
+    rows = color_params(example_uniforms(1, 0, np.arange(16), TRAIN_DRAWS))
+    extremes = np.array(
+        [[-32 / 255, 1.5, 0.2, 1.5, 0], [32 / 255, 0.5, -0.2, 0.5, 1], [-0.12, 1.4, 0.19, 0.6, 1], [0, 1, 0, 1, 0]],
+        dtype=np.float32,
+    )
+    return np.concatenate([rows, extremes])
+
+
+def distorted_01(img: np.ndarray, params: np.ndarray, channels_last: bool = True) -> np.ndarray:
+    """ImagePreprocessor with mean 0 and std 1: the distorted image on the [0, 1] scale, HWC."""
+    pre = ImagePreprocessor((0.0, 0.0, 0.0), (1.0, 1.0, 1.0), distortions=True, channels_last=channels_last)
+    images = torch.from_numpy(img)[None].repeat(len(params), 1, 1, 1)
+    return pre(images, torch.from_numpy(params)).permute(0, 2, 3, 1).numpy()

@@ -74,7 +74,7 @@ class StatelessPhilox:
 
 
 class PhiloxDraws:
-    """:class:`stoker.data.preprocessing.CropDraws` consuming TensorFlow's stream in its order."""
+    """:class:`stoker.data.images.crops.CropDraws` consuming TensorFlow's stream in its order."""
 
     def __init__(self, seed0: int, seed1: int) -> None:
         self.stream = StatelessPhilox(seed0, seed1)

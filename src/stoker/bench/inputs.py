@@ -29,7 +29,7 @@ import torch
 from ..data import ReadOptions, RepeatedBatch, cifar_binary, image_folder, imagenet_tfrecords, synthetic_images
 from ..data import images as data_images
 from ..data.images import IMAGE_EXTENSIONS
-from ..data.tfrecord import find_shards
+from ..data.images.tfrecord import find_shards
 from ..models import ModelInfo
 from ..resolve import Choice
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..data.preprocessing import TF_CNN_MEAN, TF_CNN_STD, ImagePreprocessor
+from ..data.images import TF_CNN_MEAN, TF_CNN_STD, ImagePreprocessor
 from ..metrics import Accuracy, TopKAccuracy
 from ..models import LossFn, create_model
 from ..spec import EstimatorSpec, ModeKeys
@@ -71,7 +71,7 @@ def device_images(features: Any, params: dict[str, Any]) -> Any:
     """Real-data image batches, as the input pipeline hands them over (uint8 ``[N, H, W, 3]``, or
     ``{"images": ..., "color": ...}`` with colour distortions), made normalised float32
     ``[N, 3, H, W]`` where they are, on the device: the float cast, tf_cnn's colour distortions
-    and its normalisation to [-1, 1] (:class:`~stoker.data.preprocessing.ImagePreprocessor`),
+    and its normalisation to [-1, 1] (:class:`~stoker.data.images.ImagePreprocessor`),
     channels-last for ``--data_format=NHWC``. Float features (synthetic data) pass unchanged.
 
     Doing it in the step, not in the input workers, moves a quarter of the bytes between

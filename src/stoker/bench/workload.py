@@ -34,7 +34,7 @@ import torch
 
 from .. import resolve as rules
 from ..data.images import IMAGE_EXTENSIONS, scan_image_folder
-from ..data.tfrecord import expected_layouts, find_shards
+from ..data.images.tfrecord import expected_layouts, find_shards
 from ..data.tfrecord_index import RecordShards
 from ..distributed import torchrun_world_size
 from ..models import DATASETS, DEFAULT_NUM_CLASSES, EXAMPLES_PER_EPOCH, ModelInfo, get_model_info

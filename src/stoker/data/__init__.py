@@ -23,11 +23,17 @@ of the engine that reads it.
 from .arrays import ArraySource, arrays
 from .base import DataError, IndexedSource, epoch_generator, example_uniforms
 from .cifar import CifarSource, cifar_binary
-from .images import ImageFolderSource, ImageOptions, image_folder
+from .images import (
+    ImageFolderSource,
+    ImageOptions,
+    TFRecordImageSource,
+    image_folder,
+    imagenet_tfrecords,
+    write_imagenet_tfrecords,
+)
 from .options import ReadOptions
 from .synthetic import RepeatedBatch, SyntheticImages, synthetic_images
 from .text import TextSource, stdlib_corpus, text_chars
-from .tfrecord import TFRecordImageSource, imagenet_tfrecords, write_imagenet_tfrecords
 from .tfrecord_io import write_tfrecords
 
 __all__ = [

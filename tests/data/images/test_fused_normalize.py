@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from stoker.data import preprocessing as P
 from stoker.data.images import fused_normalize, normalize_images
+from stoker.data.images.normalize import IMAGENET_MEAN, IMAGENET_STD, TF_CNN_MEAN, TF_CNN_STD, ImagePreprocessor
 from stoker.data.native import NativeLibrary
 
 needs_build = pytest.mark.skipif(
@@ -29,7 +29,7 @@ def test_every_value_is_torchs_bit_for_bit(pixels: int) -> None:
     gen = torch.Generator().manual_seed(pixels)
     images = torch.randint(0, 256, (pixels, 3), dtype=torch.uint8, generator=gen)
     images[0] = torch.tensor([0, 255, 128], dtype=torch.uint8)  # both ends and the middle
-    for mean, std in (((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)), (P.TF_CNN_MEAN, P.TF_CNN_STD)):
+    for mean, std in (((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)), (TF_CNN_MEAN, TF_CNN_STD)):
         m255 = torch.tensor(mean, dtype=torch.float32).mul(255)
         s255 = torch.tensor(std, dtype=torch.float32).mul(255)
         got = fused_normalize.normalize_rgb(images, m255, s255)
@@ -75,10 +75,10 @@ def test_the_preprocessor_uses_it_on_a_cpu_and_gives_normalize_images_bitwise(mo
 
     monkeypatch.setattr(fused_normalize, "normalize_rgb", counting)
     images = torch.randint(0, 256, (5, 13, 11, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(3))
-    out = P.ImagePreprocessor()(images)
+    out = ImagePreprocessor()(images)
     assert calls == [(5, 13, 11, 3)]
     assert out.shape == (5, 3, 13, 11) and out.is_contiguous(memory_format=torch.channels_last)
-    assert torch.equal(out, normalize_images(images, P.IMAGENET_MEAN, P.IMAGENET_STD))
+    assert torch.equal(out, normalize_images(images, IMAGENET_MEAN, IMAGENET_STD))
 
 
 def _fresh_library() -> NativeLibrary:
@@ -91,7 +91,7 @@ def test_turned_off_or_unbuildable_the_torch_path_gives_the_same_batch(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     images = torch.arange(2 * 9 * 5 * 3).remainder(256).to(torch.uint8).view(2, 9, 5, 3)
-    with_it = P.ImagePreprocessor()(images)  # the fused pass where it builds, else the torch path
+    with_it = ImagePreprocessor()(images)  # the fused pass where it builds, else the torch path
     monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path))
 
     monkeypatch.setenv("STOKER_FUSED_NORMALIZE", "0")
@@ -108,4 +108,4 @@ def test_turned_off_or_unbuildable_the_torch_path_gives_the_same_batch(
     for lib in (off, failing):
         monkeypatch.setattr(fused_normalize, "LIBRARY", lib)
         assert not fused_normalize.available()
-        assert torch.equal(P.ImagePreprocessor()(images), with_it)
+        assert torch.equal(ImagePreprocessor()(images), with_it)

@@ -15,9 +15,15 @@ import torch
 from PIL import Image
 
 from stoker.data import DataError, ImageOptions, ReadOptions, image_folder
+from stoker.data.images import COLOR_PARAMS, ImagePreprocessor
 from stoker.data.images import decoders as jpeg_module
-from stoker.data.images.decoders import available_decoders, dct_scale, decode_crop_resize, get_decoder
-from stoker.data.preprocessing import COLOR_PARAMS, ImagePreprocessor
+from stoker.data.images.decoders import (
+    available_decoders,
+    dct_scale,
+    decode_crop_resize,
+    get_decoder,
+    resize_method_for,
+)
 
 
 def coordinate_png(width: int = 40, height: int = 30) -> bytes:
@@ -118,6 +124,20 @@ def test_decoders_agree_and_auto_takes_the_fastest_available(monkeypatch: pytest
         get_decoder("simplejpeg")
     with pytest.raises(ValueError, match="auto or one of libjpeg-crop, simplejpeg, pillow; got 'turbo'"):
         get_decoder("turbo")
+
+
+def test_resize_method_for_round_robin_cycles_tf_cnns_order() -> None:
+    assert [resize_method_for("round_robin", i) for i in range(6)] == [
+        "nearest",
+        "bilinear",
+        "bicubic",
+        "area",
+        "nearest",
+        "bilinear",
+    ]
+    assert resize_method_for("bicubic", 3) == "bicubic"
+    with pytest.raises(ValueError, match="--resize_method must be one of nearest, bilinear"):
+        resize_method_for("lanczos", 0)
 
 
 # ---------------------------------------------------------------------------- the source

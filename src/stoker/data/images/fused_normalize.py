@@ -8,7 +8,7 @@ result once (2.4-2.7 ms against 3.8-4.7 ms a batch on one core of the 2-core AMD
 slower (10.4 ms), so ``_fused_normalize.c`` beside this file does it, built on first use like
 the window decoder (:mod:`stoker.data.native`). Each value gets the same float32 operations as
 torch's path, so the result is bitwise the same; where the library cannot be built (or
-``STOKER_FUSED_NORMALIZE=0``), :class:`~stoker.data.preprocessing.ImagePreprocessor` keeps its
+``STOKER_FUSED_NORMALIZE=0``), :class:`~stoker.data.images.ImagePreprocessor` keeps its
 torch path.
 """
 

@@ -41,14 +41,14 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from ..errors import ConfigError
-from .base import DataError
-from .images.folder import IMAGE_EXTENSIONS, scan_image_folder
-from .images.options import ImageOptions
-from .images.source import EncodedExample, EncodedImageSource
-from .options import ReadOptions
-from .tfrecord_index import RecordShards
-from .tfrecord_io import example_class, make_example, write_tfrecords
+from ...errors import ConfigError
+from ..base import DataError
+from ..options import ReadOptions
+from ..tfrecord_index import RecordShards
+from ..tfrecord_io import example_class, make_example, write_tfrecords
+from .folder import IMAGE_EXTENSIONS, scan_image_folder
+from .options import ImageOptions
+from .source import EncodedExample, EncodedImageSource
 
 log = logging.getLogger("stoker")
 
@@ -191,7 +191,7 @@ def imagenet_tfrecords(
 
     Reads ``data_dir/train-*-of-*`` (``train=True``) or ``data_dir/validation-*-of-*``; the keys,
     the 1-based labels with the background class 0 (``num_classes=1001``) and the boxes are in
-    :mod:`stoker.data.tfrecord`. Images are float32 ``[batch, 3, image_size, image_size]``
+    :mod:`stoker.data.images.tfrecord`. Images are float32 ``[batch, 3, image_size, image_size]``
     normalised by the ImageNet mean and std (``output="uint8"``: uint8 ``[batch, image_size,
     image_size, 3]``, to normalise on the device), labels int64 as stored. The first use of a shard
     builds its offset index (a tqdm bar when that takes more than a second) and caches it
