@@ -6,6 +6,7 @@ scheduled at, counted from step 0. Real processes and real signals (helpers/stop
 from __future__ import annotations
 
 import os
+import re
 import signal
 from pathlib import Path
 
@@ -211,3 +212,33 @@ def test_a_second_signal_inside_the_stop_checkpoint_ends_the_process_at_once(tmp
     out, err = reference[0].communicate(timeout=300)
     assert reference[0].returncode == 0, err
     assert ending(tmp_path / "run") == ending(tmp_path / "ref")
+
+
+# ------------------------------------------------------------------ stoker bench --train_dir
+BENCH = Job(
+    argv=(
+        PYTHON,
+        str(SCRIPTS / "bench_script.py"),
+        *("bench", "--model=trivial", "--data_name=cifar10", "--batch_size=8", "--peak_tflops=1", "--device=cpu"),
+        *("--num_batches=40", "--num_warmup_batches=5", "--iterations_per_loop=4", "--display_every=100"),
+        *("--eval_during_training_every_n_steps=10", "--num_eval_batches=2", "--save_model_steps=6"),
+    ),
+    dir_flag="--train_dir",
+)
+EVALUATION = re.compile(r"^Running (?:final )?evaluation at global_step (\d+)$", re.M)
+
+
+def test_bench_train_dir_stopped_mid_interval_ends_as_the_uninterrupted_run(tmp_path):
+    """The evaluations during training count from the first timed step of the run from step 0
+    (18, 28, 38: warm-up 5 rounded to 8), not from where a resumed process starts timing."""
+    reference = BENCH.start(tmp_path / "ref")
+    ((_, out, err),) = BENCH.run_stopped(tmp_path / "run", Stop("sigterm", 23))
+    assert "SIGTERM at step 23: checkpoint" in err + out
+    ((_, rest, _),) = BENCH.run_ok(tmp_path / "run")
+    assert "Resuming from global step 23" in rest
+    want, _ = reference[0].communicate(timeout=300)
+    assert reference[0].returncode == 0
+    assert [int(s) for s in EVALUATION.findall(want)] == [18, 28, 38, 48]
+    assert [int(s) for s in EVALUATION.findall(out + rest)] == [18, 28, 38, 48]
+    assert ending(tmp_path / "run") == ending(tmp_path / "ref")
+    assert ending(tmp_path / "ref").latest == "ckpt-48"

@@ -39,6 +39,7 @@ from ..config import PrecisionName, RunConfig
 from ..errors import CheckpointError
 from ..estimator import Estimator
 from ..hooks import Hook, LoopResult, ProfilerHook, RunContext, every_n_steps_due
+from ..hooks.base import next_due_step
 from ..kernels.linear import reset_choices
 from ..kernels.sgd_in_backward import updating_in_backward
 from ..memory.host import keep_freed_host_memory
@@ -177,7 +178,9 @@ class WarmUpEnd(Hook):
 class EvalDuringTraining(Hook):
     """Every N timed steps (for each N of ``every_n_steps``) and at each of ``at_steps``, evaluate
     the weights in memory and print the accuracy; request a stop once top-1 reaches ``stop_at``
-    (``--stop_at_top_1_accuracy``)."""
+    (``--stop_at_top_1_accuracy``). The steps count from ``first_step``, the first timed step of
+    the run from step 0, so a run resumed from ``--train_dir`` evaluates at the same global steps;
+    loops end there (``scheduled_after``)."""
 
     priority = 35  # after the timer and the checkpoint saver
 
@@ -211,6 +214,13 @@ class EvalDuringTraining(Hook):
     def after_setup(self, run: RunContext) -> None:
         if not self._given_first_step:
             self.first_step = run.global_step
+
+    def scheduled_after(self, step: int) -> int | None:
+        if self.first_step is None:
+            return None
+        local = max(step - self.first_step, 0)
+        due = [next_due_step(local, n) for n in self.every_n_steps] + [at for at in self.at_steps if at > local]
+        return self.first_step + min(due) if due else None
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
         assert self.first_step is not None, "after_setup sets it"
@@ -443,14 +453,18 @@ def _train(
 ) -> dict[str, Any]:
     """Train for the warm-up and the timed steps (from where ``--train_dir`` stopped); return the timings."""
     start = (CheckpointManager(cfg.train_dir, writer=False).latest_step() or 0) if cfg.train_dir else 0
-    target = cfg.num_warmup_batches + workload.num_batches
+    # The run from step 0 sets where timing (and evaluations) start and where it ends; a process
+    # resuming it from --train_dir continues that run, whatever step it was stopped at.
+    loop = max(1, cfg.iterations_per_loop)
+    origin = -(-cfg.num_warmup_batches // loop) * loop if workload.num_batches else cfg.num_warmup_batches
+    target = origin + workload.num_batches
     remaining = max(0, target - start)
     if start:
         log(f"Resuming from global step {start} in {cfg.train_dir}: {remaining} steps to global step {target}")
     if remaining == 0:
         log(f"Nothing to run: {cfg.train_dir} is already at global step {start} (warm-up + --num_batches = {target})")
         return {"num_steps": 0, "global_step": start, "images_per_sec": 0.0}
-    warm, timed = _warm_up_and_timed(cfg, remaining, log)
+    warm, timed = _warm_up_and_timed(cfg, start, remaining, log)
     first_timed = start + warm
     trace = _trace_hook(cfg, first_step=start + max(0, warm - 2))
     log("Running warm up")
@@ -470,7 +484,7 @@ def _train(
         warm_up_end.finish()
     if trace:
         hooks.append(trace)
-    evaluator = _evaluator(cfg, workload, est, eval_input, log, first_step=first_timed)
+    evaluator = _evaluator(cfg, workload, est, eval_input, log, first_step=origin)
     if evaluator is not None:
         hooks.append(evaluator)
     # One train call for the warm-up and the timed steps: one input pipeline (see the module docstring).
@@ -481,25 +495,27 @@ def _train(
     return _training_results(est, workload, timer, evaluator, log)
 
 
-def _warm_up_and_timed(cfg: BenchConfig, remaining: int, log: LogFn) -> tuple[int, int]:
-    """Split the ``remaining`` steps of this run into ``(warm-up, timed)`` steps.
+def _warm_up_and_timed(cfg: BenchConfig, start: int, remaining: int, log: LogFn) -> tuple[int, int]:
+    """Split the ``remaining`` steps of this run, from global step ``start``, into ``(warm-up,
+    timed)`` steps.
 
     A resumed process warms up again (allocator, caches, compilation) before timing.
     """
     warm = min(cfg.num_warmup_batches, remaining)
     # The timed steps start at a loop boundary: a warm-up that ends inside a loop of
-    # --iterations_per_loop steps is rounded up to the end of that loop. The rounding adds
-    # warm-up steps and never takes timed ones (tf_cnn_benchmarks times --num_batches steps).
-    timed = remaining - warm
+    # --iterations_per_loop steps (loops end on its multiples, counted from step 0) is rounded up
+    # to the end of that loop. From step 0 the run's last step counts the rounding (_train), so it
+    # adds warm-up steps and never takes timed ones (tf_cnn_benchmarks times --num_batches
+    # steps); a resumed process times what is left.
     loop = max(1, cfg.iterations_per_loop)
-    rounded = -(-warm // loop) * loop
-    if rounded != warm and timed:
+    rounded = min(-(-(start + warm) // loop) * loop - start, remaining)
+    if rounded != warm and remaining > rounded:
         log(
-            f"Note: warm-up of {warm} step(s) rounded up to {rounded}, whole loops of --iterations_per_loop={loop}; "
-            f"{timed} step(s) timed"
+            f"Note: warm-up of {warm} step(s) rounded up to {rounded}, whole loops of "
+            f"--iterations_per_loop={loop}; {remaining - rounded} step(s) timed"
         )
         warm = rounded
-    return warm, timed
+    return warm, remaining - warm
 
 
 def _log_warm_up_end(
