@@ -82,7 +82,7 @@ def per_image_ms(data_dir: str, images: int) -> dict[str, float]:
     jpeg_module.resize_uint8 = resize
     try:
         index = np.arange(images) % source.num_examples
-        draws = source._uniforms_of(0, index)
+        draws = source.examples.uniforms(0, index)
         out = torch.empty((SIZE, SIZE, 3), dtype=torch.uint8)
         for j in range(min(BATCH, len(index))):  # warm the caches and the library
             source._decode_into(int(index[j]), None if draws is None else draws[j], j, out)

@@ -37,6 +37,24 @@ def noisy_jpeg(width: int = 203, height: int = 157, seed: int = 0, **save: objec
     return buf.getvalue()
 
 
+def smooth_jpeg(width: int = 120, height: int = 90, seed: int = 0, quality: int = 90) -> bytes:
+    """A smooth random colour field (little detail: decoders agree closely on it)."""
+    rng = np.random.default_rng(seed)
+    small = rng.integers(0, 256, (height // 10, width // 10, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    Image.fromarray(small).resize((width, height), Image.Resampling.BICUBIC).save(buf, format="JPEG", quality=quality)
+    return buf.getvalue()
+
+
+def smooth_jpeg_tree(root: Path, classes: int = 2, per_class: int = 10, size: tuple[int, int] = (120, 90)) -> Path:
+    """``root/class_<c>/img_<i>.jpg`` of :func:`smooth_jpeg` images, deterministic."""
+    for c in range(classes):
+        (root / f"class_{c}").mkdir(parents=True, exist_ok=True)
+        for i in range(per_class):
+            (root / f"class_{c}" / f"img_{i:03d}.jpg").write_bytes(smooth_jpeg(*size, seed=100 * c + i))
+    return root
+
+
 def make_image_tree(
     root: Path, classes: int = 3, per_class: int = 20, size: int = 16, seed: int = 0, fmt: str = "jpg"
 ) -> Path:

@@ -38,8 +38,8 @@ def test_timing_covers_every_readable_example_and_leaves_out_a_bad_one(tmp_path:
     source = image_folder(root, read=ReadOptions(batch_size=4), image=ImageOptions(decoder="pillow"))
     samples = []
     for index in range(5):
-        example, box, flip, wh = source._plan_sized(index, None)
-        samples.append(auto.TimingSample(example.data, box, "bilinear", flip, wh))
+        example, plan = source._plan_example(index, None)
+        samples.append(auto.TimingSample(example.data, plan.box, "bilinear", plan.flip, plan.image_wh))
     ms, timed = auto.time_decoders(auto.SAME_PIXELS, samples, 32)
     assert timed == 5 and set(ms) == set(auto.SAME_PIXELS) and all(0.0 < t < 1000.0 for t in ms.values())
     cut = auto.TimingSample(

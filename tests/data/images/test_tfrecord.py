@@ -267,8 +267,8 @@ def test_the_object_boxes_steer_tf_cnns_training_crop(tree: Path, tmp_path: Path
         tmp_path, read=ReadOptions(batch_size=2, seed=3), image=ImageOptions(image_size=8, crop="tf_cnn")
     )
     u = example_uniforms(3, 0, list(range(20)), TRAIN_DRAWS)  # 20 draws of the uniforms
-    wholes = [src._plan_example(0, row)[1] for row in u]
-    boxed = [src._plan_example(1, row)[1] for row in u]
+    wholes = [src._plan_example(0, row)[1].box for row in u]
+    boxed = [src._plan_example(1, row)[1].box for row in u]
     assert wholes == [sample_distorted_box(20, 20, row, None) for row in u]
     assert boxed == [sample_distorted_box(20, 20, row, np.float32(box)) for row in u]
     assert boxed != wholes  # the box changed some crops

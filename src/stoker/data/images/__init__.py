@@ -5,8 +5,10 @@
 - :mod:`.folder`: :func:`image_folder` (one folder per class, the ImageNet layout) and the scan
   of such a tree; :mod:`.tfrecord`: :func:`imagenet_tfrecords` (tf_cnn_benchmarks' ImageNet
   TFRecord shards, read without TensorFlow) and :func:`write_imagenet_tfrecords`;
-- :mod:`.source`: :class:`EncodedImageSource`, the batch builder both share: per example a crop
-  box, a window decode, a resize into a uint8 batch; then the batch's normalisation;
+- :mod:`.source`: :class:`EncodedImageSource`, the batch builder both share: which examples go
+  into which rows of a uint8 batch, built by which worker, bad ones replaced; then the batch's
+  normalisation; :mod:`.examples`: :class:`ExampleDecoder`, what one example becomes (its
+  uniforms, crop box and flip, the window decode and resize into its row);
 - :mod:`.crops`: the crop boxes and flips, drawn from each example's uniforms (torchvision's
   and tf_cnn_benchmarks' samplers, the evaluation boxes);
 - :mod:`.normalize`: :data:`IMAGENET_MEAN` / :data:`IMAGENET_STD`, tf_cnn's :data:`TF_CNN_MEAN` /
@@ -50,11 +52,12 @@ from .crops import (
     sample_distorted_box,
 )
 from .decoders import RESIZE_METHODS, resize_method_for
+from .examples import EncodedExample, ExampleDecoder
 from .folder import IMAGE_EXTENSIONS, ImageFolderSource, image_folder, scan_image_folder
 from .normalize import IMAGENET_MEAN, IMAGENET_STD, TF_CNN_MEAN, TF_CNN_STD, ImagePreprocessor, normalize_images
 from .options import CROPS, OUTPUTS, ImageOptions
 from .pillow import RESIZE_FILTERS, augment_image, decode_rgb
-from .source import EncodedExample, EncodedImageSource
+from .source import EncodedImageSource
 from .tfrecord import TFRecordImageSource, imagenet_tfrecords, write_imagenet_tfrecords
 
 __all__ = [
@@ -71,6 +74,7 @@ __all__ = [
     "TRAIN_DRAWS",
     "EncodedExample",
     "EncodedImageSource",
+    "ExampleDecoder",
     "ImageFolderSource",
     "ImageOptions",
     "ImagePreprocessor",

@@ -17,8 +17,9 @@ import numpy as np
 
 from ...errors import DataError
 from ..options import ReadOptions
+from .examples import EncodedExample
 from .options import ImageOptions
-from .source import EncodedExample, EncodedImageSource
+from .source import EncodedImageSource
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp")
 

@@ -7,7 +7,7 @@ crops are resized (``F.interpolate``, uint8, no antialiasing, as the CPU path) a
 the GPU. Files that are not JPEG (PNG, BMP) are decoded on the CPU and uploaded.
 
 Run on an H200 (torch 2.11, torchvision 0.26) by ``make gpu-check``; the CUDA-marked tests in
-``tests/data/images/test_image_pipeline.py`` and ``tests/bench/test_bench_cuda_paths.py`` exercise it.
+``tests/data/images/test_source.py`` and ``tests/bench/test_bench_cuda_paths.py`` exercise it.
 """
 
 from __future__ import annotations

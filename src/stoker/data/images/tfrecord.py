@@ -46,9 +46,10 @@ from ..base import DataError
 from ..options import ReadOptions
 from ..tfrecord_index import RecordShards
 from ..tfrecord_io import example_class, make_example, write_tfrecords
+from .examples import EncodedExample
 from .folder import IMAGE_EXTENSIONS, scan_image_folder
 from .options import ImageOptions
-from .source import EncodedExample, EncodedImageSource
+from .source import EncodedImageSource
 
 log = logging.getLogger("stoker")
 

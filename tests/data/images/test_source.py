@@ -1,10 +1,11 @@
-"""The encoded-image pipeline: decoders, crop/resize/flip, uint8 and float outputs, shared-memory
-worker slots (bitwise the main process's batches), resume, bad JPEGs, and GPU decoding."""
+"""The batch builder of encoded-image sources (``stoker.data.images.source`` and its
+``ExampleDecoder``): uint8 and float outputs, shared-memory worker slots (bitwise the main
+process's batches), resume with workers, bad JPEGs named and replaced, pinned batches, and GPU
+decoding against the CPU path."""
 
 from __future__ import annotations
 
 import dataclasses
-import io
 import logging
 from pathlib import Path
 from typing import Any
@@ -12,138 +13,19 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
+from helpers.images import smooth_jpeg_tree
 from stoker.data import DataError, ImageOptions, ReadOptions, image_folder
 from stoker.data.images import COLOR_PARAMS, ImagePreprocessor
-from stoker.data.images import decoders as jpeg_module
 from stoker.data.images.decoders import (
     available_decoders,
-    dct_scale,
-    decode_crop_resize,
     get_decoder,
-    resize_method_for,
 )
 
 
-def coordinate_png(width: int = 40, height: int = 30) -> bytes:
-    """Lossless image whose pixel (y, x) is (x, y, 7): every crop, flip and nearest resize is checkable."""
-    pixels = np.zeros((height, width, 3), dtype=np.uint8)
-    pixels[..., 0] = np.arange(width)[None, :]
-    pixels[..., 1] = np.arange(height)[:, None]
-    pixels[..., 2] = 7
-    buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def smooth_jpeg(width: int = 120, height: int = 90, seed: int = 0, quality: int = 90) -> bytes:
-    rng = np.random.default_rng(seed)
-    small = rng.integers(0, 256, (height // 10, width // 10, 3), dtype=np.uint8)
-    buf = io.BytesIO()
-    Image.fromarray(small).resize((width, height), Image.Resampling.BICUBIC).save(buf, format="JPEG", quality=quality)
-    return buf.getvalue()
-
-
-def jpeg_tree(root: Path, classes: int = 2, per_class: int = 10, size: tuple[int, int] = (120, 90)) -> Path:
-    for c in range(classes):
-        (root / f"class_{c}").mkdir(parents=True, exist_ok=True)
-        for i in range(per_class):
-            (root / f"class_{c}" / f"img_{i:03d}.jpg").write_bytes(smooth_jpeg(*size, seed=100 * c + i))
-    return root
-
-
-# ---------------------------------------------------------------------------- jpeg.py
-@pytest.mark.parametrize("decoder", ["simplejpeg", "pillow"])
-def test_crop_flip_and_nearest_resize_are_exact(decoder: str) -> None:
-    data, dec = coordinate_png(), get_decoder(decoder)
-    out = decode_crop_resize(data, (10, 5, 8, 8), 8, "crop", flip=False, decoder=dec)
-    assert out.shape == (8, 8, 3) and out.dtype == np.uint8
-    assert out[..., 0].tolist() == [list(range(10, 18))] * 8 and out[:, 0, 1].tolist() == list(range(5, 13))
-    flipped = decode_crop_resize(data, (10, 5, 8, 8), 8, "crop", flip=True, decoder=dec)
-    assert np.array_equal(flipped, out[:, ::-1])
-    # nearest, 16x16 -> 8x8: output column j reads source column 2j
-    near = decode_crop_resize(data, (10, 4, 16, 16), 8, "nearest", decoder=dec)
-    assert near[0, :, 0].tolist() == [10 + 2 * j for j in range(8)] and near[:, 0, 1].tolist() == [
-        4 + 2 * i for i in range(8)
-    ]
-    into = np.zeros((8, 8, 3), dtype=np.uint8)
-    assert decode_crop_resize(data, (10, 5, 8, 8), 8, "crop", decoder=dec, out=into) is into and np.array_equal(
-        into, out
-    )
-
-
-@pytest.mark.parametrize("method", ["bilinear", "bicubic", "nearest", "area"])
-@pytest.mark.parametrize("flip", [False, True])
-def test_resizing_into_the_batch_slot_equals_the_returned_image(method: str, flip: bool) -> None:
-    """The slot path (bilinear and bicubic written in place by torch's channels_last kernel) gives the
-    very bytes of the path that returns a new array, and of interpolate on the NCHW crop."""
-    data, dec = smooth_jpeg(160, 120), get_decoder("simplejpeg")
-    box = (13, 7, 117, 93)
-    returned = decode_crop_resize(data, box, 56, method, flip, decoder=dec)
-    slot = np.full((56, 56, 3), 255, dtype=np.uint8)
-    assert decode_crop_resize(data, box, 56, method, flip, decoder=dec, out=slot) is slot
-    assert np.array_equal(slot, returned)
-    if method in ("bilinear", "bicubic"):
-        crop = torch.from_numpy(np.ascontiguousarray(dec.decode(data, 1)[7:100, 13:130])).permute(2, 0, 1)[None]
-        expected = torch.nn.functional.interpolate(crop, size=(56, 56), mode=method, align_corners=False)
-        expected = expected[0].permute(1, 2, 0)
-        assert np.array_equal(slot, (expected.flip(1) if flip else expected).numpy())
-
-
-def test_dct_scale_picks_the_largest_scale_that_keeps_the_crop_large_enough() -> None:
-    assert [dct_scale(w, h, 224) for w, h in ((500, 375), (448, 448), (1000, 900), (1800, 1800), (447, 900))] == [
-        1,
-        2,
-        4,
-        8,
-        1,
-    ]
-    data = smooth_jpeg(480, 360)
-    for name in available_decoders():
-        dec = get_decoder(name)
-        assert dec.size(data) == (480, 360)
-        assert dec.decode(data, 2).shape == (180, 240, 3) and dec.decode(data, 4).shape == (90, 120, 3)
-        # a crop >= 2x the output decodes at half size and still lands close to the full decode's result
-        full = decode_crop_resize(data, (0, 0, 480, 360), 100, "area", decoder=dec)
-        assert full.shape == (100, 100, 3)
-
-
-def test_decoders_agree_and_auto_takes_the_fastest_available(monkeypatch: pytest.MonkeyPatch) -> None:
-    data = smooth_jpeg()
-    box = (7, 3, 100, 80)
-    a = decode_crop_resize(data, box, 32, "bilinear", decoder=get_decoder("simplejpeg")).astype(int)
-    b = decode_crop_resize(data, box, 32, "bilinear", decoder=get_decoder("pillow")).astype(int)
-    assert np.abs(a - b).mean() < 2 and np.abs(a - b).max() <= 12  # fast vs accurate integer DCT
-    # as where no window decoder can be built (its own tests: tests/data/images/test_jpeg_crop.py)
-    monkeypatch.setattr(jpeg_module, "_crop_available", lambda: False)
-    assert get_decoder().name == "simplejpeg" and available_decoders() == ["simplejpeg", "pillow"]
-    monkeypatch.setattr(jpeg_module, "_simplejpeg_available", lambda: False)
-    assert get_decoder().name == "pillow" and available_decoders() == ["pillow"]
-    with pytest.raises(ValueError, match="pip install simplejpeg"):
-        get_decoder("simplejpeg")
-    with pytest.raises(ValueError, match="auto or one of libjpeg-crop, simplejpeg, pillow; got 'turbo'"):
-        get_decoder("turbo")
-
-
-def test_resize_method_for_round_robin_cycles_tf_cnns_order() -> None:
-    assert [resize_method_for("round_robin", i) for i in range(6)] == [
-        "nearest",
-        "bilinear",
-        "bicubic",
-        "area",
-        "nearest",
-        "bilinear",
-    ]
-    assert resize_method_for("bicubic", 3) == "bicubic"
-    with pytest.raises(ValueError, match="--resize_method must be one of nearest, bilinear"):
-        resize_method_for("lanczos", 0)
-
-
-# ---------------------------------------------------------------------------- the source
 @pytest.mark.parametrize("crop", ["inception", "tf_cnn"])
 def test_float_output_is_the_preprocessor_of_the_uint8_output(tmp_path: Path, crop: str) -> None:
-    root = jpeg_tree(tmp_path)
+    root = smooth_jpeg_tree(tmp_path)
     for distortions in (False, True):
         read, image = ReadOptions(batch_size=6, seed=4), ImageOptions(image_size=24, crop=crop, distortions=distortions)
         as_float = image_folder(root, read=read, image=image)
@@ -162,7 +44,7 @@ def test_float_output_is_the_preprocessor_of_the_uint8_output(tmp_path: Path, cr
 
 @pytest.mark.parametrize("output", ["uint8", "float32"])
 def test_shared_memory_slots_give_bitwise_the_main_process_batches(tmp_path: Path, output: str) -> None:
-    root = jpeg_tree(tmp_path, per_class=7)
+    root = smooth_jpeg_tree(tmp_path, per_class=7)
     read = ReadOptions(batch_size=4, seed=2)
     image = ImageOptions(image_size=16, output=output, crop="tf_cnn", distortions=True)
     reference = image_folder(root, read=read, image=image)
@@ -183,7 +65,7 @@ def test_shared_memory_slots_give_bitwise_the_main_process_batches(tmp_path: Pat
 
 @pytest.mark.parametrize("kind", ["thread", "process"])
 def test_resume_with_workers_is_exact(tmp_path: Path, kind: str) -> None:
-    root = jpeg_tree(tmp_path, per_class=7)
+    root = smooth_jpeg_tree(tmp_path, per_class=7)
 
     def make():
         return image_folder(
@@ -212,7 +94,7 @@ def test_resume_with_workers_is_exact(tmp_path: Path, kind: str) -> None:
 @pytest.mark.parametrize("workers", [0, 2])
 def test_bad_jpeg_names_the_file_the_example_and_the_fault(tmp_path: Path, decoder: str, workers: int) -> None:
     # workers: processes for pillow and simplejpeg, threads for libjpeg-crop (worker_kind="auto")
-    root = jpeg_tree(tmp_path, per_class=3)
+    root = smooth_jpeg_tree(tmp_path, per_class=3)
     bad = root / "class_1" / "img_001.jpg"  # example 4 in file order
     data = bad.read_bytes()
     bad.write_bytes(data[: len(data) // 2])  # the header intact, the scan cut short
@@ -233,7 +115,7 @@ def test_bad_jpeg_names_the_file_the_example_and_the_fault(tmp_path: Path, decod
 def test_skipped_bad_examples_are_identical_after_a_resume(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, kind: str
 ) -> None:
-    root = jpeg_tree(tmp_path, per_class=5)
+    root = smooth_jpeg_tree(tmp_path, per_class=5)
     (root / "class_0" / "img_002.jpg").write_bytes(b"\xff\xd8\xff not really a jpeg")
 
     def make():
@@ -266,7 +148,7 @@ def test_skipped_bad_examples_are_identical_after_a_resume(
 def test_decode_on_device_without_cuda_says_what_it_needs(tmp_path: Path) -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    root = jpeg_tree(tmp_path, per_class=2)
+    root = smooth_jpeg_tree(tmp_path, per_class=2)
     with pytest.raises(ValueError, match="decode_on_device needs a CUDA device"):
         image_folder(root, read=ReadOptions(batch_size=2), image=ImageOptions(decode_on_device=True))
 
@@ -277,7 +159,7 @@ def test_decode_on_device_matches_the_cpu_path(tmp_path: Path) -> None:
     pytest.importorskip("torchvision.io", reason="nvJPEG decoding needs torchvision")
     import torch.nn.functional as F
 
-    root = jpeg_tree(tmp_path, per_class=4)
+    root = smooth_jpeg_tree(tmp_path, per_class=4)
     read, image = ReadOptions(batch_size=4, seed=3), ImageOptions(image_size=32, output="uint8", crop="tf_cnn")
     cpu = image_folder(root, read=read, image=image)
     gpu = image_folder(root, read=read, image=dataclasses.replace(image, decode_on_device=True))
@@ -290,10 +172,10 @@ def test_decode_on_device_matches_the_cpu_path(tmp_path: Path) -> None:
         # decode by ~5 levels on average (simplejpeg against Pillow: 4.6-4.9), so it is no reference.
         idx = np.arange(4)
         planned = source._each_example(
-            epoch, idx, source._uniforms_of(epoch, idx), lambda k, u, j: source._plan_example(k, u)
+            epoch, idx, source.examples.uniforms(epoch, idx), lambda k, u, j: source._plan_example(k, u)
         )
         out = []
-        for _, (example, (left, top, bw, bh), flip) in planned:
+        for _, (example, ((left, top, bw, bh), flip, _)) in planned:
             image = torch.from_numpy(np.array(pillow.decode(example.data))).permute(2, 0, 1)
             x0, y0 = int(left), int(top)
             crop = image[:, y0 : max(y0 + 1, int(round(top + bh))), x0 : max(x0 + 1, int(round(left + bw)))]
@@ -316,7 +198,7 @@ def test_skipped_examples_reach_the_summaries(tmp_path: Path) -> None:
     from helpers.images import make_estimator
     from stoker.summary import read_metrics_csv
 
-    root = jpeg_tree(tmp_path / "data", classes=3, per_class=4)
+    root = smooth_jpeg_tree(tmp_path / "data", classes=3, per_class=4)
     (root / "class_1" / "img_000.jpg").write_bytes(b"garbage")
     est = make_estimator(tmp_path / "run", iterations_per_loop=2, log_every_n_steps=2, summaries=True)
 
@@ -337,7 +219,7 @@ def test_skipped_examples_reach_the_summaries(tmp_path: Path) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("workers", [0, 2])
 def test_uint8_batches_come_pinned_for_a_cuda_infeed(tmp_path: Path, workers: int) -> None:
-    root = jpeg_tree(tmp_path, per_class=4)
+    root = smooth_jpeg_tree(tmp_path, per_class=4)
     read, image = ReadOptions(batch_size=4, seed=3), ImageOptions(image_size=16, output="uint8")
     pinned = image_folder(
         root, read=dataclasses.replace(read, num_workers=workers), image=dataclasses.replace(image, pin_memory=True)
