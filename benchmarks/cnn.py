@@ -72,9 +72,8 @@ import torch
 import torch.nn.functional as F
 
 from stoker.bench import BenchConfig, run_benchmark
-from stoker.bench.plan import input_bound_choice
+from stoker.bench.plan import build_plan
 from stoker.bench.train import l2_loss
-from stoker.bench.workload import guess_data_name, resolve_device
 from stoker.data import synthetic_images
 from stoker.kernels.machine import busy_cores
 from stoker.memory.host import keep_freed_host_memory
@@ -143,13 +142,10 @@ def stoker_config(
 def stoker_images_per_sec(
     case: Case, keep_host_memory: bool = True, compile: bool | str = False, data_dir: str | None = None
 ) -> float:
-    cfg = stoker_config(case, keep_host_memory, compile, data_dir)
-    dataset = cfg.data_name or guess_data_name(cfg.data_dir, cfg.model)
-    if input_bound_choice(
-        cfg, dataset, resolve_device(cfg.device)
-    ).value:  # as `stoker bench`: the decoders get the cores
-        torch.set_num_threads(1)
-    return run_benchmark(cfg, log=lambda line: None)["images_per_sec"]
+    plan = build_plan(stoker_config(case, keep_host_memory, compile, data_dir))
+    if plan.threads.value == 1 and plan.cfg.num_intra_threads is None and plan.threads.note:
+        torch.set_num_threads(1)  # as `stoker bench` where the input is the work: the decoders get the cores
+    return run_benchmark(plan, log=lambda line: None)["images_per_sec"]
 
 
 def plain_real_images_per_sec(case: Case, data_dir: str) -> float:

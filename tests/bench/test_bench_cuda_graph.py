@@ -9,9 +9,9 @@ from torch import nn
 
 from helpers.cli import run_main
 from stoker.bench import BenchConfig, optim
-from stoker.bench.cuda_graph import cuda_graph_refusals
 from stoker.bench.errors import BenchFlagError
 from stoker.bench.optim import TFRMSProp, UpdatePlan, make_optimizer, update_plan
+from stoker.bench.plan import graph_refusals
 
 
 def _params() -> list[nn.Parameter]:
@@ -64,7 +64,7 @@ def _engine_refusals(cfg: BenchConfig, device_type: str, replicas: int) -> list[
     check of the step (``make_train_step``'s) over the optimizer the bench builds for the device."""
     from types import SimpleNamespace
 
-    from stoker.bench.train import model_params, run_config
+    from stoker.bench.plan import model_params, run_config
     from stoker.engine.cuda_graph_step import cuda_graph_refusals as engine_refusals
     from stoker.errors import ConfigError
 
@@ -109,7 +109,7 @@ def test_bench_says_capturable_exactly_when_the_engine_does() -> None:
             fp16_vars=precision == "fp16 weights",
             compile=compile_,
         )
-        bench = cuda_graph_refusals(cfg, device_type, replicas=replicas)
+        bench = graph_refusals(cfg, device_type, replicas=replicas)
         engine = _engine_refusals(cfg, device_type, replicas)
         key = (optimizer, clip, decay, precision, compile_, device_type, replicas)
         assert (not bench) == (not engine), (key, bench, engine)
@@ -143,18 +143,27 @@ def test_tf_rmsprop_takes_a_device_tensor_rate() -> None:
 
 
 def test_cuda_graph_refusals_name_the_flag_and_the_fix() -> None:
+    """The engine's capture rule, asked by the bench before anything is built, in the flags' words."""
+    from stoker.bench.flags import FlagNames
+    from stoker.resolve import spelled
+
+    def refusals(cfg: BenchConfig, device_type: str, replicas: int = 1) -> list[str]:
+        return [spelled(r, FlagNames()) for r in graph_refusals(cfg, device_type, replicas=replicas)]
+
     for optimizer in ("sgd", "momentum", "adam", "rmsprop"):
-        assert cuda_graph_refusals(BenchConfig(optimizer=optimizer, cuda_graph=True), "cuda") == []
-    [cpu] = cuda_graph_refusals(BenchConfig(), "cpu")
-    assert "needs a CUDA device; this run's is 'cpu'" in cpu and "--device=cuda" in cpu
-    [replicas] = cuda_graph_refusals(BenchConfig(), "cuda", replicas=2)
-    assert replicas.startswith("2 replicas") and "--num_gpus=1" in replicas
+        assert refusals(BenchConfig(optimizer=optimizer, cuda_graph=True), "cuda") == []
+    assert refusals(BenchConfig(), "cpu") == [
+        "a CUDA graph needs a CUDA device; this run's is 'cpu' (use --device=cuda)"
+    ]
+    [replicas] = refusals(BenchConfig(), "cuda", replicas=2)
+    assert replicas.startswith("2 replicas") and "use one replica" in replicas
     fp16 = BenchConfig(optimizer="rmsprop", precision="fp16", fp16_enable_auto_loss_scale=True)
-    [scaling] = cuda_graph_refusals(fp16, "cuda")
-    assert "--optimizer=rmsprop has none" in scaling and "drop --fp16_enable_auto_loss_scale" in scaling
-    assert cuda_graph_refusals(fp16.replace(optimizer="momentum"), "cuda") == []
-    [compiled] = cuda_graph_refusals(BenchConfig(compile="step"), "cuda")
-    assert "--compile=step" in compiled
+    [scaling] = refusals(fp16, "cuda")
+    assert "fp16 dynamic loss scaling" in scaling and "TFRMSProp" in scaling and "static --fp16_loss_scale" in scaling
+    assert refusals(fp16.replace(optimizer="momentum"), "cuda") == []
+    assert refusals(BenchConfig(compile="step"), "cuda") == [
+        "--compile=step is the other way to run the step whole; drop --compile=step or --cuda_graph"
+    ]
 
 
 def test_cuda_graph_where_it_cannot_capture_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
@@ -179,7 +188,7 @@ def test_run_benchmark_raises_the_flag_error() -> None:
     cfg = BenchConfig(model="trivial", data_name="cifar10", batch_size=8, num_batches=1, cuda_graph=True)
     with pytest.raises(BenchFlagError, match="cannot be captured") as e:
         run_benchmark(cfg, log=lambda line: None)
-    assert e.value.flags == ("cuda_graph",)
+    assert e.value.flags == ("cuda_graph", "device")  # the flags the message names
 
 
 @pytest.mark.cuda

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from stoker.bench import BenchConfig, run_benchmark
-from stoker.bench.plan import resolve_plan
+from stoker.bench.plan import build_plan
 from stoker.bench.workload import resolve_workload
 from stoker.data import synthetic_images
 
@@ -101,6 +101,6 @@ def test_real_jpegs_train_on_cuda_with_either_decoder(tmp_path: Path, decode_on_
         input_line.split(":", 1)[1]
         .strip()
         .startswith(
-            "0 decoding" if decode_on_device else f"{resolve_plan(cfg, resolve_workload(cfg)).data_workers.value} "
+            "0 decoding" if decode_on_device else f"{build_plan(cfg).input.data_workers.value} "  # type: ignore[union-attr]
         )
     )

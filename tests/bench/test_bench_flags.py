@@ -358,7 +358,7 @@ def _image_folder(root: Path, classes: int = 2, per_class: int = 4, size: int = 
 
 def test_nodistortions_and_resize_method_reach_the_image_folder(tmp_path: Path) -> None:
     from stoker.bench.model import device_images
-    from stoker.bench.workload import make_input_fn, resolve_workload
+    from stoker.bench.plan import build_plan
 
     data = _image_folder(tmp_path / "data", size=232)  # crop needs at least trivial's 227 x 227
     batches = {}
@@ -380,8 +380,7 @@ def test_nodistortions_and_resize_method_reach_the_image_folder(tmp_path: Path) 
             "--nouse_datasets",
             *flags,
         )
-        workload = resolve_workload(cfg)
-        source = make_input_fn(cfg, workload, train=train)({"batch_size": 4, "num_replicas": 1, "replica_index": 0})
+        source = build_plan(cfg).input_fn(train=train)({"batch_size": 4, "num_replicas": 1, "replica_index": 0})
         batches[name] = next(iter(source))[0]
     # --distortions: uint8 crops plus the colour parameters the step applies.
     assert set(batches["distortions"]) == {"images", "color"} and batches["distortions"]["color"].shape == (4, 5)
@@ -585,7 +584,8 @@ def test_header_says_which_defaults_were_used(capsys: pytest.CaptureFixture[str]
 
 
 def test_eval_epochs_and_input_pipeline_flags(tmp_path: Path) -> None:
-    from stoker.bench.workload import make_input_fn, prefetch_depth
+    from stoker.bench.plan import build_plan
+    from stoker.bench.workload import prefetch_depth
 
     # cifar10 has 10000 evaluation images: 0.01 epochs at an evaluation batch of 16 is ceil(100 / 16) = 7 batches.
     w = _workload(
@@ -610,13 +610,7 @@ def test_eval_epochs_and_input_pipeline_flags(tmp_path: Path) -> None:
         "--nouse_datasets",
         "--datasets_repeat_cached_sample",
     )
-    batches = iter(
-        make_input_fn(
-            cfg,
-            _workload("--model=trivial", f"--data_dir={data}", "--data_name=imagenet", "--batch_size=2"),
-            train=True,
-        )({"batch_size": 2, "num_replicas": 1, "replica_index": 0})
-    )
+    batches = iter(build_plan(cfg).input_fn(train=True)({"batch_size": 2, "num_replicas": 1, "replica_index": 0}))
     first, second = next(batches), next(batches)
     assert first[0].equal(second[0]) and first[1].equal(second[1])  # one batch read, repeated
 
@@ -627,33 +621,31 @@ def test_a_compute_bound_cpu_model_decodes_in_the_input_thread(tmp_path: Path, m
     helps them). The header's Input line and Resolved lines say so."""
     from types import SimpleNamespace
 
-    import stoker.bench.plan as plan_module
     import stoker.kernels.peak as peak_module
-    from stoker.bench.plan import resolve_plan
+    from stoker.bench.plan import build_plan
     from stoker.bench.report import header_lines
 
     monkeypatch.setattr(
         peak_module, "measured_peak", lambda device, precision="fp32", **kw: SimpleNamespace(gflops=100.0)
     )
-    monkeypatch.setattr(plan_module, "_decodes_per_step", {})
     data = _image_folder(tmp_path / "data", size=232)
     flags = (f"--data_dir={data}", "--data_name=imagenet", "--batch_size=2")
-    heavy, light = parse("--model=resnet50", "--device=cpu", *flags), parse("--model=trivial", "--device=cpu", *flags)
-    w_heavy, w_light = _workload("--model=resnet50", *flags), _workload("--model=trivial", *flags)
-    inline = resolve_plan(heavy, w_heavy).decode_inline
+    heavy = build_plan(parse("--model=resnet50", "--device=cpu", *flags))
+    light = build_plan(parse("--model=trivial", "--device=cpu", *flags))
+    assert heavy.input is not None and light.input is not None
+    inline = heavy.input.decode_inline
     assert inline.value and inline.reason == "decoding in the input thread: a step lasts ~116 decodes"
-    assert resolve_plan(heavy, w_heavy).data_workers.value == 0  # 3 x 7.7 GFLOP at 100 GFLOP/s over 2 ms
-    assert not resolve_plan(light, w_light).decode_inline.value
+    assert heavy.input.data_workers.value == 0  # 3 x 7.7 GFLOP at 100 GFLOP/s over 2 ms
+    assert not light.input.decode_inline.value
     cores = len(os.sched_getaffinity(0))
-    plan = resolve_plan(light, w_light)
-    helped = plan.training_thread_decodes.value
-    assert plan.data_workers.value == (cores - 1 if helped else cores)
+    helped = light.input.training_thread_decodes.value
+    assert light.input.data_workers.value == (cores - 1 if helped else cores)
     if helped:  # decoding threads, and the training thread decodes too: the header says so
-        (line,) = [x for x in header_lines(light, w_light) if x.startswith("Input")]
+        (line,) = [x for x in header_lines(light, None) if x.startswith("Input")]
         assert f"{cores - 1} decoding thread" in line and "the training thread decodes too" in line
-    given = parse("--model=resnet50", "--device=cpu", "--datasets_num_private_threads=2", *flags)
-    assert resolve_plan(given, w_heavy).data_workers.value == 2
-    lines = header_lines(heavy, w_heavy)
+    given = build_plan(parse("--model=resnet50", "--device=cpu", "--datasets_num_private_threads=2", *flags))
+    assert given.input is not None and given.input.data_workers.value == 2
+    lines = header_lines(heavy, None)
     (line,) = [x for x in lines if x.startswith("Input")]
     assert re.search(r"0 decoding (threads|processes) ", line)
     assert "decoding in the input thread: a step lasts ~116 decodes" in line
@@ -671,59 +663,73 @@ def test_an_input_bound_cpu_model_trains_on_one_thread_and_leaves_the_cores_to_t
     import stoker.bench.plan as plan_module
     import stoker.kernels.peak as peak_module
     from stoker.bench.cli import _set_threads
-    from stoker.bench.plan import input_bound_choice
+    from stoker.bench.plan import build_plan
 
     monkeypatch.setattr(
         peak_module, "measured_peak", lambda device, precision="fp32", **kw: SimpleNamespace(gflops=100.0)
     )
-    monkeypatch.setattr(plan_module, "_decodes_per_step", {})
     monkeypatch.setattr(plan_module, "busy_cores", lambda: 0.0)
     data = _image_folder(tmp_path / "data", size=232)
     flags = (f"--data_dir={data}", "--data_name=imagenet", "--batch_size=2", "--device=cpu")
-    light = parse("--model=trivial", *flags)
-    cpu = torch.device("cpu")
-    bound = input_bound_choice(light, "imagenet", cpu)
-    assert bound.value and bound.reason == "a training step per image lasts ~0.13 JPEG decodes"
-    assert not input_bound_choice(parse("--model=resnet50", *flags), "imagenet", cpu).value
-    assert not input_bound_choice(parse("--model=trivial", "--device=cpu"), "imagenet", cpu).value  # synthetic
-    assert not input_bound_choice(parse("--model=trivial", "--forward_only", *flags), "imagenet", cpu).value
+    light = build_plan(parse("--model=trivial", *flags), sample_busy=True)
+    assert light.threads.value == 1 and light.threads.reason == "a training step per image lasts ~0.13 JPEG decodes"
+
+    def bound(*given: str) -> bool:
+        return build_plan(parse(*given)).threads.reason.startswith("a training step per image lasts ~0.13")
+
+    assert not bound("--model=resnet50", *flags)
+    assert not bound("--model=trivial", "--device=cpu")  # synthetic
+    assert not bound("--model=trivial", "--forward_only", *flags)
     before = torch.get_num_threads()
     lines: list[str] = []
     try:
-        _set_threads(light, bench_parser(), lines.append, world=1)
+        _set_threads(light, bench_parser(), lines.append)
         assert torch.get_num_threads() == 1
         assert lines == [
             "Note: the input is the work here (a training step per image lasts ~0.13 JPEG decodes): using 1 "
             "intra-op thread and leaving the cores to the decoders (--num_intra_threads overrides)"
         ]
         lines.clear()
-        _set_threads(parse("--model=trivial", "--num_intra_threads=2", *flags), bench_parser(), lines.append, world=1)
+        _set_threads(
+            build_plan(parse("--model=trivial", "--num_intra_threads=2", *flags)), bench_parser(), lines.append
+        )
         assert torch.get_num_threads() == 2 and lines == []
     finally:
         torch.set_num_threads(before)
 
 
 def test_xla_flags_choose_the_engines_compile_mode() -> None:
-    from stoker.bench.train import build_estimator, zoo_model
+    from stoker.bench.plan import build_plan
+    from stoker.bench.train import build_estimator
 
     for flags, mode in ((("--xla",), "module"), (("--xla_compile",), "step"), ((), False)):
         cfg = parse("--model=trivial", "--data_name=cifar10", "--batch_size=2", "--device=cpu", *flags)
-        w = _workload("--model=trivial", "--data_name=cifar10", "--batch_size=2", *flags)
-        assert build_estimator(cfg, w, zoo_model(cfg, w)).config.compile == mode
+        assert build_estimator(build_plan(cfg)).config.compile == mode
 
 
-def test_data_worker_kind_takes_threads_only_for_a_cpu_step_with_libjpeg_crop() -> None:
-    from stoker.bench.plan import resolve_worker_kind
+def test_data_worker_kind_takes_threads_only_for_a_cpu_step_with_libjpeg_crop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import stoker.bench.plan as plan_module
+    from stoker.bench.plan import build_plan
     from stoker.data.images.decoders import available_decoders
+    from stoker.resolve import Choice
 
-    def kind(cfg: BenchConfig, workers: int) -> str:
-        return resolve_worker_kind(cfg, workers).value
+    data = _image_folder(tmp_path / "data", size=232)
+
+    def kind(*flags: str, workers: int) -> str:
+        cfg = parse("--model=trivial", f"--data_dir={data}", f"--datasets_num_private_threads={workers}", *flags)
+        plan = build_plan(cfg)
+        assert plan.input is not None
+        return plan.input.worker_kind.value
 
     crop = "libjpeg-crop" in available_decoders()
-    cpu = parse("--device=cpu", "--image_decoder=libjpeg-crop") if crop else None
-    if cpu is not None:
-        assert kind(cpu, 2) == "thread" and kind(cpu, 5) == "process"
-        # on CUDA decoding threads measured slower than processes at every count (H200 host)
-        assert kind(parse("--device=cuda", "--image_decoder=libjpeg-crop"), 2) == "process"
-    assert kind(parse("--device=cpu", "--image_decoder=pillow"), 2) == "process"
-    assert kind(parse("--device=cuda", "--data_worker_kind=thread"), 8) == "thread"
+    if crop:
+        assert kind("--device=cpu", "--image_decoder=libjpeg-crop", workers=2) == "thread"
+        assert kind("--device=cpu", "--image_decoder=libjpeg-crop", workers=5) == "process"
+    assert kind("--device=cpu", "--image_decoder=pillow", workers=2) == "process"
+    # on CUDA decoding threads measured slower than processes at every count (H200 host)
+    monkeypatch.setattr(plan_module, "replica_device", lambda cfg: Choice(torch.device("cuda", 0), "made up"))
+    if crop:
+        assert kind("--device=cuda", "--image_decoder=libjpeg-crop", workers=2) == "process"
+    assert kind("--device=cuda", "--data_worker_kind=thread", workers=8) == "thread"

@@ -306,8 +306,8 @@ def test_it_follows_the_optimizer_through_load_state_dict_and_steps_aside_once_i
 @pytest.mark.parametrize(
     ("flags", "need"),
     [
-        (["--optimizer=momentum"], "--optimizer=sgd (plain SGD; got momentum)"),
-        (["--gradient_clip=1.0"], "no --gradient_clip"),
+        (["--optimizer=momentum"], "plain SGD (param group 0 has momentum=0.9)"),  # the optimizer the bench builds
+        (["--gradient_clip=1.0"], "an optimizer without step pre-hooks"),  # the bench clips in one
         (["--fast_linear=off"], "--fast_linear=auto or on"),
         (["--compile=module"], "no --compile"),
         (["--precision=bf16"], "--precision=fp32 (got bf16)"),

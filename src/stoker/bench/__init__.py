@@ -4,9 +4,12 @@ Same flags, modes and output as tf_cnn_benchmarks' ``benchmark_cnn.py`` (trainin
 forward-only, evaluation, training + evaluation), plus an inference latency benchmark, FLOP
 counts and MFU. The pieces:
 
-- ``config``: :class:`BenchConfig`, the validated settings of one run;
-- ``workload``: what the settings mean on this machine (data, device, step counts) and the
-  ``input_fn`` s;
+- ``config``: :class:`BenchConfig`, the validated settings of one run (``settings``: one field
+  per flag; ``flags``: how flags are declared, parsed and named in the engine's messages);
+- ``workload``: what the settings mean on this machine (data, device, step counts);
+- ``plan``: :class:`BenchPlan`, the run worked out once: the ``RunConfig``, the workload, the
+  bench's own choices (threads, what decodes real data, the peak) and the ``input_fn`` s; the
+  engine's choices are the Estimator's record (``Estimator.choices``), which the header prints;
 - ``optim``: tf_cnn_benchmarks' optimizers and learning-rate schedules;
 - ``model``: the zoo model the flags name and tf_cnn_benchmarks' classification ``model_fn``;
 - ``train`` / ``inference``: the runners; they return dicts and stream progress lines;
@@ -29,6 +32,7 @@ In Python::
 
 from .config import BenchConfig, BenchFlagError
 from .inference import run_inference
+from .plan import BenchPlan, build_plan
 from .report import (
     add_efficiency,
     header_lines,
@@ -44,11 +48,13 @@ from .workload import Workload, resolve_workload
 __all__ = [
     "BenchConfig",
     "BenchFlagError",
+    "BenchPlan",
     "LatencyStats",
     "PerfTiming",
     "Workload",
     "add_efficiency",
     "bench_model_fn",
+    "build_plan",
     "header_lines",
     "latency_stats",
     "measure_matmul_peak",

@@ -13,7 +13,7 @@ import dataclasses
 import logging
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,6 +28,9 @@ from .config import (
 )
 from .flags import NOTED, add_flags, all_flags, check_value, format_value
 from .launch import check_num_gpus, launch_replicas, should_launch
+
+if TYPE_CHECKING:
+    from .plan import BenchPlan
 
 
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -70,15 +73,9 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 def run_bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """Run ``stoker bench`` with parsed ``args``; 0 on success, 1 on a runtime failure."""
     from .outputs import write_benchmark_logs
-    from .report import (
-        add_efficiency,
-        format_model_table,
-        model_table,
-        summary_lines,
-        write_results,
-    )
+    from .plan import build_plan, preflight
+    from .report import add_efficiency, format_model_table, model_table, summary_lines, write_results
     from .train import run_benchmark
-    from .workload import resolve_device
 
     if getattr(args, "list_models", False):
         for line in format_model_table(model_table(getattr(args, "data_name", None))):
@@ -88,9 +85,9 @@ def run_bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser)
     chief = torchrun_rank() == 0
     try:
         cfg = config_from_args(args)
-        device = resolve_device(cfg.device, cfg.gpu_indices)
+        device = preflight(cfg, world)
         visible = len(gpu_indices(cfg.gpu_indices)) or torch.cuda.device_count()
-        check_num_gpus(cfg.num_gpus, world, visible if device.type == "cuda" else None)
+        check_num_gpus(cfg.num_gpus, world, visible if device.value.type == "cuda" else None)
     except BenchFlagError as e:
         parser.error(str(e))
     if max(world, cfg.num_gpus) > 1 and cfg.benchmark_mode not in (MODE_TRAIN, MODE_TRAIN_AND_EVAL):
@@ -108,10 +105,10 @@ def run_bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser)
         if chief:  # replicas run the same steps; one of them reports
             print(line, flush=True)
 
-    _set_threads(cfg, parser, log, world)
-
     try:
-        result = run_benchmark(cfg, log=log)
+        plan = build_plan(cfg, sample_busy=True, device=device)
+        _set_threads(plan, parser, log)
+        result = run_benchmark(plan, log=log)
     except BenchFlagError as e:
         parser.error(str(e))
     except (StokerError, OSError, RuntimeError, ValueError) as e:
@@ -119,7 +116,8 @@ def run_bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser)
         return 1
     if not chief:
         return 0
-    add_efficiency(result, peak_tflops=cfg.peak_tflops, device=device, precision=cfg.precision)
+    cfg = plan.cfg
+    add_efficiency(result, peak_tflops=cfg.peak_tflops, device=plan.workload.device, precision=cfg.precision)
     for line in summary_lines(result):
         log(line)
     if cfg.results_file:
@@ -133,23 +131,11 @@ def _mode_flag(cfg: BenchConfig) -> str:
     return "mode=inference" if cfg.mode == "inference" else ("eval" if cfg.eval else "forward_only")
 
 
-def _set_threads(cfg: BenchConfig, parser: argparse.ArgumentParser, log: Callable[[str], None], world: int) -> None:
-    """Apply the plan's intra-op threads (:func:`stoker.bench.plan.resolve_threads`: given, 1
-    where the input is the work, else the cores idle just before the run; its ``Note:`` when it
-    departs from torch's default) and ``--num_inter_threads``."""
-    from .plan import input_bound_choice, machine_facts, resolve_threads
-    from .workload import guess_data_name, resolve_device
-
-    try:
-        dataset = cfg.data_name or guess_data_name(cfg.data_dir, cfg.model)
-        device = resolve_device(cfg.device, cfg.gpu_indices)
-    except (BenchFlagError, ValueError):  # the run itself reports the bad flag
-        dataset, device = "", torch.device("cpu")
-    # The busy cores (a 0.2 s sample) decide only a run whose threads are neither given nor 1
-    # for an input-bound run, so the others start without waiting for the sample.
-    sample = cfg.num_intra_threads is None and not input_bound_choice(cfg, dataset, device).value
-    facts = machine_facts(sample_busy=sample, world=world)
-    threads = resolve_threads(cfg, facts, dataset, device)
+def _set_threads(plan: BenchPlan, parser: argparse.ArgumentParser, log: Callable[[str], None]) -> None:
+    """Apply the plan's intra-op threads (:func:`stoker.resolve.intra_threads`: given, 1 where the
+    input is the work, else the cores idle just before the run; its ``Note:`` when it departs
+    from torch's default) and ``--num_inter_threads``."""
+    cfg, threads = plan.cfg, plan.threads
     if threads.value != torch.get_num_threads() or cfg.num_intra_threads is not None:
         torch.set_num_threads(threads.value)
     if threads.note:

@@ -30,7 +30,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import fail
+from ..resolve import Names, spelled
+from .errors import BenchFlagError, fail
 
 # --help groups, in their order
 RUN = "what to run"
@@ -249,6 +250,55 @@ def note_lines(given: Sequence[tuple[str, str]]) -> list[str]:
     return [f"Note: --{name}={value} has no effect here: {BY_NAME[name].note}" for name, value in given]
 
 
+# ------------------------------------------------------------------------------ the engine's words in flags
+#: The flag of each ``RunConfig`` field the bench sets (and of the one rule argument it passes,
+#: ``gpu_indices``): the engine's reasons and errors name fields, the bench's output names flags.
+FLAG_OF_FIELD: dict[str, str] = {
+    "model_dir": "train_dir",
+    "seed": "tf_random_seed",
+    "iterations_per_loop": "iterations_per_loop",
+    "save_checkpoints_steps": "save_model_steps",
+    "save_checkpoints_secs": "save_model_secs",
+    "keep_checkpoint_max": "max_ckpts_to_keep",
+    "precision": "precision",
+    "loss_scale": "fp16_loss_scale",
+    "device": "device",
+    "gpu_indices": "gpu_indices",
+    "compile": "compile",
+    "cuda_graph": "cuda_graph",
+    "fast_linear": "fast_linear",
+    "sgd_in_backward": "sgd_in_backward",
+    "strategy": "variable_update",
+    "ddp_bucket_cap_mb": "gradient_repacking",
+    "prefetch_depth": "datasets_prefetch_buffer_size",
+}
+
+
+class FlagNames(Names):
+    """The engine's settings said as ``stoker bench``'s flags (``--device=cpu``); a field the
+    bench has no flag for keeps its ``RunConfig`` name. Records the flags it named."""
+
+    def __init__(self) -> None:
+        self.named: list[str] = []
+
+    def field(self, name: str) -> str:
+        flag = FLAG_OF_FIELD.get(name)
+        if flag is None:
+            return super().field(name)
+        self.named.append(flag)
+        return f"--{flag}"
+
+    def value(self, value: object) -> str:
+        return format_value(value)
+
+
+def flag_error(error: Exception) -> BenchFlagError:
+    """The engine's refusal of a setting (a ``ConfigError``), said in flags and naming them."""
+    names = FlagNames()
+    message = spelled(error, names)
+    return BenchFlagError(tuple(dict.fromkeys(names.named)), message)
+
+
 # ------------------------------------------------------------------------------ the docs
 def markdown_tables(flags: Sequence[Flag]) -> str:
     """docs/bench-reference.md's flag lists: one table per ``--help`` group (a noted flag's row: its note)."""
@@ -425,14 +475,17 @@ def all_flags(config_class: type) -> tuple[Flag, ...]:
 
 __all__ = [
     "COMMAND_ONLY",
+    "FLAG_OF_FIELD",
     "FLAG_KINDS",
     "GROUPS",
     "NOTED",
     "Flag",
+    "FlagNames",
     "add_flags",
     "all_flags",
     "check_value",
     "field_flags",
+    "flag_error",
     "format_value",
     "markdown_tables",
     "note_lines",

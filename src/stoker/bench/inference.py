@@ -20,47 +20,46 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Literal, cast
+from typing import Any
 
 import torch
 from torch import nn
 
-from ..config import RunConfig
 from ..data import synthetic_images
 from ..estimator import Estimator
 from ..kernels.linear import reset_choices
 from ..precision import autocast_context
+from ..resolve import Choice
 from .config import BenchConfig, BenchFlagError
-from .model import bench_model_fn, zoo_model
-from .report import base_result, efficiency_peak, flops_per_image, header_lines, linear_lines
+from .model import bench_model_fn
+from .plan import BenchPlan
+from .report import base_result, efficiency_peak, exported_name, flops_per_image, header_lines, linear_lines
 from .stats import format_latencies, latency_stats
 from .workload import Workload
 
 LogFn = Callable[[str], None]
 
 
-def run_inference(
-    cfg: BenchConfig,
-    workload: Workload,
-    *,
-    model: Callable[[dict[str, Any]], nn.Module] | None = None,
-    log: LogFn = print,
-) -> dict[str, Any]:
+def run_inference(plan: BenchPlan, *, log: LogFn = print) -> dict[str, Any]:
     """Time single forward calls from ``--num_inference_threads`` threads; return the statistics."""
-    cfg = cfg.replace(num_inference_threads=cfg.num_inference_threads or 1, iterations=cfg.iterations or 100)
+    workload = plan.workload
+    cfg = plan.cfg.replace(
+        num_inference_threads=plan.cfg.num_inference_threads or 1, iterations=plan.cfg.iterations or 100
+    )
     threads, iterations = int(cfg.num_inference_threads or 1), int(cfg.iterations or 100)
+    engine: dict[str, Choice[Any]] | None = None  # an exported program runs without an Estimator
     if cfg.exported is not None:
-        model_name = (
-            f"{'AOT package' if str(cfg.exported).endswith('.aoti.pt2') else 'exported program'} {cfg.exported}"
-        )
+        model_name = exported_name(cfg.exported)
         call, image_size = _exported_call(cfg, workload)
     else:
-        model_name = cfg.model if model is None else f"{cfg.model} (custom)"
-        call, image_size = _eager_call(cfg, workload, model), workload.image_size
-    peak = (
-        efficiency_peak(cfg.peak_tflops, workload.device, cfg.precision) if model is None and not cfg.exported else None
-    )
-    for line in header_lines(cfg, workload, model_name, peak=peak):
+        model_name = plan.model_name
+        est = Estimator(
+            model=plan.model, model_fn=bench_model_fn, config=plan.run_config, warm_start_from=cfg.train_dir
+        )
+        call, image_size, engine = _eager_call(cfg, workload, est), workload.image_size, est.choices
+    alone = workload.model_info is not None and not cfg.exported
+    peak = efficiency_peak(cfg.peak_tflops, workload.device, cfg.precision) if alone else None
+    for line in header_lines(plan, engine, peak=peak):
         log(line)
 
     reset_choices()  # the "Linear:" lines list this run's layer shapes
@@ -108,30 +107,16 @@ def run_inference(
         latency_max_ms=stats.max_ms,
         latencies_ms=[1000.0 * t for t in pooled],
     )
-    if model is None and cfg.exported is None:
+    if alone:
         forward = flops_per_image(cfg.model, workload.dataset, workload.num_classes)
         result.update(gflop_per_image_forward=forward, gflop_per_image=forward)
     result["image_size"] = image_size
     return result
 
 
-def _eager_call(
-    cfg: BenchConfig, workload: Workload, model: Callable[[dict[str, Any]], nn.Module] | None
-) -> Callable[[], Any]:
-    """One forward call of the zoo (or given) model, eager or compiled, returning the classes."""
-    est = Estimator(
-        model=model or zoo_model(cfg, workload),
-        model_fn=bench_model_fn,
-        config=RunConfig(
-            seed=cfg.tf_random_seed,
-            device=str(workload.device),
-            strategy="single",
-            progress_bar=False,
-            summaries=False,
-            fast_linear=cast("Literal['auto', 'on', 'off']", cfg.fast_linear),  # BenchConfig checked it
-        ),
-        warm_start_from=cfg.train_dir,
-    )
+def _eager_call(cfg: BenchConfig, workload: Workload, est: Estimator) -> Callable[[], Any]:
+    """One forward call of ``est``'s model (seeded; weights from ``--train_dir`` when given), eager
+    or compiled, returning the classes."""
     module = est.model.eval()
     call_model = torch.compile(module) if cfg.compile else module
     images = _images(cfg, workload, workload.image_size)

@@ -145,6 +145,11 @@ def zoo_model(cfg: BenchConfig, workload: Workload) -> ModelFactory:
     return factory
 
 
+def fp16_weights(factory: ModelFactory) -> ModelFactory:
+    """``--fp16_vars``: the model's weights in fp16, updated in place (no fp32 master copy)."""
+    return lambda params: factory(params).half()
+
+
 def model_fn_for(workload: Workload) -> Callable[..., EstimatorSpec]:
     """The ``model_fn`` of the workload's model: the classifier's, or one with the model's own loss."""
     info = workload.model_info
@@ -153,4 +158,13 @@ def model_fn_for(workload: Workload) -> Callable[..., EstimatorSpec]:
     return TaskModelFn(info.loss)
 
 
-__all__ = ["ModelFactory", "TaskModelFn", "bench_model_fn", "device_images", "l2_loss", "model_fn_for", "zoo_model"]
+__all__ = [
+    "ModelFactory",
+    "TaskModelFn",
+    "bench_model_fn",
+    "device_images",
+    "fp16_weights",
+    "l2_loss",
+    "model_fn_for",
+    "zoo_model",
+]

@@ -38,20 +38,22 @@ from ..models import (
     list_models,
 )
 from ..precision import compute_dtype
+from ..resolve import Choice, spelled
 from .config import (
     DEFAULT_FP16_LOSS_SCALE,
+    DEFAULT_INFERENCE_ITERATIONS,
     MODE_INFERENCE,
     MODE_TRAIN,
     MODE_TRAIN_AND_EVAL,
     BenchConfig,
 )
-from .flags import note_lines
+from .flags import FlagNames, note_lines
 from .outputs import mlperf_log_path
 from .plan import (  # flops_per_image lives there: the input choice counts FLOPs too (re-exported here)
-    ResolvedPlan,
+    BenchPlan,
+    InputChoices,
+    effective_variable_update,
     flops_per_image,
-    machine_facts,
-    resolve_plan,
 )
 from .stats import DASHES, format_total
 from .workload import Workload, prefetch_depth
@@ -109,51 +111,42 @@ def _line(label: str, value: object) -> str:
 
 
 def header_lines(
-    cfg: BenchConfig,
-    workload: Workload,
-    model_name: str | None = None,
-    *,
-    bucket_mb: float | None = None,
-    peak: tuple[float, str] | None = None,
+    plan: BenchPlan, engine: dict[str, Choice[Any]] | None, *, peak: tuple[float, str] | None = None
 ) -> list[str]:
-    """The block printed before a run, in tf_cnn_benchmarks' layout (only lines that apply),
-    after a ``Note:`` line per given flag that has no effect here (``flags.py``) and per slow
-    low precision on this CPU (:func:`precision_notes`). ``peak``: ``(GFLOP/s, source)`` of
+    """The block printed before a run of ``plan``, in tf_cnn_benchmarks' layout (only lines that
+    apply), after a ``Note:`` line per given flag that has no effect here (``flags.py``) and per
+    slow low precision on this CPU (:func:`precision_notes`). ``engine``: what the Estimator chose
+    when built (``Estimator.choices``), printed beside the plan's choices as ``Resolved:`` lines
+    (``None``: no Estimator runs, an exported program). ``peak``: ``(GFLOP/s, source)`` of
     :func:`efficiency_peak`, printed as the ``Peak:`` line."""
+    cfg, workload = plan.cfg, plan.workload
     mode = cfg.benchmark_mode
     lines = [
         *note_lines(cfg.noted_flags),
         *unused_flag_notes(cfg, workload),
         *precision_notes(cfg.precision, workload.device),
         _line("PyTorch", f"{torch.__version__} (stoker {__version__})"),
-        _line("Model", model_name or cfg.model),
+        _line("Model", plan.model_name if cfg.exported is None else exported_name(cfg.exported)),
         _line("Dataset", workload.dataset_label),
         _line("Mode", mode),
         _line("Batch size", f"{workload.batch_size} global"),
         " " * _LABEL_WIDTH + f"{workload.per_device_batch_size} per device",
     ]
     if mode == MODE_INFERENCE:
-        lines.append(_line("Iterations", f"{cfg.iterations} per thread"))
-        lines.append(_line("Callers", f"{cfg.num_inference_threads} thread(s) calling the model"))
+        lines.append(_line("Iterations", f"{cfg.iterations or DEFAULT_INFERENCE_ITERATIONS} per thread"))
+        lines.append(_line("Callers", f"{cfg.num_inference_threads or 1} thread(s) calling the model"))
     else:
         lines.append(_line("Num batches", workload.num_batches))
         lines.append(_line("Num epochs", f"{workload.num_epochs:.2f}"))
     lines.append(_line("Devices", workload.device_names))
     lines.append(_line("Data format", cfg.data_format))
-    if mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL):
+    if plan.trains:
         lines.append(_line("Optimizer", cfg.optimizer))
         lines.append(_line("Variables", effective_variable_update(cfg)))
-    precision = cfg.precision + (" (loss scale: " + loss_scale_label(cfg) + ")" if cfg.precision == "fp16" else "")
-    lines.append(
-        _line(
-            "Precision",
-            precision + (", fp16 weights (--fp16_vars)" if cfg.fp16_vars and cfg.precision == "fp16" else ""),
-        )
-    )
+    lines.append(_line("Precision", _precision_label(cfg)))
     xla = " (--xla_compile)" if cfg.xla_compile else (" (--xla)" if cfg.xla else "")
     lines.append(_line("Compile", f"{cfg.compile_mode}{xla}"))
-    plan = resolve_plan(cfg, workload)
-    lines.extend(_optional_lines(cfg, workload, plan, bucket_mb))
+    lines.extend(_optional_lines(plan))
     if workload.device.type == "cpu":
         lines.append(_line("Linear", _linear_header(cfg.fast_linear)))
     if peak is not None:
@@ -162,12 +155,22 @@ def header_lines(
     lines.append(
         _line("Host memory", "kept for reuse (glibc: no mmap, no trim)" if host_memory_kept() else "C library defaults")
     )
-    if mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL):
+    if plan.trains:
         lines.append(_line("Loop", f"{cfg.iterations_per_loop} step(s) per host round trip"))
-    resolved = plan.lines()  # every "auto" choice and why (bench/plan.py)
+    resolved = plan.resolved_lines(engine)  # every "auto" choice and why: the plan's and the engine's
     lines += [_line("Resolved", resolved[0]), *(" " * _LABEL_WIDTH + r for r in resolved[1:])]
     lines.append("==========")
     return lines
+
+
+def exported_name(exported: str) -> str:
+    """What ``--exported`` benchmarks, as the header and the results name it."""
+    return f"{'AOT package' if str(exported).endswith('.aoti.pt2') else 'exported program'} {exported}"
+
+
+def _precision_label(cfg: BenchConfig) -> str:
+    precision = cfg.precision + (" (loss scale: " + loss_scale_label(cfg) + ")" if cfg.precision == "fp16" else "")
+    return precision + (", fp16 weights (--fp16_vars)" if cfg.fp16_vars and cfg.precision == "fp16" else "")
 
 
 def unused_flag_notes(cfg: BenchConfig, workload: Workload) -> list[str]:
@@ -248,7 +251,7 @@ def update_line(cfg: BenchConfig, device: torch.device, layers: list[str], refus
     flag = f"--sgd_in_backward={cfg.sgd_in_backward}"
     if layers:
         return [_line("Update", f"SGD inside the weight-gradient product of {', '.join(layers)} ({flag})")]
-    why = refusal or "no fast linear layer is eligible"
+    why = f"it {spelled(refusal, FlagNames())}" if refusal else "no fast linear layer is eligible"
     return [_line("Update", f"the optimizer's step for every layer ({flag}: {why})")]
 
 
@@ -277,51 +280,44 @@ def precision_notes(precision: str, device: torch.device) -> list[str]:
     ]
 
 
-def _optional_lines(cfg: BenchConfig, workload: Workload, plan: ResolvedPlan, bucket_mb: float | None) -> list[str]:
+def _optional_lines(plan: BenchPlan) -> list[str]:
     """Header lines of flags that are not always relevant: only when they apply."""
+    cfg, workload = plan.cfg, plan.workload
     lines = []
-    training = cfg.benchmark_mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL)
-    used = workload.defaults_used if training else [u for u in workload.defaults_used if "learning rate" not in u]
+    used = workload.defaults_used if plan.trains else [u for u in workload.defaults_used if "learning rate" not in u]
     for i, phrase in enumerate(used):  # the model's defaults, as tf_cnn_benchmarks applies them
         lines.append(_line("Defaults", phrase) if i == 0 else " " * _LABEL_WIDTH + phrase)
-    if training and cfg.evaluates_during_training:
+    if plan.trains and cfg.evaluates_during_training:
         lines.append(_line("Eval batch", f"{workload.eval_batch_size} global"))
-    if not workload.synthetic and cfg.mode != "inference":
-        depth = prefetch_depth(cfg)
-        workers, inline = plan.data_workers.value, plan.decode_inline
-        why = "" if not inline.value or workers else f"; {inline.reason}"
-        if plan.training_thread_decodes.value:
-            why += "; the training thread decodes too while its next batch is not ready"
-        kind = plan.worker_kind.value
-        kind = kind if workers == 1 else {"thread": "threads", "process": "processes"}[kind]
-        lines.append(
-            _line(
-                "Input",
-                f"{workers} decoding {kind} ({machine_facts().usable_cores} usable cores{why}), "
-                f"{plan.decoder.value} decoder, "
-                f"{'default' if depth is None else depth} batch(es) prefetched, "
-                f"distortions {'on' if cfg.distortions else 'off'}, resize {cfg.resize_method}"
-                + (", first batch repeated" if cfg.datasets_repeat_cached_sample else ""),
-            )
-        )
-    if training and bucket_mb is not None:
-        lines.append(
-            _line(
-                "Gradients",
-                f"all-reduced in {cfg.gradient_repacking} DDP buckets of {bucket_mb:.3f} MiB (--gradient_repacking)",
-            )
-        )
-    if training and cfg.summary_verbosity and cfg.train_dir:
+    if plan.input is not None:
+        lines.append(_line("Input", _input_line(plan, plan.input)))
+    if plan.trains and plan.bucket_mb is not None:
+        buckets = f"{cfg.gradient_repacking} DDP buckets of {plan.bucket_mb:.3f} MiB"
+        lines.append(_line("Gradients", f"all-reduced in {buckets} (--gradient_repacking)"))
+    if plan.trains and cfg.summary_verbosity and cfg.train_dir:
         every = cfg.save_summaries_steps or cfg.display_every
         lines.append(_line("Summaries", f"level {cfg.summary_verbosity} every {every} steps in {cfg.train_dir}/events"))
-    if training and cfg.ml_perf:
+    if plan.trains and cfg.ml_perf:
         lines.append(_line("MLPerf log", mlperf_log_path(cfg)))
     return lines
 
 
-def effective_variable_update(cfg: BenchConfig) -> str:
-    """``parameter_server`` runs as ``replicated``: one process has no parameter server."""
-    return "replicated" if cfg.variable_update == "parameter_server" else cfg.variable_update
+def _input_line(plan: BenchPlan, chosen: InputChoices) -> str:
+    """What reads the real data: the workers and their kind, the decoder, the prefetch, the preprocessing."""
+    cfg, depth = plan.cfg, prefetch_depth(plan.cfg)
+    workers, inline = chosen.data_workers.value, chosen.decode_inline
+    why = "" if not inline.value or workers else f"; {inline.reason}"
+    if chosen.training_thread_decodes.value:
+        why += "; the training thread decodes too while its next batch is not ready"
+    kind = chosen.worker_kind.value
+    kind = kind if workers == 1 else {"thread": "threads", "process": "processes"}[kind]
+    return (
+        f"{workers} decoding {kind} ({plan.facts.usable_cores} usable cores{why}), "
+        f"{chosen.decoder.value} decoder, "
+        f"{'default' if depth is None else depth} batch(es) prefetched, "
+        f"distortions {'on' if cfg.distortions else 'off'}, resize {cfg.resize_method}"
+        + (", first batch repeated" if cfg.datasets_repeat_cached_sample else "")
+    )
 
 
 def loss_scale_label(cfg: BenchConfig) -> str:

@@ -25,36 +25,28 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import sys
 import time
 from collections.abc import Callable, Generator, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import torch
 
 from ..checkpoint.manager import CheckpointManager
-from ..config import PrecisionName, RunConfig
 from ..errors import CheckpointError
 from ..estimator import Estimator
 from ..hooks import Hook, LoopResult, ProfilerHook, RunContext, every_n_steps_due
 from ..hooks.base import next_due_step
 from ..kernels.linear import reset_choices
 from ..kernels.sgd_in_backward import updating_in_backward
-from ..memory.host import keep_freed_host_memory
-from ..precision import LossScale
 from .config import (
-    DEFAULT_FP16_LOSS_SCALE,
     MODE_EVAL,
     MODE_FORWARD_ONLY,
-    MODE_TRAIN,
-    MODE_TRAIN_AND_EVAL,
     BenchConfig,
 )
-from .cuda_graph import cuda_graph_refusals
-from .errors import fail
 from .inference import run_inference
+from .inputs import InputFn
 from .model import (  # re-exported: they were defined here
     ModelFactory,
     bench_model_fn,
@@ -64,10 +56,9 @@ from .model import (  # re-exported: they were defined here
 )
 from .optim import optimizer_and_schedule
 from .outputs import mlperf_hook, summary_hook
-from .plan import TRAINING_FLOPS_FACTOR, flops_per_image
+from .plan import TRAINING_FLOPS_FACTOR, BenchPlan, build_plan, flops_per_image, model_params
 from .report import (
     base_result,
-    effective_variable_update,
     efficiency_peak,
     header_lines,
     linear_lines,
@@ -75,13 +66,7 @@ from .report import (
 )
 from .run_spec import write_zoo_run_spec  # and, imported, the builder of kind zoo is registered
 from .stats import display_due, format_accuracy, format_step_line, perf_timing, step_header
-from .workload import (
-    InputFn,
-    Workload,
-    make_input_fn,
-    prefetch_depth,
-    resolve_workload,
-)
+from .workload import Workload
 
 LogFn = Callable[[str], None]
 
@@ -256,16 +241,10 @@ class EvalDuringTraining(Hook):
 
 
 # ==================================================================== building
-def build_estimator(
-    cfg: BenchConfig, workload: Workload, model: ModelFactory, *, bucket_mb: float | None = None
-) -> Estimator:
-    """The Estimator the flags describe (checkpoints in ``--train_dir``, nothing logged by it).
-
-    ``bucket_mb``: DDP's gradient bucket size (``--gradient_repacking``, see :func:`repacking_bucket_mb`).
-    """
-    if cfg.fp16_vars and cfg.precision == "fp16":
-        model = _fp16_weights(model)
-    config = run_config(cfg, str(workload.device), bucket_mb=bucket_mb)
+def build_estimator(plan: BenchPlan) -> Estimator:
+    """The Estimator of ``plan``: its model and ``RunConfig``, tf_cnn_benchmarks' optimizer and
+    learning rate (:mod:`stoker.bench.optim`), the global batch sizes."""
+    cfg, workload = plan.cfg, plan.workload
     optimizer_fn, schedule_fn = optimizer_and_schedule(
         cfg,
         workload.train_examples / workload.batch_size,
@@ -273,81 +252,20 @@ def build_estimator(
         model_rate=workload.model_rate,
     )
     return Estimator(
-        model=model,
+        model=plan.model,
         model_fn=model_fn_for(workload),
         optimizer=optimizer_fn,
         lr_schedule=schedule_fn,
-        config=config,
+        config=plan.run_config,
         params=model_params(cfg),
         train_batch_size=workload.batch_size,
         eval_batch_size=workload.eval_batch_size,
     )
 
 
-def run_config(cfg: BenchConfig, device: str, *, bucket_mb: float | None = None) -> RunConfig:
-    """The ``RunConfig`` of :func:`build_estimator`'s Estimator for a run on ``device``."""
-    depth = prefetch_depth(cfg)
-    prefetch: dict[str, Any] = {} if depth is None else {"prefetch_depth": depth}  # else RunConfig's default
-    loss_scale = LossScale(  # static unless --fp16_enable_auto_loss_scale (the growth interval is then unused)
-        dynamic=bool(cfg.fp16_enable_auto_loss_scale),
-        init=float(cfg.fp16_loss_scale or DEFAULT_FP16_LOSS_SCALE),
-        growth_interval=cfg.fp16_inc_loss_scale_every_n or 1000,
-    )
-    return RunConfig(
-        model_dir=cfg.train_dir,
-        seed=cfg.tf_random_seed,
-        iterations_per_loop=cfg.iterations_per_loop,
-        save_checkpoints_steps=cfg.save_model_steps,
-        # tf_cnn_benchmarks saves only at the end unless asked; math.inf means "never by time".
-        save_checkpoints_secs=None if cfg.save_model_steps else (cfg.save_model_secs or math.inf),
-        keep_checkpoint_max=cfg.max_ckpts_to_keep,
-        log_every_n_steps=None,  # the harness prints its own progress lines
-        precision=cast(PrecisionName, cfg.precision),  # one of PRECISIONS: BenchConfig checked it
-        loss_scale=loss_scale,
-        device=device,
-        compile=cast("bool | Literal['none', 'module', 'step']", cfg.compile_mode),  # RunConfig checks it
-        cuda_graph=cfg.cuda_graph,
-        fast_linear=cast("Literal['auto', 'on', 'off']", cfg.fast_linear),  # BenchConfig checked it
-        sgd_in_backward=cast("Literal['off', 'auto', 'on']", cfg.sgd_in_backward),
-        # One process: every strategy is the same single replica. Under torchrun: DDP
-        # (replicated), FSDP2 (sharded) or no gradient exchange (independent).
-        strategy=effective_variable_update(cfg),
-        ddp_bucket_cap_mb=bucket_mb,
-        progress_bar=False,
-        summaries=False,
-        **prefetch,
-    )
-
-
-def model_params(cfg: BenchConfig) -> dict[str, Any]:
-    """The Estimator's ``params``: what :func:`bench_model_fn` reads."""
-    return {
-        "weight_decay": cfg.weight_decay,
-        "print_training_accuracy": cfg.print_training_accuracy,
-        "channels_last": cfg.channels_last,
-        "report_base_loss": cfg.loss_type_to_report == "base_loss",
-    }
-
-
-def _fp16_weights(factory: ModelFactory) -> ModelFactory:
-    """``--fp16_vars``: the model's weights in fp16, updated in place (no fp32 master copy)."""
-    return lambda params: factory(params).half()
-
-
-def repacking_bucket_mb(cfg: BenchConfig, factory: ModelFactory, params: dict[str, Any]) -> float | None:
-    """``--gradient_repacking=N``: the DDP bucket size (MiB) that splits the gradients into N
-    buckets of equal size, as tf_cnn_benchmarks repacks them into N tensors (``None``: not given)."""
-    if not cfg.gradient_repacking:
-        return None
-    model = factory(params)
-    fp16_weights = cfg.fp16_vars and cfg.precision == "fp16"
-    grad_bytes = sum(p.numel() * (2 if fp16_weights else 4) for p in model.parameters() if p.requires_grad)
-    return grad_bytes / cfg.gradient_repacking / 2**20
-
-
 # ==================================================================== runner
 def run_benchmark(
-    cfg: BenchConfig,
+    cfg: BenchConfig | BenchPlan,
     *,
     model: ModelFactory | None = None,
     num_classes: int | None = None,
@@ -355,52 +273,58 @@ def run_benchmark(
     eval_input_fn: InputFn | None = None,
     log: LogFn = print,
 ) -> dict[str, Any]:
-    """Run the benchmark ``cfg`` describes; stream progress lines to ``log``; return the results.
+    """Run the benchmark ``cfg`` describes (the flags, or the :class:`~stoker.bench.plan.BenchPlan`
+    ``stoker bench`` built of them); stream progress lines to ``log``; return the results.
 
     ``model`` (a factory ``params -> nn.Module`` with ``num_classes`` logits) and the input
     functions replace the zoo model and the data the flags name (for tests and scripts).
     The closing summary is not printed: pass the result to :func:`report.summary_lines`.
     """
-    if cfg.keep_host_memory:
-        keep_freed_host_memory()  # before the model and data exist: their memory is kept too
-    workload = resolve_workload(cfg, custom_model=model is not None, num_classes=num_classes)
-    if cfg.data_format is None:  # left out: the model's default on this device (the header says which)
-        cfg = cfg.replace(data_format=workload.data_format)
+    plan = cfg if isinstance(cfg, BenchPlan) else build_plan(cfg, model=model, num_classes=num_classes)
+    cfg, workload = plan.cfg, plan.workload
     if cfg.mode == "inference":
-        return run_inference(cfg, workload, model=model, log=log)
-    model_name = cfg.model if model is None else f"{cfg.model} (custom)"
-    factory = model or zoo_model(cfg, workload)
-    train_input = input_fn or make_input_fn(cfg, workload, train=True)
+        return run_inference(plan, log=log)
+    train_input = input_fn or plan.input_fn(train=True)
     # --eval reads --num_batches batches (repeating the data if needed); an evaluation during
     # training reads --num_eval_batches batches, or one exact pass over real data.
     repeat = cfg.benchmark_mode == MODE_EVAL or workload.eval_batches is not None
-    eval_input = eval_input_fn or input_fn or make_input_fn(cfg, workload, train=False, repeat=repeat)
+    eval_input = eval_input_fn or input_fn or plan.input_fn(train=False, repeat=repeat)
     if cfg.variable_update == "parameter_server":
         log("Note: --variable_update=parameter_server runs as replicated: one process has no parameter server")
-    if cfg.model == "mobilenet" and model is None:
+    if cfg.model == "mobilenet" and workload.model_info is not None:
         log(
             "Note: --model=mobilenet is MobileNet v1 here; tf_cnn_benchmarks' mobilenet (MobileNet v2 with two "
             "logits layers) is --model=mobilenet_v2_tf_cnn"
         )
-    if cfg.cuda_graph and mode_trains(cfg):
-        _check_cuda_graph(cfg, workload)
     if workload.device.type == "cuda" and cfg.gpu_memory_frac_for_testing:
         torch.cuda.set_per_process_memory_fraction(cfg.gpu_memory_frac_for_testing, workload.device)
-    bucket_mb = repacking_bucket_mb(cfg, factory, model_params(cfg)) if workload.num_devices > 1 else None
     # The MFU's peak, measured before the run (cached per machine) so the header can say which kernel set it;
     # a custom model has no FLOP count, hence no MFU. Replicas sharing a machine would measure each other's
     # load: there the chief measures after the run (stoker.bench.cli).
-    alone = model is None and workload.num_devices == 1
+    alone = workload.model_info is not None and workload.num_devices == 1
     peak = efficiency_peak(cfg.peak_tflops, workload.device, cfg.precision) if alone else None
-    for line in header_lines(cfg, workload, model_name, bucket_mb=bucket_mb, peak=peak):
-        log(line)
     reset_choices()  # the "Linear:" lines list this run's layer shapes
-    est = build_estimator(cfg, workload, factory, bucket_mb=bucket_mb)
-    result = base_result(cfg, workload, model_name)
+    est = build_estimator(plan)
+    for line in header_lines(plan, est.choices, peak=peak):
+        log(line)
+    result = base_result(cfg, workload, plan.model_name)
+    _run_mode(plan, est, train_input, eval_input, result, log)
+    if workload.model_info is not None:
+        forward = flops_per_image(cfg.model, workload.dataset, workload.num_classes)
+        factor = TRAINING_FLOPS_FACTOR if plan.trains else 1.0
+        result.update(gflop_per_image_forward=forward, gflop_per_image=forward * factor)
+    return result
+
+
+def _run_mode(
+    plan: BenchPlan, est: Estimator, train_input: InputFn, eval_input: InputFn, result: dict[str, Any], log: LogFn
+) -> None:
+    """Run the mode the flags ask for and add its results to ``result``."""
+    cfg, workload = plan.cfg, plan.workload
     mode = cfg.benchmark_mode
     # The run spec rebuilds an image classifier for `stoker export`; the others take other inputs.
     classifier = workload.model_info is not None and workload.model_info.is_classifier
-    if cfg.train_dir and classifier and mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL) and est.strategy.is_chief:
+    if cfg.train_dir and classifier and plan.trains and est.strategy.is_chief:
         _write_run_spec(cfg, workload)
     if mode == MODE_EVAL and cfg.eval_interval_secs > 0:
         result.update(_watch_checkpoints(cfg, workload, est, eval_input, log))
@@ -410,29 +334,6 @@ def run_benchmark(
         result.update(_forward_only(cfg, workload, est, train_input, log))
     else:
         result.update(_train(cfg, workload, est, train_input, eval_input, log))
-    if model is None:
-        forward = flops_per_image(cfg.model, workload.dataset, workload.num_classes)
-        factor = TRAINING_FLOPS_FACTOR if mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL) else 1.0
-        result.update(gflop_per_image_forward=forward, gflop_per_image=forward * factor)
-    return result
-
-
-def mode_trains(cfg: BenchConfig) -> bool:
-    """Whether this run trains (the only step ``--cuda_graph`` captures)."""
-    return cfg.benchmark_mode in (MODE_TRAIN, MODE_TRAIN_AND_EVAL)
-
-
-def _check_cuda_graph(cfg: BenchConfig, workload: Workload) -> None:
-    """``--cuda_graph=true`` asks for a graph: a step that cannot be captured is a flag error
-    naming why, never an eager run under the flag."""
-    reasons = cuda_graph_refusals(cfg, workload.device.type, replicas=workload.num_devices)
-    if reasons:
-        raise fail(
-            "--cuda_graph=true, but this training step cannot be captured: "
-            + "; ".join(reasons)
-            + " (or drop --cuda_graph to run the step eagerly)",
-            "cuda_graph",
-        )
 
 
 def _write_run_spec(cfg: BenchConfig, workload: Workload) -> None:
@@ -764,6 +665,5 @@ __all__ = [
     "build_estimator",
     "l2_loss",
     "run_benchmark",
-    "run_config",
     "zoo_model",
 ]

@@ -1,5 +1,5 @@
-"""What a ``BenchConfig`` means on this machine: data set, model shape, device, step counts,
-and which ``input_fn`` (a kind of :mod:`stoker.bench.inputs`) feeds the Estimator.
+"""What a ``BenchConfig`` means on this machine: data set, model shape, device and step counts
+(the ``input_fn`` s are :meth:`stoker.bench.plan.BenchPlan.input_fn`'s).
 
 Data:
 
@@ -26,7 +26,6 @@ Data:
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,9 +35,11 @@ from .. import resolve as rules
 from ..data.images import IMAGE_EXTENSIONS, scan_image_folder
 from ..data.images.tfrecord import expected_layouts, find_shards
 from ..data.tfrecord_index import RecordShards
-from ..distributed import torchrun_world_size
+from ..distributed import device_choice, torchrun_world_size
+from ..errors import ConfigError
 from ..models import DATASETS, DEFAULT_NUM_CLASSES, EXAMPLES_PER_EPOCH, ModelInfo, get_model_info
 from ..models.schedules import LearningRate, describe_learning_rate, learning_rate_schedule
+from ..resolve import Choice
 from .checks import gpu_indices as parse_gpu_indices
 from .config import (
     DEFAULT_LEARNING_RATE,
@@ -49,21 +50,8 @@ from .config import (
     BenchConfig,
     BenchFlagError,
 )
-from .inputs import (
-    IMAGE_FOLDER,
-    TFRECORDS,
-    CifarBinaries,
-    FirstBatchRepeated,
-    FolderImages,
-    InputFn,
-    ModelExamples,
-    SyntheticImages,
-    TFRecordImages,
-    has_class_folders,
-    image_folder_roots,
-    image_input_fn,
-)
-from .plan import image_options, resolve_plan
+from .flags import flag_error
+from .inputs import IMAGE_FOLDER, TFRECORDS, has_class_folders, image_folder_roots
 
 _CIFAR_RECORD_BYTES = 1 + 32 * 32 * 3
 _CIFAR_MARKERS = ("data_batch_1.bin", "test_batch.bin", "cifar-10-batches-bin")
@@ -138,33 +126,19 @@ class Workload:
         return [f"{self.device.type}:{i}" for i in range(self.num_devices)]  # one per replica
 
 
-def resolve_device(name: str, gpu_indices: str = "") -> torch.device:
-    """``--device``: ``auto`` picks CUDA when torch sees it; ``gpu`` is tf_cnn_benchmarks' name for ``cuda``.
+def device_name(cfg: BenchConfig) -> str:
+    """``--device`` as ``RunConfig.device`` takes it (``gpu`` is tf_cnn_benchmarks' ``cuda``)."""
+    return "cuda" if cfg.device == "gpu" else cfg.device
 
-    Replica ``LOCAL_RANK`` uses CUDA device ``LOCAL_RANK``, or entry ``LOCAL_RANK`` of ``--gpu_indices``.
-    """
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
-    if name in ("cuda", "gpu"):
-        if not torch.cuda.is_available():
-            raise BenchFlagError(("device",), f"--device={name}, but torch sees no CUDA device; use --device=cpu")
-        local_rank = int(os.environ.get("LOCAL_RANK", "0") or 0)  # torchrun: one GPU per process
-        indices = parse_gpu_indices(gpu_indices)
-        if indices:
-            if local_rank >= len(indices) or max(indices) >= torch.cuda.device_count():
-                raise BenchFlagError(
-                    ("gpu_indices",),
-                    f"--gpu_indices={gpu_indices}: replica {local_rank} needs an "
-                    f"entry, and torch sees {torch.cuda.device_count()} CUDA device(s)",
-                )
-            return torch.device("cuda", indices[local_rank])
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
-    if gpu_indices.strip():
-        raise BenchFlagError(
-            ("gpu_indices", "device"),
-            f"--gpu_indices={gpu_indices} names CUDA devices, but the device is the CPU (--device={name})",
-        )
-    return torch.device("cpu")
+
+def replica_device(cfg: BenchConfig) -> Choice[torch.device]:
+    """This replica's device by the engine's one rule (:func:`stoker.distributed.device_choice`:
+    ``auto`` is CUDA where torch sees it; replica ``LOCAL_RANK`` takes CUDA device ``LOCAL_RANK``,
+    or entry ``LOCAL_RANK`` of ``--gpu_indices``); a device torch cannot use is a flag error."""
+    try:
+        return device_choice(device_name(cfg), indices=parse_gpu_indices(cfg.gpu_indices))
+    except ConfigError as e:
+        raise flag_error(e) from None
 
 
 def guess_data_name(data_dir: str | None, model: str | None = None) -> str:
@@ -217,12 +191,18 @@ def _check_task(cfg: BenchConfig, info: ModelInfo, synthetic: bool) -> None:
 
 
 def resolve_workload(
-    cfg: BenchConfig, *, custom_model: bool = False, num_classes: int | None = None, image_size: int | None = None
+    cfg: BenchConfig,
+    device: torch.device | None = None,
+    *,
+    custom_model: bool = False,
+    num_classes: int | None = None,
+    image_size: int | None = None,
 ) -> Workload:
     """Check what needs the registry, the file system or the devices; count steps and epochs.
 
-    ``custom_model``: the caller supplies the model (tests, scripts), so ``--model`` need not be
-    registered; ``num_classes`` and ``image_size`` then describe it.
+    ``device``: this replica's (default: :func:`replica_device`'s). ``custom_model``: the caller
+    supplies the model (tests, scripts), so ``--model`` need not be registered; ``num_classes``
+    and ``image_size`` then describe it.
     """
     dataset = cfg.data_name or guess_data_name(cfg.data_dir, None if custom_model else cfg.model)
     synthetic = cfg.data_dir is None
@@ -230,7 +210,7 @@ def resolve_workload(
     if info is not None:
         image_size = image_size or info.image_size
         num_classes = num_classes or info.num_classes
-    device = resolve_device(cfg.device, cfg.gpu_indices)
+    device = replica_device(cfg).value if device is None else device
     # Under torchrun every process is one replica (the engine's strategy joins them).
     world = torchrun_world_size()
     train_examples, eval_examples, num_classes, layout = _data_on_disk(cfg, dataset, num_classes)
@@ -399,59 +379,6 @@ def _count_examples(dataset: str, data_dir: Path) -> tuple[int, int, int | None,
             f"--data_dir={data_dir}: no TFRecord shards, and not an image folder ({e}); {expected_layouts(data_dir)}",
         ) from None
     return len(train_paths), len(eval_paths), len(classes), IMAGE_FOLDER
-
-
-def make_input_fn(cfg: BenchConfig, workload: Workload, *, train: bool, repeat: bool = True) -> InputFn:
-    """The ``input_fn`` of the training (``train=True``) or evaluation data (a :mod:`stoker.bench.inputs` kind).
-
-    Training data always repeats. Evaluation data repeats when ``repeat`` (``--eval`` reads
-    ``--num_batches`` batches, which may exceed one pass, as in tf_cnn_benchmarks), else it is
-    one pass (an exact evaluation during training). Real data follows ``--distortions``
-    (training augmentation), ``--resize_method``, ``--use_datasets`` /
-    ``--datasets_num_private_threads`` (decoding workers) and ``--datasets_repeat_cached_sample``
-    (one batch read, then repeated).
-    """
-    info, seed = workload.model_info, cfg.tf_random_seed
-    if workload.synthetic and info is not None and not info.is_classifier:
-        return ModelExamples(info=info, num_classes=workload.num_classes, device=workload.device, seed=seed)
-    if workload.synthetic:
-        shape = (3, workload.image_size, workload.image_size)
-        return SyntheticImages(
-            shape=shape,
-            num_classes=workload.num_classes,
-            device=workload.device,
-            seed=seed,
-            channels_last=cfg.channels_last,
-        )
-    assert cfg.data_dir is not None
-    data_dir = Path(cfg.data_dir)
-    # A source given a number of epochs keeps a partial last batch, which the Estimator pads.
-    epochs = None if train else (1_000_000 if repeat else 1)
-    input_fn: InputFn
-    if workload.dataset == "cifar10":
-        augment = train and cfg.distortions
-        input_fn = CifarBinaries(data_dir=data_dir, train=train, seed=seed, num_epochs=epochs, augment=augment)
-    else:
-        input_fn = _image_input_fn(cfg, workload, data_dir, train=train, epochs=epochs)
-    return FirstBatchRepeated(input_fn) if cfg.datasets_repeat_cached_sample and train else input_fn
-
-
-def _image_input_fn(
-    cfg: BenchConfig, workload: Workload, data_dir: Path, *, train: bool, epochs: int | None
-) -> TFRecordImages | FolderImages:
-    """The ``input_fn`` of ImageNet-shaped JPEG data: TFRecord shards or an image folder."""
-    plan = resolve_plan(cfg, workload)  # the data workers and their kind
-    options = image_options(
-        cfg,
-        workload,
-        train=train,
-        epochs=epochs,
-        num_workers=plan.data_workers.value,
-        worker_kind=plan.worker_kind.value,
-        # the plan's decoder: auto measured once (stoker.data.images.auto_decoder), then named to every source
-        decoder=cfg.image_decoder if cfg.decode_on_device else plan.decoder.value,
-    )
-    return image_input_fn(data_dir, workload.data_layout, workload.num_classes, options)
 
 
 def prefetch_depth(cfg: BenchConfig) -> int | None:
