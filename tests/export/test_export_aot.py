@@ -146,6 +146,59 @@ def test_a_package_for_another_torch_or_device_is_refused_before_loading(resnet2
     assert load_exported(copy).kind == "program"  # the torch.export program still serves
 
 
+_CONSTRUCTOR = """
+#include <fcntl.h>
+#include <unistd.h>
+__attribute__((constructor)) static void ran(void) { int fd = creat(MARKER, 0600); if (fd >= 0) close(fd); }
+"""
+
+
+def _with_library(package, library: bytes, dst) -> list[str]:
+    """``package`` with every shared library in it replaced by ``library``, written to ``dst``."""
+    import zipfile
+
+    with zipfile.ZipFile(package) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    replaced = [n for n in members if n.endswith(".so")]
+    with zipfile.ZipFile(dst, "w", zipfile.ZIP_STORED) as z:
+        for name, data in members.items():
+            z.writestr(name, library if name in replaced else data)
+    return replaced
+
+
+def test_a_replaced_shared_library_is_refused_before_it_is_opened(resnet20_aot, tmp_path, capsys):
+    """Before issue 52 the library's constructor ran, then serve crashed with a traceback."""
+    import hashlib
+
+    from stoker.cli import main
+
+    marker = tmp_path / "constructor-ran"
+    source = tmp_path / "evil.c"
+    source.write_text(_CONSTRUCTOR)
+    subprocess.run(
+        ["g++", "-x", "c", "-shared", "-fPIC", f'-DMARKER="{marker}"', "-o", str(tmp_path / "evil.so"), str(source)],
+        check=True,
+        timeout=120,
+    )
+    copy = copy_export(resnet20_aot[1], tmp_path)
+    sig = json.loads((copy / "signature.json").read_text())
+    assert list(sig["aot"]["library_sha256"]) and all(n.endswith(".so") for n in sig["aot"]["library_sha256"])
+    assert "/" not in sig["aot"]["compiler"]  # a name, not the exporting machine's path
+    assert _with_library(resnet20_aot[1] / AOT_FILE, (tmp_path / "evil.so").read_bytes(), copy / AOT_FILE)
+    with pytest.raises(ExportError, match=r"model.aoti.pt2 is refused: its sha256 is \w+… but signature.json says"):
+        load_exported(copy, aot=True)
+    # an attacker who rewrites the package's hash too: the library's own hash still differs
+    sig["sha256"][AOT_FILE] = hashlib.sha256((copy / AOT_FILE).read_bytes()).hexdigest()
+    (copy / "signature.json").write_text(json.dumps(sig))
+    with pytest.raises(ExportError, match="its shared library is not the one exported"):
+        load_exported(copy / AOT_FILE)
+    assert main(["serve", str(copy / AOT_FILE), "--port", "0"]) == 1
+    err = capsys.readouterr().err
+    assert "shared library is not the one exported" in err and "Traceback" not in err
+    assert not marker.exists()
+    assert load_exported(copy).kind == "program"  # model.pt2 is untouched and still serves
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present: the refusal cannot be shown")
 def test_a_cuda_package_without_cuda_is_refused(resnet20_aot, tmp_path):
     copy = copy_export(resnet20_aot[1], tmp_path)

@@ -12,12 +12,18 @@ written twice: into the package's own metadata (``aot_inductor.metadata``) and i
 ``aot`` entry of ``signature.json``. The sidecar is checked *before* loading, because loading
 a package built for another device or torch may crash the process instead of raising;
 :func:`check_package` turns that into an :class:`~stoker.errors.ExportError` that says what to
-rebuild. See docs/export.md.
+rebuild.
+
+A package is code: loading it runs its library's constructors. The signature records the
+sha256 of the package and of its library (``library_sha256``); :func:`load_package` checks both
+(:mod:`stoker.export.trust`) and loads a private copy of the bytes it checked. That proves the
+package is the one exported, not that the exporter is to be trusted. See docs/export.md.
 """
 
 from __future__ import annotations
 
 import shutil
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -26,6 +32,7 @@ from typing import Any
 import torch
 
 from ..errors import ExportError
+from .trust import LIBRARY_KEY, library_hashes, vet_package
 
 AOT_FILE = "model.aoti.pt2"
 AOT_FORMAT = "stoker-aot/1"
@@ -87,7 +94,13 @@ def compile_package(program: torch.export.ExportedProgram, path: Path, device: s
             f"AOTInductor could not compile the exported program, so nothing was written (the "
             f"torch.export step worked: export without --aot for model.pt2 alone): {type(e).__name__}: {e}"
         ) from e
-    return {**info, "compiler": cxx, "compile_s": round(time.perf_counter() - start, 3)}
+    libraries = library_hashes(path.read_bytes(), path)  # checked before the library is ever opened again
+    return {
+        **info,
+        "compiler": Path(cxx).name,
+        "compile_s": round(time.perf_counter() - start, 3),
+        LIBRARY_KEY: libraries,
+    }
 
 
 def check_package(info: Mapping[str, Any], where: Path) -> None:
@@ -114,15 +127,21 @@ def check_package(info: Mapping[str, Any], where: Path) -> None:
         )
 
 
-def load_package(path: Path, info: Mapping[str, Any]) -> Callable[..., Any]:
-    """Check ``info`` (the signature's ``aot`` entry), load the package, and check its embedded metadata."""
-    check_package(info, path)
-    runner = torch._inductor.aoti_load_package(str(path))
+def load_package(data: bytes, info: Mapping[str, Any], where: Path) -> Callable[..., Any]:
+    """Check ``info`` (the signature's ``aot`` entry) and the package's bytes (its library's hash,
+    nothing but a compiled model in it), load those bytes from a private copy, and check the
+    package's embedded metadata. ``data`` must already match the signature's sha256."""
+    check_package(info, where)
+    vet_package(data, info, where)
+    with tempfile.TemporaryDirectory(prefix="stoker-aot-") as tmp:  # mode 0700: nobody swaps the bytes
+        private = Path(tmp) / AOT_FILE
+        private.write_bytes(data)
+        runner = torch._inductor.aoti_load_package(str(private))  # extracts the library, then dlopens it
     embedded = runner.get_metadata()
     for key in ("device", "torch_version"):
         if embedded.get(f"stoker_{key}") != info.get(key):
             raise ExportError(
-                f"{path}: the package says {key}={embedded.get(f'stoker_{key}')!r} but signature.json "
+                f"{where}: the package says {key}={embedded.get(f'stoker_{key}')!r} but signature.json "
                 f"says {info.get(key)!r}; the files are from different exports: export again"
             )
     return runner

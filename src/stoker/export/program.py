@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import io
 import json
 import logging
 import os
@@ -49,6 +50,7 @@ from ..engine.model_state import ModelState
 from ..errors import ConfigError, ExportError
 from ..spec import EstimatorSpec, ModeKeys
 from .aot import AOT_FILE, check_device, compile_package, load_package, require_cxx
+from .trust import SHA256_KEY, expected_hashes, file_sha256, read_verified, vet_program
 
 
 class Exportable(Protocol):
@@ -314,6 +316,7 @@ def _write_export(
             aot_info = _write_aot(traced, tmp / AOT_FILE, aot_device)
             files.append(AOT_FILE)
         signature = _signature(traced, exported, files, weights, max_diff, aot_info)
+        signature[SHA256_KEY] = {name: file_sha256(tmp / name) for name in files}
         (tmp / SIGNATURE_FILE).write_text(json.dumps(signature, indent=1) + "\n")
         _move_into_place(tmp, export_dir)
     except BaseException:
@@ -323,16 +326,28 @@ def _write_export(
 
 
 def _save_program(traced: _Traced, path: Path) -> dict[str, torch.Tensor]:
-    """Save the program at ``path`` and run it as ``torch.export.load`` reads it back; return its outputs."""
+    """Save the program at ``path`` and run it as serving reads it back; return its outputs."""
     torch.export.save(traced.program, str(path))
-    # Check what serving will see: the program as torch.export.load reads it back.
+    # Check what serving will see: the program as load_exported reads it back (vetted first, so
+    # stoker never writes an export it would refuse to load).
+    module = _load_program(path.read_bytes(), path)
     try:
         with torch.no_grad():
-            return torch.export.load(str(path)).module()(*traced.tensors)
+            return module(*traced.tensors)
     except Exception as e:  # noqa: BLE001 - a program that does not load back is not an export
         raise ExportError(
             f"the saved program does not load back with torch.export.load: {type(e).__name__}: {e}"
         ) from e
+
+
+def _load_program(data: bytes, where: Path) -> nn.Module:
+    """The module of a ``model.pt2``'s bytes, vetted (:func:`stoker.export.trust.vet_program`) and
+    then read by ``torch.export.load`` from those same bytes."""
+    vet_program(data, where)
+    try:
+        return torch.export.load(io.BytesIO(data)).module()
+    except Exception as e:  # noqa: BLE001 - torch reports damage in many ways
+        raise ExportError(f"{where} does not load with torch.export.load: {type(e).__name__}: {e}") from e
 
 
 def _signature(
@@ -373,7 +388,7 @@ def _write_aot(traced: _Traced, path: Path, device: str) -> dict[str, Any]:
     info = compile_package(program, path, device)
     try:
         with torch.no_grad():
-            got = {k: v.cpu() for k, v in load_package(path, info)(*tensors).items()}
+            got = {k: v.cpu() for k, v in load_package(path.read_bytes(), info, path)(*tensors).items()}
     except Exception as e:  # noqa: BLE001 - a package that does not load and run is not an export
         raise ExportError(f"the AOT package does not load back with aoti_load_package: {type(e).__name__}: {e}") from e
     info["max_abs_difference_from_eager"] = _max_difference(traced.eager, got)
@@ -551,6 +566,11 @@ def load_exported(export_path: str | os.PathLike[str], *, aot: bool | None = Non
     beside it). A package compiled for another device or torch version is refused with an
     ``ExportError`` before it is loaded. An fsspec URL is copied to a local temporary
     directory first (torch's loaders read local files), which is removed once it is loaded.
+
+    Nothing is loaded before every file's sha256 matches ``signature.json``; ``model.pt2`` is
+    then inspected and refused (``ExportError``) if loading it would run code from it, and an
+    AOT package's library must be the one exported (:mod:`stoker.export.trust`). An AOT package
+    is code all the same: load only packages from a source you trust.
     """
     where = storage.location(export_path)
     if isinstance(where, storage.UrlPath):
@@ -567,9 +587,14 @@ def load_exported(export_path: str | os.PathLike[str], *, aot: bool | None = Non
         raise ExportError(
             f"{path} is not a stoker export: it needs {SIGNATURE_FILE} and {PROGRAM_FILE} (run stoker export)"
         )
-    signature = json.loads(sig_path.read_text())
-    if signature.get("format") != EXPORT_FORMAT:
-        raise ExportError(f"{sig_path} has format {signature.get('format')!r}; this stoker reads {EXPORT_FORMAT!r}")
+    try:
+        signature = json.loads(sig_path.read_bytes())
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
+        raise ExportError(f"{sig_path} is not JSON: {type(e).__name__}: {e}") from None
+    if not isinstance(signature, dict) or signature.get("format") != EXPORT_FORMAT:
+        found = signature.get("format") if isinstance(signature, dict) else type(signature).__name__
+        raise ExportError(f"{sig_path} has format {found!r}; this stoker reads {EXPORT_FORMAT!r}")
+    hashes = expected_hashes(signature, path)
     if aot:
         info = signature.get("aot")
         if not isinstance(info, dict) or not (path / AOT_FILE).exists():
@@ -577,9 +602,10 @@ def load_exported(export_path: str | os.PathLike[str], *, aot: bool | None = Non
                 f"{path} holds no AOT package ({AOT_FILE}); export it with stoker export --aot "
                 "(Estimator.export(..., aot=True)), or serve model.pt2"
             )
-        return ExportedModel(path, signature, load_package(path / AOT_FILE, info), info)
-    program = torch.export.load(str(path / PROGRAM_FILE))
-    return ExportedModel(path, signature, program.module())
+        data = read_verified(path, hashes, [AOT_FILE])[AOT_FILE]  # every file checked, this one's bytes kept
+        return ExportedModel(path, signature, load_package(data, info, path / AOT_FILE), info)
+    data = read_verified(path, hashes, [PROGRAM_FILE])[PROGRAM_FILE]
+    return ExportedModel(path, signature, _load_program(data, path / PROGRAM_FILE))
 
 
 __all__ = [
