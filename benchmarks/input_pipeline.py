@@ -53,6 +53,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image
 
 from stoker.data import ImageOptions, ReadOptions, example_uniforms, image_folder
 from stoker.data.images import (
@@ -60,13 +61,13 @@ from stoker.data.images import (
     IMAGENET_STD,
     TRAIN_DRAWS,
     ImagePreprocessor,
-    augment_image,
-    decode_rgb,
+    center_crop_box,
     flip_of,
     random_resized_crop_box,
     sample_distorted_box,
     scan_image_folder,
 )
+from stoker.data.images.crops import INCEPTION_FLIP_INDEX
 from stoker.data.images.decoders import available_decoders, decode_crop_resize, get_decoder
 
 REAL_BATCH = 32
@@ -76,10 +77,33 @@ BATCH = 64
 IMAGE_SIZE = 56
 
 
+def decode_rgb(path: str) -> Image.Image:
+    """The file decoded to RGB by Pillow, as a plain PyTorch pipeline decodes it."""
+    with Image.open(path) as im:
+        im.load()
+        return im if im.mode == "RGB" else im.convert("RGB")
+
+
+def augment_image(im: Image.Image, image_size: int, u: np.ndarray | None) -> np.ndarray:
+    """The Pillow reference transform: ``image_size`` square uint8 HWC, torchvision's random-resized
+    crop and flip from the example's uniforms ``u`` (the evaluation centre crop when ``None``),
+    bilinear: what the image sources compute, done the slow, obvious way."""
+    width, height = im.size
+    if u is None:
+        box: tuple[float, float, float, float] = center_crop_box(
+            width, height, image_size, int(round(image_size / 0.875))
+        )
+    else:
+        left, top, w, h = random_resized_crop_box(width, height, u)
+        box = (left, top, left + w, top + h)
+    arr = np.asarray(im.resize((image_size, image_size), Image.Resampling.BILINEAR, box=box))
+    if u is not None and u[INCEPTION_FLIP_INDEX] < 0.5:
+        arr = arr[:, ::-1]
+    return arr
+
+
 def make_tree(root: Path, classes: int = 10, per_class: int = 200, size: int = 64, seed: int = 0) -> Path:
     """Random JPEGs, written once (a marker file says the tree is complete)."""
-    from PIL import Image
-
     marker = root / f".complete-{classes}x{per_class}x{size}-{seed}"
     if marker.exists():
         return root
@@ -118,8 +142,6 @@ class PlainDataset(torch.utils.data.Dataset):
 def make_imagenet_like(root: Path, count: int = 1280, classes: int = 10, seed: int = 0) -> Path:
     """``count`` ImageNet-shaped JPEGs (500x375, quality 90: smooth content plus mild noise, which
     compresses like a photo), written once (a marker file says the tree is complete)."""
-    from PIL import Image
-
     marker = root / f".complete-{count}x{classes}-{seed}"
     if marker.exists():
         return root

@@ -61,7 +61,12 @@ SECTIONS = [
     ("stoker plot", ["plot"], "[seeing a run](seeing_a_run.md)", False),
     ("stoker checkpoint", ["checkpoint"], "[checkpoints](checkpoints.md)", False),
     ("stoker checkpoint consolidate", ["checkpoint", "consolidate"], "", False),
-    ("stoker checkpoint list", ["checkpoint", "list"], "[checkpoints](checkpoints.md#stoker-checkpoint-list-verify-repair)", False),
+    (
+        "stoker checkpoint list",
+        ["checkpoint", "list"],
+        "[checkpoints](checkpoints.md#stoker-checkpoint-list-verify-repair)",
+        False,
+    ),
     ("stoker checkpoint verify", ["checkpoint", "verify"], "", False),
     ("stoker checkpoint repair", ["checkpoint", "repair"], "", False),
     ("stoker info", ["info"], "", False),

@@ -17,7 +17,6 @@
 - :mod:`.color`: tf_cnn_benchmarks' colour distortions (parameters per example, the batch op);
 - :mod:`.tf_reference`: TensorFlow's colour ops one by one in numpy, the reference the tests
   hold the batch op to;
-- :mod:`.pillow`: the Pillow reference transform (:func:`decode_rgb`, :func:`augment_image`);
 - :mod:`.decoders`: the CPU decoders (Pillow, simplejpeg, the window decoder), DCT scaling and
   the resize; :mod:`.auto_decoder`: ``decoder="auto"``'s timing; :mod:`.jpeg_crop`: libjpeg's
   window decode, a small C function built on first use (:mod:`stoker.data.native`);
@@ -56,7 +55,6 @@ from .examples import EncodedExample, ExampleDecoder
 from .folder import IMAGE_EXTENSIONS, ImageFolderSource, image_folder, scan_image_folder
 from .normalize import IMAGENET_MEAN, IMAGENET_STD, TF_CNN_MEAN, TF_CNN_STD, ImagePreprocessor, normalize_images
 from .options import CROPS, OUTPUTS, ImageOptions
-from .pillow import RESIZE_FILTERS, augment_image, decode_rgb
 from .source import EncodedImageSource
 from .tfrecord import TFRecordImageSource, imagenet_tfrecords, write_imagenet_tfrecords
 
@@ -67,7 +65,6 @@ __all__ = [
     "IMAGENET_STD",
     "IMAGE_EXTENSIONS",
     "OUTPUTS",
-    "RESIZE_FILTERS",
     "RESIZE_METHODS",
     "TF_CNN_MEAN",
     "TF_CNN_STD",
@@ -79,10 +76,8 @@ __all__ = [
     "ImageOptions",
     "ImagePreprocessor",
     "TFRecordImageSource",
-    "augment_image",
     "center_crop_box",
     "color_params",
-    "decode_rgb",
     "distort_color_batch",
     "eval_crop_box",
     "eval_resize_shape",
