@@ -24,7 +24,7 @@ from stoker.summary.writer import read_metrics_csv
 class Boundaries(Hook):
     """Records every loop boundary and every checkpoint written (called after every loop)."""
 
-    priority = 99
+    phase = "signals"  # after every built-in hook
 
     def __init__(self) -> None:
         self.steps: list[int] = []

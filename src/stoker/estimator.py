@@ -376,7 +376,7 @@ class EvaluationHook(Hook):
     and resumed runs see the same evaluations as an uninterrupted one.
     """
 
-    priority = 35  # after the checkpoint saver, so the evaluation is recorded on its checkpoint
+    phase = "evaluation"  # after the checkpoint saver, so the evaluation is recorded on its checkpoint
     makes_evaluations = True
 
     def __init__(self, estimator: Estimator, input_fn: InputFn, every_n_steps: int, steps: int | None = None) -> None:

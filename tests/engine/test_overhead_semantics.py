@@ -34,7 +34,7 @@ KILLED_RUN = textwrap.dedent(
     from helpers.tiny import make_data, make_estimator, train_input
 
     class KillAt(Hook):
-        priority = 99  # after every built-in hook of the loop boundary
+        phase = "signals"  # after every built-in hook of the loop boundary
         def after_loop(self, run, result):
             if run.global_step == {kill_at}:
                 os.kill(os.getpid(), signal.SIGKILL)  # no handler, no cleanup

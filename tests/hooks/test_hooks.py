@@ -69,7 +69,7 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_pat
 
 
 class Capture(Hook):
-    priority = 99
+    phase = "signals"  # after every built-in hook
 
     def __init__(self) -> None:
         self.logs: list[dict] = []
@@ -126,7 +126,7 @@ def test_progress_bar_follows_steps(capsys):
     updates = []
 
     class Spy(Hook):
-        priority = 99
+        phase = "signals"  # after every built-in hook
 
         def after_loop(self, run, result):  # noqa: ANN001
             updates.append(bar._bar.n)
@@ -218,7 +218,7 @@ def test_a_hook_you_pass_replaces_the_default_of_its_class():
     seen = []
 
     class Spy(Hook):
-        priority = 99
+        phase = "signals"  # after every built-in hook
 
         def after_setup(self, run):  # noqa: ANN001
             seen.extend(type(h).__name__ for h in runner_hooks)

@@ -95,7 +95,7 @@ def test_the_default_still_stops_and_rollback_needs_a_checkpoint(tmp_path):
 
 
 class SaveBeforeTheGuard(Hook):
-    priority = 5  # before NanLossHook (10): it checkpoints the step the guard then finds bad
+    phase = "timing"  # the first phase, before NanLossHook's: it checkpoints the step the guard then finds bad
 
     def after_loop(self, run, result):  # noqa: ANN001
         run.save_checkpoint()

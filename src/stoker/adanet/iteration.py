@@ -421,7 +421,7 @@ def _restore_order(order: list[int], first: int, device: torch.device) -> torch.
 class DivergedCandidateHook(Hook):
     """Before checkpoints are written, clean the weights of candidates whose loss went NaN."""
 
-    priority = 25  # after the NaN check (10), before the checkpoint saver (30)
+    phase = "state"  # after the NaN check, before anything saves
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
         self._clean(run)

@@ -32,7 +32,7 @@ class BenchSummaries(Hook):
     of every weight; 3: also of every gradient (of the step written, as the optimizer applies it).
     """
 
-    priority = 46  # after the step timer and the evaluations, as the engine's SummaryHook
+    phase = "reporting"  # after the step timer and the evaluations, as the engine's SummaryHook
 
     def __init__(self, log_dir: str | os.PathLike[str], *, verbosity: int, every_n_steps: int, loss_tag: str) -> None:
         self.log_dir = Path(log_dir)

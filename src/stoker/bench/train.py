@@ -75,11 +75,11 @@ LogFn = Callable[[str], None]
 class StepTimer(Hook):
     """Collects each loop's per-step time, loss and accuracy; prints progress lines.
 
-    Runs first among the hooks (``priority`` 1), so the end time of the timed steps is taken
+    Runs first among the hooks (phase ``timing``), so the end time of the timed steps is taken
     before any other hook's work at the last loop boundary.
     """
 
-    priority = 1
+    phase = "timing"
 
     def __init__(
         self,
@@ -144,7 +144,7 @@ class WarmUpEnd(Hook):
     ``at_step``), or at :meth:`finish` if that comes first. Warm-up and timed steps run in one
     ``train`` call, so the harness prints its "Done warm up" lines from here."""
 
-    priority = 0  # before the timer: the lines come before the first timed loop's
+    phase = "timing"  # with the timer (which times nothing at the boundary where this acts)
 
     def __init__(self, at_step: int, on_end: Callable[[], None]) -> None:
         self.due_step = at_step
@@ -167,7 +167,7 @@ class EvalDuringTraining(Hook):
     the run from step 0, so a run resumed from ``--train_dir`` evaluates at the same global steps;
     loops end there (``scheduled_after``)."""
 
-    priority = 35  # after the timer and the checkpoint saver
+    phase = "evaluation"  # after the timer and the checkpoint saver
 
     def __init__(
         self,

@@ -67,8 +67,8 @@ def default_hooks(loop: LoopConfig, checkpointing: CheckpointConfig) -> list[Hoo
         steps = checkpointing.save_checkpoints_steps
         save_secs = None if steps else checkpointing.save_checkpoints_secs
         hooks.append(CheckpointSaverHook(save_steps=steps, save_secs=save_secs))
-        hooks.append(PreemptionHook())
         hooks.append(StopFileHook())  # early_stop.json: a watching evaluator's EarlyStopping
+        hooks.append(PreemptionHook())
         if loop.summaries:
             hooks.append(SummaryHook(loop.log_every_n_steps or 100))
     return hooks
@@ -121,8 +121,8 @@ class TrainingRun:
         if state.checkpoints is not None and self.strategy.is_chief:
             state.checkpoints.clear_finished()  # training goes on: a watching evaluator must not stop
         hooks = list(self.hooks)
-        if steps is not None or max_steps is not None:
-            hooks.append(StopAtStepHook(num_steps=steps, last_step=max_steps))
+        if steps is not None or max_steps is not None:  # first of its phase: run.max_steps is final for the others
+            hooks.insert(0, StopAtStepHook(num_steps=steps, last_step=max_steps))
         self._max_steps, self._finished_saved = max_steps, False
         while True:
             try:

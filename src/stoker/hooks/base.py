@@ -11,6 +11,12 @@ counted from step 0, never from where a process started: a run resumed at any st
 stop, meets its hooks' actions at the very steps an uninterrupted run does. A stop from outside
 (a signal: ``run.interrupt``) may end a loop at any step; hooks tell it from a planned end by
 ``run.interrupted`` and do nothing there that an uninterrupted run would not do.
+
+**Hooks run by named phases** (:data:`PHASES`), not numbers: at every event, the hooks of one
+phase run before those of the next. The order says what each hook may rely on: the NaN guard
+before anything saves, the values of a checkpoint taken before it is written, the evaluation
+written on its own checkpoint, decisions after the evaluation they act on, a signal's stop
+last. Within a phase stoker's own hooks come first, then the others; each in the order given.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import math
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast, get_args
 
 from ..errors import ConfigError, UserCodeError
 
@@ -31,6 +37,34 @@ if TYPE_CHECKING:
     from ..storage import Location
 
 log = logging.getLogger("stoker")
+
+Phase = Literal[
+    "timing",
+    "state",
+    "measurement",
+    "recording",
+    "saving",
+    "evaluation",
+    "decisions",
+    "reporting",
+    "display",
+    "signals",
+]
+#: The phases of a loop boundary, in the order their hooks run (docs/hooks.md has the table):
+#:
+#: - ``timing``: the loop's own time is read before any other hook works (the bench's step timer);
+#: - ``state``: the run's stop step and a sound state before anything reads or saves it
+#:   (``StopAtStepHook``, ``NanLossHook``);
+#: - ``measurement``: rates for the hooks after it (``StepCounterHook`` fills ``run.logs``);
+#: - ``recording``: what the checkpoint of the boundary must hold (checks of training values,
+#:   the trackers' points);
+#: - ``saving``: ``CheckpointSaverHook``;
+#: - ``evaluation``: ``EvaluationHook``, on the checkpoint just written;
+#: - ``decisions``: what acts on that evaluation (early stopping, LR on plateau, pruning);
+#: - ``reporting``: log lines and summaries; a hook's phase unless it says another;
+#: - ``display``: the progress bar and the profiler;
+#: - ``signals``: stops from outside the run (a signal, a watching evaluator's stop file), last.
+PHASES: tuple[Phase, ...] = get_args(Phase)
 
 
 @dataclass(slots=True)
@@ -167,8 +201,12 @@ class Hook:
 
     ``scheduled_after``: a hook that acts at fixed global steps (every N steps) says which, and
     loops end there, so it acts at exactly those steps, in a resumed run too.
+
+    ``phase``: where the hook runs among the others at every event (:data:`PHASES`);
+    ``"reporting"`` unless it says another.
     """
 
+    phase: Phase = "reporting"
     due_step: int | None = None
     needs_evaluations: bool = False
     makes_evaluations: bool = False
@@ -489,5 +527,12 @@ def check_evaluations(hooks: Sequence[Hook]) -> None:
 
 
 def sorted_hooks(hooks: Sequence[Hook]) -> list[Hook]:
-    """Hooks ordered by their ``priority`` attribute (lower first), stable otherwise."""
-    return sorted(hooks, key=lambda h: getattr(h, "priority", 50))
+    """``hooks`` in the order they run: by ``phase`` (:data:`PHASES`), within a phase stoker's
+    own hooks before the others, each in the order given. A ``ConfigError`` for an unknown phase."""
+    rank = {phase: i for i, phase in enumerate(PHASES)}
+    for h in hooks:
+        if getattr(h, "phase", None) not in rank:
+            raise ConfigError(
+                f"hooks: {type(h).__name__}.phase must be one of {', '.join(PHASES)}; got {getattr(h, 'phase', None)!r}"
+            )
+    return sorted(hooks, key=lambda h: (rank[h.phase], not type(h).__module__.startswith("stoker.")))

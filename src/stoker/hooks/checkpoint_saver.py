@@ -16,7 +16,7 @@ class CheckpointSaverHook(Hook):
     """Save every ``save_steps`` steps (on their multiples: loops end there) or ``save_secs``
     seconds (at loop boundaries), and at the end."""
 
-    priority = 30
+    phase = "saving"
 
     def __init__(self, save_steps: int | None = None, save_secs: float | None = None) -> None:
         if (save_steps is None) == (save_secs is None):

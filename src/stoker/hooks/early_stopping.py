@@ -30,8 +30,7 @@ from .. import storage
 from ..errors import ConfigError, StorageError
 from .base import Hook, LoopResult, RunContext
 from .monitor import (
-    EVAL_PRIORITY,
-    TRAIN_PRIORITY,
+    PHASE_OF_SOURCE,
     Monitor,
     check_monitor,
     check_number,
@@ -74,7 +73,7 @@ class EarlyStopping(Hook):
     ``reason``.
     """
 
-    priority = EVAL_PRIORITY
+    phase = PHASE_OF_SOURCE["eval"]
 
     def __init__(
         self,
@@ -110,7 +109,7 @@ class EarlyStopping(Hook):
                 f"{owner}: stopping_threshold must be better than divergence_threshold (mode={self.watch.mode!r}); "
                 f"got {self.stopping_threshold:g} and {self.divergence_threshold:g}"
             )
-        self.priority = TRAIN_PRIORITY if source == "train" else EVAL_PRIORITY
+        self.phase = PHASE_OF_SOURCE[self.watch.source]
         self.needs_evaluations = source == "eval"
         self.best: float | None = None
         self.best_step: int | None = None
@@ -376,7 +375,8 @@ class StopFileHook(Hook):
     it writes, which is its final checkpoint.
     """
 
-    priority = 38
+    # Stops from outside the run, read after EarlyStopping has withdrawn a stop that no longer holds.
+    phase = "signals"
 
     def after_setup(self, run: RunContext) -> None:
         if run.model_dir is None:

@@ -19,7 +19,7 @@ class LoggingHook(IntervalHook):
     Transformer-XL seed logs them. Throughput comes from a ``StepCounterHook`` if one runs.
     """
 
-    priority = 40
+    phase = "reporting"  # after the step counter, whose rates it shows
 
     def __init__(
         self,

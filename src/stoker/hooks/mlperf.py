@@ -227,7 +227,9 @@ class MLPerfLogHook(Hook):
         csv_path: default ``model_dir/eval_results.csv``.
     """
 
-    priority = 36  # after the checkpoint saver (30) and EvaluationHook (35), before logging
+    # After the checkpoint saver and EvaluationHook (its run_stop comes after the final evaluation),
+    # before logging; its own evaluations (estimator=) act like decisions: a target stops training.
+    phase = "decisions"
 
     def __init__(
         self,

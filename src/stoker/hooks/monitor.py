@@ -22,17 +22,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import ConfigError
-from .base import LoopResult, RunContext, every_n_steps_due, next_due_step
+from .base import LoopResult, Phase, RunContext, every_n_steps_due, next_due_step
 
 log = logging.getLogger("stoker")
 
 MODES = ("auto", "min", "max")
 SOURCES = ("eval", "train")
 
-# Before the checkpoint saver (30): the checkpoint of a check's step holds that check's outcome.
-TRAIN_PRIORITY = 25
-# After EvaluationHook (35), whose results are read at the same boundary.
-EVAL_PRIORITY = 37
+#: The phase of a hook watching each source: a training value's check before the checkpoint saver
+#: (the checkpoint of a check's step holds that check's outcome), an evaluation's after the
+#: evaluation it acts on.
+PHASE_OF_SOURCE: dict[str, Phase] = {"train": "recording", "eval": "decisions"}
 
 # Words (between non-letters) that say which way a metric should go. "loss" and "error" may end
 # a longer word (logloss, nllloss); a name with both kinds (top1_error) is an error: minimised.
@@ -239,10 +239,9 @@ class Monitor:
 
 __all__ = [
     "AUTO_RULE",
-    "EVAL_PRIORITY",
     "MODES",
+    "PHASE_OF_SOURCE",
     "SOURCES",
-    "TRAIN_PRIORITY",
     "Monitor",
     "check_monitor",
     "check_number",

@@ -58,7 +58,7 @@ class NanLossHook(Hook):
     after an error or before a rollback, so the newest checkpoint on disk is the last good one.
     """
 
-    priority = 10
+    phase = "state"  # before anything saves: the newest checkpoint stays the last good one
 
     def __init__(
         self,

@@ -27,7 +27,7 @@ class OptunaPruning(Hook):
     a pruned run rerun raises ``TrialPruned`` at once.
     """
 
-    priority = 37  # after EvaluationHook (35), whose results it reads at the same boundary
+    phase = "decisions"  # after the evaluation it reports
     needs_evaluations = True
 
     def __init__(self, trial: Any, monitor: str) -> None:

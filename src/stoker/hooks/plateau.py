@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from .base import Hook, LoopResult, RunContext
-from .monitor import EVAL_PRIORITY, TRAIN_PRIORITY, Monitor, check_positive_int
+from .monitor import PHASE_OF_SOURCE, Monitor, check_positive_int
 
 log = logging.getLogger("stoker")
 
@@ -45,7 +45,7 @@ class ReduceLROnPlateau(Hook):
     with it; a schedule that sets the rate from the step alone (LambdaLR, OneCycleLR) overwrites it.
     """
 
-    priority = EVAL_PRIORITY
+    phase = PHASE_OF_SOURCE["eval"]
 
     def __init__(
         self,
@@ -72,7 +72,7 @@ class ReduceLROnPlateau(Hook):
         self.patience = check_positive_int(owner, "patience", patience, minimum=0)
         self.cooldown = check_positive_int(owner, "cooldown", cooldown, minimum=0)
         self.min_lr, self.threshold, self.threshold_mode, self.eps = min_lr, threshold, threshold_mode, eps
-        self.priority = TRAIN_PRIORITY if source == "train" else EVAL_PRIORITY
+        self.phase = PHASE_OF_SOURCE[self.watch.source]
         self.needs_evaluations = source == "eval"
         self.best = math.inf if self.mode == "min" else -math.inf
         self.num_bad = 0

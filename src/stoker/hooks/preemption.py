@@ -31,7 +31,7 @@ class PreemptionHook(Hook):
     once, and the rerun resumes from the newest complete checkpoint, as after a kill -9.
     """
 
-    priority = 90
+    phase = "signals"  # last: every other hook has acted on the step its checkpoint is of
 
     def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT), exit_process: bool = True) -> None:
         self.signals = signals

@@ -23,7 +23,7 @@ class ProfilerHook(Hook):
     Perfetto.
     """
 
-    priority = 70
+    phase = "display"
 
     def __init__(
         self, start_step: int = 10, num_steps: int = 10, trace_file: str | os.PathLike[str] | None = None

@@ -11,7 +11,7 @@ from .base import Hook, LoopResult, RunContext
 class ProgressBarHook(Hook):
     """A progress bar over ``max_steps`` updated once per loop; off when stderr is not a TTY."""
 
-    priority = 60
+    phase = "display"
 
     def __init__(self, force: bool = False) -> None:
         self.force = force

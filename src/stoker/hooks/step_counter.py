@@ -18,7 +18,7 @@ class StepCounterHook(IntervalHook):
     pipeline keeps up, near 1 means the run is input-bound.
     """
 
-    priority = 20
+    phase = "measurement"  # its rates in run.logs are read by the hooks after it
 
     def __init__(self, every_n_steps: int = 100) -> None:
         super().__init__(every_n_steps)

@@ -12,7 +12,7 @@ class StopAtStepHook(Hook):
     The device loop is shortened so the run stops exactly at that step.
     """
 
-    priority = 5
+    phase = "state"
 
     def __init__(self, num_steps: int | None = None, last_step: int | None = None) -> None:
         if (num_steps is None) == (last_step is None):

@@ -18,7 +18,7 @@ class SummaryHook(IntervalHook):
     ``metrics.csv`` with one ``step,wall_time,tag,value`` row per value. Only the chief writes.
     """
 
-    priority = 45
+    phase = "reporting"  # after the evaluations and the step counter, whose values it writes
 
     def __init__(self, every_n_steps: int = 100, output_dir: str | None = None, tensorboard: bool = True) -> None:
         super().__init__(every_n_steps)

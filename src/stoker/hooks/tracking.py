@@ -77,10 +77,10 @@ def flat_params(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
 class TrackerHook(Hook):
     """Logs a training run to an experiment tracker; subclasses say which (:meth:`_open`)."""
 
-    # Before the checkpoint saver (30): the points of a boundary are taken before its checkpoint
-    # is written, so they are in it. The end of training is logged in close(), after every
-    # hook's end (the final checkpoint, the final evaluation).
-    priority = 25
+    # Before the checkpoint saver: the points of a boundary are taken before its checkpoint is
+    # written, so they are in it. The end of training is logged in close(), after every hook's
+    # end (the final checkpoint, the final evaluation).
+    phase = "recording"
 
     def __init__(self, every_n_steps: int | None = None, log_checkpoints: bool = True) -> None:
         self.every_n_steps = every_n_steps

@@ -19,7 +19,7 @@ class Throughput(Hook):
     """Examples/sec of the training loops after the first, and MFU where ``flops_per_example``
     (training FLOPs of one example: forward and backward) is given."""
 
-    priority = 1  # first at a loop boundary: nothing else's work is timed (the loop's time is its own)
+    phase = "timing"  # first at a loop boundary: nothing else's work is timed (the loop's time is its own)
 
     def __init__(self, flops_per_example: float | None = None) -> None:
         self.flops_per_example = flops_per_example

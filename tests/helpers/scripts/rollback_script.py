@@ -19,11 +19,11 @@ from stoker.hooks import Hook, LoopResult, NanLossHook, RunContext  # noqa: E402
 
 class KillAfterRollback(Hook):
     """SIGKILL this process at the first loop boundary at or past ``step`` after a rollback:
-    before the checkpoint of that boundary is written (priority 20) or after it (99)."""
+    before the checkpoint of that boundary is written (phase "recording") or after it ("signals")."""
 
     def __init__(self, step: int, after_save: bool) -> None:
         self.step = step
-        self.priority = 99 if after_save else 20
+        self.phase = "signals" if after_save else "recording"
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
         if run.rollbacks and run.global_step >= self.step:
