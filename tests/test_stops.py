@@ -133,6 +133,64 @@ def test_the_first_signal_hands_every_signal_back_to_the_previous_handlers(tmp_p
     assert est.global_step == 4 and got == [signal.SIGINT]
 
 
+@pytest.mark.parametrize("step", [11, 14, 17], ids=["rolled-back-to-8", "rolled-back-to-12", "after-both"])
+def test_a_signal_around_a_nan_rollback_ends_as_the_uninterrupted_run(tmp_path, step):
+    """NanLossHook(on_nan="rollback") over a stream with poisoned batches (helpers/rollback.py):
+    a SIGTERM in a loop whose NaN rolls it back stops the run at the checkpoint restored (the
+    signal is not lost with the loop); one in a loop without a NaN stops at its end. Rerun, both
+    end bitwise as the uninterrupted run."""
+    from helpers.rollback import make, poisoned_data
+    from helpers.rollback import train_input as poisoned_input
+    from stoker.hooks import NanLossHook
+
+    x, y = poisoned_data()
+    make(tmp_path / "ref").train(poisoned_input(x, y), max_steps=20, hooks=[NanLossHook(on_nan="rollback")])
+    undo = install(Stop("sigterm", step))
+    try:
+        est = make(tmp_path / "run")
+        hooks = [NanLossHook(on_nan="rollback"), PreemptionHook(exit_process=False)]
+        est.train(poisoned_input(x, y), max_steps=20, hooks=hooks)
+    finally:
+        undo()
+    assert est.interrupted and est.global_step == {11: 8, 14: 12, 17: 17}[step]  # NaN at 10 and 13
+    make(tmp_path / "run").train(poisoned_input(x, y), max_steps=20, hooks=[NanLossHook(on_nan="rollback")])
+    assert ending(tmp_path / "run") == ending(tmp_path / "ref")
+
+
+def test_optuna_pruning_stopped_mid_interval_reports_and_prunes_as_the_uninterrupted_trial(tmp_path):
+    optuna = pytest.importorskip("optuna")
+    x, y = make_data(48)
+    ex, ey = make_data(32, seed=1)
+
+    def train_and_evaluate(model_dir: Path, trial: object, hooks: list[Hook]) -> stoker.Estimator:
+        est = make_estimator(model_dir, iterations_per_loop=4)
+        pruning = stoker.hooks.OptunaPruning(trial, "accuracy")
+        est.train_and_evaluate(
+            train_input(x, y), eval_input(ex, ey), max_steps=40, eval_every_n_steps=5, hooks=[pruning, *hooks]
+        )
+        return est
+
+    def trial() -> object:  # prunes once accuracy is below 0.6 after step 12
+        study = optuna.create_study(pruner=optuna.pruners.ThresholdPruner(lower=0.6, n_warmup_steps=12))
+        return study.ask()
+
+    reference = trial()
+    with pytest.raises(optuna.TrialPruned, match="pruned at step 15"):
+        train_and_evaluate(tmp_path / "ref", reference, [])
+    stopped = trial()
+    undo = install(Stop("sigterm", 7))
+    try:
+        est = train_and_evaluate(tmp_path / "run", stopped, [PreemptionHook(exit_process=False)])
+    finally:
+        undo()
+    assert est.global_step == 7 and est.interrupted
+    with pytest.raises(optuna.TrialPruned, match="pruned at step 15"):
+        train_and_evaluate(tmp_path / "run", stopped, [])
+    values = [t.storage.get_trial(t._trial_id).intermediate_values for t in (reference, stopped)]  # type: ignore[attr-defined]
+    assert values[0] == values[1] and sorted(values[0]) == [5, 10, 15]
+    assert ending(tmp_path / "run") == ending(tmp_path / "ref")
+
+
 # ------------------------------------------------------------------ real processes (item 1)
 CALLBACKS = Job(
     argv=(
@@ -199,6 +257,30 @@ def test_a_stop_mid_interval_with_every_callback_ends_as_the_uninterrupted_run(
         assert [s for s, _ in got[key]] == [s for s, _ in history[key]], key
 
 
+@pytest.mark.slow
+def test_two_replicas_one_signalled_mid_interval_end_as_the_uninterrupted_run(tmp_path, monkeypatch):
+    """SIGTERM to replica 1 only, during step 16 (a loop end no evaluation, checkpoint or log
+    line falls on): the replicas agree there, both checkpoint step 16 and exit 143; rerun, the
+    two-replica run ends bitwise as the uninterrupted one, MLflow's history (from the chief)
+    each step once."""
+    pytest.importorskip("mlflow")
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    uris = {name: (tmp_path / f"{name}-mlruns").as_uri() for name in ("ref", "run")}
+    jobs = {name: Job(CALLBACKS.argv + ("--mlflow", uri), processes=2, env=CALLBACKS.env) for name, uri in uris.items()}
+    reference = jobs["ref"].start(tmp_path / "ref")
+    outs = jobs["run"].run_stopped(tmp_path / "run", Stop("sigterm", 16, rank=1))
+    assert all("SIGTERM at step 16: checkpoint" in err for _, _, err in outs), [err[-1500:] for _, _, err in outs]
+    assert evaluated_steps(tmp_path / "run") == [5, 10, 15]
+    jobs["run"].run_ok(tmp_path / "run")
+    for p in reference:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err[-3000:]
+    assert ending(tmp_path / "run") == ending(tmp_path / "ref")
+    got, want = mlflow_history(uris["run"]), mlflow_history(uris["ref"])
+    for key in ("loss", "learning_rate", "eval/loss", "eval/accuracy"):
+        assert got[key] == want[key], key
+
+
 def test_a_second_signal_inside_the_stop_checkpoint_ends_the_process_at_once(tmp_path):
     """A second SIGTERM, sent inside the write of the first one's checkpoint, goes to the default
     handler: the process ends by it at once; the rerun resumes from the newest complete
@@ -242,3 +324,44 @@ def test_bench_train_dir_stopped_mid_interval_ends_as_the_uninterrupted_run(tmp_
     assert [int(s) for s in EVALUATION.findall(out + rest)] == [18, 28, 38, 48]
     assert ending(tmp_path / "run") == ending(tmp_path / "ref")
     assert ending(tmp_path / "ref").latest == "ckpt-48"
+
+
+# ------------------------------------------------------------------ AdaNet
+ADANET = Job(argv=(PYTHON, str(SCRIPTS / "adanet_script.py")))
+
+
+def adanet_outcome(model_dir: Path) -> tuple[bytes, list[str]]:
+    """The final ensemble's weights (3 iterations of 24 steps) and every architecture file."""
+    weights = (model_dir / "final" / "ckpt-72" / "model.safetensors").read_bytes()
+    return weights, [p.read_text() for p in sorted(model_dir.glob("architecture-*.json"))]
+
+
+@pytest.mark.slow
+def test_adanet_stopped_inside_an_iteration_ends_as_the_uninterrupted_search(tmp_path):
+    reference = ADANET.start(tmp_path / "ref")
+    ((_, _, err),) = ADANET.run_stopped(tmp_path / "run", Stop("sigterm", 30))  # iteration 1: steps 24-48
+    assert "SIGTERM at step 30: checkpoint" in err
+    assert not (tmp_path / "run" / "architecture-1.json").exists()
+    ADANET.run_ok(tmp_path / "run")
+    reference[0].communicate(timeout=300)
+    assert reference[0].returncode == 0
+    assert adanet_outcome(tmp_path / "run") == adanet_outcome(tmp_path / "ref")
+
+
+def test_adanet_stopped_by_a_signal_in_a_process_that_goes_on_does_not_end_the_iteration(tmp_path):
+    """With PreemptionHook(exit_process=False) the search returns at the stop, its iteration
+    not chosen (a stop is not the data's end), and a later train continues it."""
+    from helpers.adanet import make_data, make_search
+    from helpers.adanet import train_input as adanet_input
+
+    x, y = make_data()
+    undo = install(Stop("sigint", 30))
+    try:
+        est = make_search(tmp_path, iterations=2)
+        est.train(adanet_input(x, y), hooks=[PreemptionHook(exit_process=False)])
+    finally:
+        undo()
+    assert est.iteration_number == 1 and not (tmp_path / "architecture-1.json").exists()
+    again = make_search(tmp_path, iterations=2)
+    again.train(adanet_input(x, y))
+    assert again.architecture().global_step == 48

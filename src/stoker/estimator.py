@@ -118,6 +118,9 @@ class Estimator:
             warm_start_from=warm_start_from,
         )
         self._evaluation = EvaluationRun(self.state, self.inputs, self._model_fn, config=cfg.eval_config)
+        #: Whether the last ``train`` stopped because of a signal (``PreemptionHook`` with
+        #: ``exit_process=False``; with the default the process exits): a rerun continues it.
+        self.interrupted = False
         self.choices: dict[str, Choice[Any]] = _record_choices(cfg, self.strategy, self.state)
         _ensure_log_handler(self.strategy.is_chief)
 
@@ -227,7 +230,9 @@ class Estimator:
         training = TrainingRun(
             self.state, self.inputs, self._model_fn, hook_list, loop=self.config.loop_config, hook_config=self.config
         )
+        self.interrupted = False
         training.run(input_fn, steps, max_steps)
+        self.interrupted = training.interrupted
         return self
 
     def evaluate(

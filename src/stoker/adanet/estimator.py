@@ -322,6 +322,8 @@ class Estimator:
                 est.global_step = start  # the global step runs on across iterations, as in the original
             log.info("adanet: iteration %d, steps %d..%d", t, start, end)
             est.train(input_fn, max_steps=target, hooks=[*hooks, DivergedCandidateHook()])
+            if est.interrupted:
+                break  # a signal (the process goes on): the iteration is not over, a later train continues it
             reached = est.global_step
             if reached < end and max_steps is not None and reached >= max_steps:
                 break  # stopped by max_steps in the middle of the iteration; a later train continues it

@@ -6,7 +6,8 @@ hook or the data asks to stop. Whatever happens, the state a later ``train`` res
 handed back to the ``ModelState``: global step, carried cache, input position, hook states.
 A rollback (``NanLossHook(on_nan="rollback")`` raises ``RollbackRequest``) ends the attempt
 like an error, restores the newest checkpoint as a resume would, records the bad step's input
-batches in the input position and starts the next attempt with the same hooks.
+batches in the input position and starts the next attempt with the same hooks; a signal the
+undone loop had received stops that attempt at once, at the restored checkpoint.
 """
 
 from __future__ import annotations
@@ -109,6 +110,8 @@ class TrainingRun:
         self.hooks = list(hooks)
         self._max_steps: int | None = None
         self._finished_saved = False  # the final checkpoint's commit wrote finished.json
+        #: Whether the last ``run`` stopped because it was interrupted (a signal), not at its end.
+        self.interrupted = False
 
     def run(self, input_fn: InputFn, steps: int | None = None, max_steps: int | None = None) -> None:
         """Train until ``steps`` more steps, global step ``max_steps``, or the end of the data."""
@@ -124,12 +127,14 @@ class TrainingRun:
         if steps is not None or max_steps is not None:  # first of its phase: run.max_steps is final for the others
             hooks.insert(0, StopAtStepHook(num_steps=steps, last_step=max_steps))
         self._max_steps, self._finished_saved = max_steps, False
+        self._interrupt: str | None = None  # a signal the loop a rollback undid had received
         while True:
             try:
                 run = self._attempt(input_fn, sorted_hooks(hooks), max_steps)
                 break
             except RollbackRequest as request:  # the same hooks go on from the restored checkpoint
                 self._roll_back(request)
+        self.interrupted = run.interrupted
         if run.stop_reason:
             log.info("training stopped at step %d: %s", run.global_step, run.stop_reason)
         if run.exit_code is not None:
@@ -140,6 +145,8 @@ class TrainingRun:
         state = self.state
         runner = HookRunner(hooks)
         run = self._run_context(max_steps)
+        if self._interrupt is not None:  # interrupted in the attempt this one replaces: stop at once
+            run.interrupt(self._interrupt)
         step = self._train_step()
         infeed: Infeed | None = None
         started = False
@@ -162,6 +169,8 @@ class TrainingRun:
             state.wait_for_checkpoint()  # the end of training (and SIGTERM) waits for the write in flight
             self._mark_finished(max_steps)
         except BaseException as error:
+            if isinstance(error, RollbackRequest) and run.interrupted:
+                self._interrupt = run.stop_reason  # the signal outlives the rollback
             if state.writer is not None:
                 state.writer.drain()
             if started:

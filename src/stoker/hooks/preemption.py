@@ -42,6 +42,8 @@ class PreemptionHook(Hook):
 
     def begin(self, run: RunContext) -> None:
         self.due_step = None
+        if run.interrupted:
+            return  # interrupted before a NaN rollback: this attempt stops at once, a second signal is the default's
         if threading.current_thread() is not threading.main_thread():
             return  # signal handlers can only be installed from the main thread
         self._run = run

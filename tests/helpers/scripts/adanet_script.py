@@ -10,7 +10,7 @@ final ensemble's weights and its evaluation on the training data.
 
 ``--die_before_commit t`` sends SIGKILL to itself right after the chosen ensemble of
 iteration ``t`` is saved and before ``architecture-<t>.json`` is committed: the one moment a
-random kill rarely hits.
+random kill rarely hits. A stop armed in the environment (helpers/stops.py) is installed first.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ for path in (ROOT / "src", ROOT / "tests"):
         sys.path.insert(0, str(path))
 
 from helpers.adanet import eval_input, make_data, make_search, train_input  # noqa: E402
+from helpers.stops import install_from_env  # noqa: E402
 from stoker import adanet  # noqa: E402
 
 
@@ -44,6 +45,7 @@ def main() -> None:
     p.add_argument("--out", default=None)
     args = p.parse_args()
     torch.set_num_threads(1)
+    install_from_env()  # a stop the test armed (helpers/stops.py)
     if args.die_before_commit is not None:
         from stoker.adanet import estimator as adanet_estimator
 
