@@ -114,6 +114,23 @@ def test_cuda_graph_resume_and_checkpoints(tmp_path):
     _assert_close(eager_whole, whole)
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_cuda_graph_loops_cut_at_scheduled_steps_change_no_number(tmp_path, precision):
+    # Loops end at every step a hook is scheduled at (docs/device_loop.md): loops of 4 cut at
+    # each multiple of 3 (checkpoints) replay the captured step as loops of 1 do; fp16's loss
+    # scale, kept on the device and read once per loop, ends the same too.
+    x, y = make_data(200)
+    kw = dict(opt="adam_fused", precision=precision)
+    if precision == "fp16":
+        kw.update(loss_scale=LossScale(init=2.0**24, growth_interval=3))
+    one = _graph_estimator(tmp_path / "one", cuda_graph=True, iterations_per_loop=1, **kw)
+    one.train(train_input(x, y), max_steps=20)
+    cut = _graph_estimator(tmp_path / "cut", cuda_graph=True, iterations_per_loop=4, save_checkpoints_steps=3, **kw)
+    cut.train(train_input(x, y), max_steps=20)
+    assert state_equal(one.model, cut.model)
+    assert one.state.scaler is None or one.state.scaler.state_dict() == cut.state.scaler.state_dict()
+
+
 def test_cuda_graph_fp16_dynamic_scaling_stays_on_the_device(tmp_path):
     x, y = make_data(200)
     kw = dict(

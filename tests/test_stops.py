@@ -16,7 +16,7 @@ import stoker
 from helpers.paths import SCRIPTS
 from helpers.processes import PYTHON
 from helpers.stops import Job, Stop, ending, install
-from helpers.tiny import eval_input, make_data, make_estimator, train_input
+from helpers.tiny import eval_input, make_data, make_estimator, state_equal, train_input
 from stoker.hooks import Hook, PreemptionHook
 from stoker.summary.writer import read_metrics_csv
 
@@ -77,6 +77,24 @@ def test_iterations_per_loop_1_and_merged_loops_keep_the_schedule(tmp_path):
         assert evaluated_steps(tmp_path / str(iterations)) == [12, 24, 30]
         index = stoker.checkpoint.CheckpointManager(tmp_path / str(iterations), writer=False).index()
         assert [r.step for r in index.checkpoints] == [12, 18, 24, 27, 30]
+
+
+@pytest.mark.parametrize("compile_mode", [False, pytest.param("step", marks=pytest.mark.slow)])
+def test_how_steps_are_cut_into_loops_changes_no_number(tmp_path, compile_mode):
+    """Loops of 1, loops of 7 cut at every multiple of 3 and 5 (checkpoints, logging), and
+    merged loops end with bitwise the same weights and the same summed loss."""
+    x, y = make_data(64)
+    runs = {}
+    for name, config in {
+        "one": dict(iterations_per_loop=1),
+        "cut": dict(iterations_per_loop=7, save_checkpoints_steps=3, log_every_n_steps=5),
+        "merged": dict(iterations_per_loop=7, log_every_n_steps=None),
+    }.items():
+        est = make_estimator(tmp_path / name, compile=compile_mode, **config)
+        seen = Boundaries() if name != "merged" else None
+        est.train(train_input(x, y), max_steps=30, hooks=[seen] if seen else [])
+        runs[name] = est
+    assert state_equal(runs["one"].model, runs["cut"].model) and state_equal(runs["one"].model, runs["merged"].model)
 
 
 # ------------------------------------------------------------------ a signal in this process

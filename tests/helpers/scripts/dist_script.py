@@ -13,6 +13,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for helpers
 
 import stoker  # noqa: E402
+from helpers.stops import install_from_env  # noqa: E402
 from helpers.tiny import TinyNet, classifier_fn, make_data  # noqa: E402
 from stoker.hooks import Hook  # noqa: E402
 
@@ -66,6 +67,7 @@ def main() -> None:
     p.add_argument("--stuck_min_seconds", type=float, default=20.0)
     p.add_argument("--hook_sleep", type=float, nargs=3, help="rank, step, seconds: a hook sleeps there")
     args = p.parse_args()
+    install_from_env()  # a stop the test armed (helpers/stops.py)
     torch.set_num_threads(1)
     x, y = make_data(203)
 

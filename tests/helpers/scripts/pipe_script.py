@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for help
 
 import stoker  # noqa: E402
 from helpers.pipeline import make_model  # noqa: E402
+from helpers.stops import install_from_env  # noqa: E402
 from helpers.tiny import classifier_fn, make_data  # noqa: E402
 from stoker.hooks import Hook  # noqa: E402
 
@@ -54,6 +55,7 @@ def main() -> None:
     p.add_argument("--sleep", type=float, default=0.0)
     p.add_argument("--timeout", type=float, default=60.0)
     args = p.parse_args()
+    install_from_env()  # a stop the test armed (helpers/stops.py)
     torch.set_num_threads(1)
     x, y = make_data(203)
     est = stoker.Estimator(

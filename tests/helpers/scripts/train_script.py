@@ -12,6 +12,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for helpers
 
 import stoker  # noqa: E402
+from helpers.stops import install_from_env  # noqa: E402
 from helpers.stores import slow_checkpoint_writes  # noqa: E402
 from helpers.tiny import classifier_fn, make_data, make_estimator, train_input  # noqa: E402
 
@@ -30,6 +31,7 @@ def main() -> None:
     p.add_argument("--async_checkpoints", action="store_true")
     p.add_argument("--slow_write", type=float, default=0.0, help="seconds each checkpoint file write sleeps first")
     args = p.parse_args()
+    install_from_env()  # a stop the test armed (helpers/stops.py)
     if args.slow_write:  # widens the window in which a kill lands inside a checkpoint write
         slow_checkpoint_writes(args.slow_write)
     torch.set_num_threads(1)
