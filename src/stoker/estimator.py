@@ -28,6 +28,7 @@ from .checkpoint.io_config import CheckpointConfig
 from .checkpoint.manager import CheckpointManager
 from .checkpoint.warm_start import WarmStartSettings
 from .config import RunConfig
+from .config.changes import call_settings, params_settings
 from .distributed import DistributionConfig, Strategy, make_strategy
 from .engine import (
     ContinuousEvalConfig,
@@ -74,6 +75,14 @@ class Estimator:
         lr_schedule: ``lr_schedule(params, optimizer) -> LR scheduler``, stepped every step.
         warm_start_from: a checkpoint, model_dir, safetensors file or ``WarmStartSettings``
             to initialise weights from when ``model_dir`` has no checkpoint yet.
+        setting_names: how messages about settings changed on a rerun spell each one (a command
+            line passes its flags: ``{"params.lr": "--lr", "train_batch_size": "--batch_size"}``);
+            keys are those of ``stoker.config.changes.RULES`` (see docs/checkpoints.md).
+
+    Each checkpoint records the settings that shaped its training (``params``, the ``RunConfig``
+    fields, batch sizes, ``max_steps``, the optimizer's hyper-parameters); a rerun that resumes
+    with other values says in one line each what happens, or refuses what it cannot go on with
+    (``RunConfig.on_changed_optimizer``).
 
     Its parts are public for the tools built on it: ``state``, ``inputs``, ``evaluation``, ``strategy``
     (the engine's components) and ``choices`` (what it chose when built, each with its reason).
@@ -91,6 +100,8 @@ class Estimator:
         predict_batch_size: int | None = None,
         lr_schedule: ScheduleFn | None = None,
         warm_start_from: str | os.PathLike[str] | WarmStartSettings | None = None,
+        *,
+        setting_names: Mapping[str, str] | None = None,
     ) -> None:
         if config is not None and not isinstance(config, RunConfig):
             raise UserCodeError(f"config must be a stoker.RunConfig; got {type(config).__name__}")
@@ -117,6 +128,8 @@ class Estimator:
             lr_schedule=lr_schedule,
             warm_start_from=warm_start_from,
         )
+        self.state.settings.names = dict(setting_names or {})
+        self._record_settings()
         self._evaluation = EvaluationRun(self.state, self.inputs, self._model_fn, config=cfg.eval_config)
         #: Whether the last ``train`` stopped because of a signal (``PreemptionHook`` with
         #: ``exit_process=False``; with the default the process exits): a rerun continues it.
@@ -216,8 +229,21 @@ class Estimator:
         """Train until ``steps`` more steps, global step ``max_steps``, or the end of the data.
 
         Resumes from the newest checkpoint in ``model_dir``: model, optimizer, schedule, loss
-        scale, RNGs, carried cache, hooks and the input position.
+        scale, RNGs, carried cache, hooks and the input position. Settings that differ from
+        the checkpoint's are said, one line each, or refused (``RunConfig.on_changed_optimizer``).
         """
+        return self._train(input_fn, steps, max_steps, hooks)
+
+    def _train(
+        self,
+        input_fn: InputFn,
+        steps: int | None,
+        max_steps: int | None,
+        hooks: Sequence[Hook],
+        *,
+        eval_every_n_steps: int | None = None,
+        eval_steps: int | None = None,
+    ) -> Estimator:
         check_train_arguments(steps, max_steps)
         if self.train_batch_size is None:
             raise ConfigError("train: the Estimator needs train_batch_size")
@@ -227,6 +253,7 @@ class Estimator:
         given = {type(h) for h in hooks}
         hook_list = [h for h in self.default_hooks() if type(h) not in given] + list(hooks)
         check_evaluations(hook_list)  # EarlyStopping on an evaluation metric would never act
+        self._record_settings(max_steps=max_steps, eval_every_n_steps=eval_every_n_steps, eval_steps=eval_steps)
         training = TrainingRun(
             self.state, self.inputs, self._model_fn, hook_list, loop=self.config.loop_config, hook_config=self.config
         )
@@ -332,7 +359,14 @@ class Estimator:
                 f"train_and_evaluate: eval_every_n_steps must be a positive integer; got {eval_every_n_steps!r}"
             )
         evaluator = EvaluationHook(self, eval_input_fn, every_n_steps=eval_every_n_steps, steps=eval_steps)
-        self.train(train_input_fn, max_steps=max_steps, hooks=[*hooks, evaluator])
+        self._train(
+            train_input_fn,
+            None,
+            max_steps,
+            [*hooks, evaluator],
+            eval_every_n_steps=eval_every_n_steps,
+            eval_steps=eval_steps,
+        )
         if evaluator.interrupted:  # a signal stopped training and the process goes on (exit_process=False)
             return evaluator.last_results or {}
         if evaluator.last_results is None or evaluator.last_results["global_step"] != self.global_step:
@@ -366,6 +400,17 @@ class Estimator:
             aot=aot,
             aot_device=aot_device,
         )
+
+    def _record_settings(self, **call: int | None) -> None:
+        """The settings checkpoints record and a resumed run compares (``stoker.config.changes``):
+        params, the RunConfig's, the batch sizes and, in a train call, its own."""
+        self.state.settings.values = {
+            **params_settings(self.params),
+            **self.config.recorded_settings(),
+            "train_batch_size": self.train_batch_size,
+            "eval_batch_size": self.eval_batch_size,
+            **call_settings(**call),
+        }
 
 
 class EvaluationHook(Hook):

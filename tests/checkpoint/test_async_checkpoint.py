@@ -49,7 +49,9 @@ def test_snapshot_shares_nothing_with_the_live_state():
 
 def test_async_run_writes_the_same_checkpoints_and_resumes_bitwise(tmp_path, monkeypatch):
     x, y = make_data(64)
-    make_estimator(tmp_path / "sync", save_checkpoints_steps=4).train(train_input(x, y), max_steps=12)
+    # Stopped at 8 and resumed like the asynchronous run (checkpoints record the train call's max_steps).
+    for max_steps in (8, 12):
+        make_estimator(tmp_path / "sync", save_checkpoints_steps=4).train(train_input(x, y), max_steps=max_steps)
     real = storage_mod._write_durably
 
     def slow(path, data):  # noqa: ANN001, ANN202 - the next steps run while the files are written

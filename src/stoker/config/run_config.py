@@ -32,6 +32,7 @@ from ..distributed.watchdog import StuckReplica
 from ..errors import ConfigError
 from ..precision import LossScale, Precision, make_precision
 from ..resolve import Reason
+from .changes import NOT_DATA, RULES, Policy, plain
 from .slices import EvalConfig, InputConfig, LoopConfig, StateConfig, compile_mode
 
 PrecisionName = Literal["fp32", "bf16", "fp16", "bf16-sr"]
@@ -113,6 +114,12 @@ class RunConfig:
             are bitwise the same). A pattern that matches no module is an error listing them.
         mlperf_log: write MLPerf-style ``:::MLLOG`` events to ``model_dir/mlperf.log`` (RUN_START,
             EPOCH_START/STOP, RUN_STOP; ``stoker.hooks.MLPerfLogHook`` adds evaluations).
+        on_changed_optimizer: a rerun whose optimizer or LR schedule settings (``lr``,
+            ``weight_decay``, a ``StepLR``'s ``step_size``, ...) differ from those in the
+            checkpoint's state it resumes: ``"refuse"`` (default: a ``ConfigError`` naming each),
+            ``"keep"`` (train on with the checkpoint's values) or ``"apply"`` (with the new ones from
+            the resumed step). Every other changed setting is applied or refused by its rule and
+            said in one log line (``stoker.config.changes``, docs/checkpoints.md).
         pipeline: pipeline parallelism (``docs/model_parallel.md``): ``None`` (no pipeline) or a
             ``stoker.distributed.PipelineConfig``: the module names to split the model before,
             the micro-batches, the schedule and the stages per process. Under torchrun the
@@ -152,6 +159,7 @@ class RunConfig:
     deterministic: bool = False
     mlperf_log: bool = False
     recompute: str | tuple[str, ...] | None = None
+    on_changed_optimizer: Literal["refuse", "keep", "apply"] = "refuse"
     pipeline: PipelineConfig | None = None
     checkpoint_io: CheckpointIO = field(default_factory=CheckpointIO)
 
@@ -210,6 +218,7 @@ class RunConfig:
             gradient_accumulation_steps=self.gradient_accumulation_steps,
             gradient_clip_norm=self.gradient_clip_norm,
             async_save=self.checkpoint_io.async_save if isinstance(self.checkpoint_io, CheckpointIO) else False,
+            on_changed_optimizer=self.on_changed_optimizer,
         )
 
     @property
@@ -305,6 +314,19 @@ class RunConfig:
     def replace(self, **changes: Any) -> RunConfig:
         """A copy with some fields changed (validated again): ``dataclasses.replace``."""
         return dataclasses.replace(self, **changes)
+
+    def recorded_settings(self) -> dict[str, object]:
+        """The fields that shape training, as each checkpoint records them (``RunConfig.<field>``
+        -> a plain value; the rule of each is in ``stoker.config.changes.RULES``)."""
+        out: dict[str, object] = {}
+        for f in dataclasses.fields(self):
+            key = f"RunConfig.{f.name}"
+            if key not in RULES or RULES[key].policy is Policy.UNRECORDED:
+                continue
+            value = {"precision": self.precision_name, "compile": self.compile_mode}.get(f.name, getattr(self, f.name))
+            recorded = plain(value)
+            out[key] = repr(value) if recorded is NOT_DATA else recorded
+        return out
 
     def to_dict(self) -> dict[str, object]:
         """The fields as plain values (a ``Precision`` given as an object by its name and loss scale)."""

@@ -26,6 +26,7 @@ from ..distributed.watchdog import StuckReplica
 from ..errors import ConfigError
 from ..kernels.linear import FAST_LINEAR_MODES
 from ..kernels.sgd_in_backward import SGD_IN_BACKWARD_MODES
+from .changes import ON_CHANGED_OPTIMIZER
 
 COMPILE_MODES: tuple[str, ...] = ("none", "module", "step")  # also True (= "module") and False (= "none")
 
@@ -119,7 +120,8 @@ class StateConfig:
 
     The step's shape (accumulation, clipping, compile, CUDA graph) is here too, since whether
     ``sgd_in_backward`` can apply depends on it. ``recompute`` is held as ``None``, ``"all"`` or
-    a tuple of patterns.
+    a tuple of patterns. ``on_changed_optimizer``: what a resumed run does with an optimizer or
+    schedule setting that differs from its checkpoint's (``stoker.config.changes``).
     """
 
     seed: int = 0
@@ -133,9 +135,15 @@ class StateConfig:
     gradient_accumulation_steps: int = 1
     gradient_clip_norm: float | None = None
     async_save: bool = False
+    on_changed_optimizer: str = "refuse"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compile", compile_mode(self.compile))
+        if self.on_changed_optimizer not in ON_CHANGED_OPTIMIZER:
+            raise ConfigError(
+                f"RunConfig.on_changed_optimizer must be one of {', '.join(ON_CHANGED_OPTIMIZER)}; "
+                f"got {self.on_changed_optimizer!r}"
+            )
         if self.fast_linear not in FAST_LINEAR_MODES:
             raise ConfigError(
                 f"RunConfig.fast_linear must be one of {', '.join(FAST_LINEAR_MODES)}; got {self.fast_linear!r}"

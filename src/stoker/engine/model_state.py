@@ -36,6 +36,7 @@ from ..checkpoint.manager import (
 )
 from ..checkpoint.safe_load import refused
 from ..checkpoint.warm_start import WarmStartSettings, warm_start
+from ..config.changes import SettingChange
 from ..config.slices import StateConfig
 from ..distributed import Strategy
 from ..distributed.pipeline import plan_stages
@@ -55,6 +56,7 @@ from ..precision import LossScaler, Precision
 from ..resolve import Choice
 from ..rng import rng_state, seed_everything, set_rng_state
 from ..storage.stores import Location, location
+from .run_settings import RunSettings
 
 log = logging.getLogger("stoker")
 
@@ -122,6 +124,9 @@ class ModelState:
         self.pending_hook_state: dict[str, Any] = {}
         #: how the model's step runs, chosen when the state is built (see :func:`built_choices`)
         self.choices: dict[str, Choice[Any]] = built_choices(config, strategy, precision)
+        # What each checkpoint records of the run's settings; a full restore compares them
+        # (the facade sets settings.values: params, RunConfig, batch sizes, the train call's).
+        self.settings = RunSettings(config.on_changed_optimizer)
         self.writer: AsyncCheckpointWriter | None = None
         if config.async_save and checkpoints is not None and checkpoints.writer:
             self.writer = AsyncCheckpointWriter(checkpoints.latest_path)
@@ -186,12 +191,14 @@ class ModelState:
             raise UserCodeError(
                 f"optimizer(params, parameters) must return a torch.optim.Optimizer; got {type(opt).__name__}"
             )
+        self.settings.built_optimizer(opt)  # as the user built it, before any schedule step
         opt = self.precision.convert_optimizer(opt, seed=self.config.seed)
         self.optimizer = opt
         if self.precision.autocast_dtype is torch.float16 and self.strategy.device.type == "cpu":
             _say_fp16_cost(model, self.strategy.is_chief)
         if self.schedule_fn is not None:
             self.schedule = self.schedule_fn(self.params, opt)
+            self.settings.built_schedule(self.schedule)
         if self.config.sgd_in_backward != "off":
             self.sgd_in_backward, self.sgd_in_backward_refusal = _update_in_backward(
                 model, opt, self.config, self.strategy, self.precision
@@ -225,8 +232,11 @@ class ModelState:
             return
         # the newest checkpoint that verifies: a damaged one is skipped, with a warning
         ckpt = self.checkpoints.load_for_resume() if self.checkpoints is not None else None
-        self.apply(ckpt or load_checkpoint(latest), full=True)
+        loaded = ckpt or load_checkpoint(latest)
+        self.apply(loaded, full=True)
         log.info("resumed from %s (step %d)", self.holds, self.global_step)
+        if self.strategy.is_chief:
+            self.settings.say(loaded.path, self.global_step)
 
     def restore_weights(self) -> None:
         """Build the model and load the newest checkpoint's weights, if memory does not hold them."""
@@ -263,19 +273,31 @@ class ModelState:
     def apply(self, ckpt: LoadedCheckpoint, full: bool) -> None:
         """Load a checkpoint's weights, and with ``full`` everything training resumes from."""
         model = self.build_model()
+        changes: list[SettingChange] = []
         if full:
             _check_layout(ckpt, self.pipeline_stages)
-        if ckpt.dcp_dir is not None:  # a sharded checkpoint: weights (and optimizer) in slices
-            _load_sharded(ckpt, model, self.optimizer if full else None, self.strategy.optimizer_checkpoint_key)
-        else:
-            check_state_fits(model, ckpt.model_state or {}, f"checkpoint {str(ckpt.path)!r}")
-            model.load_state_dict(ckpt.model_state or {})
+            changes = self.settings.compare(ckpt)
+        try:
+            if ckpt.dcp_dir is None:  # weights that do not fit are the first thing to say
+                check_state_fits(model, ckpt.model_state or {}, f"checkpoint {str(ckpt.path)!r}")
+            self.settings.refuse(ckpt, changes)  # before anything is loaded
+            if ckpt.dcp_dir is not None:  # a sharded checkpoint: weights (and optimizer) in slices
+                _load_sharded(ckpt, model, self.optimizer if full else None, self.strategy.optimizer_checkpoint_key)
+            else:
+                model.load_state_dict(ckpt.model_state or {})
+        except CheckpointError as e:
+            explained = self.settings.explain(e, changes)
+            if explained is e:
+                raise
+            raise explained from e
         self.global_step = ckpt.step
         self.weights_of = ckpt.path
         if not full:
             self.holds = None  # weights only: the next train() restores the full state
             return
         self._apply_training_state(ckpt)
+        assert self.optimizer is not None
+        self.settings.settle(changes, self.optimizer, self.schedule)
         self.holds = ckpt.path
 
     def _apply_training_state(self, ckpt: LoadedCheckpoint) -> None:
@@ -325,6 +347,7 @@ class ModelState:
             "hooks": dict(hook_state),
             "world_size": self.strategy.world_size,
             "pipeline_stages": self.pipeline_stages,
+            "settings": self.settings.record(),
         }
 
     def save(

@@ -351,6 +351,7 @@ class TrainingRun:
             _any_replica=self.strategy.any_replica if self.strategy.world_size > 1 else bool,
             last_checkpoint=state.latest_checkpoint(),
             last_checkpoint_step=state.checkpoints.latest_step() if state.checkpoints else None,
+            changed_settings=state.settings.take_changes(),
         )
 
     def _save(self, run: RunContext, runner: HookRunner, infeed: Infeed, step: TrainStep) -> Location | None:

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     import torch
 
     from ..config import RunConfig
+    from ..config.changes import SettingChange
     from ..storage import Location
 
 log = logging.getLogger("stoker")
@@ -124,6 +125,9 @@ class RunContext:
     # evaluates (``EvaluationHook``), also when a resumed run takes it back from the index:
     # hooks that act on evaluations (EarlyStopping, trackers) read it at loop boundaries.
     last_evaluation: dict[str, float] | None = None
+    # Settings that differ from those of the checkpoint this run resumed from, and what happened
+    # to each (stoker.config.changes); trackers record them. Empty on a fresh run.
+    changed_settings: Sequence[SettingChange] = ()
     # Sums over the loops so far (updated before the hooks run at each loop boundary).
     totals: RunTotals = field(default_factory=lambda: RunTotals())
     # Called with the path after each checkpoint save_checkpoint writes (e.g. SummaryHook

@@ -143,6 +143,9 @@ class LossScaler:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.scale = float(state["scale"])
+        # A dynamic scale goes on from the checkpoint's running value (its init is where a new run
+        # starts); a static scale is a setting, used as given (the same value when unchanged).
+        if self.dynamic:
+            self.scale = float(state["scale"])
         self.good_steps = int(state["good_steps"])
         self.skipped_steps = int(state["skipped_steps"])
