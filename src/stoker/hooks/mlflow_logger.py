@@ -178,6 +178,13 @@ class _MLflow(Tracker):
                 out[key] = max(m.step for m in history)
         return out
 
+    def log_params(self, params: Mapping[str, str]) -> None:
+        from mlflow.entities import Param
+
+        items = [Param(k, v) for k, v in params.items()]
+        for i in range(0, len(items), 100):  # MLflow's limit of params per log_batch call
+            self.client.log_batch(self.run_id, params=items[i : i + 100])
+
     def log(self, points: list[Point]) -> None:
         from mlflow.entities import Metric
 

@@ -13,6 +13,12 @@ the tracker to surely hold them (:attr:`Tracker.unsure_s`). A resumed run sends 
 any the tracker already has (a kill may come after the send), which it asks the tracker
 (:meth:`Tracker.last_steps`): each step reaches the tracker once, with the values of the run
 that continues.
+
+**Changed settings.** A resumed run whose settings differ from its checkpoint's
+(``stoker.config.changes``) logs each change as a param ``changed.<step>.<name>`` =
+``"<new> (was <old>; applied | given | kept)"``. A tracker keeps a param's first value (MLflow
+refuses another), so the run's params stay those it started with and every change stands beside
+them, with the step it took effect from.
 """
 
 from __future__ import annotations
@@ -20,10 +26,11 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..config.changes import SettingChange, show
 from .base import Hook, LoopResult, RunContext, RunTotals, every_n_steps_due, next_due_step
 
 log = logging.getLogger("stoker")
@@ -46,6 +53,10 @@ class Tracker:
 
     def last_steps(self, keys: set[str]) -> dict[str, int]:
         """The newest step the tracker holds for each of ``keys`` (absent: none)."""
+        raise NotImplementedError
+
+    def log_params(self, params: Mapping[str, str]) -> None:
+        """Add params to the open run (new names only: a tracker may refuse another value)."""
         raise NotImplementedError
 
     def log(self, points: list[Point]) -> None:
@@ -116,6 +127,8 @@ class TrackerHook(Hook):
         self.run_id = self._tracker.start(self.run_id, {} if resumed else self._params(run))
         self._have = {} if resumed else None
         log.info("%s: %s run %s", type(self).__name__, "continuing" if resumed else "logging to", self.run_id)
+        if run.changed_settings:
+            self._tracker.log_params(changed_params(run.changed_settings, run.global_step))
         if run.model_dir is not None:
             run.on_checkpoint.append(lambda path: self._send())
 
@@ -243,8 +256,16 @@ class TrackerHook(Hook):
             self._tracker.log_artifacts(model_dir / best, f"checkpoints/{best}")
 
 
+def changed_params(changes: Sequence[SettingChange], step: int) -> dict[str, str]:
+    """The params that record settings changed at ``step``: ``changed.<step>.<name>`` ->
+    ``"<new> (was <old>; applied | given | kept)"``."""
+    return {
+        f"changed.{step}.{c.tracker_name}": f"{show(c.new)} (was {show(c.old)}; {c.outcome})"[:500] for c in changes
+    }
+
+
 def missing_extra(package: str, extra: str, hook: str) -> ImportError:
     return ImportError(f"{hook} needs the {package} package: pip install 'stoker[{extra}]'")
 
 
-__all__ = ["Point", "Tracker", "TrackerHook", "flat_params", "missing_extra"]
+__all__ = ["Point", "Tracker", "TrackerHook", "changed_params", "flat_params", "missing_extra"]

@@ -99,6 +99,9 @@ class _Wandb(Tracker):
     def last_steps(self, keys: set[str]) -> dict[str, int]:
         return dict.fromkeys(keys, self.sent_step)
 
+    def log_params(self, params: Mapping[str, str]) -> None:
+        self.run.config.update(dict(params), allow_val_change=True)
+
     def log(self, points: list[Point]) -> None:
         by_step: dict[int, dict[str, float]] = {}
         for key, value, step, _ in points:
