@@ -126,3 +126,33 @@ def test_the_command_line_is_the_config_fields(tmp_path, capsys, registered):
     assert f"stoker train {KIND}: --batch_size must be >= 1; got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # --model_dir is required
         parser.parse_args(["--max_steps", "4"])
+
+
+def test_a_rerun_with_a_changed_flag_names_the_flag_and_says_what_trained(tmp_path, capsys, caplog, registered):
+    caplog.set_level("INFO", logger="stoker")
+    parser = argparse.ArgumentParser(prog="stoker train linreg-test")
+    RECIPE.add_arguments(parser)
+    flags = [f"--{k}={v}" for k, v in TINY.items() if k != "lr"]
+    run = ["--model_dir", str(tmp_path / "run"), *flags]
+    assert RECIPE.run(parser.parse_args([*run, "--max_steps", "4", "--lr", "0.1"])) == 0
+    spec = (tmp_path / "run" / "run_spec.json").read_text()
+
+    assert RECIPE.run(parser.parse_args([*run, "--max_steps", "8", "--lr", "0.2"])) == 1
+    assert capsys.readouterr().err == (
+        f"stoker train {KIND}: resuming from ckpt-4 (step 4) with changed settings: --lr 0.1 -> 0.2: restoring "
+        "ckpt-4 would silently put back its optimizer lr 0.1. To go on: rerun with --lr 0.1, or set "
+        "--on_changed_optimizer to 'apply' (train on with the new value from step 4) or 'keep' (with the "
+        "checkpoint's)\n"
+    )
+    assert (tmp_path / "run" / "run_spec.json").read_text() == spec  # the refused rerun left the record alone
+
+    assert (
+        RECIPE.run(parser.parse_args([*run, "--max_steps", "8", "--lr", "0.2", "--on_changed_optimizer", "apply"])) == 0
+    )
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("changed since")]
+    assert said == [
+        "changed since ckpt-4: --lr 0.1 -> 0.2: applied from step 4 over the checkpoint's optimizer state "
+        "(on_changed_optimizer='apply'; its moments and the schedule's position go on)",
+        "changed since ckpt-4: --max_steps 4 -> 8: applied (training goes on to the new value)",
+    ]
+    assert json.loads((tmp_path / "run" / "run_spec.json").read_text())["config"]["lr"] == 0.2

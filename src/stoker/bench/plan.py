@@ -48,7 +48,7 @@ from ..resolve import (
     worker_kind,
 )
 from .config import DEFAULT_FP16_LOSS_SCALE, MODE_TRAIN, MODE_TRAIN_AND_EVAL, BenchConfig
-from .flags import FlagNames, flag_error
+from .flags import FLAG_OF_FIELD, FlagNames, flag_error
 from .inputs import (
     CifarBinaries,
     FirstBatchRepeated,
@@ -389,6 +389,9 @@ def run_config(cfg: BenchConfig, device: str, *, bucket_mb: float | None = None)
         ddp_bucket_cap_mb=bucket_mb,
         progress_bar=False,
         summaries=False,
+        # tf_cnn_benchmarks' rate and optimizer flags are constants of each run's graph, so a rerun
+        # into --train_dir trains on with the new values (said in one line each; docs/checkpoints.md)
+        on_changed_optimizer="apply",
         **prefetch,
     )
 
@@ -405,6 +408,30 @@ def model_params(cfg: BenchConfig) -> dict[str, Any]:
         "print_training_accuracy": cfg.print_training_accuracy,
         "channels_last": cfg.channels_last,
         "report_base_loss": cfg.loss_type_to_report == "base_loss",
+    }
+
+
+def setting_names(cfg: BenchConfig) -> dict[str, str]:
+    """The flag behind each setting, so a ``--train_dir`` rerun's changed-settings lines name it
+    (``stoker.config.changes``: the ``RunConfig`` fields as :data:`~stoker.bench.flags.FLAG_OF_FIELD` says)."""
+    rmsprop = cfg.optimizer == "rmsprop"
+    return {
+        **{f"RunConfig.{field}": f"--{flag}" for field, flag in FLAG_OF_FIELD.items()},
+        "train_batch_size": "--batch_size",
+        "eval_batch_size": "--eval_batch_size",
+        "max_steps": "--num_warmup_batches + --num_batches",
+        "params.weight_decay": "--weight_decay",
+        "params.print_training_accuracy": "--print_training_accuracy",
+        "params.channels_last": "--data_format",
+        "params.report_base_loss": "--loss_type_to_report",
+        "optimizer.type": "--optimizer",
+        "optimizer.lr": "--init_learning_rate",
+        "lr_schedule.lr": "the learning rate (--init_learning_rate and the schedule flags)",
+        "optimizer.momentum": "--rmsprop_momentum" if rmsprop else "--momentum",
+        "optimizer.weight_decay": "--weight_decay",
+        "optimizer.eps": "--rmsprop_epsilon" if rmsprop else "--adam_epsilon",
+        "optimizer.decay": "--rmsprop_decay",
+        "optimizer.betas": "--adam_beta1, --adam_beta2",
     }
 
 

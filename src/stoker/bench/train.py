@@ -34,6 +34,7 @@ from typing import Any, cast
 import torch
 
 from ..checkpoint.manager import CheckpointManager
+from ..config.changes import distinct
 from ..errors import CheckpointError
 from ..estimator import Estimator
 from ..hooks import Hook, LoopResult, ProfilerHook, RunContext, every_n_steps_due
@@ -56,7 +57,7 @@ from .model import (  # re-exported: they were defined here
 )
 from .optim import optimizer_and_schedule
 from .outputs import mlperf_hook, summary_hook
-from .plan import TRAINING_FLOPS_FACTOR, BenchPlan, build_plan, flops_per_image, model_params
+from .plan import TRAINING_FLOPS_FACTOR, BenchPlan, build_plan, flops_per_image, model_params, setting_names
 from .report import (
     base_result,
     efficiency_peak,
@@ -240,6 +241,19 @@ class EvalDuringTraining(Hook):
         return results
 
 
+class ChangedSettings(Hook):
+    """Prints the lines of a resumed run's changed settings (``stoker.config.changes``) as the
+    harness's own: it keeps stoker's INFO log quiet."""
+
+    def __init__(self, names: dict[str, str], log: LogFn) -> None:
+        self.names, self.log = names, log
+
+    def after_setup(self, run: RunContext) -> None:
+        checkpoint = str(run.last_checkpoint).rstrip("/").rsplit("/", 1)[-1]
+        for change in distinct(run.changed_settings, self.names):
+            self.log(change.line(checkpoint, run.global_step, self.names))
+
+
 # ==================================================================== building
 def build_estimator(plan: BenchPlan) -> Estimator:
     """The Estimator of ``plan``: its model and ``RunConfig``, tf_cnn_benchmarks' optimizer and
@@ -260,6 +274,7 @@ def build_estimator(plan: BenchPlan) -> Estimator:
         params=model_params(cfg),
         train_batch_size=workload.batch_size,
         eval_batch_size=workload.eval_batch_size,
+        setting_names=setting_names(cfg),
     )
 
 
@@ -378,6 +393,7 @@ def _train(
         first_step=first_timed,
     )
     hooks: list[Hook] = [timer, *(h for h in (summary_hook(cfg), mlperf_hook(cfg, workload)) if h is not None)]
+    hooks.append(ChangedSettings(setting_names(cfg), log))
     warm_up_end = WarmUpEnd(first_timed, lambda: _log_warm_up_end(cfg, workload, est, log, warm=warm, trace=trace))
     if warm:
         hooks.append(warm_up_end)

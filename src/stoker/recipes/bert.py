@@ -59,6 +59,7 @@ from .skeleton import (
     Recipe,
     attention_for,
     fused_on_cuda,
+    on_changed_optimizer_option,
     option,
     standard_run_config,
 )
@@ -397,6 +398,7 @@ class BertConfig(TextCorpusConfig):
     log_every_n_steps: int = option(50, "log the loss every N steps")
     seed: int = option(0, "seed of the initial weights, data order, masks and dropout")
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
+    on_changed_optimizer: str = on_changed_optimizer_option()
 
     def model_params(self) -> dict[str, Any]:
         """The ``params`` that define the model and its data shape (saved in ``run_spec.json``)."""

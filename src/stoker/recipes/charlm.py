@@ -43,7 +43,16 @@ from ..metrics import Metric
 from ..spec import EstimatorSpec, ModeKeys
 from . import corpus
 from .corpus import TextCorpusConfig
-from .skeleton import ATTENTION_CHOICES, ATTENTION_FORMS, InputFn, Recipe, attention_for, fused_on_cuda, option
+from .skeleton import (
+    ATTENTION_CHOICES,
+    ATTENTION_FORMS,
+    InputFn,
+    Recipe,
+    attention_for,
+    fused_on_cuda,
+    on_changed_optimizer_option,
+    option,
+)
 
 VOCAB = 256  # bytes
 RUN_SPEC_KIND = "charlm"
@@ -305,6 +314,7 @@ class CharLMConfig(TextCorpusConfig):
     log_every_n_steps: int = option(50, "log loss / ppl / bpc every N steps")
     seed: int = option(0, "seed of the initial weights and dropout")
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
+    on_changed_optimizer: str = on_changed_optimizer_option()
 
     def model_params(self) -> dict[str, Any]:
         """The ``params`` that define the model and its data shape (saved in ``run_spec.json``)."""

@@ -92,10 +92,11 @@ import torch
 from torch import nn
 
 from ..config import RunConfig
+from ..config.changes import ON_CHANGED_OPTIMIZER
 from ..distributed import device_choice
 from ..errors import StokerError
 from ..estimator import Estimator
-from ..hooks import Hook
+from ..hooks import Hook, RunContext
 from ..resolve import Choice, attention_form
 from ..run_spec import recipe_config, register_eval_input, register_run_spec, write_run_spec
 from ..spec import EstimatorSpec
@@ -131,6 +132,17 @@ def option(default: Any, help: str, **flag: Any) -> Any:
     and ``type`` that of the default; ``flag`` gives other ``add_argument`` keywords
     (``nargs="+"``, ``metavar``, ``choices``, ``type=int`` for a ``None`` default)."""
     return field(default=default, metadata={"help": help, "flag": flag})
+
+
+def on_changed_optimizer_option() -> Any:
+    """``--on_changed_optimizer``: ``RunConfig.on_changed_optimizer``, what a rerun does with an
+    optimizer setting (``--lr``, ...) that differs from the checkpoint's (docs/checkpoints.md)."""
+    return option(
+        "refuse",
+        "a rerun whose --lr (or other optimizer setting) differs from the checkpoint's: refuse, keep the "
+        "checkpoint's, or apply the new one from the resumed step",
+        choices=ON_CHANGED_OPTIMIZER,
+    )
 
 
 def device_type_of(device: str) -> str:
@@ -178,6 +190,7 @@ class RecipeFields(Protocol):
     clip_norm: float
     seed: int
     device: str
+    on_changed_optimizer: str
 
     def model_params(self) -> dict[str, Any]: ...
 
@@ -203,6 +216,7 @@ class RecipeConfig:
     log_every_n_steps: int = option(50, "log the loss every N steps")
     seed: int = option(0, "seed of the initial weights, data order and dropout")
     device: str = option("auto", "auto, cpu, cuda or cuda:N")
+    on_changed_optimizer: str = on_changed_optimizer_option()
 
     def model_params(self) -> dict[str, Any]:
         """The ``params`` that define the model and its data shape (saved in ``run_spec.json``)."""
@@ -223,6 +237,7 @@ def standard_run_config(config: RecipeFields, *, keep_best: tuple[str, str] | No
         gradient_clip_norm=config.clip_norm or None,
         device=config.device,
         progress_bar=False,
+        on_changed_optimizer=cast(Any, config.on_changed_optimizer),  # one of its choices: the flag checked it
         **more,
     )
 
@@ -368,7 +383,18 @@ class Recipe(Generic[C]):
             eval_batch_size=config.eval_batch_size,
             predict_batch_size=config.eval_batch_size,
             warm_start_from=warm_start_from,
+            setting_names=self.setting_names(config),
         )
+
+    def setting_names(self, config: C) -> dict[str, str]:
+        """The flag that sets each setting, so a rerun's changed-settings lines name it (``--lr``)."""
+        flags = {f.name for f in dataclasses.fields(cast(Any, config))}
+        run_fields = {f.name for f in dataclasses.fields(RunConfig)}
+        names = {f"params.{k}": f"--{k}" for k in self.params(config) if k in flags}
+        names.update({f"RunConfig.{k}": f"--{k}" for k in flags & run_fields})
+        names.update({k: f"--{k}" for k in ("eval_batch_size", "max_steps", "eval_every_n_steps", "eval_steps")})
+        names.update({"train_batch_size": "--batch_size", "RunConfig.gradient_clip_norm": "--clip_norm"})
+        return names
 
     def train(self, config: C | None = None, *, hooks: Sequence[Hook] = (), **overrides: Any) -> dict[str, float]:
         """Train (or resume) to ``max_steps``, evaluating every ``eval_every_n_steps``; return the
@@ -376,18 +402,14 @@ class Recipe(Generic[C]):
         watching evaluator evaluates) and returns ``{"global_step": ...}``.
 
         ``overrides`` replace fields of ``config`` (default: the config class's defaults). Writes
-        ``run_spec.json`` into ``model_dir`` for ``stoker export`` / ``evaluate`` / ``inspect``.
+        ``run_spec.json`` into ``model_dir`` for ``stoker export`` / ``evaluate`` / ``inspect``, once
+        a rerun's changed flags are accepted (a refused rerun leaves the record of the run as it was).
         """
         config = dataclasses.replace(config or self.config_class(), **overrides)  # type: ignore[type-var]
         train_fn, eval_fn = self.input_fns(config)
         est = self.build_estimator(config)
         if config.model_dir:
-            write_run_spec(
-                config.model_dir,
-                kind=self.name,
-                params=config.model_params(),
-                config=dataclasses.asdict(config),  # type: ignore[call-overload]
-            )
+            hooks = [_RunSpecWriter(self.name, config), *hooks]
         if config.eval_every_n_steps == 0:  # a watching evaluator (stoker evaluate --watch) evaluates
             est.train(train_fn, max_steps=config.max_steps, hooks=hooks)
             return {"global_step": float(est.global_step)}
@@ -445,6 +467,23 @@ class Recipe(Generic[C]):
         return estimator_from_run_spec, eval_input_from_run_spec
 
 
+class _RunSpecWriter(Hook):
+    """Writes ``run_spec.json`` once training has set up: after the restore, whose check of
+    changed settings may refuse the rerun."""
+
+    def __init__(self, kind: str, config: RecipeFields) -> None:
+        self.kind, self.config = kind, config
+
+    def after_setup(self, run: RunContext) -> None:
+        assert self.config.model_dir is not None
+        write_run_spec(
+            self.config.model_dir,
+            kind=self.kind,
+            params=self.config.model_params(),
+            config=dataclasses.asdict(cast(Any, self.config)),
+        )
+
+
 __all__ = [
     "ATTENTION_CHOICES",
     "ATTENTION_FORMS",
@@ -456,6 +495,7 @@ __all__ = [
     "RecipeConfig",
     "RecipeFields",
     "fused_on_cuda",
+    "on_changed_optimizer_option",
     "option",
     "standard_run_config",
 ]
