@@ -255,7 +255,7 @@ class Estimator:
         check_evaluations(hook_list)  # EarlyStopping on an evaluation metric would never act
         self._record_settings(max_steps=max_steps, eval_every_n_steps=eval_every_n_steps, eval_steps=eval_steps)
         training = TrainingRun(
-            self.state, self.inputs, self._model_fn, hook_list, loop=self.config.loop_config, hook_config=self.config
+            self.state, self.inputs, self._model_fn, hook_list, loop=self.config.loop_config, info=self.config.run_info
         )
         self.interrupted = False
         training.run(input_fn, steps, max_steps)

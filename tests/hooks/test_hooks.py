@@ -334,3 +334,21 @@ def test_loops_no_hook_watches_run_as_one_and_the_hooks_see_the_same_steps(tmp_p
     assert rows == rows2 == [(5, "loss"), (10, "loss"), (15, "loss"), (20, "loss")]
     assert saved == saved2 == ["ckpt-10", "ckpt-20"]
     assert all(torch.equal(a, b) for a, b in zip(weights, weights2, strict=True))
+
+
+def test_hooks_read_the_run_from_a_read_only_run_info_not_the_run_config(tmp_path):
+    import dataclasses
+
+    x, y = make_data(64)
+    est = make_estimator(tmp_path, seed=7, log_every_n_steps=3, precision="bf16")
+    seen = []
+
+    class Reader(Hook):
+        def begin(self, run):  # noqa: ANN001
+            seen.append(run.info)
+            assert not hasattr(run, "config")
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                run.info.seed = 8
+
+    est.train(train_input(x, y), max_steps=2, hooks=[Reader()])
+    assert seen == [stoker.hooks.RunInfo(model_dir=str(tmp_path), seed=7, log_every_n_steps=3, precision="bf16")]

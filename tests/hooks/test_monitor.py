@@ -9,6 +9,7 @@ import pytest
 
 import stoker
 from helpers.tiny import make_data, make_estimator, train_input
+from stoker.config import RunInfo
 from stoker.errors import ConfigError
 from stoker.hooks.base import LoopResult
 from stoker.hooks.monitor import Monitor, resolve_mode
@@ -79,7 +80,7 @@ class Run:
 
     def __init__(self, step: int, log_every_n_steps: int | None = 100) -> None:
         self.global_step = step
-        self.config = stoker.RunConfig(log_every_n_steps=log_every_n_steps)
+        self.info = RunInfo(log_every_n_steps=log_every_n_steps)
         self.last_evaluation = None
 
 

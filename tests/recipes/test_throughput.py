@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from stoker.hooks import LoopResult
+from stoker.hooks import LoopResult, RunInfo
 from stoker.recipes.throughput import Throughput
 
 
@@ -26,9 +26,7 @@ def _loop(first: int, steps: int, seconds: float, batch: int = 8) -> LoopResult:
 
 
 def _run(world_size: int = 1) -> SimpleNamespace:
-    return SimpleNamespace(
-        model=torch.nn.Linear(2, 2), config=SimpleNamespace(precision_name="fp32"), world_size=world_size
-    )
+    return SimpleNamespace(model=torch.nn.Linear(2, 2), info=RunInfo(precision="fp32"), world_size=world_size)
 
 
 def test_the_first_loop_is_left_out_where_later_ones_ran(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,7 +3,7 @@
 - ``run_config.py``: ``RunConfig``, the user's flat TPUEstimator-style settings, composed of
   the slices below and checking how they combine;
 - ``slices.py``: the engine components' slices (``LoopConfig``, ``InputConfig``,
-  ``StateConfig``, ``EvalConfig``); the other slices live beside their components
+  ``StateConfig``, ``EvalConfig``) and the hooks' (``RunInfo``); the other slices live beside their components
   (``stoker.checkpoint.CheckpointConfig``, ``stoker.distributed.DistributionConfig``,
   ``stoker.precision.Precision``).
 
@@ -15,7 +15,7 @@ from ..distributed.config import STRATEGIES
 from ..distributed.pipeline import PIPELINE_SCHEDULES, PipelineConfig, check_schedule
 from ..precision import PRECISIONS
 from .run_config import PrecisionName, RunConfig
-from .slices import COMPILE_MODES, EvalConfig, InputConfig, LoopConfig, StateConfig
+from .slices import COMPILE_MODES, EvalConfig, InputConfig, LoopConfig, RunInfo, StateConfig
 
 __all__ = [
     "COMPILE_MODES",
@@ -28,6 +28,7 @@ __all__ = [
     "PipelineConfig",
     "PrecisionName",
     "RunConfig",
+    "RunInfo",
     "StateConfig",
     "check_schedule",
 ]

@@ -9,10 +9,10 @@ objects (``pipeline``, ``loss_scale``, ``checkpoint_io``, and ``precision`` also
 Inside, ``RunConfig`` is a composition: each component owns a frozen slice that validates
 itself, and ``RunConfig`` builds them from its flat fields (``loop_config``, ``input_config``,
 ``state_config``, ``eval_config``, ``checkpoint_config``, ``distribution_config``,
-``make_precision()``); the Estimator hands each component its slice, so nothing below the
-Estimator reads the whole config. What ``RunConfig`` itself checks is how the slices combine
-(``_check_across``). A bad value raises ``ConfigError`` (a ``ValueError``) naming the field and
-the values it accepts.
+``make_precision()``, and ``run_info``, what the hooks read); the Estimator hands each component
+its slice, so nothing below the Estimator reads the whole config. What ``RunConfig`` itself
+checks is how the slices combine (``_check_across``). A bad value raises ``ConfigError`` (a
+``ValueError``) naming the field and the values it accepts.
 
 It is a plain keyword-only dataclass: its fields, their defaults (a fresh group object for each
 group) and its ``__init__`` are the dataclass's own.
@@ -33,7 +33,7 @@ from ..errors import ConfigError
 from ..precision import LossScale, Precision, make_precision
 from ..resolve import Reason
 from .changes import NOT_DATA, RULES, Policy, plain
-from .slices import EvalConfig, InputConfig, LoopConfig, StateConfig, compile_mode
+from .slices import EvalConfig, InputConfig, LoopConfig, RunInfo, StateConfig, compile_mode
 
 PrecisionName = Literal["fp32", "bf16", "fp16", "bf16-sr"]
 
@@ -190,6 +190,16 @@ class RunConfig:
             summaries=self.summaries,
             mlperf_log=self.mlperf_log,
             stuck_replica=self.stuck_replica,
+        )
+
+    @property
+    def run_info(self) -> RunInfo:
+        """What the hooks read of the run (``RunContext.info``)."""
+        return RunInfo(
+            model_dir=None if self.model_dir is None else os.fspath(self.model_dir),
+            seed=self.seed,
+            log_every_n_steps=self.log_every_n_steps,
+            precision=self.precision_name,
         )
 
     @property

@@ -9,7 +9,8 @@ the Estimator hands each to its component:
   default hooks);
 - ``InputConfig``: batching and the infeed (``InputPlan``);
 - ``StateConfig``: building the model and optimizer (``ModelState``);
-- ``EvalConfig``: evaluation (``EvaluationRun``).
+- ``EvalConfig``: evaluation (``EvaluationRun``);
+- ``RunInfo``: what the hooks read of the run's configuration (``RunContext.info``).
 
 The other components' slices live beside them: ``stoker.checkpoint.CheckpointConfig``,
 ``stoker.distributed.DistributionConfig`` and the ``stoker.precision.Precision`` objects. The
@@ -88,6 +89,25 @@ class LoopConfig:
             raise ConfigError(f"RunConfig.cuda_graph must be True or False; got {self.cuda_graph!r}")
         if self.cuda_graph and self.compile == "step":
             raise ConfigError("RunConfig: cuda_graph=True and compile='step' are two ways to run the step; pick one")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunInfo:
+    """What the hooks read of the run's configuration (``RunContext.info``), read-only: the
+    hooks are handed this, never the whole ``RunConfig``.
+
+    Attributes:
+        model_dir: ``RunConfig.model_dir`` as a string (``None``: a run kept in memory).
+        seed: ``RunConfig.seed``.
+        log_every_n_steps: the interval of the log line (``None``: no log lines); the default of
+            the hooks that act every N steps (trackers, ``source="train"`` checks).
+        precision: the precision's name (``"fp32"``, ``"bf16"``, ``"fp16"``, ``"bf16-sr"``).
+    """
+
+    model_dir: str | None = None
+    seed: int = 0
+    log_every_n_steps: int | None = 100
+    precision: str = "fp32"
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -17,8 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from ..checkpoint.io_config import CheckpointConfig
-from ..config import RunConfig
-from ..config.slices import LoopConfig
+from ..config.slices import LoopConfig, RunInfo
 from ..distributed.watchdog import BETWEEN_LOOPS
 from ..errors import ConfigError, NanLossError
 from ..hooks import (
@@ -87,8 +86,7 @@ def check_train_arguments(steps: int | None, max_steps: int | None) -> None:
 class TrainingRun:
     """Trains ``state`` on batches of ``input_fn`` through ``model_fn``, with hooks between loops.
 
-    ``loop`` is the run's ``LoopConfig``; ``hook_config`` is only handed on to the hooks, whose
-    ``RunContext.config`` is the user's ``RunConfig``.
+    ``loop`` is the run's ``LoopConfig``; ``info`` is handed on to the hooks (``RunContext.info``).
     """
 
     def __init__(
@@ -99,13 +97,13 @@ class TrainingRun:
         hooks: Sequence[Hook],
         *,
         loop: LoopConfig,
-        hook_config: RunConfig,
+        info: RunInfo,
     ) -> None:
         self.state = state
         self.inputs = inputs
         self.model_fn = model_fn
         self.config = loop
-        self.hook_config = hook_config
+        self.info = info
         self.strategy = state.strategy
         self.hooks = list(hooks)
         self._max_steps: int | None = None
@@ -338,7 +336,7 @@ class TrainingRun:
         state = self.state
         assert state.optimizer is not None and self.inputs.train_batch_size is not None
         return RunContext(
-            config=self.hook_config,
+            info=self.info,
             params=state.params,
             model=state.build_model(),
             optimizer=state.optimizer,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ..config.slices import RunInfo
 from .base import Hook, HookRunner, LoopResult, RunContext, every_n_steps_due
 from .checkpoint_saver import CheckpointSaverHook
 from .logging_hook import LoggingHook
@@ -72,6 +73,7 @@ __all__ = [
     "ReduceLROnPlateau",
     "RollbackRequest",
     "RunContext",
+    "RunInfo",
     "StepCounterHook",
     "StopAtStepHook",
     "SummaryHook",

@@ -26,14 +26,14 @@ import math
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, cast, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
+from ..config.slices import RunInfo
 from ..errors import ConfigError, UserCodeError
 
 if TYPE_CHECKING:
     import torch
 
-    from ..config import RunConfig
     from ..config.changes import SettingChange
     from ..storage import Location
 
@@ -95,9 +95,14 @@ class LoopResult:
 
 @dataclass(eq=False)
 class RunContext:
-    """The part of a running ``train`` call that hooks read and act on."""
+    """The part of a running ``train`` call that hooks read and act on.
 
-    config: RunConfig
+    ``info`` is what hooks read of the run's configuration (``model_dir``, ``seed``,
+    ``log_every_n_steps``, the precision's name): a read-only ``RunInfo``, never the whole
+    ``RunConfig``.
+    """
+
+    info: RunInfo
     params: dict[str, Any]
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -138,7 +143,8 @@ class RunContext:
 
     @property
     def model_dir(self) -> str | None:
-        return cast("str | None", self.config.model_dir)  # RunConfig.__post_init__ made it a str
+        """``info.model_dir``: where checkpoints go (``None``: a run kept in memory)."""
+        return self.info.model_dir
 
     def request_stop(self, reason: str = "") -> None:
         """Ask training to stop after the current step: the run's planned end (``max_steps``,

@@ -289,7 +289,7 @@ class MLPerfLogHook(Hook):
             return
         self.logger.event(SUBMISSION_BENCHMARK, self.benchmark)
         self.logger.event(GLOBAL_BATCH_SIZE, run.global_batch_size)
-        self.logger.event(SEED, run.config.seed)
+        self.logger.event(SEED, run.info.seed)
         self.logger.start(RUN_START, metadata={"step": run.global_step, "resumed": run.global_step > 0})
 
     def before_loop(self, run: RunContext, steps: int) -> None:

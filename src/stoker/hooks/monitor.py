@@ -142,7 +142,7 @@ class Monitor:
         when a checkpoint written before that step's check is where it resumed (``None``: none)."""
         if self.source == "eval":
             return self._evaluation(run)
-        every = self.every_n_steps or run.config.log_every_n_steps
+        every = self.every_n_steps or run.info.log_every_n_steps
         if every is None:
             raise ConfigError(
                 f"{self.owner}: source='train' checks every every_n_steps steps (default "

@@ -116,7 +116,7 @@ class TrackerHook(Hook):
     # ------------------------------------------------------------ events
     def after_setup(self, run: RunContext) -> None:
         if self.every_n_steps is None:
-            self.every_n_steps = run.config.log_every_n_steps or 100
+            self.every_n_steps = run.info.log_every_n_steps or 100
         self._ending = False
         if not run.is_chief:
             return

@@ -35,7 +35,7 @@ class Throughput(Hook):
 
     def begin(self, run: RunContext) -> None:
         self.device = next(iter(run.model.parameters()), torch.zeros(())).device
-        self.precision = run.config.precision_name
+        self.precision = run.info.precision
         self.devices = max(1, run.world_size)
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
