@@ -4,7 +4,9 @@ Owns everything a ``model_dir``'s ``ckpt-<step>/`` directories and ``checkpoint.
 of and read back through: :mod:`~stoker.checkpoint.index` (``checkpoint.json`` as a type:
 schema, parse, encode, version), :mod:`~stoker.checkpoint.commit` (the commit protocols on
 local disks and object stores, behind one interface), :mod:`~stoker.checkpoint.manager`
-(``CheckpointManager``: saving, retention, ``keep_best``, evaluation results),
+(``CheckpointManager``: saving, resuming, evaluation results, the ``finished.json`` marker),
+:mod:`~stoker.checkpoint.retention` (what each index update keeps: retention, ``keep_best``,
+evaluation results),
 :mod:`~stoker.checkpoint.manifest` (each checkpoint's own ``manifest.json`` and ``evaluation.json``),
 :mod:`~stoker.checkpoint.recovery` (a lost, damaged, stale or foreign index rebuilt from them),
 :mod:`~stoker.checkpoint.verify` (``stoker checkpoint verify``/``repair``: every file checked),

@@ -20,8 +20,9 @@ commit: it exists once every file is complete, and before the index names the ch
   ``stoker.storage.lock``). A prefix no index names is an orphan of a crashed write and is
   removed by the next run's first save.
 
-Retention is the manager's (it knows ``keep_checkpoint_max``, ``keep_best`` and the leases):
-every index update applies the ``retain`` function it is handed, inside the same write.
+Retention is the manager's (``stoker.checkpoint.retention``: it knows ``keep_checkpoint_max``,
+``keep_best`` and the leases): every index update applies the ``retain`` function it is handed,
+inside the same write.
 """
 
 from __future__ import annotations

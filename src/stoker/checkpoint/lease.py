@@ -8,7 +8,7 @@ beside the index, ``checkpoint.lease.<owner>.json``, holding ``{"owner", "pid", 
 * **Written atomically**: locally a temporary file, fsynced and renamed; on S3 and GCS one put
   (atomic); on a store without conditional writes under the index lock object, so a reader
   holding that lock never sees half a lease.
-* **Honoured by retention** (``CheckpointManager._retain``): a checkpoint retention would drop
+* **Honoured by retention** (``stoker.checkpoint.retention``): a checkpoint retention would drop
   stays in the index while a live lease names it; the next retention pass after the lease ends
   deletes it. Leases are only listed when retention has something to drop, so a save that
   drops nothing costs nothing more.

@@ -22,7 +22,8 @@ A checkpoint exists once the index names it, and the index only ever names compl
 checkpoints. How that is kept depends on the storage: a local directory renames, an object
 store makes the index write the commit point (``stoker.checkpoint.commit``: one
 ``CommitProtocol``, chosen once when the manager opens). The manager adds what is the same on
-both: retention, ``keep_best``, evaluation results and the ``finished.json`` marker.
+both: the ``finished.json`` marker, and retention, ``keep_best`` and evaluation results, kept
+by the one ``Retention`` every index update goes through (``stoker.checkpoint.retention``).
 
 The index is never a single point of failure: its first read compares it with the checkpoint
 folders and rebuilds it from their manifests when it is missing, unreadable, stale or foreign
@@ -73,9 +74,8 @@ from .files import (
     step_of,
 )
 from .index import Best, CheckpointIndex, CheckpointRecord, IndexChange, coverage_line
-from .lease import live_leases
-from .manifest import EVALUATION_NAME, Evaluation
 from .recovery import checked_index
+from .retention import Retention
 
 log = logging.getLogger("stoker")
 
@@ -86,7 +86,8 @@ class CheckpointManager:
     """Owns ``model_dir``'s checkpoints and their index. Only the chief process writes.
 
     ``model_dir`` is a local path or an fsspec URL; ``retry`` says how storage faults are
-    retried and how long one storage operation may take.
+    retried and how long one storage operation may take; ``keep_checkpoint_max`` and
+    ``keep_best`` are its ``retention``'s (:class:`~stoker.checkpoint.retention.Retention`).
     """
 
     def __init__(
@@ -100,8 +101,7 @@ class CheckpointManager:
     ) -> None:
         self.model_dir: Location = storage.location(model_dir)
         self.protocol: CommitProtocol = commit_protocol(self.model_dir, retry)
-        self.keep_checkpoint_max = keep_checkpoint_max
-        self.keep_best = keep_best
+        self.retention = Retention(self.protocol, keep_checkpoint_max=keep_checkpoint_max, keep_best=keep_best)
         self.writer = writer
         self._leftovers_checked = False  # see the module docstring: at the first save, not here
         self._index_checked = False  # the first read compares the index with the folders (recovery)
@@ -215,7 +215,8 @@ class CheckpointManager:
             yield
 
     def update_index(self, change: IndexChange[T]) -> T:
-        """Apply ``change`` to the index under the lock, apply retention, write it atomically.
+        """Apply ``change`` to the index under the lock, apply retention, write it atomically
+        (:meth:`Retention.update <stoker.checkpoint.retention.Retention.update>`).
 
         ``change`` returns the new index and a result, which this returns. Checkpoints retention
         drops are deleted after the new index no longer names them. On an object store the
@@ -225,30 +226,7 @@ class CheckpointManager:
         if not self.writer:
             raise CheckpointError("this CheckpointManager was opened read-only (writer=False)")
         self.index()  # checked (and rebuilt if need be) before its first update
-
-        def mirrored(index: CheckpointIndex) -> tuple[CheckpointIndex, T]:
-            new, result = change(index)
-            self._mirror(index, new)
-            return new, result
-
-        result, removed = self.protocol.update(mirrored, self._retain)
-        self._remove(removed)
-        return result
-
-    def _mirror(self, old: CheckpointIndex, new: CheckpointIndex) -> None:
-        """Write ``evaluation.json`` of every checkpoint whose results, ``superseded`` mark or
-        claim to be the best ``new`` changes: before the index itself, so a checkpoint's own
-        files always hold at least what the index does (recovery rebuilds from them)."""
-        now = time.time()
-        for rec in new.checkpoints:
-            mine = Evaluation.of(rec, new, now)
-            before = old.record_in(rec.directory)
-            if mine is None or mine.same_content(None if before is None else Evaluation.of(before, old, now)):
-                continue
-            try:
-                self.protocol.write_own_file(rec.directory, EVALUATION_NAME, mine.encode())
-            except (OSError, StorageError) as e:  # the index still holds it; only its copy is missing
-                log.warning("could not write %s (%s)", self.model_dir / rec.directory / EVALUATION_NAME, e)
+        return self.retention.update(change)
 
     # ---------------------------------------------------------------- finished marker
     def mark_finished(self, step: int) -> None:
@@ -323,14 +301,14 @@ class CheckpointManager:
                 metrics={},
                 dir=self.protocol.record_dir(staging),
             )
-            final, removed = self.protocol.commit(staging, record, blobs, sizes, self._retain, finished)
+            final, removed = self.protocol.commit(staging, record, blobs, sizes, self.retention.retain, finished)
         except BaseException as e:
             storage.remove_tree(staging)
             if isinstance(e, (OSError, StorageError)):  # a storage fault: say where, why, and what is kept
                 cause = str(e) if isinstance(e, StorageError) else storage.explain(e)
                 raise StorageError(f"checkpoint {name} was not written: {cause}; {self._kept()}") from e
             raise
-        self._remove(removed)
+        self.retention.remove(removed)
         if finished and not self.protocol.finished_in_commit:
             # After the commit and outside the clean-up above: the index names this prefix now,
             # so a marker write that fails must raise without taking the checkpoint with it.
@@ -355,48 +333,12 @@ class CheckpointManager:
         if not self.writer:
             return False
         kept = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and k != "global_step"}
-
-        def change(index: CheckpointIndex) -> tuple[CheckpointIndex, bool]:
-            named = index.record(f"ckpt-{step}") is not None
-            index, became_best = index.with_evaluation(step, kept, self.keep_best)
-            if coverage:
-                index = index.counting_coverage().counting("evaluated" if named else "discarded", step)
-            return index, became_best
-
-        return bool(self.update_index(change))
-
-    def _retain(self, index: CheckpointIndex) -> tuple[CheckpointIndex, list[str]]:
-        """``index`` without the records retention no longer keeps; and their directories.
-
-        Kept: the newest ``keep_checkpoint_max``, the best, the latest, and any checkpoint a
-        live evaluation lease names (``stoker.checkpoint.lease``; listed only when there is
-        something to drop). With an evaluator's ``coverage`` in the index, a dropped
-        checkpoint that was neither evaluated nor superseded is counted as removed before
-        reading.
-        """
-        records = index.checkpoints
-        keep = {r.name for r in records}
-        if self.keep_checkpoint_max > 0:
-            keep = {r.name for r in records[-self.keep_checkpoint_max :]}
-        if index.best is not None:
-            keep.add(index.best.name)
-        if index.latest is not None:
-            keep.add(index.latest)
-        if any(r.name not in keep for r in records):
-            leased = {lease.dir for lease in live_leases(self.model_dir, self.retry)}
-            keep |= {r.name for r in records if r.directory in leased}
-        index, dropped = index.keeping(keep)
-        return index, [r.directory for r in dropped]
+        return bool(self.update_index(self.retention.evaluation(step, kept, coverage=coverage)))
 
     def apply_retention(self) -> None:
         """Run a retention pass now (an index update that changes nothing else): an evaluator
         that released its lease deletes what the lease kept, without waiting for the next save."""
         self.update_index(lambda index: (index, None))
-
-    def _remove(self, dirs: list[str]) -> None:
-        # Delete only after the index no longer names them: a crash here leaves a harmless orphan.
-        for d in dirs:
-            storage.remove_tree(self.model_dir / d)
 
     # ---------------------------------------------------------------- load
     def resolve(
@@ -406,24 +348,28 @@ class CheckpointManager:
         an error names the argument ``name`` it came from."""
         if checkpoint_path is None:
             return self.latest_path()
-        p = storage.location(checkpoint_path)
-        if storage.exists(p / INDEX_NAME) or any(CKPT_RE.match(n) for n in storage.listdir(p)):
-            latest = CheckpointManager(p, writer=False).latest_path()
-            if latest is None:
-                raise CheckpointError(f"{name} {str(p)!r} holds no checkpoint yet")
-            return latest
-        if storage.exists(p / MODEL_FILE) or storage.is_dir(p / "dcp"):
-            return p
-        if not storage.exists(p):
-            raise CheckpointError(f"{name} {str(p)!r} does not exist")
-        raise CheckpointError(
-            f"{name} {str(p)!r} is neither a model_dir (with {INDEX_NAME}) nor a "
-            f"checkpoint directory (with {MODEL_FILE})"
-        )
+        return _checkpoint_at(storage.location(checkpoint_path), name)
 
     def load(self, path: Location) -> LoadedCheckpoint:
         """Read and verify a checkpoint directory (``weights_only`` loading only)."""
         return load_checkpoint(path)
+
+
+def _checkpoint_at(p: Location, name: str) -> Location:
+    """The checkpoint directory ``p`` names: the latest of a model_dir, or ``p`` itself; an error
+    names the argument ``name`` it came from."""
+    if storage.exists(p / INDEX_NAME) or any(CKPT_RE.match(n) for n in storage.listdir(p)):
+        latest = CheckpointManager(p, writer=False).latest_path()
+        if latest is None:
+            raise CheckpointError(f"{name} {str(p)!r} holds no checkpoint yet")
+        return latest
+    if storage.exists(p / MODEL_FILE) or storage.is_dir(p / "dcp"):
+        return p
+    if not storage.exists(p):
+        raise CheckpointError(f"{name} {str(p)!r} does not exist")
+    raise CheckpointError(
+        f"{name} {str(p)!r} is neither a model_dir (with {INDEX_NAME}) nor a checkpoint directory (with {MODEL_FILE})"
+    )
 
 
 __all__ = [

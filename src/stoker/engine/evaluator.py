@@ -346,11 +346,12 @@ class ContinuousEvaluation:
 
     def _log(self, step: int, results: dict[str, float], became_best: bool) -> None:
         scalars = {k: v for k, v in results.items() if k != "global_step"}
+        keep_best = self.checkpoints.retention.keep_best
         log.info(
             "eval at step %d: %s%s",
             step,
             ", ".join(f"{k} = {v:.6g}" for k, v in scalars.items()),
-            f" (best so far by {self.checkpoints.keep_best[0]})" if became_best and self.checkpoints.keep_best else "",
+            f" (best so far by {keep_best[0]})" if became_best and keep_best else "",
         )
         if not self.config.summaries:
             return
