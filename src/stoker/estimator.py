@@ -33,7 +33,6 @@ from .distributed import DistributionConfig, Strategy, make_strategy
 from .engine import (
     ContinuousEvalConfig,
     ContinuousEvalResult,
-    ContinuousEvaluation,
     EvaluationRun,
     InputFn,
     InputPlan,
@@ -46,7 +45,7 @@ from .engine import (
     bind_model_fn,
     check_train_arguments,
     default_hooks,
-    evaluation_on_device,
+    watching,
 )
 from .engine.cuda_graph_step import capture_refusals, cuda_graph_choice
 from .errors import ConfigError, UserCodeError
@@ -303,13 +302,6 @@ class Estimator:
         ``order="newest"`` (default) evaluates the newest pending checkpoint and records older
         pending ones as superseded; ``"oldest"`` evaluates each in step order.
         """
-        checkpoints = self.state.checkpoints
-        if checkpoints is None:
-            raise ConfigError("evaluate_continuously: the Estimator needs RunConfig.model_dir (the directory to watch)")
-        if self.strategy.world_size > 1:
-            raise ConfigError(
-                "evaluate_continuously runs in one process: start it without torchrun (device= picks its device)"
-            )
         config = ContinuousEvalConfig(
             steps=steps,
             timeout_secs=timeout_secs,
@@ -318,8 +310,7 @@ class Estimator:
             summaries=self.config.summaries,
             order=order,
         )
-        evaluation = evaluation_on_device(self._evaluation, device)
-        return ContinuousEvaluation(evaluation, checkpoints, config, on_result=on_result).run(input_fn)
+        return watching(self._evaluation, config, device=device, on_result=on_result).run(input_fn)
 
     def predict(
         self,

@@ -30,6 +30,7 @@ from stoker.bench import BenchConfig, run_benchmark
 from stoker.checkpoint import CheckpointRecord, load_checkpoint
 from stoker.cli import main
 from stoker.engine import ContinuousEvalConfig, ContinuousEvalResult, ContinuousEvaluation
+from stoker.errors import ConfigError
 
 SCRIPT = SCRIPTS / "continuous_eval_script.py"
 
@@ -325,6 +326,13 @@ def test_arguments_are_checked(tmp_path):
     ):
         with pytest.raises(ValueError, match=match):
             est.evaluate_continuously(eval_input(*make_data(8)), **kwargs)
+
+
+def test_a_watching_evaluator_runs_in_one_process(tmp_path, monkeypatch):
+    est = make_estimator(tmp_path)
+    monkeypatch.setattr(est.strategy, "world_size", 2)  # as one of two replicas under torchrun
+    with pytest.raises(ConfigError, match=r"^evaluate_continuously runs in one process: start it without torchrun"):
+        est.evaluate_continuously(eval_input(*make_data(8)), timeout_secs=0.01)
 
 
 # ============================================================== real processes

@@ -26,6 +26,7 @@ from .evaluator import (
     ContinuousEvalResult,
     ContinuousEvaluation,
     evaluation_on_device,
+    watching,
 )
 from .inputs import InputFn, InputPlan, check_batch_size, isolated_rng
 from .model_fn import bind_model_fn
@@ -53,4 +54,5 @@ __all__ = [
     "default_hooks",
     "evaluation_on_device",
     "isolated_rng",
+    "watching",
 ]

@@ -384,6 +384,25 @@ def _logged_steps(path: Location) -> set[int]:
     return steps
 
 
+def watching(
+    evaluation: EvaluationRun,
+    config: ContinuousEvalConfig,
+    *,
+    device: str | None = None,
+    on_result: Callable[[int, dict[str, float]], None] | None = None,
+) -> ContinuousEvaluation:
+    """``Estimator.evaluate_continuously``'s evaluator: ``evaluation``'s model_dir watched by this one
+    process, evaluating on ``device`` (``None``: where ``evaluation`` runs)."""
+    checkpoints = evaluation.state.checkpoints
+    if checkpoints is None:
+        raise ConfigError("evaluate_continuously: the Estimator needs RunConfig.model_dir (the directory to watch)")
+    if evaluation.strategy.world_size > 1:
+        raise ConfigError(
+            "evaluate_continuously runs in one process: start it without torchrun (device= picks its device)"
+        )
+    return ContinuousEvaluation(evaluation_on_device(evaluation, device), checkpoints, config, on_result=on_result)
+
+
 def evaluation_on_device(evaluation: EvaluationRun, device: str | None) -> EvaluationRun:
     """``evaluation``, or a copy of its components on ``device`` (one replica, no optimizer)."""
     state, inputs = evaluation.state, evaluation.inputs
@@ -417,4 +436,5 @@ __all__ = [
     "ContinuousEvaluation",
     "ORDERS",
     "evaluation_on_device",
+    "watching",
 ]
