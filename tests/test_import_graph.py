@@ -282,6 +282,7 @@ LAYERS: dict[str, set[str]] = {
     "stoker.memory": {"stoker.errors"},
     "stoker.kernels": {"stoker.errors", "stoker._cache", "stoker.resolve"},
     "stoker.resolve": {"stoker.errors"},
+    "stoker.flags": {"stoker.errors"},  # the flag helper every command declares its flags with
     "stoker.storage": {"stoker.errors"},
     "stoker.data": {"stoker.errors", "stoker._cache", "stoker.resolve"},
     # the table of commands, and the check of the directories a command names before it runs (storage: a leaf)
@@ -290,7 +291,7 @@ LAYERS: dict[str, set[str]] = {
     "stoker.distributed": {"stoker.errors", "stoker.storage", "stoker.memory", "stoker.resolve"},
     "stoker.checkpoint": {"stoker.errors", "stoker.storage", "stoker.distributed"},
     "stoker.summary": {"stoker.errors", "stoker.storage", "stoker.checkpoint", "stoker.run_spec"},
-    "stoker.serving": {"stoker.errors", "stoker._version", "stoker.export"},
+    "stoker.serving": {"stoker.errors", "stoker._version", "stoker.export", "stoker.flags"},
     # optuna runs the trials; the objective brings the Estimator; storage checks the trials' model_dir
     "stoker.tune": {"stoker.errors", "stoker.storage"},
     "stoker.config": {

@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # the table below for type checkers: each name re-exported as
     from .errors import DataError as DataError
     from .errors import DistributedError as DistributedError
     from .errors import ExportError as ExportError
+    from .errors import FlagError as FlagError
     from .errors import ImageDecodeError as ImageDecodeError
     from .errors import ModelFnError as ModelFnError
     from .errors import NanLossError as NanLossError
@@ -72,6 +73,7 @@ _PUBLIC: dict[str, str] = {
     "DataError": ".errors",
     "DistributedError": ".errors",
     "ExportError": ".errors",
+    "FlagError": ".errors",
     "ImageDecodeError": ".errors",
     "ModelFnError": ".errors",
     "NanLossError": ".errors",

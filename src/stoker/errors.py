@@ -7,7 +7,7 @@ bad argument, ``TypeError`` for a bad ``model_fn``), that built-in stays a secon
 
     StokerError
       ConfigError (ValueError)        an argument, setting or flag with a value stoker cannot use
-        BenchFlagError                  a ``stoker bench`` flag (the CLI exits 2)
+        FlagError                       a command-line flag (the command exits 2)
         UnknownNameError (KeyError)     a name not in a registry (model, optimizer, recipe, kind)
       StateError (RuntimeError)       an operation asked of something in the wrong state
       DataError (ValueError)          input data that cannot be used as it is
@@ -92,6 +92,18 @@ class ExportError(StokerError):
 class ConfigError(StokerError, ValueError):
     """An argument, setting or flag has a value stoker cannot use; the message names it and
     what is allowed."""
+
+
+class FlagError(ConfigError):
+    """A command-line flag value or combination a command cannot use (the command exits 2);
+    ``flags`` names the flags involved (``stoker.flags`` declares and checks them)."""
+
+    def __init__(self, flags: tuple[str, ...], message: str) -> None:
+        super().__init__(message)
+        self.flags = flags
+
+    def __reduce__(self) -> tuple[type[FlagError], tuple[tuple[str, ...], str]]:
+        return (type(self), (self.flags, str(self)))
 
 
 class UnknownNameError(ConfigError, KeyError):

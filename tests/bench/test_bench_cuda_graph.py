@@ -9,9 +9,9 @@ from torch import nn
 
 from helpers.cli import run_main
 from stoker.bench import BenchConfig, optim
-from stoker.bench.errors import BenchFlagError
 from stoker.bench.optim import TFRMSProp, UpdatePlan, make_optimizer, update_plan
 from stoker.bench.plan import graph_refusals
+from stoker.errors import FlagError
 
 
 def _params() -> list[nn.Parameter]:
@@ -186,7 +186,7 @@ def test_run_benchmark_raises_the_flag_error() -> None:
     if torch.cuda.is_available():
         pytest.skip("the auto device is a GPU here")
     cfg = BenchConfig(model="trivial", data_name="cifar10", batch_size=8, num_batches=1, cuda_graph=True)
-    with pytest.raises(BenchFlagError, match="cannot be captured") as e:
+    with pytest.raises(FlagError, match="cannot be captured") as e:
         run_benchmark(cfg, log=lambda line: None)
     assert e.value.flags == ("cuda_graph", "device")  # the flags the message names
 

@@ -21,7 +21,7 @@ from helpers.cli import run_main
 from helpers.paths import ROOT
 from helpers.processes import PYTHON, python_env, run_process
 from stoker.bench.cli import config_from_args
-from stoker.bench.config import BenchConfig, BenchFlagError
+from stoker.bench.config import BenchConfig, FlagError
 from stoker.bench.flags import BY_NAME, COMMAND_ONLY, NOTED, all_flags
 from stoker.cli import build_parser
 
@@ -86,7 +86,8 @@ def test_a_new_field_appears_in_the_parser_the_help_and_the_docs_list() -> None:
     """The parser, --help and the docs' list are made from the declarations: a field declared
     with ``option`` is a flag everywhere, with its default and checks."""
     from stoker.bench.cli import add_parser
-    from stoker.bench.flags import MORE, add_flags, markdown_tables, option
+    from stoker.bench.flags import GROUPS, MORE, markdown_tables
+    from stoker.flags import add_flags, option
 
     @dataclasses.dataclass(kw_only=True)
     class Extended(BenchConfig):
@@ -95,11 +96,11 @@ def test_a_new_field_appears_in_the_parser_the_help_and_the_docs_list() -> None:
     flags = all_flags(Extended)
     assert "| `--frobnicate` | 3 | frobnicate N times |" in markdown_tables(flags)
     parser = argparse.ArgumentParser(prog="x")
-    add_flags(parser, flags)
+    add_flags(parser, flags, style="absl", groups=GROUPS)
     assert "frobnicate N times; default: 3" in " ".join(parser.format_help().split())
     assert vars(parser.parse_args(["--frobnicate=5"]))["frobnicate"] == 5
     assert "frobnicate" not in vars(parser.parse_args([]))  # not given: the dataclass default
-    with pytest.raises(BenchFlagError, match=r"--frobnicate must be an integer >= 1; got 0"):
+    with pytest.raises(FlagError, match=r"--frobnicate must be an integer >= 1; got 0"):
         Extended(frobnicate=0)
     assert add_parser  # the real parser is built the same way (test above)
 

@@ -95,12 +95,12 @@ def test_the_plan_on_a_cuda_host_and_on_synthetic_data(
 
 
 def test_the_flags_become_one_run_config_and_the_engine_s_refusals_name_flags() -> None:
-    from stoker.bench.errors import BenchFlagError
+    from stoker.errors import FlagError
 
     plan = build_plan(cfg(model="trivial", data_name="cifar10", train_dir="/tmp/x", tf_random_seed=7), facts=facts())
     config = plan.run_config
     assert (config.model_dir, config.seed, config.device, config.strategy) == ("/tmp/x", 7, "cpu", "replicated")
-    with pytest.raises(BenchFlagError) as e:  # RunConfig's own rule, in the flags' words
+    with pytest.raises(FlagError) as e:  # RunConfig's own rule, in the flags' words
         build_plan(cfg(model="trivial", data_name="cifar10", cuda_graph=True), facts=facts())
     assert str(e.value) == "--cuda_graph needs a CUDA device; --device=cpu (use --device=cuda or drop --cuda_graph)"
     assert e.value.flags == ("cuda_graph", "device")

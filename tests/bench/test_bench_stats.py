@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 
-from stoker.bench import BenchConfig, BenchFlagError, latency_stats, perf_timing, write_results
+from stoker.bench import BenchConfig, FlagError, latency_stats, perf_timing, write_results
 from stoker.bench.optim import learning_rate_fn, parse_piecewise_schedule
 from stoker.bench.stats import (
     display_due,
@@ -142,7 +142,7 @@ def test_exponential_decay_floor_and_warmup() -> None:
     ],
 )
 def test_config_refuses_bad_combinations_naming_the_flags(fields: dict[str, object], flags: tuple[str, ...]) -> None:
-    with pytest.raises(BenchFlagError) as err:
+    with pytest.raises(FlagError) as err:
         BenchConfig(**fields)  # type: ignore[arg-type]
     assert err.value.flags == flags
     assert f"--{flags[0]}" in str(err.value)

@@ -478,7 +478,7 @@ def test_stoker_evaluate_watch_beside_stoker_train_charlm(tmp_path):
     "argv, message",
     [
         (["--device", "gpu0"], "--device must be auto, cpu, cuda or cuda:N"),
-        (["--steps", "0"], "--steps must be >= 1"),
+        (["--steps", "0"], "--steps must be an integer >= 1; got 0"),
         (["--watch", "--timeout_secs", "0"], "--timeout_secs must be > 0"),
         (["--watch", "--checkpoint", "x"], "--checkpoint evaluates one checkpoint"),
         (["--last_step", "5"], "--last_step applies only with --watch"),

@@ -286,7 +286,7 @@ def test_the_command_refuses_bad_flags_with_2_and_a_non_export_with_1(tmp_path, 
     from stoker.cli import main
 
     assert main(["serve", str(tmp_path), "--max_pending", "0"]) == 2
-    assert "--max_pending must be >= 1; got 0" in capsys.readouterr().err
+    assert "--max_pending must be an integer >= 1; got 0" in capsys.readouterr().err
     assert main(["serve", str(tmp_path), "--batch_window_ms", "-1"]) == 2
     assert main(["serve", str(tmp_path), "--port", "0"]) == 1
     assert "is not a stoker export" in capsys.readouterr().err

@@ -18,7 +18,7 @@ from helpers.cli import run_main
 from helpers.processes import python_env
 from helpers.tiny import make_estimator
 from stoker import storage
-from stoker.bench.config import BenchConfig, BenchFlagError
+from stoker.bench.config import BenchConfig, FlagError
 from stoker.errors import ConfigError
 
 
@@ -70,13 +70,13 @@ def test_readers_accept_a_read_only_directory_but_not_a_file(tmp_path, a_file, m
 
 
 def test_bench_train_dir_that_is_a_file_is_a_flag_error(tmp_path, a_file):
-    with pytest.raises(BenchFlagError) as e:
+    with pytest.raises(FlagError) as e:
         BenchConfig(train_dir=str(a_file))
     assert e.value.flags == ("train_dir",)
     assert str(e.value) == (
         f"--train_dir {str(a_file)!r} is a file, not a directory; give a directory (created if missing)"
     )
-    with pytest.raises(BenchFlagError, match=r"^--benchmark_log_dir '.*notes.txt/logs' cannot be created: "):
+    with pytest.raises(FlagError, match=r"^--benchmark_log_dir '.*notes.txt/logs' cannot be created: "):
         BenchConfig(benchmark_log_dir=str(a_file / "logs"))
 
 

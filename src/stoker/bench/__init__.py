@@ -30,7 +30,8 @@ In Python::
     print("\\n".join(summary_lines(result)))
 """
 
-from .config import BenchConfig, BenchFlagError
+from ..errors import FlagError
+from .config import BenchConfig
 from .inference import run_inference
 from .plan import BenchPlan, build_plan
 from .report import (
@@ -47,7 +48,7 @@ from .workload import Workload, resolve_workload
 
 __all__ = [
     "BenchConfig",
-    "BenchFlagError",
+    "FlagError",
     "BenchPlan",
     "LatencyStats",
     "PerfTiming",

@@ -2,7 +2,7 @@
 
 :func:`validate` (called by ``BenchConfig.__post_init__``) checks every field against its
 :class:`~stoker.bench.flags.Flag` (allowed values, integers, ranges), then the flags that need
-or exclude each other, one function per topic. Each failure is a :class:`BenchFlagError`
+or exclude each other, one function per topic. Each failure is a :class:`FlagError`
 naming the flags and, for a value, the allowed ones (the command line prints it on one line
 and exits 2). Checks that need the model registry, the data folder or the devices live in
 :func:`stoker.bench.workload.resolve_workload`; what the engine refuses (a CUDA graph that cannot
@@ -15,9 +15,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConfigError
+from ..flags import Flag, check_value, fail
 from ..storage import check_dir
-from .errors import fail
-from .flags import Flag, check_value
 
 #: The flags that turn training into "training + evaluation".
 EVAL_DURING_TRAINING_FLAGS: tuple[str, ...] = (
@@ -43,7 +42,7 @@ _INFERENCE_ONLY: tuple[str, ...] = ("num_inference_threads", "iterations", "expo
 
 
 def validate(cfg: Any, flags: tuple[Flag, ...]) -> None:
-    """Raise :class:`BenchFlagError` for the first bad value (``flags``: ``cfg``'s declared
+    """Raise :class:`FlagError` for the first bad value (``flags``: ``cfg``'s declared
     fields) or combination."""
     if not (isinstance(cfg.compile, bool) or cfg.compile in ("none", "module", "step")):
         raise fail(f"--compile={cfg.compile!r} is not allowed; allowed values: true, false, module, step", "compile")

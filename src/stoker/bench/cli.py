@@ -9,7 +9,6 @@ flags (argparse's ``error``); runtime failures (a missing checkpoint, a data err
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import sys
 from collections.abc import Callable
@@ -18,15 +17,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..distributed import torchrun_rank, torchrun_world_size
-from ..errors import StokerError
+from ..errors import FlagError, StokerError
+from ..flags import add_flags, given_values
 from .checks import gpu_indices
-from .config import (
-    MODE_TRAIN,
-    MODE_TRAIN_AND_EVAL,
-    BenchConfig,
-    BenchFlagError,
-)
-from .flags import NOTED, add_flags, all_flags, check_value, format_value
+from .config import MODE_TRAIN, MODE_TRAIN_AND_EVAL, BenchConfig
+from .flags import GROUPS, all_flags, check_noted
 from .launch import check_num_gpus, launch_replicas, should_launch
 
 if TYPE_CHECKING:
@@ -44,30 +39,26 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
         usage="stoker bench [--flag=value ...]",
         allow_abbrev=False,  # --mod must not silently mean --model or --mode
     )
-    add_flags(p, all_flags(BenchConfig))
+    add_flags(p, all_flags(BenchConfig), style="absl", groups=GROUPS)
     p.set_defaults(func=lambda args: run_bench_command(args, p))
     return p
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
-    """The ``BenchConfig`` of parsed flags (raises ``BenchFlagError`` naming bad flags). A flag
+    """The ``BenchConfig`` of parsed flags (raises ``FlagError`` naming bad flags). A flag
     not given is absent from ``args``: its field keeps the dataclass default."""
     given = vars(args)
     precision = given.get("precision")
     if given.get("use_fp16"):
         if precision not in (None, "fp16"):
-            raise BenchFlagError(
+            raise FlagError(
                 ("use_fp16", "precision"), f"--use_fp16 contradicts --precision={precision}; give one of them"
             )
         precision = "fp16"
-    values = {f.name: given[f.name] for f in dataclasses.fields(BenchConfig) if f.name in given}
+    values = given_values(BenchConfig, args)
     if precision is not None:
         values["precision"] = precision
-    noted = [flag for flag in NOTED if flag.name in given]
-    for flag in noted:
-        check_value(flag, given[flag.name])
-    values["noted_flags"] = tuple((flag.name, format_value(given[flag.name])) for flag in noted)
-    return BenchConfig(**values)
+    return BenchConfig(**values, noted_flags=check_noted(given))
 
 
 def run_bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -88,7 +79,7 @@ def run_bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser)
         device = preflight(cfg, world)
         visible = len(gpu_indices(cfg.gpu_indices)) or torch.cuda.device_count()
         check_num_gpus(cfg.num_gpus, world, visible if device.value.type == "cuda" else None)
-    except BenchFlagError as e:
+    except FlagError as e:
         parser.error(str(e))
     if max(world, cfg.num_gpus) > 1 and cfg.benchmark_mode not in (MODE_TRAIN, MODE_TRAIN_AND_EVAL):
         many = f"WORLD_SIZE={world}" if world > 1 else f"--num_gpus={cfg.num_gpus}"
@@ -109,7 +100,7 @@ def run_bench_command(args: argparse.Namespace, parser: argparse.ArgumentParser)
         plan = build_plan(cfg, sample_busy=True, device=device)
         _set_threads(plan, parser, log)
         result = run_benchmark(plan, log=log)
-    except BenchFlagError as e:
+    except FlagError as e:
         parser.error(str(e))
     except (StokerError, OSError, RuntimeError, ValueError) as e:
         print(f"stoker bench: error: {e}", file=sys.stderr, flush=True)

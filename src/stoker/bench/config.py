@@ -6,7 +6,7 @@ Field names are tf_cnn_benchmarks' flag names, so ``--batch_size=32`` becomes
 default, help, group, allowed values and range, from which the parser, ``--help`` and
 docs/bench-reference.md's flag lists are made (:mod:`stoker.bench.flags` says why this shape).
 ``__post_init__`` checks every value against its declaration and then the combinations
-(:func:`stoker.bench.checks.validate`), raising :class:`BenchFlagError`, which names the flags
+(:func:`stoker.bench.checks.validate`), raising :class:`~stoker.errors.FlagError`, which names the flags
 (the command line prints it and exits with status 2).
 """
 
@@ -16,9 +16,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import FlagError
+from ..flags import field_flags
 from .checks import EVAL_DURING_TRAINING_FLAGS, parse_piecewise_schedule, validate
-from .errors import BenchFlagError
-from .flags import field_flags
 from .settings import (
     DATA_FORMATS,
     DATA_NAMES,
@@ -146,6 +146,6 @@ __all__ = [
     "RUN_MODES",
     "VARIABLE_UPDATES",
     "BenchConfig",
-    "BenchFlagError",
+    "FlagError",
     "parse_piecewise_schedule",
 ]

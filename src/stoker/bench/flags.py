@@ -2,36 +2,31 @@
 
 A flag is declared in exactly one place:
 
-- a flag that sets a setting is a ``BenchConfig`` field (declared in ``bench/settings.py``) made with
-  :func:`option`: its default is the field's, its type the field's annotation (``int | None``,
-  ``tuple[int, ...]`` for a comma-separated list, ...), and :class:`Flag` in its ``metadata``
-  carries the help, the ``--help`` group, the allowed values and the range;
+- a flag that sets a setting is a ``BenchConfig`` field (declared in ``bench/settings.py``) made
+  with the one flag helper of every command, :func:`stoker.flags.option`: its default is the
+  field's, its type the field's annotation, and its :class:`~stoker.flags.Flag` carries the
+  help, the ``--help`` group (one of :data:`GROUPS`), the allowed values and the range;
 - a flag tf_cnn_benchmarks has but that has no effect in PyTorch is a row of :data:`NOTED`
   here, with the note saying why (no field: nothing reads it);
 - the two flags that are spellings of other settings (``--use_fp16``, ``--list_models``) are
   rows of :data:`COMMAND_ONLY`.
 
-Why fields with metadata rather than one table that generates the dataclass: the readers
-(``bench/train.py``, ``bench/report.py``, ``benchmarks/*.py``) keep a plain, typed dataclass
-whose attributes mypy checks, and a reader of ``settings.py`` sees each setting, its default and
-its meaning together. From these declarations :func:`all_flags` lists every flag,
-:func:`add_flags` builds the parser (groups for ``--help``, absl booleans ``--flag``,
-``--noflag``, ``--flag=true``), :func:`note_lines` writes the header's
-``Note: --flag=value has no effect here: <why>`` lines, :func:`check_value` validates a field,
-and :func:`markdown_tables` writes docs/bench-reference.md's flag lists (``tests/bench/test_bench_flags.py``
-checks that the page holds exactly them, and that every flag of tf_cnn_benchmarks is declared).
+``stoker bench`` parses in the helper's ``absl`` style (tf_cnn_benchmarks' booleans ``--flag``,
+``--noflag``, ``--flag=true``). Here, too: :func:`note_lines` writes the header's ``Note: --flag=value
+has no effect here: <why>`` lines, :func:`markdown_tables` writes docs/bench-reference.md's flag
+lists (``tests/bench/test_bench_flags.py`` checks that the page holds exactly them, and that every
+flag of tf_cnn_benchmarks is declared), and :data:`FLAG_OF_FIELD` / :class:`FlagNames` say the
+engine's reasons and errors, which name ``RunConfig`` fields, in flags.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
+from ..errors import FlagError
+from ..flags import Flag, check_value, field_flags, format_value
 from ..resolve import Names, spelled
-from .errors import BenchFlagError, fail
 
 # --help groups, in their order
 RUN = "what to run"
@@ -45,204 +40,6 @@ INFERENCE = "inference latency (--mode=inference)"
 MORE = "more tf_cnn_benchmarks flags"
 NOTED_GROUP = "accepted with a note: no effect in PyTorch (the run says why)"
 GROUPS: tuple[str, ...] = (RUN, AMOUNT, WHERE, INPUT, OPTIMIZER, EVALUATION, OUTPUTS, INFERENCE, MORE, NOTED_GROUP)
-
-#: Kinds of flag: bool (absl style: --flag, --noflag, --flag=true|false), int, float, str, list
-#: (comma-separated, as absl's DEFINE_list; ``item`` says of what), and compile (a bool or a mode).
-FLAG_KINDS: tuple[str, ...] = ("bool", "int", "float", "str", "list", "compile")
-_KIND_OF_ANNOTATION = {
-    "bool": ("bool", "str"),
-    "int": ("int", "str"),
-    "int | None": ("int", "str"),
-    "float": ("float", "str"),
-    "float | None": ("float", "str"),
-    "str": ("str", "str"),
-    "str | None": ("str", "str"),
-    "bool | str": ("compile", "str"),
-    "tuple[int, ...]": ("list", "int"),
-    "tuple[float, ...]": ("list", "float"),
-}
-
-
-@dataclass(frozen=True, kw_only=True)
-class Flag:
-    """One flag: what ``--help`` says and how a value is parsed and checked.
-
-    ``default_text`` says what the default means where the value alone does not (``0``: the
-    model's batch size); a flag whose default is ``None`` must have one. ``minimum`` /
-    ``above`` / ``maximum`` bound a number (``minimum`` of an ``int`` flag: an integer >= it);
-    on a list they bound every item. ``case`` normalises a string on the command line
-    (``upper``: ``nhwc`` is ``NHWC``). ``note`` is set only on the noted rows."""
-
-    name: str = ""
-    kind: str = ""
-    default: Any = None
-    help: str
-    group: str
-    default_text: str | None = None
-    choices: tuple[Any, ...] | None = None
-    minimum: float | None = None
-    above: float | None = None
-    maximum: float | None = None
-    item: str = "str"
-    case: str | None = None
-    #: more for docs/bench-reference.md's list (Markdown), after the help
-    docs: str = ""
-    note: str | None = None
-
-    @property
-    def implemented(self) -> bool:
-        """A ``BenchConfig`` field gives it its meaning (not a noted row)."""
-        return self.note is None
-
-    def help_text(self) -> str:
-        """The ``--help`` line: the help, then the default (stated once) or the note."""
-        if self.note is not None:
-            return f"{self.help}: {self.note}"
-        return f"{self.help}; default: {self.default_text or format_value(self.default)}"
-
-
-def option(default: Any, help: str, *, group: str, **meta: Any) -> Any:
-    """A ``BenchConfig`` field that is a flag: ``--NAME`` with this ``default`` and ``help`` in
-    ``group``; ``meta`` holds :class:`Flag`'s other settings (``choices``, ``minimum``, ...)."""
-    return dataclasses.field(default=default, metadata={"flag": Flag(help=help, group=group, **meta)})
-
-
-def field_flags(config_class: type) -> tuple[Flag, ...]:
-    """The flags of ``config_class``'s fields (those made with :func:`option`), named and typed."""
-    found = _FIELD_FLAGS.get(config_class)
-    if found is not None:
-        return found
-    flags = []
-    for f in dataclasses.fields(config_class):
-        spec = f.metadata.get("flag")
-        if spec is not None:
-            kind, item = _KIND_OF_ANNOTATION[str(f.type)]
-            flags.append(dataclasses.replace(spec, name=f.name, kind=kind, item=item, default=f.default))
-    _FIELD_FLAGS[config_class] = tuple(flags)
-    return _FIELD_FLAGS[config_class]
-
-
-_FIELD_FLAGS: dict[type, tuple[Flag, ...]] = {}  # per config class: its fields do not change
-
-
-def format_value(value: Any) -> str:
-    """A flag value as it is written on a command line."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
-        return ",".join(str(v) for v in value)
-    return str(value)
-
-
-def _number(value: float) -> str:
-    return f"{value:g}"
-
-
-def check_value(flag: Flag, value: Any) -> None:
-    """Raise :class:`~stoker.bench.errors.BenchFlagError` naming ``--flag`` when ``value`` is
-    not allowed (a choice, an integer, a range); ``None`` passes where the default is ``None``."""
-    name = flag.name
-    if value is None and flag.default is None:
-        return
-    if flag.choices is not None and value not in flag.choices:
-        allowed = ", ".join(format_value(c) for c in flag.choices)
-        raise fail(f"--{name}={value!r} is not allowed; allowed values: {allowed}", name)
-    if flag.kind == "list":
-        for item in value:
-            _check_number(flag, item, f"--{name}: every value")
-    elif flag.kind in ("int", "float"):
-        _check_number(flag, value, f"--{name}")
-
-
-def _check_number(flag: Flag, value: Any, what: str) -> None:
-    low, minimum, high = flag.above, flag.minimum, flag.maximum
-    if minimum is not None and (flag.kind == "int" or flag.item == "int"):
-        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            raise fail(f"{what} must be an integer >= {_number(minimum)}; got {value!r}", flag.name)
-    elif high is not None:
-        bound = f"({_number(low)}" if low is not None else f"[{_number(minimum or 0)}"
-        if not ((value > low) if low is not None else (value >= (minimum or 0))) or not value <= high:
-            raise fail(f"{what} must be in {bound}, {_number(high)}]; got {value}", flag.name)
-    elif low is not None and not value > low:
-        raise fail(f"{what} must be > {_number(low)}; got {value}", flag.name)
-    elif minimum is not None and value < minimum:
-        raise fail(f"{what} must be >= {_number(minimum)}; got {value}", flag.name)
-
-
-# ------------------------------------------------------------------------------ the command line
-_TRUE = ("1", "true", "t", "yes", "y")
-_FALSE = ("0", "false", "f", "no", "n")
-
-
-def parse_bool(text: str) -> bool:
-    """absl's boolean values: true/false, t/f, yes/no, y/n, 1/0 (any case)."""
-    value = text.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
-
-
-def _parse_compile(text: str) -> bool | str:
-    value = text.strip().lower()
-    if value in ("module", "step", "none"):
-        return value
-    try:
-        return parse_bool(text)
-    except argparse.ArgumentTypeError:
-        raise argparse.ArgumentTypeError(f"expected true, false, module or step, got {text!r}") from None
-
-
-def _list_parser(item: str) -> Callable[[str], tuple[Any, ...]]:
-    convert: Callable[[str], Any] = {"int": int, "float": float, "str": str}[item]
-
-    def parse(text: str) -> tuple[Any, ...]:
-        try:
-            return tuple(convert(v.strip()) for v in text.split(",") if v.strip())
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated {item}s, got {text!r}") from None
-
-    return parse
-
-
-def _parser_of(flag: Flag) -> Callable[[str], Any]:
-    if flag.kind == "list":
-        return _list_parser(flag.item)
-    if flag.case is not None:
-        return str.upper if flag.case == "upper" else str.lower
-    parsers: dict[str, Callable[[str], Any]] = {
-        "bool": parse_bool,
-        "compile": _parse_compile,
-        "int": int,
-        "float": float,
-        "str": str,
-    }
-    return parsers[flag.kind]
-
-
-def add_flags(parser: argparse.ArgumentParser, flags: Sequence[Flag]) -> None:
-    """Add ``flags`` to ``parser``, in :data:`GROUPS`. No flag has an argparse default (a flag
-    not given is absent from the namespace: the dataclass holds the defaults); booleans get
-    absl's ``--noNAME``."""
-    groups = {name: parser.add_argument_group(name) for name in GROUPS}
-    for flag in flags:
-        help = flag.help_text().replace("%", "%%")  # argparse formats help with %
-        kw: dict[str, Any] = {"type": _parser_of(flag), "help": help, "default": argparse.SUPPRESS}
-        if flag.kind in ("bool", "compile"):
-            kw.update(nargs="?", const=True, metavar="BOOL" if flag.kind == "bool" else "MODE")
-        if flag.choices is not None:  # checked with the field (one message, naming the allowed values)
-            kw["metavar"] = "{" + ",".join(format_value(c) for c in flag.choices) + "}"
-        groups[flag.group].add_argument(f"--{flag.name}", **kw)
-        if flag.kind in ("bool", "compile"):
-            parser.add_argument(
-                f"--no{flag.name}",
-                dest=flag.name,
-                action="store_const",
-                const=False,
-                default=argparse.SUPPRESS,
-                help=argparse.SUPPRESS,
-            )
 
 
 def note_lines(given: Sequence[tuple[str, str]]) -> list[str]:
@@ -292,11 +89,11 @@ class FlagNames(Names):
         return format_value(value)
 
 
-def flag_error(error: Exception) -> BenchFlagError:
+def flag_error(error: Exception) -> FlagError:
     """The engine's refusal of a setting (a ``ConfigError``), said in flags and naming them."""
     names = FlagNames()
     message = spelled(error, names)
-    return BenchFlagError(tuple(dict.fromkeys(names.named)), message)
+    return FlagError(tuple(dict.fromkeys(names.named)), message)
 
 
 # ------------------------------------------------------------------------------ the docs
@@ -473,22 +270,24 @@ def all_flags(config_class: type) -> tuple[Flag, ...]:
     return (*field_flags(config_class), *COMMAND_ONLY, *NOTED)
 
 
+def check_noted(given: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The noted flags among ``given`` (a parsed namespace's values), checked (type and choices),
+    as ``(name, value)`` for their ``Note:`` lines."""
+    noted = [flag for flag in NOTED if flag.name in given]
+    for flag in noted:
+        check_value(flag, given[flag.name])
+    return tuple((flag.name, format_value(given[flag.name])) for flag in noted)
+
+
 __all__ = [
     "COMMAND_ONLY",
     "FLAG_OF_FIELD",
-    "FLAG_KINDS",
     "GROUPS",
     "NOTED",
-    "Flag",
     "FlagNames",
-    "add_flags",
     "all_flags",
-    "check_value",
-    "field_flags",
+    "check_noted",
     "flag_error",
-    "format_value",
     "markdown_tables",
     "note_lines",
-    "option",
-    "parse_bool",
 ]

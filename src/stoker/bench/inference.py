@@ -26,11 +26,12 @@ import torch
 from torch import nn
 
 from ..data import synthetic_images
+from ..errors import FlagError
 from ..estimator import Estimator
 from ..kernels.linear import reset_choices
 from ..precision import autocast_context
 from ..resolve import Choice
-from .config import BenchConfig, BenchFlagError
+from .config import BenchConfig
 from .model import bench_model_fn
 from .plan import BenchPlan
 from .report import base_result, efficiency_peak, exported_name, flops_per_image, header_lines, linear_lines
@@ -136,19 +137,19 @@ def _exported_call(cfg: BenchConfig, workload: Workload) -> tuple[Callable[[], A
     inputs = exported.signature["inputs"]
     shape = inputs[0]["shape"] if len(inputs) == 1 else []
     if len(shape) != 4 or shape[1] != 3 or shape[2] != shape[3]:
-        raise BenchFlagError(
+        raise FlagError(
             ("exported",),
             f"--exported={cfg.exported}: the program's inputs are {inputs}; the "
             "benchmark feeds one image batch [batch, 3, S, S]",
         )
     if not exported.signature.get("dynamic_batch", True) and shape[0] != workload.batch_size:
-        raise BenchFlagError(
+        raise FlagError(
             ("batch_size", "exported"),
             f"--batch_size={workload.batch_size}, but the program was exported for batches of {shape[0]} only",
         )
     if exported.kind == "aot":
         if exported.device.type != workload.device.type:  # the package's kernels are for one device kind
-            raise BenchFlagError(
+            raise FlagError(
                 ("device", "exported"),
                 f"--exported={cfg.exported} is an AOT package compiled for "
                 f"{exported.device.type}; run the benchmark with --device={exported.device.type}",

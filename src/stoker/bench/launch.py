@@ -21,27 +21,25 @@ import uuid
 from collections.abc import Sequence
 
 from ..distributed import ReplicaLostError
-from .config import BenchFlagError
+from ..errors import FlagError
 
 
 def check_num_gpus(num_gpus: int, world_size: int, cuda_devices: int | None) -> None:
-    """Refuse ``--num_gpus`` values that cannot run (a :class:`BenchFlagError` naming the flag).
+    """Refuse ``--num_gpus`` values that cannot run (a :class:`FlagError` naming the flag).
 
     ``world_size`` is torchrun's ``WORLD_SIZE`` (1 without torchrun); ``cuda_devices`` the CUDA
     devices the replicas would use (``None`` on the CPU, where any N splits the cores).
     """
     if num_gpus < 1:
-        raise BenchFlagError(("num_gpus",), f"--num_gpus must be an integer >= 1; got {num_gpus}")
+        raise FlagError(("num_gpus",), f"--num_gpus must be an integer >= 1; got {num_gpus}")
     if world_size > 1 and num_gpus not in (1, world_size):
-        raise BenchFlagError(
+        raise FlagError(
             ("num_gpus",),
             f"--num_gpus={num_gpus} but WORLD_SIZE={world_size}: under torchrun --num_gpus must equal "
             f"WORLD_SIZE ({world_size}) or be 1 (torchrun already started the replicas)",
         )
     if world_size == 1 and cuda_devices is not None and num_gpus > cuda_devices:
-        raise BenchFlagError(
-            ("num_gpus", "device"), f"--num_gpus={num_gpus} but torch sees {cuda_devices} CUDA device(s)"
-        )
+        raise FlagError(("num_gpus", "device"), f"--num_gpus={num_gpus} but torch sees {cuda_devices} CUDA device(s)")
 
 
 def should_launch(num_gpus: int, world_size: int) -> bool:

@@ -201,7 +201,7 @@ def preflight(cfg: BenchConfig, world: int) -> Choice[torch.device]:
     and the engine's rules the flags can break before anything is built: ``--sgd_in_backward=on``
     asks :func:`~stoker.kernels.sgd_in_backward.run_refusal` and, of the optimizer the bench
     builds, :func:`~stoker.kernels.sgd_in_backward.optimizer_refusal`. A refusal is a
-    :class:`~stoker.bench.errors.BenchFlagError` naming the flags."""
+    :class:`~stoker.errors.FlagError` naming the flags."""
     device = replica_device(cfg)
     if cfg.sgd_in_backward == "on":
         need = run_refusal(

@@ -1,7 +1,8 @@
 """The declarations of ``stoker bench``'s flags: one keyword-only dataclass per ``--help`` group.
 
-Each field is one flag, declared once with :func:`~stoker.bench.flags.option`: its default, its
-help, its ``--help`` group, its allowed values and range, and (``docs``) what docs/bench-reference.md adds.
+Each field is one flag, declared once with :func:`~stoker.flags.option` (every command's
+flag helper): its default, its help, its ``--help`` group, its allowed values and range, and
+(``docs``) what docs/bench-reference.md adds.
 :class:`~stoker.bench.config.BenchConfig` joins these dataclasses and validates them; the
 parser, ``--help`` and docs/bench-reference.md's flag lists are made from them (:mod:`stoker.bench.flags`).
 A new flag is a new field here, in the group its ``--help`` shows it in.
@@ -11,10 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..flags import option
 from ..kernels.linear import FAST_LINEAR_MODES
 from ..kernels.sgd_in_backward import SGD_IN_BACKWARD_MODES
 from ..precision import precision_names
-from .flags import AMOUNT, EVALUATION, INFERENCE, INPUT, MORE, OPTIMIZER, OUTPUTS, RUN, WHERE, option
+from .flags import AMOUNT, EVALUATION, INFERENCE, INPUT, MORE, OPTIMIZER, OUTPUTS, RUN, WHERE
 
 DATA_NAMES: tuple[str, ...] = ("imagenet", "cifar10", "movielens", "librispeech", "coco")
 DATA_FORMATS: tuple[str, ...] = ("NCHW", "NHWC")

@@ -48,7 +48,7 @@ from .config import (
     MODE_EVAL,
     MODE_INFERENCE,
     BenchConfig,
-    BenchFlagError,
+    FlagError,
 )
 from .flags import flag_error
 from .inputs import IMAGE_FOLDER, TFRECORDS, has_class_folders, image_folder_roots
@@ -168,7 +168,7 @@ def _check_task(cfg: BenchConfig, info: ModelInfo, synthetic: bool) -> None:
     if info.is_classifier:
         return
     if not synthetic:
-        raise BenchFlagError(
+        raise FlagError(
             ("data_dir", "data_name"),
             f"--data_dir: --data_name={info.dataset} is synthetic "
             "only (no input pipeline reads it); leave out --data_dir",
@@ -183,7 +183,7 @@ def _check_task(cfg: BenchConfig, info: ModelInfo, synthetic: bool) -> None:
         ("eval_during_training_every_n_steps", cfg.eval_during_training_every_n_steps is not None),
     ):
         if given:
-            raise BenchFlagError(
+            raise FlagError(
                 (name, "model"),
                 f"--{name}: --model={info.name} ({info.dataset}) is benchmarked "
                 "in training only here; its outputs are not class logits",
@@ -262,7 +262,7 @@ def _model_info(cfg: BenchConfig, dataset: str, synthetic: bool) -> ModelInfo:
     try:
         info = get_model_info(cfg.model, dataset)
     except ValueError as e:
-        raise BenchFlagError(("model",), f"--model: {e}") from None
+        raise FlagError(("model",), f"--model: {e}") from None
     _check_task(cfg, info, synthetic)
     return info
 
@@ -275,7 +275,7 @@ def _data_on_disk(cfg: BenchConfig, dataset: str, num_classes: int | None) -> tu
     if cfg.data_dir is None:
         return train_examples, eval_examples, num_classes, ""
     if not Path(cfg.data_dir).is_dir():
-        raise BenchFlagError(("data_dir",), f"--data_dir={cfg.data_dir}: no such directory")
+        raise FlagError(("data_dir",), f"--data_dir={cfg.data_dir}: no such directory")
     train_examples, eval_examples, folder_classes, layout = _count_examples(dataset, Path(cfg.data_dir))
     if folder_classes is not None and num_classes is not None and folder_classes > num_classes:
         num_classes = folder_classes  # more class folders than the model's default logits
@@ -324,7 +324,7 @@ def _model_rate(
             if rate_flags
             else (f"applies to the ResNet models of tf_cnn_benchmarks (resnet50, resnet101, ...), not {cfg.model}")
         )
-        raise BenchFlagError(("resnet_base_lr",), f"--resnet_base_lr {why}")
+        raise FlagError(("resnet_base_lr",), f"--resnet_base_lr {why}")
     if rate_flags or cfg.mode == "inference":
         return None, None, ()
     if defaults is None or defaults.default_learning_rate is None:
@@ -344,7 +344,7 @@ def _count_records(data_dir: Path) -> tuple[int, int]:
         try:
             counts.append(len(RecordShards(shards)) if shards else counts[0])
         except ValueError as e:
-            raise BenchFlagError(("data_dir",), f"--data_dir={data_dir}: {e}") from None
+            raise FlagError(("data_dir",), f"--data_dir={data_dir}: {e}") from None
     return counts[0], counts[1]
 
 
@@ -359,11 +359,11 @@ def _count_examples(dataset: str, data_dir: Path) -> tuple[int, int, int | None,
             (root / "test_batch.bin").stat().st_size // _CIFAR_RECORD_BYTES if (root / "test_batch.bin").exists() else 0
         )
         if train == 0:
-            raise BenchFlagError(("data_dir",), f"--data_dir={data_dir}: no CIFAR-10 data_batch_*.bin files")
+            raise FlagError(("data_dir",), f"--data_dir={data_dir}: no CIFAR-10 data_batch_*.bin files")
         return int(train), int(test or train), None, ""  # the data set names the layout
     if find_shards(data_dir, "train"):
         if has_class_folders(data_dir):
-            raise BenchFlagError(
+            raise FlagError(
                 ("data_dir",),
                 f"--data_dir={data_dir} holds both train-*-of-* TFRecord shards and folders of images; "
                 f"point it at one kind: {expected_layouts(data_dir)}",
@@ -374,7 +374,7 @@ def _count_examples(dataset: str, data_dir: Path) -> tuple[int, int, int | None,
         classes, train_paths, _ = scan_image_folder(train_root, IMAGE_EXTENSIONS)
         eval_paths = train_paths if eval_root == train_root else scan_image_folder(eval_root, IMAGE_EXTENSIONS)[1]
     except ValueError as e:
-        raise BenchFlagError(
+        raise FlagError(
             ("data_dir",),
             f"--data_dir={data_dir}: no TFRecord shards, and not an image folder ({e}); {expected_layouts(data_dir)}",
         ) from None

@@ -15,11 +15,13 @@ import re
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import storage
-from ..errors import StokerError
+from ..errors import FlagError, StokerError
+from ..flags import add_flags, check_values, field_flags, given_values, option
 from ..hooks.early_stopping import EarlyStopping
 from ..run_spec import RUN_SPEC_FILE, estimator_from_model_dir, eval_input_from_run_spec
 from . import evaluation_on_device
@@ -42,64 +44,54 @@ def add_parser(subparsers: Any) -> None:
         "See docs/evaluation.md.",
     )
     p.add_argument("model_dir", help=f"a model_dir with {RUN_SPEC_FILE} (written when its training starts)")
-    p.add_argument(
-        "--watch", action="store_true", help="keep evaluating each new checkpoint until training has finished"
+    add_flags(p, field_flags(EvaluateFlags), style="argparse")
+    p.set_defaults(func=_evaluate_command)
+
+
+@dataclass(kw_only=True)
+class EvaluateFlags:
+    """``stoker evaluate``'s flags, declared once (:mod:`stoker.flags`: the parser and the checks)."""
+
+    watch: bool = option(False, "keep evaluating each new checkpoint until training has finished")
+    device: str | None = option(None, "auto, cpu, cuda or cuda:N (default: the device the run's recipe names)")
+    steps: int | None = option(None, "batches per evaluation (default: the recipe's eval_steps)", minimum=1)
+    checkpoint: str | None = option(None, "without --watch: a ckpt-<step> directory (default: the newest)")
+    timeout_secs: float = option(
+        3600.0, "--watch: stop after this long without a new checkpoint; default %(default)s", above=0
     )
-    p.add_argument(
-        "--device", default=None, help="auto, cpu, cuda or cuda:N (default: the device the run's recipe names)"
-    )
-    p.add_argument("--steps", type=int, default=None, help="batches per evaluation (default: the recipe's eval_steps)")
-    p.add_argument("--checkpoint", default=None, help="without --watch: a ckpt-<step> directory (default: the newest)")
-    p.add_argument(
-        "--timeout_secs",
-        type=float,
-        default=3600.0,
-        help="--watch: stop after this long without a new checkpoint; default %(default)s",
-    )
-    p.add_argument(
-        "--poll_secs",
-        type=float,
-        default=2.0,
-        help="--watch: how often to look for a new checkpoint; default %(default)s",
-    )
-    p.add_argument(
-        "--last_step",
-        type=int,
-        default=None,
-        help="--watch: also stop once the checkpoint of this step is evaluated, and ignore a "
+    poll_secs: float = option(2.0, "--watch: how often to look for a new checkpoint; default %(default)s", above=0)
+    last_step: int | None = option(
+        None,
+        "--watch: also stop once the checkpoint of this step is evaluated, and ignore a "
         "finished.json of an earlier step (continuing a finished run to a larger max_steps)",
+        minimum=0,
     )
-    p.add_argument(
-        "--order",
-        choices=ORDERS,
-        default="newest",
-        help="--watch: newest (default): when several checkpoints are pending, evaluate the newest and "
+    order: str = option(
+        "newest",
+        "--watch: newest (default): when several checkpoints are pending, evaluate the newest and "
         "record the older ones as superseded, so a slow evaluator keeps up; oldest: evaluate every "
         "pending checkpoint in step order (those retention deletes first are lost)",
+        choices=ORDERS,
     )
-    p.add_argument(
-        "--early_stopping",
-        default=None,
-        metavar="MONITOR[:MODE[:PATIENCE[:MIN_DELTA]]]",
-        help="--watch: stop training when MONITOR (an evaluation metric) has not improved for PATIENCE "
+    early_stopping: str | None = option(
+        None,
+        "--watch: stop training when MONITOR (an evaluation metric) has not improved for PATIENCE "
         "evaluations (MODE auto, min or max; default auto:3:0, auto reads the name: loss min, accuracy max): "
         "the evaluator writes early_stop.json into MODEL_DIR and the trainer stops at its next checkpoint "
         "(docs/callbacks.md)",
+        metavar="MONITOR[:MODE[:PATIENCE[:MIN_DELTA]]]",
     )
-    p.set_defaults(func=_evaluate_command)
 
 
 def _usage_error(args: argparse.Namespace) -> str | None:
     if args.device is not None and not _DEVICE.match(args.device):
         return f"--device must be auto, cpu, cuda or cuda:N; got {args.device!r}"
-    if args.steps is not None and args.steps < 1:
-        return f"--steps must be >= 1; got {args.steps}"
-    if not args.timeout_secs > 0:
-        return f"--timeout_secs must be > 0; got {args.timeout_secs}"
-    if not args.poll_secs > 0:
-        return f"--poll_secs must be > 0; got {args.poll_secs}"
-    if args.last_step is not None and (args.last_step < 0 or not args.watch):
-        return f"--last_step applies only with --watch and must be >= 0; got {args.last_step}"
+    try:
+        check_values(EvaluateFlags(**given_values(EvaluateFlags, args)))
+    except FlagError as e:
+        return str(e)
+    if args.last_step is not None and not args.watch:
+        return "--last_step applies only with --watch"
     if args.order != "newest" and not args.watch:
         return "--order applies only with --watch"
     if args.early_stopping is not None:
@@ -177,4 +169,4 @@ def _wait_for_run_spec(model_dir: Path, timeout: float, poll: float) -> None:
         time.sleep(poll)
 
 
-__all__ = ["add_parser"]
+__all__ = ["EvaluateFlags", "add_parser"]

@@ -391,7 +391,7 @@ class BertConfig(TextCorpusConfig):
     pipeline_microbatches: int = option(4, "micro-batches per replica batch in a pipelined run")
     pipeline_schedule: str = option("1f1b", "pipeline schedule: gpipe or 1f1b", choices=("gpipe", "1f1b"))
     eval_every_n_steps: int = option(250, "evaluate (and checkpoint) every N steps")
-    eval_steps: int | None = option(None, "batches per evaluation (default: all of the held-out text)", type=int)
+    eval_steps: int | None = option(None, "batches per evaluation (default: all of the held-out text)")
     save_checkpoints_steps: int = option(100, "checkpoint every N steps")
     keep_checkpoint_max: int = option(3, "newest checkpoints kept (the best by MLM accuracy is kept too)")
     iterations_per_loop: int = option(10, "steps per device loop")

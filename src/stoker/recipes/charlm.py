@@ -307,7 +307,7 @@ class CharLMConfig(TextCorpusConfig):
         "evaluate (and checkpoint) every N steps; 0: no evaluation in the training process "
         "(run `stoker evaluate --watch MODEL_DIR` beside it)",
     )
-    eval_steps: int | None = option(None, "batches per evaluation (default: all of the held-out text)", type=int)
+    eval_steps: int | None = option(None, "batches per evaluation (default: all of the held-out text)")
     save_checkpoints_steps: int = option(100, "checkpoint every N steps")
     keep_checkpoint_max: int = option(3, "newest checkpoints kept (the best by bpc is kept too)")
     iterations_per_loop: int = option(10, "steps per device loop")

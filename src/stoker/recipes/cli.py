@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import plugins
-from .skeleton import DefaultsHelpFormatter
+from ..flags import DefaultsHelpFormatter
 
 
 def add_parser(subparsers: Any) -> None:

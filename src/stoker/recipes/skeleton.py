@@ -96,6 +96,7 @@ from ..config.changes import ON_CHANGED_OPTIMIZER
 from ..distributed import device_choice
 from ..errors import StokerError
 from ..estimator import Estimator
+from ..flags import DefaultsHelpFormatter, add_flags, field_flags, given_values, option
 from ..hooks import Hook, RunContext
 from ..resolve import Choice, attention_form
 from ..run_spec import recipe_config, register_eval_input, register_run_spec, write_run_spec
@@ -114,24 +115,6 @@ ATTENTION_CHOICES: tuple[str, ...] = ("auto", *ATTENTION_FORMS)
 
 #: :func:`option` keywords of a flag that takes one or more paths (``--text a.txt b/``)
 PATHS: dict[str, Any] = {"nargs": "+", "metavar": "PATH"}
-
-
-class DefaultsHelpFormatter(argparse.HelpFormatter):
-    """``--help`` with each flag's default, as ``ArgumentDefaultsHelpFormatter``, but only where
-    it says something: not after a help text that states its own default, not for ``None``."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        help = action.help or ""
-        if "default" in help or action.default in (None, argparse.SUPPRESS) or not action.option_strings:
-            return help
-        return f"{help} (default: %(default)s)"
-
-
-def option(default: Any, help: str, **flag: Any) -> Any:
-    """A config field that is also a flag: ``--NAME`` with ``help``, the field's ``default``,
-    and ``type`` that of the default; ``flag`` gives other ``add_argument`` keywords
-    (``nargs="+"``, ``metavar``, ``choices``, ``type=int`` for a ``None`` default)."""
-    return field(default=default, metadata={"help": help, "flag": flag})
 
 
 def on_changed_optimizer_option() -> Any:
@@ -209,7 +192,7 @@ class RecipeConfig:
     lr: float = option(1e-3, "learning rate")
     clip_norm: float = option(0.0, "gradient norm clipping (0: none)")
     eval_every_n_steps: int = option(250, "evaluate (and checkpoint) every N steps; 0: no evaluation while training")
-    eval_steps: int | None = option(None, "batches per evaluation (default: all of the held-out data)", type=int)
+    eval_steps: int | None = option(None, "batches per evaluation (default: all of the held-out data)")
     save_checkpoints_steps: int = option(100, "checkpoint every N steps")
     keep_checkpoint_max: int = option(3, "newest checkpoints kept (the best, if kept, too)")
     iterations_per_loop: int = option(10, "steps per device loop")
@@ -281,22 +264,16 @@ class Recipe(Generic[C]):
 
     # ------------------------------------------------------------ the command line
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        """One flag per config field (``--model_dir`` required)."""
-        for f in dataclasses.fields(self.config_class):  # type: ignore[arg-type]
-            factory = cast(Callable[[], Any], f.default_factory)  # a field without a default has a factory here
-            default = factory() if f.default is dataclasses.MISSING else f.default
-            kwargs: dict[str, Any] = {"default": default, "help": f.metadata.get("help", "")}
-            if f.name == "model_dir":
-                kwargs["required"] = True
-            elif isinstance(default, bool):
-                kwargs["action"] = argparse.BooleanOptionalAction
-            elif default is not None and not isinstance(default, (list, tuple)):
-                kwargs["type"] = type(default)
-            parser.add_argument(f"--{f.name}", **{**kwargs, **f.metadata.get("flag", {})})
+        """One flag per config field, in the argparse style of :mod:`stoker.flags`
+        (``--model_dir`` required)."""
+        flags = [
+            dataclasses.replace(f, required=f.required or f.name == "model_dir") for f in field_flags(self.config_class)
+        ]
+        add_flags(parser, flags, style="argparse")
 
     def config_from_args(self, args: argparse.Namespace) -> C:
         """The config of parsed flags (one attribute per field)."""
-        return self.config_class(**{f.name: getattr(args, f.name) for f in dataclasses.fields(self.config_class)})  # type: ignore[arg-type]
+        return self.config_class(**given_values(self.config_class, args))
 
     def config_error(self, config: C) -> str | None:
         """What is wrong with ``config``, naming the flag (``None``: nothing)."""

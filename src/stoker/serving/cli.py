@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from dataclasses import dataclass
 from typing import Any
 
-from ..errors import StokerError
+from ..errors import FlagError, StokerError
+from ..flags import add_flags, check_values, field_flags, given_values, option
 from .protocol import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY_BYTES
 from .server import DEFAULT_MAX_PENDING, DEFAULT_WINDOW_MS, make_server
 
@@ -22,58 +24,48 @@ def add_parser(subparsers: Any) -> None:
         "and Prometheus /metrics; requests that arrive together run as one batch.",
     )
     p.add_argument("export_dir", help="a directory written by stoker export, or its model.aoti.pt2")
-    p.add_argument("--aot", action="store_true", help="serve the directory's AOT package (stoker export --aot)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (0.0.0.0 to accept other machines)")
-    p.add_argument("--port", type=int, default=8000, help="port (0: any free port, printed at start)")
-    p.add_argument("--model_name", default=None, help="the model's name in /v2/models/NAME (default: the directory's)")
-    p.add_argument("--max_body_bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="larger requests get 413")
-    p.add_argument(
-        "--max_batch", type=int, default=DEFAULT_MAX_BATCH, help="most rows of one request and of one model call"
-    )
-    p.add_argument(
-        "--max_pending",
-        type=int,
-        default=DEFAULT_MAX_PENDING,
-        help="requests in the server at once (decoding, queued, running); more get 503",
-    )
-    p.add_argument(
-        "--batch_window_ms",
-        type=float,
-        default=DEFAULT_WINDOW_MS,
-        help="longest wait for more requests to batch while others are arriving",
-    )
-    p.add_argument(
-        "--no_batching", dest="batching", action="store_false", help="run every request as its own model call"
-    )
+    add_flags(p, field_flags(ServeFlags), style="argparse")
     p.set_defaults(func=_serve_command)
 
 
+@dataclass(kw_only=True)
+class ServeFlags:
+    """``stoker serve``'s flags, declared once (:mod:`stoker.flags`: the parser and the checks)."""
+
+    aot: bool = option(False, "serve the directory's AOT package (stoker export --aot)")
+    host: str = option("127.0.0.1", "address to bind (0.0.0.0 to accept other machines)")
+    port: int = option(8000, "port (0: any free port, printed at start)", minimum=0, maximum=65535)
+    model_name: str | None = option(None, "the model's name in /v2/models/NAME (default: the directory's)")
+    max_body_bytes: int = option(DEFAULT_MAX_BODY_BYTES, "larger requests get 413", minimum=1)
+    max_batch: int = option(DEFAULT_MAX_BATCH, "most rows of one request and of one model call", minimum=1)
+    max_pending: int = option(
+        DEFAULT_MAX_PENDING, "requests in the server at once (decoding, queued, running); more get 503", minimum=1
+    )
+    batch_window_ms: float = option(
+        DEFAULT_WINDOW_MS, "longest wait for more requests to batch while others are arriving", minimum=0
+    )
+    no_batching: bool = option(False, "run every request as its own model call")
+
+
 def _serve_command(args: argparse.Namespace) -> int:
-    for flag, value, low in (
-        ("port", args.port, 0),
-        ("max_body_bytes", args.max_body_bytes, 1),
-        ("max_batch", args.max_batch, 1),
-        ("max_pending", args.max_pending, 1),
-    ):
-        if value < low or (flag == "port" and value > 65535):
-            allowed = "0..65535" if flag == "port" else f">= {low}"
-            print(f"stoker serve: --{flag} must be {allowed}; got {value}", file=sys.stderr)
-            return 2
-    if args.batch_window_ms < 0:
-        print(f"stoker serve: --batch_window_ms must be >= 0; got {args.batch_window_ms}", file=sys.stderr)
+    try:
+        flags = ServeFlags(**given_values(ServeFlags, args))
+        check_values(flags)
+    except FlagError as e:
+        print(f"stoker serve: {e}", file=sys.stderr)
         return 2
     try:
         server = make_server(
             args.export_dir,
-            args.host,
-            args.port,
-            aot=True if args.aot else None,
-            model_name=args.model_name,
-            max_body_bytes=args.max_body_bytes,
-            max_batch=args.max_batch,
-            batching=args.batching,
-            window_ms=args.batch_window_ms,
-            max_pending=args.max_pending,
+            flags.host,
+            flags.port,
+            aot=True if flags.aot else None,
+            model_name=flags.model_name,
+            max_body_bytes=flags.max_body_bytes,
+            max_batch=flags.max_batch,
+            batching=not flags.no_batching,
+            window_ms=flags.batch_window_ms,
+            max_pending=flags.max_pending,
         )
     except (StokerError, ValueError, OSError) as e:
         print(f"stoker serve: {e}", file=sys.stderr)
@@ -95,4 +87,4 @@ def _serve_command(args: argparse.Namespace) -> int:
     return 0
 
 
-__all__ = ["add_parser"]
+__all__ = ["ServeFlags", "add_parser"]
