@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # the table below for type checkers: each name re-exported as
     from .errors import CheckpointMismatchError as CheckpointMismatchError
     from .errors import ConfigError as ConfigError
     from .errors import CorruptCheckpointError as CorruptCheckpointError
+    from .errors import DamagedCheckpointError as DamagedCheckpointError
     from .errors import DataError as DataError
     from .errors import DistributedError as DistributedError
     from .errors import ExportError as ExportError
@@ -70,6 +71,7 @@ _PUBLIC: dict[str, str] = {
     "CheckpointMismatchError": ".errors",
     "ConfigError": ".errors",
     "CorruptCheckpointError": ".errors",
+    "DamagedCheckpointError": ".errors",
     "DataError": ".errors",
     "DistributedError": ".errors",
     "ExportError": ".errors",
