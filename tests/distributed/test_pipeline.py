@@ -28,6 +28,7 @@ def run(nproc: int, *args: str) -> list[str]:
         _, err = p.communicate(timeout=240)
         errs.append(err)
         assert p.returncode == 0, err[-4000:]
+        assert "Traceback" not in err, err[-4000:]  # nor in a thread (the heartbeat's)
     return errs
 
 

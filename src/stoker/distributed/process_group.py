@@ -177,7 +177,6 @@ class ProcessGroupStrategy(Strategy):
 
     def _beat(self) -> None:
         key, where = f"stoker/heartbeat/{self.rank}", f"stoker/progress/{self.rank}"
-        me = self.process_name(self.rank)
         while not self._stop.is_set():
             try:
                 self._store.set(key, repr(time.time()))
@@ -185,10 +184,13 @@ class ProcessGroupStrategy(Strategy):
                 named = self._store.check([STUCK_KEY])  # another replica named a stuck one: stop too
             except Exception:  # noqa: BLE001 - the store lives in rank 0; if it is gone, stop beating
                 return
+            # Named when needed, not when the thread starts: a subclass (PipelineStrategy) knows
+            # its layout only after this base class has started the heartbeat.
             if named:
-                self._stop_as_named(me)
+                self._stop_as_named(self.process_name(self.rank))
             if self.progress.watch is not None:
                 try:
+                    me = self.process_name(self.rank)
                     check_and_exit(self.progress, self._others_progress, me, self.process_name, self._announce_stuck)
                 except Exception as error:  # noqa: BLE001 - a failed check must not stop the heartbeat
                     log.debug("stuck-replica check: %s", error)
