@@ -410,11 +410,12 @@ class EvaluationHook(Hook):
     The evaluations fall on the multiples of ``every_n_steps`` (loops end there), and at the
     end of training when it reaches ``max_steps``, its data's end or a hook's stop (early
     stopping): never at a stop from outside (a signal), whose checkpoint a rerun continues.
-    Each result is put in ``run.last_evaluation`` for the hooks after this one (EarlyStopping,
-    trackers). The step of the last evaluation is kept in checkpoints: a run resumed from the
-    checkpoint of a step it evaluated takes that result back from the index (or evaluates it
-    again, if a kill came before it was recorded), so every evaluation reaches those hooks once
-    and resumed runs see the same evaluations as an uninterrupted one.
+    Each result is handed to every hook's ``after_evaluation`` (``run.add_evaluation``:
+    EarlyStopping, trackers). The step of the last evaluation is kept in checkpoints: a run
+    resumed from the checkpoint of a step it evaluated takes that result back from the index (or
+    evaluates it again, if a kill came before it was recorded) and hands it to the hooks again,
+    since no hook's state in that checkpoint holds it; so every evaluation reaches each hook
+    once and resumed runs see the same evaluations as an uninterrupted one.
     """
 
     phase = "evaluation"  # after the checkpoint saver, so the evaluation is recorded on its checkpoint
@@ -441,7 +442,8 @@ class EvaluationHook(Hook):
         if recorded is None:
             self._evaluate(run)
         else:
-            self.last_results = run.last_evaluation = recorded
+            self.last_results = recorded
+            run.add_evaluation(recorded)
 
     def scheduled_after(self, step: int) -> int:
         return next_due_step(step, self.every_n_steps)
@@ -479,7 +481,8 @@ class EvaluationHook(Hook):
         self._last = run.global_step
         est = self.estimator
         est.global_step = run.global_step
-        self.last_results = run.last_evaluation = est.evaluate(self.input_fn, steps=self.steps)
+        self.last_results = est.evaluate(self.input_fn, steps=self.steps)
+        run.add_evaluation(self.last_results)
 
 
 def _build_strategy(config: DistributionConfig) -> Strategy:

@@ -32,6 +32,7 @@ def test_runner_calls_only_overridden_methods():
         "after_setup": 0,
         "before_loop": 0,
         "after_loop": 0,
+        "after_evaluation": 0,
         "end": 1,
         "close": 0,
         "scheduled_after": 0,

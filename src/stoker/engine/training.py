@@ -143,6 +143,7 @@ class TrainingRun:
         state = self.state
         runner = HookRunner(hooks)
         run = self._run_context(max_steps)
+        run._on_evaluation = runner.after_evaluation  # an evaluation reaches every hook when it is made
         if self._interrupt is not None:  # interrupted in the attempt this one replaces: stop at once
             run.interrupt(self._interrupt)
         step = self._train_step()

@@ -126,9 +126,8 @@ class RunContext:
     exit_code: int | None = None
     # Values hooks share within one loop boundary (e.g. rates from the step counter).
     logs: dict[str, float] = field(default_factory=dict)
-    # The newest evaluation of this run (its ``global_step`` included), set by the hook that
-    # evaluates (``EvaluationHook``), also when a resumed run takes it back from the index:
-    # hooks that act on evaluations (EarlyStopping, trackers) read it at loop boundaries.
+    # The newest evaluation of this run (its ``global_step`` included), as handed to the hooks'
+    # ``after_evaluation`` (add_evaluation); ``None`` before the first.
     last_evaluation: dict[str, float] | None = None
     # Settings that differ from those of the checkpoint this run resumed from, and what happened
     # to each (stoker.config.changes); trackers record them. Empty on a fresh run.
@@ -139,6 +138,7 @@ class RunContext:
     # flushes its queued rows, so a resume from that checkpoint lacks none before it).
     on_checkpoint: list[Callable[[Location], None]] = field(default_factory=list)
     _save: Callable[[], Location | None] | None = None
+    _on_evaluation: Callable[[RunContext, dict[str, float]], None] | None = None
     _any_replica: Callable[[bool], bool] = bool
 
     @property
@@ -176,6 +176,15 @@ class RunContext:
         """
         return self._any_replica(flag)
 
+    def add_evaluation(self, metrics: dict[str, float]) -> None:
+        """Hand every hook an evaluation made now: ``metrics`` (the loss and metrics, with the
+        evaluated ``global_step``) becomes ``last_evaluation`` and each hook's
+        ``after_evaluation(run, metrics)`` is called, in phase order. Called by the hook that
+        evaluates (``EvaluationHook``), once per evaluated step (``Hook.after_evaluation``)."""
+        self.last_evaluation = metrics
+        if self._on_evaluation is not None:
+            self._on_evaluation(self, metrics)
+
     def save_checkpoint(self) -> Location | None:
         """Write a checkpoint of the current step now (once per step; no-op without model_dir).
 
@@ -198,14 +207,14 @@ class Hook:
     Order of calls in one ``train``: ``begin``, ``after_setup`` (hook states restored from the
     checkpoint, ``run.global_step`` is the start step), then for each loop ``before_loop`` /
     ``after_loop``, ``end`` when training finishes normally (not after an exception), and
-    ``close`` always, last.
+    ``close`` always, last. ``after_evaluation`` comes whenever an evaluation is made.
 
     ``due_step``: a hook that acts only every N steps may set it to the next step it acts at;
     its ``after_loop`` is then skipped until ``run.global_step`` reaches it (``None``, the
     default: after every loop). What the skipped loops did is summed in ``run.totals``.
     With ``iterations_per_loop=1`` this saves a call per hook per step.
 
-    ``needs_evaluations``: a hook that acts on evaluations (``run.last_evaluation``) sets it, and
+    ``needs_evaluations``: a hook that acts on evaluations (``after_evaluation``) sets it, and
     ``Estimator.train`` refuses it unless a hook that makes them (``makes_evaluations``, such as
     ``train_and_evaluate``'s ``EvaluationHook``) runs too: without one it would never act.
 
@@ -234,6 +243,19 @@ class Hook:
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
         """A device loop has finished; its per-step values are in ``result``."""
 
+    def after_evaluation(self, run: RunContext, metrics: dict[str, float]) -> None:
+        """An evaluation was made: ``metrics`` holds its loss and metrics and the evaluated
+        ``global_step`` (also in ``run.last_evaluation``; read it, do not change it).
+
+        Called for each evaluated step once, when the evaluation is made, in phase order: in the
+        ``evaluation`` phase of a loop boundary or of ``end`` (``train_and_evaluate``'s
+        ``EvaluationHook``). A run resumed from the checkpoint of a step it evaluated gets that
+        evaluation again, taken back from the index: that checkpoint was written before the
+        evaluation, so no hook's state in it holds the evaluation. It comes during setup, from
+        ``EvaluationHook``'s ``after_setup``: after every hook's ``load_state_dict``, and before
+        the ``after_setup`` of the hooks in the phases after ``evaluation`` (yours by default).
+        """
+
     def end(self, run: RunContext) -> None:
         """Training has finished normally (``run.interrupted``: stopped by a signal, to go on
         in a rerun)."""
@@ -261,7 +283,7 @@ class Hook:
         return type(self).__name__
 
 
-_EVENTS = ("begin", "after_setup", "before_loop", "after_loop", "end", "close", "scheduled_after")
+_EVENTS = ("begin", "after_setup", "before_loop", "after_loop", "after_evaluation", "end", "close", "scheduled_after")
 
 
 class HookRunner:
@@ -337,6 +359,9 @@ class HookRunner:
             due = hook.due_step
             if due is None or step >= due:
                 fn(run, result)
+
+    def after_evaluation(self, run: RunContext, metrics: dict[str, float]) -> None:
+        self._call("after_evaluation", run, metrics)
 
     def end(self, run: RunContext) -> None:
         self._call("end", run)

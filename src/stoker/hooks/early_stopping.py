@@ -1,7 +1,7 @@
 """``EarlyStopping``: stop training when a metric stops improving (or reaches a target,
 diverges, is not finite); the stop file.
 
-The hook reads the evaluations the run makes (``run.last_evaluation``, set by
+The hook takes in the evaluations the run makes (``after_evaluation``, from
 ``train_and_evaluate``'s ``EvaluationHook``, which hands a resumed run back the evaluation of
 the checkpoint it resumed from), or a training value every N steps (``source="train"``; what
 is watched and how: ``monitor.py``). Its own state (best value, checks without improvement,
@@ -21,6 +21,7 @@ import json
 import logging
 import math
 import os
+import sys
 import uuid
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -111,6 +112,9 @@ class EarlyStopping(Hook):
             )
         self.phase = PHASE_OF_SOURCE[self.watch.source]
         self.needs_evaluations = source == "eval"
+        if source == "eval":
+            self.due_step = sys.maxsize  # evaluations come through after_evaluation: no call after loops
+        self._set_up = False  # after_setup has run in this train call
         self.best: float | None = None
         self.best_step: int | None = None
         self.wait = 0
@@ -135,10 +139,8 @@ class EarlyStopping(Hook):
 
     def observe(self, step: int, results: Mapping[str, float]) -> bool:
         """Take in the evaluation ``results`` of ``step``; whether training should stop there."""
-        if step <= self.watch.seen_step:
-            return self.stopped_step is not None
-        self.watch.seen_step = step
-        return self.decide(step, self.watch.value(results))
+        seen = self.watch.evaluation({**results, "global_step": step})
+        return self.stopped_step is not None if seen is None else self.decide(*seen)
 
     def decide(self, step: int, value: float) -> bool:
         """Take in ``value``, the check of ``step``; whether training should stop there."""
@@ -221,7 +223,13 @@ class EarlyStopping(Hook):
         return stop
 
     # ------------------------------------------------------------ the hook
+    def begin(self, run: RunContext) -> None:
+        self._set_up = False
+
     def after_setup(self, run: RunContext) -> None:
+        # A resumed run's evaluation of its start step came before (after_evaluation): a stop it
+        # decided is this run's earlier stop, said here.
+        self._set_up = True
         if self.stopped_step is not None and not self._stop_holds():
             self._forget_stop()
         if self.stopped_step is None:
@@ -241,9 +249,19 @@ class EarlyStopping(Hook):
         self._record(run)
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
+        if self.stopped_step is None:  # source="train" (evaluations come through after_evaluation)
+            self._act(run, self.watch.take(run, result))
+
+    def after_evaluation(self, run: RunContext, metrics: dict[str, float]) -> None:
         if self.stopped_step is not None:
             return
-        seen = self.watch.take(run, result)
+        seen = self.watch.evaluation(metrics)
+        if self._set_up:
+            self._act(run, seen)
+        elif seen is not None:  # a resumed run's start step, during setup: after_setup says the stop
+            self.decide(*seen)
+
+    def _act(self, run: RunContext, seen: tuple[int, float] | None) -> None:
         if seen is not None and self.decide(*seen):
             run.request_stop(self.reason)
             run.save_checkpoint()  # the final checkpoint: the one of this step (for an evaluation, written already)

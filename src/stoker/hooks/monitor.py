@@ -1,8 +1,8 @@
 """What ``EarlyStopping`` and ``ReduceLROnPlateau`` watch: one evaluation metric or one training
 value, which direction is better, and its value at each check.
 
-``source="eval"`` (the default) takes in each evaluation of ``train_and_evaluate`` once, at the
-loop boundary it is made at (``run.last_evaluation``). ``source="train"`` watches the training
+``source="eval"`` (the default) takes in each evaluation of ``train_and_evaluate`` once, when it
+is made (the hook's ``after_evaluation``). ``source="train"`` watches the training
 loss (``"loss"``) or a ``host_call`` value: at the first loop boundary at or past each multiple
 of ``every_n_steps`` (default ``RunConfig.log_every_n_steps``, the interval of the log line), its
 mean over the steps since the last check. That mean is summed step by step in step order and the
@@ -138,10 +138,11 @@ class Monitor:
 
     # ------------------------------------------------------------ observations
     def start(self, run: RunContext) -> tuple[int, float] | None:
-        """In ``after_setup`` (states restored): a resumed run's observation of its start step
-        when a checkpoint written before that step's check is where it resumed (``None``: none)."""
+        """In ``after_setup`` (states restored), ``source="train"``: a resumed run's check of its
+        start step when a checkpoint written before that check is where it resumed (``None``:
+        none; always for evaluations, which come through :meth:`evaluation`)."""
         if self.source == "eval":
-            return self._evaluation(run)
+            return None
         every = self.every_n_steps or run.info.log_every_n_steps
         if every is None:
             raise ConfigError(
@@ -154,11 +155,23 @@ class Monitor:
         return self._check(run.global_step)
 
     def take(self, run: RunContext, result: LoopResult) -> tuple[int, float] | None:
-        """At a loop boundary: the observation new there, if any (``None``: none)."""
+        """``source="train"``, at a loop boundary: the check that falls there, if any (``None``: none)."""
         if self.source == "eval":
-            return self._evaluation(run)
+            return None
         self._add(result)
         return self._check(run.global_step)
+
+    def evaluation(self, metrics: Mapping[str, float]) -> tuple[int, float] | None:
+        """``source="eval"``: the observation of the evaluation ``metrics`` (``after_evaluation``),
+        or ``None`` for one already taken in (a value of ``source="train"`` is never one)."""
+        if self.source != "eval":
+            return None
+        step = int(metrics["global_step"])
+        if step <= self.seen_step:
+            return None
+        value = self.value(metrics)
+        self.seen_step = step
+        return step, value
 
     def scheduled_after(self, step: int) -> int | None:
         """``source="train"``: the first multiple of ``every_n_steps`` after ``step``, where the
@@ -166,17 +179,6 @@ class Monitor:
         if self.source != "train" or self._every is None:
             return None
         return next_due_step(step, self._every)
-
-    def _evaluation(self, run: RunContext) -> tuple[int, float] | None:
-        ev = run.last_evaluation
-        if ev is None:
-            return None
-        step = int(ev["global_step"])
-        if step > run.global_step or step <= self.seen_step:
-            return None
-        value = self.value(ev)
-        self.seen_step = step
-        return step, value
 
     def _add(self, result: LoopResult) -> None:
         values = result.losses if self.name == "loss" else result.values.get(self.name)

@@ -10,7 +10,7 @@ import warnings
 from typing import Any
 
 from ..errors import ConfigError
-from .base import Hook, LoopResult, RunContext
+from .base import Hook, RunContext
 from .early_stopping import monitored_value
 from .tracking import missing_extra
 
@@ -44,41 +44,49 @@ class OptunaPruning(Hook):
         self.trial, self.monitor = trial, monitor
         self.reported: list[tuple[int, float]] = []
         self.pruned_step: int | None = None
+        self._set_up = self._replayed = False
+
+    def begin(self, run: RunContext) -> None:
+        self._set_up = self._replayed = False
 
     def after_setup(self, run: RunContext) -> None:
-        with warnings.catch_warnings():  # the same trial resumed has them: it says it ignores them
-            warnings.simplefilter("ignore", UserWarning)
-            for step, value in self.reported:  # to a retried trial (a new Optuna trial, same run)
-                self.trial.report(value, step)
-        self._take(run)
-        if self.pruned_step is not None:
+        self._set_up = True
+        self._replay()
+        if self.pruned_step is not None:  # also by a resumed run's start step, taken in just before
             run.request_stop(f"the Optuna trial was pruned at step {self.pruned_step}")
 
-    def after_loop(self, run: RunContext, result: LoopResult) -> None:
-        if self._take(run):
-            run.request_stop(f"the Optuna trial is pruned at step {self.pruned_step}")
-            run.save_checkpoint()
-
-    def end(self, run: RunContext) -> None:
+    def after_evaluation(self, run: RunContext, metrics: dict[str, float]) -> None:
         if self.pruned_step is not None:
-            raise self._optuna.TrialPruned(f"pruned at step {self.pruned_step}")
-
-    def _take(self, run: RunContext) -> bool:
-        ev = run.last_evaluation
-        if ev is None or self.pruned_step is not None:
-            return False
-        step = int(ev["global_step"])
-        if step > run.global_step or (self.reported and step <= self.reported[-1][0]):
-            return False
-        value = monitored_value("OptunaPruning", self.monitor, ev)
+            return
+        step = int(metrics["global_step"])
+        if self.reported and step <= self.reported[-1][0]:
+            return
+        self._replay()  # a resumed run's start step comes before after_setup: the earlier values first
+        value = monitored_value("OptunaPruning", self.monitor, metrics)
         self.reported.append((step, value))
         with warnings.catch_warnings():  # a resumed run reports its start step again: ignored
             warnings.simplefilter("ignore", UserWarning)
             self.trial.report(value, step)
         if self.trial.should_prune():
             self.pruned_step = step
-            return True
-        return False
+            if self._set_up:  # during setup, after_setup says it
+                run.request_stop(f"the Optuna trial is pruned at step {step}")
+                run.save_checkpoint()
+
+    def end(self, run: RunContext) -> None:
+        if self.pruned_step is not None:
+            raise self._optuna.TrialPruned(f"pruned at step {self.pruned_step}")
+
+    def _replay(self) -> None:
+        """Report the values of the checkpoint's state once, to a retried trial (a new Optuna
+        trial, the same run); the same trial resumed has them and says it ignores them."""
+        if self._replayed:
+            return
+        self._replayed = True
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            for step, value in self.reported:
+                self.trial.report(value, step)
 
     def state_dict(self) -> dict[str, Any]:
         return {"reported": [list(r) for r in self.reported], "pruned_step": self.pruned_step}

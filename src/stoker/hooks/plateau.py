@@ -1,7 +1,7 @@
 """``ReduceLROnPlateau``: lower the learning rate when a metric stops improving.
 
 torch's ``torch.optim.lr_scheduler.ReduceLROnPlateau`` rule, driven by the evaluations of
-``train_and_evaluate`` (``run.last_evaluation``) or by a training value every N steps
+``train_and_evaluate`` (``after_evaluation``) or by a training value every N steps
 (``source="train"``, as ``EarlyStopping``: ``monitor.py``) instead of a per-epoch call. The
 hook's state is kept in checkpoints and the learning rate itself is in the optimizer's, so a
 resumed run lowers it at the same steps to the same values. The learning rate is written to the
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -74,6 +75,8 @@ class ReduceLROnPlateau(Hook):
         self.min_lr, self.threshold, self.threshold_mode, self.eps = min_lr, threshold, threshold_mode, eps
         self.phase = PHASE_OF_SOURCE[self.watch.source]
         self.needs_evaluations = source == "eval"
+        if source == "eval":
+            self.due_step = sys.maxsize  # evaluations come through after_evaluation: no call after loops
         self.best = math.inf if self.mode == "min" else -math.inf
         self.num_bad = 0
         self.cooldown_counter = 0
@@ -92,10 +95,8 @@ class ReduceLROnPlateau(Hook):
 
     def observe(self, step: int, results: Mapping[str, float], optimizer: Any) -> bool:
         """Take in the evaluation ``results`` of ``step``; whether the learning rates were lowered."""
-        if step <= self.watch.seen_step:
-            return False
-        self.watch.seen_step = step
-        return self.decide(step, self.watch.value(results), optimizer)
+        seen = self.watch.evaluation({**results, "global_step": step})
+        return seen is not None and self.decide(*seen, optimizer)
 
     def decide(self, step: int, value: float, optimizer: Any) -> bool:
         """Take in ``value``, the check of ``step``; whether the learning rates were lowered."""
@@ -128,10 +129,13 @@ class ReduceLROnPlateau(Hook):
         return changed
 
     def after_setup(self, run: RunContext) -> None:
-        self._decide(run, self.watch.start(run))  # a resumed run's check of the step it resumed at
+        self._decide(run, self.watch.start(run))  # source="train": a resumed run's check of its start step
 
-    def after_loop(self, run: RunContext, result: LoopResult) -> None:
+    def after_loop(self, run: RunContext, result: LoopResult) -> None:  # source="train"
         self._decide(run, self.watch.take(run, result))
+
+    def after_evaluation(self, run: RunContext, metrics: dict[str, float]) -> None:
+        self._decide(run, self.watch.evaluation(metrics))
 
     def scheduled_after(self, step: int) -> int | None:
         """``source="train"``: the next check's step (loops end there); ``None`` for evaluations."""

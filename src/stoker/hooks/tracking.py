@@ -1,7 +1,7 @@
 """``TrackerHook``: what the experiment-tracker hooks (MLflow, W&B) share.
 
 A tracker hook logs the run's params once, the training loss, learning rate and rates every
-``every_n_steps`` steps, every evaluation (``run.last_evaluation``) and, at the end, the final
+``every_n_steps`` steps, every evaluation (``after_evaluation``) and, at the end, the final
 and best checkpoints as artifacts. Only the chief logs.
 
 **One tracker run, each step once, across kills.** The tracker's run id is kept in the hook's
@@ -142,9 +142,15 @@ class TrackerHook(Hook):
         self._interval.add(result)
         if every_n_steps_due(self._last_step, run.global_step, self.every_n_steps):
             self._take_interval(run)
-        self._take_evaluation(run)  # one of an earlier boundary (evaluations come after this hook)
         if run.model_dir is None:
             self._send()
+
+    def after_evaluation(self, run: RunContext, metrics: dict[str, float]) -> None:
+        step = int(metrics["global_step"])
+        if self._tracker is None or step <= self._eval_step:
+            return
+        self._eval_step, now = step, int(time.time() * 1000)
+        self._pending += [(f"eval/{k}", float(v), step, now) for k, v in metrics.items() if k != "global_step"]
 
     def end(self, run: RunContext) -> None:
         self._ending = True  # logged in close(), once the other hooks' end has run
@@ -162,7 +168,6 @@ class TrackerHook(Hook):
         try:
             if self._interval.loss_n and ended:
                 self._take_interval(run)
-            self._take_evaluation(run)
             self._send()
             if self.log_checkpoints and run.model_dir is not None and ended:
                 self._log_checkpoints(run)
@@ -210,14 +215,6 @@ class TrackerHook(Hook):
             if key in run.logs:
                 values[key] = run.logs[key]
         self._pending += [(k, float(v), run.global_step, now) for k, v in values.items()]
-
-    def _take_evaluation(self, run: RunContext) -> None:
-        ev = run.last_evaluation
-        if ev is None or int(ev["global_step"]) <= self._eval_step or int(ev["global_step"]) > run.global_step:
-            return
-        step, now = int(ev["global_step"]), int(time.time() * 1000)
-        self._eval_step = step
-        self._pending += [(f"eval/{k}", float(v), step, now) for k, v in ev.items() if k != "global_step"]
 
     def _send(self) -> None:
         if self._tracker is None or not self._pending:
