@@ -38,6 +38,9 @@ MODES = ("min", "max")
 
 T = TypeVar("T")
 
+KeepBest = tuple[str, str] | tuple[str, str, int]
+"""``RunConfig.keep_best``: ``(metric, mode)``, or ``(metric, mode, k)`` to keep the ``k`` best."""
+
 
 # ---------------------------------------------------------------------------- field checks
 class _Fields:
@@ -311,6 +314,16 @@ class CheckpointIndex:
     def coverage_line(self) -> str:
         return coverage_line(self.coverage)
 
+    def top(self, metric: str, mode: str, k: int) -> list[CheckpointRecord]:
+        """The ``k`` retained checkpoints with the best evaluated value of ``metric`` under
+        ``mode`` (``RunConfig.keep_best``), best first: ``best`` first of its value, then by
+        value, a tie to the earlier step. Records without a (non-NaN) value of it take no part."""
+        scored = [r for r in self.checkpoints if metric in r.metrics and not math.isnan(r.metrics[metric])]
+        best = self.best.name if self.best is not None else None
+        sign = 1.0 if mode == "min" else -1.0
+        scored.sort(key=lambda r: (sign * r.metrics[metric], r.name != best, r.step))
+        return scored[:k]
+
     # ------------------------------------------------------------ changes (each returns a new index)
     def adding(self, record: CheckpointRecord) -> tuple[CheckpointIndex, list[str]]:
         """The index that commits ``record`` as the latest, and the directories it replaced."""
@@ -323,7 +336,7 @@ class CheckpointIndex:
         return index, [d for d in replaced if d != record.directory]
 
     def with_evaluation(
-        self, step: int, metrics: Mapping[str, float], keep_best: tuple[str, str] | None
+        self, step: int, metrics: Mapping[str, float], keep_best: KeepBest | None
     ) -> tuple[CheckpointIndex, bool]:
         """``metrics`` put on ``ckpt-<step>``'s record; and whether it became the best.
 
@@ -336,7 +349,7 @@ class CheckpointIndex:
         index = self._replacing(rec, replace(rec, metrics=dict(metrics)))
         if keep_best is None:
             return index, False
-        metric, mode = keep_best
+        metric, mode = keep_best[0], keep_best[1]
         if metric not in metrics:
             raise CheckpointError(
                 f"RunConfig.keep_best names metric {metric!r}, but evaluation returned only {sorted(metrics)}"
@@ -451,6 +464,7 @@ __all__ = [
     "CheckpointRecord",
     "Coverage",
     "IndexChange",
+    "KeepBest",
     "coverage_line",
     "record_dir",
     "repair_hint",

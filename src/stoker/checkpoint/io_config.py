@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 from ..storage.retry import RetryPolicy
+from .index import KeepBest
 
 #: the checkpoint interval when neither ``save_checkpoints_steps`` nor ``save_checkpoints_secs`` is set
 DEFAULT_SAVE_SECS = 600.0
@@ -57,7 +58,8 @@ class CheckpointConfig:
         save_checkpoints_steps / save_checkpoints_secs: the interval (at most one; with
             neither, every ``DEFAULT_SAVE_SECS`` seconds, which the slice fills in).
         keep_checkpoint_max: the newest checkpoints retained (0 keeps all).
-        keep_best: ``(metric, "min" | "max")``: also retain the best evaluated checkpoint.
+        keep_best: ``(metric, "min" | "max")``: also retain the best evaluated checkpoint;
+            ``(metric, "min" | "max", k)``: the ``k`` best.
         io: how checkpoints are written (``RunConfig.checkpoint_io``).
     """
 
@@ -65,7 +67,7 @@ class CheckpointConfig:
     save_checkpoints_steps: int | None = None
     save_checkpoints_secs: float | None = None
     keep_checkpoint_max: int = 5
-    keep_best: tuple[str, str] | None = None
+    keep_best: KeepBest | None = None
     io: CheckpointIO = field(default_factory=CheckpointIO)
 
     def __post_init__(self) -> None:
@@ -92,11 +94,22 @@ class CheckpointConfig:
             raise ConfigError(f"RunConfig.save_checkpoints_secs must be > 0, got {secs}")
         if steps is None and secs is None:
             object.__setattr__(self, "save_checkpoints_secs", DEFAULT_SAVE_SECS)
-        best = self.keep_best
-        if best is not None:
-            if not isinstance(best, (tuple, list)) or len(best) != 2 or best[1] not in ("min", "max"):
-                raise ConfigError(f"RunConfig.keep_best must be (metric_name, 'min' | 'max'); got {best!r}")
-            object.__setattr__(self, "keep_best", (str(best[0]), str(best[1])))
+        if self.keep_best is not None:
+            object.__setattr__(self, "keep_best", keep_best_rule(self.keep_best))
 
 
-__all__ = ["DEFAULT_SAVE_SECS", "CheckpointConfig", "CheckpointIO"]
+def keep_best_rule(best: object) -> KeepBest:
+    """``RunConfig.keep_best`` checked and held as ``(metric, mode)``, or ``(metric, mode, k)`` for
+    ``k`` > 1 (``k`` = 1 is the pair: one best)."""
+    if isinstance(best, (tuple, list)) and len(best) in (2, 3) and best[1] in ("min", "max"):
+        k = best[2] if len(best) == 3 else 1
+        if isinstance(k, int) and not isinstance(k, bool) and k >= 1:
+            metric, mode = str(best[0]), str(best[1])
+            return (metric, mode) if k == 1 else (metric, mode, k)
+    raise ConfigError(
+        "RunConfig.keep_best must be (metric_name, 'min' | 'max'), or (metric_name, 'min' | 'max', k) "
+        f"to keep the k best (k >= 1); got {best!r}"
+    )
+
+
+__all__ = ["DEFAULT_SAVE_SECS", "CheckpointConfig", "CheckpointIO", "keep_best_rule"]

@@ -73,7 +73,7 @@ from .files import (
     serialize_input_state,
     step_of,
 )
-from .index import Best, CheckpointIndex, CheckpointRecord, IndexChange, coverage_line
+from .index import Best, CheckpointIndex, CheckpointRecord, IndexChange, KeepBest, coverage_line
 from .recovery import checked_index
 from .retention import Retention
 
@@ -95,7 +95,7 @@ class CheckpointManager:
         model_dir: str | os.PathLike[str] | Location,
         *,
         keep_checkpoint_max: int = 5,
-        keep_best: tuple[str, str] | None = None,
+        keep_best: KeepBest | None = None,
         writer: bool = True,
         retry: RetryPolicy = DEFAULT_RETRY,
     ) -> None:
@@ -280,6 +280,7 @@ class CheckpointManager:
         if not self.writer:
             raise CheckpointError("only the chief process writes checkpoints")
         name = f"ckpt-{step}"
+        self.index()  # checked (and rebuilt if need be) before its first commit, or it would orphan the folders
         staging = tmp_dir if tmp_dir is not None else self.begin(step)
         self._damaged.pop(name, None)  # saved again: the new files replace a damaged folder of this name
         try:

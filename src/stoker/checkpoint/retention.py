@@ -23,7 +23,8 @@ from typing import TypeVar
 from .. import storage
 from ..errors import StorageError
 from .commit import CommitProtocol
-from .index import CheckpointIndex, IndexChange
+from .index import CheckpointIndex, IndexChange, KeepBest
+from .io_config import keep_best_rule
 from .lease import live_leases
 from .manifest import EVALUATION_NAME, Evaluation
 
@@ -38,7 +39,8 @@ class Retention:
     Args:
         protocol: the model_dir's commit protocol (its index, files and retries).
         keep_checkpoint_max: how many of the newest checkpoints to keep (0 keeps all).
-        keep_best: ``(metric, "min" | "max")``: the best checkpoint by it is kept too.
+        keep_best: ``(metric, "min" | "max")``: the best checkpoint by it is kept too;
+            ``(metric, "min" | "max", k)``: the ``k`` best (Lightning's ``save_top_k``).
     """
 
     def __init__(
@@ -46,11 +48,11 @@ class Retention:
         protocol: CommitProtocol,
         *,
         keep_checkpoint_max: int = 5,
-        keep_best: tuple[str, str] | None = None,
+        keep_best: KeepBest | None = None,
     ) -> None:
         self.protocol = protocol
         self.keep_checkpoint_max = keep_checkpoint_max
-        self.keep_best = keep_best
+        self.keep_best = None if keep_best is None else keep_best_rule(keep_best)
 
     def update(self, change: IndexChange[T]) -> T:
         """Apply ``change`` then :meth:`retain` to the index, write it, delete what retention dropped."""
@@ -67,9 +69,11 @@ class Retention:
     def retain(self, index: CheckpointIndex) -> tuple[CheckpointIndex, list[str]]:
         """``index`` without the records retention no longer keeps; and their directories.
 
-        Kept: the newest ``keep_checkpoint_max``, the best, the latest, and any checkpoint a
-        live evaluation lease names (``stoker.checkpoint.lease``; listed only when there is
-        something to drop). With an evaluator's ``coverage`` in the index, a dropped
+        Kept: the newest ``keep_checkpoint_max``, the best, the ``k`` best by ``keep_best``'s
+        metric (:meth:`CheckpointIndex.top`, read from the records' own results, so an index
+        rebuilt from ``evaluation.json`` files keeps the same ones), the latest, and any
+        checkpoint a live evaluation lease names (``stoker.checkpoint.lease``; listed only when
+        there is something to drop). With an evaluator's ``coverage`` in the index, a dropped
         checkpoint that was neither evaluated nor superseded is counted as removed before
         reading.
         """
@@ -79,6 +83,9 @@ class Retention:
             keep = {r.name for r in records[-self.keep_checkpoint_max :]}
         if index.best is not None:
             keep.add(index.best.name)
+        if self.keep_best is not None and len(self.keep_best) == 3:
+            metric, mode, k = self.keep_best
+            keep |= {r.name for r in index.top(metric, mode, k)}
         if index.latest is not None:
             keep.add(index.latest)
         if any(r.name not in keep for r in records):

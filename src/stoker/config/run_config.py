@@ -58,7 +58,8 @@ class RunConfig:
             written when ``train`` returns.
         keep_checkpoint_max: how many of the newest checkpoints to retain (0 keeps all).
         keep_best: ``(metric, "min" | "max")``: also retain the checkpoint with the best
-            evaluation value of ``metric``, apart from the newest ones.
+            evaluation value of ``metric``, apart from the newest ones; ``(metric, mode, k)``:
+            the ``k`` best (Lightning's ``save_top_k``).
         log_every_n_steps: interval of the loss / examples-per-second log lines (``None``: no
             log lines and no step counter, e.g. for a harness that prints its own).
         precision: ``fp32``, ``bf16`` (autocast) or ``fp16`` (autocast + loss scaling) keep fp32
@@ -138,7 +139,7 @@ class RunConfig:
     save_checkpoints_steps: int | None = None
     save_checkpoints_secs: float | None = None
     keep_checkpoint_max: int = 5
-    keep_best: tuple[str, str] | None = None
+    keep_best: tuple[str, str] | tuple[str, str, int] | None = None
     log_every_n_steps: int | None = 100
     precision: PrecisionName | Precision = "fp32"
     loss_scale: LossScale | float | Literal["dynamic"] = field(default_factory=LossScale)

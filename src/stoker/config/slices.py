@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..checkpoint.index import KeepBest
 from ..distributed.pipeline import PipelineConfig
 from ..distributed.watchdog import StuckReplica
 from ..errors import ConfigError
@@ -190,7 +191,7 @@ class EvalConfig:
 
     seed: int = 0
     summaries: bool = True
-    keep_best: tuple[str, str] | None = None
+    keep_best: KeepBest | None = None
     device: str = "auto"
 
 
