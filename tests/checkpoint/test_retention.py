@@ -79,9 +79,8 @@ def test_train_and_evaluate_keeps_the_k_best_of_its_evaluations(tmp_path: Path) 
         phase = "decisions"
         needs_evaluations = True
 
-        def after_loop(self, run: stoker.hooks.RunContext, result: stoker.hooks.LoopResult) -> None:
-            if run.last_evaluation is not None:
-                seen[int(run.last_evaluation["global_step"])] = run.last_evaluation["loss"]
+        def after_evaluation(self, run: stoker.hooks.RunContext, metrics: dict[str, float]) -> None:
+            seen[int(metrics["global_step"])] = metrics["loss"]
 
     est = make_estimator(tmp_path, keep_checkpoint_max=1, keep_best=("loss", "min", 2), iterations_per_loop=2)
     est.train_and_evaluate(train_input(X, Y), eval_input(X, Y), max_steps=16, eval_every_n_steps=2, hooks=[Record()])
