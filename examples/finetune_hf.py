@@ -70,16 +70,17 @@ def prepare(model_dir: Path) -> tuple[PreTrainedTokenizerFast, Dataset, Dataset]
         sentences = docstring_sentences()
         rows = {"text": sentences, "label": [label(s) for s in sentences]}
         everything = Dataset.from_dict(rows)
-        held_out = [i for i in range(len(sentences)) if i % 5 == 0]  # every fifth sentence
-        everything.select([i for i in range(len(sentences)) if i % 5]).save_to_disk(str(data_dir / "train"))
-        everything.select(held_out).save_to_disk(str(data_dir / "held_out"))
-    train, held_out = Dataset.load_from_disk(str(data_dir / "train")), Dataset.load_from_disk(str(data_dir / "held_out"))
+        fifth = [i % 5 == 0 for i in range(len(sentences))]  # every fifth sentence is held out
+        everything.select([i for i, out in enumerate(fifth) if not out]).save_to_disk(str(data_dir / "train"))
+        everything.select([i for i, out in enumerate(fifth) if out]).save_to_disk(str(data_dir / "held_out"))
+    train = Dataset.load_from_disk(str(data_dir / "train"))
+    held_out = Dataset.load_from_disk(str(data_dir / "held_out"))
     if not (model_dir / "tokenizer" / "tokenizer.json").exists():
         words = Tokenizer(models.WordLevel(unk_token="[UNK]"))
         words.normalizer = normalizers.Lowercase()
         words.pre_tokenizer = pre_tokenizers.Whitespace()
-        specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]"]
-        words.train_from_iterator(list(train["text"]), trainers.WordLevelTrainer(min_frequency=2, special_tokens=specials))
+        trainer = trainers.WordLevelTrainer(min_frequency=2, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]"])
+        words.train_from_iterator(list(train["text"]), trainer)
         PreTrainedTokenizerFast(
             tokenizer_object=words, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]"
         ).save_pretrained(model_dir / "tokenizer")
@@ -100,7 +101,10 @@ def build_estimator(model_dir: Path, tokenizer: PreTrainedTokenizerFast, base: s
         model_fn=hf.model_fn,  # the model's own loss; per-example loss and accuracy in evaluation
         optimizer=lambda params, parameters: torch.optim.AdamW(parameters, lr=params["learning_rate"]),
         config=stoker.RunConfig(
-            model_dir=model_dir, iterations_per_loop=10, save_checkpoints_steps=50, log_every_n_steps=50,
+            model_dir=model_dir,
+            iterations_per_loop=10,
+            save_checkpoints_steps=50,
+            log_every_n_steps=50,
             progress_bar=False,
         ),  # fmt: skip
         params={"learning_rate": 1e-3},

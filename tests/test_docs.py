@@ -66,6 +66,7 @@ INLINED_PROGRAMS = {
     "docs/tutorial.md": "examples/quickstart.py",
     "docs/migration/from-tpuestimator.md": "examples/from_tpuestimator.py",
     "docs/migration/from-lightning.md": "examples/from_lightning.py",
+    "docs/migration/from-huggingface.md": "examples/finetune_hf.py",
 }
 
 

@@ -105,3 +105,23 @@ def test_from_lightning_stops_early_at_the_same_step_after_a_resume(tmp_path):
     assert same_weights(split, whole, "ckpt-253")
     again = run("--model_dir", str(split), program="from_lightning.py")  # stopped: nothing more to do
     assert "(resuming from ckpt-253)" in again and "final evaluation at step 253" in again
+
+
+def test_finetune_hf_resumes_bitwise_and_writes_a_folder_transformers_loads(tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("datasets")
+    split, whole = tmp_path / "split", tmp_path / "whole"
+    reference = start("--model_dir", str(whole), "--steps", "60", program="finetune_hf.py")
+    first = run("--model_dir", str(split), "--steps", "30", program="finetune_hf.py")
+    assert "new run" in first and re.search(r"^step 30: held-out accuracy", first, re.M)
+    second = run("--model_dir", str(split), "--steps", "60", program="finetune_hf.py")
+    assert "resuming from ckpt-30" in second
+    finish(reference)
+    assert same_weights(split, whole, "ckpt-60")
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(split / "hf")
+    ckpt = safetensors.torch.load_file(split / "ckpt-60" / "model.safetensors")
+    assert all(torch.equal(v, ckpt[k]) for k, v in model.state_dict().items())  # DIR/hf holds step 60's weights
+    accuracy = float(re.search(r"^step 60: held-out accuracy (\d\.\d+)", second, re.M).group(1))
+    assert accuracy > 0.8  # about a third of the sentences are about a return value
