@@ -84,19 +84,17 @@ def serving(export_dir: Path, *flags: str, env: dict[str, str] | None = None) ->
         start_new_session=True,
     )
     server = ServerProc(proc, 0)
+    threading.Thread(target=_drain, args=(proc, server.lines), daemon=True).start()
     try:
         deadline = time.monotonic() + 120
-        assert proc.stdout is not None
-        while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                raise RuntimeError(f"stoker serve exited: {server.output()}")
-            server.lines.append(line)
-            found = re.search(r"on http://127\.0\.0\.1:(\d+)", line)
+        while not server.port:
+            found = re.search(r"on http://(?:\[[^\]]*\]|[^:/\s]+):(\d+)", server.output())
             if found:
                 server.port = int(found.group(1))
-                break
-        threading.Thread(target=_drain, args=(proc, server.lines), daemon=True).start()
+            elif proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"stoker serve did not start: {server.output()[-2000:]}")
+            else:
+                time.sleep(0.05)
         yield server
     finally:
         stop(proc)

@@ -1,7 +1,8 @@
 """Serving an export over HTTP: ``stoker serve``, an Open Inference Protocol (KServe v2) server.
 
 Owns the server (:mod:`~stoker.serving.server`: start, stop, readiness), the ASGI application
-(:mod:`~stoker.serving.app`: routes, limits, Prometheus metrics), the wire protocol
+(:mod:`~stoker.serving.app`: routes, request limits, Prometheus metrics), the connection
+(:mod:`~stoker.serving.connection`: header, idle and connection limits), the wire protocol
 (:mod:`~stoker.serving.protocol`: request decoding and validation, response encoding), the
 dynamic batcher (:mod:`~stoker.serving.batcher`) and the command (:mod:`~stoker.serving.cli`).
 It serves what :mod:`stoker.export` wrote and imports only that package, :mod:`stoker.errors`

@@ -2,12 +2,13 @@
 
 Requests are admitted first (:meth:`DynamicBatcher.slot`): at most ``max_pending`` may be
 admitted at once (being decoded, queued or running), and one more is refused with
-:class:`Saturated`, which the server answers with 503. Admission comes before the body is
-decoded, so a flood costs the server a counter, not JSON parsing.
+:class:`Saturated`, which the server answers with 503. A request is admitted once its body has
+arrived and before it is decoded: a client that sends its body slowly holds no slot, and a
+flood costs the server a counter, not JSON parsing.
 
 One worker task takes the first queued request, then adds what is already queued, and waits
 up to ``window_ms`` for more only while other admitted requests are still on their way (being
-read or decoded). So a lone client never waits for a window, and under load the requests
+decoded). So a lone client never waits for a window, and under load the requests
 that queued while the model ran go into the next call together, up to ``max_batch`` rows.
 The group's inputs are concatenated along the batch dimension, the model runs once on the
 single model thread (PyTorch's own threads parallelise inside the call), and the outputs are
@@ -43,7 +44,7 @@ class BatchingConfig:
     enabled: bool = True  # group concurrent requests into one model call
     max_batch: int = 256  # rows of one model call (and of one request)
     window_ms: float = 2.0  # longest wait for more requests while others are on their way
-    max_pending: int = 64  # requests admitted at once (decoding, queued, running); more get 503
+    max_pending: int = 64  # requests admitted at once (body arrived: decoding, queued, running); more get 503
 
     def __post_init__(self) -> None:
         for name in ("max_batch", "max_pending"):
@@ -83,7 +84,7 @@ class DynamicBatcher:
         self.batching = config.enabled and can_batch  # a model whose outputs lack a batch dimension cannot be split
         self.observe = observe
         self.admitted = 0
-        self.arriving = 0  # admitted and not yet queued: being read or decoded
+        self.arriving = 0  # admitted and not yet queued: being decoded
         self._queue: asyncio.Queue[_Item] | None = None
         self._carry: _Item | None = None  # a request that did not fit the last group: first of the next
         self._running: list[_Item] = []  # the group of the model call in progress
@@ -171,7 +172,7 @@ class DynamicBatcher:
         deadline = time.monotonic() + self.config.window_ms / 1000
         while rows < self.config.max_batch:
             if self._queue.empty():
-                # wait only while admitted requests are still being read or decoded
+                # wait only while admitted requests are still being decoded
                 remaining = deadline - time.monotonic()
                 if self.arriving <= 0 or remaining <= 0:
                     break

@@ -12,11 +12,18 @@ Two request shapes reach the same checks (:func:`validate_inputs`):
 
 Answers use the same encoding as the request asked for: JSON data, or binary for the outputs
 that asked for ``binary_data`` (or all, with ``parameters.binary_data_output``).
+
+Non-finite numbers: JSON has none, so a request body with ``NaN`` or ``Infinity`` is not JSON
+(400), and an input that holds NaN or an infinity in binary data is refused too (400: a model
+fed one answers NaN, which helps nobody). An output that is NaN or infinite all the same
+(an overflow in the model) is written as the JSON string ``"NaN"``, ``"Infinity"`` or
+``"-Infinity"``, which ``float()``, numpy and tritonclient read back; the answer stays JSON.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +35,10 @@ from ..errors import RequestError
 from ..export.program import BATCH
 
 DEFAULT_MAX_BATCH = 256
-DEFAULT_MAX_BODY_BYTES = 8 * 2**20
+DEFAULT_MAX_BODY_BYTES = 8 * 2**20  # the limit of a signature that cannot say (and of the Python API's old callers)
+JSON_BYTES_PER_VALUE = 32  # generous: "-1.2345678901234567e-308, " with indentation
+BODY_OVERHEAD_BYTES = 64 * 2**10  # names, shapes, datatypes, whitespace of one request
+MAX_DERIVED_BODY_BYTES = 256 * 2**20
 _FLOAT_KINDS, _INT_KINDS, _BOOL_KINDS = "iuf", "iu", "b"  # numpy dtype kinds each input dtype accepts
 
 # signature dtype -> Open Inference Protocol datatype (and the numpy dtype of its binary form)
@@ -102,6 +112,8 @@ def validate_inputs(
                 raise RequestError(
                     f"input {name!r} has values outside the range of {spec['dtype']} [{info.min}, {info.max}]"
                 )
+        if array.size and array.dtype.kind == "f" and not np.isfinite(array).all():
+            raise RequestError(f"input {name!r} holds NaN or infinite values; this server accepts finite numbers only")
         try:
             tensors[name] = torch.as_tensor(array).to(dtype)
         except (TypeError, RuntimeError, OverflowError) as e:
@@ -112,11 +124,57 @@ def validate_inputs(
 
 
 def decode_json(body: bytes) -> Any:
-    """``json.loads`` with every failure a ``RequestError``."""
+    """``json.loads`` with every failure a ``RequestError``; ``NaN`` and ``Infinity``, which
+    Python's parser accepts and JSON does not have, are refused."""
     try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:  # RecursionError: absurd nesting
+        return json.loads(body, parse_constant=_not_json)
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as e:  # Recursion: absurd nesting
         raise RequestError(f"the body is not valid JSON: {type(e).__name__}: {e}") from e
+
+
+def _not_json(name: str) -> Any:
+    raise RequestError(f"{name} is not a JSON number (send finite numbers)")
+
+
+def json_values(array: np.ndarray) -> Any:
+    """``array.tolist()``, with NaN and infinities as the strings ``"NaN"``, ``"Infinity"``,
+    ``"-Infinity"`` (JSON has no such numbers)."""
+    if array.dtype.kind != "f" or bool(np.isfinite(array).all()):
+        return array.tolist()
+    out = array.astype(object)
+    out[np.isnan(array)] = "NaN"
+    out[np.isposinf(array)] = "Infinity"
+    out[np.isneginf(array)] = "-Infinity"
+    return out.tolist()
+
+
+def default_max_body_bytes(signature: Mapping[str, Any], max_batch: int) -> int:
+    """The body limit a server derives from its export: the largest request the signature
+    allows (``max_batch`` rows; a static batch its own), at ``JSON_BYTES_PER_VALUE`` per value
+    plus ``BODY_OVERHEAD_BYTES``, capped at ``MAX_DERIVED_BODY_BYTES`` (pass ``--max_body_bytes``
+    for more). Binary tensor data takes at most 8 bytes a value, so it always fits."""
+    values = 0
+    for spec in signature.get("inputs", []):
+        shape = spec.get("shape", [])
+        if any(not isinstance(d, int) for d in shape[1:]):
+            return DEFAULT_MAX_BODY_BYTES
+        rows = max_batch if shape and shape[0] == BATCH else (shape[0] if shape and isinstance(shape[0], int) else 1)
+        values += rows * math.prod(shape[1:])
+    return min(values * JSON_BYTES_PER_VALUE + BODY_OVERHEAD_BYTES, MAX_DERIVED_BODY_BYTES)
+
+
+def public_signature(signature: Mapping[str, Any]) -> dict[str, Any]:
+    """The signature without the exporting machine's paths: the checkpoint by its directory's
+    name, the AOT compiler by its file name (what ``GET /signature`` answers by default)."""
+    public = dict(signature)
+    if isinstance(public.get("checkpoint"), str):
+        public["checkpoint"] = public["checkpoint"].replace("\\", "/").rstrip("/").rsplit("/", 1)[-1]
+    if isinstance(public.get("aot"), dict):
+        aot = dict(public["aot"])
+        if isinstance(aot.get("compiler"), str):
+            aot["compiler"] = aot["compiler"].rsplit("/", 1)[-1]
+        public["aot"] = aot
+    return public
 
 
 # ==================================================================== Open Inference Protocol
@@ -180,7 +238,7 @@ def decode_infer_request(
             raise RequestError(f"input {name!r} is given twice")
         if name not in by_name:
             raise RequestError(f"unknown input {name!r}; the model's inputs are {list(by_name)}")
-        arrays[name], offset = _decode_tensor(item, by_name[name], binary, offset)
+        arrays[name], offset = _decode_tensor(item, by_name[name], binary, offset, max_batch)
     if offset != len(binary):
         raise RequestError(
             f"the binary part has {len(binary)} bytes but the inputs' binary_data_size add up to {offset}"
@@ -204,7 +262,7 @@ def _split_binary(body: bytes, header_length: str | None) -> tuple[bytes, bytes]
 
 
 def _decode_tensor(
-    item: Mapping[str, Any], spec: Mapping[str, Any], binary: bytes, offset: int
+    item: Mapping[str, Any], spec: Mapping[str, Any], binary: bytes, offset: int, max_batch: int = DEFAULT_MAX_BATCH
 ) -> tuple[np.ndarray, int]:
     """One OIP input tensor as a numpy array of its declared shape; the new offset into ``binary``."""
     name = item["name"]
@@ -214,7 +272,8 @@ def _decode_tensor(
     shape = item.get("shape")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise RequestError(f"input {name!r}: shape must be a list of non-negative integers; got {shape!r}")
-    count = int(np.prod(shape, dtype=np.int64))
+    _check_shape(name, shape, spec["shape"], max_batch)  # before any size is computed from it
+    count = math.prod(shape)
     params = item.get("parameters") or {}
     size = params.get("binary_data_size") if isinstance(params, Mapping) else None
     if size is not None:
@@ -235,6 +294,19 @@ def _decode_tensor(
     if array.size != count:
         raise RequestError(f"input {name!r}: shape {shape} holds {count} values but data has {array.size}")
     return array.reshape(shape), offset
+
+
+def _check_shape(name: str, shape: list[int], want: list[Any], max_batch: int) -> None:
+    """A declared shape must be the signature's (any batch up to ``max_batch``): so no product of
+    it can overflow or ask for more memory than the largest request."""
+    if len(shape) != len(want):
+        raise RequestError(f"input {name!r} has {len(shape)} dimensions {shape}; expected {len(want)}: {want}")
+    for axis, (got, dim) in enumerate(zip(shape, want, strict=True)):
+        if dim == BATCH:
+            if not 1 <= got <= max_batch:
+                raise RequestError(f"input {name!r} has a batch of {got} rows; this server accepts 1 to {max_batch}")
+        elif got != dim:
+            raise RequestError(f"input {name!r} has shape {shape}; expected {want} (dimension {axis} must be {dim})")
 
 
 def _requested_outputs(request: Mapping[str, Any], signature: Mapping[str, Any]) -> tuple[list[str], set[str]]:
@@ -270,7 +342,7 @@ def encode_infer_response(
             item["parameters"] = {"binary_data_size": len(raw)}
             chunks.append(raw)
         else:
-            item["data"] = array.reshape(-1).tolist()
+            item["data"] = json_values(array.reshape(-1))
         items.append(item)
     answer: dict[str, Any] = {"model_name": model_name, "model_version": model_version(signature), "outputs": items}
     if request.id is not None:
@@ -289,8 +361,11 @@ __all__ = [
     "RequestError",
     "decode_infer_request",
     "decode_json",
+    "default_max_body_bytes",
     "encode_infer_response",
+    "json_values",
     "model_metadata",
     "model_version",
+    "public_signature",
     "validate_inputs",
 ]

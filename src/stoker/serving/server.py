@@ -18,14 +18,17 @@ in :mod:`stoker.serving.protocol`, its batching in :mod:`stoker.serving.batcher`
 - ``GET /metrics``: Prometheus text (request counts, latency, batch sizes, pending requests).
 
 Answers: 400 for a request that does not fit the signature (the expected inputs are in the
-answer), 404 for another model name, 408 for a body that does not arrive in time, 413 for a
-body over ``max_body_bytes``, 503 (with ``Retry-After``) when ``max_pending`` requests are
-already in, 500 when the model raises. No TLS and no authentication: it binds 127.0.0.1
-unless told otherwise; put it behind a proxy that has them before exposing it.
+answer), 404 for another model name, 408 for a body or headers that do not arrive in time (or
+a body slower than the minimum rate), 413 for a body over ``max_body_bytes``, 431 for headers
+over ``max_header_bytes``, 503 (with ``Retry-After``) at one of the server's bounds
+(``max_pending``, ``max_uploading``, ``max_buffered_bytes``), 500 when the model raises; every
+one JSON. No TLS and no authentication: it binds 127.0.0.1 unless told otherwise, and says so
+in one line when bound elsewhere; put it behind a proxy that has them before exposing it.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import socket
@@ -35,10 +38,11 @@ from typing import TYPE_CHECKING
 
 from ..errors import StokerError
 from ..export.program import ExportedModel, load_exported
-from .protocol import DEFAULT_MAX_BATCH, DEFAULT_MAX_BODY_BYTES, RequestError, validate_inputs
+from .protocol import DEFAULT_MAX_BATCH, RequestError, validate_inputs
 
 if TYPE_CHECKING:
     from .app import ServeConfig
+    from .connection import ConnectionLimits
 
 log = logging.getLogger("stoker")
 
@@ -69,13 +73,17 @@ class Server:
     background thread and returns once it accepts connections, ``stop()`` ends it.
     """
 
-    def __init__(self, model: ExportedModel, host: str, port: int, config: ServeConfig) -> None:
+    def __init__(
+        self, model: ExportedModel, host: str, port: int, config: ServeConfig, limits: ConnectionLimits | None = None
+    ) -> None:
         import uvicorn
 
         from .app import ServeApp
+        from .connection import ConnectionLimits, uvicorn_settings
 
         self.model = model
         self.app = ServeApp(model, config)
+        limits = limits or ConnectionLimits()
         self.socket = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -85,16 +93,17 @@ class Server:
             self.socket.close()
             raise
         self.server_address = self.socket.getsockname()[:2]
-        # limit_concurrency: a backstop on connections + tasks far above the app's own bound
-        # (max_pending, answered with a JSON 503); uvicorn answers beyond it with a plain 503.
+        warning = exposure_warning(host)
+        if warning:
+            log.warning(warning)
+        closed = self.app.metrics.closed
         uv_config = uvicorn.Config(
             self.app.app,
             log_level="warning",
             access_log=False,
             lifespan="on",
-            timeout_keep_alive=5,
-            limit_concurrency=4 * config.batching.max_pending + 64,
             timeout_graceful_shutdown=10,
+            **uvicorn_settings(limits, lambda reason: closed.labels(reason).inc()),
         )
         self.uvicorn = uvicorn.Server(uv_config)
         self._thread: threading.Thread | None = None
@@ -129,6 +138,20 @@ class Server:
             self._thread.join(timeout)
 
 
+def exposure_warning(host: str) -> str | None:
+    """The one line said when the server listens beyond this machine (None on a loopback address)."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        loopback = False
+    if loopback:
+        return None
+    return (
+        f"stoker serve: listening on {host}, beyond this machine, with no TLS and no authentication: "
+        "put a proxy that provides them in front (or the cluster's ingress, as with KServe and Triton)"
+    )
+
+
 def make_server(
     export_path: str | os.PathLike[str],
     host: str = "127.0.0.1",
@@ -136,24 +159,35 @@ def make_server(
     *,
     aot: bool | None = None,
     model_name: str | None = None,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_body_bytes: int | None = None,
     max_batch: int = DEFAULT_MAX_BATCH,
     batching: bool = True,
     window_ms: float = DEFAULT_WINDOW_MS,
     max_pending: int = DEFAULT_MAX_PENDING,
+    config: ServeConfig | None = None,
+    limits: ConnectionLimits | None = None,
 ) -> Server:
     """Load an export (``aot=True`` or a ``model.aoti.pt2`` path: its AOT package) and bind a
-    server to ``host:port``; call ``start()`` or ``serve_forever()`` on the result."""
+    server to ``host:port``; call ``start()`` or ``serve_forever()`` on the result.
+
+    ``max_body_bytes=None`` derives the limit from the export's signature and ``max_batch``.
+    ``config`` (a :class:`~stoker.serving.app.ServeConfig`) and ``limits`` (a
+    :class:`~stoker.serving.connection.ConnectionLimits`) give every other bound; the keyword
+    arguments above, when given, are applied over ``config``."""
     _require_web_stack()
+    import dataclasses
+
     from .app import ServeConfig
     from .batcher import BatchingConfig
 
-    config = ServeConfig(
-        model_name=model_name,
-        max_body_bytes=max_body_bytes,
+    base = config or ServeConfig()
+    config = dataclasses.replace(
+        base,
+        model_name=model_name or base.model_name,
+        max_body_bytes=max_body_bytes or base.max_body_bytes,
         batching=BatchingConfig(enabled=batching, max_batch=max_batch, window_ms=window_ms, max_pending=max_pending),
     )
-    return Server(load_exported(export_path, aot=aot), host, port, config)
+    return Server(load_exported(export_path, aot=aot), host, port, config, limits)
 
 
-__all__ = ["RequestError", "Server", "make_server", "validate_inputs"]
+__all__ = ["RequestError", "Server", "exposure_warning", "make_server", "validate_inputs"]
