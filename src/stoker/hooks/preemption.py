@@ -21,9 +21,10 @@ class PreemptionHook(Hook):
     several replicas: at the end of the loop, so that all replicas stop at the same step), a
     checkpoint of that step is written, the remaining hooks' ``end`` run, and then (with
     ``exit_process=True``) the process exits with code 128 + signal number, the convention
-    schedulers such as SLURM read as "terminated by signal". The stop is an interruption
-    (``run.interrupt``), not the run's end: no final evaluation, no partial report, so the
-    rerun of the same command ends bitwise as an uninterrupted run would.
+    schedulers such as SLURM read as "terminated by signal"; with several replicas, every one
+    says and exits with the first of ``signals`` that any replica received. The stop is an
+    interruption (``run.interrupt``), not the run's end: no final evaluation, no partial
+    report, so the rerun of the same command ends bitwise as an uninterrupted run would.
 
     The first signal puts back the handlers that were there before for every one of
     ``signals``: a second signal of any of them goes to those (by default SIGTERM ends the
@@ -63,8 +64,10 @@ class PreemptionHook(Hook):
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
         # Signals reach replicas at slightly different times: act when any replica has one.
         if run.any_replica(self.received is not None):
-            if self.received is None:
-                self.received = signal.SIGTERM
+            if run.world_size > 1:
+                # Every replica says and exits with the same signal, the first of `signals` that
+                # any replica received (these collectives run on the stop path only).
+                self.received = next(s for s in self.signals if run.any_replica(self.received == s))
             run.interrupt(f"received {signal.Signals(self.received).name}")
             path = run.save_checkpoint()
             log.warning(
