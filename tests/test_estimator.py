@@ -334,3 +334,24 @@ def test_the_estimator_records_what_it_chose_when_built():
     assert bf16["fast_linear"] == Choice("on", "RunConfig.fast_linear='on'")
     assert bf16["sgd_in_backward"] == Choice("off", "it needs RunConfig.precision='fp32' (got bf16)")
     assert linear_estimator().choices["sgd_in_backward"] == Choice("off", "RunConfig.sgd_in_backward='off'")
+
+
+def test_the_evaluation_hook_on_a_schedule_of_periods_and_steps_from_a_first_step(tmp_path):
+    """Several periods and given steps, counted from ``first_step`` (stoker bench's tf_cnn schedule):
+    loops end at each, none before ``first_step``, the last at the end; every hook hears each."""
+    from stoker.estimator import EvaluationHook
+
+    class Heard(Hook):
+        def __init__(self) -> None:
+            self.steps: list[int] = []
+
+        def after_evaluation(self, run, metrics):  # noqa: ANN001, ANN201
+            self.steps.append(metrics["global_step"])
+
+    x, y = make_data(64)
+    est = make_estimator(tmp_path / "m", iterations_per_loop=4)
+    hook, heard = EvaluationHook(est, eval_input(x, y), [5, 7], 1, at_steps=[2], first_step=3), Heard()
+    assert [hook.scheduled_after(s) for s in (0, 5, 8, 10, 13, 17)] == [5, 8, 10, 13, 17, 18]
+    est.train(train_input(x, y), max_steps=16, hooks=[hook, heard])
+    assert heard.steps == [5, 8, 10, 13, 16]
+    assert hook.last_results is not None and hook.last_results["global_step"] == 16

@@ -48,9 +48,10 @@ from .engine import (
     watching,
 )
 from .engine.cuda_graph_step import capture_refusals, cuda_graph_choice
+from .engine.model_state import built_choices
 from .errors import ConfigError, UserCodeError
 from .hooks import Hook, RunContext
-from .hooks.base import LoopResult, check_evaluations, every_n_steps_due, next_due_step
+from .hooks.base import LoopResult, check_evaluations, next_due_step
 from .resolve import Choice
 from .spec import EstimatorSpec
 from .storage import Location, check_dir
@@ -405,11 +406,13 @@ class Estimator:
 
 
 class EvaluationHook(Hook):
-    """Evaluate every ``every_n_steps`` steps during training, on a fresh checkpoint of that step.
+    """Evaluate during training, on a fresh checkpoint of each step it evaluates at: every
+    ``every_n_steps`` steps (one period, or several) and at ``at_steps``, both counted from
+    ``first_step`` (default 0: the multiples of ``every_n_steps``), and at the end of training.
 
-    The evaluations fall on the multiples of ``every_n_steps`` (loops end there), and at the
-    end of training when it reaches ``max_steps``, its data's end or a hook's stop (early
-    stopping): never at a stop from outside (a signal), whose checkpoint a rerun continues.
+    The evaluations fall on their steps (loops end there), and at the end of training when it
+    reaches ``max_steps``, its data's end or a hook's stop (early stopping): never at a stop
+    from outside (a signal), whose checkpoint a rerun continues.
     Each result is handed to every hook's ``after_evaluation`` (``run.add_evaluation``:
     EarlyStopping, trackers). The step of the last evaluation is kept in checkpoints: a run
     resumed from the checkpoint of a step it evaluated takes that result back from the index (or
@@ -421,10 +424,21 @@ class EvaluationHook(Hook):
     phase = "evaluation"  # after the checkpoint saver, so the evaluation is recorded on its checkpoint
     makes_evaluations = True
 
-    def __init__(self, estimator: Estimator, input_fn: InputFn, every_n_steps: int, steps: int | None = None) -> None:
+    def __init__(
+        self,
+        estimator: Estimator,
+        input_fn: InputFn,
+        every_n_steps: int | Sequence[int] = (),
+        steps: int | None = None,
+        *,
+        at_steps: Sequence[int] = (),
+        first_step: int = 0,
+    ) -> None:
         self.estimator = estimator
         self.input_fn = input_fn
         self.every_n_steps = every_n_steps
+        self._periods = (every_n_steps,) if isinstance(every_n_steps, int) else tuple(every_n_steps)
+        self.at_steps, self.first_step = tuple(sorted(at_steps)), first_step
         self.steps = steps
         self._last: int | None = None
         self.last_results: dict[str, float] | None = None
@@ -434,8 +448,8 @@ class EvaluationHook(Hook):
     def after_setup(self, run: RunContext) -> None:
         self.interrupted = False
         last, self._last = self._last, run.global_step
-        self.due_step = next_due_step(run.global_step, self.every_n_steps)
-        if last is None or last >= run.global_step or not every_n_steps_due(last, run.global_step, self.every_n_steps):
+        self.due_step = self.scheduled_after(run.global_step)
+        if last is None or last >= run.global_step or not self._due(last, run.global_step):
             return
         # The run was resumed from the checkpoint of a step it evaluated (or was about to).
         recorded = self._recorded(run.global_step)
@@ -445,13 +459,21 @@ class EvaluationHook(Hook):
             self.last_results = recorded
             run.add_evaluation(recorded)
 
-    def scheduled_after(self, step: int) -> int:
-        return next_due_step(step, self.every_n_steps)
+    def scheduled_after(self, step: int) -> int | None:
+        """The first step after ``step`` an evaluation is due at (``None``: no more are scheduled)."""
+        local = max(step - self.first_step, 0)
+        due = [next_due_step(local, n) for n in self._periods] + [at for at in self.at_steps if at > local]
+        return self.first_step + min(due) if due else None
+
+    def _due(self, last: int, step: int) -> bool:
+        """Whether an evaluation is due at ``step``, the last having been at ``last``."""
+        due = self.scheduled_after(last)
+        return due is not None and due <= step
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
-        if every_n_steps_due(self._last or 0, run.global_step, self.every_n_steps):
+        if self._due(self._last or 0, run.global_step):
             self._evaluate(run)
-        self.due_step = next_due_step(run.global_step, self.every_n_steps)
+        self.due_step = self.scheduled_after(run.global_step)
 
     def end(self, run: RunContext) -> None:
         self.interrupted = run.interrupted
@@ -508,7 +530,7 @@ def _record_choices(config: RunConfig, strategy: Strategy, state: ModelState) ->
         world_size=strategy.world_size,
     )
     graph = cuda_graph_choice(loop.cuda_graph, strategy.device.type, refusals)
-    return {"device": device, **state.choices, "cuda_graph": graph}
+    return {"device": device, **built_choices(config.state_config, strategy, state.precision), "cuda_graph": graph}
 
 
 def _build_checkpoints(config: CheckpointConfig, *, writer: bool) -> CheckpointManager | None:

@@ -10,7 +10,7 @@ import stoker
 from helpers.tiny import eval_input, make_data, make_estimator, train_input
 from stoker.adanet.iteration import DivergedCandidateHook
 from stoker.bench.outputs import BenchSummaries
-from stoker.bench.train import EvalDuringTraining, StepTimer, WarmUpEnd
+from stoker.bench.train import EvaluationLines, StepTimer, WarmUpEnd
 from stoker.errors import ConfigError
 from stoker.hooks import (
     EarlyStopping,
@@ -62,8 +62,6 @@ def runner_order(monkeypatch, tmp_path, given: list[Hook]) -> list[str]:
 
 
 def every_shipped_hook(tmp_path) -> list[Hook]:
-    x, y = make_data(64)
-    est = make_estimator()
     trial = optuna.create_study().ask()
     quiet = lambda line: None  # noqa: E731
     return [
@@ -80,9 +78,7 @@ def every_shipped_hook(tmp_path) -> list[Hook]:
         DivergedCandidateHook(),
         StepTimer(batch_size=8, display_every=1, with_accuracy=False, log=quiet),
         WarmUpEnd(2, lambda: None),
-        EvalDuringTraining(
-            est, eval_input(x, y), every_n_steps=[100], eval_steps=1, examples=8, stop_at=None, log=quiet
-        ),
+        EvaluationLines(examples=8, stop_at=None, log=quiet),
         BenchSummaries(tmp_path / "bench", verbosity=1, every_n_steps=100, loss_tag="loss"),
         Throughput(),
     ]
@@ -110,13 +106,13 @@ def test_the_full_order_of_the_default_hooks_and_every_shipped_hook(monkeypatch,
         # saving
         "CheckpointSaverHook",
         # evaluation, on the checkpoint just written
-        "EvalDuringTraining",
         "EvaluationHook",
         # decisions on that evaluation (MLPerf's run_stop after the final evaluation)
         "MLPerfLogHook",
         "EarlyStopping(eval)",
         "ReduceLROnPlateau(eval)",
         "OptunaPruning",
+        "EvaluationLines",
         # reporting, then the user's hooks of the default phase
         "LoggingHook",
         "SummaryHook",

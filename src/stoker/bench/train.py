@@ -14,7 +14,7 @@ The harness never runs a step itself. It builds an Estimator from the flags and 
 - **forward-only** and **evaluation** iterate ``Estimator.predict`` one batch at a time and
   time each batch as it arrives; the predictions are per-example top-1 / top-5 hits, so
   reading them back costs two small vectors per batch (tf_cnn_benchmarks fetches the logits).
-- **training + evaluation** adds :class:`EvalDuringTraining`, which calls
+- **training + evaluation** adds the engine's :class:`~stoker.estimator.EvaluationHook`, which calls
   ``Estimator.evaluate`` (exact top-1 / top-5 on the device) every N steps.
 
 ``total images/sec`` is images over the wall time of the timed steps, from the start of the
@@ -27,7 +27,7 @@ import contextlib
 import dataclasses
 import sys
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -36,9 +36,8 @@ import torch
 from ..checkpoint.manager import CheckpointManager
 from ..config.changes import distinct
 from ..errors import CheckpointError
-from ..estimator import Estimator
-from ..hooks import Hook, LoopResult, ProfilerHook, RunContext, every_n_steps_due
-from ..hooks.base import next_due_step
+from ..estimator import Estimator, EvaluationHook
+from ..hooks import Hook, LoopResult, ProfilerHook, RunContext
 from ..kernels.linear import reset_choices
 from ..kernels.sgd_in_backward import updating_in_backward
 from .config import (
@@ -161,86 +160,6 @@ class WarmUpEnd(Hook):
             self.on_end()
 
 
-class EvalDuringTraining(Hook):
-    """Every N timed steps (for each N of ``every_n_steps``) and at each of ``at_steps``, evaluate
-    the weights in memory and print the accuracy; request a stop once top-1 reaches ``stop_at``
-    (``--stop_at_top_1_accuracy``). The steps count from ``first_step``, the first timed step of
-    the run from step 0, so a run resumed from ``--train_dir`` evaluates at the same global steps;
-    loops end there (``scheduled_after``)."""
-
-    phase = "evaluation"  # after the timer and the checkpoint saver
-
-    def __init__(
-        self,
-        estimator: Estimator,
-        input_fn: InputFn,
-        *,
-        every_n_steps: Sequence[int],
-        eval_steps: int | None,
-        examples: int,
-        stop_at: float | None,
-        log: LogFn,
-        at_steps: Sequence[int] = (),
-        first_step: int | None = None,
-    ) -> None:
-        self.estimator = estimator
-        self.input_fn = input_fn
-        self.every_n_steps = tuple(every_n_steps)
-        self.at_steps = tuple(at_steps)
-        self.eval_steps = eval_steps
-        self.examples = examples
-        self.stop_at = stop_at
-        self.log = log
-        #: Where the timed steps, which N counts, start (default: where the train call starts).
-        self.first_step = first_step
-        self._given_first_step = first_step is not None
-        self.last_results: dict[str, float] | None = None
-        self.reached_target = False
-
-    def after_setup(self, run: RunContext) -> None:
-        if not self._given_first_step:
-            self.first_step = run.global_step
-
-    def scheduled_after(self, step: int) -> int | None:
-        if self.first_step is None:
-            return None
-        local = max(step - self.first_step, 0)
-        due = [next_due_step(local, n) for n in self.every_n_steps] + [at for at in self.at_steps if at > local]
-        return self.first_step + min(due) if due else None
-
-    def after_loop(self, run: RunContext, result: LoopResult) -> None:
-        assert self.first_step is not None, "after_setup sets it"
-        if result.first_step < self.first_step:
-            return  # a warm-up loop
-        local_before = result.first_step - self.first_step
-        local_after = run.global_step - self.first_step
-        finished = run.max_steps is not None and run.global_step >= run.max_steps
-        due = any(every_n_steps_due(local_before, local_after, n) for n in self.every_n_steps)
-        due = due or any(local_before < at <= local_after for at in self.at_steps)
-        if finished or not due:
-            return  # the final evaluation runs after training, as in tf_cnn_benchmarks
-        self.log(f"Running evaluation at global_step {run.global_step}")
-        self.evaluate(run.global_step)
-        if (
-            self.stop_at is not None
-            and self.last_results is not None
-            and self.last_results["top_1_accuracy"] >= self.stop_at
-        ):
-            self.log(f"Stopping, as eval accuracy at least {self.stop_at} was reached")
-            self.reached_target = True
-            run.request_stop("eval accuracy target reached")
-        else:
-            self.log("Resuming training")
-
-    def evaluate(self, global_step: int) -> dict[str, float]:
-        est = self.estimator
-        est.global_step = global_step
-        results = est.evaluate(self.input_fn, steps=self.eval_steps)
-        self.last_results = results
-        self.log(format_accuracy(results["top_1_accuracy"], results["top_5_accuracy"], self.examples))
-        return results
-
-
 class ChangedSettings(Hook):
     """Prints the lines of a resumed run's changed settings (``stoker.config.changes``) as the
     harness's own: it keeps stoker's INFO log quiet."""
@@ -252,6 +171,29 @@ class ChangedSettings(Hook):
         checkpoint = str(run.last_checkpoint).rstrip("/").rsplit("/", 1)[-1]
         for change in distinct(run.changed_settings, self.names):
             self.log(change.line(checkpoint, run.global_step, self.names))
+
+
+class EvaluationLines(Hook):
+    """tf_cnn_benchmarks' lines about each evaluation during training (``Running evaluation at
+    global_step N``, the accuracy, then ``Resuming training``; ``Running final evaluation`` at the
+    end), and the stop once top-1 reaches ``stop_at`` (``--stop_at_top_1_accuracy``)."""
+
+    phase = "decisions"  # after the evaluation, as the engine's early stopping
+
+    def __init__(self, *, examples: int, stop_at: float | None, log: LogFn) -> None:
+        self.examples, self.stop_at, self.log = examples, stop_at, log
+
+    def after_evaluation(self, run: RunContext, metrics: dict[str, float]) -> None:
+        ended = run.max_steps is not None and run.global_step >= run.max_steps
+        self.log(f"Running {'final ' if ended else ''}evaluation at global_step {run.global_step}")
+        self.log(format_accuracy(metrics["top_1_accuracy"], metrics["top_5_accuracy"], self.examples))
+        if ended:
+            return
+        if self.stop_at is not None and metrics["top_1_accuracy"] >= self.stop_at:
+            self.log(f"Stopping, as eval accuracy at least {self.stop_at} was reached")
+            run.request_stop("eval accuracy target reached")
+        else:
+            self.log("Resuming training")
 
 
 # ==================================================================== building
@@ -401,15 +343,15 @@ def _train(
         warm_up_end.finish()
     if trace:
         hooks.append(trace)
-    evaluator = _evaluator(cfg, workload, est, eval_input, log, first_step=origin)
-    if evaluator is not None:
-        hooks.append(evaluator)
+    evaluation = _evaluator(cfg, workload, est, eval_input, log, first_step=origin)
+    if evaluation is not None:
+        hooks += evaluation
     # One train call for the warm-up and the timed steps: one input pipeline (see the module docstring).
     est.train(train_input, max_steps=first_timed + timed, hooks=hooks)
     warm_up_end.finish()  # if training stopped within the warm-up (its data ended, a stop hook)
     if trace and not warm and trace.written is not None:
         log(f"Dumping trace to {trace.written}")
-    return _training_results(est, workload, timer, evaluator, log)
+    return _training_results(est, workload, timer, evaluation[0] if evaluation is not None else None)
 
 
 def _warm_up_and_timed(cfg: BenchConfig, start: int, remaining: int, log: LogFn) -> tuple[int, int]:
@@ -460,21 +402,17 @@ def _log_warm_up_end(
 
 
 def _training_results(
-    est: Estimator, workload: Workload, timer: StepTimer, evaluator: EvalDuringTraining | None, log: LogFn
+    est: Estimator, workload: Workload, timer: StepTimer, evaluator: EvaluationHook | None
 ) -> dict[str, Any]:
     """The timings, losses and accuracy of the timed steps; with an evaluator, the last evaluation's
-    accuracy (evaluating once more if its schedule has not reached the end)."""
+    accuracy (the evaluator's last, at the end of training)."""
     out = _timing_fields(timer.steps, timer.elapsed, workload.batch_size, timer.step_times)
     out.update(
         global_step=est.global_step, losses=timer.losses, last_average_loss=timer.losses[-1] if timer.losses else None
     )
     if timer.accuracy is not None:
         out.update(top_1_accuracy=timer.accuracy[0], top_5_accuracy=timer.accuracy[1])
-    if evaluator is not None:
-        if not evaluator.reached_target:
-            log(f"Running final evaluation at global_step {est.global_step}")
-            evaluator.evaluate(est.global_step)
-        assert evaluator.last_results is not None
+    if evaluator is not None and evaluator.last_results is not None:
         out.update(
             top_1_accuracy=evaluator.last_results["top_1_accuracy"],
             top_5_accuracy=evaluator.last_results["top_5_accuracy"],
@@ -484,7 +422,10 @@ def _training_results(
 
 def _evaluator(
     cfg: BenchConfig, workload: Workload, est: Estimator, eval_input: InputFn, log: LogFn, first_step: int
-) -> EvalDuringTraining | None:
+) -> tuple[EvaluationHook, EvaluationLines] | None:
+    """``--eval_during_training_*``: the engine's evaluation hook on tf_cnn_benchmarks' schedule
+    (timed steps counted from ``first_step``; epochs become steps), and the bench's lines about
+    each evaluation (:class:`EvaluationLines`); ``None`` without those flags."""
     if not cfg.evaluates_during_training:
         return None
     batches = workload.eval_batches
@@ -496,16 +437,10 @@ def _evaluator(
         *cfg.eval_during_training_at_specified_steps,
         *(max(1, int(e * per_epoch)) for e in cfg.eval_during_training_at_specified_epochs),
     ]
-    return EvalDuringTraining(
-        est,
-        eval_input,
-        every_n_steps=every,
-        at_steps=sorted(set(at)),
-        eval_steps=batches,
-        examples=batches * workload.eval_batch_size if batches else workload.eval_examples,
-        stop_at=cfg.stop_at_top_1_accuracy,
-        log=log,
-        first_step=first_step,
+    examples = batches * workload.eval_batch_size if batches else workload.eval_examples
+    return (
+        EvaluationHook(est, eval_input, every, batches, at_steps=sorted(set(at)), first_step=first_step),
+        EvaluationLines(examples=examples, stop_at=cfg.stop_at_top_1_accuracy, log=log),
     )
 
 
@@ -675,7 +610,6 @@ def _profile(trace_file: str | None, log: LogFn) -> Iterator[None]:
 
 
 __all__ = [
-    "EvalDuringTraining",
     "StepTimer",
     "bench_model_fn",
     "build_estimator",

@@ -122,8 +122,6 @@ class ModelState:
         # Handed from a restored checkpoint (or a finished train()) to the next training run.
         self.pending_input_state: Any = None
         self.pending_hook_state: dict[str, Any] = {}
-        #: how the model's step runs, chosen when the state is built (see :func:`built_choices`)
-        self.choices: dict[str, Choice[Any]] = built_choices(config, strategy, precision)
         # What each checkpoint records of the run's settings; a full restore compares them
         # (the facade sets settings.values: params, RunConfig, batch sizes, the train call's).
         self.settings = RunSettings(config.on_changed_optimizer)
