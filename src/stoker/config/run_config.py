@@ -99,7 +99,7 @@ class RunConfig:
         ddp_bucket_cap_mb: ``replicated``: the size of DDP's gradient buckets in MiB (``None``:
             DDP's default of 25); gradients are all-reduced one bucket at a time.
         prefetch_depth: batches the infeed prepares ahead (0: fetch in the training thread).
-        progress_bar: show a tqdm bar when stderr is a terminal.
+        progress_bar: show progress: a tqdm bar when stderr is a terminal, else a log line every 30 s.
         summaries: write TensorBoard events and ``metrics.csv`` into ``model_dir``.
         distributed_timeout: seconds a collective may wait for a lost replica.
         stuck_replica: ``stoker.distributed.StuckReplica(factor=20.0, min_seconds=20.0)``: during

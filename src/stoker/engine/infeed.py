@@ -220,6 +220,18 @@ class Infeed:
             state.update(raw=self.raw, rollbacks=[dict(r) for r in self.rollbacks])
         return state
 
+    def epochs_read(self) -> float | None:
+        """The epochs of its source the loop has consumed (``2.41``), when the source's position
+        is ``(epoch, batch)`` of ``batches_per_epoch`` batches (``stoker.data``'s); else ``None``."""
+        per_epoch = getattr(self._source, "batches_per_epoch", None)
+        if not isinstance(per_epoch, int) or per_epoch < 1:
+            return None
+        state = self.state_dict()
+        position = state["source"]
+        if not isinstance(position, dict) or "epoch" not in position or "batch" not in position:
+            return None
+        return (int(position["epoch"]) * per_epoch + int(position["batch"]) + int(state["skip"])) / per_epoch
+
     def _pass_skipped(self, raw: int) -> int:
         """Fetch and drop the batches a rollback took out that stand next in the stream at
         position ``raw``; return the position after them (StopIteration if the data ends)."""

@@ -59,7 +59,7 @@ def default_hooks(loop: LoopConfig, checkpointing: CheckpointConfig) -> list[Hoo
     hooks: list[Hook] = [NanLossHook()]
     if loop.log_every_n_steps is not None:
         hooks += [StepCounterHook(loop.log_every_n_steps), LoggingHook(loop.log_every_n_steps)]
-    if loop.progress_bar and ProgressBarHook.would_show():
+    if loop.progress_bar:  # a bar on a terminal, else a line every 30 s
         hooks.append(ProgressBarHook())
     if checkpointing.model_dir and loop.mlperf_log:
         hooks.append(MLPerfLogHook())
@@ -160,6 +160,7 @@ class TrainingRun:
             infeed = self.inputs.infeed(input_fn, ModeKeys.TRAIN, params, restore=state.pending_input_state)
             run.rollbacks = len(infeed.rollbacks)
             run._save = lambda: self._save(run, runner, infeed, step)
+            run._epochs = infeed.epochs_read
             loop = DeviceLoop(step, run, run.global_batch_size, self.strategy)
             state.build_model().train()
             state.holds, state.weights_of, started = "memory", None, True

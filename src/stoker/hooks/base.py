@@ -139,6 +139,7 @@ class RunContext:
     on_checkpoint: list[Callable[[Location], None]] = field(default_factory=list)
     _save: Callable[[], Location | None] | None = None
     _on_evaluation: Callable[[RunContext, dict[str, float]], None] | None = None
+    _epochs: Callable[[], float | None] | None = None
     _any_replica: Callable[[bool], bool] = bool
 
     @property
@@ -175,6 +176,11 @@ class RunContext:
         from the global step or from reduced losses are already the same on every replica.
         """
         return self._any_replica(flag)
+
+    def epochs_read(self) -> float | None:
+        """How many epochs of its data the run has read (``2.41``: two and 41 % of the third),
+        when the source knows its length (``stoker.data``'s sources); else ``None``."""
+        return None if self._epochs is None else self._epochs()
 
     def add_evaluation(self, metrics: dict[str, float]) -> None:
         """Hand every hook an evaluation made now: ``metrics`` (the loss and metrics, with the
@@ -223,10 +229,16 @@ class Hook:
 
     ``phase``: where the hook runs among the others at every event (:data:`PHASES`);
     ``"reporting"`` unless it says another.
+
+    ``ends_loops``: whether the hook's ``due_step`` may end a loop. In one process the loops no
+    hook watches run as one, up to the first ``due_step`` (a hook with ``due_step=None`` keeps
+    every loop); a hook that only watches the run (the progress line) sets it ``False``: it is
+    called at the first loop boundary at or past its ``due_step``, wherever loops end anyway.
     """
 
     phase: Phase = "reporting"
     due_step: int | None = None
+    ends_loops: bool = True
     needs_evaluations: bool = False
     makes_evaluations: bool = False
 
@@ -310,6 +322,7 @@ class HookRunner:
         # The per-loop events, kept as attributes: with iterations_per_loop=1 they run every step.
         self._before_loop = self._by_event["before_loop"]
         self._after_loop = [(h, h.after_loop) for h in self.hooks if type(h).after_loop is not Hook.after_loop]
+        self._ending_loops = [h for h, _ in self._after_loop if h.ends_loops]
         self._scheduled: list[Callable[[int], int | None]] = [
             h.scheduled_after for h in self.hooks if type(h).scheduled_after is not Hook.scheduled_after
         ]
@@ -324,9 +337,10 @@ class HookRunner:
 
     def first_due_step(self) -> int | None:
         """The first global step at which some hook's ``after_loop`` is due (``sys.maxsize`` if
-        none is), or ``None`` when a hook wants to be called after every loop."""
+        none is), or ``None`` when a hook wants to be called after every loop (hooks that end no
+        loop, ``Hook.ends_loops``, left out)."""
         first = sys.maxsize
-        for hook, _ in self._after_loop:
+        for hook in self._ending_loops:
             due = hook.due_step
             if due is None:
                 return None
