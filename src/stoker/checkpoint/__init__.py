@@ -43,7 +43,6 @@ from .index import (
     CheckpointIndex,
     CheckpointRecord,
     Coverage,
-    record_dir,
 )
 from .io_config import CheckpointConfig, CheckpointIO
 from .manager import CheckpointManager
@@ -76,7 +75,6 @@ __all__ = [
     "load_checkpoint",
     "model_state_to_bytes",
     "previous_retained",
-    "record_dir",
     "serialize_input_state",
     "step_of",
     "warm_start",

@@ -25,7 +25,7 @@ from .. import storage
 from ..errors import CheckpointError, DamagedCheckpointError, StorageError
 from ..storage.stores import Location
 from . import safe_load
-from .index import INDEX_FORMAT, INDEX_NAME, CheckpointIndex, CheckpointRecord, record_dir
+from .index import INDEX_FORMAT, INDEX_NAME, CheckpointIndex, CheckpointRecord
 from .manifest import MANIFEST_NAME, OWN_FILES, Manifest
 
 log = logging.getLogger("stoker")
@@ -239,7 +239,6 @@ __all__ = [
     "load_checkpoint",
     "model_state_to_bytes",
     "previous_retained",
-    "record_dir",
     "serialize_input_state",
     "step_of",
 ]

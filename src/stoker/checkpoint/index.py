@@ -443,13 +443,6 @@ def coverage_line(coverage: Coverage | None) -> str:
     return (coverage or Coverage()).line()
 
 
-def record_dir(record: CheckpointRecord | Mapping[str, Any]) -> str:
-    """The directory (prefix) of an index record: ``dir`` on object stores, else its name."""
-    if isinstance(record, CheckpointRecord):
-        return record.directory
-    return str(record.get("dir", record["name"]))
-
-
 IndexChange = Callable[[CheckpointIndex], tuple[CheckpointIndex, T]]
 """An index update: the new index, and what the update returns to its caller."""
 
@@ -466,7 +459,6 @@ __all__ = [
     "IndexChange",
     "KeepBest",
     "coverage_line",
-    "record_dir",
     "repair_hint",
     "written_by_newer",
 ]
