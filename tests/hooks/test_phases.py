@@ -10,7 +10,7 @@ import stoker
 from helpers.tiny import eval_input, make_data, make_estimator, train_input
 from stoker.adanet.iteration import DivergedCandidateHook
 from stoker.bench.outputs import BenchSummaries
-from stoker.bench.train import EvaluationLines, StepTimer, WarmUpEnd
+from stoker.bench.train import ChangedSettings, EvaluationLines, StepTimer, WarmUpEnd
 from stoker.errors import ConfigError
 from stoker.hooks import (
     EarlyStopping,
@@ -23,6 +23,7 @@ from stoker.hooks import (
     WandbLogger,
 )
 from stoker.hooks.base import PHASES, sorted_hooks
+from stoker.recipes.skeleton import _RunSpecWriter
 from stoker.recipes.throughput import Throughput
 
 
@@ -76,10 +77,12 @@ def every_shipped_hook(tmp_path) -> list[Hook]:
         WandbLogger(mode="disabled"),
         ProfilerHook(start_step=10**6),
         DivergedCandidateHook(),
+        _RunSpecWriter("kind", None),  # type: ignore[arg-type]
         StepTimer(batch_size=8, display_every=1, with_accuracy=False, log=quiet),
         WarmUpEnd(2, lambda: None),
         EvaluationLines(examples=8, stop_at=None, log=quiet),
         BenchSummaries(tmp_path / "bench", verbosity=1, every_n_steps=100, loss_tag="loss"),
+        ChangedSettings({}, quiet),
         Throughput(),
     ]
 
@@ -95,6 +98,7 @@ def test_the_full_order_of_the_default_hooks_and_every_shipped_hook(monkeypatch,
         "StopAtStepHook",
         "NanLossHook",
         "DivergedCandidateHook",
+        "_RunSpecWriter",  # run_spec.json, which the trackers log as params in their after_setup
         # measurement: rates into run.logs for the trackers and the log line
         "StepCounterHook",
         # recording: what the checkpoint of the boundary holds
@@ -117,6 +121,7 @@ def test_the_full_order_of_the_default_hooks_and_every_shipped_hook(monkeypatch,
         "LoggingHook",
         "SummaryHook",
         "BenchSummaries",
+        "ChangedSettings",
         "Mine",
         # display
         "ProgressBarHook",

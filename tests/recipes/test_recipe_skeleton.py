@@ -156,3 +156,18 @@ def test_a_rerun_with_a_changed_flag_names_the_flag_and_says_what_trained(tmp_pa
         "changed since ckpt-4: --max_steps 4 -> 8: applied (training goes on to the new value)",
     ]
     assert json.loads((tmp_path / "run" / "run_spec.json").read_text())["config"]["lr"] == 0.2
+
+
+def test_a_tracker_logs_the_run_spec_of_a_fresh_run_as_params(tmp_path, registered):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    hook = stoker.hooks.MLflowLogger(tracking_uri=uri, log_checkpoints=False)
+    RECIPE.train(LinRegConfig(model_dir=str(tmp_path / "run"), max_steps=4, **TINY), hooks=[hook])
+    params = MlflowClient(tracking_uri=uri).get_run(hook.run_id).data.params
+    # run_spec.json is written in the state phase, before the trackers' after_setup reads it
+    assert (params["run_spec.kind"], params["run_spec.params.features"], params["run_spec.config.lr"]) == (
+        KIND,
+        "3",
+        "0.1",
+    )

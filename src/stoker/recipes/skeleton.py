@@ -448,6 +448,8 @@ class _RunSpecWriter(Hook):
     """Writes ``run_spec.json`` once training has set up: after the restore, whose check of
     changed settings may refuse the rerun."""
 
+    phase = "state"  # before the trackers' after_setup, which logs run_spec.json as params
+
     def __init__(self, kind: str, config: RecipeFields) -> None:
         self.kind, self.config = kind, config
 
