@@ -27,7 +27,7 @@ from torch import nn
 from .checkpoint.io_config import CheckpointConfig
 from .checkpoint.manager import CheckpointManager
 from .checkpoint.warm_start import WarmStartSettings
-from .config import RunConfig
+from .config import RunConfig, run_info
 from .config.changes import call_settings, params_settings
 from .distributed import DistributionConfig, Strategy, make_strategy
 from .engine import (
@@ -255,7 +255,7 @@ class Estimator:
         check_evaluations(hook_list)  # EarlyStopping on an evaluation metric would never act
         self._record_settings(max_steps=max_steps, eval_every_n_steps=eval_every_n_steps, eval_steps=eval_steps)
         training = TrainingRun(
-            self.state, self.inputs, self._model_fn, hook_list, loop=self.config.loop_config, info=self.config.run_info
+            self.state, self.inputs, self._model_fn, hook_list, loop=self.config.loop_config, info=run_info(self.config)
         )
         self.interrupted = False
         training.run(input_fn, steps, max_steps)

@@ -65,7 +65,9 @@ def test_a_training_run_alone_resumes_the_estimators_run_bitwise(tmp_path):
     make_estimator(tmp_path / "s").train(train_input(x, y), max_steps=5)
     config, state, inputs = _parts(tmp_path / "s")
     hooks = default_hooks(config.loop_config, config.checkpoint_config)
-    run = TrainingRun(state, inputs, bind_model_fn(classifier_fn), hooks, loop=config.loop_config, info=config.run_info)
+    run = TrainingRun(
+        state, inputs, bind_model_fn(classifier_fn), hooks, loop=config.loop_config, info=stoker.config.run_info(config)
+    )
     run.run(train_input(x, y), max_steps=12)
     assert state.global_step == 12 and state.holds == tmp_path / "s" / "ckpt-12"
     assert state_equal(whole.model, state.model)

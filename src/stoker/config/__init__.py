@@ -14,7 +14,7 @@ The config may import errors, resolve, precision, checkpoint, distributed and ke
 from ..distributed.config import STRATEGIES
 from ..distributed.pipeline import PIPELINE_SCHEDULES, PipelineConfig, check_schedule
 from ..precision import PRECISIONS
-from .run_config import PrecisionName, RunConfig
+from .run_config import PrecisionName, RunConfig, run_info
 from .slices import COMPILE_MODES, EvalConfig, InputConfig, LoopConfig, RunInfo, StateConfig
 
 __all__ = [
@@ -31,4 +31,5 @@ __all__ = [
     "RunInfo",
     "StateConfig",
     "check_schedule",
+    "run_info",
 ]

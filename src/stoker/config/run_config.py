@@ -9,8 +9,8 @@ objects (``pipeline``, ``loss_scale``, ``checkpoint_io``, and ``precision`` also
 Inside, ``RunConfig`` is a composition: each component owns a frozen slice that validates
 itself, and ``RunConfig`` builds them from its flat fields (``loop_config``, ``input_config``,
 ``state_config``, ``eval_config``, ``checkpoint_config``, ``distribution_config``,
-``make_precision()``, and ``run_info``, what the hooks read); the Estimator hands each component
-its slice, so nothing below the Estimator reads the whole config. What ``RunConfig`` itself
+``make_precision()``; the hooks' ``RunInfo`` is ``run_info(config)``); the Estimator hands each
+component its slice, so nothing below the Estimator reads the whole config. What ``RunConfig`` itself
 checks is how the slices combine (``_check_across``). A bad value raises ``ConfigError`` (a
 ``ValueError``) naming the field and the values it accepts.
 
@@ -194,16 +194,6 @@ class RunConfig:
         )
 
     @property
-    def run_info(self) -> RunInfo:
-        """What the hooks read of the run (``RunContext.info``)."""
-        return RunInfo(
-            model_dir=None if self.model_dir is None else os.fspath(self.model_dir),
-            seed=self.seed,
-            log_every_n_steps=self.log_every_n_steps,
-            precision=self.precision_name,
-        )
-
-    @property
     def input_config(self) -> InputConfig:
         """The input's slice (``InputPlan``)."""
         return InputConfig(
@@ -350,4 +340,15 @@ class RunConfig:
         return values
 
 
-__all__ = ["PipelineConfig", "PrecisionName", "RunConfig"]
+def run_info(config: RunConfig) -> RunInfo:
+    """What the hooks read of ``config`` (``RunContext.info``): the hooks' slice."""
+    model_dir = None if config.model_dir is None else os.fspath(config.model_dir)
+    return RunInfo(
+        model_dir=model_dir,
+        seed=config.seed,
+        log_every_n_steps=config.log_every_n_steps,
+        precision=config.precision_name,
+    )
+
+
+__all__ = ["PipelineConfig", "PrecisionName", "RunConfig", "run_info"]

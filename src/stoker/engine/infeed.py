@@ -220,18 +220,6 @@ class Infeed:
             state.update(raw=self.raw, rollbacks=[dict(r) for r in self.rollbacks])
         return state
 
-    def epochs_read(self) -> float | None:
-        """The epochs of its source the loop has consumed (``2.41``), when the source's position
-        is ``(epoch, batch)`` of ``batches_per_epoch`` batches (``stoker.data``'s); else ``None``."""
-        per_epoch = getattr(self._source, "batches_per_epoch", None)
-        if not isinstance(per_epoch, int) or per_epoch < 1:
-            return None
-        state = self.state_dict()
-        position = state["source"]
-        if not isinstance(position, dict) or "epoch" not in position or "batch" not in position:
-            return None
-        return (int(position["epoch"]) * per_epoch + int(position["batch"]) + int(state["skip"])) / per_epoch
-
     def _pass_skipped(self, raw: int) -> int:
         """Fetch and drop the batches a rollback took out that stand next in the stream at
         position ``raw``; return the position after them (StopIteration if the data ends)."""
@@ -406,6 +394,19 @@ def _resharded(source: Any, saved: list[dict[str, Any]], what: str) -> dict[str,
     state = {"source": reshard([s["source"] for s in saved]), "skip": saved[0]["skip"]}
     state.update({key: saved[0][key] for key in ("raw", "rollbacks") if key in saved[0]})
     return state
+
+
+def epochs_read(infeed: Infeed) -> float | None:
+    """The epochs of its source ``infeed``'s loop has consumed (``2.41``), when the source's
+    position is ``(epoch, batch)`` of ``batches_per_epoch`` batches (``stoker.data``'s); else ``None``."""
+    per_epoch = getattr(infeed._source, "batches_per_epoch", None)
+    if not isinstance(per_epoch, int) or per_epoch < 1:
+        return None
+    state = infeed.state_dict()
+    position = state["source"]
+    if not isinstance(position, dict) or "epoch" not in position or "batch" not in position:
+        return None
+    return (int(position["epoch"]) * per_epoch + int(position["batch"]) + int(state["skip"])) / per_epoch
 
 
 def with_rollback(

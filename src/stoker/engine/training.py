@@ -39,7 +39,7 @@ from ..hooks.base import sorted_hooks
 from ..hooks.early_stopping import StopFileHook
 from ..spec import ModeKeys
 from ..storage import Location
-from .infeed import Infeed, with_rollback
+from .infeed import Infeed, epochs_read, with_rollback
 from .inputs import InputFn, InputPlan
 from .loop import DeviceLoop, ModelFn, TrainStep
 from .model_state import ModelState
@@ -160,7 +160,7 @@ class TrainingRun:
             infeed = self.inputs.infeed(input_fn, ModeKeys.TRAIN, params, restore=state.pending_input_state)
             run.rollbacks = len(infeed.rollbacks)
             run._save = lambda: self._save(run, runner, infeed, step)
-            run._epochs = infeed.epochs_read
+            run._epochs = lambda: epochs_read(infeed)
             loop = DeviceLoop(step, run, run.global_batch_size, self.strategy)
             state.build_model().train()
             state.holds, state.weights_of, started = "memory", None, True
