@@ -87,15 +87,25 @@ def prepare(model_dir: Path) -> tuple[PreTrainedTokenizerFast, Dataset, Dataset]
     return AutoTokenizer.from_pretrained(model_dir / "tokenizer"), train, held_out
 
 
+def small_config(tokenizer: PreTrainedTokenizerFast) -> DistilBertConfig:
+    """The model made when no ``--base`` is given: a 2-layer DistilBERT of width 64 (157k weights here)."""
+    return DistilBertConfig(
+        vocab_size=len(tokenizer),
+        dim=64,
+        n_layers=2,
+        n_heads=4,
+        hidden_dim=128,
+        max_position_embeddings=MAX_LENGTH,
+        num_labels=2,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
 def build_estimator(model_dir: Path, tokenizer: PreTrainedTokenizerFast, base: str | None) -> stoker.Estimator:
     if base is not None:  # a local save_pretrained folder; a new classification head if it has none
         model = hf.from_pretrained(AutoModelForSequenceClassification, base, num_labels=2)
     else:
-        config = DistilBertConfig(
-            vocab_size=len(tokenizer), dim=64, n_layers=2, n_heads=4, hidden_dim=128,
-            max_position_embeddings=MAX_LENGTH, num_labels=2, pad_token_id=tokenizer.pad_token_id,
-        )  # fmt: skip
-        model = hf.from_config(AutoModelForSequenceClassification, config)
+        model = hf.from_config(AutoModelForSequenceClassification, small_config(tokenizer))
     return stoker.Estimator(
         model=model,
         model_fn=hf.model_fn,  # the model's own loss; per-example loss and accuracy in evaluation
@@ -106,7 +116,7 @@ def build_estimator(model_dir: Path, tokenizer: PreTrainedTokenizerFast, base: s
             save_checkpoints_steps=50,
             log_every_n_steps=50,
             progress_bar=False,
-        ),  # fmt: skip
+        ),
         params={"learning_rate": 1e-3},
         train_batch_size=32,
     )
