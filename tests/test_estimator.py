@@ -355,3 +355,14 @@ def test_the_evaluation_hook_on_a_schedule_of_periods_and_steps_from_a_first_ste
     est.train(train_input(x, y), max_steps=16, hooks=[hook, heard])
     assert heard.steps == [5, 8, 10, 13, 16]
     assert hook.last_results is not None and hook.last_results["global_step"] == 16
+
+
+@pytest.mark.parametrize("every", [0, -2, 1.5, None])
+def test_train_and_evaluate_refuses_an_interval_that_is_not_a_positive_integer(every):
+    est = make_estimator()
+    x, y = make_data(32)
+    with pytest.raises(
+        stoker.ConfigError, match=rf"^train_and_evaluate: eval_every_n_steps must be a positive integer; got {every!r}$"
+    ):
+        est.train_and_evaluate(train_input(x, y), eval_input(x, y), max_steps=4, eval_every_n_steps=every)
+    assert est.global_step == 0

@@ -28,7 +28,6 @@ from .checkpoint.io_config import CheckpointConfig
 from .checkpoint.manager import CheckpointManager
 from .checkpoint.warm_start import WarmStartSettings
 from .config import RunConfig, run_info
-from .config.changes import call_settings, params_settings
 from .distributed import DistributionConfig, Strategy, make_strategy
 from .engine import (
     ContinuousEvalConfig,
@@ -43,8 +42,10 @@ from .engine import (
     ScheduleFn,
     TrainingRun,
     bind_model_fn,
+    check_evaluation_interval,
     check_train_arguments,
     default_hooks,
+    train_hooks,
     watching,
 )
 from .engine.cuda_graph_step import capture_refusals, cuda_graph_choice
@@ -75,17 +76,13 @@ class Estimator:
         lr_schedule: ``lr_schedule(params, optimizer) -> LR scheduler``, stepped every step.
         warm_start_from: a checkpoint, model_dir, safetensors file or ``WarmStartSettings``
             to initialise weights from when ``model_dir`` has no checkpoint yet.
-        setting_names: how messages about settings changed on a rerun spell each one (a command
-            line passes its flags: ``{"params.lr": "--lr", "train_batch_size": "--batch_size"}``);
-            keys are those of ``stoker.config.changes.RULES`` (see docs/checkpoints.md).
+        setting_names: how messages about settings changed on a rerun (``train``) spell each one
+            (a command line passes its flags: ``{"params.lr": "--lr", "train_batch_size":
+            "--batch_size"}``); keys are those of ``stoker.config.changes.RULES`` (docs/checkpoints.md).
 
-    Each checkpoint records the settings that shaped its training (``params``, the ``RunConfig``
-    fields, batch sizes, ``max_steps``, the optimizer's hyper-parameters); a rerun that resumes
-    with other values says in one line each what happens, or refuses what it cannot go on with
-    (``RunConfig.on_changed_optimizer``).
-
-    Its parts are public for the tools built on it: ``state``, ``inputs``, ``evaluation``, ``strategy``
-    (the engine's components) and ``choices`` (what it chose when built, each with its reason).
+    Its parts are public for the tools built on it: ``state``, ``inputs``, ``evaluation`` (the
+    ``EvaluationRun`` ``evaluate`` uses), ``strategy`` (the engine's components) and ``choices``
+    (what it chose when built, each with its reason).
     """
 
     def __init__(
@@ -129,8 +126,8 @@ class Estimator:
             warm_start_from=warm_start_from,
         )
         self.state.settings.names = dict(setting_names or {})
-        self._record_settings()
-        self._evaluation = EvaluationRun(self.state, self.inputs, self._model_fn, config=cfg.eval_config)
+        self.state.settings.given(self.params, cfg, self.inputs)
+        self.evaluation = EvaluationRun(self.state, self.inputs, self._model_fn, config=cfg.eval_config)
         #: Whether the last ``train`` stopped because of a signal (``PreemptionHook`` with
         #: ``exit_process=False``; with the default the process exits): a rerun continues it.
         self.interrupted = False
@@ -146,13 +143,8 @@ class Estimator:
     @model_fn.setter
     def model_fn(self, fn: Callable[..., EstimatorSpec]) -> None:
         self._model_fn = bind_model_fn(fn)
-        if hasattr(self, "_evaluation"):
-            self._evaluation.model_fn = self._model_fn
-
-    @property
-    def evaluation(self) -> EvaluationRun:
-        """The ``EvaluationRun`` component ``evaluate`` uses (for tools that evaluate their own way)."""
-        return self._evaluation
+        if hasattr(self, "evaluation"):
+            self.evaluation.model_fn = self._model_fn
 
     @property
     def model(self) -> nn.Module:
@@ -229,31 +221,17 @@ class Estimator:
         """Train until ``steps`` more steps, global step ``max_steps``, or the end of the data.
 
         Resumes from the newest checkpoint in ``model_dir``: model, optimizer, schedule, loss
-        scale, RNGs, carried cache, hooks and the input position. Settings that differ from
-        the checkpoint's are said, one line each, or refused (``RunConfig.on_changed_optimizer``).
+        scale, RNGs, carried cache, hooks and the input position. Settings that differ from those
+        the checkpoint recorded (``params``, ``RunConfig`` fields, batch sizes, ``max_steps``, the
+        optimizer's) are said, one line each, or refused (``RunConfig.on_changed_optimizer``).
         """
-        return self._train(input_fn, steps, max_steps, hooks)
-
-    def _train(
-        self,
-        input_fn: InputFn,
-        steps: int | None,
-        max_steps: int | None,
-        hooks: Sequence[Hook],
-        *,
-        eval_every_n_steps: int | None = None,
-        eval_steps: int | None = None,
-    ) -> Estimator:
         check_train_arguments(steps, max_steps)
         if self.train_batch_size is None:
             raise ConfigError("train: the Estimator needs train_batch_size")
         # (Without an optimizer, ModelState.build_for_training says what to pass.)
-        # A hook the caller passes replaces the default hook of the same class (e.g. a
-        # LoggingHook(language_model=True) instead of the plain one).
-        given = {type(h) for h in hooks}
-        hook_list = [h for h in self.default_hooks() if type(h) not in given] + list(hooks)
+        hook_list = train_hooks(self.default_hooks(), hooks)
         check_evaluations(hook_list)  # EarlyStopping on an evaluation metric would never act
-        self._record_settings(max_steps=max_steps, eval_every_n_steps=eval_every_n_steps, eval_steps=eval_steps)
+        self.state.settings.given(self.params, self.config, self.inputs, max_steps=max_steps)
         training = TrainingRun(
             self.state, self.inputs, self._model_fn, hook_list, loop=self.config.loop_config, info=run_info(self.config)
         )
@@ -275,7 +253,7 @@ class Estimator:
         weights in memory from training. Returns ``loss``, every metric and ``global_step``.
         The last partial batch is padded and masked, so the result is exact.
         """
-        return self._evaluation.run(input_fn, steps, checkpoint_path, name)
+        return self.evaluation.run(input_fn, steps, checkpoint_path, name)
 
     def evaluate_continuously(
         self,
@@ -292,14 +270,12 @@ class Estimator:
         """Evaluate the new checkpoints in ``model_dir`` as training writes them (run this in its
         own process, beside the trainer); see docs/evaluation.md.
 
-        Each result is recorded on its checkpoint in the index (so ``keep_best`` chooses from
-        it) and logged at the checkpoint's step in ``model_dir/eval``. Stops when training has
-        finished (it reached ``max_steps``) and everything up to it is evaluated, once the
-        checkpoint of ``last_step`` is evaluated, or after ``timeout_secs`` without a new
-        checkpoint (``None``: no timeout). Checkpoints the index already holds results for are
-        not evaluated again, so a killed evaluator restarted carries on. ``device`` evaluates
-        on another device than ``config.device`` (e.g. ``"cuda:1"`` beside a trainer on
-        ``"cuda:0"``); ``on_result(step, results)`` is called after each evaluation.
+        Each result is recorded on its checkpoint in the index (so ``keep_best`` chooses from it),
+        logged at its step in ``model_dir/eval`` and handed to ``on_result(step, results)``. Stops
+        when training has finished (``max_steps``) and everything up to it is evaluated, once the
+        checkpoint of ``last_step`` is, or after ``timeout_secs`` without a new one (``None``: no
+        timeout). Checkpoints with results are not evaluated again: a restarted evaluator carries
+        on. ``device``: another than ``config.device`` (``"cuda:1"`` beside a trainer on ``"cuda:0"``).
         ``order="newest"`` (default) evaluates the newest pending checkpoint and records older
         pending ones as superseded; ``"oldest"`` evaluates each in step order.
         """
@@ -311,7 +287,7 @@ class Estimator:
             summaries=self.config.summaries,
             order=order,
         )
-        return watching(self._evaluation, config, device=device, on_result=on_result).run(input_fn)
+        return watching(self.evaluation, config, device=device, on_result=on_result).run(input_fn)
 
     def predict(
         self,
@@ -346,24 +322,11 @@ class Estimator:
         final evaluation; after a signal's stop in a process that goes on
         (``PreemptionHook(exit_process=False)``), the newest one so far (``{}`` if none).
         """
-        if not isinstance(eval_every_n_steps, int) or eval_every_n_steps < 1:
-            raise ConfigError(
-                f"train_and_evaluate: eval_every_n_steps must be a positive integer; got {eval_every_n_steps!r}"
-            )
+        check_evaluation_interval(eval_every_n_steps)
         evaluator = EvaluationHook(self, eval_input_fn, every_n_steps=eval_every_n_steps, steps=eval_steps)
-        self._train(
-            train_input_fn,
-            None,
-            max_steps,
-            [*hooks, evaluator],
-            eval_every_n_steps=eval_every_n_steps,
-            eval_steps=eval_steps,
-        )
-        if evaluator.interrupted:  # a signal stopped training and the process goes on (exit_process=False)
-            return evaluator.last_results or {}
-        if evaluator.last_results is None or evaluator.last_results["global_step"] != self.global_step:
-            return self.evaluate(eval_input_fn, steps=eval_steps)
-        return evaluator.last_results
+        with self.state.settings.evaluating(eval_every_n_steps, eval_steps):  # recorded with the call's
+            self.train(train_input_fn, max_steps=max_steps, hooks=[*hooks, evaluator])
+        return evaluator.final_results()
 
     def export(
         self,
@@ -392,17 +355,6 @@ class Estimator:
             aot=aot,
             aot_device=aot_device,
         )
-
-    def _record_settings(self, **call: int | None) -> None:
-        """The settings checkpoints record and a resumed run compares (``stoker.config.changes``):
-        params, the RunConfig's, the batch sizes and, in a train call, its own."""
-        self.state.settings.values = {
-            **params_settings(self.params),
-            **self.config.recorded_settings(),
-            "train_batch_size": self.train_batch_size,
-            "eval_batch_size": self.eval_batch_size,
-            **call_settings(**call),
-        }
 
 
 class EvaluationHook(Hook):
@@ -487,6 +439,15 @@ class EvaluationHook(Hook):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._last = state.get("last")
+
+    def final_results(self) -> dict[str, float]:
+        """``train_and_evaluate``'s result once training ended: the evaluation of its last step
+        (made now if there is none yet); after a signal's stop, the newest one so far (``{}``: none)."""
+        if self.interrupted:  # a signal stopped training and the process goes on (exit_process=False)
+            return self.last_results or {}
+        if self.last_results is None or self.last_results["global_step"] != self.estimator.global_step:
+            return self.estimator.evaluate(self.input_fn, steps=self.steps)
+        return self.last_results
 
     def _recorded(self, step: int) -> dict[str, float] | None:
         """The evaluation the index holds for ``ckpt-<step>``, if any."""

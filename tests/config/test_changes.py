@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import stoker
-from helpers.tiny import TinyNet, classifier_fn, make_data, state_equal, train_input
+from helpers.tiny import TinyNet, classifier_fn, eval_input, make_data, state_equal, train_input
+from stoker.checkpoint import load_checkpoint
 from stoker.config.changes import RULES, Policy, compare, params_settings
 from stoker.engine.model_state import ModelState
 from stoker.errors import CheckpointError, ConfigError
@@ -169,6 +170,27 @@ def test_safe_settings_apply_with_one_line_each_and_resume_stays_bitwise(tmp_pat
     ]
     assert state_equal(ref.model, changed.model)
     assert sorted(p.name for p in (tmp_path / "run").glob("ckpt-*")) == ["ckpt-30", "ckpt-40"]
+
+
+def test_train_and_evaluate_records_its_evaluation_settings_for_its_own_training_only(tmp_path, lines):
+    est = estimator(tmp_path)
+    est.train_and_evaluate(train_input(X, Y), eval_input(X[:32], Y[:32]), max_steps=8, eval_every_n_steps=4)
+    assert load_checkpoint(tmp_path / "ckpt-8").train_state["settings"]["eval_every_n_steps"] == 4
+    train(est, 12)  # a plain train after it records no evaluation settings
+    assert "eval_every_n_steps" not in load_checkpoint(tmp_path / "ckpt-12").train_state["settings"]
+    rerun = estimator(tmp_path / "run")
+    rerun.train_and_evaluate(train_input(X, Y), eval_input(X[:32], Y[:32]), max_steps=8, eval_every_n_steps=4)
+    estimator(tmp_path / "run").train_and_evaluate(
+        train_input(X, Y), eval_input(X[:32], Y[:32]), max_steps=12, eval_every_n_steps=6, eval_steps=1
+    )
+    assert lines() == [
+        ("INFO", "changed since ckpt-8: max_steps 8 -> 12: applied (training goes on to the new value)"),
+        (
+            "INFO",
+            "changed since ckpt-8: eval_every_n_steps 4 -> 6: applied (evaluations follow the new cadence from the "
+            "resumed step)",
+        ),
+    ]
 
 
 def test_seed_batch_size_and_accumulation_are_refused_naming_each(tmp_path):

@@ -299,7 +299,7 @@ def test_a_checkpoint_removed_before_its_evaluation_is_skipped_with_one_line(tmp
     assert result.evaluated == [2] and result.skipped == []  # ckpt-4 left the index: never pending
     # a checkpoint named by a stale read of the index, then removed: skipped with one line
     evaluator2 = make_estimator(tmp_path, keep_checkpoint_max=0)
-    watcher = ContinuousEvaluation(evaluator2._evaluation, evaluator2.state.checkpoints)
+    watcher = ContinuousEvaluation(evaluator2.evaluation, evaluator2.state.checkpoints)
     res = ContinuousEvalResult()
     caplog.clear()
     with caplog.at_level("INFO", logger="stoker"):

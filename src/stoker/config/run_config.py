@@ -32,7 +32,6 @@ from ..distributed.watchdog import StuckReplica
 from ..errors import ConfigError
 from ..precision import LossScale, Precision, make_precision
 from ..resolve import Reason
-from .changes import NOT_DATA, RULES, Policy, plain
 from .slices import EvalConfig, InputConfig, LoopConfig, RunInfo, StateConfig, compile_mode
 
 PrecisionName = Literal["fp32", "bf16", "fp16", "bf16-sr"]
@@ -315,19 +314,6 @@ class RunConfig:
     def replace(self, **changes: Any) -> RunConfig:
         """A copy with some fields changed (validated again): ``dataclasses.replace``."""
         return dataclasses.replace(self, **changes)
-
-    def recorded_settings(self) -> dict[str, object]:
-        """The fields that shape training, as each checkpoint records them (``RunConfig.<field>``
-        -> a plain value; the rule of each is in ``stoker.config.changes.RULES``)."""
-        out: dict[str, object] = {}
-        for f in dataclasses.fields(self):
-            key = f"RunConfig.{f.name}"
-            if key not in RULES or RULES[key].policy is Policy.UNRECORDED:
-                continue
-            value = {"precision": self.precision_name, "compile": self.compile_mode}.get(f.name, getattr(self, f.name))
-            recorded = plain(value)
-            out[key] = repr(value) if recorded is NOT_DATA else recorded
-        return out
 
     def to_dict(self) -> dict[str, object]:
         """The fields as plain values (a ``Precision`` given as an object by its name and loss scale)."""

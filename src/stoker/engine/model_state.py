@@ -123,7 +123,7 @@ class ModelState:
         self.pending_input_state: Any = None
         self.pending_hook_state: dict[str, Any] = {}
         # What each checkpoint records of the run's settings; a full restore compares them
-        # (the facade sets settings.values: params, RunConfig, batch sizes, the train call's).
+        # (the facade gives them: RunSettings.given, params, RunConfig, batch sizes, the train call's).
         self.settings = RunSettings(config.on_changed_optimizer)
         self.writer: AsyncCheckpointWriter | None = None
         if config.async_save and checkpoints is not None and checkpoints.writer:

@@ -6,17 +6,21 @@ over the restored ones where asked, remembers the kept ones and says each change
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import torch
 
 from ..checkpoint.manager import LoadedCheckpoint
 from ..config import changes
-from ..config.changes import Policy, SettingChange
+from ..config.changes import NOT_DATA, RULES, Policy, SettingChange, plain
+from ..config.run_config import RunConfig
 from ..errors import CheckpointError
 from ..storage.stores import Location
+from .inputs import InputPlan
 
 log = logging.getLogger("stoker")
 
@@ -24,8 +28,8 @@ log = logging.getLogger("stoker")
 class RunSettings:
     """The settings one run trains with, as its checkpoints record them.
 
-    ``values``: the facade's (params, RunConfig fields, batch sizes, the train call's);
-    ``names``: how messages spell a setting (a command line's flags). The optimizer's and
+    ``values``: the facade's (:meth:`given`: params, RunConfig fields, batch sizes, the train
+    call's); ``names``: how messages spell a setting (a command line's flags). The optimizer's and
     schedule's come from what the run built (:meth:`built_optimizer`, :meth:`built_schedule`).
     A value kept from the checkpoint at a resume (``on_changed_optimizer="keep"``) is recorded
     as the checkpoint's, since that is what trains.
@@ -38,6 +42,30 @@ class RunSettings:
         self.changes: list[SettingChange] = []  # found by the last full restore, for the hooks that follow
         self._built: dict[str, Any] = {}
         self._kept: dict[str, Any] = {}
+        self._evaluating: dict[str, int | None] = {}
+
+    def given(
+        self, params: Mapping[str, Any], config: RunConfig, inputs: InputPlan, *, max_steps: int | None = None
+    ) -> None:
+        """The facade's settings (``values``): ``params``, ``config``'s fields, ``inputs``' batch sizes
+        and, in a train call, its own (``max_steps``, and inside :meth:`evaluating` the evaluations')."""
+        self.values = {
+            **changes.params_settings(params),
+            **config_settings(config),
+            "train_batch_size": inputs.train_batch_size,
+            "eval_batch_size": inputs.eval_batch_size,
+            **changes.call_settings(max_steps=max_steps, **self._evaluating),
+        }
+
+    @contextmanager
+    def evaluating(self, every_n_steps: int, steps: int | None) -> Iterator[None]:
+        """Inside: a train call's settings also hold ``train_and_evaluate``'s ``eval_every_n_steps``
+        and ``eval_steps``."""
+        self._evaluating = {"eval_every_n_steps": every_n_steps, "eval_steps": steps}
+        try:
+            yield
+        finally:
+            self._evaluating = {}
 
     def built_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """The optimizer's hyper-parameters as the user's function built them (before any schedule step)."""
@@ -105,6 +133,21 @@ class RunSettings:
         return found
 
 
+def config_settings(config: RunConfig) -> dict[str, object]:
+    """The ``RunConfig`` fields that shape training, as each checkpoint records them
+    (``RunConfig.<field>`` -> a plain value; the rule of each is in ``stoker.config.changes.RULES``)."""
+    out: dict[str, object] = {}
+    by_name = {"precision": config.precision_name, "compile": config.compile_mode}  # not the objects given
+    for f in dataclasses.fields(config):
+        key = f"RunConfig.{f.name}"
+        if key not in RULES or RULES[key].policy is Policy.UNRECORDED:
+            continue
+        value = by_name.get(f.name, getattr(config, f.name))
+        recorded = plain(value)
+        out[key] = repr(value) if recorded is NOT_DATA else recorded
+    return out
+
+
 def _name(path: Location) -> str:
     return str(path).rstrip("/").rsplit("/", 1)[-1]
 
@@ -155,4 +198,4 @@ def _apply_setting(optimizer: torch.optim.Optimizer, schedule: Any, key: str, va
         group[name] = value
 
 
-__all__ = ["RunSettings"]
+__all__ = ["RunSettings", "config_settings"]

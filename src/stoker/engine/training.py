@@ -74,6 +74,14 @@ def default_hooks(loop: LoopConfig, checkpointing: CheckpointConfig) -> list[Hoo
     return hooks
 
 
+def train_hooks(defaults: Sequence[Hook], given: Sequence[Hook]) -> list[Hook]:
+    """A ``train`` call's hooks: ``defaults`` less those of a class ``given`` has (a hook the caller
+    passes replaces the default one of its class, e.g. ``LoggingHook(language_model=True)`` the
+    plain one), then ``given``."""
+    kinds = {type(h) for h in given}
+    return [h for h in defaults if type(h) not in kinds] + list(given)
+
+
 def check_train_arguments(steps: int | None, max_steps: int | None) -> None:
     """The rules for ``train(steps=..., max_steps=...)``: at most one, each a non-negative int."""
     if steps is not None and max_steps is not None:
@@ -81,6 +89,14 @@ def check_train_arguments(steps: int | None, max_steps: int | None) -> None:
     for name, value in (("steps", steps), ("max_steps", max_steps)):
         if value is not None and (not isinstance(value, int) or value < 0):
             raise ConfigError(f"train: {name} must be a non-negative integer; got {value!r}")
+
+
+def check_evaluation_interval(eval_every_n_steps: int) -> None:
+    """The rule for ``train_and_evaluate(eval_every_n_steps=...)``: a positive int."""
+    if not isinstance(eval_every_n_steps, int) or eval_every_n_steps < 1:
+        raise ConfigError(
+            f"train_and_evaluate: eval_every_n_steps must be a positive integer; got {eval_every_n_steps!r}"
+        )
 
 
 class TrainingRun:
