@@ -68,11 +68,12 @@ class PreemptionHook(Hook):
                 # Every replica says and exits with the same signal, the first of `signals` that
                 # any replica received (these collectives run on the stop path only).
                 self.received = next(s for s in self.signals if run.any_replica(self.received == s))
-            run.interrupt(f"received {signal.Signals(self.received).name}")
+            name = signal.Signals(self.received or signal.SIGTERM).name
+            run.interrupt(f"received {name}")
             path = run.save_checkpoint()
             log.warning(
                 "%s at step %d: checkpoint %s written; rerun the same command to resume",
-                signal.Signals(self.received).name,
+                name,
                 run.global_step,
                 path or "(no model_dir: nothing saved)",
             )
