@@ -234,3 +234,17 @@ def test_metadata_that_points_a_slice_outside_its_directory_is_refused(copy, tmp
     assert code == 1 and "not a file of the dcp/ directory" in out
     with pytest.raises(CorruptCheckpointError, match="not a file of the dcp/ directory"):
         consolidate(copy / "ckpt-8" / DCP_DIR)
+
+
+def test_a_sharded_checkpoint_that_does_not_fit_says_so_in_one_line(copy, tmp_path):
+    """DCP reports a failure as a ``CheckpointException`` (a BaseException whose text is every
+    rank's traceback): the error names the cause in one line instead."""
+    import torch.distributed.checkpoint as dcp
+
+    folder = copy / "ckpt-8"
+    (folder / "model.safetensors").unlink()
+    dcp.save({"model": {"other.weight": torch.zeros(2)}}, checkpoint_id=str(folder / DCP_DIR), no_dist=True)
+    _rehash(copy, "ckpt-8")
+    with pytest.raises(CheckpointError, match="does not fit the model or optimizer") as info:
+        make_estimator(copy).evaluate(eval_input(X, Y), checkpoint_path=folder)
+    assert "\n" not in str(info.value) and "Traceback" not in str(info.value), info.value

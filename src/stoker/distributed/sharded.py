@@ -142,8 +142,7 @@ def consolidate(directory: str | os.PathLike[str] | storage.Location) -> dict[st
                     f"({refusal(refused)}); refusing to load it"
                 ) from None
             if isinstance(e, CheckpointException):  # not an Exception: say it as stoker's own
-                inner = next((f[0] for f in e.failures.values() if isinstance(f, tuple) and f), e)
-                raise CheckpointError(f"sharded checkpoint {str(source)!r} cannot be read: {refusal(inner)}") from None
+                raise CheckpointError(f"sharded checkpoint {str(source)!r} cannot be read: {refusal(e)}") from None
             raise
     return {k: v for k, v in full.get("model", {}).items() if isinstance(v, torch.Tensor)}
 
@@ -167,7 +166,12 @@ def caused_by(error: BaseException | None, kind: type[BaseException]) -> BaseExc
 
 
 def refusal(error: BaseException) -> str:
-    """One line saying why a decoder refused (torch's weights_only message is a page of advice)."""
+    """One line saying why a load failed: a ``CheckpointException``'s first rank failure (its own
+    text is a page of tracebacks), the reason of torch's ``weights_only`` message (a page of
+    advice), else the first line."""
+    failures = getattr(error, "failures", None)
+    if isinstance(failures, dict):
+        error = next((f[0] for f in failures.values() if isinstance(f, tuple) and f), error)
     lines = [line.strip() for line in str(error).splitlines() if line.strip()]
     reason = next((line for line in lines if line.startswith("WeightsUnpickler error:")), lines[0] if lines else "")
     return f"{type(error).__name__}: {reason[:200]}"

@@ -467,6 +467,10 @@ def _load_sharded(
                 f"holds data stoker's decoders refuse ({refusal(unsafe)})",
                 previous_retained(ckpt.path),
             ) from None
+        if isinstance(e, CheckpointException):  # a BaseException whose text is a page of tracebacks
+            raise CheckpointError(
+                f"checkpoint {str(ckpt.path)!r} does not fit the model or optimizer: {refusal(e)}"
+            ) from None
         raise CheckpointError(f"checkpoint {str(ckpt.path)!r} does not fit the model or optimizer: {e}") from e
 
 
