@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # the table below for type checkers: each name re-exported as
     from . import precision as precision
     from .checkpoint import CheckpointIO as CheckpointIO
     from .checkpoint import WarmStartSettings as WarmStartSettings
+    from .config import EMA as EMA
     from .config import RunConfig as RunConfig
     from .distributed import PipelineConfig as PipelineConfig
     from .errors import CheckpointError as CheckpointError
@@ -60,6 +61,7 @@ _PUBLIC: dict[str, str] = {
     # how a run executes, and its groups of settings
     "RunConfig": ".config",
     "CheckpointIO": ".checkpoint",
+    "EMA": ".config",
     "LossScale": ".precision",
     "PipelineConfig": ".distributed",
     "RetryPolicy": ".storage",

@@ -191,7 +191,7 @@ def test_kill_9_during_async_write_then_sigterm_waits_for_the_write(tmp_path):
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf"), None])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_finite_weights_check_before_a_save(bad, dtype):
-    from stoker.engine.model_state import _all_finite
+    from stoker.engine.saving import _all_finite
 
     params = [torch.ones(3, 4, dtype=dtype), torch.empty(0, dtype=dtype), torch.arange(5.0).to(dtype)]
     if bad is not None:

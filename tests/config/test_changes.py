@@ -14,7 +14,7 @@ import stoker
 from helpers.tiny import TinyNet, classifier_fn, eval_input, make_data, state_equal, train_input
 from stoker.checkpoint import load_checkpoint
 from stoker.config.changes import RULES, Policy, compare, params_settings
-from stoker.engine.model_state import ModelState
+from stoker.engine import model_state
 from stoker.errors import CheckpointError, ConfigError
 from stoker.hooks import Hook, LoopResult, RunContext
 
@@ -272,8 +272,8 @@ def test_a_static_loss_scale_is_used_as_given(tmp_path, lines):
 
 
 def test_a_checkpoint_without_settings_resumes_without_a_comparison(tmp_path, lines, monkeypatch):
-    written = ModelState.train_state
-    monkeypatch.setattr(ModelState, "train_state", lambda self, *a: {**written(self, *a), "settings": None})
+    written = model_state._train_state
+    monkeypatch.setattr(model_state, "_train_state", lambda *a: {**written(*a), "settings": None})
     train(estimator(tmp_path), 20)
     monkeypatch.undo()
     train(estimator(tmp_path, lr=0.2), 24)  # as before settings were recorded: the checkpoint's lr, unsaid

@@ -32,6 +32,7 @@ log = logging.getLogger("stoker")
 
 INDEX_LOCK_NAME = "checkpoint.lock"
 MODEL_FILE = "model.safetensors"
+EMA_FILE = "ema.safetensors"  # RunConfig.ema's average of the weights, by their names
 TRAIN_STATE_FILE = "train_state.pt"
 # ckpt-<step>, or on an object store ckpt-<step>.<unique suffix> (a fresh prefix per write)
 CKPT_RE = re.compile(r"^ckpt-(\d+)(?:\.([0-9a-f]{8,}))?$")
@@ -47,6 +48,7 @@ class LoadedCheckpoint:
     train_state: dict[str, Any]
     input_states: dict[int, Any] = field(default_factory=dict)
     dcp_dir: Location | None = None
+    ema_state: dict[str, torch.Tensor] | None = None  # ``ema.safetensors`` (sharded runs: in ``dcp_dir``)
 
 
 def step_of(path: Location) -> int:
@@ -76,11 +78,14 @@ def checkpoint_blobs(
     model_state: Mapping[str, torch.Tensor] | None,
     train_state: Mapping[str, Any],
     input_states: Mapping[int, Any] | None,
+    ema_state: Mapping[str, torch.Tensor] | None = None,
 ) -> list[tuple[str, bytes]]:
     """Every file the chief writes for a checkpoint, as ``(name, bytes)``."""
     blobs: list[tuple[str, bytes]] = []
     if model_state is not None:
         blobs.append((MODEL_FILE, model_state_to_bytes(model_state)))
+    if ema_state is not None:
+        blobs.append((EMA_FILE, model_state_to_bytes(ema_state)))
     buf = io.BytesIO()
     torch.save(dict(train_state), buf)
     blobs.append((TRAIN_STATE_FILE, buf.getvalue()))
@@ -194,9 +199,10 @@ def load_checkpoint(path: str | os.PathLike[str] | Location) -> LoadedCheckpoint
     for fname in names:
         if fname.startswith("input-") and "/" not in fname:
             input_states[int(fname.split(".", 1)[0].split("-", 1)[1])] = _read_decoded(path, fname, expected, by)
+    ema_state = _read_decoded(path, EMA_FILE, expected, by) if EMA_FILE in names else None
     step = int(train_state.get("global_step", step_of(path)))
     dcp_dir = path / "dcp" if model_state is None else None
-    return LoadedCheckpoint(path, step, model_state, train_state, input_states, dcp_dir)
+    return LoadedCheckpoint(path, step, model_state, train_state, input_states, dcp_dir, ema_state)
 
 
 def check_state_fits(model: nn.Module, state: Mapping[str, torch.Tensor], source: str) -> None:
@@ -225,6 +231,7 @@ def check_state_fits(model: nn.Module, state: Mapping[str, torch.Tensor], source
 
 __all__ = [
     "CKPT_RE",
+    "EMA_FILE",
     "INDEX_FORMAT",
     "INDEX_LOCK_NAME",
     "INDEX_NAME",

@@ -265,12 +265,15 @@ class CheckpointManager:
         input_states: Mapping[int, Any] | None = None,
         tmp_dir: Location | None = None,
         finished: bool = False,
+        ema_state: Mapping[str, torch.Tensor] | None = None,
     ) -> Location:
         """Write ``ckpt-<step>``, commit it in the index, apply retention. Returns its path.
 
         ``finished``: training ends with this checkpoint (``max_steps``): ``finished.json``
         (:meth:`mark_finished`) is written too, after the index names it; locally in the same
         commit, at the cost of no fsync of its own; on an object store right after the commit.
+
+        ``ema_state``: ``RunConfig.ema``'s average, written as ``ema.safetensors``.
 
         ``tmp_dir`` (from :meth:`begin`) may already hold files other replicas wrote (a sharded
         ``dcp/`` directory); they are hashed into the index like the chief's own files. A
@@ -290,7 +293,7 @@ class CheckpointManager:
             for fname in storage.files_under(staging) if tmp_dir is not None else ():
                 data = storage.read_bytes(staging / fname, self.retry)
                 files[fname], sizes[fname] = hashlib.sha256(data).hexdigest(), len(data)
-            blobs = checkpoint_blobs(model_state, train_state, input_states)
+            blobs = checkpoint_blobs(model_state, train_state, input_states, ema_state)
             for fname, data in blobs:
                 files[fname], sizes[fname] = hashlib.sha256(data).hexdigest(), len(data)
             record = CheckpointRecord(

@@ -3,7 +3,8 @@
 - ``run_config.py``: ``RunConfig``, the user's flat TPUEstimator-style settings, composed of
   the slices below and checking how they combine;
 - ``slices.py``: the engine components' slices (``LoopConfig``, ``InputConfig``,
-  ``StateConfig``, ``EvalConfig``) and the hooks' (``RunInfo``); the other slices live beside their components
+  ``StateConfig``, ``EvalConfig``, and ``EMA``, the state's moving average) and the hooks'
+  (``RunInfo``); the other slices live beside their components
   (``stoker.checkpoint.CheckpointConfig``, ``stoker.distributed.DistributionConfig``,
   ``stoker.precision.Precision``).
 
@@ -15,13 +16,14 @@ from ..distributed.config import STRATEGIES
 from ..distributed.pipeline import PIPELINE_SCHEDULES, PipelineConfig, check_schedule
 from ..precision import PRECISIONS
 from .run_config import PrecisionName, RunConfig, run_info
-from .slices import COMPILE_MODES, EvalConfig, InputConfig, LoopConfig, RunInfo, StateConfig
+from .slices import COMPILE_MODES, EMA, EvalConfig, InputConfig, LoopConfig, RunInfo, StateConfig
 
 __all__ = [
     "COMPILE_MODES",
     "PIPELINE_SCHEDULES",
     "PRECISIONS",
     "STRATEGIES",
+    "EMA",
     "EvalConfig",
     "InputConfig",
     "LoopConfig",

@@ -119,6 +119,9 @@ RULES: dict[str, Rule] = {
     "RunConfig.pipeline": Rule(
         _APPLY, "micro-batches and schedule as given (a change of its stages is refused: the checkpoint's layout)"
     ),
+    "RunConfig.ema": Rule(
+        _APPLY, "the average goes on from the checkpoint's under the new settings (or starts, if it holds none)"
+    ),
     "RunConfig.prefetch_depth": Rule(_UNRECORDED, _WATCHING),
     "RunConfig.progress_bar": Rule(_UNRECORDED, _WATCHING),
     "RunConfig.summaries": Rule(_UNRECORDED, _WATCHING),

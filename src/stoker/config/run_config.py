@@ -32,7 +32,7 @@ from ..distributed.watchdog import StuckReplica
 from ..errors import ConfigError
 from ..precision import LossScale, Precision, make_precision
 from ..resolve import Reason
-from .slices import EvalConfig, InputConfig, LoopConfig, RunInfo, StateConfig, compile_mode
+from .slices import EMA, EvalConfig, InputConfig, LoopConfig, RunInfo, StateConfig, compile_mode
 
 PrecisionName = Literal["fp32", "bf16", "fp16", "bf16-sr"]
 
@@ -126,6 +126,9 @@ class RunConfig:
             processes form ``replicas x stages``; in one process the model runs unsplit (the
             names are still checked). It runs the eager step in fp32 or bf16, with
             ``strategy`` ``auto`` or ``pipeline`` and ``gradient_accumulation_steps=1``.
+        ema: an exponential moving average of the weights kept beside them, in every checkpoint:
+            a ``stoker.EMA(decay=0.999, start_step=0, every_n_steps=1, use_for_inference=True)``
+            (evaluation, ``keep_best``, export and serving use it); ``None``: none.
         checkpoint_io: how checkpoints are written, a ``stoker.checkpoint.CheckpointIO``:
             ``async_save`` (write on a background thread; the loop waits only for a copy of
             the state) and ``retry`` (how storage faults are retried and timed out, a
@@ -160,6 +163,7 @@ class RunConfig:
     mlperf_log: bool = False
     recompute: str | tuple[str, ...] | None = None
     on_changed_optimizer: Literal["refuse", "keep", "apply"] = "refuse"
+    ema: EMA | None = None
     pipeline: PipelineConfig | None = None
     checkpoint_io: CheckpointIO = field(default_factory=CheckpointIO)
 
@@ -172,8 +176,8 @@ class RunConfig:
         self.keep_best = checkpointing.keep_best
         self.recompute = self.state_config.recompute
         _ = (self.loop_config, self.input_config, self.eval_config, self.distribution_config)
-        self._check_precision()
-        self._check_across()
+        _check_precision(self)  # how the slices combine
+        _check_across(self)
 
     # ---------------------------------------------------------------- the slices
     @property
@@ -219,6 +223,7 @@ class RunConfig:
             gradient_clip_norm=self.gradient_clip_norm,
             async_save=self.checkpoint_io.async_save if isinstance(self.checkpoint_io, CheckpointIO) else False,
             on_changed_optimizer=self.on_changed_optimizer,
+            ema=self.ema,
         )
 
     @property
@@ -254,46 +259,6 @@ class RunConfig:
     def make_precision(self) -> Precision:
         """A fresh ``Precision`` for this run (its own loss scaler): what the Estimator hands the engine."""
         return make_precision(self.precision, self.loss_scale)
-
-    # ---------------------------------------------------------------- how the slices combine
-    def _check_precision(self) -> None:
-        """The precision (a name or a ``Precision``) and how it combines with the loss scale and the step."""
-        given = self.precision
-        own = getattr(given, "loss_scale", None)  # an FP16Precision's
-        if own is not None and self.loss_scale not in (LossScale(), own):
-            raise ConfigError(
-                f"RunConfig: loss_scale={self.loss_scale!r} and precision={given!r} both set fp16's loss "
-                "scale; give it once, as FP16Precision(loss_scale=...)"
-            )
-        precision = make_precision(given, self.loss_scale)
-        precision.check_run(
-            loss_scale=LossScale.of(self.loss_scale), compile_mode=self.compile_mode, cuda_graph=self.cuda_graph
-        )
-
-    def _check_across(self) -> None:
-        """Rules between slices: the CUDA graph and the device, the pipeline and the loop and precision."""
-        if self.cuda_graph and self.device == "cpu":  # an auto device is checked when the step is built
-            raise ConfigError(
-                Reason(
-                    lambda n: (
-                        f"{n('cuda_graph')} needs a CUDA device; {n('device', 'cpu')} (use "
-                        f"{n('device', 'cuda')} or drop {n('cuda_graph')})"
-                    )
-                )
-            )
-        if self.pipeline is None:
-            return
-        if self.gradient_accumulation_steps != 1:
-            raise ConfigError(
-                "RunConfig: with a pipeline, micro-batches are PipelineConfig.microbatches; set "
-                f"gradient_accumulation_steps=1 (got {self.gradient_accumulation_steps})"
-            )
-        if not self.make_precision().pipeline_ok or self.compile_mode != "none" or self.cuda_graph:
-            raise ConfigError(
-                "RunConfig: a pipeline runs the eager step in fp32 or bf16; fp16 loss scaling, bf16-sr "
-                f"weights, compile and cuda_graph are not supported with it (got precision={self.precision_name!r}, "
-                f"compile={self.compile!r}, cuda_graph={self.cuda_graph})"
-            )
 
     # ---------------------------------------------------------------- derived views
     @property
@@ -335,6 +300,48 @@ def run_info(config: RunConfig) -> RunInfo:
         log_every_n_steps=config.log_every_n_steps,
         precision=config.precision_name,
     )
+
+
+# -------------------------------------------------------------------- how the slices combine
+def _check_precision(config: RunConfig) -> None:
+    """The precision (a name or a ``Precision``) and how it combines with the loss scale and the step."""
+    given = config.precision
+    own = getattr(given, "loss_scale", None)  # an FP16Precision's
+    if own is not None and config.loss_scale not in (LossScale(), own):
+        raise ConfigError(
+            f"RunConfig: loss_scale={config.loss_scale!r} and precision={given!r} both set fp16's loss "
+            "scale; give it once, as FP16Precision(loss_scale=...)"
+        )
+    precision = make_precision(given, config.loss_scale)
+    precision.check_run(
+        loss_scale=LossScale.of(config.loss_scale), compile_mode=config.compile_mode, cuda_graph=config.cuda_graph
+    )
+
+
+def _check_across(config: RunConfig) -> None:
+    """Rules between slices: the CUDA graph and the device, the pipeline and the loop and precision."""
+    if config.cuda_graph and config.device == "cpu":  # an auto device is checked when the step is built
+        raise ConfigError(
+            Reason(
+                lambda n: (
+                    f"{n('cuda_graph')} needs a CUDA device; {n('device', 'cpu')} (use "
+                    f"{n('device', 'cuda')} or drop {n('cuda_graph')})"
+                )
+            )
+        )
+    if config.pipeline is None:
+        return
+    if config.gradient_accumulation_steps != 1:
+        raise ConfigError(
+            "RunConfig: with a pipeline, micro-batches are PipelineConfig.microbatches; set "
+            f"gradient_accumulation_steps=1 (got {config.gradient_accumulation_steps})"
+        )
+    if not config.make_precision().pipeline_ok or config.compile_mode != "none" or config.cuda_graph:
+        raise ConfigError(
+            "RunConfig: a pipeline runs the eager step in fp32 or bf16; fp16 loss scaling, bf16-sr "
+            f"weights, compile and cuda_graph are not supported with it (got precision={config.precision_name!r}, "
+            f"compile={config.compile!r}, cuda_graph={config.cuda_graph})"
+        )
 
 
 __all__ = ["PipelineConfig", "PrecisionName", "RunConfig", "run_info"]

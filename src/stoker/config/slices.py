@@ -56,6 +56,43 @@ def _positive_or_none(name: str, value: float | None) -> None:
 
 
 @dataclass(frozen=True, kw_only=True)
+class EMA:
+    """An exponential moving average of the weights, kept beside them (``RunConfig.ema``; the
+    average itself is ``stoker.engine.ema.EmaWeights``, docs/checkpoints.md "EMA weights").
+
+    Attributes:
+        decay: each update keeps ``decay`` of the average and takes ``1 - decay`` of the weights
+            (torch's ``get_ema_multi_avg_fn``), in ``[0, 1)``.
+        start_step: the first global step the average may be updated at; its first update copies
+            the weights.
+        every_n_steps: it is updated after each global step from ``start_step`` on that is a
+            multiple of this.
+        use_for_inference: ``evaluate``, ``predict`` and ``export`` (so ``keep_best`` and ``stoker
+            serve`` too) use the average once it has started; ``False``: it is only kept, in every
+            checkpoint's ``ema.safetensors``.
+    """
+
+    decay: float = 0.999
+    start_step: int = 0
+    every_n_steps: int = 1
+    use_for_inference: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.decay, bool) or not isinstance(self.decay, (int, float)) or not 0.0 <= self.decay < 1.0:
+            raise ConfigError(f"EMA.decay must be a number in [0, 1); got {self.decay!r}")
+        if not isinstance(self.start_step, int) or isinstance(self.start_step, bool) or self.start_step < 0:
+            raise ConfigError(f"EMA.start_step must be an integer >= 0; got {self.start_step!r}")
+        if not isinstance(self.every_n_steps, int) or isinstance(self.every_n_steps, bool) or self.every_n_steps < 1:
+            raise ConfigError(f"EMA.every_n_steps must be a positive integer; got {self.every_n_steps!r}")
+        if not isinstance(self.use_for_inference, bool):
+            raise ConfigError(f"EMA.use_for_inference must be True or False; got {self.use_for_inference!r}")
+
+    def updates_at(self, step: int) -> bool:
+        """Whether the average is updated after global step ``step``."""
+        return step >= self.start_step and step % self.every_n_steps == 0
+
+
+@dataclass(frozen=True, kw_only=True)
 class LoopConfig:
     """The training loop's slice: steps per loop, the step's shape, the default hooks' settings, and
     how long a replica may wait in a collective before it names the stuck ones (``stuck_replica``).
@@ -142,7 +179,8 @@ class StateConfig:
     The step's shape (accumulation, clipping, compile, CUDA graph) is here too, since whether
     ``sgd_in_backward`` can apply depends on it. ``recompute`` is held as ``None``, ``"all"`` or
     a tuple of patterns. ``on_changed_optimizer``: what a resumed run does with an optimizer or
-    schedule setting that differs from its checkpoint's (``stoker.config.changes``).
+    schedule setting that differs from its checkpoint's (``stoker.config.changes``). ``ema``:
+    the moving average of the weights ``ModelState`` keeps beside them.
     """
 
     seed: int = 0
@@ -157,9 +195,14 @@ class StateConfig:
     gradient_clip_norm: float | None = None
     async_save: bool = False
     on_changed_optimizer: str = "refuse"
+    ema: EMA | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "compile", compile_mode(self.compile))
+        if self.ema is not None and not isinstance(self.ema, EMA):
+            raise ConfigError(f"RunConfig.ema must be None or a stoker.EMA(decay=...); got {self.ema!r}")
+        if self.ema is not None and self.pipeline is not None:
+            raise ConfigError("RunConfig: ema is not supported with a pipeline (each stage holds only its layers)")
         if self.on_changed_optimizer not in ON_CHANGED_OPTIMIZER:
             raise ConfigError(
                 f"RunConfig.on_changed_optimizer must be one of {', '.join(ON_CHANGED_OPTIMIZER)}; "
@@ -216,6 +259,7 @@ def recompute_spec(value: object) -> str | tuple[str, ...] | None:
 
 __all__ = [
     "COMPILE_MODES",
+    "EMA",
     "EvalConfig",
     "InputConfig",
     "LoopConfig",

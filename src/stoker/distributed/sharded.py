@@ -60,19 +60,24 @@ class Sharded(ProcessGroupStrategy):
 
 
 def save_sharded(
-    directory: storage.Location, model: nn.Module, optimizer: torch.optim.Optimizer, optimizer_key: str = "optimizer"
+    directory: storage.Location,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    optimizer_key: str = "optimizer",
+    extra: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> None:
     """Every replica writes its slices of the model and optimizer state (collective).
 
     ``optimizer_key``: where the optimizer state goes; pipeline stages each use their own
     (their ``param_groups`` would otherwise collide under one key, with different parameters).
+    ``extra``: more tensors by key, sharded as they are (``RunConfig.ema``'s average: ``"ema"``).
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     model_state, optim_state = get_state_dict(model, optimizer)
     # str() of a UrlPath is its URL: DCP then picks its fsspec writer by itself
-    dcp.save({"model": model_state, optimizer_key: optim_state}, checkpoint_id=str(directory))
+    dcp.save({"model": model_state, optimizer_key: optim_state, **(extra or {})}, checkpoint_id=str(directory))
 
 
 def load_sharded(
@@ -80,8 +85,10 @@ def load_sharded(
     model: nn.Module,
     optimizer: torch.optim.Optimizer | None,
     optimizer_key: str = "optimizer",
+    extra: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> None:
-    """Load a ``dcp/`` checkpoint into ``model`` (and ``optimizer``), re-slicing as needed."""
+    """Load a ``dcp/`` checkpoint into ``model`` (and ``optimizer``), re-slicing as needed;
+    ``extra``: tensors saved under more keys (``save_sharded``'s), loaded into those given."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,
@@ -94,20 +101,21 @@ def load_sharded(
 
     if optimizer is None:
         model_state = get_model_state_dict(model)
-        dcp.load({"model": model_state}, storage_reader=reader(directory), planner=SafeLoadPlanner())
+        dcp.load({"model": model_state, **(extra or {})}, storage_reader=reader(directory), planner=SafeLoadPlanner())
         set_model_state_dict(model, model_state)
         return
     model_state, optim_state = get_state_dict(model, optimizer)
     dcp.load(
-        {"model": model_state, optimizer_key: optim_state},
+        {"model": model_state, optimizer_key: optim_state, **(extra or {})},
         storage_reader=reader(directory),
         planner=SafeLoadPlanner(),
     )
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
 
 
-def consolidate(directory: str | os.PathLike[str] | storage.Location) -> dict[str, torch.Tensor]:
-    """The full model weights of a ``dcp/`` checkpoint (local or fsspec URL), without a process group.
+def consolidate(directory: str | os.PathLike[str] | storage.Location, key: str = "model") -> dict[str, torch.Tensor]:
+    """The full model weights of a ``dcp/`` checkpoint (local or fsspec URL), without a process group
+    (``key="ema"``: ``RunConfig.ema``'s average of them, where the checkpoint holds one).
 
     Raises ``CorruptCheckpointError`` (naming the directory) for a ``.metadata`` or a slice
     entry that stoker's decoders refuse; nothing of it is unpickled unrestricted.
@@ -144,7 +152,7 @@ def consolidate(directory: str | os.PathLike[str] | storage.Location) -> dict[st
             if isinstance(e, CheckpointException):  # not an Exception: say it as stoker's own
                 raise CheckpointError(f"sharded checkpoint {str(source)!r} cannot be read: {refusal(e)}") from None
             raise
-    return {k: v for k, v in full.get("model", {}).items() if isinstance(v, torch.Tensor)}
+    return {k: v for k, v in full.get(key, {}).items() if isinstance(v, torch.Tensor)}
 
 
 def caused_by(error: BaseException | None, kind: type[BaseException]) -> BaseException | None:

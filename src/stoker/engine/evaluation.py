@@ -72,6 +72,7 @@ class EvaluationRun:
         with (
             isolated_rng(self.config.seed),
             torch.no_grad(),
+            self.state.inference_weights(),  # RunConfig.ema's average, where it asks so
             self.inputs.infeed(input_fn, ModeKeys.EVAL, params) as infeed,
         ):
             for i, batch in enumerate(self.inputs.in_lockstep(infeed)):

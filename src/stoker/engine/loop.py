@@ -250,6 +250,8 @@ class DeviceLoop:
         # Where this replica is, for naming a stuck one (watchdog.py); None alone.
         self.progress = strategy.progress if strategy.world_size > 1 else None
         step.progress = self.progress
+        #: called with the global step after each step (``RunConfig.ema``'s update), if set
+        self.after_step: Callable[[int], None] | None = None
 
     def run_loop(self, infeed: Infeed, steps: int) -> LoopResult:
         run, step = self.run, self.step
@@ -264,6 +266,7 @@ class DeviceLoop:
         host_calls: list[Any] = []
         wait_before = infeed.wait_seconds
         progress = self.progress
+        after_step = self.after_step
         start = time.perf_counter()
         for _ in range(steps):
             if progress is not None:
@@ -278,6 +281,8 @@ class DeviceLoop:
             if host_call is not None:
                 host_calls.append(host_call)
             run.global_step += 1
+            if after_step is not None:
+                after_step(run.global_step)
             if run.stop_requested and may_break_early:  # a signal: stop after this step
                 break
         done = run.global_step - first

@@ -10,13 +10,15 @@ memory holds, so the facade restores only when memory is behind ``model_dir``:
 - a ``Path``: exactly the full training state of that checkpoint;
 - ``None``: unknown (training failed mid-way, or only weights were loaded).
 
-Saving is collective: every replica contributes its input position, RNG state and cache; the
-chief writes one checkpoint through the ``CheckpointManager`` (sharded runs: every replica its
-slices through ``torch.distributed.checkpoint``).
+Saving is collective (``saving.StateWriter``): every replica contributes its input position, RNG
+state and cache; the chief writes one checkpoint through the ``CheckpointManager`` (sharded runs:
+every replica its slices through ``torch.distributed.checkpoint``). ``RunConfig.ema``'s average
+(``ema.EmaWeights``) is restored and saved with the weights.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -26,7 +28,6 @@ from typing import Any, cast
 import torch
 from torch import nn
 
-from ..checkpoint.async_writer import AsyncCheckpointWriter, snapshot
 from ..checkpoint.manager import (
     CheckpointManager,
     LoadedCheckpoint,
@@ -40,8 +41,8 @@ from ..config.changes import SettingChange
 from ..config.slices import StateConfig
 from ..distributed import Strategy
 from ..distributed.pipeline import plan_stages
-from ..distributed.sharded import DCP_DIR, caused_by, load_sharded, refusal, save_sharded
-from ..errors import CheckpointError, ConfigError, NanLossError, UserCodeError
+from ..distributed.sharded import DCP_DIR, caused_by, load_sharded, refusal
+from ..errors import CheckpointError, ConfigError, UserCodeError
 from ..kernels.fp16_cost import fp16_cost, fp16_note, layer_kinds, say_once
 from ..kernels.linear import fast_linear_choice, use_fast_linear
 from ..kernels.sgd_in_backward import (
@@ -54,9 +55,11 @@ from ..kernels.sgd_in_backward import (
 from ..memory.recompute import apply_recompute
 from ..precision import LossScaler, Precision
 from ..resolve import Choice
-from ..rng import rng_state, seed_everything, set_rng_state
-from ..storage.stores import Location, location
+from ..rng import seed_everything, set_rng_state
+from ..storage.stores import Location
+from .ema import EmaWeights
 from .run_settings import RunSettings
+from .saving import StateWriter
 
 log = logging.getLogger("stoker")
 
@@ -125,9 +128,11 @@ class ModelState:
         # What each checkpoint records of the run's settings; a full restore compares them
         # (the facade gives them: RunSettings.given, params, RunConfig, batch sizes, the train call's).
         self.settings = RunSettings(config.on_changed_optimizer)
-        self.writer: AsyncCheckpointWriter | None = None
-        if config.async_save and checkpoints is not None and checkpoints.writer:
-            self.writer = AsyncCheckpointWriter(checkpoints.latest_path)
+        #: ``RunConfig.ema``'s moving average of the weights (``None``: none)
+        self.ema: EmaWeights | None = None if config.ema is None else EmaWeights(config.ema)
+        #: how its checkpoints are written (``None``: a run kept in memory)
+        self.saving = None if checkpoints is None else StateWriter(checkpoints, strategy, async_save=config.async_save)
+        self.writer = None if self.saving is None else self.saving.writer  # asynchronous saves' thread
 
     # ---------------------------------------------------------------- building
     @property
@@ -169,6 +174,8 @@ class ModelState:
         if self.config.pipeline is not None and self.strategy.world_size == 1:
             plan_stages(self._model, self.config.pipeline.split)  # one process runs it unsplit; the names must fit
         module = self.strategy.wrap_model(self._model)
+        if self.ema is not None:
+            self.ema.attach(self._model)  # wrapped: FSDP2's parameters are sharded now, DDP's inner module
         # compile="step" compiles the training step instead (stoker.engine.compiled_step), not the module.
         self.module = cast(nn.Module, torch.compile(module)) if self.config.compile == "module" else module
         if self.strategy.world_size > 1:  # same initial weights, but each replica its own dropout
@@ -207,6 +214,11 @@ class ModelState:
         """Stages this run's model is cut into (1 in one process, where a pipeline runs unsplit)."""
         pipeline = self.config.pipeline
         return pipeline.stages if pipeline is not None and self.strategy.world_size > 1 else 1
+
+    def inference_weights(self) -> contextlib.AbstractContextManager[bool]:
+        """Within it the model holds the weights inference uses: ``RunConfig.ema``'s average where
+        it asks so (it yields whether it does), else its own."""
+        return self.ema.applied() if self.ema is not None else contextlib.nullcontext(False)
 
     def full_state_dict(self) -> dict[str, torch.Tensor]:
         """The model's complete weights as CPU tensors (collective when they are sharded)."""
@@ -279,10 +291,17 @@ class ModelState:
             if ckpt.dcp_dir is None:  # weights that do not fit are the first thing to say
                 check_state_fits(model, ckpt.model_state or {}, f"checkpoint {str(ckpt.path)!r}")
             self.settings.refuse(ckpt, changes)  # before anything is loaded
-            if ckpt.dcp_dir is not None:  # a sharded checkpoint: weights (and optimizer) in slices
-                _load_sharded(ckpt, model, self.optimizer if full else None, self.strategy.optimizer_checkpoint_key)
+            ema = ckpt.train_state.get("ema")
+            if ckpt.dcp_dir is not None:  # a sharded checkpoint: weights (and optimizer and average) in slices
+                slots = self.ema.slots(ema) if self.ema is not None else None
+                extra = {"ema": slots} if slots is not None else None
+                _load_sharded(
+                    ckpt, model, self.optimizer if full else None, self.strategy.optimizer_checkpoint_key, extra
+                )
             else:
                 model.load_state_dict(ckpt.model_state or {})
+                if self.ema is not None:
+                    self.ema.load(ema, ckpt.ema_state)
         except CheckpointError as e:
             explained = self.settings.explain(e, changes)
             if explained is e:
@@ -293,98 +312,89 @@ class ModelState:
         if not full:
             self.holds = None  # weights only: the next train() restores the full state
             return
-        self._apply_training_state(ckpt)
+        _restore_training_state(self, ckpt)
         assert self.optimizer is not None
         self.settings.settle(changes, self.optimizer, self.schedule)
         self.holds = ckpt.path
 
-    def _apply_training_state(self, ckpt: LoadedCheckpoint) -> None:
-        assert self.optimizer is not None
-        state = ckpt.train_state
-        if ckpt.dcp_dir is None:
-            _load_optimizer(self.optimizer, state.get("optimizer"), ckpt.path)
-        if self.schedule is not None and state.get("schedule") is not None:
-            self.schedule.load_state_dict(state["schedule"])
-        self.precision.load_state_dict(state.get("scaler"))
-        self.pending_hook_state = state.get("hooks", {})
-        saved_world, world = int(state.get("world_size", 1)), self.strategy.world_size
-        self.cache = None
-        if saved_world == world:
-            set_rng_state(state["rng"][self.strategy.rank])
-            caches = state.get("cache")
-            if caches is not None:
-                self.cache = _to_device(caches[self.strategy.rank], self.strategy.device)
-            self.pending_input_state = ckpt.input_states.get(self.strategy.rank)
-            return
-        self.pending_input_state = _resharded_input(ckpt, saved_world, world)
-
     # ---------------------------------------------------------------- saving
     def check_checkpoint(self) -> None:
         """Raise, at a loop boundary, the failure of an asynchronous write that has finished."""
-        if self.writer is not None:
-            self.writer.poll()
+        if self.saving is not None:
+            self.saving.poll()
 
     def wait_for_checkpoint(self) -> None:
         """Wait for the asynchronous write in flight (if any); raise its failure."""
-        if self.writer is not None:
-            self.writer.wait()
-
-    def train_state(
-        self, hook_state: Mapping[str, Any], rng_per_replica: list[Any], cache_per_replica: list[Any]
-    ) -> dict[str, Any]:
-        """What ``train_state.pt`` holds (sharded runs keep the optimizer in ``dcp/`` instead)."""
-        assert self.optimizer is not None
-        return {
-            "format": TRAIN_STATE_FORMAT,
-            "global_step": self.global_step,
-            "optimizer": None if self.strategy.shards_state else self.optimizer.state_dict(),
-            "schedule": self.schedule.state_dict() if self.schedule is not None else None,
-            "scaler": self.precision.state_dict(),
-            "rng": rng_per_replica,
-            "cache": cache_per_replica,  # each replica carries its own
-            "hooks": dict(hook_state),
-            "world_size": self.strategy.world_size,
-            "pipeline_stages": self.pipeline_stages,
-            "settings": self.settings.record(),
-        }
+        if self.saving is not None:
+            self.saving.wait()
 
     def save(
         self, hook_state: Mapping[str, Any], input_state: Any, last_checkpoint: Location | None, finished: bool = False
     ) -> Location | None:
-        """Write a checkpoint of ``global_step`` (collective); ``None`` without a model_dir.
-        ``finished``: training ends here (``max_steps``); the commit also writes ``finished.json``."""
-        if self.checkpoints is None:
+        """Write a checkpoint of ``global_step`` (collective, :class:`~stoker.engine.saving.StateWriter`);
+        ``None`` without a model_dir. ``finished``: training ends here (``max_steps``)."""
+        if self.saving is None:
             return None
-        model, strategy = self.build_model(), self.strategy
-        if not _all_finite(list(model.parameters())):
-            raise NanLossError(self.global_step, float("nan"), str(last_checkpoint) if last_checkpoint else None)
-        # Each replica contributes its input position and RNG state; the chief writes
-        # everything, and nobody goes on until the checkpoint and index are complete.
-        mine = {"input": input_state, "rng": rng_state(), "cache": _to_cpu(self.cache)}
-        everyone = strategy.all_gather_object(mine)
-        path = self.checkpoints.model_dir / f"ckpt-{self.global_step}"
-        tmp: Location | None = None
-        if strategy.shards_state:  # every replica writes its slices into the chief's tmp dir
-            tmp = location(
-                strategy.broadcast_object(str(self.checkpoints.begin(self.global_step)) if strategy.is_chief else None)
-            )
-            assert self.optimizer is not None
-            save_sharded(tmp / DCP_DIR, model, self.optimizer, self.strategy.optimizer_checkpoint_key)
-        if strategy.is_chief:
-            inputs = {rank: r["input"] for rank, r in enumerate(everyone)}
-            state = self.train_state(hook_state, [r["rng"] for r in everyone], [r["cache"] for r in everyone])
-            weights = None if strategy.shards_state else model.state_dict()
-            if self.writer is not None and tmp is None:  # copy now, write in the background
-                weights, state, inputs = snapshot((weights, state, inputs))
-                save, step = self.checkpoints.save, self.global_step
-                self.writer.submit(path.name, lambda: save(step, weights, state, inputs, finished=finished))
-            else:
-                self.wait_for_checkpoint()  # a sharded save after an asynchronous one: in order
-                path = self.checkpoints.save(self.global_step, weights, state, inputs, tmp_dir=tmp, finished=finished)
-        strategy.barrier()
+        assert self.optimizer is not None
+        path = self.saving.write(
+            self.global_step,
+            model=self.build_model(),
+            optimizer=self.optimizer,
+            ema=self.ema,
+            input_state=input_state,
+            cache=self.cache,
+            train_state=lambda rngs, caches: _train_state(self, hook_state, rngs, caches),
+            last_checkpoint=last_checkpoint,
+            finished=finished,
+        )
         self.holds = self.weights_of = path
         log.info("checkpoint %s written", path)
         return path
+
+
+def _restore_training_state(state: ModelState, ckpt: LoadedCheckpoint) -> None:
+    """A full restore's part beyond the weights: optimizer, schedule, loss scale, this replica's
+    RNGs and cache, and what is handed to the hooks and the input of the next run."""
+    train = ckpt.train_state
+    assert state.optimizer is not None
+    if ckpt.dcp_dir is None:
+        _load_optimizer(state.optimizer, train.get("optimizer"), ckpt.path)
+    if state.schedule is not None and train.get("schedule") is not None:
+        state.schedule.load_state_dict(train["schedule"])
+    state.precision.load_state_dict(train.get("scaler"))
+    state.pending_hook_state = train.get("hooks", {})
+    strategy = state.strategy
+    saved_world, world = int(train.get("world_size", 1)), strategy.world_size
+    state.cache = None
+    if saved_world == world:
+        set_rng_state(train["rng"][strategy.rank])
+        caches = train.get("cache")
+        if caches is not None:
+            state.cache = _to_device(caches[strategy.rank], strategy.device)
+        state.pending_input_state = ckpt.input_states.get(strategy.rank)
+        return
+    state.pending_input_state = _resharded_input(ckpt, saved_world, world)
+
+
+def _train_state(
+    state: ModelState, hook_state: Mapping[str, Any], rng_per_replica: list[Any], cache_per_replica: list[Any]
+) -> dict[str, Any]:
+    """What ``train_state.pt`` holds (sharded runs keep the optimizer in ``dcp/`` instead)."""
+    assert state.optimizer is not None
+    return {
+        "format": TRAIN_STATE_FORMAT,
+        "global_step": state.global_step,
+        "optimizer": None if state.strategy.shards_state else state.optimizer.state_dict(),
+        "schedule": state.schedule.state_dict() if state.schedule is not None else None,
+        "scaler": state.precision.state_dict(),
+        "rng": rng_per_replica,
+        "cache": cache_per_replica,  # each replica carries its own
+        "hooks": dict(hook_state),
+        "world_size": state.strategy.world_size,
+        "pipeline_stages": state.pipeline_stages,
+        "settings": state.settings.record(),
+        "ema": None if state.ema is None else state.ema.state_dict(),
+    }
 
 
 def _resolve(checkpoints: CheckpointManager | None, checkpoint_path: str | os.PathLike[str] | None) -> Location | None:
@@ -450,14 +460,18 @@ def _check_layout(ckpt: LoadedCheckpoint, stages: int) -> None:
 
 
 def _load_sharded(
-    ckpt: LoadedCheckpoint, model: nn.Module, optimizer: torch.optim.Optimizer | None, optimizer_key: str
+    ckpt: LoadedCheckpoint,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    optimizer_key: str,
+    extra: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> None:
-    """A sharded checkpoint's weights (and optimizer) from its ``dcp/`` slices."""
+    """A sharded checkpoint's weights (and optimizer, and ``extra``: the average) from its ``dcp/`` slices."""
     from torch.distributed.checkpoint.api import CheckpointException  # DCP is slow to import
 
     assert ckpt.dcp_dir is not None
     try:
-        load_sharded(ckpt.dcp_dir, model, optimizer, optimizer_key)
+        load_sharded(ckpt.dcp_dir, model, optimizer, optimizer_key, extra)
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP reports mismatches in many shapes
         unsafe = caused_by(e, pickle.UnpicklingError)  # metadata or a slice entry a safe decoder refuses
         if unsafe is not None:
@@ -498,29 +512,6 @@ def _resharded_input(ckpt: LoadedCheckpoint, saved_world: int, world: int) -> An
         world,
     )
     return resharded
-
-
-def _all_finite(params: list[torch.Tensor]) -> bool:
-    """Whether every parameter element is finite, with one host sync.
-
-    A tensor's min and max propagate NaN and hold any inf, so both are finite exactly when
-    every element is; that reduction makes no full-size temporary, where ``isfinite(p)``
-    does (on resnet50 on a CPU: 7 ms instead of 100, a large part of an asynchronous save's
-    stall). Sharded (DTensor) parameters keep the elementwise check, which DTensor reduces
-    the same on every replica.
-    """
-    if any(type(p.data) is not torch.Tensor for p in params):
-        return all(bool(torch.isfinite(p).all()) for p in params)
-    ends = [torch.stack(torch.aminmax(p.detach())) for p in params if p.numel() and p.is_floating_point()]
-    return not ends or bool(torch.isfinite(torch.cat([e.float() for e in ends])).all())
-
-
-def _to_cpu(cache: Any) -> Any:
-    if cache is None:
-        return None
-    if isinstance(cache, torch.Tensor):
-        return cache.detach().cpu()
-    return tuple(_to_cpu(c) for c in cache)
 
 
 def _to_device(cache: Any, device: torch.device) -> Any:

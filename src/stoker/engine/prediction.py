@@ -39,7 +39,7 @@ class PredictionRun:
         device = self.strategy.device
         precision = self.state.precision
         try:
-            with self.inputs.infeed(input_fn, ModeKeys.PREDICT, params) as infeed:
+            with self.state.inference_weights(), self.inputs.infeed(input_fn, ModeKeys.PREDICT, params) as infeed:
                 for batch in self.inputs.in_lockstep(infeed):
                     with torch.no_grad(), precision.forward_context(device):
                         spec = self.model_fn(module, batch.features, batch.labels, ModeKeys.PREDICT, params)

@@ -178,6 +178,8 @@ class TrainingRun:
             run._save = lambda: self._save(run, runner, infeed, step)
             run._epochs = lambda: epochs_read(infeed)
             loop = DeviceLoop(step, run, run.global_batch_size, self.strategy)
+            if state.ema is not None:
+                loop.after_step = state.ema.after_step  # RunConfig.ema: updated after its steps
             state.build_model().train()
             state.holds, state.weights_of, started = "memory", None, True
             self._loops(run, runner, loop, infeed, step)

@@ -15,7 +15,8 @@ of one checkpoint baked in. An export directory holds::
 
 Which weights: the ``checkpoint_path`` given; else the best checkpoint of ``model_dir`` when
 ``RunConfig.keep_best`` has chosen one; else the newest; else (no checkpoint at all) the
-weights in the Estimator's memory.
+weights in the Estimator's memory. With ``RunConfig.ema`` (``use_for_inference``) that
+checkpoint's (or memory's) moving average of them, once it has started.
 
 The ``run_spec.json`` convention (how a recipe or harness records in its ``model_dir`` how to
 rebuild the model) lives in :mod:`stoker.run_spec`, with the registry of builders by kind. The
@@ -180,7 +181,10 @@ def export(
     names, tensors, structure = _flatten_features(example_features)
     tensors = _example_batch(tensors, dynamic_batch)
     weights = _load_weights(estimator, checkpoint_path)
-    module = _predict_module(estimator, structure, batch_size=int(tensors[0].shape[0]))
+    with estimator.state.inference_weights() as averaged:  # RunConfig.ema's average, where it asks so
+        module = _predict_module(estimator, structure, batch_size=int(tensors[0].shape[0]))
+    if averaged:
+        weights = (weights[0], weights[1], f"{weights[2]}, EMA weights")
     traced = _trace(module, names, tensors, dynamic_batch)
     # An export to an fsspec URL is built in a local directory, then uploaded (signature last).
     staging: Path | None = None

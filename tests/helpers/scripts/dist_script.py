@@ -66,6 +66,7 @@ def main() -> None:
     p.add_argument("--hang", type=float, nargs=3, help="rank, step, seconds: that replica sleeps in that step")
     p.add_argument("--stuck_min_seconds", type=float, default=20.0)
     p.add_argument("--hook_sleep", type=float, nargs=3, help="rank, step, seconds: a hook sleeps there")
+    p.add_argument("--ema", type=float, default=None, help="RunConfig(ema=EMA(decay=..., start_step=3))")
     args = p.parse_args()
     install_from_env()  # a stop the test armed (helpers/stops.py)
     torch.set_num_threads(1)
@@ -89,6 +90,7 @@ def main() -> None:
             stuck_replica=stoker.distributed.StuckReplica(factor=20.0, min_seconds=args.stuck_min_seconds),
             strategy=args.strategy,
             log_every_n_steps=10**6,
+            ema=None if args.ema is None else stoker.EMA(decay=args.ema, start_step=3),
         ),
         params={
             "sleep": args.sleep,

@@ -30,6 +30,7 @@ def main() -> None:
     p.add_argument("--precision", default="fp32")
     p.add_argument("--async_checkpoints", action="store_true")
     p.add_argument("--slow_write", type=float, default=0.0, help="seconds each checkpoint file write sleeps first")
+    p.add_argument("--ema", type=float, default=None, help="RunConfig(ema=EMA(decay=..., start_step=5))")
     args = p.parse_args()
     install_from_env()  # a stop the test armed (helpers/stops.py)
     if args.slow_write:  # widens the window in which a kill lands inside a checkpoint write
@@ -44,6 +45,7 @@ def main() -> None:
         params={"sleep": args.sleep},
         log_every_n_steps=5,
         checkpoint_io=stoker.CheckpointIO(async_save=args.async_checkpoints),
+        ema=None if args.ema is None else stoker.EMA(decay=args.ema, start_step=5),
     )
     est.model_fn = slow_fn
     est.train(train_input(x, y), max_steps=args.max_steps)
