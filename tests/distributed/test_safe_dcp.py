@@ -27,7 +27,13 @@ from stoker.checkpoint import load_checkpoint, warm_start
 from stoker.distributed.dcp_metadata import load_dcp_metadata
 from stoker.distributed.sharded import DCP_DIR, consolidate, save_sharded
 from stoker.errors import CheckpointError, CorruptCheckpointError
-from stoker.run_spec import register_eval_input, register_run_spec, write_run_spec
+from stoker.run_spec import (
+    EVAL_INPUT_BUILDERS,
+    RUN_SPEC_BUILDERS,
+    register_eval_input,
+    register_run_spec,
+    write_run_spec,
+)
 
 KIND = "test-safe-dcp"
 X, Y = make_data(64)
@@ -43,14 +49,23 @@ class _Touch:
         return (pathlib.Path.touch, (pathlib.Path(self.path),))
 
 
-@register_run_spec(KIND)
 def _build(spec, model_dir):  # noqa: ANN001, ANN202 - a run_spec builder for this module's model_dirs
     return make_estimator(model_dir, save_checkpoints_steps=4), X[:2]
 
 
-@register_eval_input(KIND)
 def _eval(spec, model_dir):  # noqa: ANN001, ANN202
     return eval_input(X, Y), None
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _registered_kind():
+    """This module's run_spec kind, registered while its tests run only: the registry is
+    process-wide, and other modules' tests list the known kinds."""
+    register_run_spec(KIND)(_build)
+    register_eval_input(KIND)(_eval)
+    yield
+    RUN_SPEC_BUILDERS.pop(KIND, None)
+    EVAL_INPUT_BUILDERS.pop(KIND, None)
 
 
 def _rehash(model_dir: Path, ckpt: str) -> None:
