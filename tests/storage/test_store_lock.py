@@ -27,7 +27,7 @@ from helpers.paths import TESTS
 from helpers.processes import PYTHON, popen, python_env
 from stoker import storage
 from stoker.checkpoint import CheckpointManager
-from stoker.errors import StorageError
+from stoker.errors import CheckpointError, StorageError
 from stoker.storage import location, stores
 from stoker.storage import lock as store_lock
 
@@ -153,6 +153,40 @@ def test_a_store_that_cannot_create_exclusively_is_named_and_still_locks(caplog)
         assert json.loads(storage.read_bytes(lock))["pid"] == os.getpid()
     assert not storage.exists(lock)
     assert any("cannot create a file exclusively" in r.getMessage() for r in caplog.records)
+
+
+def test_a_reader_waits_out_a_write_in_progress_instead_of_calling_the_index_damaged(shared):
+    """Without conditional writes a reader can see the index half written (an empty file here).
+    It reads it again under the lock the writer holds until the write is whole; it failed with
+    'checkpoint.json is unreadable' while the trainer wrote."""
+    url = _url()
+    CheckpointManager(url).save(0, {"w": torch.zeros(1)}, {"global_step": 0})
+    reader = CheckpointManager(url, writer=False)
+    assert [r.step for r in reader.records()] == [0]  # its first read (the recovery check) done
+    index = location(url) / "checkpoint.json"
+    whole = storage.read_versioned(index)[0]
+    fs, key = storage.filesystem(index), stores._key(index)
+    got: list[object] = []
+    with store_lock.index_lock(index):
+        fs.pipe_file(key, b"")  # the writer mid-write
+        thread = threading.Thread(target=lambda: got.append(reader.records()))
+        thread.start()
+        thread.join(0.5)
+        assert thread.is_alive() and not got  # waiting for the lock, not failing
+        fs.pipe_file(key, whole)
+    thread.join(10)
+    assert [[r.step for r in rs] for rs in got] == [[0]]  # type: ignore[attr-defined]
+
+
+def test_an_index_still_unreadable_under_the_lock_is_refused(shared):
+    url = _url()
+    CheckpointManager(url).save(0, {"w": torch.zeros(1)}, {"global_step": 0})
+    reader = CheckpointManager(url, writer=False)
+    reader.records()
+    storage.filesystem(location(url)).pipe_file(stores._key(location(url) / "checkpoint.json"), b'{"form')
+    with pytest.raises(CheckpointError, match=r"checkpoint.json is unreadable .*stoker checkpoint repair"):
+        reader.records()
+    assert not _exists(url + "/checkpoint.json.lock")
 
 
 _EVALUATOR = """

@@ -330,7 +330,18 @@ class ObjectStore(CommitProtocol):
         return self.index_path
 
     def read_index(self) -> CheckpointIndex:
-        return CheckpointIndex.parse(storage.read_versioned(self._path(), self.retry)[0], str(self._path()))
+        """Read without the lock. On a store without conditional writes a write in progress can
+        be read half done, so an index that does not parse there is read again under the lock,
+        which its writer holds until the write is whole: only what is unreadable then is damaged."""
+        path = self._path()
+        try:
+            return CheckpointIndex.parse(storage.read_versioned(path, self.retry)[0], str(path))
+        except CheckpointError:
+            if storage.supports_conditional_writes(path):
+                raise  # one conditional PUT is atomic: what was read is what is stored
+        with self.lock():
+            data = storage.read_versioned(path, self.retry)[0]
+        return CheckpointIndex.parse(data, str(path))
 
     @contextmanager
     def lock(self) -> Iterator[None]:
