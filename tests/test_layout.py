@@ -50,3 +50,24 @@ def test_the_checks_find_a_missing_and_a_stray_folder(tmp_path: Path):
     assert packages(src) == {"a", "a/b", "c"}
     assert packages(src) - folders_of_tests(tests) == {"a/b", "c"}
     assert folders_of_tests(tests) - packages(src) == {"d"}
+
+
+def duplicate_test_names(tests: Path) -> dict[str, list[str]]:
+    """Test file names used in more than one folder under ``tests``: name -> those folders."""
+    folders: dict[str, list[str]] = {}
+    for p in sorted(tests.rglob("test_*.py")):
+        folders.setdefault(p.name, []).append(p.parent.relative_to(tests).as_posix())
+    return {name: where for name, where in folders.items() if len(where) > 1}
+
+
+def test_every_test_file_name_is_unique():
+    # The folders of tests are not packages: pytest imports each file by its name alone, so a second
+    # file of the same name stops the collection of the whole suite ("import file mismatch").
+    assert not duplicate_test_names(TESTS)
+
+
+def test_the_check_finds_a_name_in_two_folders(tmp_path: Path):
+    for path in ("a/test_x.py", "b/test_x.py", "c/test_y.py"):
+        (tmp_path / path).parent.mkdir()
+        (tmp_path / path).write_text("")
+    assert duplicate_test_names(tmp_path) == {"test_x.py": ["a", "b"]}
