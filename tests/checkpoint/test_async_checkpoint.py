@@ -72,6 +72,36 @@ def test_async_run_writes_the_same_checkpoints_and_resumes_bitwise(tmp_path, mon
     assert _latest(tmp_path / "async") == "ckpt-12"
 
 
+def test_train_and_evaluate_evaluates_the_checkpoint_still_being_written(tmp_path, monkeypatch):
+    """Each evaluation during training waits for the asynchronous write of its step's checkpoint
+    (the first one said "no checkpoint in model_dir"), and the run ends as with synchronous writes:
+    the same evaluations, best checkpoint and files (but for the write times)."""
+    from helpers.stops import ending
+    from helpers.tiny import eval_input
+
+    x, y = make_data(64)
+    ex, ey = make_data(32, seed=1)
+
+    def train_and_evaluate(model_dir: Path, io: CheckpointIO) -> None:
+        est = make_estimator(model_dir, save_checkpoints_steps=3, keep_best=("accuracy", "max"), checkpoint_io=io)
+        est.train_and_evaluate(train_input(x, y), eval_input(ex, ey), max_steps=16, eval_every_n_steps=4)
+
+    train_and_evaluate(tmp_path / "sync", CheckpointIO())
+    real = storage_mod._write_durably
+
+    def slow(path, data):  # noqa: ANN001, ANN202 - the evaluation starts while the files are written
+        time.sleep(0.05)
+        return real(path, data)
+
+    monkeypatch.setattr(storage_mod, "_write_durably", slow)
+    train_and_evaluate(tmp_path / "async", CheckpointIO(async_save=True))
+    want = ending(tmp_path / "sync")
+    assert ending(tmp_path / "async") == want and want.evaluated_steps == [4, 8, 12, 16]
+    got, same = _files(tmp_path / "async", 16), _files(tmp_path / "sync", 16)
+    assert got.pop("evaluation.json") != b"" and same.pop("evaluation.json") != b""  # they hold write times
+    assert got == same
+
+
 def test_failed_async_save_stops_at_next_boundary_and_previous_stays_latest(tmp_path, monkeypatch):
     x, y = make_data(64)
     ref = tmp_path / "ref"

@@ -260,6 +260,7 @@ class ModelState:
     ) -> tuple[int, Location | None]:
         """Put the weights to use in the model; return their step and checkpoint (``None``: memory)."""
         self.build_model()
+        self.wait_for_checkpoint()  # the checkpoint asked for, or the newest, may still be on its way
         if checkpoint_path is None and self.holds == "memory":
             return self.global_step, None
         if (
