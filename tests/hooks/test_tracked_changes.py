@@ -11,7 +11,7 @@ import torch
 
 import stoker
 from helpers.tiny import TinyNet, classifier_fn, make_data, train_input
-from stoker.hooks.wandb_logger import offline_records
+from stoker.hooks.wandb_logger import offline_files, offline_records
 
 X, Y = make_data(48)
 
@@ -87,7 +87,7 @@ def test_wandb_records_each_change_in_the_runs_config(tmp_path, monkeypatch):
     deadline = time.monotonic() + 30
     while "changed.4.lr" not in config and time.monotonic() < deadline:
         time.sleep(0.2)  # W&B's service process may still be writing the file
-        for path in sorted(tmp_path.glob(f"wandb/offline-run-*-{hooks[0].run_id}/run-*.wandb")):
+        for path in offline_files(tmp_path / "wandb", hooks[0].run_id):
             for record in offline_records(path):
                 kind = record.WhichOneof("record_type")
                 if kind in ("run", "config"):  # the config wandb.init got, then its updates

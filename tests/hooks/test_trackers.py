@@ -19,6 +19,7 @@ mlflow = pytest.importorskip("mlflow")
 from mlflow.tracking import MlflowClient  # noqa: E402
 
 import stoker  # noqa: E402
+from stoker.hooks.wandb_logger import offline_files  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -196,7 +197,7 @@ def wandb_history(root, run_id: str, artifacts: list[tuple[str, list[str]]] | No
     from wandb.proto import wandb_internal_pb2 as pb
 
     rows = []
-    for path in sorted(root.glob(f"wandb/offline-run-*-{run_id}/run-{run_id}.wandb")):
+    for path in offline_files(root / "wandb", run_id):
         data, pos, buf = path.read_bytes(), 7, b""
         assert data[:4] == b":W&B"
         while pos + 7 <= len(data):
@@ -222,12 +223,40 @@ def wandb_history(root, run_id: str, artifacts: list[tuple[str, list[str]]] | No
     return rows
 
 
+def test_offline_files_are_a_runs_folders_oldest_first_suffixed_ones_included(tmp_path):
+    names = [
+        "offline-run-20260101_000001-abc",
+        "offline-run-20260101_000000-abc-10",
+        "offline-run-20260101_000000-abc-2",
+        "offline-run-20260101_000000-abc",
+        "offline-run-20260101_000000-xabc",  # other runs, whatever their folder's name
+        "offline-run-20260101_000000-abc-x",
+    ]
+    for name in names:
+        (tmp_path / name).mkdir()
+        (tmp_path / name / f"run-{'xabc' if name.endswith('xabc') else 'abc'}.wandb").touch()
+    found = [p.relative_to(tmp_path).as_posix() for p in offline_files(tmp_path, "abc")]
+    assert found == [f"{n}/run-abc.wandb" for n in (names[3], names[2], names[1], names[0])]
+
+
 def test_wandb_offline_one_run_each_step_once(tmp_path, monkeypatch):
-    pytest.importorskip("wandb")
+    """Both starts in one second, pinned (W&B names the second folder ``offline-run-<time>-<id>-1``):
+    the rows of that folder were missed, and the test failed whenever the runs were that quick."""
+    wandb = pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     x, y = make_data(48)
     hooks = []
+    start = time.time()
+
+    class StartClock:  # wandb.init's only use of time is the start time its folder is named by
+        def __getattr__(self, name: str) -> object:
+            return getattr(time, name)
+
+        def time(self) -> float:
+            return start
+
+    monkeypatch.setattr(wandb.sdk.wandb_init, "time", StartClock())
     for max_steps in (8, 16):
         est = make_estimator(tmp_path / "m", iterations_per_loop=2, log_every_n_steps=4, save_checkpoints_steps=4)
         hook = stoker.hooks.WandbLogger(project="tiny", dir=str(tmp_path), log_checkpoints=max_steps == 16)
@@ -239,6 +268,10 @@ def test_wandb_offline_one_run_each_step_once(tmp_path, monkeypatch):
     deadline = time.monotonic() + 30
     while len(rows := wandb_history(tmp_path, hooks[0].run_id)) < 4 and time.monotonic() < deadline:
         time.sleep(0.2)  # wandb's service process may still be writing the last file
+    assert [p.parent.name.rsplit("-", 1)[1] for p in offline_files(tmp_path / "wandb", hooks[0].run_id)] == [
+        hooks[0].run_id,
+        "1",
+    ]
     steps = [r["_step"] for r in rows]
     assert steps == sorted(set(steps)) == [4, 8, 12, 16]  # each step once, in order, across the two runs
     assert [r["_step"] for r in rows if "eval/loss" in r] == [8, 16]

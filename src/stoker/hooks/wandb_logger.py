@@ -11,8 +11,10 @@ larger of the server's ``starting_step`` and the last step sent, recorded in
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
 import struct
 import uuid
 from collections.abc import Mapping
@@ -154,11 +156,23 @@ def offline_records(path: Path) -> list[Any]:
     return records
 
 
+def offline_files(wandb_dir: Path, run_id: str) -> list[Path]:
+    """The ``.wandb`` files of run ``run_id`` under ``wandb_dir``, oldest first: one per process
+    (or start) that logged it, in ``offline-run-<time>-<id>``, or ``offline-run-<time>-<id>-<n>``
+    when W&B found that folder there already (two starts within one second)."""
+    folder = re.compile(rf"offline-run-(\d{{8}}_\d{{6}})-{re.escape(run_id)}(?:-(\d+))?")
+    found = []
+    for path in wandb_dir.glob(f"offline-run-*/run-{glob.escape(run_id)}.wandb"):
+        if m := folder.fullmatch(path.parent.name):
+            found.append(((m[1], int(m[2] or 0)), path))
+    return [path for _, path in sorted(found)]
+
+
 def offline_history(wandb_dir: Path, run_id: str) -> list[dict[str, Any]]:
     """The history rows of run ``run_id`` in every offline directory under ``wandb_dir`` (one per
     process that logged it), oldest first."""
     rows = []
-    for path in sorted(wandb_dir.glob(f"offline-run-*-{run_id}/run-{run_id}.wandb")):
+    for path in offline_files(wandb_dir, run_id):
         for record in offline_records(path):
             if record.WhichOneof("record_type") == "history":
                 items = record.history.item
@@ -170,4 +184,4 @@ def offline_steps(wandb_dir: Path, run_id: str) -> list[int]:
     return [int(row["_step"]) for row in offline_history(wandb_dir, run_id) if "_step" in row]
 
 
-__all__ = ["WandbLogger", "offline_history", "offline_records"]
+__all__ = ["WandbLogger", "offline_files", "offline_history", "offline_records"]
