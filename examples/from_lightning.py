@@ -123,14 +123,10 @@ def main() -> int:
     latest = est.latest_checkpoint()
     print(f"model_dir: {model_dir}" + (f" (resuming from {latest.name})" if latest else " (new run)"))
     stopping = EarlyStopping("loss", mode="min", min_delta=0.005, patience=2)  # EarlyStopping(monitor="val_loss", ...)
-    # Trainer.fit(max_epochs, check_val_every_n_epoch=1) -> steps: an evaluation (and a
-    # checkpoint) at the end of every epoch.
+    # Trainer.fit(max_epochs, check_val_every_n_epoch=1): an evaluation (and a checkpoint) at the
+    # step that ends every epoch of the train input (its length: 23 steps).
     metrics = est.train_and_evaluate(
-        train_input_fn,
-        eval_input_fn,
-        max_steps=args.max_epochs * STEPS_PER_EPOCH,
-        eval_every_n_steps=STEPS_PER_EPOCH,
-        hooks=[stopping],
+        train_input_fn, eval_input_fn, max_epochs=args.max_epochs, eval_every_n_epochs=1, hooks=[stopping]
     )
     step = metrics["global_step"]
     print(

@@ -357,7 +357,7 @@ def test_the_evaluation_hook_on_a_schedule_of_periods_and_steps_from_a_first_ste
     assert hook.last_results is not None and hook.last_results["global_step"] == 16
 
 
-@pytest.mark.parametrize("every", [0, -2, 1.5, None])
+@pytest.mark.parametrize("every", [0, -2, 1.5, True])  # None: the default interval (1000)
 def test_train_and_evaluate_refuses_an_interval_that_is_not_a_positive_integer(every):
     est = make_estimator()
     x, y = make_data(32)

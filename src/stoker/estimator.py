@@ -42,9 +42,10 @@ from .engine import (
     ScheduleFn,
     TrainingRun,
     bind_model_fn,
-    check_evaluation_interval,
     check_train_arguments,
     default_hooks,
+    evaluation_schedule,
+    train_end,
     train_hooks,
     watching,
 )
@@ -217,18 +218,17 @@ class Estimator:
         steps: int | None = None,
         max_steps: int | None = None,
         hooks: Sequence[Hook] = (),
+        *,
+        max_epochs: int | None = None,
     ) -> Estimator:
-        """Train until ``steps`` more steps, global step ``max_steps``, or the end of the data.
+        """Train until ``steps`` more steps, global step ``max_steps``, epoch ``max_epochs``'s end, or the data's end.
 
         Resumes from the newest checkpoint in ``model_dir``: model, optimizer, schedule, loss
         scale, RNGs, carried cache, hooks and the input position. Settings that differ from those
         the checkpoint recorded (``params``, ``RunConfig`` fields, batch sizes, ``max_steps``, the
         optimizer's) are said, one line each, or refused (``RunConfig.on_changed_optimizer``).
         """
-        check_train_arguments(steps, max_steps)
-        if self.train_batch_size is None:
-            raise ConfigError("train: the Estimator needs train_batch_size")
-        # (Without an optimizer, ModelState.build_for_training says what to pass.)
+        max_steps = train_end(self.inputs, input_fn, steps, max_steps, max_epochs)  # epochs: docs/concepts.md
         hook_list = train_hooks(self.default_hooks(), hooks)
         check_evaluations(hook_list)  # EarlyStopping on an evaluation metric would never act
         self.state.settings.given(self.params, self.config, self.inputs, max_steps=max_steps)
@@ -310,19 +310,25 @@ class Estimator:
         self,
         train_input_fn: InputFn,
         eval_input_fn: InputFn,
-        max_steps: int,
-        eval_every_n_steps: int = 1000,
+        max_steps: int | None = None,
+        eval_every_n_steps: int | None = None,
         eval_steps: int | None = None,
         hooks: Sequence[Hook] = (),
+        *,
+        max_epochs: int | None = None,
+        eval_every_n_epochs: int | None = None,
     ) -> dict[str, float]:
-        """Train to ``max_steps``, evaluating (and checkpointing) every ``eval_every_n_steps``.
+        """Train to ``max_steps`` (or the end of epoch ``max_epochs``), evaluating (and checkpointing)
+        every ``eval_every_n_steps`` steps (default 1000) or ``eval_every_n_epochs`` epochs.
 
         Evaluations fall on the multiples of ``eval_every_n_steps`` (loops end there) and at the
         end. Each is recorded on its checkpoint, which feeds ``RunConfig.keep_best``. Returns the
         final evaluation; after a signal's stop in a process that goes on
         (``PreemptionHook(exit_process=False)``), the newest one so far (``{}`` if none).
         """
-        check_evaluation_interval(eval_every_n_steps)
+        max_steps, eval_every_n_steps = evaluation_schedule(
+            self.inputs, train_input_fn, (max_steps, max_epochs), (eval_every_n_steps, eval_every_n_epochs)
+        )
         evaluator = EvaluationHook(self, eval_input_fn, every_n_steps=eval_every_n_steps, steps=eval_steps)
         with self.state.settings.evaluating(eval_every_n_steps, eval_steps):  # recorded with the call's
             self.train(train_input_fn, max_steps=max_steps, hooks=[*hooks, evaluator])

@@ -122,6 +122,10 @@ RULES: dict[str, Rule] = {
     "RunConfig.ema": Rule(
         _APPLY, "the average goes on from the checkpoint's under the new settings (or starts, if it holds none)"
     ),
+    "RunConfig.fast_dev_run": Rule(_UNRECORDED, "a quick run writes no checkpoint"),
+    "RunConfig.limit_train_batches": Rule(_APPLY, "every epoch from the resumed step reads the new number of batches"),
+    "RunConfig.limit_eval_batches": Rule(_APPLY, "evaluations read the new number of batches"),
+    "RunConfig.overfit_batches": Rule(_APPLY, "the batches read over and over are the new number"),
     "RunConfig.prefetch_depth": Rule(_UNRECORDED, _WATCHING),
     "RunConfig.progress_bar": Rule(_UNRECORDED, _WATCHING),
     "RunConfig.summaries": Rule(_UNRECORDED, _WATCHING),

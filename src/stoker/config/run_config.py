@@ -32,7 +32,17 @@ from ..distributed.watchdog import StuckReplica
 from ..errors import ConfigError
 from ..precision import LossScale, Precision, make_precision
 from ..resolve import Reason
-from .slices import EMA, EvalConfig, InputConfig, LoopConfig, RunInfo, StateConfig, compile_mode
+from .slices import (
+    EMA,
+    BatchLimits,
+    EvalConfig,
+    InputConfig,
+    LoopConfig,
+    RunInfo,
+    StateConfig,
+    batch_limit,
+    compile_mode,
+)
 
 PrecisionName = Literal["fp32", "bf16", "fp16", "bf16-sr"]
 
@@ -129,6 +139,14 @@ class RunConfig:
         ema: an exponential moving average of the weights kept beside them, in every checkpoint:
             a ``stoker.EMA(decay=0.999, start_step=0, every_n_steps=1, use_for_inference=True)``
             (evaluation, ``keep_best``, export and serving use it); ``None``: none.
+        fast_dev_run: ``True`` (or ``N``): a quick run of the code paths, as Lightning's: ``train``
+            runs 1 (``N``) step whatever it is asked, ``evaluate`` and ``predict`` read 1 (``N``)
+            batch; ``model_dir`` is neither read nor written, trackers are left out.
+        limit_train_batches / limit_eval_batches: read the first ``N`` batches (an int) or that
+            fraction (a float in (0, 1]) of every epoch of the train input / of each evaluation's
+            input (Lightning's; docs/concepts.md "Epochs and quick runs").
+        overfit_batches: train on the train input's first ``N`` batches (or fraction), over and
+            over, and evaluate on as many of the eval input's.
         checkpoint_io: how checkpoints are written, a ``stoker.checkpoint.CheckpointIO``:
             ``async_save`` (write on a background thread; the loop waits only for a copy of
             the state) and ``retry`` (how storage faults are retried and timed out, a
@@ -164,6 +182,10 @@ class RunConfig:
     recompute: str | tuple[str, ...] | None = None
     on_changed_optimizer: Literal["refuse", "keep", "apply"] = "refuse"
     ema: EMA | None = None
+    fast_dev_run: bool | int = False
+    limit_train_batches: int | float | None = None
+    limit_eval_batches: int | float | None = None
+    overfit_batches: int | float | None = None
     pipeline: PipelineConfig | None = None
     checkpoint_io: CheckpointIO = field(default_factory=CheckpointIO)
 
@@ -194,6 +216,7 @@ class RunConfig:
             summaries=self.summaries,
             mlperf_log=self.mlperf_log,
             stuck_replica=self.stuck_replica,
+            fast_dev_run=int(self.fast_dev_run),
         )
 
     @property
@@ -205,6 +228,7 @@ class RunConfig:
             iterations_per_loop=self.iterations_per_loop,
             gradient_accumulation_steps=self.gradient_accumulation_steps,
             microbatches=1 if self.pipeline is None else self.pipeline.microbatches,
+            limits=batch_limits(self),
         )
 
     @property
@@ -237,7 +261,7 @@ class RunConfig:
     def checkpoint_config(self) -> CheckpointConfig:
         """Checkpointing's slice (``stoker.checkpoint.CheckpointConfig``)."""
         return CheckpointConfig(
-            model_dir=None if self.model_dir is None else os.fspath(self.model_dir),
+            model_dir=None if self.model_dir is None or self.fast_dev_run else os.fspath(self.model_dir),
             save_checkpoints_steps=self.save_checkpoints_steps,
             save_checkpoints_secs=self.save_checkpoints_secs,
             keep_checkpoint_max=self.keep_checkpoint_max,
@@ -293,13 +317,29 @@ class RunConfig:
 
 def run_info(config: RunConfig) -> RunInfo:
     """What the hooks read of ``config`` (``RunContext.info``): the hooks' slice."""
-    model_dir = None if config.model_dir is None else os.fspath(config.model_dir)
+    model_dir = config.checkpoint_config.model_dir  # None: in memory, or a quick run (fast_dev_run)
     return RunInfo(
         model_dir=model_dir,
         seed=config.seed,
         log_every_n_steps=config.log_every_n_steps,
         precision=config.precision_name,
     )
+
+
+def batch_limits(config: RunConfig) -> BatchLimits:
+    """How much of each input ``config`` reads: ``fast_dev_run`` over ``overfit_batches`` over the
+    ``limit_*_batches``, as in Lightning."""
+    for name in ("limit_train_batches", "limit_eval_batches", "overfit_batches"):
+        batch_limit(name, getattr(config, name))
+    quick = config.fast_dev_run
+    if not isinstance(quick, int) or quick < 0:
+        raise ConfigError(f"RunConfig.fast_dev_run must be True, False or a positive integer; got {quick!r}")
+    if quick:
+        return BatchLimits(eval=int(quick), predict=int(quick))  # train: fast_dev_run steps (LoopConfig)
+    overfit = config.overfit_batches
+    if overfit is not None:
+        return BatchLimits(overfit=overfit, eval=overfit)
+    return BatchLimits(train=config.limit_train_batches, eval=config.limit_eval_batches)
 
 
 # -------------------------------------------------------------------- how the slices combine

@@ -92,10 +92,46 @@ class EMA:
         return step >= self.start_step and step % self.every_n_steps == 0
 
 
+def batch_limit(name: str, value: object) -> None:
+    """Raise a ``ConfigError`` naming ``RunConfig.<name>`` unless ``value`` is ``None``, an int >= 1
+    (batches) or a float in (0, 1] (a fraction of the input's length), as Lightning's ``limit_*``."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+        return
+    if isinstance(value, float) and 0.0 < value <= 1.0:
+        return
+    raise ConfigError(
+        f"RunConfig.{name} must be None, a positive integer (batches) or a fraction in (0, 1]; got {value!r}"
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchLimits:
+    """How much of each input a quick run reads (``RunConfig.fast_dev_run``, ``limit_train_batches``,
+    ``limit_eval_batches``, ``overfit_batches``: Lightning's flags; ``stoker.engine.limits``).
+
+    Attributes:
+        train: batches of every epoch of the train input (then the next epoch).
+        overfit: the train input's first batches, read over and over (an epoch is those).
+        eval / predict: batches of each evaluation / prediction.
+
+    Each is a count, a fraction of the input's length (a float in (0, 1]) or ``None`` (all).
+    """
+
+    train: int | float | None = None
+    overfit: int | float | None = None
+    eval: int | float | None = None
+    predict: int | float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("train", "overfit", "eval", "predict"):
+            batch_limit(f"limit_{name}_batches" if name != "overfit" else "overfit_batches", getattr(self, name))
+
+
 @dataclass(frozen=True, kw_only=True)
 class LoopConfig:
     """The training loop's slice: steps per loop, the step's shape, the default hooks' settings, and
     how long a replica may wait in a collective before it names the stuck ones (``stuck_replica``).
+    ``fast_dev_run``: the steps a quick run trains (0: a run as asked).
 
     ``compile`` is held as its mode (``"none"``, ``"module"``, ``"step"``).
     """
@@ -110,6 +146,7 @@ class LoopConfig:
     summaries: bool = True
     mlperf_log: bool = False
     stuck_replica: StuckReplica | None = field(default_factory=StuckReplica)
+    fast_dev_run: int = 0
 
     def __post_init__(self) -> None:
         if self.stuck_replica is not None and not isinstance(self.stuck_replica, StuckReplica):
@@ -150,13 +187,15 @@ class RunInfo:
 
 @dataclass(frozen=True, kw_only=True)
 class InputConfig:
-    """The input's slice: how ``InputPlan`` divides batches and builds infeeds."""
+    """The input's slice: how ``InputPlan`` divides batches and builds infeeds, and how much of each
+    input a quick run reads (``limits``)."""
 
     seed: int = 0
     prefetch_depth: int = 2
     iterations_per_loop: int = 10
     gradient_accumulation_steps: int = 1
     microbatches: int = 1
+    limits: BatchLimits = field(default_factory=BatchLimits)
 
     def __post_init__(self) -> None:
         if not isinstance(self.prefetch_depth, int) or self.prefetch_depth < 0:
@@ -260,6 +299,7 @@ def recompute_spec(value: object) -> str | tuple[str, ...] | None:
 __all__ = [
     "COMPILE_MODES",
     "EMA",
+    "BatchLimits",
     "EvalConfig",
     "InputConfig",
     "LoopConfig",

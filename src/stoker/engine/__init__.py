@@ -32,7 +32,14 @@ from .inputs import InputFn, InputPlan, check_batch_size, isolated_rng
 from .model_fn import bind_model_fn
 from .model_state import ModelArg, ModelState, OptimizerFn, ScheduleFn
 from .prediction import PredictionRun, check_predictions
-from .training import TrainingRun, check_evaluation_interval, check_train_arguments, default_hooks, train_hooks
+from .training import (
+    TrainingRun,
+    check_train_arguments,
+    default_hooks,
+    evaluation_schedule,
+    train_end,
+    train_hooks,
+)
 
 __all__ = [
     "ContinuousEvalConfig",
@@ -49,10 +56,11 @@ __all__ = [
     "TrainingRun",
     "bind_model_fn",
     "check_batch_size",
-    "check_evaluation_interval",
     "check_predictions",
     "check_train_arguments",
     "default_hooks",
+    "evaluation_schedule",
+    "train_end",
     "evaluation_on_device",
     "isolated_rng",
     "train_hooks",

@@ -21,6 +21,7 @@ from ..errors import ConfigError, DataError, UserCodeError
 from ..rng import rng_state, seed_everything, set_rng_state
 from ..spec import ModeKeys
 from .infeed import Batch, Infeed
+from .limits import epoch_batches, limited
 
 InputFn = Callable[[dict[str, Any]], Iterable[Any]]
 
@@ -95,7 +96,7 @@ class InputPlan:
         # input_fn and iter() run with freshly seeded global RNGs, so an input pipeline that
         # draws from them when it is built does so identically in a fresh and a resumed run.
         with isolated_rng(cfg.seed):
-            source = input_fn(params)
+            source = limited(input_fn(params), mode, cfg.limits)  # RunConfig's quick-run limits, if any
             return Infeed(
                 source,
                 device=self.strategy.device,
@@ -105,6 +106,25 @@ class InputPlan:
                 restore=restore,
                 what=f"{mode.value} input_fn",
             )
+
+    def epoch_steps(self, input_fn: InputFn, what: str) -> int:
+        """The optimizer steps of one epoch of ``input_fn``'s train input, as a train run reads it
+        (``limit_train_batches``, ``overfit_batches``), the same on every replica; ``what`` (the
+        argument that needs it) is named in the error when the input does not know its length.
+        ``input_fn`` is called once more for it, and what it returns closed."""
+        with isolated_rng(self.config.seed):
+            source = limited(input_fn(self.mode_params(ModeKeys.TRAIN)), ModeKeys.TRAIN, self.config.limits)
+        try:
+            steps = epoch_batches(source, self.config.gradient_accumulation_steps, what)
+        finally:
+            close = getattr(source, "close", None)
+            if callable(close):
+                close()
+        if self.strategy.world_size > 1:
+            everyone = self.strategy.all_gather_object(steps)
+            if len(set(everyone)) > 1:
+                raise ConfigError(f"{what}: the replicas' train inputs have epochs of {everyone} steps; give them one")
+        return steps
 
     def in_lockstep(self, infeed: Infeed) -> Iterator[Batch]:
         """The infeed's batches; with several replicas, padded out with fully masked copies of

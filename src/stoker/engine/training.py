@@ -37,6 +37,7 @@ from ..hooks import (
 )
 from ..hooks.base import sorted_hooks
 from ..hooks.early_stopping import StopFileHook
+from ..hooks.tracking import TrackerHook
 from ..spec import ModeKeys
 from ..storage import Location
 from .infeed import Infeed, epochs_read, with_rollback
@@ -82,21 +83,66 @@ def train_hooks(defaults: Sequence[Hook], given: Sequence[Hook]) -> list[Hook]:
     return [h for h in defaults if type(h) not in kinds] + list(given)
 
 
-def check_train_arguments(steps: int | None, max_steps: int | None) -> None:
-    """The rules for ``train(steps=..., max_steps=...)``: at most one, each a non-negative int."""
-    if steps is not None and max_steps is not None:
-        raise ConfigError("train: give steps or max_steps, not both")
-    for name, value in (("steps", steps), ("max_steps", max_steps)):
-        if value is not None and (not isinstance(value, int) or value < 0):
+def quick_run_hooks(hooks: Sequence[Hook]) -> list[Hook]:
+    """``hooks`` for ``RunConfig.fast_dev_run``, which writes nothing: trackers (MLflow, W&B) left
+    out, as Lightning leaves out its loggers; said in one line."""
+    trackers = [type(h).__name__ for h in hooks if isinstance(h, TrackerHook)]
+    log.info(
+        "fast_dev_run: a quick run of the code paths; model_dir is neither read nor written%s",
+        f", {', '.join(trackers)} left out" if trackers else "",
+    )
+    return [h for h in hooks if not isinstance(h, TrackerHook)]
+
+
+def check_train_arguments(steps: int | None, max_steps: int | None, max_epochs: int | None = None) -> None:
+    """The rules for ``train(steps=..., max_steps=..., max_epochs=...)``: at most one, each a non-negative int."""
+    given = [n for n, v in (("steps", steps), ("max_steps", max_steps), ("max_epochs", max_epochs)) if v is not None]
+    if len(given) > 1:
+        either = " or ".join(given) if len(given) == 2 else "one of steps, max_steps and max_epochs"
+        raise ConfigError(f"train: give {either}, not {'both' if len(given) == 2 else 'all three'}")
+    for name, value in (("steps", steps), ("max_steps", max_steps), ("max_epochs", max_epochs)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
             raise ConfigError(f"train: {name} must be a non-negative integer; got {value!r}")
 
 
-def check_evaluation_interval(eval_every_n_steps: int) -> None:
-    """The rule for ``train_and_evaluate(eval_every_n_steps=...)``: a positive int."""
-    if not isinstance(eval_every_n_steps, int) or eval_every_n_steps < 1:
-        raise ConfigError(
-            f"train_and_evaluate: eval_every_n_steps must be a positive integer; got {eval_every_n_steps!r}"
-        )
+def train_end(
+    inputs: InputPlan, input_fn: InputFn, steps: int | None, max_steps: int | None, max_epochs: int | None
+) -> int | None:
+    """A ``train`` call's arguments checked (:func:`check_train_arguments`, a train batch size) and
+    its ``max_steps``: as given, or the step that ends epoch ``max_epochs`` of ``input_fn``'s train
+    input (its length read once, :meth:`InputPlan.epoch_steps`). Without an optimizer,
+    ``ModelState.build_for_training`` says what to pass."""
+    check_train_arguments(steps, max_steps, max_epochs)
+    if inputs.train_batch_size is None:
+        raise ConfigError("train: the Estimator needs train_batch_size")
+    return max_steps if max_epochs is None else max_epochs * inputs.epoch_steps(input_fn, "train(max_epochs=...)")
+
+
+def evaluation_schedule(
+    inputs: InputPlan,
+    input_fn: InputFn,
+    ends: tuple[int | None, int | None],
+    intervals: tuple[int | None, int | None],
+) -> tuple[int, int]:
+    """``train_and_evaluate``'s end and evaluation interval in steps, from ``ends`` (``max_steps``,
+    ``max_epochs``) and ``intervals`` (``eval_every_n_steps``, ``eval_every_n_epochs``), epochs of
+    ``input_fn``'s train input (its length read once, :meth:`InputPlan.epoch_steps`): an epoch's
+    end is a step, so evaluations every N epochs fall on scheduled steps like every N steps."""
+    (max_steps, max_epochs), (every_n_steps, every_n_epochs) = ends, intervals
+    if (max_steps is None) == (max_epochs is None):
+        raise ConfigError("train_and_evaluate: give max_steps or max_epochs (one of them)")
+    if every_n_steps is not None and every_n_epochs is not None:
+        raise ConfigError("train_and_evaluate: give eval_every_n_steps or eval_every_n_epochs, not both")
+    check_train_arguments(None, max_steps, max_epochs)
+    for name, value in (("eval_every_n_steps", every_n_steps), ("eval_every_n_epochs", every_n_epochs)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise ConfigError(f"train_and_evaluate: {name} must be a positive integer; got {value!r}")
+    if max_epochs is not None or every_n_epochs is not None:
+        per_epoch = inputs.epoch_steps(input_fn, "max_epochs" if max_epochs is not None else "eval_every_n_epochs")
+        max_steps = max_steps if max_epochs is None else max_epochs * per_epoch
+        every_n_steps = every_n_steps if every_n_epochs is None else every_n_epochs * per_epoch
+    assert max_steps is not None
+    return max_steps, 1000 if every_n_steps is None else every_n_steps
 
 
 class TrainingRun:
@@ -129,6 +175,8 @@ class TrainingRun:
 
     def run(self, input_fn: InputFn, steps: int | None = None, max_steps: int | None = None) -> None:
         """Train until ``steps`` more steps, global step ``max_steps``, or the end of the data."""
+        if self.config.fast_dev_run:  # a quick run: that many steps whatever was asked, nothing written
+            steps, max_steps, self.hooks = self.config.fast_dev_run, None, quick_run_hooks(self.hooks)
         state = self.state
         state.restore_for_training()
         if max_steps is not None and state.global_step >= max_steps:
@@ -389,4 +437,11 @@ class TrainingRun:
         return path
 
 
-__all__ = ["TrainingRun", "check_train_arguments", "default_hooks"]
+__all__ = [
+    "TrainingRun",
+    "check_train_arguments",
+    "default_hooks",
+    "evaluation_schedule",
+    "train_end",
+    "train_hooks",
+]

@@ -12,7 +12,8 @@ log = logging.getLogger("stoker")
 
 
 class LoggingHook(IntervalHook):
-    """Log the mean loss (and ``host_call`` values) of the steps since the last line.
+    """Log the mean loss (and ``host_call`` values) of the steps since the last line, and how many
+    epochs of its data the run has read (``epoch 2.41``) when the source knows its length.
 
     With ``language_model=True`` the loss is taken as nats per token (character) and the line
     also shows perplexity ``exp(loss)`` and bits per character ``loss / ln 2``, as the
@@ -32,7 +33,9 @@ class LoggingHook(IntervalHook):
         self.names = list(names) if names is not None else None
         self.language_model = language_model
         self.logger = logger or log
-        self._pending: tuple[int, float, dict[str, float], tuple[float, float, float] | None] | None = None
+        self._pending: tuple[int, float, dict[str, float], float | None, tuple[float, float, float] | None] | None = (
+            None
+        )
         self._line: str | None = ""
 
     def after_loop(self, run: RunContext, result: LoopResult) -> None:
@@ -53,7 +56,8 @@ class LoggingHook(IntervalHook):
             if "steps_per_sec" in logs
             else None
         )
-        self._pending = (run.global_step, interval.loss_sum / interval.loss_n, interval.means(self.names), rates)
+        values, epochs = interval.means(self.names), run.epochs_read()
+        self._pending = (run.global_step, interval.loss_sum / interval.loss_n, values, epochs, rates)
         self._line = None
         if run.is_chief and self.logger.isEnabledFor(logging.INFO):
             self.logger.info(self.last_line)
@@ -66,7 +70,12 @@ class LoggingHook(IntervalHook):
         return self._line
 
     def _format(
-        self, step: int, loss: float, values: dict[str, float], rates: tuple[float, float, float] | None
+        self,
+        step: int,
+        loss: float,
+        values: dict[str, float],
+        epochs: float | None,
+        rates: tuple[float, float, float] | None,
     ) -> str:
         parts = [f"step {step}", f"loss = {loss:.4f}"]
         if self.language_model:
@@ -74,6 +83,8 @@ class LoggingHook(IntervalHook):
             parts.append(f"bpc = {loss / math.log(2):.4f}")
         for name, value in values.items():
             parts.append(f"{name} = {value:.6g}" if name == "learning_rate" else f"{name} = {value:.4g}")
+        if epochs is not None:  # the epochs of its data read (a source that knows its length)
+            parts.append(f"epoch {epochs:.2f}")
         if rates is not None:
             parts.append(f"{rates[0]:.1f} steps/sec")
             parts.append(f"{rates[1]:.1f} examples/sec")
