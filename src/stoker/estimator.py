@@ -303,6 +303,7 @@ class Estimator:
         """
         if self.predict_batch_size is None:
             raise ConfigError("predict: the Estimator needs predict_batch_size (or train_batch_size)")
+        self.state.wait_for_checkpoint(everywhere=True)  # the chief's asynchronous write, on every replica
         self.state.weights_for_inference(checkpoint_path, "predict")
         return PredictionRun(self.state, self.inputs, self._model_fn).run(input_fn, yield_single_examples)
 

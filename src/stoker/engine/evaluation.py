@@ -62,6 +62,7 @@ class EvaluationRun:
         if steps is not None and (not isinstance(steps, int) or steps < 1):
             raise ConfigError(f"evaluate: steps must be a positive integer or None; got {steps!r}")
         params = self.inputs.mode_params(ModeKeys.EVAL)
+        self.state.wait_for_checkpoint(everywhere=True)  # the chief's asynchronous write of it, on every replica
         step, evaluated = self.state.weights_for_inference(checkpoint_path, "evaluate")
         model = self.state.build_model()
         module = self.state.module

@@ -133,6 +133,7 @@ class ModelState:
         #: how its checkpoints are written (``None``: a run kept in memory)
         self.saving = None if checkpoints is None else StateWriter(checkpoints, strategy, async_save=config.async_save)
         self.writer = None if self.saving is None else self.saving.writer  # asynchronous saves' thread
+        self.async_save = self.saving is not None and config.async_save
 
     # ---------------------------------------------------------------- building
     @property
@@ -232,6 +233,7 @@ class ModelState:
     def restore_for_training(self) -> None:
         """Build for training and load the newest checkpoint unless memory holds exactly its state."""
         self.build_for_training()
+        self.wait_for_checkpoint(everywhere=True)
         latest = self.latest_checkpoint()
         if latest is None or self.holds == latest:
             if latest is None and self.holds is None:
@@ -324,10 +326,14 @@ class ModelState:
         if self.saving is not None:
             self.saving.poll()
 
-    def wait_for_checkpoint(self) -> None:
-        """Wait for the asynchronous write in flight (if any); raise its failure."""
+    def wait_for_checkpoint(self, everywhere: bool = False) -> None:
+        """Wait for the asynchronous write in flight (if any); raise its failure. ``everywhere``
+        (collective: every replica calls it): the other replicas wait for the chief's write too,
+        so that none looks for the newest checkpoint before the index names it."""
         if self.saving is not None:
             self.saving.wait()
+        if everywhere and self.async_save and self.strategy.world_size > 1:
+            self.strategy.barrier()
 
     def save(
         self, hook_state: Mapping[str, Any], input_state: Any, last_checkpoint: Location | None, finished: bool = False

@@ -90,8 +90,11 @@ class StateWriter:
             else:
                 self.wait()  # a sharded save after an asynchronous one: in order
                 path = checkpoints.save(step, weights, state, inputs, tmp_dir=tmp, finished=finished, ema_state=average)
-        strategy.barrier()
-        return path
+        # Every replica holds the chief's path, once it is written: on an object store the
+        # folder has a suffix only the chief's save knows (ckpt-5.<hex>), and replicas that
+        # disagree on which checkpoint their memory holds disagree on reloading it (collective
+        # when sharded: they waited for each other for ever).
+        return location(strategy.broadcast_object(str(path) if strategy.is_chief else None))
 
 
 def _all_finite(params: list[torch.Tensor]) -> bool:

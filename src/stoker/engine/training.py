@@ -260,6 +260,7 @@ class TrainingRun:
     def _roll_back(self, request: RollbackRequest) -> None:
         """Restore the newest checkpoint and record the bad step's batches as ones to pass over."""
         state = self.state
+        state.wait_for_checkpoint(everywhere=True)  # every replica restores the chief's newest
         latest = state.latest_checkpoint()
         if latest is None:
             raise NanLossError(
