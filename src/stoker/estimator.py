@@ -196,9 +196,8 @@ class Estimator:
     def initialize(self) -> Estimator:
         """Build the model (and optimizer) now and restore the newest checkpoint if there is one.
 
-        Afterwards ``evaluate``, ``predict`` and ``export`` also work on an Estimator that was
-        never trained: they use its initial (or warm-started) weights. Training from here is
-        the same as training without calling this.
+        Afterwards ``evaluate``, ``predict`` and ``export`` also work on an Estimator that was never trained:
+        they use its initial (or warm-started) weights. Training from here is the same as without this.
         """
         if self.state.can_train:
             self.state.restore_for_training()
