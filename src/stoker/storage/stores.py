@@ -42,7 +42,7 @@ log = logging.getLogger("stoker")
 T = TypeVar("T")
 
 # Extras that provide a protocol, for the error when one is missing.
-_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
+_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "abfss": "azure"}
 
 
 class UrlPath(PurePosixPath):
@@ -80,19 +80,20 @@ def location(path: str | os.PathLike[str] | PurePath) -> Location:
     return UrlPath(f"{scheme}:/{rest.strip('/')}")
 
 
-def filesystem(path: UrlPath) -> Any:
-    """The fsspec filesystem of ``path``; a missing optional extra is named."""
+def filesystem(path: UrlPath, *, who: str = "model_dir") -> Any:
+    """The fsspec filesystem of ``path``; a missing optional extra is named (``who``: what the
+    path is, for the message: ``model_dir``, ``data``)."""
     try:
         import fsspec
     except ImportError as e:  # pragma: no cover - fsspec comes with torch
-        raise StorageError(f"model_dir {str(path)!r} needs fsspec: pip install fsspec") from e
+        raise StorageError(f"{who} {str(path)!r} needs fsspec: pip install fsspec") from e
     try:
         return fsspec.filesystem(path.protocol)
     except (ImportError, ValueError) as e:
         extra = _EXTRAS.get(path.protocol)
         hint = f"pip install 'stoker[{extra}]'" if extra else f"install the fsspec implementation of {path.protocol}://"
         raise StorageError(
-            f"model_dir {str(path)!r}: the {path.protocol}:// protocol is not available ({e}); {hint}"
+            f"{who} {str(path)!r}: the {path.protocol}:// protocol is not available ({e}); {hint}"
         ) from e
 
 

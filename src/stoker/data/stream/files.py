@@ -1,0 +1,88 @@
+"""``FileSet``: the files a source reads, local ones in place, object-store ones through the cache.
+
+A source holds one :class:`FileSet` and asks it for file ``k`` as a local path
+(:meth:`FileSet.local`) or its bytes (:meth:`FileSet.read_bytes`); a local file is itself, an
+object-store one is its copy in the machine's :class:`~.cache.ShardCache`, fetched on first use
+(and ahead of use by the source's :class:`~.readahead.ReadAhead`). So everything after that is a
+local read, whatever the store, and the source's code never asks which kind it holds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ...storage import UrlPath, location
+from .cache import ShardCache
+from .listing import DataFile, is_remote, local_file, remote_file
+from .options import StreamOptions
+
+
+def as_data_file(path: Any) -> DataFile:
+    """``path`` (a :class:`DataFile`, a local path or a URL) as a :class:`DataFile`."""
+    if isinstance(path, DataFile):
+        return path
+    place = location(path)
+    return remote_file(place) if isinstance(place, UrlPath) else local_file(place)
+
+
+class FileSet:
+    """The files ``files`` read through ``stream``'s cache where they are on an object store.
+
+    Args:
+        files: the files, in the source's order.
+        stream: the cache and read-ahead settings (:class:`~.options.StreamOptions`).
+    """
+
+    def __init__(self, files: Sequence[DataFile], stream: StreamOptions | None = None) -> None:
+        self.files = list(files)
+        self.stream = StreamOptions() if stream is None else stream
+        self._remote = [is_remote(f.url) for f in self.files]
+        #: Whether any file is on an object store (read through the cache).
+        self.remote = any(self._remote)
+        self._cache: ShardCache | None = None
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    @property
+    def cache(self) -> ShardCache:
+        """The machine's cache these files go through (made on first use)."""
+        if self._cache is None:
+            self._cache = ShardCache(self.stream)
+        return self._cache
+
+    def name(self, k: int) -> str:
+        """File ``k`` as printed: its path or URL."""
+        return self.files[k].url
+
+    def size(self, k: int) -> int:
+        return self.files[k].size
+
+    def local(self, k: int) -> Path:
+        """A local path holding file ``k``'s bytes (fetched into the cache now if it is remote and not there)."""
+        if not self._remote[k]:
+            return Path(self.files[k].url)
+        return self.cache.get(self.files[k])
+
+    def cached(self, k: int) -> bool:
+        """Whether file ``k`` can be read without a request (local, or in the cache)."""
+        return not self._remote[k] or self.cache.holds(self.files[k])
+
+    def fetch(self, k: int) -> None:
+        """Bring file ``k`` into the cache (nothing for a local file)."""
+        if self._remote[k] and not self.cache.holds(self.files[k]):
+            self.cache.fetch(self.files[k])
+
+    def read_bytes(self, k: int) -> bytes:
+        """File ``k``'s bytes."""
+        return self.local(k).read_bytes()
+
+    def folder(self) -> str | None:
+        """The folder (or URL prefix) that directly holds every file, or ``None`` when they are spread."""
+        parents = {f.url.rstrip("/").rsplit("/", 1)[0] for f in self.files}
+        return parents.pop() if len(parents) == 1 else None
+
+
+__all__ = ["FileSet", "as_data_file"]
