@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
+from .stream.options import StreamOptions
 
 #: What builds batches ahead when ``num_workers > 0`` (``auto``: the source's rule).
 WORKER_KINDS: tuple[str, ...] = ("auto", "thread", "process")
@@ -53,6 +54,9 @@ class ReadOptions:
             order, counted and logged, instead of raising.
         num_shards, shard_index: read shard ``shard_index`` of ``num_shards`` disjoint shards;
             :meth:`for_replica` sets them to the replica's.
+        stream: how files on an object store (``s3://``, ``gs://``, ``az://`` data) are cached
+            and fetched ahead (:class:`~stoker.data.stream.StreamOptions`); ``None``: the defaults.
+            Local files ignore it.
     """
 
     batch_size: int | None = None
@@ -66,6 +70,7 @@ class ReadOptions:
     skip_bad_examples: bool = False
     num_shards: int = 1
     shard_index: int = 0
+    stream: StreamOptions | None = None
 
     def __post_init__(self) -> None:
         if self.batch_size is not None and not _positive_int(self.batch_size):
@@ -81,6 +86,10 @@ class ReadOptions:
         if self.worker_kind not in WORKER_KINDS:
             raise ConfigError(
                 f"ReadOptions: worker_kind must be one of {', '.join(WORKER_KINDS)}; got {self.worker_kind!r}"
+            )
+        if self.stream is not None and not isinstance(self.stream, StreamOptions):
+            raise ConfigError(
+                f"ReadOptions: stream must be a stoker.data.stream.StreamOptions or None; got {self.stream!r}"
             )
 
     def for_replica(self, params: Mapping[str, Any]) -> ReadOptions:

@@ -36,7 +36,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from ...storage import RetryPolicy, UrlPath, filesystem, location
+from ...storage import UrlPath, filesystem, location
 from .listing import DataFile
 from .options import StreamOptions
 
@@ -204,7 +204,9 @@ def _download(file: DataFile, tmp: Path) -> None:
     fs.get_file(str(fs._strip_protocol(str(url))), str(tmp))
     got = tmp.stat().st_size
     if got != file.size:
-        raise ConnectionError(f"got {got} of its {file.size} bytes (the object changed since it was listed, or the transfer broke)")
+        raise ConnectionError(
+            f"got {got} of its {file.size} bytes (the object changed since it was listed, or the transfer broke)"
+        )
 
 
 __all__ = ["ShardCache"]

@@ -9,14 +9,16 @@ local read, whatever the store, and the source's code never asks which kind it h
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ...storage import UrlPath, location
 from .cache import ShardCache
 from .listing import DataFile, is_remote, local_file, remote_file
 from .options import StreamOptions
+from .readahead import ReadAhead
 
 
 def as_data_file(path: Any) -> DataFile:
@@ -42,6 +44,7 @@ class FileSet:
         #: Whether any file is on an object store (read through the cache).
         self.remote = any(self._remote)
         self._cache: ShardCache | None = None
+        self._ahead: ReadAhead | None = None
 
     def __len__(self) -> int:
         return len(self.files)
@@ -75,9 +78,36 @@ class FileSet:
         if self._remote[k] and not self.cache.holds(self.files[k]):
             self.cache.fetch(self.files[k])
 
+    def open_fd(self, k: int) -> int:
+        """An open read-only file descriptor of file ``k`` (its cached copy when remote; a copy
+        another process evicts between the lookup and the open is fetched again)."""
+        if not self._remote[k]:
+            return os.open(self.files[k].url, os.O_RDONLY | os.O_CLOEXEC)
+        for _ in range(3):
+            try:
+                return os.open(self.cache.get(self.files[k]), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue  # evicted meanwhile: an open file survives eviction, a path does not
+        return os.open(self.cache.fetch(self.files[k]), os.O_RDONLY | os.O_CLOEXEC)
+
+    def open(self, k: int) -> IO[bytes]:
+        """File ``k`` opened for reading (binary)."""
+        return os.fdopen(self.open_fd(k), "rb")
+
     def read_bytes(self, k: int) -> bytes:
         """File ``k``'s bytes."""
-        return self.local(k).read_bytes()
+        with self.open(k) as f:
+            return f.read()
+
+    def ahead(self, ks: Iterable[int]) -> None:
+        """Fetch the remote files among ``ks`` (the order they will be read in) ahead of their
+        reads, in the background, within the read-ahead budget (:class:`~.readahead.ReadAhead`)."""
+        if not self.remote:
+            return
+        if self._ahead is None:
+            budget = min(self.stream.read_ahead_bytes, self.cache.limit // 2)
+            self._ahead = ReadAhead(self, threads=self.stream.fetch_threads, budget=budget)
+        self._ahead.want(k for k in ks if self._remote[k])
 
     def folder(self) -> str | None:
         """The folder (or URL prefix) that directly holds every file, or ``None`` when they are spread."""

@@ -17,8 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path, PurePath
 from typing import Any, NamedTuple
 
+from ...errors import DataError
 from ...storage import DEFAULT_RETRY, Location, RetryPolicy, UrlPath, filesystem, location
-from ..base import DataError
 
 PathLike = str | os.PathLike[str]
 
@@ -83,7 +83,9 @@ def remote_file(url: UrlPath, retry: RetryPolicy = DEFAULT_RETRY) -> DataFile:
     return DataFile(str(url), int(found.get("size") or 0), _version(found))
 
 
-def list_files(folder: Location, *, recursive: bool = False, retry: RetryPolicy = DEFAULT_RETRY) -> list[tuple[str, DataFile]]:
+def list_files(
+    folder: Location, *, recursive: bool = False, retry: RetryPolicy = DEFAULT_RETRY
+) -> list[tuple[str, DataFile]]:
     """``(relative POSIX name, file)`` of every file in ``folder`` (below it with ``recursive``),
     sorted by name; names with a hidden part (``.stoker-index/...``) are left out. Empty when the
     folder does not exist."""
@@ -157,4 +159,14 @@ def files_of(paths: PathLike | Sequence[PathLike], *, recursive: bool = True) ->
     return out
 
 
-__all__ = ["DataFile", "PathLike", "files_of", "is_folder", "is_remote", "list_files", "local_file", "remote_file", "where"]
+__all__ = [
+    "DataFile",
+    "PathLike",
+    "files_of",
+    "is_folder",
+    "is_remote",
+    "list_files",
+    "local_file",
+    "remote_file",
+    "where",
+]

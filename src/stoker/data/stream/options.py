@@ -51,7 +51,9 @@ class StreamOptions:
 
     def __post_init__(self) -> None:
         if self.cache_limit is not None and not (_nonnegative_int(self.cache_limit) and self.cache_limit > 0):
-            raise ConfigError(f"StreamOptions: cache_limit must be a positive number of bytes or None; got {self.cache_limit!r}")
+            raise ConfigError(
+                f"StreamOptions: cache_limit must be a positive number of bytes or None; got {self.cache_limit!r}"
+            )
         if not _nonnegative_int(self.read_ahead_bytes):
             raise ConfigError(f"StreamOptions: read_ahead_bytes must be an integer >= 0; got {self.read_ahead_bytes!r}")
         if not (_nonnegative_int(self.fetch_threads) and self.fetch_threads >= 1):
