@@ -208,6 +208,7 @@ def test_arrays_state_keys() -> None:
         "num_shards",
         "shard_index",
         "batch_size",
+        "samples",
     }
 
 

@@ -82,6 +82,18 @@ def make_index_tree(root: Path, classes: int = 3, per_class: int = 7, size: int 
     return root
 
 
+def make_id_tree(root: Path, count: int = 20, seed: int = 0) -> Path:
+    """``root/id_<k>/img.png``: one noisy lossless image per class folder, so an example's label
+    is its index in the data set (its id) and any crop, flip or colour change shows in its pixels."""
+    rng = np.random.default_rng(seed)
+    for k in range(count):
+        folder = root / f"id_{k:04d}"
+        folder.mkdir(parents=True, exist_ok=True)
+        pixels = rng.integers(0, 256, (20 + k % 5, 24 + k % 3, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(folder / "img.png")
+    return root
+
+
 class TinyConv(nn.Module):
     def __init__(self, classes: int = 3) -> None:
         super().__init__()

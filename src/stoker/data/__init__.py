@@ -21,7 +21,7 @@ of the engine that reads it.
 """
 
 from .arrays import ArraySource, arrays
-from .base import DataError, IndexedSource, epoch_generator, example_uniforms
+from .base import DataError, IndexedSource, epoch_generator, example_rng, example_uniforms
 from .cifar import CifarSource, cifar_binary
 from .images import (
     ImageFolderSource,
@@ -51,6 +51,7 @@ __all__ = [
     "arrays",
     "cifar_binary",
     "epoch_generator",
+    "example_rng",
     "example_uniforms",
     "image_folder",
     "imagenet_tfrecords",

@@ -3,18 +3,26 @@
 Every built-in source (as in grain) is a pure function from a position to a batch:
 
 - epoch ``e``'s order of examples is a permutation drawn from a generator seeded by
-  ``(seed, e)`` (the identity when not shuffling);
-- replica ``r`` of ``n`` reads ``order[r::n]``; every replica gets the same number of
-  batches per epoch when batches are full (replicas step in lockstep);
+  ``(seed, e)`` (the identity when not shuffling): the *global order*, the same for any
+  number of replicas;
+- global batch ``b`` (``G = batch_size x num_shards`` examples) is ``order[b*G:(b+1)*G]``, and
+  replica ``r`` of ``n`` takes its rows ``r, r + n, r + 2n, ...`` (strided: replica ``r``
+  reads ``order[r::n]``), so every replica gets the same number of batches per epoch when
+  batches are full (replicas step in lockstep);
 - batch ``b`` of epoch ``e`` is ``load_batch(order[r::n][b*B:(b+1)*B], e)``, and any randomness
-  in it (augmentation) comes from :func:`example_uniforms`, keyed by
-  ``(seed, e, example index)``, never from a global, per-thread or per-worker RNG.
+  in it (augmentation) comes from :func:`example_uniforms` (or :func:`example_rng`), keyed by
+  ``(seed, e, example index)``, never from a global, per-thread or per-worker RNG. The example
+  index is the example's place in the whole data set, the same on every replica.
 
 So the state saved in a checkpoint is a handful of integers (the position, plus the seed,
 the data size and the sharding, checked on resume so a changed dataset is refused, not
 silently misread). Resuming is a jump, not a replay: no RNG has to be fast-forwarded and no
 batch re-read, whatever the augmentation, and a resumed run sees bitwise the batches an
-uninterrupted one would have seen.
+uninterrupted one would have seen. The position is also saved as ``samples``, the examples of
+the epoch's global order consumed, which every replica agrees on: a run resumed with another
+number of replicas and the same global batch (:meth:`_SavedPosition.reshard_state_dict`) goes
+on from there, and each example becomes the same tensor whatever the number of replicas or
+workers ("elastic determinism", docs/data.md).
 
 Workers. With ``num_workers > 0`` batches are built in worker processes (a
 ``torch.utils.data.DataLoader`` over "batch ``g`` counted from the start of epoch 0", so which
@@ -86,6 +94,20 @@ def example_uniforms(
     return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / 2**53)
 
 
+def example_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """A numpy generator for one example's own random numbers: its stream depends only on
+    ``(seed, epoch, index)`` (Philox, a counter-based generator, keyed through a SeedSequence).
+
+    For a source's own augmentation (a subclass's ``load_batch``) that wants numpy's
+    distributions rather than :func:`example_uniforms`' uniforms: ``rng = example_rng(self.seed,
+    epoch, int(i))`` per example ``i``. Like :func:`example_uniforms`, the numbers follow the
+    example, not the replica, worker or batch that builds it, so a resumed or re-sharded run
+    draws them again identically. (About 20 us per call: fine per example, not per pixel.)
+    """
+    key = np.random.SeedSequence([seed % 2**64, epoch % 2**64, index % 2**64])
+    return np.random.Generator(np.random.Philox(key))
+
+
 class _ShardOrder:
     """The plan: which examples shard ``shard_index`` of ``num_shards`` reads in each epoch, in
     what order. A pure function of ``(seed, epoch)``, cached for one epoch at a time."""
@@ -141,13 +163,23 @@ class _ShardOrder:
             yield int(order[(start + k) % n])
 
 
+def _global_batch(state: dict[str, Any]) -> int:
+    """The examples one step of the run that saved ``state`` read over all its replicas."""
+    return int(state["batch_size"]) * int(state["num_shards"])
+
+
+def _samples(state: dict[str, Any]) -> int:
+    """The examples of the epoch's global order a saved position has consumed (``samples``;
+    a state saved before it was recorded: its batch x the global batch)."""
+    return int(state["samples"]) if "samples" in state else int(state["batch"]) * _global_batch(state)
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(d) for d in range(1, n + 1) if n % d == 0)
+
+
 def _resharded(
-    name: str,
-    states: list[dict[str, Any]],
-    batch_size: int,
-    num_shards: int,
-    shard_index: int,
-    identity: dict[str, int],
+    name: str, states: list[dict[str, Any]], batch_size: int, num_shards: int, shard_index: int
 ) -> dict[str, Any]:
     """:meth:`IndexedSource.reshard_state_dict` for a shard ``shard_index`` of ``num_shards``."""
     first = states[0]
@@ -155,21 +187,41 @@ def _resharded(
         raise CheckpointMismatchError(
             f"{name}: the saved input state does not record its batch size; resume with {first['num_shards']} replicas"
         )
-    old_global = int(first["batch_size"]) * int(first["num_shards"])
+    before = int(first["num_shards"])
+    if len(states) != before:
+        raise CheckpointMismatchError(
+            f"{name}: the checkpoint holds the input states of {len(states)} of its {before} replicas; cannot re-shard"
+        )
+    old_global = _global_batch(first)
+    if old_global % num_shards:
+        raise CheckpointMismatchError(
+            f"{name}: cannot re-shard the input from {before} to {num_shards} replicas: the global batch of "
+            f"{old_global} examples does not divide among {num_shards}; resume with a number of replicas that "
+            f"divides it ({_divisors(old_global)})"
+        )
     if old_global != batch_size * num_shards:
         raise CheckpointMismatchError(
-            f"{name}: cannot re-shard the input from {first['num_shards']} to {num_shards} replicas: "
-            f"the global batch changed ({old_global} -> {batch_size * num_shards}); keep the global batch"
+            f"{name}: cannot re-shard the input from {before} to {num_shards} replicas: the global batch changed "
+            f"({old_global} -> {batch_size * num_shards}); keep the global batch: {old_global // num_shards} "
+            "examples per replica"
         )
-    if len({(int(s["epoch"]), int(s["batch"])) for s in states}) != 1:
+    if len({(int(s["epoch"]), _samples(s)) for s in states}) != 1:
         raise CheckpointMismatchError(f"{name}: the replicas' saved positions differ; cannot re-shard them")
-    moved = dict(first, num_shards=num_shards, shard_index=shard_index, batch_size=batch_size)
-    moved.update({k: v for k, v in identity.items() if k == "batch_size"})
-    return moved
+    # The global sample count is the position every layout agrees on: with the global batch kept,
+    # it is a whole number of this layout's batches.
+    samples = _samples(first)
+    return dict(
+        first,
+        num_shards=num_shards,
+        shard_index=shard_index,
+        batch_size=batch_size,
+        batch=samples // old_global,
+        samples=samples,
+    )
 
 
 def _checked_position(
-    name: str, state: dict[str, Any], expected: dict[str, int], batches_per_epoch: int
+    name: str, state: dict[str, Any], expected: dict[str, int], batches_per_epoch: int, global_batch: int
 ) -> tuple[int, int]:
     """The saved position ``(epoch, batch)``, once ``state`` is known to be for this source:
     ``expected`` (seed, data size, sharding, ...) match and the position fits."""
@@ -184,6 +236,12 @@ def _checked_position(
         raise CheckpointMismatchError(
             f"{name}: the saved position (epoch {epoch}, batch {batch}) does not fit this source's "
             f"{batches_per_epoch} batches per epoch; resume with the same data and batch size"
+        )
+    if "samples" in state and int(state["samples"]) != batch * global_batch:
+        raise CheckpointMismatchError(
+            f"{name}: the saved position (epoch {epoch}, batch {batch}) says {state['samples']} examples of the "
+            f"epoch were read, not {batch * global_batch} ({batch} global batches of {global_batch}); "
+            "resume with the same batch size and number of replicas"
         )
     return epoch, batch
 
@@ -248,6 +306,9 @@ class _SavedPosition:
             "num_shards": self.num_shards,
             "shard_index": self.shard_index,
             "batch_size": self.batch_size,
+            # The examples of the epoch's global order consumed: the same on every replica, and
+            # the position a run with another number of replicas resumes from.
+            "samples": self.batch * self.batch_size * self.num_shards,
         }
         state.update(self._identity())
         return state
@@ -256,11 +317,14 @@ class _SavedPosition:
         """This shard's state, from the states every replica of a run with another number of
         replicas saved (re-sharding on resume).
 
-        Possible when the global batch (``batch_size x num_shards``) is unchanged: shards
-        stripe each epoch's order, so position ``(epoch, batch)`` then stands for the same
-        examples consumed (the first ``batch x global batch`` of the epoch) in any layout.
+        Possible when the global batch (``batch_size x num_shards``) is unchanged: global batch
+        ``b`` is ``order[b*G:(b+1)*G]`` of the epoch's global order in any layout (shards take
+        strided rows of it), so the saved global sample count (``samples``, the first
+        ``samples`` examples of the epoch consumed) is the same position for any number of
+        replicas. A :class:`~stoker.errors.CheckpointMismatchError` says why otherwise: the
+        saved global batch does not divide among ``num_shards`` replicas, or it changed.
         """
-        return _resharded(self.name, states, self.batch_size, self.num_shards, self.shard_index, self._identity())
+        return _resharded(self.name, states, self.batch_size, self.num_shards, self.shard_index)
 
     def _expected_state(self) -> dict[str, int]:
         """What a saved state must match besides its position: seed, data size, sharding, identity."""
@@ -347,7 +411,9 @@ class IndexedSource(_SavedPosition, ABC):
     def load_batch(self, indices: torch.Tensor, epoch: int) -> Any:
         """The batch of the examples ``indices`` (int64, in batch order) in epoch ``epoch``.
 
-        Randomness must come from :func:`example_uniforms` (``self.seed``, ``epoch``, index).
+        Randomness must come from :func:`example_uniforms` or :func:`example_rng` (``self.seed``,
+        ``epoch``, index), never from torch's or numpy's global RNG: those differ by worker and
+        process, so a resumed, re-sharded or differently parallel run would draw other numbers.
         To read one example that may be unreadable, use :meth:`load_or_replace`.
         """
 
@@ -510,7 +576,9 @@ class IndexedSource(_SavedPosition, ABC):
     # ------------------------------------------------------------------ checkpoint state (and _SavedPosition)
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Jump to a saved position; refuses a state saved for other data, seed or sharding."""
-        epoch, batch = _checked_position(self.name, state, self._expected_state(), self.batches_per_epoch)
+        epoch, batch = _checked_position(
+            self.name, state, self._expected_state(), self.batches_per_epoch, self.batch_size * self.num_shards
+        )
         self.close()
         self.epoch, self.batch = epoch, batch
 

@@ -95,7 +95,12 @@ class ReadOptions:
     def for_replica(self, params: Mapping[str, Any]) -> ReadOptions:
         """These options for the replica an ``input_fn`` is called for: ``params["num_replicas"]``
         shards, shard ``params["replica_index"]`` (1 and 0 where ``params`` has none, as outside an
-        Estimator), and the batch ``params["batch_size"]`` unless :attr:`batch_size` is set."""
+        Estimator), and the batch ``params["batch_size"]`` unless :attr:`batch_size` is set.
+
+        Each replica then takes its share of every global batch (rows ``r, r + n, ...`` of the
+        epoch's global order, :mod:`stoker.data.base`; ``text_chars``: a contiguous block of
+        streams), so a run resumed with another number of replicas and the same global batch
+        reads the same global batches."""
         batch_size = self.batch_size
         if batch_size is None:
             if "batch_size" not in params:

@@ -507,13 +507,15 @@ def _load_optimizer(optimizer: torch.optim.Optimizer, state: Any, path: Location
 def _resharded_input(ckpt: LoadedCheckpoint, saved_world: int, world: int) -> Any:
     """The input state for a run with another number of replicas than the checkpoint's."""
     # Weights, optimizer, schedule and step carry over; the input is re-sharded where the
-    # source can do it; per-replica RNG streams cannot be carried over.
+    # source can do it (stoker.data's: the same global batches, bitwise); per-replica RNG
+    # streams cannot be carried over, and the all-reduce sums the gradients in another order.
     saved = [ckpt.input_states.get(r) for r in range(saved_world)]
     resharded = {"reshard": saved} if all(s is not None for s in saved) else None
     log.warning(
         "checkpoint %s was written by %d replica(s) and this run has %d: weights, optimizer, "
-        "schedule, step and input position are restored, but each replica's RNG and carried cache "
-        "start afresh (bitwise-exact resume needs the same number of replicas)",
+        "schedule, step and input position are restored (stoker.data sources: the same global batches, "
+        "bitwise), but each replica's RNG and carried cache start afresh and the gradients are summed in "
+        "another order (bitwise-exact weights need the same number of replicas)",
         ckpt.path,
         saved_world,
         world,
