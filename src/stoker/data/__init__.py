@@ -10,6 +10,8 @@ image sources also take what to make of each image as one :class:`ImageOptions` 
 - :func:`image_folder`: a class-per-folder tree of JPEG/PNG files (ImageNet layout).
 - :func:`imagenet_tfrecords`: tf_cnn_benchmarks' ImageNet TFRecord shards (``train-*-of-*``),
   read without TensorFlow (:func:`write_tfrecords`, :func:`write_imagenet_tfrecords` write them).
+- :func:`tar_shards`: image samples in tar shards, the WebDataset layout (``key.jpg`` + ``key.cls``;
+  :func:`write_tar_shards`, :func:`write_image_tar_shards` write them).
 - :func:`cifar_binary`: CIFAR-10's binary files.
 - :func:`text_chars`: byte-level language-model streams (:func:`stdlib_corpus`: a corpus
   on every machine).
@@ -26,13 +28,17 @@ from .cifar import CifarSource, cifar_binary
 from .images import (
     ImageFolderSource,
     ImageOptions,
+    TarShardSource,
     TFRecordImageSource,
     image_folder,
     imagenet_tfrecords,
+    tar_shards,
+    write_image_tar_shards,
     write_imagenet_tfrecords,
 )
 from .options import ReadOptions
 from .synthetic import RepeatedBatch, SyntheticImages, synthetic_images
+from .tar_io import write_tar_shards
 from .text import TextSource, stdlib_corpus, text_chars
 from .tfrecord_io import write_tfrecords
 
@@ -47,6 +53,7 @@ __all__ = [
     "RepeatedBatch",
     "SyntheticImages",
     "TFRecordImageSource",
+    "TarShardSource",
     "TextSource",
     "arrays",
     "cifar_binary",
@@ -57,7 +64,10 @@ __all__ = [
     "imagenet_tfrecords",
     "stdlib_corpus",
     "synthetic_images",
+    "tar_shards",
     "text_chars",
+    "write_image_tar_shards",
     "write_imagenet_tfrecords",
+    "write_tar_shards",
     "write_tfrecords",
 ]

@@ -4,7 +4,8 @@
   distortions, decoder, output), one frozen value every image source takes;
 - :mod:`.folder`: :func:`image_folder` (one folder per class, the ImageNet layout) and the scan
   of such a tree; :mod:`.tfrecord`: :func:`imagenet_tfrecords` (tf_cnn_benchmarks' ImageNet
-  TFRecord shards, read without TensorFlow) and :func:`write_imagenet_tfrecords`;
+  TFRecord shards, read without TensorFlow) and :func:`write_imagenet_tfrecords`; :mod:`.tar_shards`:
+  :func:`tar_shards` (tar shards in the WebDataset layout) and :func:`write_image_tar_shards`;
 - :mod:`.source`: :class:`EncodedImageSource`, the batch builder both share: which examples go
   into which rows of a uint8 batch, built by which worker, bad ones replaced; then the batch's
   normalisation; :mod:`.examples`: :class:`ExampleDecoder`, what one example becomes (its
@@ -56,6 +57,7 @@ from .folder import IMAGE_EXTENSIONS, ImageFolderSource, image_folder, scan_imag
 from .normalize import IMAGENET_MEAN, IMAGENET_STD, TF_CNN_MEAN, TF_CNN_STD, ImagePreprocessor, normalize_images
 from .options import CROPS, OUTPUTS, ImageOptions
 from .source import EncodedImageSource
+from .tar_shards import TarShardSource, tar_shards, write_image_tar_shards
 from .tfrecord import TFRecordImageSource, imagenet_tfrecords, write_imagenet_tfrecords
 
 __all__ = [
@@ -76,6 +78,7 @@ __all__ = [
     "ImageOptions",
     "ImagePreprocessor",
     "TFRecordImageSource",
+    "TarShardSource",
     "center_crop_box",
     "color_params",
     "distort_color_batch",
@@ -90,5 +93,7 @@ __all__ = [
     "resize_method_for",
     "sample_distorted_box",
     "scan_image_folder",
+    "tar_shards",
+    "write_image_tar_shards",
     "write_imagenet_tfrecords",
 ]

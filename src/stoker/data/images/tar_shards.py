@@ -1,0 +1,231 @@
+"""``tar_shards``: image classification samples in tar shards, the WebDataset layout.
+
+**Layout**: shards ``*.tar`` (read in name order), each holding samples as members grouped by
+key (:mod:`stoker.data.tar_io`): ``abc.jpg`` (or ``.jpeg``, ``.png``, ``.bmp``: the image),
+``abc.cls`` (the class index as decimal text, 0-based), anything else (``abc.json``,
+``abc.txt``) kept in the shard and not read. Example ``i`` is the ``i``-th sample counting through
+the shards, so the shuffle, the exact resume (a jump: each shard's member index says where every
+sample lies, no shard is read from its start) and the per-replica sharding are those of every
+:class:`~stoker.data.IndexedSource`, and the images are decoded, cropped and augmented by the
+same :class:`~.source.EncodedImageSource` as :func:`~stoker.data.image_folder`'s and
+:func:`~stoker.data.imagenet_tfrecords`'s.
+
+A sample without an image or a ``.cls`` member, a ``.cls`` that is not an integer in
+``[0, num_classes)`` and a malformed shard raise :class:`~stoker.data.DataError` naming the shard
+and the member; with ``skip_bad_examples=True`` such a sample is replaced by the next readable one
+of the epoch's order, counted and logged, identically after a resume.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..base import DataError
+from ..options import ReadOptions
+from ..tar_io import BAD_LABEL, LABEL_EXT, NO_LABEL, LocalShards, TarShards, write_tar_shards
+from .examples import EncodedExample
+from .folder import IMAGE_EXTENSIONS, scan_image_folder
+from .options import ImageOptions
+from .source import EncodedImageSource
+
+#: The members that hold a sample's image, in the order they are looked for.
+IMAGE_KEYS = ("jpg", "jpeg", "png", "bmp")
+_EVAL_SPLITS = ("validation", "val")
+
+
+def find_tar_shards(data: str | os.PathLike[str], split: str | None = None) -> list[str]:
+    """The ``*.tar`` files of the folder ``data`` in name order (hidden ones left out), only those
+    whose name starts with ``split`` when it is given. Empty when there are none."""
+    folder = Path(data)
+    if not folder.is_dir():
+        return []
+    return sorted(
+        str(p)
+        for p in folder.glob("*.tar")
+        if p.is_file() and not p.name.startswith(".") and (split is None or p.name.startswith(split))
+    )
+
+
+def split_of(data: str | os.PathLike[str], train: bool) -> str | None:
+    """The shard name prefix of ``data``'s training or evaluation split: ``train`` when some shards
+    start with it, ``validation`` / ``val`` for evaluation when some do, else ``None`` (all shards)."""
+    names = [Path(p).name for p in find_tar_shards(data)]
+    for prefix in ("train",) if train else _EVAL_SPLITS:
+        if any(n.startswith(prefix) for n in names):
+            return prefix
+    train_prefix = "train" if any(n.startswith("train") for n in names) else None
+    return None if train else train_prefix
+
+
+def _shard_files(data: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], split: str | None) -> LocalShards:
+    """The shards ``data`` names: a folder's ``*.tar`` (starting with ``split``), a file, or a list of them."""
+    items = [data] if isinstance(data, (str, os.PathLike)) else list(data)
+    paths: list[str] = []
+    for item in items:
+        if Path(item).is_dir():
+            found = find_tar_shards(item, split)
+            if not found:
+                which = f"{split}*.tar" if split else "*.tar"
+                raise DataError(f"tar_shards: {item} holds no {which} shards")
+            paths.extend(found)
+        elif Path(item).is_file():
+            paths.append(str(item))
+        else:
+            raise DataError(f"tar_shards: {item} does not exist")
+    return LocalShards(paths)
+
+
+class TarShardSource(EncodedImageSource):
+    """Decoded, augmented image batches from tar shards. See :func:`tar_shards`."""
+
+    name = "tar_shards"
+
+    def __init__(
+        self,
+        data: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        *,
+        read: ReadOptions,
+        image: ImageOptions | None = None,
+        train: bool = True,
+        split: str | None = None,
+        num_classes: int | None = None,
+        image_keys: Sequence[str] = IMAGE_KEYS,
+        index_dir: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.samples = TarShards(_shard_files(data, split), index_dir=index_dir, lenient=read.skip_bad_examples)
+        self.image_keys = tuple(k.lower().lstrip(".") for k in image_keys)
+        self._labels = self.samples.labels()
+        if num_classes is None:
+            if int(self._labels.max(initial=-1)) < 0:
+                raise DataError(f"tar_shards: no sample of {data} has a .{LABEL_EXT} member (its class index)")
+            num_classes = int(self._labels.max()) + 1
+        self.num_classes = int(num_classes)
+        if not read.skip_bad_examples:
+            for i in (self._labels < 0).nonzero()[0][:1]:
+                self._label(int(i))  # raises: the first sample without a readable label, named
+        super().__init__(read=read, image=image, train=train)
+
+    @property
+    def num_examples(self) -> int:
+        return len(self.samples)
+
+    @property
+    def classes(self) -> list[str]:
+        """Class names by label: ``"0"``, ``"1"`` .. (the shards store numbers only)."""
+        return [str(c) for c in range(self.num_classes)]
+
+    def _thread_copy(self) -> TarShardSource:
+        view = copy.copy(self)
+        view.samples = copy.copy(self.samples)  # its own open files: another thread may close an old one
+        return view
+
+    def _label(self, i: int) -> int:
+        label = int(self._labels[i])
+        if label == NO_LABEL or label == BAD_LABEL:
+            if label == NO_LABEL:
+                raise DataError(f"{self.name}: {self.samples.describe(i)}: its sample has no .{LABEL_EXT} member")
+            m = self.samples.extensions(i)[LABEL_EXT]
+            raise DataError(f"{self.name}: {self.samples.describe(i, m)}: not a class index (a decimal integer)")
+        if not 0 <= label < self.num_classes:
+            m = self.samples.extensions(i)[LABEL_EXT]
+            raise DataError(
+                f"{self.name}: {self.samples.describe(i, m)}: label {label} is outside [0, {self.num_classes}); "
+                "pass num_classes= for other data"
+            )
+        return label
+
+    def _encoded(self, index: int) -> EncodedExample:
+        """Sample ``index``'s image member read (one ``pread``) and its label, not decoded."""
+        members = self.samples.extensions(index)
+        found = next((members[k] for k in self.image_keys if k in members), None)
+        if found is None:
+            wanted = ", ".join(f".{k}" for k in self.image_keys)
+            raise DataError(f"{self.name}: {self.samples.describe(index)}: its sample has no image member ({wanted})")
+        label = self._label(index)
+        return EncodedExample(self.samples.read_member(index, found), label, None, self.samples.describe(index, found))
+
+
+def tar_shards(
+    data: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+    *,
+    read: ReadOptions,
+    image: ImageOptions | None = None,
+    train: bool = True,
+    split: str | None = None,
+    num_classes: int | None = None,
+    image_keys: Sequence[str] = IMAGE_KEYS,
+    index_dir: str | os.PathLike[str] | None = None,
+) -> TarShardSource:
+    """``(images, labels)`` batches from tar shards in the WebDataset layout (``key.jpg`` +
+    ``key.cls`` samples; :mod:`stoker.data.images.tar_shards`).
+
+    ``data`` is a folder (its ``*.tar`` files in name order; with ``split``, those whose name
+    starts with it), a shard, or a list of either. The first use of a shard builds its member index
+    and caches it (:mod:`stoker.data.tar_io`). ``read``, ``image`` and ``train`` mean what they mean
+    for :func:`~stoker.data.image_folder`: the same decoders, crops, workers and exact resume.
+
+    Args:
+        split: with a folder, read only the shards whose name starts with this.
+        num_classes: labels must lie in ``[0, num_classes)``; ``None``: the largest ``.cls`` + 1.
+        image_keys: the extensions of the image member, looked for in this order.
+        index_dir: cache the shard indexes here instead.
+
+    Raises:
+        DataError: no shards, a malformed shard, a sample without an image or a label (see
+            ``read.skip_bad_examples``).
+    """
+    return TarShardSource(
+        data,
+        read=read,
+        image=image,
+        train=train,
+        split=split,
+        num_classes=num_classes,
+        image_keys=image_keys,
+        index_dir=index_dir,
+    )
+
+
+def _folder_samples(root: str | os.PathLike[str], extensions: Sequence[str]) -> Iterator[dict[str, Any]]:
+    classes, paths, labels = scan_image_folder(root, extensions)
+    for path, label in zip(paths, labels, strict=True):
+        rel = Path(path).relative_to(root)
+        key = rel.with_suffix("").as_posix().replace(".", "_")  # a key has no dot in its last part
+        yield {"__key__": key, rel.suffix.lower().lstrip("."): Path(path).read_bytes(), LABEL_EXT: int(label)}
+
+
+def write_image_tar_shards(
+    image_folder_root: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    *,
+    prefix: str = "train",
+    samples_per_shard: int | None = 1000,
+    max_shard_bytes: int | None = 1 << 30,
+    extensions: Sequence[str] = IMAGE_EXTENSIONS,
+) -> list[Path]:
+    """Convert a class-per-folder image tree (:func:`~stoker.data.image_folder`'s layout) into tar
+    shards ``out_dir/<prefix>-000000.tar`` ... (:func:`~stoker.data.write_tar_shards`): one sample
+    per image in the folder's order, the file's bytes as they are (``class_0/img_001.jpg`` becomes
+    ``class_0/img_001.jpg`` and ``class_0/img_001.cls`` holding ``0``, labels as ``image_folder``
+    numbers them). Returns the shard paths."""
+    return write_tar_shards(
+        out_dir,
+        _folder_samples(image_folder_root, extensions),
+        prefix=prefix,
+        samples_per_shard=samples_per_shard,
+        max_shard_bytes=max_shard_bytes,
+    )
+
+
+__all__ = [
+    "IMAGE_KEYS",
+    "TarShardSource",
+    "find_tar_shards",
+    "split_of",
+    "tar_shards",
+    "write_image_tar_shards",
+]

@@ -1,0 +1,578 @@
+"""Tar shards in the WebDataset layout: the member index, samples read by number, the writer.
+
+**Layout** (WebDataset's): a shard is a tar file whose regular-file members are grouped into
+samples by key. A member ``dir/abc.jpg`` has the key ``dir/abc`` and the extension ``jpg`` (the
+name up to the first dot of its last part, and the rest, lower-cased); consecutive members with
+the same key are one sample (``abc.jpg``, ``abc.cls``, ``abc.json``), and a key seen again after
+another, or an extension repeated within a key, starts a new sample, as WebDataset reads them.
+Members without an extension, directories and links belong to no sample. A ``.cls`` member holds
+the sample's class as a decimal integer.
+
+**The index**: the first read of a shard scans its headers (the data is skipped, ``.cls`` members
+excepted) and records every member's name, data offset and size, where each sample starts and
+its ``.cls`` label, then caches that as ``<shard folder>/.stoker-index/<shard>.tidx`` (a hidden
+folder: ``*.tar`` globs never match it), or in ``<stoker's cache>/tar-index/`` when the folder is
+read-only or the shard is on an object store; ``index_dir=`` puts it elsewhere. The index records
+the shard's size and version (a local file's modification time, an object's ETag or generation):
+an index whose shard changed is rebuilt, never trusted. So a sample is one ``pread`` of each
+member it needs, wherever in the shard it lies, and an exact resume mid-shard reads nothing
+before it.
+
+A header that is not a tar header, a member whose data runs past the end of the shard or a
+``.cls`` member that is not an integer raise :class:`~stoker.data.DataError` naming the shard, the
+member and the byte offset; with ``lenient=True`` a shard whose headers break contributes the
+samples before the break, with a warning.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import io
+import json
+import logging
+import os
+import re
+import struct
+import tarfile
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from .._cache import cache_dir
+from ..errors import ConfigError
+from .base import DataError
+
+log = logging.getLogger("stoker")
+
+_INDEX_MAGIC = b"STKTARI1"
+INDEX_FOLDER = ".stoker-index"
+#: A sample's label member (WebDataset's convention: the class index as decimal text).
+LABEL_EXT = "cls"
+#: ``labels`` entries of samples with no ``.cls`` member / an unreadable one.
+NO_LABEL, BAD_LABEL = -1, -2
+# WebDataset's key rule (its ``base_plus_ext``): the key is everything before the first dot of the last part.
+_KEY_EXT = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
+_BLOCK = tarfile.BLOCKSIZE
+
+
+def split_name(name: str) -> tuple[str, str] | None:
+    """``(key, extension)`` of a member name (the extension lower-cased), ``None`` when it has none."""
+    found = _KEY_EXT.match(name)
+    return None if found is None else (found.group(1), found.group(2).lower())
+
+
+class ShardFile(NamedTuple):
+    """One shard: where (a local path or a URL, as printed), its size and its version (what changes
+    when its content does: a local file's modification time in ns, an object's ETag)."""
+
+    url: str
+    size: int
+    version: str
+
+
+def local_shard(path: str | os.PathLike[str]) -> ShardFile:
+    """A local shard as a :class:`ShardFile`."""
+    try:
+        stat = os.stat(path)
+    except OSError as e:
+        raise DataError(f"tar shard {path}: cannot read it: {e}") from None
+    return ShardFile(str(path), int(stat.st_size), str(stat.st_mtime_ns))
+
+
+@dataclass(frozen=True)
+class TarIndex:
+    """Where the members of one shard are and how they group into samples.
+
+    Attributes:
+        shard: the shard.
+        names: member names in tar order (members of samples only).
+        offsets / sizes: uint64 per member: where its data starts, how long it is.
+        starts: int64, one more than there are samples: sample ``s`` is members ``starts[s]:starts[s + 1]``.
+        labels: int64 per sample: its ``.cls`` value, :data:`NO_LABEL` or :data:`BAD_LABEL`.
+        error: what broke the headers after the last indexed sample, or ``None``.
+        index_path: where it is cached (``None`` when nowhere was writable).
+        built: built now (``False``: read from the cache).
+    """
+
+    shard: ShardFile
+    names: list[str]
+    offsets: np.ndarray
+    sizes: np.ndarray
+    starts: np.ndarray
+    labels: np.ndarray
+    error: str | None
+    index_path: Path | None
+    built: bool
+
+    def __len__(self) -> int:
+        return len(self.starts) - 1
+
+    def members(self, s: int) -> range:
+        """Member numbers of sample ``s``."""
+        return range(int(self.starts[s]), int(self.starts[s + 1]))
+
+
+class _Scan:
+    """The index as the scan builds it, member by member."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.offsets: list[int] = []
+        self.sizes: list[int] = []
+        self.starts: list[int] = []
+        self.labels: list[int] = []
+        self._key: str | None = None
+        self._exts: set[str] = set()
+
+    def add(self, name: str, key: str, ext: str, offset: int, size: int, label: int | None) -> None:
+        if key != self._key or ext in self._exts:  # a new sample (WebDataset's group_by_keys)
+            self.starts.append(len(self.names))
+            self.labels.append(NO_LABEL)
+            self._key, self._exts = key, set()
+        self._exts.add(ext)
+        self.names.append(name)
+        self.offsets.append(offset)
+        self.sizes.append(size)
+        if label is not None:
+            self.labels[-1] = label
+
+
+def _read_label(f: Any, offset: int, size: int) -> int:
+    if size > 64:
+        return BAD_LABEL
+    f.seek(offset)
+    text = f.read(size)
+    try:
+        return int(text.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        return BAD_LABEL
+
+
+def _scan(path: Path, shown: str) -> tuple[_Scan, str | None]:
+    """Every sample member of the tar file ``path``; the error that stopped the scan, if any."""
+    scan = _Scan()
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        try:
+            tar = tarfile.open(fileobj=f, mode="r:")
+        except tarfile.TarError as e:
+            raise DataError(f"tar shard {shown}: not a tar file: {e}") from None
+        last = "its start"
+        while True:
+            try:
+                info = tar.next()
+            except tarfile.TarError as e:
+                return scan, f"tar shard {shown}: malformed member header at byte {tar.offset} after {last}: {e}"
+            if info is None:
+                break
+            vars(tar)["members"].clear()  # tarfile keeps every header it read; the index is all that is needed
+            last = f"member {info.name!r}"
+            if not info.isreg():
+                continue
+            if info.offset_data + info.size > size:
+                need = info.offset_data + info.size - info.offset
+                return scan, (
+                    f"tar shard {shown}: member {info.name!r} at byte {info.offset} is truncated: it needs "
+                    f"{need} bytes, the shard holds {size - info.offset} from there"
+                )
+            parts = split_name(info.name)
+            if parts is None or (info.name.startswith("__") and "/" not in info.name):
+                continue  # no extension, or WebDataset's __meta__ files: no sample's member
+            label = _read_label(f, info.offset_data, info.size) if parts[1] == LABEL_EXT else None
+            scan.add(info.name, *parts, info.offset_data, info.size, label)
+        # tarfile ends quietly at a header that is not one (past the first): only zeros may follow.
+        f.seek(tar.offset)
+        if f.read(_BLOCK).strip(b"\0"):
+            return (
+                scan,
+                f"tar shard {shown}: malformed member header at byte {tar.offset} after {last}: not a tar header",
+            )
+    return scan, None
+
+
+def index_locations(shard: ShardFile, index_dir: str | os.PathLike[str] | None = None) -> list[Path]:
+    """Where the index of ``shard`` is looked for, in order (the first writable one is written)."""
+    name = shard.url.rstrip("/").rsplit("/", 1)[-1] + ".tidx"
+    if index_dir is not None:
+        return [Path(index_dir) / name]
+    folder = shard.url.rsplit("/", 1)[0] if "://" in shard.url else str(Path(shard.url).resolve().parent)
+    digest = hashlib.sha256(folder.encode()).hexdigest()[:16]
+    cached = cache_dir() / "tar-index" / digest / name
+    return [cached] if "://" in shard.url else [Path(folder) / INDEX_FOLDER / name, cached]
+
+
+def _load(index_path: Path, shard: ShardFile) -> TarIndex | None:
+    try:
+        raw = index_path.read_bytes()
+        if not raw.startswith(_INDEX_MAGIC):
+            return None
+        (size,) = struct.unpack_from("<I", raw, len(_INDEX_MAGIC))
+        start = len(_INDEX_MAGIC) + 4
+        meta = json.loads(raw[start : start + size])
+        if meta["size"] != shard.size or meta["version"] != shard.version:
+            return None  # the shard changed: stale
+        m, n = len(meta["names"]), int(meta["samples"])
+        arrays = np.frombuffer(raw, dtype="<i8", count=2 * m + 2 * n + 1, offset=start + size)
+    except (OSError, ValueError, KeyError):
+        return None  # missing, unreadable or damaged: rebuild
+    offsets, sizes = arrays[:m].astype(np.uint64), arrays[m : 2 * m].astype(np.uint64)
+    starts, labels = arrays[2 * m : 2 * m + n + 1].copy(), arrays[2 * m + n + 1 :].copy()
+    return TarIndex(shard, meta["names"], offsets, sizes, starts, labels, meta["error"], index_path, built=False)
+
+
+def _store(index_path: Path, index: TarIndex) -> bool:
+    meta = {"size": index.shard.size, "version": index.shard.version, "samples": len(index), "error": index.error}
+    head = json.dumps({**meta, "names": index.names}).encode()
+    arrays = [index.offsets, index.sizes, index.starts, index.labels]
+    tmp = index_path.with_name(f".{index_path.name}.tmp-{os.getpid()}")
+    try:
+        index_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            f.write(_INDEX_MAGIC + struct.pack("<I", len(head)) + head)
+            f.write(b"".join(np.asarray(a).astype("<i8").tobytes() for a in arrays))
+        os.replace(tmp, index_path)  # atomic: replicas building the same index at once are harmless
+        return True
+    except OSError:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # its folder could not be made: nothing was written
+        return False
+
+
+def tar_index(
+    shard: ShardFile, local: Callable[[], Path], *, index_dir: str | os.PathLike[str] | None = None
+) -> TarIndex:
+    """The index of ``shard``: the cached one when it matches the shard's size and version, else
+    built from ``local()`` (a local path holding its bytes, asked for only then: a remote shard is
+    fetched only to build it) and cached at the first writable location of :func:`index_locations`."""
+    locations = index_locations(shard, index_dir)
+    for location in locations:
+        cached = _load(location, shard)
+        if cached is not None:
+            return cached
+    scan, error = _scan(local(), shard.url)
+    starts = np.asarray([*scan.starts, len(scan.names)], dtype=np.int64)
+    index = TarIndex(
+        shard,
+        scan.names,
+        np.asarray(scan.offsets, dtype=np.uint64),
+        np.asarray(scan.sizes, dtype=np.uint64),
+        starts,
+        np.asarray(scan.labels, dtype=np.int64),
+        error,
+        None,
+        built=True,
+    )
+    where = next((loc for loc in locations if _store(loc, index)), None)
+    if where is None:
+        log.warning("tar index of %s could not be cached (tried %s)", shard.url, ", ".join(map(str, locations)))
+    return TarIndex(**{**index.__dict__, "index_path": where})
+
+
+class LocalShards:
+    """Local shard files as a source reads them: each file's :class:`ShardFile` and its local path.
+    (Object-store shards come as a :class:`~stoker.data.stream.FileSet` with the same members.)"""
+
+    def __init__(self, paths: Sequence[str | os.PathLike[str]]) -> None:
+        self.files = [local_shard(p) for p in paths]
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def local(self, k: int) -> Path:
+        return Path(self.files[k].url)
+
+
+class TarShards:
+    """The samples of several tar shards as one sequence, read by global number (``pread``).
+
+    Sample ``i`` is sample ``i - start[k]`` of shard ``k`` (shards in the given order). Open files
+    are cached (at most ``max_open``); a copy for a worker process carries the index, not the files.
+
+    Args:
+        shards: the shards (:class:`LocalShards`, or a ``FileSet`` of object-store files).
+        index_dir: where to cache the indexes (default: see the module doc).
+        lenient: a shard whose headers break contributes the samples before the break, with a
+            warning; otherwise it raises :class:`DataError`.
+        progress: a tqdm bar when indexing takes more than a second (on a terminal).
+    """
+
+    def __init__(
+        self,
+        shards: Any,
+        *,
+        index_dir: str | os.PathLike[str] | None = None,
+        lenient: bool = False,
+        progress: bool = True,
+        max_open: int = 64,
+    ) -> None:
+        from tqdm.auto import tqdm
+
+        self.shards = shards
+        self.indexes: list[TarIndex] = []
+        numbers = tqdm(
+            range(len(shards)), desc="indexing tar shards", unit="shard", delay=1.0, disable=None if progress else True
+        )
+        for k in numbers:
+            index = tar_index(shards.files[k], functools.partial(shards.local, k), index_dir=index_dir)
+            if index.error is not None:
+                if not lenient:
+                    raise DataError(f"{index.error} (skip_bad_examples=True reads the {len(index)} samples before it)")
+                log.warning("%s; reading the %d samples before it", index.error, len(index))
+            self.indexes.append(index)
+        counts = np.array([len(i) for i in self.indexes], dtype=np.int64)
+        self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self.max_open = max_open
+        self._fds: OrderedDict[int, int] = OrderedDict()
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def locate(self, i: int) -> tuple[int, int]:
+        """``(shard number, sample number in that shard)`` of global sample ``i``."""
+        if not 0 <= i < len(self):
+            raise IndexError(f"sample {i} of {len(self)}")
+        k = int(np.searchsorted(self.starts, i, side="right")) - 1
+        return k, i - int(self.starts[k])
+
+    def labels(self) -> np.ndarray:
+        """Every sample's ``.cls`` label (:data:`NO_LABEL` / :data:`BAD_LABEL` where there is none)."""
+        return np.concatenate([index.labels for index in self.indexes])
+
+    def describe(self, i: int, member: int | None = None) -> str:
+        """``tar shard <url>: member '<name>' at byte <offset>`` (the sample's first member by default)."""
+        k, s = self.locate(i)
+        index = self.indexes[k]
+        m = index.members(s)[0] if member is None else member
+        return f"tar shard {index.shard.url}: member {index.names[m]!r} at byte {int(index.offsets[m])}"
+
+    def extensions(self, i: int) -> dict[str, int]:
+        """Sample ``i``'s members by extension: ``{ext: member number in its shard}``."""
+        k, s = self.locate(i)
+        index = self.indexes[k]
+        return {split_name(index.names[m])[1]: m for m in index.members(s)}  # type: ignore[index]
+
+    def read_member(self, i: int, member: int) -> bytes:
+        """The data of member ``member`` of sample ``i``'s shard (one ``pread``)."""
+        k, _ = self.locate(i)
+        index = self.indexes[k]
+        offset, size = int(index.offsets[member]), int(index.sizes[member])
+        data = os.pread(self._fd(k), size, offset)
+        if len(data) != size:
+            raise DataError(
+                f"{self.describe(i, member)}: truncated: it needs {size} bytes, the shard holds {len(data)} "
+                "from there; the shard changed after it was indexed"
+            )
+        return data
+
+    def sample(self, i: int) -> dict[str, bytes]:
+        """Sample ``i`` as WebDataset gives it: ``{"__key__": key, ext: data, ...}`` (the key as bytes)."""
+        members = self.extensions(i)
+        k, s = self.locate(i)
+        key = split_name(self.indexes[k].names[self.indexes[k].members(s)[0]])[0]  # type: ignore[index]
+        return {"__key__": key.encode(), **{ext: self.read_member(i, m) for ext, m in members.items()}}
+
+    def _fd(self, k: int) -> int:
+        fd = self._fds.get(k)
+        if fd is not None:
+            self._fds.move_to_end(k)
+            return fd
+        try:
+            fd = os.open(self.shards.local(k), os.O_RDONLY)
+        except OSError as e:
+            raise DataError(f"tar shard {self.shards.files[k].url}: cannot open it: {e}") from None
+        self._fds[k] = fd
+        if len(self._fds) > self.max_open:
+            os.close(self._fds.popitem(last=False)[1])
+        return fd
+
+    def close(self) -> None:
+        """Close the open files (reads reopen them)."""
+        while self._fds:
+            os.close(self._fds.popitem()[1])
+
+    def __copy__(self) -> TarShards:
+        view = object.__new__(TarShards)
+        view.__dict__.update(self.__getstate__())  # its own open files: another thread may close an old one
+        return view
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_fds"] = OrderedDict()  # file descriptors mean nothing in another process
+        return state
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: os may be gone
+            pass
+
+
+# ---------------------------------------------------------------------- writing
+
+
+def _encode(key: str, ext: str, value: Any) -> bytes:
+    """A sample value as a member's bytes: bytes as they are, text as UTF-8, an int as decimal
+    text (a ``.cls``), a dict or list as JSON."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        return str(int(value)).encode()
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True).encode()
+    raise ConfigError(
+        f"write_tar_shards: sample {key!r}: {ext!r} is a {type(value).__name__}; give bytes, str, int, dict or list"
+    )
+
+
+def _members(sample: Mapping[str, Any]) -> tuple[str, list[tuple[str, bytes]]]:
+    """A sample's key and its members ``(name, data)``, checked so they read back as this sample."""
+    key = sample.get("__key__")
+    if not isinstance(key, str) or not key or "." in key.rsplit("/", 1)[-1] or key.startswith("/"):
+        raise ConfigError(
+            f"write_tar_shards: every sample needs a '__key__' string without a dot in its last part "
+            f"(the key is the member name up to the first dot); got {key!r}"
+        )
+    members = []
+    for ext, value in sample.items():
+        if ext == "__key__":
+            continue
+        if not ext or "/" in ext or ext != ext.lower():
+            raise ConfigError(f"write_tar_shards: sample {key!r}: extension {ext!r} must be lower-case, without '/'")
+        members.append((f"{key}.{ext}", _encode(key, ext, value)))
+    if not members:
+        raise ConfigError(f"write_tar_shards: sample {key!r} has no members besides '__key__'")
+    return key, members
+
+
+def _tar_bytes(members: Sequence[tuple[str, bytes]]) -> int:
+    """The bytes ``members`` add to a tar file: a header block each (three more for a PAX header
+    when a name is long or not ASCII), the data padded to whole blocks."""
+    total = 0
+    for name, data in members:
+        pax = len(name) > 100 or not name.isascii()
+        total += _BLOCK * (1 + 3 * pax + -(-len(data) // _BLOCK))
+    return total
+
+
+class _ShardWriter:
+    """One shard being written under a hidden temporary name, renamed when complete."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        self.file = open(self.tmp, "wb")  # noqa: SIM115 - closed by finish/abort
+        self.tar = tarfile.open(fileobj=self.file, mode="w", format=tarfile.PAX_FORMAT)
+        self.samples = 0
+
+    def add(self, members: Sequence[tuple[str, bytes]]) -> None:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o444, 0  # the same bytes every time
+            self.tar.addfile(info, io.BytesIO(data))
+        self.samples += 1
+
+    def size_with(self, members: Sequence[tuple[str, bytes]]) -> int:
+        """The shard's size on disk were ``members`` added: the end-of-archive blocks, padded to
+        tar's 10 KiB records."""
+        size = self.file.tell() + _tar_bytes(members) + 2 * _BLOCK
+        return -(-size // tarfile.RECORDSIZE) * tarfile.RECORDSIZE
+
+    def finish(self) -> None:
+        self.tar.close()
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        self.file.close()
+        self.tmp.unlink(missing_ok=True)
+
+
+def write_tar_shards(
+    out_dir: str | os.PathLike[str],
+    samples: Iterable[Mapping[str, Any]],
+    *,
+    prefix: str = "shard",
+    samples_per_shard: int | None = None,
+    max_shard_bytes: int | None = 1 << 30,
+) -> list[Path]:
+    """Write ``samples`` as tar shards ``out_dir/<prefix>-000000.tar``, ``-000001.tar`` ... in the
+    WebDataset layout; returns the shard paths.
+
+    Each sample is a mapping ``{"__key__": "abc", "jpg": b"...", "cls": 3, "json": {...}}``: member
+    ``abc.<ext>`` per other entry, in the mapping's order; bytes are written as they are, ``str``
+    as UTF-8, ``int`` as decimal text, ``dict`` / ``list`` as JSON. A shard is closed when it holds
+    ``samples_per_shard`` samples or the next sample would take it over ``max_shard_bytes`` (a
+    sample is never split; ``None``: no limit). Each shard is written under a hidden temporary name
+    and renamed when complete, so a reader listing ``*.tar`` never sees a half-written one. Headers
+    hold no time or owner: the same samples give the same bytes.
+
+    Raises:
+        ConfigError: a bad limit, a sample without a usable ``__key__`` or with a value of another
+            type, or ``out_dir`` already holding ``<prefix>-*.tar`` shards (old shards beyond the
+            new last one would be read with them).
+    """
+    for name, limit in (("samples_per_shard", samples_per_shard), ("max_shard_bytes", max_shard_bytes)):
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+            raise ConfigError(f"write_tar_shards: {name} must be a positive integer or None; got {limit!r}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if stale := sorted(out.glob(f"{prefix}-*.tar")):
+        raise ConfigError(
+            f"write_tar_shards: {out} already holds {len(stale)} {prefix}-*.tar shard(s) ({stale[0].name} ...); "
+            "write to an empty folder or give another prefix"
+        )
+    written: list[Path] = []
+    shard: _ShardWriter | None = None
+    previous = None
+    try:
+        for sample in samples:
+            key, members = _members(sample)
+            if key == previous:  # read back, the two would be one sample
+                raise ConfigError(f"write_tar_shards: two samples in a row have the key {key!r}; keys must differ")
+            previous = key
+            if shard is not None and (
+                (samples_per_shard is not None and shard.samples >= samples_per_shard)
+                or (max_shard_bytes is not None and shard.size_with(members) > max_shard_bytes)
+            ):
+                shard.finish()
+                written.append(shard.path)
+                shard = None
+            if shard is None:
+                shard = _ShardWriter(out / f"{prefix}-{len(written):06d}.tar")
+            shard.add(members)
+        if shard is not None:
+            shard.finish()
+            written.append(shard.path)
+            shard = None
+    finally:
+        if shard is not None:
+            shard.abort()
+    return written
+
+
+__all__ = [
+    "BAD_LABEL",
+    "INDEX_FOLDER",
+    "LABEL_EXT",
+    "NO_LABEL",
+    "LocalShards",
+    "ShardFile",
+    "TarIndex",
+    "TarShards",
+    "index_locations",
+    "local_shard",
+    "split_name",
+    "tar_index",
+    "write_tar_shards",
+]
