@@ -81,3 +81,35 @@ def test_import_stoker_loads_no_torch_and_installs_no_import_hook():
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout)
     assert seen == {"torch": False, "added": [], "all": stoker.__all__}
+
+
+#: What ``import stoker`` and its public names must not import: the optional extras (a user
+#: without them must be able to use stoker) and what only some runs need (TensorBoard's file
+#: layer, the compiler). Each costs a restart 0.02-4 s (docs/results/startup.md).
+NOT_AT_IMPORT = (
+    "PIL", "simplejpeg", "mlflow", "wandb", "optuna", "transformers", "datasets", "peft", "starlette",
+    "uvicorn", "matplotlib", "sklearn", "s3fs", "gcsfs", "boto3", "tensorboard", "torch.utils.tensorboard",
+    "torch._dynamo", "torch._inductor", "sympy", "onnx",
+)  # fmt: skip
+
+
+def test_the_public_api_imports_no_optional_extra_and_no_compiler():
+    code = (
+        "import json, sys\n"
+        f"HEAVY = {NOT_AT_IMPORT!r}\n"
+        "tried = []\n"
+        "class Refuse:  # as if no extra were installed, noting who asked\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name in HEAVY or name.split('.')[0] in HEAVY:\n"
+        "            tried.append(name)\n"
+        "            raise ImportError(name)\n"
+        "sys.meta_path.insert(0, Refuse())\n"
+        "import stoker\n"
+        "for name in stoker.__all__:\n"
+        "    getattr(stoker, name)\n"
+        "stoker.RunConfig(model_dir='unused')\n"
+        "print(json.dumps({'tried': sorted(set(tried)), 'loaded': [m for m in HEAVY if m in sys.modules]}))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], env=python_env(), capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == {"tried": [], "loaded": []}

@@ -12,6 +12,12 @@ installed (a dependency; TensorBoard's pure-Python table is the fallback, ~4 us 
 Files are flushed to the OS at most every ``flush_secs`` (TensorBoard's own writer waits 120 s)
 and at ``close``, since with summaries every 100 steps of a fast model a flush per write was a
 measurable part of the loop (benchmarks/overhead.py).
+
+Only TensorBoard's protos are imported when a run opens its writer: its record framing module
+(``tensorboard.compat.tensorflow_stub``, where the pure-Python checksum table and TensorBoard's
+file counter live) imports boto3 and fsspec for its ``gfile``, which took 0.3-0.8 s of every
+run's start (benchmarks/startup.py); it is imported only where ``google-crc32c``'s C code is
+missing.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import itertools
 import os
 import socket
 import struct
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -41,21 +48,17 @@ class EventFileWriter:
 
     def __init__(self, logdir: str | os.PathLike[str]) -> None:
         from tensorboard.compat.proto import event_pb2, summary_pb2
-        from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import CRC_TABLE
 
-        try:  # the counter TensorBoard's own writers use, so names never collide with theirs
-            from tensorboard.summary.writer.event_file_writer import _global_uid
-
-            uid = _global_uid.get()
-        except (ImportError, AttributeError):
-            uid = next(_uids)
-        self._event, self._summary, self._table = event_pb2.Event, summary_pb2.Summary, CRC_TABLE
+        self._event, self._summary = event_pb2.Event, summary_pb2.Summary
         self._crc = _c_crc32c()
+        self._table: Any = None
+        if self._crc is None:  # the fallback: TensorBoard's table (its module imports boto3, fsspec)
+            from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import CRC_TABLE
+
+            self._table = CRC_TABLE
         self._headers: dict[int, bytes] = {}  # record length -> length + its crc (lengths repeat)
         os.makedirs(logdir, exist_ok=True)
-        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{uid}"
-        self.path = Path(logdir) / name
-        self._file = open(self.path, "wb")  # noqa: SIM115 - closed in close()
+        self.path, self._file = _create(Path(logdir))
         self._record(
             self._event(
                 wall_time=time.time(),
@@ -94,6 +97,28 @@ class EventFileWriter:
 
     def close(self) -> None:
         self._file.close()
+
+
+def _next_uid() -> int:
+    """The counter of TensorBoard's own writers when this process has loaded them (so names
+    never collide with theirs), else stoker's own: importing theirs costs a run's start 0.3 s."""
+    theirs = sys.modules.get("tensorboard.summary.writer.event_file_writer")
+    counter = getattr(theirs, "_global_uid", None)
+    try:
+        return int(counter.get()) if counter is not None else next(_uids)
+    except (AttributeError, TypeError, ValueError):
+        return next(_uids)
+
+
+def _create(logdir: Path) -> tuple[Path, io.BufferedWriter]:
+    """A new events file in ``logdir``, named as TensorBoard names its own; created exclusively,
+    the next number taken when a writer of this process and second already has the name."""
+    while True:
+        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{_next_uid()}"
+        try:
+            return logdir / name, open(logdir / name, "xb")  # noqa: SIM115 - closed in close()
+        except FileExistsError:
+            continue
 
 
 def _c_crc32c() -> Any:

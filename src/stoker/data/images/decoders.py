@@ -34,12 +34,11 @@ from __future__ import annotations
 import io
 import math
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image, UnidentifiedImageError
 
 from ...errors import ConfigError, ImageDecodeError
 
@@ -92,9 +91,19 @@ def is_jpeg(data: bytes) -> bool:
     return data[:3] == b"\xff\xd8\xff"
 
 
+def _pillow() -> Any:
+    """Pillow's ``Image`` module, imported at first use: Pillow is the ``images`` extra, and
+    ``stoker.data`` (so ``stoker.Estimator``) must import without it."""
+    try:
+        from PIL import Image
+    except ImportError as e:
+        raise ConfigError("decoding images needs Pillow: pip install 'stoker[images]'") from e
+    return Image
+
+
 def _pillow_reason(e: Exception) -> str:
     """What Pillow's error says about the bytes, without its in-memory file object's address."""
-    if isinstance(e, UnidentifiedImageError):  # its text names "<_io.BytesIO object at 0x...>"
+    if type(e).__name__ == "UnidentifiedImageError":  # its text names "<_io.BytesIO object at 0x...>"
         return "not an image format Pillow reads (JPEG, PNG, BMP, ...)"
     return f"{type(e).__name__}: {e}"
 
@@ -106,15 +115,17 @@ class PillowDecoder:
     releases_gil = False  # several Python-level steps per image; 2 threads ran at 0.93x 2 processes
 
     def size(self, data: bytes) -> tuple[int, int]:
+        pil = _pillow()
         try:
-            with Image.open(io.BytesIO(data)) as im:
+            with pil.open(io.BytesIO(data)) as im:
                 return im.size
         except Exception as e:  # Pillow raises OSError, SyntaxError, ValueError, ... for bad bytes
             raise ImageDecodeError(_pillow_reason(e)) from e
 
     def decode(self, data: bytes, scale: int = 1) -> np.ndarray:
+        pil = _pillow()
         try:
-            with Image.open(io.BytesIO(data)) as im:
+            with pil.open(io.BytesIO(data)) as im:
                 if scale > 1 and im.format == "JPEG":
                     w, h = im.size
                     im.draft("RGB", (-(-w // scale), -(-h // scale)))  # the smallest DCT scale >= that size

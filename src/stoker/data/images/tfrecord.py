@@ -39,7 +39,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image
 
 from ...errors import ConfigError
 from ..base import DataError
@@ -255,6 +254,8 @@ def imagenet_example(
 def _jpeg_bytes(path: str) -> tuple[bytes, int, int]:
     """The file's bytes if it is an RGB JPEG, else re-encoded as one (quality 95), and its size:
     tf_cnn decodes with ``decode_jpeg``, as ``build_imagenet_data.py`` converts PNG and CMYK."""
+    from PIL import Image  # the images extra: imported when a folder is converted, not with stoker.data
+
     try:
         with Image.open(path) as im:
             if im.format == "JPEG" and im.mode == "RGB":
