@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from stoker.data import DataError, write_tar_shards
-from stoker.data.tar_io import BAD_LABEL, NO_LABEL, LocalShards, TarShards, index_locations, split_name
+from stoker.data.tar_io import BAD_LABEL, NO_LABEL, TarShards, index_locations, split_name
 from stoker.errors import ConfigError
 
 
@@ -32,7 +32,7 @@ def samples(n: int, payload: int = 100) -> list[dict[str, object]]:
 
 
 def reader(folder: Path, **kwargs: object) -> TarShards:
-    return TarShards(LocalShards(sorted(folder.glob("*.tar"))), progress=False, **kwargs)  # type: ignore[arg-type]
+    return TarShards(sorted(folder.glob("*.tar")), progress=False, **kwargs)  # type: ignore[arg-type]
 
 
 def test_split_name_is_webdatasets_key_rule() -> None:

@@ -36,16 +36,18 @@ import re
 import struct
 import tarfile
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 
 from .._cache import cache_dir
 from ..errors import ConfigError
 from .base import DataError
+from .stream import DataFile, FileSet, StreamOptions, as_data_file
 
 log = logging.getLogger("stoker")
 
@@ -66,24 +68,6 @@ def split_name(name: str) -> tuple[str, str] | None:
     return None if found is None else (found.group(1), found.group(2).lower())
 
 
-class ShardFile(NamedTuple):
-    """One shard: where (a local path or a URL, as printed), its size and its version (what changes
-    when its content does: a local file's modification time in ns, an object's ETag)."""
-
-    url: str
-    size: int
-    version: str
-
-
-def local_shard(path: str | os.PathLike[str]) -> ShardFile:
-    """A local shard as a :class:`ShardFile`."""
-    try:
-        stat = os.stat(path)
-    except OSError as e:
-        raise DataError(f"tar shard {path}: cannot read it: {e}") from None
-    return ShardFile(str(path), int(stat.st_size), str(stat.st_mtime_ns))
-
-
 @dataclass(frozen=True)
 class TarIndex:
     """Where the members of one shard are and how they group into samples.
@@ -99,7 +83,7 @@ class TarIndex:
         built: built now (``False``: read from the cache).
     """
 
-    shard: ShardFile
+    shard: DataFile
     names: list[str]
     offsets: np.ndarray
     sizes: np.ndarray
@@ -195,18 +179,23 @@ def _scan(path: Path, shown: str) -> tuple[_Scan, str | None]:
     return scan, None
 
 
-def index_locations(shard: ShardFile, index_dir: str | os.PathLike[str] | None = None) -> list[Path]:
-    """Where the index of ``shard`` is looked for, in order (the first writable one is written)."""
-    name = shard.url.rstrip("/").rsplit("/", 1)[-1] + ".tidx"
+def index_locations(
+    shard: DataFile, index_dir: str | os.PathLike[str] | None = None, *, remote_root: Path | None = None
+) -> list[Path]:
+    """Where the index of ``shard`` is looked for, in order (the first writable one is written):
+    ``index_dir``; else beside a local shard, then stoker's cache; for an object-store shard
+    (``remote_root``: its stream cache's folder) there."""
+    name = shard.name + ".tidx"
     if index_dir is not None:
         return [Path(index_dir) / name]
-    folder = shard.url.rsplit("/", 1)[0] if "://" in shard.url else str(Path(shard.url).resolve().parent)
+    remote = remote_root is not None
+    folder = shard.url.rsplit("/", 1)[0] if remote else str(Path(shard.url).resolve().parent)
     digest = hashlib.sha256(folder.encode()).hexdigest()[:16]
-    cached = cache_dir() / "tar-index" / digest / name
-    return [cached] if "://" in shard.url else [Path(folder) / INDEX_FOLDER / name, cached]
+    cached = (remote_root if remote_root is not None else cache_dir()) / "tar-index" / digest / name
+    return [cached] if remote else [Path(folder) / INDEX_FOLDER / name, cached]
 
 
-def _load(index_path: Path, shard: ShardFile) -> TarIndex | None:
+def _load(index_path: Path, shard: DataFile) -> TarIndex | None:
     try:
         raw = index_path.read_bytes()
         if not raw.startswith(_INDEX_MAGIC):
@@ -246,12 +235,16 @@ def _store(index_path: Path, index: TarIndex) -> bool:
 
 
 def tar_index(
-    shard: ShardFile, local: Callable[[], Path], *, index_dir: str | os.PathLike[str] | None = None
+    shard: DataFile,
+    local: Callable[[], Path],
+    *,
+    index_dir: str | os.PathLike[str] | None = None,
+    remote_root: Path | None = None,
 ) -> TarIndex:
     """The index of ``shard``: the cached one when it matches the shard's size and version, else
     built from ``local()`` (a local path holding its bytes, asked for only then: a remote shard is
     fetched only to build it) and cached at the first writable location of :func:`index_locations`."""
-    locations = index_locations(shard, index_dir)
+    locations = index_locations(shard, index_dir, remote_root=remote_root)
     for location in locations:
         cached = _load(location, shard)
         if cached is not None:
@@ -275,20 +268,6 @@ def tar_index(
     return TarIndex(**{**index.__dict__, "index_path": where})
 
 
-class LocalShards:
-    """Local shard files as a source reads them: each file's :class:`ShardFile` and its local path.
-    (Object-store shards come as a :class:`~stoker.data.stream.FileSet` with the same members.)"""
-
-    def __init__(self, paths: Sequence[str | os.PathLike[str]]) -> None:
-        self.files = [local_shard(p) for p in paths]
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def local(self, k: int) -> Path:
-        return Path(self.files[k].url)
-
-
 class TarShards:
     """The samples of several tar shards as one sequence, read by global number (``pread``).
 
@@ -296,31 +275,28 @@ class TarShards:
     are cached (at most ``max_open``); a copy for a worker process carries the index, not the files.
 
     Args:
-        shards: the shards (:class:`LocalShards`, or a ``FileSet`` of object-store files).
+        shards: the shard files: local paths, URLs or :class:`~stoker.data.stream.DataFile` s
+            (object-store ones are read from the machine's cache, :mod:`stoker.data.stream`).
         index_dir: where to cache the indexes (default: see the module doc).
         lenient: a shard whose headers break contributes the samples before the break, with a
             warning; otherwise it raises :class:`DataError`.
         progress: a tqdm bar when indexing takes more than a second (on a terminal).
+        stream: the cache and read-ahead of object-store shards.
     """
 
     def __init__(
         self,
-        shards: Any,
+        shards: Sequence[str | os.PathLike[str] | DataFile],
         *,
         index_dir: str | os.PathLike[str] | None = None,
         lenient: bool = False,
         progress: bool = True,
         max_open: int = 64,
+        stream: StreamOptions | None = None,
     ) -> None:
-        from tqdm.auto import tqdm
-
-        self.shards = shards
+        self.files = FileSet([as_data_file(p) for p in shards], stream)
         self.indexes: list[TarIndex] = []
-        numbers = tqdm(
-            range(len(shards)), desc="indexing tar shards", unit="shard", delay=1.0, disable=None if progress else True
-        )
-        for k in numbers:
-            index = tar_index(shards.files[k], functools.partial(shards.local, k), index_dir=index_dir)
+        for index in self._index_all(index_dir, progress):
             if index.error is not None:
                 if not lenient:
                     raise DataError(f"{index.error} (skip_bad_examples=True reads the {len(index)} samples before it)")
@@ -330,6 +306,42 @@ class TarShards:
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
         self.max_open = max_open
         self._fds: OrderedDict[int, int] = OrderedDict()
+
+    def _index_all(self, index_dir: str | os.PathLike[str] | None, progress: bool) -> Iterator[TarIndex]:
+        """Every shard's index, in order; object-store shards on ``fetch_threads`` threads at once."""
+        from tqdm.auto import tqdm
+
+        root = self.files.cache.root if self.files.remote else None
+
+        def index(k: int) -> TarIndex:
+            local = functools.partial(self.files.local, k)
+            return tar_index(self.files.files[k], local, index_dir=index_dir, remote_root=root)
+
+        ks = range(len(self.files))
+        with ThreadPoolExecutor(self.files.stream.fetch_threads, thread_name_prefix="stoker-io-index") as pool:
+            # Object-store shards are fetched to be indexed: several at once. Local ones: in turn.
+            jobs = pool.map(index, ks) if self.files.remote else map(index, ks)
+            yield from tqdm(
+                jobs,
+                total=len(ks),
+                desc="indexing tar shards",
+                unit="shard",
+                delay=1.0,
+                disable=None if progress else True,
+            )
+
+    @property
+    def remote(self) -> bool:
+        """Whether the shards are on an object store (read through the cache)."""
+        return self.files.remote
+
+    def ahead(self, samples: Iterable[int]) -> None:
+        """Fetch the object-store shards of ``samples`` (in the order they will be read) into the
+        cache in the background, within the read-ahead budget; nothing for local shards."""
+        if not self.files.remote:
+            return
+        ids = np.searchsorted(self.starts, np.fromiter(samples, dtype=np.int64), side="right") - 1
+        self.files.ahead(dict.fromkeys(int(k) for k in ids))  # first use first, once each
 
     def __len__(self) -> int:
         return int(self.starts[-1])
@@ -384,9 +396,9 @@ class TarShards:
             self._fds.move_to_end(k)
             return fd
         try:
-            fd = os.open(self.shards.local(k), os.O_RDONLY)
+            fd = self.files.open_fd(k)
         except OSError as e:
-            raise DataError(f"tar shard {self.shards.files[k].url}: cannot open it: {e}") from None
+            raise DataError(f"tar shard {self.files.name(k)}: cannot open it: {e}") from None
         self._fds[k] = fd
         if len(self._fds) > self.max_open:
             os.close(self._fds.popitem(last=False)[1])
@@ -566,12 +578,9 @@ __all__ = [
     "INDEX_FOLDER",
     "LABEL_EXT",
     "NO_LABEL",
-    "LocalShards",
-    "ShardFile",
     "TarIndex",
     "TarShards",
     "index_locations",
-    "local_shard",
     "split_name",
     "tar_index",
     "write_tar_shards",

@@ -190,3 +190,29 @@ def test_kill_9_mid_shard_then_rerun_is_bitwise_the_uninterrupted_run(tmp_path: 
     assert f"resumed from {crashed}" in done.stderr
     finished(ref)
     assert _final_weights(crashed) == _final_weights(tmp_path / "ref")
+
+
+# ------------------------------------------------------------------ shards on S3 (moto on loopback)
+def test_shards_on_s3_read_and_resume_as_the_local_ones(s3_env: None, shards: Path, tmp_path: Path) -> None:
+    import fsspec
+
+    from stoker.data.stream import StreamOptions
+
+    fs = fsspec.filesystem("s3")
+    for p in sorted(shards.glob("*.tar")):
+        fs.put_file(str(p), f"bucket/tars/{p.name}")
+    stream = StreamOptions(cache_dir=tmp_path / "cache")
+
+    def make(data: str | Path, workers: int = 0) -> object:
+        read = ReadOptions(batch_size=4, seed=2, num_workers=workers, worker_kind="process", stream=stream)
+        return tar_shards(data, read=read, image=ImageOptions(image_size=8))
+
+    local = batches(make(shards), 6)
+    remote = make("s3://bucket/tars")
+    assert remote.samples.remote and remote.samples.indexes[0].index_path.is_relative_to(tmp_path / "cache")  # type: ignore[attr-defined]
+    assert same(batches(remote, 6), local)
+    assert same(_resume(lambda: make("s3://bucket/tars", workers=2), 6, 3), local)  # mid-shard, in workers
+    again = make("s3://bucket/tars")  # a restart: the indexes and the shards come from the cache
+    assert not any(i.built for i in again.samples.indexes) and again.samples.files.cache.fetched == 0  # type: ignore[attr-defined]
+    with pytest.raises(DataError, match="s3://bucket/none holds no \\*.tar shards"):
+        make("s3://bucket/none")

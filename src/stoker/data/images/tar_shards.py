@@ -24,9 +24,13 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from ..base import DataError
 from ..options import ReadOptions
-from ..tar_io import BAD_LABEL, LABEL_EXT, NO_LABEL, LocalShards, TarShards, write_tar_shards
+from ..stream import DataFile, as_data_file, list_files
+from ..stream.listing import where
+from ..tar_io import BAD_LABEL, LABEL_EXT, NO_LABEL, TarShards, write_tar_shards
 from .examples import EncodedExample
 from .folder import IMAGE_EXTENSIONS, scan_image_folder
 from .options import ImageOptions
@@ -35,25 +39,24 @@ from .source import EncodedImageSource
 #: The members that hold a sample's image, in the order they are looked for.
 IMAGE_KEYS = ("jpg", "jpeg", "png", "bmp")
 _EVAL_SPLITS = ("validation", "val")
+#: Batches ahead whose object-store shards are fetched in the background.
+READ_AHEAD_BATCHES = 8
 
 
-def find_tar_shards(data: str | os.PathLike[str], split: str | None = None) -> list[str]:
-    """The ``*.tar`` files of the folder ``data`` in name order (hidden ones left out), only those
-    whose name starts with ``split`` when it is given. Empty when there are none."""
-    folder = Path(data)
-    if not folder.is_dir():
-        return []
-    return sorted(
-        str(p)
-        for p in folder.glob("*.tar")
-        if p.is_file() and not p.name.startswith(".") and (split is None or p.name.startswith(split))
-    )
+def find_tar_shards(data: str | os.PathLike[str], split: str | None = None) -> list[DataFile]:
+    """The ``*.tar`` files of the folder (or object-store prefix) ``data`` in name order, hidden ones
+    left out, only those whose name starts with ``split`` when it is given. Empty when there are none."""
+    return [
+        file
+        for name, file in list_files(where(data))
+        if name.endswith(".tar") and (split is None or name.startswith(split))
+    ]
 
 
 def split_of(data: str | os.PathLike[str], train: bool) -> str | None:
     """The shard name prefix of ``data``'s training or evaluation split: ``train`` when some shards
     start with it, ``validation`` / ``val`` for evaluation when some do, else ``None`` (all shards)."""
-    names = [Path(p).name for p in find_tar_shards(data)]
+    names = [file.name for file in find_tar_shards(data)]
     for prefix in ("train",) if train else _EVAL_SPLITS:
         if any(n.startswith(prefix) for n in names):
             return prefix
@@ -61,22 +64,21 @@ def split_of(data: str | os.PathLike[str], train: bool) -> str | None:
     return None if train else train_prefix
 
 
-def _shard_files(data: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], split: str | None) -> LocalShards:
-    """The shards ``data`` names: a folder's ``*.tar`` (starting with ``split``), a file, or a list of them."""
+def _shard_files(data: str | os.PathLike[str] | Sequence[str | os.PathLike[str]], split: str | None) -> list[DataFile]:
+    """The shards ``data`` names: a folder's (or prefix's) ``*.tar`` starting with ``split``, a
+    ``.tar`` file, or a list of them."""
     items = [data] if isinstance(data, (str, os.PathLike)) else list(data)
-    paths: list[str] = []
+    files: list[DataFile] = []
     for item in items:
-        if Path(item).is_dir():
-            found = find_tar_shards(item, split)
-            if not found:
-                which = f"{split}*.tar" if split else "*.tar"
-                raise DataError(f"tar_shards: {item} holds no {which} shards")
-            paths.extend(found)
-        elif Path(item).is_file():
-            paths.append(str(item))
-        else:
-            raise DataError(f"tar_shards: {item} does not exist")
-    return LocalShards(paths)
+        if str(item).endswith(".tar"):
+            files.append(as_data_file(item))  # a DataError when it does not exist
+            continue
+        found = find_tar_shards(item, split)
+        if not found:
+            which = f"{split}*.tar" if split else "*.tar"
+            raise DataError(f"tar_shards: {item} holds no {which} shards (or does not exist)")
+        files.extend(found)
+    return files
 
 
 class TarShardSource(EncodedImageSource):
@@ -96,7 +98,9 @@ class TarShardSource(EncodedImageSource):
         image_keys: Sequence[str] = IMAGE_KEYS,
         index_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        self.samples = TarShards(_shard_files(data, split), index_dir=index_dir, lenient=read.skip_bad_examples)
+        self.samples = TarShards(
+            _shard_files(data, split), index_dir=index_dir, lenient=read.skip_bad_examples, stream=read.stream
+        )
         self.image_keys = tuple(k.lower().lstrip(".") for k in image_keys)
         self._labels = self.samples.labels()
         if num_classes is None:
@@ -122,6 +126,16 @@ class TarShardSource(EncodedImageSource):
         view = copy.copy(self)
         view.samples = copy.copy(self.samples)  # its own open files: another thread may close an old one
         return view
+
+    def batch_indices(self, epoch: int, batch: int) -> torch.Tensor:
+        """This shard's batch ``batch`` of epoch ``epoch``; for shards on an object store, the
+        shards of the next :data:`READ_AHEAD_BATCHES` batches are fetched in the background now."""
+        indices = super().batch_indices(epoch, batch)
+        if self.samples.remote:
+            order = self._plan.shard_order(epoch)  # this replica's examples, as its batches read them
+            ahead = order[(batch + 1) * self.batch_size : (batch + 1 + READ_AHEAD_BATCHES) * self.batch_size]
+            self.samples.ahead(ahead.tolist())
+        return indices
 
     def _label(self, i: int) -> int:
         label = int(self._labels[i])
@@ -163,10 +177,13 @@ def tar_shards(
     """``(images, labels)`` batches from tar shards in the WebDataset layout (``key.jpg`` +
     ``key.cls`` samples; :mod:`stoker.data.images.tar_shards`).
 
-    ``data`` is a folder (its ``*.tar`` files in name order; with ``split``, those whose name
-    starts with it), a shard, or a list of either. The first use of a shard builds its member index
-    and caches it (:mod:`stoker.data.tar_io`). ``read``, ``image`` and ``train`` mean what they mean
-    for :func:`~stoker.data.image_folder`: the same decoders, crops, workers and exact resume.
+    ``data`` is a folder or an object-store prefix (``s3://``, ``gs://``, ``az://``: its ``*.tar``
+    files in name order; with ``split``, those whose name starts with it), a shard, or a list of
+    either; object-store shards are read from the machine's cache and fetched ahead of the batches
+    that need them (``read.stream``: :class:`~stoker.data.stream.StreamOptions`). The first use of
+    a shard builds its member index and caches it (:mod:`stoker.data.tar_io`). ``read``, ``image``
+    and ``train`` mean what they mean for :func:`~stoker.data.image_folder`: the same decoders,
+    crops, workers and exact resume.
 
     Args:
         split: with a folder, read only the shards whose name starts with this.
