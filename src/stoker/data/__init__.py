@@ -17,9 +17,13 @@ image sources also take what to make of each image as one :class:`ImageOptions` 
   on every machine).
 - :func:`synthetic_images`: one random batch on the device, for benchmarks.
 
-This package imports nothing of stoker but :mod:`stoker.errors`, :mod:`stoker._cache` (where the
-C helpers are built) and :mod:`stoker.resolve` (``worker_kind="auto"``): a source knows nothing
-of the engine that reads it.
+The file-based sources take local paths or URLs (``s3://``, ``gs://``, ``az://``, ``file://``):
+object-store files are fetched whole into the machine's cache and read there
+(:mod:`stoker.data.stream`, :class:`StreamOptions`).
+
+This package imports nothing of stoker but :mod:`stoker.errors`, :mod:`stoker.storage` (URLs,
+retries), :mod:`stoker._cache` (where the C helpers and the stream cache are) and
+:mod:`stoker.resolve` (``worker_kind="auto"``): a source knows nothing of the engine that reads it.
 """
 
 from .arrays import ArraySource, arrays
@@ -37,6 +41,7 @@ from .images import (
     write_imagenet_tfrecords,
 )
 from .options import ReadOptions
+from .stream import StreamOptions
 from .synthetic import RepeatedBatch, SyntheticImages, synthetic_images
 from .tar_io import write_tar_shards
 from .text import TextSource, stdlib_corpus, text_chars
@@ -51,6 +56,7 @@ __all__ = [
     "IndexedSource",
     "ReadOptions",
     "RepeatedBatch",
+    "StreamOptions",
     "SyntheticImages",
     "TFRecordImageSource",
     "TarShardSource",

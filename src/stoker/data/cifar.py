@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import logging
 import os
-from pathlib import Path
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..storage import Location, location
 from .base import DataError, IndexedSource, example_uniforms
 from .images import normalize_images
 from .options import ReadOptions
+from .stream import DataFile, FileSet, StreamOptions, as_data_file, is_folder, list_files
 
 log = logging.getLogger("stoker")
 
@@ -32,13 +34,19 @@ _PAD = 4
 
 
 def read_cifar_binary(
-    paths: list[Path], num_classes: int = 10, skip_bad_examples: bool = False
+    paths: Sequence[str | os.PathLike[str] | DataFile],
+    num_classes: int = 10,
+    skip_bad_examples: bool = False,
+    stream: StreamOptions | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """``(images uint8 [N, 3, 32, 32], labels int64 [N])`` from CIFAR binary files, checked."""
+    """``(images uint8 [N, 3, 32, 32], labels int64 [N])`` from CIFAR binary files (local paths
+    or URLs, these through the cache of ``stream``), checked."""
     images, labels = [], []
     skipped = 0
-    for path in paths:
-        raw = np.fromfile(path, dtype=np.uint8)
+    files = FileSet([as_data_file(p) for p in paths], stream)
+    for k in range(len(files)):
+        path = files.name(k)
+        raw = np.frombuffer(files.read_bytes(k), dtype=np.uint8)
         if raw.size == 0 or raw.size % _RECORD:
             raise DataError(
                 f"cifar_binary: {path} is {raw.size} bytes, not a positive multiple of the {_RECORD}-byte "
@@ -70,12 +78,14 @@ def read_cifar_binary(
     return np.concatenate(images), np.concatenate(labels)
 
 
-def _find_files(data_dir: Path, names: tuple[str, ...]) -> list[Path]:
+def _find_files(data_dir: Location, names: tuple[str, ...]) -> list[DataFile]:
     # Accept the folder the archive unpacks to as well as the folder holding it.
+    missing: list[str] = []
     for folder in (data_dir, data_dir / "cifar-10-batches-bin"):
-        if all((folder / n).is_file() for n in names):
-            return [folder / n for n in names]
-    missing = [n for n in names if not (data_dir / n).is_file()]
+        found = dict(list_files(folder))
+        if all(n in found for n in names):
+            return [found[n] for n in names]
+        missing = missing or [n for n in names if n not in found]
     raise DataError(
         f"cifar_binary: {data_dir} lacks {', '.join(missing)}; expected the CIFAR-10 binary files "
         f"{', '.join(names)} there (or in {data_dir / 'cifar-10-batches-bin'})"
@@ -95,11 +105,11 @@ class CifarSource(IndexedSource):
         train: bool = True,
         augment: bool | None = None,
     ) -> None:
-        self.data_dir = Path(data_dir)
-        if not self.data_dir.is_dir():
+        self.data_dir = location(data_dir)
+        if not is_folder(self.data_dir):
             raise DataError(f"cifar_binary: the data folder {self.data_dir} does not exist")
         self.files = _find_files(self.data_dir, TRAIN_FILES if train else TEST_FILES)
-        images, labels = read_cifar_binary(self.files, skip_bad_examples=read.skip_bad_examples)
+        images, labels = read_cifar_binary(self.files, skip_bad_examples=read.skip_bad_examples, stream=read.stream)
         self.images = torch.from_numpy(images)
         self.labels = torch.from_numpy(labels)
         self.train = bool(train)
@@ -146,7 +156,9 @@ def cifar_binary(
 
     Args:
         data_dir: holds ``data_batch_1.bin`` ... ``data_batch_5.bin`` and ``test_batch.bin``
-            (or holds the ``cifar-10-batches-bin`` folder that does).
+            (or holds the ``cifar-10-batches-bin`` folder that does): a local path or a URL
+            (``s3://``, ``gs://``, ``az://``; the files are fetched once into the machine's cache,
+            ``read.stream``).
         read: how to read (:class:`~stoker.data.ReadOptions`); ``shuffle`` and ``num_epochs``
             left ``None`` follow ``train`` (shuffled and forever, else one pass in order);
             ``skip_bad_examples`` drops records whose label is not 0-9 (logged) instead of raising.

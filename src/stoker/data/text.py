@@ -7,6 +7,9 @@ the ``k``-th segment of ``seq_len`` bytes of each of its streams. Row ``i`` of b
 continues row ``i`` of batch ``k``, so a model may carry state (a memory, an RNN state) from
 batch to batch (see ``EstimatorSpec.cache``). Nothing is shuffled; every epoch reads the
 streams again from their starts. The position is the state, as for every stoker source.
+
+Paths may be URLs (``s3://bucket/corpus/``, ``gs://...``): the files are fetched once into the
+machine's cache (:mod:`stoker.data.stream`) and read from there.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError
+from ..storage import UrlPath, location
 from .base import DataError, IndexedSource
 from .options import ReadOptions
+from .stream import DataFile, FileSet, list_files, local_file, remote_file
 
 PathLike = str | os.PathLike[str]
 
@@ -53,6 +58,23 @@ def _collect(paths: PathLike | Sequence[PathLike], extensions: Sequence[str] | N
     return files
 
 
+def _text_files(paths: PathLike | Sequence[PathLike], extensions: Sequence[str] | None) -> list[DataFile]:
+    """:func:`_collect`'s files for local paths and URLs alike (a URL prefix lists the objects below it)."""
+    items = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    exts = None if extensions is None else tuple(e.lower() for e in extensions)
+    out: list[DataFile] = []
+    for item in items:
+        place = location(item)
+        if not isinstance(place, UrlPath):
+            out.extend(local_file(p) for p in _collect([place], extensions))
+            continue
+        inside = [f for name, f in list_files(place, recursive=True) if exts is None or name.lower().endswith(exts)]
+        out.extend(inside if inside else [remote_file(place)])
+    if not items:
+        raise DataError("text_chars: no paths given")
+    return out
+
+
 class TextSource(IndexedSource):
     """``(inputs, targets)`` int64 ``[batch_size, seq_len]`` byte batches. See :func:`text_chars`."""
 
@@ -72,9 +94,10 @@ class TextSource(IndexedSource):
             raise ConfigError(f"text_chars: seq_len must be a positive integer; got {seq_len!r}")
         _check_in_order(read)
         batch_size, num_shards, shard_index = read.batch_size_of(self.name), read.num_shards, read.shard_index
-        self.files = _collect(paths, extensions)
+        self.files = _text_files(paths, extensions)
+        files = FileSet(self.files, read.stream)
         data = (
-            np.concatenate([np.fromfile(f, dtype=np.uint8) for f in self.files])
+            np.concatenate([np.frombuffer(files.read_bytes(k), dtype=np.uint8) for k in range(len(files))])
             if self.files
             else np.zeros(0, np.uint8)
         )
@@ -136,7 +159,8 @@ def text_chars(
 
     Args:
         paths: files and folders (walked recursively, files sorted; hidden ones skipped),
-            concatenated in the order given.
+            concatenated in the order given; local paths or URLs (``s3://``, ``gs://``, ``az://``:
+            cached locally, ``read.stream``).
         seq_len: bytes per row of a batch; ``targets`` are ``inputs`` shifted by one byte.
         read: how to read (:class:`~stoker.data.ReadOptions`; in an ``input_fn``,
             ``ReadOptions(...).for_replica(params)``): ``batch_size`` streams (rows) per batch

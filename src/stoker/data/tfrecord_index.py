@@ -7,6 +7,12 @@ TensorFlow's included, never match it). When the data folder is read-only the in
 ``$XDG_CACHE_HOME/stoker/tfrecord-index/<hash of the folder's path>/`` (``~/.cache`` when
 unset); ``index_dir=`` puts it elsewhere. Each index records its shard's size and
 modification time (ns); an index whose shard has changed is rebuilt, never trusted.
+
+Shards on an object store (``s3://``, ``gs://``, ...) are read from their copies in the machine's
+cache (:mod:`stoker.data.stream`); their indexes are kept in ``<cache>/index/`` (or ``index_dir=``),
+named and checked by the object's URL, size and version (ETag, generation), so every process of a
+machine, and every later run, reuses the index the first one built, and a replaced object is
+indexed again. Shards without an index are fetched and indexed on ``fetch_threads`` threads at once.
 """
 
 from __future__ import annotations
@@ -17,7 +23,8 @@ import logging
 import os
 import struct
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +32,8 @@ from typing import Any
 import numpy as np
 
 from .base import DataError
+from .stream import DataFile, FileSet, StreamOptions, as_data_file
+from .stream.cache import cache_name
 from .tfrecord_io import _FOOTER, _HEADER, _check_header, _where, read_record
 
 log = logging.getLogger("stoker")
@@ -38,7 +47,7 @@ class ShardIndex:
     """Where each record of one shard starts and how long its data is.
 
     Attributes:
-        path: the shard.
+        path: the shard (its URL when it is on an object store).
         offsets / lengths: uint64 per record (the offset of its header; the length of its data).
         error: what broke the framing after the last indexed record (a truncated tail, a corrupt
             length), or ``None`` when the whole file is whole records.
@@ -46,7 +55,7 @@ class ShardIndex:
         built: ``True`` when it was built now, ``False`` when read from the cache.
     """
 
-    path: Path
+    path: Path | str
     offsets: np.ndarray
     lengths: np.ndarray
     error: str | None
@@ -96,7 +105,12 @@ def index_locations(shard: Path, index_dir: str | os.PathLike[str] | None = None
     return [folder / INDEX_FOLDER / name, cache / "stoker" / "tfrecord-index" / digest / name]
 
 
-def _load(index_path: Path, shard: Path, stat: os.stat_result) -> ShardIndex | None:
+def _stamp(stat: os.stat_result) -> dict[str, Any]:
+    """What identifies a local shard's content in its index: size and modification time."""
+    return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def _load(index_path: Path, shard: Path | str, stamp: dict[str, Any]) -> ShardIndex | None:
     try:
         raw = index_path.read_bytes()
         if not raw.startswith(_INDEX_MAGIC):
@@ -104,7 +118,7 @@ def _load(index_path: Path, shard: Path, stat: os.stat_result) -> ShardIndex | N
         (size,) = struct.unpack_from("<I", raw, len(_INDEX_MAGIC))
         start = len(_INDEX_MAGIC) + 4
         meta = json.loads(raw[start : start + size])
-        if meta["size"] != stat.st_size or meta["mtime_ns"] != stat.st_mtime_ns:
+        if any(meta.get(key) != value for key, value in stamp.items()):
             return None  # the shard changed: stale
         n = int(meta["count"])
         arrays = np.frombuffer(raw, dtype="<u8", count=2 * n, offset=start + size)
@@ -113,10 +127,10 @@ def _load(index_path: Path, shard: Path, stat: os.stat_result) -> ShardIndex | N
     return ShardIndex(shard, arrays[:n].copy(), arrays[n:].copy(), meta["error"], index_path, built=False)
 
 
-def _store(index_path: Path, stat: os.stat_result, offsets: np.ndarray, lengths: np.ndarray, error: str | None) -> bool:
-    meta = json.dumps(
-        {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "count": len(offsets), "error": error}
-    ).encode()
+def _store(
+    index_path: Path, stamp: dict[str, Any], offsets: np.ndarray, lengths: np.ndarray, error: str | None
+) -> bool:
+    meta = json.dumps({**stamp, "count": len(offsets), "error": error}).encode()
     tmp = index_path.with_name(f".{index_path.name}.tmp-{os.getpid()}")
     try:
         index_path.parent.mkdir(parents=True, exist_ok=True)
@@ -143,14 +157,35 @@ def shard_index(shard: str | os.PathLike[str], *, index_dir: str | os.PathLike[s
         raise DataError(f"TFRecord file {shard}: cannot read it: {e}") from None
     locations = index_locations(shard, index_dir)
     for location in locations:
-        cached = _load(location, shard, stat)
+        cached = _load(location, shard, _stamp(stat))
         if cached is not None:
             return cached
     offsets, lengths, error = _scan(shard)
-    where = next((loc for loc in locations if _store(loc, stat, offsets, lengths, error)), None)
+    where = next((loc for loc in locations if _store(loc, _stamp(stat), offsets, lengths, error)), None)
     if where is None:
         log.warning("TFRecord index of %s could not be cached (tried %s)", shard, ", ".join(map(str, locations)))
     return ShardIndex(shard, offsets, lengths, error, where, built=True)
+
+
+def remote_shard_index(files: FileSet, k: int, *, index_dir: str | os.PathLike[str] | None = None) -> ShardIndex:
+    """The index of file ``k`` of ``files`` (an object-store shard): the cached one when its URL,
+    size and version match, else built now from the shard's copy in the cache (fetched if need be)
+    and cached in ``<cache>/index/`` (or ``index_dir``)."""
+    file = files.files[k]
+    stamp = {"url": file.url, "size": file.size, "version": file.version}
+    folder = Path(index_dir) if index_dir is not None else files.cache.root / "index"
+    index_path = folder / f"{cache_name(file)}.idx"
+    cached = _load(index_path, file.url, stamp)
+    if cached is not None:
+        return cached
+    copy = files.local(k)
+    offsets, lengths, error = _scan(copy)
+    if error is not None:
+        error = error.replace(str(copy), file.url)  # name the object, not its copy
+    stored = _store(index_path, stamp, offsets, lengths, error)
+    if not stored:
+        log.warning("TFRecord index of %s could not be cached in %s", file.url, folder)
+    return ShardIndex(file.url, offsets, lengths, error, index_path if stored else None, built=True)
 
 
 class RecordShards:
@@ -158,34 +193,34 @@ class RecordShards:
 
     Record ``i`` is record ``i - start[k]`` of shard ``k`` (shards in the given order). Open
     files are cached (at most ``max_open`` at once); a copy for a worker process carries the
-    index, not the files.
+    index, not the files. Shards on an object store are read from the machine's cache
+    (:mod:`stoker.data.stream`); :meth:`ahead` fetches the shards of coming records early.
 
     Args:
-        paths: the shard files.
+        paths: the shard files: local paths, URLs or :class:`~stoker.data.stream.DataFile` s.
         index_dir: where to cache the indexes (default: see the module doc).
         lenient: a shard whose framing breaks (a truncated tail, a corrupt length) contributes
             the records before the break, with a warning; otherwise it raises :class:`DataError`.
         progress: show a tqdm bar when indexing takes more than a second (on a terminal).
+        stream: the cache and read-ahead of object-store shards (default
+            :class:`~stoker.data.stream.StreamOptions`).
     """
 
     def __init__(
         self,
-        paths: Sequence[str | os.PathLike[str]],
+        paths: Sequence[str | os.PathLike[str] | DataFile],
         *,
         index_dir: str | os.PathLike[str] | None = None,
         lenient: bool = False,
         progress: bool = True,
         max_open: int = 64,
+        stream: StreamOptions | None = None,
     ) -> None:
-        from tqdm.auto import tqdm
-
-        self.paths = [Path(p) for p in paths]
+        self.files = FileSet([as_data_file(p) for p in paths], stream)
+        #: The shards as printed: local paths, or URLs.
+        self.paths: list[Path | str] = [f.url if self.files.remote else Path(f.url) for f in self.files.files]
         self.indexes: list[ShardIndex] = []
-        bar = tqdm(
-            self.paths, desc="indexing TFRecord shards", unit="shard", delay=1.0, disable=None if progress else True
-        )
-        for path in bar:
-            index = shard_index(path, index_dir=index_dir)
+        for index in self._index_all(index_dir, progress):
             if index.error is not None:
                 if not lenient:
                     raise DataError(f"{index.error} (skip_bad_examples=True reads the {len(index)} records before it)")
@@ -196,8 +231,45 @@ class RecordShards:
         self.max_open = max_open
         self._fds: OrderedDict[int, int] = OrderedDict()
 
+    def _index_all(self, index_dir: str | os.PathLike[str] | None, progress: bool) -> Iterable[ShardIndex]:
+        """Every shard's index, in order; object-store shards on ``fetch_threads`` threads at once."""
+        from tqdm.auto import tqdm
+
+        if self.files.remote:
+            pool = ThreadPoolExecutor(self.files.stream.fetch_threads, thread_name_prefix="stoker-io-index")
+            with pool:
+                ks = range(len(self.files))
+                jobs = pool.map(lambda k: remote_shard_index(self.files, k, index_dir=index_dir), ks)
+                yield from tqdm(
+                    jobs,
+                    total=len(ks),
+                    desc="indexing TFRecord shards",
+                    unit="shard",
+                    delay=1.0,
+                    disable=None if progress else True,
+                )
+            return
+        bar = tqdm(
+            self.paths, desc="indexing TFRecord shards", unit="shard", delay=1.0, disable=None if progress else True
+        )
+        for path in bar:
+            yield shard_index(path, index_dir=index_dir)
+
     def __len__(self) -> int:
         return int(self.starts[-1])
+
+    @property
+    def remote(self) -> bool:
+        """Whether the shards are on an object store (read through the cache)."""
+        return self.files.remote
+
+    def ahead(self, records: Iterable[int]) -> None:
+        """Fetch the object-store shards of ``records`` (in the order they will be read) into the
+        cache in the background, within the read-ahead budget; nothing for local shards."""
+        if not self.files.remote:
+            return
+        ids = np.searchsorted(self.starts, np.fromiter(records, dtype=np.int64), side="right") - 1
+        self.files.ahead(dict.fromkeys(int(k) for k in ids))  # first use first, once each
 
     def locate(self, i: int) -> tuple[int, int]:
         """``(shard number, record number in that shard)`` of global record ``i``."""
@@ -223,7 +295,7 @@ class RecordShards:
             self._fds.move_to_end(k)
             return fd
         try:
-            fd = os.open(self.paths[k], os.O_RDONLY)
+            fd = self.files.open_fd(k)
         except OSError as e:
             raise DataError(f"TFRecord file {self.paths[k]}: cannot open it: {e}") from None
         self._fds[k] = fd
@@ -248,4 +320,4 @@ class RecordShards:
             pass
 
 
-__all__ = ["INDEX_FOLDER", "RecordShards", "ShardIndex", "index_locations", "shard_index"]
+__all__ = ["INDEX_FOLDER", "RecordShards", "ShardIndex", "index_locations", "remote_shard_index", "shard_index"]

@@ -26,11 +26,16 @@ bad label raise :class:`~stoker.data.DataError` naming the shard, the record num
 offset for framing errors) and what is wrong; with ``skip_bad_examples=True`` the example is
 replaced by the next readable one of the epoch's order, counted and logged, identically after a
 resume.
+
+**Object storage**: ``data_dir`` may be a URL (``s3://bucket/imagenet``, ``gs://...``, ``az://...``);
+the shards are then fetched whole into the machine's cache and read there, the shards of the
+coming batches fetched ahead (:mod:`stoker.data.stream`, settings in ``ReadOptions(stream=...)``).
 """
 
 from __future__ import annotations
 
 import copy
+import fnmatch
 import io
 import logging
 import os
@@ -39,10 +44,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from ...errors import ConfigError
+from ...storage import location
 from ..base import DataError
 from ..options import ReadOptions
+from ..stream import DataFile, is_folder, list_files
 from ..tfrecord_index import RecordShards
 from ..tfrecord_io import example_class, make_example, write_tfrecords
 from .examples import EncodedExample
@@ -52,6 +60,8 @@ from .source import EncodedImageSource
 
 log = logging.getLogger("stoker")
 
+#: Batches ahead of the one being built whose shards are fetched early (object-store data).
+READ_AHEAD_BATCHES = 8
 #: tf_cnn's ImageNet classifier width: labels 1..1000 plus the unused background class 0.
 IMAGENET_NUM_CLASSES = 1001
 ENCODED_KEY = "image/encoded"
@@ -60,17 +70,21 @@ BBOX_KEYS = ("image/object/bbox/ymin", "image/object/bbox/xmin", "image/object/b
 _INDEX_SUFFIXES = (".idx", ".index")  # other tools' index files next to the shards (DALI, tfrecord)
 
 
+def shard_files(data_dir: str | os.PathLike[str], split: str) -> list[DataFile]:
+    """The ``<split>-*-of-*`` files of ``data_dir`` (a local folder or a URL) in name order
+    (tf_cnn's pattern; hidden files and ``.idx`` / ``.index`` files are not shards), with their
+    sizes and versions. Empty when there are none."""
+    return [
+        f
+        for name, f in list_files(location(data_dir))
+        if fnmatch.fnmatchcase(name, f"{split}-*-of-*") and not name.endswith(_INDEX_SUFFIXES)
+    ]
+
+
 def find_shards(data_dir: str | os.PathLike[str], split: str) -> list[Path]:
-    """The ``<split>-*-of-*`` files of ``data_dir`` in name order (tf_cnn's pattern; hidden files
-    and ``.idx`` / ``.index`` files are not shards). Empty when there are none."""
-    folder = Path(data_dir)
-    if not folder.is_dir():
-        return []
-    return sorted(
-        p
-        for p in folder.glob(f"{split}-*-of-*")
-        if p.is_file() and not p.name.startswith(".") and not p.name.endswith(_INDEX_SUFFIXES)
-    )
+    """The ``<split>-*-of-*`` files of the local folder ``data_dir`` in name order (for a URL:
+    :func:`shard_files`). Empty when there are none."""
+    return [Path(f.url) for f in shard_files(Path(data_dir), split)]
 
 
 def expected_layouts(data_dir: str | os.PathLike[str]) -> str:
@@ -144,17 +158,17 @@ class TFRecordImageSource(EncodedImageSource):
         num_classes: int = IMAGENET_NUM_CLASSES,
         index_dir: str | os.PathLike[str] | None = None,
     ) -> None:
-        self.data_dir = Path(data_dir)
+        self.data_dir = location(data_dir)
         self.split = split or ("train" if train else "validation")
-        if not self.data_dir.is_dir():
-            raise DataError(f"imagenet_tfrecords: the data folder {self.data_dir} does not exist")
-        shards = find_shards(self.data_dir, self.split)
+        shards = shard_files(self.data_dir, self.split)
         if not shards:
+            if not is_folder(self.data_dir):
+                raise DataError(f"imagenet_tfrecords: the data folder {self.data_dir} does not exist")
             raise DataError(
                 f"imagenet_tfrecords: {self.data_dir} holds no {self.split}-*-of-* shards; "
                 f"{expected_layouts(self.data_dir)}"
             )
-        self.records = RecordShards(shards, index_dir=index_dir, lenient=read.skip_bad_examples)
+        self.records = RecordShards(shards, index_dir=index_dir, lenient=read.skip_bad_examples, stream=read.stream)
         self.num_classes = int(num_classes)
         super().__init__(read=read, image=image, train=train)
 
@@ -171,6 +185,20 @@ class TFRecordImageSource(EncodedImageSource):
         view = copy.copy(self)
         view.records = copy.copy(self.records)  # its own open files: another thread may close an old one
         return view
+
+    def batch_indices(self, epoch: int, batch: int) -> torch.Tensor:
+        """This shard's batch ``batch`` of epoch ``epoch``; for shards on an object store, the
+        shards of the next :data:`READ_AHEAD_BATCHES` batches are fetched in the background now."""
+        indices = super().batch_indices(epoch, batch)
+        if self.records.remote:
+            self.records.ahead(self._coming_examples(epoch, batch + 1, READ_AHEAD_BATCHES))
+        return indices
+
+    def _coming_examples(self, epoch: int, batch: int, count: int) -> Iterator[int]:
+        """The examples of this shard's next ``count`` batches of epoch ``epoch`` from ``batch`` on
+        (not past the epoch: its order is the one computed now)."""
+        for b in range(batch, min(batch + count, self.batches_per_epoch)):
+            yield from super().batch_indices(epoch, b).tolist()
 
     def _encoded(self, index: int) -> EncodedExample:
         """Example ``index`` read (both checksums checked) and parsed, not decoded."""
@@ -207,7 +235,8 @@ def imagenet_tfrecords(
     records before the break; otherwise these raise :class:`~stoker.data.DataError`.
 
     Args:
-        data_dir: the folder holding the shards.
+        data_dir: the folder holding the shards: a local path or a URL (``s3://``, ``gs://``,
+            ``az://``, ``file://``; object-store shards are cached locally, ``read.stream``).
         split: the shard name prefix (default ``train`` / ``validation`` by ``train``).
         num_classes: labels must lie in ``[0, num_classes)``.
         index_dir: cache the shard indexes here instead.
@@ -315,6 +344,7 @@ __all__ = [
     "TFRecordImageSource",
     "expected_layouts",
     "find_shards",
+    "shard_files",
     "imagenet_example",
     "imagenet_tfrecords",
     "parse_imagenet_example",

@@ -84,7 +84,8 @@ def _locked(path: Path, *, wait: bool = True) -> Iterator[bool]:
         inner.release()
 
 
-def _cache_name(file: DataFile) -> str:
+def cache_name(file: DataFile) -> str:
+    """The name of ``file``'s copy in the cache: a hash of its URL, size and version, then its own name."""
     digest = hashlib.sha256(f"{file.url}\0{file.size}\0{file.version}".encode()).hexdigest()[:32]
     return f"{digest}-{''.join(c if c.isalnum() or c in '-_.' else '_' for c in file.name)[-80:]}"
 
@@ -117,7 +118,7 @@ class ShardCache:
     # ------------------------------------------------------------------ reading
     def path_of(self, file: DataFile) -> Path:
         """Where ``file`` is (or would be) cached."""
-        return self.files_dir / _cache_name(file)
+        return self.files_dir / cache_name(file)
 
     def get(self, file: DataFile) -> Path:
         """The local copy of ``file``, fetched now if the cache does not hold it; a read touches it."""
@@ -209,4 +210,4 @@ def _download(file: DataFile, tmp: Path) -> None:
         )
 
 
-__all__ = ["ShardCache"]
+__all__ = ["ShardCache", "cache_name"]

@@ -64,6 +64,8 @@ class ReadAhead:
         bytes under way stay within the budget."""
         if self.budget <= 0:
             return
+        if self._pid != os.getpid():
+            self._lock = threading.Lock()  # a forked copy: a lock held by a parent's thread stays held
         with self._lock:
             pool = self._executor()
             self._pending = {k: f for k, f in self._pending.items() if not f.done()}
