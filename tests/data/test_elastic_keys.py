@@ -6,55 +6,75 @@ batches. (The same with real processes, a kill -9 and the Estimator: tests/distr
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
 
 import stoker
-from helpers.images import make_id_tree
-from stoker.data import ImageOptions, ReadOptions, example_rng, example_uniforms, image_folder
+from helpers.images import make_id_tree, write_cifar
+from stoker.data import (
+    ImageOptions,
+    ReadOptions,
+    cifar_binary,
+    example_rng,
+    example_uniforms,
+    image_folder,
+    tar_shards,
+    write_image_tar_shards,
+)
 from stoker.errors import CheckpointMismatchError
 
 GLOBAL = 8  # examples per global batch
 SIZE = 12
+Batches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 @pytest.fixture(scope="module")
-def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return make_id_tree(tmp_path_factory.mktemp("ids"), count=20)  # 2 global batches per epoch, 4 dropped
+def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("elastic")
+    tree = make_id_tree(root / "ids", count=20)  # 2 global batches per epoch, 4 dropped
+    write_image_tar_shards(tree, root / "tar", samples_per_shard=7)
+    return {"tree": tree, "tar": root / "tar", "cifar": write_cifar(root / "cifar", per_file=8)}
 
 
-def replicas(tree: Path, n: int, workers: int = 0, kind: str = "auto") -> list[stoker.data.ImageFolderSource]:
-    """The ``n`` replicas' sources of one run: random crops, flips and colour distortions."""
-    return [
-        image_folder(
-            tree,
-            read=ReadOptions(
-                batch_size=GLOBAL // n, num_shards=n, shard_index=r, seed=5, num_workers=workers, worker_kind=kind
-            ),
-            image=ImageOptions(image_size=SIZE, distortions=True, decoder="pillow"),
+def replicas(data: dict[str, Path], kind: str, n: int, workers: int = 0, worker_kind: str = "auto") -> list[Any]:
+    """The ``n`` replicas' sources of one run of ``kind``: every random op of stoker.data's sources
+    (the two crops, flips, colour distortions; CIFAR's pad-and-crop and flip)."""
+
+    def read(r: int) -> ReadOptions:
+        return ReadOptions(
+            batch_size=GLOBAL // n, num_shards=n, shard_index=r, seed=5, num_workers=workers, worker_kind=worker_kind
         )
-        for r in range(n)
-    ]
+
+    if kind == "cifar":
+        return [cifar_binary(data["cifar"], read=read(r)) for r in range(n)]
+    image = ImageOptions(
+        image_size=SIZE, distortions=True, decoder="pillow", crop="tf_cnn" if kind == "tf_cnn" else "inception"
+    )
+    if kind == "tar":
+        return [tar_shards(data["tar"], read=read(r), image=image) for r in range(n)]
+    return [image_folder(data["tree"], read=read(r), image=image) for r in range(n)]
 
 
-def global_batches(sources: list[stoker.data.ImageFolderSource], steps: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """``steps`` global batches: replica ``r``'s rows are rows ``r, r + n, ...`` of the global batch."""
+def global_batches(sources: list[Any], steps: int) -> Batches:
+    """``steps`` global batches ``(labels, images)``: replica ``r``'s rows are rows ``r, r + n, ...``."""
     n = len(sources)
     out = []
     for _ in range(steps):
-        images = torch.empty((GLOBAL, 3, SIZE, SIZE))
-        ids = torch.empty(GLOBAL, dtype=torch.int64)
-        for r, source in enumerate(sources):
-            images[r::n], ids[r::n] = next(source)
-        out.append((ids, images))
+        parts = [next(source) for source in sources]
+        images = torch.empty((GLOBAL, *parts[0][0].shape[1:]))
+        labels = torch.empty(GLOBAL, dtype=torch.int64)
+        for r, (x, y) in enumerate(parts):
+            images[r::n], labels[r::n] = x, y
+        out.append((labels, images))
     for source in sources:
         source.close()
     return out
 
 
-def equal(a: list[tuple[torch.Tensor, torch.Tensor]], b: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+def equal(a: Batches, b: Batches) -> bool:
     return len(a) == len(b) and all(
         torch.equal(x, y) and torch.equal(p, q) for (x, p), (y, q) in zip(a, b, strict=True)
     )
@@ -73,26 +93,32 @@ def test_an_examples_random_numbers_depend_on_seed_epoch_and_index_alone() -> No
         assert not np.isclose(example_rng(*key).random(6), draws).any()
 
 
-def test_global_batches_are_the_same_tensors_for_any_replicas_and_workers(tree: Path) -> None:
-    one = global_batches(replicas(tree, 1), 5)  # 2.5 epochs
-    assert sorted(one[0][0].tolist() + one[1][0].tolist()) != list(range(16))  # shuffled, 4 of 20 dropped
-    assert equal(global_batches(replicas(tree, 2), 5), one)
-    assert equal(global_batches(replicas(tree, 4, workers=2, kind="thread"), 5), one)
-    assert equal(global_batches(replicas(tree, 2, workers=2, kind="process"), 5), one)
+@pytest.mark.parametrize("kind", ["inception", "tf_cnn", "tar", "cifar"])
+def test_global_batches_are_the_same_tensors_for_any_replicas_and_workers(data: dict[str, Path], kind: str) -> None:
+    one = global_batches(replicas(data, kind, 1), 5)  # 2.5 epochs (CIFAR: 40 examples, 5 per epoch)
+    assert equal(global_batches(replicas(data, kind, 2), 5), one)
+    assert equal(global_batches(replicas(data, kind, 4, workers=2, worker_kind="thread"), 5), one)
+    if kind == "inception":
+        assert sorted(one[0][0].tolist() + one[1][0].tolist()) != list(range(16))  # shuffled, 4 of 20 dropped
+        assert equal(global_batches(replicas(data, kind, 2, workers=2, worker_kind="process"), 5), one)
 
 
-def test_a_position_resharded_2_1_2_goes_on_with_the_uninterrupted_global_batches(tree: Path) -> None:
-    whole = global_batches(replicas(tree, 1), 8)  # 4 epochs
-    two = replicas(tree, 2)
-    seen = global_batches(two, 3)  # into the second epoch
-    assert [s.state_dict()["samples"] for s in two] == [GLOBAL, GLOBAL]  # one global batch of epoch 1 read
-    one = replicas(tree, 1)
-    one[0].load_state_dict(one[0].reshard_state_dict([s.state_dict() for s in two]))
-    seen += global_batches(one, 2)
-    two = replicas(tree, 2)
-    for s in two:
-        s.load_state_dict(s.reshard_state_dict([one[0].state_dict()]))
-    seen += global_batches(two, 3)
+@pytest.mark.parametrize("layouts", [(2, 1, 2), (4, 2, 4)])
+def test_a_position_resharded_goes_on_with_the_uninterrupted_global_batches(
+    data: dict[str, Path], layouts: tuple[int, int, int]
+) -> None:
+    whole = global_batches(replicas(data, "inception", 1), 8)  # 4 epochs
+    seen: Batches = []
+    states: list[dict[str, Any]] = []
+    for n, steps in zip(layouts, (3, 2, 3), strict=True):
+        sources = replicas(data, "inception", n)
+        for source in sources:
+            if states:
+                source.load_state_dict(source.reshard_state_dict(states))
+        seen += global_batches(sources, steps)
+        states = [source.state_dict() for source in sources]
+        if not seen[3:]:  # one global batch of the second epoch read, on every replica
+            assert [s["samples"] for s in states] == [GLOBAL] * n
     assert equal(seen, whole)
 
 
