@@ -16,6 +16,7 @@ image sources also take what to make of each image as one :class:`ImageOptions` 
 - :func:`text_chars`: byte-level language-model streams (:func:`stdlib_corpus`: a corpus
   on every machine).
 - :func:`synthetic_images`: one random batch on the device, for benchmarks.
+- :func:`mix`: several sources mixed by weight, each batch from one drawn from a seed.
 
 The file-based sources take local paths or URLs (``s3://``, ``gs://``, ``az://``, ``file://``):
 object-store files are fetched whole into the machine's cache and read there
@@ -40,6 +41,7 @@ from .images import (
     write_image_tar_shards,
     write_imagenet_tfrecords,
 )
+from .mix import Mixture, mix
 from .options import ReadOptions
 from .stream import StreamOptions
 from .synthetic import RepeatedBatch, SyntheticImages, synthetic_images
@@ -54,6 +56,7 @@ __all__ = [
     "ImageFolderSource",
     "ImageOptions",
     "IndexedSource",
+    "Mixture",
     "ReadOptions",
     "RepeatedBatch",
     "StreamOptions",
@@ -68,6 +71,7 @@ __all__ = [
     "example_uniforms",
     "image_folder",
     "imagenet_tfrecords",
+    "mix",
     "stdlib_corpus",
     "synthetic_images",
     "tar_shards",

@@ -409,6 +409,16 @@ def epochs_read(infeed: Infeed) -> float | None:
     return (int(position["epoch"]) * per_epoch + int(position["batch"]) + int(state["skip"])) / per_epoch
 
 
+def input_scalars(infeed: Infeed) -> dict[str, float]:
+    """What ``infeed``'s source reports about the batches its loop consumed, for the summaries
+    (``summary_scalars(state, ahead)``: a mixture's ``mix/<name>`` proportions); else ``{}``."""
+    report = getattr(infeed._source, "summary_scalars", None)
+    if not callable(report) or infeed._api is None:
+        return {}
+    state = infeed.state_dict()  # what the loop consumed: a snapshot and the batches after it
+    return dict(report(state["source"], int(state["skip"])))
+
+
 def with_rollback(
     state: dict[str, Any] | None,
     *,

@@ -40,7 +40,7 @@ from ..hooks.early_stopping import StopFileHook
 from ..hooks.tracking import TrackerHook
 from ..spec import ModeKeys
 from ..storage import Location
-from .infeed import Infeed, epochs_read, with_rollback
+from .infeed import Infeed, epochs_read, input_scalars, with_rollback
 from .inputs import InputFn, InputPlan
 from .loop import DeviceLoop, ModelFn, TrainStep
 from .model_state import ModelState
@@ -225,6 +225,7 @@ class TrainingRun:
             run.rollbacks = len(infeed.rollbacks)
             run._save = lambda: self._save(run, runner, infeed, step)
             run._epochs = lambda: epochs_read(infeed)
+            run._input_scalars = lambda: input_scalars(infeed)
             loop = DeviceLoop(step, run, run.global_batch_size, self.strategy)
             if state.ema is not None:
                 loop.after_step = state.ema.after_step  # RunConfig.ema: updated after its steps

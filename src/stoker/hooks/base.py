@@ -140,6 +140,7 @@ class RunContext:
     _save: Callable[[], Location | None] | None = None
     _on_evaluation: Callable[[RunContext, dict[str, float]], None] | None = None
     _epochs: Callable[[], float | None] | None = None
+    _input_scalars: Callable[[], dict[str, float]] | None = None
     _any_replica: Callable[[bool], bool] = bool
 
     @property
@@ -181,6 +182,11 @@ class RunContext:
         """How many epochs of its data the run has read (``2.41``: two and 41 % of the third),
         when the source knows its length (``stoker.data``'s sources); else ``None``."""
         return None if self._epochs is None else self._epochs()
+
+    def input_scalars(self) -> dict[str, float]:
+        """What the training input reports about the batches read so far, for the summaries:
+        ``mix/<name>``, each source's realised proportion, for a ``stoker.data.mix``; else ``{}``."""
+        return {} if self._input_scalars is None else self._input_scalars()
 
     def add_evaluation(self, metrics: dict[str, float]) -> None:
         """Hand every hook an evaluation made now: ``metrics`` (the loss and metrics, with the

@@ -12,8 +12,9 @@ log = logging.getLogger("stoker")
 
 
 class LoggingHook(IntervalHook):
-    """Log the mean loss (and ``host_call`` values) of the steps since the last line, and how many
-    epochs of its data the run has read (``epoch 2.41``) when the source knows its length.
+    """Log the mean loss (and ``host_call`` values) of the steps since the last line, how many
+    epochs of its data the run has read (``epoch 2.41``) when the source knows its length, and a
+    mixture's realised proportions (``mix/web = 0.7012``, :func:`stoker.data.mix`).
 
     With ``language_model=True`` the loss is taken as nats per token (character) and the line
     also shows perplexity ``exp(loss)`` and bits per character ``loss / ln 2``, as the
@@ -56,7 +57,8 @@ class LoggingHook(IntervalHook):
             if "steps_per_sec" in logs
             else None
         )
-        values, epochs = interval.means(self.names), run.epochs_read()
+        # host_call values, then what the input reports (a mixture's mix/<name> proportions)
+        values, epochs = {**interval.means(self.names), **run.input_scalars()}, run.epochs_read()
         self._pending = (run.global_step, interval.loss_sum / interval.loss_n, values, epochs, rates)
         self._line = None
         if run.is_chief and self.logger.isEnabledFor(logging.INFO):

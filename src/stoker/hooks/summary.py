@@ -61,6 +61,7 @@ class SummaryHook(IntervalHook):
         for key in ("steps_per_sec", "examples_per_sec", "input_wait_fraction", "bad_examples_skipped", "rollbacks"):
             if key in run.logs:
                 scalars[key] = run.logs[key]
+        scalars.update(run.input_scalars())  # a mixture's realised proportions (mix/<name>)
         self._writer.write(run.global_step, scalars)
         # Every flush_secs; and when a checkpoint was written at this very step: the saver runs
         # before this hook, so _checkpointed flushed the rows before this one, and a run
