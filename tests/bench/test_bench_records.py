@@ -1,4 +1,4 @@
-"""``stoker bench --data_dir`` picks TFRecord shards or an image folder by what the folder holds."""
+"""``stoker bench --data_dir`` picks TFRecord shards, tar shards or an image folder by what the folder holds."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 
 from helpers.cli import run_main
 from helpers.images import make_image_tree
-from stoker.data import write_imagenet_tfrecords
+from stoker.data import write_image_tar_shards, write_imagenet_tfrecords
 
 BENCH = ["bench", "--model=trivial", "--batch_size=4", "--num_batches=2", "--num_warmup_batches=0", "--device=cpu"]
 
@@ -25,6 +25,23 @@ def test_bench_trains_on_tfrecord_shards(capsys: pytest.CaptureFixture[str], fol
     assert "Dataset:     imagenet (TFRecord shards)" in out.splitlines()
     assert "total images/sec:" in out
     assert (tmp_path / ".stoker-index" / "train-00000-of-00002.idx").exists()
+
+
+def test_bench_trains_and_evaluates_on_tar_shards(
+    capsys: pytest.CaptureFixture[str], folder: Path, tmp_path: Path
+) -> None:
+    write_image_tar_shards(folder, tmp_path, samples_per_shard=5)  # train-000000.tar ...
+    small = make_image_tree(tmp_path / "small", classes=2, per_class=3, size=16)
+    write_image_tar_shards(small, tmp_path, prefix="validation", samples_per_shard=5)
+    train = tmp_path / "train"
+    code, out, err = run_main(capsys, *BENCH, f"--data_dir={tmp_path}", f"--train_dir={train}")
+    assert code == 0, err
+    assert "Dataset:     imagenet (tar shards)" in out.splitlines() and "total images/sec:" in out
+    assert (tmp_path / ".stoker-index" / "train-000000.tar.tidx").exists()
+    one_pass = [flag for flag in BENCH if not flag.startswith("--num_batches")]
+    code, out, err = run_main(capsys, *one_pass, f"--data_dir={tmp_path}", f"--train_dir={train}", "--eval")
+    assert code == 0, err
+    assert "[6 examples]" in out  # one pass over the validation shards, not the 12 training samples
 
 
 def test_bench_names_the_image_folder_layout(capsys: pytest.CaptureFixture[str], folder: Path) -> None:

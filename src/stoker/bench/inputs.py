@@ -8,8 +8,9 @@ Estimator as ``input_fn(params)`` with the per-replica ``batch_size``, ``num_rep
   (MovieLens ids, spectrograms, COCO images with boxes), repeated;
 - :class:`SyntheticImages`: one random image batch made on the device, repeated;
 - :class:`CifarBinaries`: the CIFAR-10 binaries;
-- :class:`TFRecordImages` and :class:`FolderImages`: JPEG images from TFRecord shards or an
-  image folder, decoded by workers with the same :class:`ImageOptions`;
+- :class:`TFRecordImages`, :class:`TarShardImages` and :class:`FolderImages`: JPEG images from
+  TFRecord shards, tar shards (the WebDataset layout) or an image folder, decoded by workers with
+  the same :class:`ImageOptions`;
 - :class:`FirstBatchRepeated`: ``--datasets_repeat_cached_sample``, the first batch of another
   ``input_fn`` repeated forever.
 """
@@ -26,9 +27,18 @@ from typing import Any
 
 import torch
 
-from ..data import ReadOptions, RepeatedBatch, cifar_binary, image_folder, imagenet_tfrecords, synthetic_images
+from ..data import (
+    ReadOptions,
+    RepeatedBatch,
+    cifar_binary,
+    image_folder,
+    imagenet_tfrecords,
+    synthetic_images,
+    tar_shards,
+)
 from ..data import images as data_images
 from ..data.images import IMAGE_EXTENSIONS
+from ..data.images.tar_shards import split_of
 from ..data.images.tfrecord import find_shards
 from ..models import ModelInfo
 from ..resolve import Choice
@@ -37,7 +47,7 @@ InputFn = Callable[[dict[str, Any]], Iterable[Any]]
 
 
 #: What an ImageNet ``--data_dir`` holds (the header's ``Dataset:`` line says it).
-TFRECORDS, IMAGE_FOLDER = "TFRecord shards", "image folder"
+TFRECORDS, IMAGE_FOLDER, TAR_SHARDS = "TFRecord shards", "image folder", "tar shards"
 
 
 def image_folder_roots(data_dir: Path) -> tuple[Path, Path]:
@@ -170,6 +180,20 @@ class TFRecordImages:
 
 
 @dataclass(frozen=True, kw_only=True)
+class TarShardImages:
+    """Tar shards (``key.jpg`` + ``key.cls``): those named ``train*`` for training and
+    ``validation*`` / ``val*`` for evaluation when there are any, else all of them."""
+
+    data_dir: Path
+    num_classes: int
+    options: ImageOptions
+
+    def __call__(self, params: dict[str, Any]) -> Iterable[Any]:
+        split = split_of(self.data_dir, self.options.train)
+        return tar_shards(self.data_dir, split=split, num_classes=self.num_classes, **self.options.for_replica(params))
+
+
+@dataclass(frozen=True, kw_only=True)
 class FolderImages:
     """An image folder, ``root/<class>/<image>``."""
 
@@ -197,12 +221,14 @@ class FirstBatchRepeated:
 
 def image_input_fn(
     data_dir: Path, data_layout: str, num_classes: int, options: ImageOptions
-) -> TFRecordImages | FolderImages:
+) -> TFRecordImages | TarShardImages | FolderImages:
     """The ``input_fn`` of ImageNet-shaped JPEG data in ``data_dir``: its TFRecord shards
-    (``data_layout`` :data:`TFRECORDS`), or the image folder's training or evaluation root as
-    ``options.train`` says."""
+    (``data_layout`` :data:`TFRECORDS`), its tar shards (:data:`TAR_SHARDS`), or the image
+    folder's training or evaluation root as ``options.train`` says."""
     if data_layout == TFRECORDS:
         return TFRecordImages(data_dir=data_dir, num_classes=num_classes, options=options)
+    if data_layout == TAR_SHARDS:
+        return TarShardImages(data_dir=data_dir, num_classes=num_classes, options=options)
     train_root, eval_root = image_folder_roots(data_dir)
     return FolderImages(root=train_root if options.train else eval_root, options=options)
 
@@ -225,6 +251,7 @@ def auto_decoder_choice(data_dir: Path, data_layout: str, num_classes: int, opti
 
 __all__ = [
     "IMAGE_FOLDER",
+    "TAR_SHARDS",
     "TFRECORDS",
     "CifarBinaries",
     "FirstBatchRepeated",
@@ -234,6 +261,7 @@ __all__ = [
     "ModelExamples",
     "SyntheticImages",
     "TFRecordImages",
+    "TarShardImages",
     "auto_decoder_choice",
     "has_class_folders",
     "image_folder_roots",

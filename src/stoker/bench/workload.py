@@ -33,7 +33,9 @@ import torch
 
 from .. import resolve as rules
 from ..data.images import IMAGE_EXTENSIONS, scan_image_folder
+from ..data.images.tar_shards import find_tar_shards, split_of
 from ..data.images.tfrecord import expected_layouts, find_shards
+from ..data.tar_io import TarShards
 from ..data.tfrecord_index import RecordShards
 from ..distributed import device_choice, torchrun_world_size
 from ..errors import ConfigError
@@ -51,7 +53,7 @@ from .config import (
     FlagError,
 )
 from .flags import flag_error
-from .inputs import IMAGE_FOLDER, TFRECORDS, has_class_folders, image_folder_roots
+from .inputs import IMAGE_FOLDER, TAR_SHARDS, TFRECORDS, has_class_folders, image_folder_roots
 
 _CIFAR_RECORD_BYTES = 1 + 32 * 32 * 3
 _CIFAR_MARKERS = ("data_batch_1.bin", "test_batch.bin", "cifar-10-batches-bin")
@@ -348,6 +350,20 @@ def _count_records(data_dir: Path) -> tuple[int, int]:
     return counts[0], counts[1]
 
 
+def _count_tar_samples(data_dir: Path) -> tuple[int, int, int]:
+    """Samples in the training and evaluation tar shards (:func:`~stoker.data.images.tar_shards.split_of`)
+    and the classes their ``.cls`` labels need (the largest + 1); indexing them on first use."""
+    counts, classes = [], 0
+    for train in (True, False):
+        try:
+            shards = TarShards(find_tar_shards(data_dir, split_of(data_dir, train)))
+        except ValueError as e:
+            raise FlagError(("data_dir",), f"--data_dir={data_dir}: {e}") from None
+        counts.append(len(shards))
+        classes = max(classes, int(shards.labels().max(initial=-1)) + 1)
+    return counts[0], counts[1], classes
+
+
 def _count_examples(dataset: str, data_dir: Path) -> tuple[int, int, int | None, str]:
     """Examples in the training and evaluation data, the number of class folders (image
     folders only) and the layout: TFRecord shards when ``train-*-of-*`` files are there, else
@@ -361,6 +377,8 @@ def _count_examples(dataset: str, data_dir: Path) -> tuple[int, int, int | None,
         if train == 0:
             raise FlagError(("data_dir",), f"--data_dir={data_dir}: no CIFAR-10 data_batch_*.bin files")
         return int(train), int(test or train), None, ""  # the data set names the layout
+    if find_tar_shards(data_dir):
+        return *_count_tar_samples(data_dir), TAR_SHARDS
     if find_shards(data_dir, "train"):
         if has_class_folders(data_dir):
             raise FlagError(

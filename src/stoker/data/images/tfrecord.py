@@ -88,10 +88,11 @@ def find_shards(data_dir: str | os.PathLike[str], split: str) -> list[Path]:
 
 
 def expected_layouts(data_dir: str | os.PathLike[str]) -> str:
-    """The sentence every "no data found" message ends with: both layouts stoker reads."""
+    """The sentence every "no data found" message ends with: the layouts stoker reads."""
     return (
         f"{data_dir} should hold either TFRecord shards named train-*-of-* / validation-*-of-* "
-        "(tf_cnn_benchmarks' ImageNet layout, read by stoker.data.imagenet_tfrecords) or one folder "
+        "(tf_cnn_benchmarks' ImageNet layout, read by stoker.data.imagenet_tfrecords), *.tar shards of "
+        "key.jpg + key.cls samples (the WebDataset layout, read by stoker.data.tar_shards) or one folder "
         "of images per class (read by stoker.data.image_folder)"
     )
 
