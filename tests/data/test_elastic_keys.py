@@ -24,6 +24,7 @@ from stoker.data import (
     tar_shards,
     write_image_tar_shards,
 )
+from stoker.data.images import ImagePreprocessor
 from stoker.errors import CheckpointMismatchError
 
 GLOBAL = 8  # examples per global batch
@@ -101,6 +102,31 @@ def test_global_batches_are_the_same_tensors_for_any_replicas_and_workers(data: 
     if kind == "inception":
         assert sorted(one[0][0].tolist() + one[1][0].tolist()) != list(range(16))  # shuffled, 4 of 20 dropped
         assert equal(global_batches(replicas(data, kind, 2, workers=2, worker_kind="process"), 5), one)
+
+
+def test_uint8_batches_and_the_steps_distortion_are_the_same_for_any_replicas(data: dict[str, Path]) -> None:
+    """``output="uint8"``: the images and colour parameters cross over as they are, and the step's
+    distortion and normalisation (on the CPU: image by image) give each example the same tensor."""
+    image = ImageOptions(image_size=SIZE, distortions=True, decoder="pillow", output="uint8")
+    preprocess = ImagePreprocessor(distortions=True)
+
+    def run(n: int) -> list[torch.Tensor]:
+        sources = [
+            image_folder(
+                data["tree"], read=ReadOptions(batch_size=GLOBAL // n, num_shards=n, shard_index=r, seed=5), image=image
+            )
+            for r in range(n)
+        ]
+        out = []
+        for _ in range(3):
+            rows = torch.empty((GLOBAL, 3, SIZE, SIZE))
+            for r, source in enumerate(sources):
+                features, _ = next(source)
+                rows[r::n] = preprocess(features["images"], features["color"])
+            out.append(rows)
+        return out
+
+    assert all(torch.equal(a, b) for a, b in zip(run(1), run(2), strict=True))
 
 
 @pytest.mark.parametrize("layouts", [(2, 1, 2), (4, 2, 4)])
