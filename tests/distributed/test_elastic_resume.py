@@ -85,14 +85,17 @@ def global_batches(records: Path, world: int) -> dict[int, tuple[list[int], list
 
 
 @pytest.mark.slow
-def test_resumed_2_1_2_with_kill_9_trains_on_the_uninterrupted_global_batches(tmp_path: Path) -> None:
+@pytest.mark.parametrize("mixed", [(), ("--mix",)], ids=["one_source", "mix"])  # stoker.data.mix of two
+def test_resumed_2_1_2_with_kill_9_trains_on_the_uninterrupted_global_batches(
+    tmp_path: Path, mixed: tuple[str, ...]
+) -> None:
     data = make_id_tree(tmp_path / "data", count=20)
-    reference = launch(2, tmp_path / "whole", data, tmp_path / "whole", "--max_steps", str(STEPS))
+    reference = launch(2, tmp_path / "whole", data, tmp_path / "whole", "--max_steps", str(STEPS), *mixed)
     elastic = tmp_path / "elastic"
-    slow = ("--max_steps", str(STEPS), "--sleep", "0.15")
+    slow = ("--max_steps", str(STEPS), "--sleep", "0.15", *mixed)
     kill_9_past(launch(2, elastic, data, tmp_path / "a", *slow), elastic, 4)
     kill_9_past(launch(1, elastic, data, tmp_path / "b", *slow, "--workers", "2"), elastic, 8)
-    errors = finish(launch(2, elastic, data, tmp_path / "c", "--max_steps", str(STEPS)))
+    errors = finish(launch(2, elastic, data, tmp_path / "c", "--max_steps", str(STEPS), *mixed))
     assert "written by 1 replica(s) and this run has 2" in errors[0]
     finish(reference)
 

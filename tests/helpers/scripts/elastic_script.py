@@ -49,6 +49,7 @@ def main() -> None:
     p.add_argument("--max_steps", type=int, default=14)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--sleep", type=float, default=0.0)
+    p.add_argument("--mix", action="store_true", help="train on stoker.data.mix of two readings of the tree")
     args = p.parse_args()
     torch.set_num_threads(1)
     rank = stoker.distributed.torchrun_rank() or 0
@@ -76,12 +77,17 @@ def main() -> None:
         train_batch_size=8,  # the global batch, whatever the number of replicas
     )
 
-    def train_input(params):  # noqa: ANN001, ANN202
+    def folder(params, seed):  # noqa: ANN001, ANN202
         return stoker.data.image_folder(
             args.data,
-            read=stoker.data.ReadOptions(seed=5, num_workers=args.workers).for_replica(params),
+            read=stoker.data.ReadOptions(seed=seed, num_workers=args.workers).for_replica(params),
             image=stoker.data.ImageOptions(image_size=IMAGE_SIZE, distortions=True, decoder="pillow"),
         )
+
+    def train_input(params):  # noqa: ANN001, ANN202
+        if args.mix:  # two readings of the tree (their own orders and augmentation), mixed 0.6 / 0.4
+            return stoker.data.mix({"a": (folder(params, 5), 0.6), "b": (folder(params, 6), 0.4)}, seed=3)
+        return folder(params, 5)
 
     est.train(train_input, max_steps=args.max_steps, hooks=[recorder])
     est.strategy.teardown()
