@@ -140,7 +140,7 @@ def _read_label(f: Any, offset: int, size: int) -> int:
 def _scan(path: Path, shown: str) -> tuple[_Scan, str | None]:
     """Every sample member of the tar file ``path``; the error that stopped the scan, if any."""
     scan = _Scan()
-    with open(path, "rb") as f:
+    with open(path, "rb", buffering=0) as f:  # unbuffered: tarfile seeks past every member, a buffer refill each
         size = os.fstat(f.fileno()).st_size
         try:
             tar = tarfile.open(fileobj=f, mode="r:")
