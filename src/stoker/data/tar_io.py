@@ -9,10 +9,12 @@ Members without an extension, directories and links belong to no sample. A ``.cl
 the sample's class as a decimal integer.
 
 **The index**: the first read of a shard scans its headers (the data is skipped, ``.cls`` members
-excepted) and records every member's name, data offset and size, where each sample starts and
-its ``.cls`` label, then caches that as ``<shard folder>/.stoker-index/<shard>.tidx`` (a hidden
-folder: ``*.tar`` globs never match it), or in ``<stoker's cache>/tar-index/`` when the folder is
-read-only or the shard is on an object store; ``index_dir=`` puts it elsewhere. The index records
+excepted; plain ustar headers are parsed here, PAX records and GNU long names by :mod:`tarfile`)
+and records every member's name, data offset and size, where each sample starts and its
+``.cls`` label, then caches that as ``<shard folder>/.stoker-index/<shard>.tidx`` (a hidden
+folder: ``*.tar`` globs never match it), or in ``<stoker's cache>/tar-index/`` when that folder
+is not writable; an object-store shard's goes to ``tar-index/`` in its stream cache
+(:mod:`stoker.data.stream`), and ``index_dir=`` puts any elsewhere. The index records
 the shard's size and version (a local file's modification time, an object's ETag or generation):
 an index whose shard changed is rebuilt, never trusted. So a sample is one ``pread`` of each
 member it needs, wherever in the shard it lies, and an exact resume mid-shard reads nothing
