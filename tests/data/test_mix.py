@@ -386,8 +386,9 @@ TRAIN = SCRIPTS / "train_script.py"
 
 
 @pytest.mark.slow
-def test_kill_9_mid_run_then_rerun_is_bitwise_an_uninterrupted_run(tmp_path: Path) -> None:
-    args = ["--max_steps", "60", "--mix"]
+@pytest.mark.parametrize("per", ["batch", "example"])
+def test_kill_9_mid_run_then_rerun_is_bitwise_an_uninterrupted_run(tmp_path: Path, per: str) -> None:
+    args = ["--max_steps", "60", "--mix", per]
     ref = in_background([PYTHON, str(TRAIN), "--model_dir", str(tmp_path / "ref"), *args])
     crashed = tmp_path / "crashed"
     for _ in range(2):  # killed twice, at random moments once a checkpoint exists
