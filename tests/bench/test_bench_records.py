@@ -66,7 +66,7 @@ def test_bench_refuses_empty_and_mixed_folders_saying_what_it_expects(
     assert code == 2 and "holds both train-*-of-* TFRecord shards and folders of images" in err and expected in err
 
 
-def test_bench_reads_tfrecord_shards_and_cifar_from_s3(
+def test_bench_reads_tfrecord_and_tar_shards_and_cifar_from_s3(
     s3_env: dict[str, str], capsys: pytest.CaptureFixture[str], folder: Path, tmp_path: Path
 ) -> None:
     """``--data_dir=s3://...`` (a real S3-protocol server, moto) works as a local folder does."""
@@ -84,5 +84,10 @@ def test_bench_reads_tfrecord_shards_and_cifar_from_s3(
     code, out, err = run_main(capsys, *BENCH, "--data_dir=s3://bucket/bench-cifar")
     assert code == 0, err
     assert "Dataset:     cifar10" in out.splitlines() and "total images/sec:" in out
+    for shard in write_image_tar_shards(folder, tmp_path / "tar", samples_per_shard=5):
+        fs.put_file(str(shard), f"bucket/bench-tar/{shard.name}")
+    code, out, err = run_main(capsys, *BENCH, "--data_dir=s3://bucket/bench-tar")
+    assert code == 0, err
+    assert "Dataset:     imagenet (tar shards)" in out.splitlines() and "total images/sec:" in out
     code, _, err = run_main(capsys, *BENCH, "--data_dir=s3://bucket/nothing")
     assert code == 2 and "--data_dir=s3://bucket/nothing: no objects under this prefix" in err
