@@ -337,7 +337,29 @@ def plan(
     for update in ("replicated", "sharded"):
         train("resnet50", "imagenet", 256, "bf16", "stoker", update, [f"--variable_update={update}"], nproc=2)
     train("resnet50", "imagenet", 256, "bf16", "stoker", "eager", variants["eager"], data_format=None)
+    rows += restart_rows(python, rows_dir)
     return rows
+
+
+def restart_rows(python: str, rows_dir: str) -> list[Row]:
+    """Issue 49: time to full speed of resnet20 (bf16, batch 32) restarted on a fresh machine (empty
+    compiler caches) / its first start (``benchmarks/restart.py``), step-compiled (the compiled
+    artifacts carried by the checkpoint) and with a CUDA graph (captured again at every start)."""
+    rows = []
+    for variant, flags in (("compile_step", []), ("cuda_graph", ["--cuda_graph"])):
+        name = f"resnet20 cifar10 b32 bf16 stoker restart {variant}"
+        out = f"{rows_dir}/{re.sub(r'[^A-Za-z0-9]+', '-', name).strip('-').lower()}.json"
+        argv = [python, "benchmarks/restart.py", "--device=cuda", "--workloads", "resnet20", "--steps", "20"]
+        argv += [*flags, "--no_bitwise", "--out", out]
+        rows.append(Row(name, "restart", variant, "resnet20", "cifar10", 32, "bf16", argv, data_format=None,
+                        results_file=out, est_s=150.0))  # fmt: skip
+    return rows
+
+
+def parse_restart_output(text: str) -> dict[str, float]:
+    """``benchmarks/restart.py``'s summary line: the fresh-machine restart's ratio to the first start."""
+    m = re.search(r"restart on a fresh machine ([\d.]+)x of the first start", text)
+    return {} if m is None else {"restart_ratio": float(m.group(1))}
 
 
 # ----------------------------------------------------------------------------- the targets plan
@@ -598,6 +620,11 @@ def measure_row(
         return {**res, "status": f"timeout after {timeout:.0f} s", "output_tail": _tail(out)}
     if rc != 0:
         return {**res, "status": f"failed: exit {rc}", "output_tail": _tail(out)}
+    if row.impl == "restart":  # a ratio of times to full speed, no images/sec
+        parsed_restart = parse_restart_output(out)
+        if not parsed_restart:
+            return {**res, "status": "failed: no restart ratio in the output", "output_tail": _tail(out)}
+        return {**res, **parsed_restart, "status": "ok"}
     parsed = parse_plain_output(out) if row.impl == "plain" else parse_stoker_output(out)
     if row.results_file and (ROOT / row.results_file).exists():  # the whole result: more digits than the text
         full = json.loads((ROOT / row.results_file).read_text())

@@ -138,6 +138,9 @@ def test_planned_commands_are_valid_flags() -> None:
     parser = add_parser(sub)
     new_flags = "--cuda_graph" in parser._option_string_actions
     for row in gc.plan(PYTHON):
+        if row.impl == "restart":  # benchmarks/restart.py, not stoker bench
+            assert gc.ROOT.joinpath(row.argv[1]).is_file() and "--device=cuda" in row.argv
+            continue
         if row.impl == "plain":
             args = gc.plain_parser().parse_args(row.argv[3:])
             assert (args.model, args.batch_size, args.precision, args.variant) == (
@@ -568,3 +571,11 @@ def test_the_steady_rate_leaves_out_what_the_queues_held() -> None:
     times = [0.01] * 10 + [0.05] * 20
     assert gc.steady_rate(times, 256, 10, 100) == pytest.approx(256 / 0.05)
     assert gc.steady_rate(times[:15], 256, 10, 100) is None  # 50 steps after step 100: not enough
+
+
+def test_the_plan_has_the_restart_rows_and_reads_their_ratio() -> None:
+    rows = {r.variant: r for r in gc.plan(PYTHON) if r.impl == "restart"}
+    assert set(rows) == {"compile_step", "cuda_graph"} and "--cuda_graph" in rows["cuda_graph"].argv
+    line = "resnet20: restart on a fresh machine 0.31x of the first start (target <= 0.4x); final weights ..."
+    assert gc.parse_restart_output(line) == {"restart_ratio": 0.31}
+    assert gc.parse_restart_output("no line") == {}

@@ -57,6 +57,7 @@ from .. import storage
 from ..errors import CheckpointError, DamagedCheckpointError, StorageError
 from ..storage.stores import DEFAULT_RETRY, Location, RetryPolicy, UrlPath
 from .commit import FINISHED_NAME, CommitProtocol, commit_protocol, finished_json
+from .compiled import CompiledBundle, remove_unreferenced, write_bundle
 from .files import (
     CKPT_RE,
     INDEX_FORMAT,
@@ -266,6 +267,7 @@ class CheckpointManager:
         tmp_dir: Location | None = None,
         finished: bool = False,
         ema_state: Mapping[str, torch.Tensor] | None = None,
+        compiled: CompiledBundle | None = None,
     ) -> Location:
         """Write ``ckpt-<step>``, commit it in the index, apply retention. Returns its path.
 
@@ -274,6 +276,10 @@ class CheckpointManager:
         commit, at the cost of no fsync of its own; on an object store right after the commit.
 
         ``ema_state``: ``RunConfig.ema``'s average, written as ``ema.safetensors``.
+
+        ``compiled``: the compiler's artifacts (``stoker.checkpoint.compiled``): the bundle is
+        written under ``compiled/`` unless there already, and the checkpoint references it; a
+        bundle that cannot be written is left out with a warning (the checkpoint is still saved).
 
         ``tmp_dir`` (from :meth:`begin`) may already hold files other replicas wrote (a sharded
         ``dcp/`` directory); they are hashed into the index like the chief's own files. A
@@ -294,6 +300,8 @@ class CheckpointManager:
                 data = storage.read_bytes(staging / fname, self.retry)
                 files[fname], sizes[fname] = hashlib.sha256(data).hexdigest(), len(data)
             blobs = checkpoint_blobs(model_state, train_state, input_states, ema_state)
+            if compiled is not None:
+                blobs += self._compiled_reference(compiled)
             for fname, data in blobs:
                 files[fname], sizes[fname] = hashlib.sha256(data).hexdigest(), len(data)
             record = CheckpointRecord(
@@ -313,11 +321,23 @@ class CheckpointManager:
                 raise StorageError(f"checkpoint {name} was not written: {cause}; {self._kept()}") from e
             raise
         self.retention.remove(removed)
+        if removed:
+            remove_unreferenced(self.model_dir, self.protocol.read_index())
         if finished and not self.protocol.finished_in_commit:
             # After the commit and outside the clean-up above: the index names this prefix now,
             # so a marker write that fails must raise without taking the checkpoint with it.
             self.mark_finished(step)
         return final
+
+    def _compiled_reference(self, bundle: CompiledBundle) -> list[tuple[str, bytes]]:
+        """The reference file to ``bundle`` (written first if need be); none if it cannot be written."""
+        try:
+            if write_bundle(self.model_dir, bundle, self.retry):
+                log.info("compiled artifacts saved: %s (%.1f MB)", bundle.name, len(bundle.data) / 1e6)
+        except (OSError, StorageError) as e:
+            log.warning("compiled artifacts not saved with the checkpoint (%s): a resume compiles afresh", e)
+            return []
+        return [bundle.reference()]
 
     def _kept(self) -> str:
         try:

@@ -57,6 +57,7 @@ from ..precision import LossScaler, Precision
 from ..resolve import Choice
 from ..rng import seed_everything, set_rng_state
 from ..storage.stores import Location
+from .compile_cache import CompileCache
 from .ema import EmaWeights
 from .run_settings import RunSettings
 from .saving import StateWriter
@@ -110,6 +111,7 @@ class ModelState:
         self.schedule_fn = lr_schedule
         self.warm_start_from = warm_start_from
         self.warm_start_report: Any = None
+        self.compile_cache: CompileCache | None = None  # a compiled run's artifacts (compile_cache())
         self.fast_linears: list[str] = []  # names of the nn.Linear layers RunConfig.fast_linear made OneDNNLinear
         self.sgd_in_backward: list[str] = []  # names of the layers RunConfig.sgd_in_backward updates in backward
         self.sgd_in_backward_refusal: str | None = None  # why "auto" kept the ordinary update
@@ -247,6 +249,8 @@ class ModelState:
         loaded = ckpt or load_checkpoint(latest)
         self.apply(loaded, full=True)
         log.info("resumed from %s (step %d)", self.holds, self.global_step)
+        if self.config.compile != "none":  # before the first compiled step: the compiler finds its work done
+            compile_cache(self).restore(loaded.path)
         if self.strategy.is_chief:
             self.settings.say(loaded.path, self.global_step)
 
@@ -353,10 +357,33 @@ class ModelState:
             train_state=lambda rngs, caches: _train_state(self, hook_state, rngs, caches),
             last_checkpoint=last_checkpoint,
             finished=finished,
+            compiled=compile_cache(self).bundle if self.config.compile != "none" else None,
         )
         self.holds = self.weights_of = path
         log.info("checkpoint %s written", path)
         return path
+
+
+def compile_cache(state: ModelState) -> CompileCache:
+    """``state``'s :class:`~stoker.engine.compile_cache.CompileCache` (made at the first call,
+    once the model is built: its structure is part of the fingerprint)."""
+    if state.compile_cache is None:
+        state.compile_cache = CompileCache(
+            state.build_model(),
+            compile_mode=state.config.compile,
+            precision=state.precision.name,
+            device=state.strategy.device,
+        )
+    return state.compile_cache
+
+
+def compile_source(state: ModelState) -> tuple[str, float]:
+    """How ``state``'s run starts compiling: "from artifacts", "fresh (<why>)", or "" (eager); and
+    the seconds reading and installing the artifacts took."""
+    if state.config.compile == "none":
+        return "", 0.0
+    restored = compile_cache(state).restored
+    return ("from artifacts" if restored.source == "artifacts" else f"fresh ({restored.reason})"), restored.seconds
 
 
 def _restore_training_state(state: ModelState, ckpt: LoadedCheckpoint) -> None:

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from ..checkpoint.async_writer import AsyncCheckpointWriter, snapshot
+from ..checkpoint.compiled import CompiledBundle
 from ..checkpoint.manager import CheckpointManager
 from ..distributed import Strategy
 from ..distributed.sharded import DCP_DIR, save_sharded
@@ -61,9 +62,11 @@ class StateWriter:
         train_state: TrainState,
         last_checkpoint: Location | None,
         finished: bool,
+        compiled: Callable[[], CompiledBundle | None] | None = None,
     ) -> Location:
         """Write ``ckpt-<step>`` (collective; every replica calls it) and return its path.
-        ``finished``: training ends here (``max_steps``); the commit also writes ``finished.json``."""
+        ``finished``: training ends here (``max_steps``); the commit also writes ``finished.json``.
+        ``compiled``: the compiler's artifacts to carry (the chief calls it; ``stoker.checkpoint.compiled``)."""
         if not _all_finite(list(model.parameters())):
             raise NanLossError(step, float("nan"), str(last_checkpoint) if last_checkpoint else None)
         strategy, checkpoints = self.strategy, self.checkpoints
@@ -81,15 +84,19 @@ class StateWriter:
             inputs = {rank: r["input"] for rank, r in enumerate(everyone)}
             state = train_state([r["rng"] for r in everyone], [r["cache"] for r in everyone])
             weights = None if strategy.shards_state else model.state_dict()
+            bundle = compiled() if compiled is not None else None  # here: torch's recorder is not thread-safe
             if self.writer is not None and tmp is None:  # copy now, write in the background
                 weights, state, inputs, average = snapshot((weights, state, inputs, average))
                 save = checkpoints.save
                 self.writer.submit(
-                    path.name, lambda: save(step, weights, state, inputs, finished=finished, ema_state=average)
+                    path.name,
+                    lambda: save(step, weights, state, inputs, finished=finished, ema_state=average, compiled=bundle),
                 )
             else:
                 self.wait()  # a sharded save after an asynchronous one: in order
-                path = checkpoints.save(step, weights, state, inputs, tmp_dir=tmp, finished=finished, ema_state=average)
+                path = checkpoints.save(
+                    step, weights, state, inputs, tmp_dir=tmp, finished=finished, ema_state=average, compiled=bundle
+                )
         # Every replica holds the chief's path, once it is written: on an object store the
         # folder has a suffix only the chief's save knows (ckpt-5.<hex>), and replicas that
         # disagree on which checkpoint their memory holds disagree on reloading it (collective

@@ -40,10 +40,11 @@ from ..hooks.early_stopping import StopFileHook
 from ..hooks.tracking import TrackerHook
 from ..spec import ModeKeys
 from ..storage import Location
+from .full_speed import FullSpeedClock
 from .infeed import Infeed, epochs_read, input_scalars, with_rollback
 from .inputs import InputFn, InputPlan
 from .loop import DeviceLoop, ModelFn, TrainStep
-from .model_state import ModelState
+from .model_state import ModelState, compile_source
 from .steps import make_train_step
 
 log = logging.getLogger("stoker")
@@ -170,6 +171,7 @@ class TrainingRun:
         self.hooks = list(hooks)
         self._max_steps: int | None = None
         self._finished_saved = False  # the final checkpoint's commit wrote finished.json
+        self._clock = FullSpeedClock(enabled=False)  # run()'s: where the time to full speed went
         #: Whether the last ``run`` stopped because it was interrupted (a signal), not at its end.
         self.interrupted = False
 
@@ -178,7 +180,9 @@ class TrainingRun:
         if self.config.fast_dev_run:  # a quick run: that many steps whatever was asked, nothing written
             steps, max_steps, self.hooks = self.config.fast_dev_run, None, quick_run_hooks(self.hooks)
         state = self.state
+        self._clock = FullSpeedClock(enabled=self.strategy.is_chief)
         state.restore_for_training()
+        self._clock.restored(state.global_step, *compile_source(state))
         if max_steps is not None and state.global_step >= max_steps:
             log.info("train: global step %d already reaches max_steps=%d; nothing to do", state.global_step, max_steps)
             self._mark_finished(max_steps)  # again: a kill may have come between the last save and the marker
@@ -222,6 +226,7 @@ class TrainingRun:
             runner.after_setup(run)
             params = self.inputs.mode_params(ModeKeys.TRAIN)
             infeed = self.inputs.infeed(input_fn, ModeKeys.TRAIN, params, restore=state.pending_input_state)
+            self._clock.input_started(infeed)
             run.rollbacks = len(infeed.rollbacks)
             run._save = lambda: self._save(run, runner, infeed, step)
             run._epochs = lambda: epochs_read(infeed)
@@ -229,6 +234,7 @@ class TrainingRun:
             loop = DeviceLoop(step, run, run.global_batch_size, self.strategy)
             if state.ema is not None:
                 loop.after_step = state.ema.after_step  # RunConfig.ema: updated after its steps
+            self._clock.attach(loop)  # one line at the first full-speed step: where the time went
             state.build_model().train()
             state.holds, state.weights_of, started = "memory", None, True
             self._loops(run, runner, loop, infeed, step)
