@@ -4,61 +4,34 @@ small JSON cache of measured figures keyed by all of that.
 A figure measured here (a kernel's GFLOP/s, which of two kernels is faster for a shape) holds
 for this CPU model, its instruction set, this torch build and this number of threads, so
 :func:`machine_key` puts all four in the key. The cache lives in ``$STOKER_CACHE_DIR`` (else
-``$XDG_CACHE_HOME/stoker``, else ``~/.cache/stoker``), one JSON file per kind of figure; a file
-that cannot be read or parsed is ignored (and replaced on the next store), and every store
-writes a temporary file and renames it into place, so a reader never sees half a file.
+``$XDG_CACHE_HOME/stoker``, else ``~/.cache/stoker``), one JSON file per kind of figure, read and
+written by :mod:`stoker._cache` (a file that cannot be read or parsed is ignored with a log
+line and replaced on the next store; stores are atomic).
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import json
 import os
-import tempfile
-import threading
 import time
 from typing import Any
 
 import torch
 
-from .._cache import cache_dir
-
-_lock = threading.Lock()
+from .._cache import cpu_fingerprint, cpu_info, load_figures, store_figure
 
 #: CPU flags (``/proc/cpuinfo``) of the instructions that make a dtype's matmuls fast in oneDNN
 BF16_FLAGS: tuple[str, ...] = ("avx512_bf16", "amx_bf16")
 FP16_FLAGS: tuple[str, ...] = ("avx512_fp16", "amx_fp16")
 
 
-@functools.cache
-def _cpuinfo() -> tuple[str, frozenset[str]]:
-    """(model name, flags) of the first processor in ``/proc/cpuinfo``; ``("unknown", {})`` elsewhere."""
-    model, flags = "unknown", frozenset[str]()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "model name" and model == "unknown":
-                    model = value.strip()
-                elif key == "flags" and not flags:
-                    flags = frozenset(value.split())
-                if model != "unknown" and flags:
-                    break
-    except OSError:
-        pass
-    return model, flags
-
-
 def cpu_model() -> str:
     """The CPU's model name (``/proc/cpuinfo``), or ``"unknown"``."""
-    return _cpuinfo()[0]
+    return cpu_info()[0]
 
 
 def cpu_flags() -> frozenset[str]:
     """The CPU's instruction-set flags (``/proc/cpuinfo``; empty where it cannot be read)."""
-    return _cpuinfo()[1]
+    return cpu_info()[1]
 
 
 def cpu_has_fast(precision: str) -> bool:
@@ -107,39 +80,19 @@ def machine_key(device: torch.device, dtype: str) -> str:
         major, minor = torch.cuda.get_device_capability(device)
         where = f"cuda|{torch.cuda.get_device_name(device)}|sm{major}{minor}"
     else:
-        flags = hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:12]
-        where = f"cpu|{cpu_model()}|flags {flags}|{torch.get_num_threads()} threads"
+        where = f"{cpu_fingerprint()}|{torch.get_num_threads()} threads"
     return f"{where}|torch {torch.__version__}|{dtype}"
 
 
 def cache_load(name: str) -> dict[str, Any]:
-    """The cache file ``name`` as a dict; ``{}`` when it is missing, unreadable or not a JSON object."""
-    try:
-        data = json.loads((cache_dir() / name).read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    """The cache file ``name`` as a dict (:func:`stoker._cache.load_figures`: ``{}`` when it is
+    missing; unreadable or not a JSON object, said once in a log line)."""
+    return load_figures(name)
 
 
 def cache_store(name: str, key: str, value: Any) -> None:
-    """Set ``key`` in the cache file ``name`` (atomically replaced). A cache that cannot be
-    written is skipped: the figure is measured again next time."""
-    with _lock:
-        data = cache_load(name)
-        data[key] = value
-        path = cache_dir() / name
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{name}.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "w") as f:
-                    json.dump(data, f, indent=1, sort_keys=True)
-                os.replace(tmp, path)
-            except BaseException:
-                os.unlink(tmp)
-                raise
-        except OSError:
-            pass
+    """Set ``key`` in the cache file ``name``, atomically (:func:`stoker._cache.store_figure`)."""
+    store_figure(name, key, value)
 
 
 __all__ = [

@@ -4,6 +4,7 @@ pixels are the same, so the choice changes how fast a batch is built, never the 
 from __future__ import annotations
 
 import io
+import logging
 from pathlib import Path
 
 import pytest
@@ -137,3 +138,82 @@ def test_a_png_tree_is_not_a_problem(tmp_path: Path) -> None:
     source = image_folder(root, read=ReadOptions(batch_size=3), image=ImageOptions(image_size=8, decoder="auto"))
     assert source.decoder_choice.value in ("pillow", *auto.SAME_PIXELS)
     assert next(iter(source))[0].shape == (3, 3, 8, 8)
+
+
+# ------------------------------------------------------------------------------ across restarts
+@pytest.fixture
+def timings(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[int]:
+    """Stubbed timings (simplejpeg faster), counted; a cache folder of this test's own; and no
+    choice kept in this process, as after a restart."""
+    seen: list[int] = []
+
+    def timed(names: list[str], samples: list[auto.TimingSample], size: int) -> tuple[dict[str, float], int]:
+        seen.append(len(samples))
+        return {"libjpeg-crop": 2.0, "simplejpeg": 1.0}, len(samples)
+
+    monkeypatch.setattr(auto, "time_decoders_one_thread", timed)
+    monkeypatch.setattr(auto, "_chosen", {})
+    monkeypatch.setenv("STOKER_CACHE_DIR", str(tmp_path / "cache"))
+    return seen
+
+
+def restart_and_choose(root: Path, monkeypatch: pytest.MonkeyPatch) -> Choice[str]:
+    monkeypatch.setattr(auto, "_chosen", {})  # a new process: only the cache folder remains
+    source = image_folder(root, read=ReadOptions(batch_size=4), image=ImageOptions(image_size=32, decoder="auto"))
+    return source.decoder_choice
+
+
+@both
+def test_a_restart_on_the_same_machine_reads_the_timings_instead_of_timing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timings: list[int]
+) -> None:
+    root = jpeg_tree(tmp_path / "d", per_class=3)
+    first = restart_and_choose(root, monkeypatch)
+    assert first == Choice(
+        "simplejpeg", "auto: libjpeg-crop 2.00, simplejpeg 1.00 ms per image, timed on 6 of this data's examples"
+    )
+    again = restart_and_choose(root, monkeypatch)
+    assert timings == [6], "the restart timed nothing"
+    assert again.value == "simplejpeg"
+    assert again.reason.startswith(first.reason + " (on 20") and again.reason.endswith(
+        f"cached in {tmp_path / 'cache' / auto.FIGURES_FILE})"
+    )
+
+
+@both
+@pytest.mark.parametrize("change", ["cpu", "decoder version", "torch", "the examples' bytes"])
+def test_a_changed_key_times_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timings: list[int], change: str
+) -> None:
+    root = jpeg_tree(tmp_path / "d", per_class=3)
+    restart_and_choose(root, monkeypatch)
+    if change == "cpu":
+        monkeypatch.setattr(auto, "cpu_fingerprint", lambda: "cpu|Another CPU|flags 0123456789ab")
+    elif change == "decoder version":
+        monkeypatch.setattr(auto, "decoder_versions", lambda names: "simplejpeg 99.0 jpeg_crop-0000")
+    elif change == "torch":
+        monkeypatch.setattr(auto.torch, "__version__", "9.9.9")
+    else:
+        (root / "c0" / "00.jpg").write_bytes(noisy_jpeg(120, 90, seed=999))
+    restart_and_choose(root, monkeypatch)
+    assert timings == [6, 6]
+    restart_and_choose(root, monkeypatch)
+    assert timings == [6, 6], "the new key's timings are cached beside the old"
+
+
+@both
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]"])
+def test_a_corrupt_timings_file_is_said_once_and_timed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timings: list[int], caplog: pytest.LogCaptureFixture, content: str
+) -> None:
+    root = jpeg_tree(tmp_path / "d", per_class=3)
+    path = tmp_path / "cache" / auto.FIGURES_FILE
+    path.parent.mkdir(parents=True)
+    path.write_text(content)
+    with caplog.at_level(logging.WARNING, logger="stoker"):
+        assert restart_and_choose(root, monkeypatch).value == "simplejpeg"
+    assert timings == [6]
+    (line,) = [r.getMessage() for r in caplog.records if "stoker cache" in r.getMessage()]
+    assert line.startswith(f"stoker cache {path} ") and "measured again" in line
+    restart_and_choose(root, monkeypatch)
+    assert timings == [6], "the file was rewritten whole"

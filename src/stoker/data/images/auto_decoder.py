@@ -10,13 +10,18 @@ resume or another replica that measured differently still reads the same pixels.
 differ; ``auto`` takes it only where neither of the two works.
 
 The timing costs one untimed pass and :data:`ROUNDS` timed tries over the examples per decoder
-(about 0.1-0.3 s for ImageNet-sized JPEGs) and is done once per process for a given data set and
-setting (the training source and a later one over the same data reuse it).
+(about 0.1-0.3 s for ImageNet-sized JPEGs, plus the decoders' first load). It is done once per
+process for a given data set and setting (the training source and a later one over the same
+data reuse it), and its figures are kept in stoker's cache folder (:data:`FIGURES_FILE`, see
+:mod:`stoker._cache`) keyed by this CPU, the torch and decoder versions, the setting and a hash
+of the sampled examples' bytes: a restart on the same machine reads them instead of timing
+again (the examples are still read, to hash them), another machine times anew.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,6 +29,7 @@ from typing import Any
 
 import torch
 
+from ..._cache import cache_dir, cpu_fingerprint, load_figures, store_figure
 from ...resolve import Choice, image_decoder
 from .._workers.threads import one_kernel_thread
 from .decoders import ImageDecodeError, available_decoders, decode_crop_resize, get_decoder
@@ -34,6 +40,8 @@ SAMPLE_EXAMPLES = 16
 ROUNDS = 3
 #: The decoders whose pixels are the same bit for bit, in ``auto``'s fixed order.
 SAME_PIXELS: tuple[str, ...] = ("libjpeg-crop", "simplejpeg")
+#: The cache file of the timings, in stoker's cache folder.
+FIGURES_FILE = "decoder_timings.json"
 
 _chosen: dict[Any, Choice[str]] = {}
 
@@ -126,17 +134,70 @@ def choose_decoder(key: Any, samples: Sequence[TimingSample], image_size: int) -
         return image_decoder(names, None, 0)
     key = (key, tuple(names))
     if key not in _chosen:
-        _chosen[key] = image_decoder(names, *time_decoders_one_thread(names, samples, image_size))
+        _chosen[key] = _cached_or_timed(figures_key(key, names, samples), names, samples, image_size)
     return _chosen[key]
 
 
+def figures_key(key: Any, names: Sequence[str], samples: Sequence[TimingSample]) -> str:
+    """The key of the timings in the cache file: what they hold for (this CPU, the torch build
+    whose resize is timed, the decoders' versions) and what was timed (the setting ``key`` and
+    the sampled examples: their bytes and crops)."""
+    what = hashlib.sha256(repr(key).encode())
+    for sample in samples:
+        what.update(hashlib.sha256(sample.data).digest())
+        what.update(repr((sample.box, sample.method, sample.flip, sample.image_wh)).encode())
+    return f"{cpu_fingerprint()}|torch {torch.__version__}|{decoder_versions(names)}|{what.hexdigest()[:24]}"
+
+
+def decoder_versions(names: Sequence[str]) -> str:
+    """The installed versions of the decoders ``names``: simplejpeg's release, libjpeg-crop's
+    build (named by the hash of its source and flags)."""
+    parts = []
+    for name in names:
+        if name == "simplejpeg":
+            import simplejpeg
+
+            parts.append(f"simplejpeg {getattr(simplejpeg, '__version__', '?')}")
+        elif name == "libjpeg-crop":
+            from . import jpeg_crop
+
+            parts.append(jpeg_crop.library_path().stem)
+        else:
+            parts.append(name)
+    return " ".join(parts)
+
+
+def _cached_or_timed(
+    figures: str, names: Sequence[str], samples: Sequence[TimingSample], image_size: int
+) -> Choice[str]:
+    """The choice from the cached timings under ``figures``, else from timings taken now (and
+    cached when something was timed)."""
+    entry = load_figures(FIGURES_FILE).get(figures)
+    if isinstance(entry, dict):
+        try:
+            ms = {name: float(entry["ms"][name]) for name in names}
+            examples, measured = int(entry["examples"]), str(entry["measured"])
+        except (KeyError, TypeError, ValueError):
+            pass  # an entry of another shape: timed again and replaced
+        else:
+            choice = image_decoder(names, ms, examples)
+            return Choice(choice.value, f"{choice.reason} (on {measured}, cached in {cache_dir() / FIGURES_FILE})")
+    ms, examples = time_decoders_one_thread(names, samples, image_size)
+    if ms:
+        store_figure(FIGURES_FILE, figures, {"ms": ms, "examples": examples, "measured": time.strftime("%Y-%m-%d")})
+    return image_decoder(names, ms, examples)
+
+
 __all__ = [
+    "FIGURES_FILE",
     "ROUNDS",
     "SAME_PIXELS",
     "SAMPLE_EXAMPLES",
     "TimingSample",
     "candidates",
     "choose_decoder",
+    "decoder_versions",
+    "figures_key",
     "sample_indices",
     "time_decoders",
     "time_decoders_one_thread",
