@@ -15,7 +15,7 @@ import pytest
 import stoker
 from helpers.paths import SCRIPTS
 from helpers.processes import PYTHON
-from helpers.stops import Job, Stop, ending, install
+from helpers.stops import Job, Stop, ending, install, mlflow_history
 from helpers.tiny import eval_input, make_data, make_estimator, state_equal, train_input
 from stoker.hooks import Hook, PreemptionHook
 from stoker.summary.writer import read_metrics_csv
@@ -219,17 +219,6 @@ CALLBACKS = Job(
     ),
     env=(("MLFLOW_ALLOW_FILE_STORE", "true"),),
 )
-
-
-def mlflow_history(uri: str) -> dict[str, list[tuple[int, float]]]:
-    """Every metric of the one run in ``uri``'s "callbacks" experiment: sorted (step, value)."""
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri)
-    (run,) = client.search_runs([client.get_experiment_by_name("callbacks").experiment_id])
-    assert run.info.status == "FINISHED"
-    keys = sorted(run.data.metrics)
-    return {key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)) for key in keys}
 
 
 @pytest.mark.parametrize(

@@ -17,12 +17,16 @@ POISONED = (9, 13)  # stream batches (counted from the start of training) whose 
 
 
 def poisoned_data(
-    poisoned: Collection[int] = POISONED, value: float = math.inf, batch: int = BATCH, num_shards: int = 1
+    poisoned: Collection[int] = POISONED,
+    value: float = math.inf,
+    batch: int = BATCH,
+    num_shards: int = 1,
+    n: int = 96,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Features where the examples of epoch 0's batches ``poisoned`` (of ``batch`` examples: the
+    """``n`` examples whose features in epoch 0's batches ``poisoned`` (of ``batch`` examples: the
     micro-batch; of replica 0 when ``num_shards`` replicas read the data) are ``value`` (inf:
     the loss is NaN)."""
-    x, y = make_data(96)
+    x, y = make_data(n)
     order = stoker.data.arrays(x, y, read=stoker.data.ReadOptions(batch_size=batch, seed=0, num_shards=num_shards))
     for k in poisoned:
         x[order.batch_indices(0, k)] = value

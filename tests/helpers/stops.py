@@ -5,7 +5,12 @@ process of that torchrun rank (default: every one) sends ``KIND`` to itself at g
 ``STEP``, ``WHERE`` it is then:
 
 - ``train``: inside the device loop, as the training step that makes ``STEP`` returns (mid-loop);
-- ``checkpoint``: inside the write of ``ckpt-STEP``'s first file.
+- ``eval``: inside the evaluation of the weights of step ``STEP``, as its first batch returns
+  (any evaluation: ``train_and_evaluate``'s, ``stoker bench``'s, an AdaNet ``Evaluator``'s);
+- ``checkpoint``: inside the write of ``ckpt-STEP``'s first file;
+- ``upload``: inside the write of ``ckpt-STEP``'s first file to an object store (a local write
+  does not fire it, so a job that is not writing to a store is never stopped by mistake); on the
+  background writer's thread when the job writes asynchronously.
 
 The signal is a real one (``os.kill`` of its own pid), delivered by the kernel to whatever
 handler is installed, so the run stops exactly as it would under ``kill`` from a scheduler, only
@@ -17,8 +22,8 @@ The child learns its stops from the environment (:data:`ENV`, set by :func:`stop
 arms them with :func:`install_from_env` before it trains (every script under ``scripts/`` that a
 stop test runs does). What a stop does to the process is said by :func:`expected_returncode`;
 :class:`Job` runs a script to a stop and to its end, :func:`ending` reads what a run left.
-New places to stop (during an evaluation, an asynchronous upload) are new ``WHERE`` values of
-:func:`install`.
+New places to stop are new ``WHERE`` values of :func:`install`. tests/test_fault_matrix.py runs
+every kind at every place in every kind of job.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +40,7 @@ from typing import Any
 
 ENV = "STOKER_TEST_STOP"
 KINDS = {"kill9": signal.SIGKILL, "sigterm": signal.SIGTERM, "sigint": signal.SIGINT}
-WHERES = ("train", "checkpoint")
+WHERES = ("train", "eval", "checkpoint", "upload")
 
 
 @dataclass(frozen=True)
@@ -84,7 +91,9 @@ def stop_env(stops: Stops, env: dict[str, str]) -> dict[str, str]:
 
 
 def install_from_env() -> list[Stop]:
-    """Arm the stops the environment names for this process, if any (call before training)."""
+    """Arm the stops the environment names for this process, if any (call before training), and
+    the storage fault (:func:`install_fault_from_env`)."""
+    install_fault_from_env()
     text = os.environ.get(ENV)
     stops = [Stop.parse(t) for t in text.split(",")] if text else []
     mine = [s for s in stops if s.rank is None or int(os.environ.get("RANK", "0")) == s.rank]
@@ -96,8 +105,10 @@ def install_from_env() -> list[Stop]:
 def install(stop: Stop) -> Callable[[], None]:
     """Make this process send ``stop``'s signal to itself at its step, once; returns the undo
     (a test that arms a stop in its own process calls it when done)."""
-    if stop.where == "checkpoint":
-        return _in_checkpoint_write(stop)
+    if stop.where == "eval":
+        return _in_evaluation(stop)
+    if stop.where in ("checkpoint", "upload"):
+        return _in_checkpoint_write(stop, remote_only=stop.where == "upload")
     return _in_device_loop(stop)
 
 
@@ -140,27 +151,118 @@ def _in_device_loop(stop: Stop) -> Callable[[], None]:
     return undo
 
 
-def _in_checkpoint_write(stop: Stop) -> Callable[[], None]:
+def _in_evaluation(stop: Stop) -> Callable[[], None]:
+    from stoker.engine import evaluation
+
+    compute = evaluation.EvaluationRun.compute
+    fired = False
+
+    def stopping_compute(self: evaluation.EvaluationRun, *args: Any, **kwargs: Any) -> Any:
+        model_fn = self.model_fn
+
+        def fire_after_the_first_batch(model: Any, features: Any, labels: Any, mode: Any, params: Any) -> Any:
+            nonlocal fired
+            out = model_fn(model, features, labels, mode, params)
+            if not fired and self.state.global_step == stop.step:  # the weights evaluated are of that step
+                fired = True
+                os.kill(os.getpid(), stop.signum)
+            return out
+
+        self.model_fn = fire_after_the_first_batch
+        try:
+            return compute(self, *args, **kwargs)
+        finally:
+            self.model_fn = model_fn
+
+    evaluation.EvaluationRun.compute = stopping_compute  # type: ignore[method-assign]
+
+    def undo() -> None:
+        evaluation.EvaluationRun.compute = compute  # type: ignore[method-assign]
+
+    return undo
+
+
+def _in_checkpoint_write(stop: Stop, remote_only: bool) -> Callable[[], None]:
+    def fire() -> None:  # says (on stderr) whether the write is a background one, the loop going on
+        background = any(t.name.startswith("stoker-ckpt-") for t in threading.enumerate())
+        kind = "an asynchronous" if background else "a synchronous"
+        print(f"{stop} fires in {kind} checkpoint write", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), stop.signum)
+
+    return _at_checkpoint_write(stop.step, fire, remote_only)
+
+
+def _at_checkpoint_write(step: int, act: Callable[[], None], remote_only: bool = False) -> Callable[[], None]:
+    """Call ``act()`` once, just before the first file of ``ckpt-<step>`` is written."""
     from stoker.storage import stores  # where write_all looks _write_one up
 
     write_one = stores._write_one
     fired = False
-    name = f"ckpt-{stop.step}"
+    name = f"ckpt-{step}"
 
-    def stopping_write_one(path: Any, data: bytes, retry: Any) -> str:
+    def acting_write_one(path: Any, data: bytes, retry: Any) -> str:
         nonlocal fired
         parts = str(path).split("/")  # ckpt-13, its local staging .tmp-ckpt-13-*, an object store's ckpt-13.*
+        if remote_only and not isinstance(path, stores.UrlPath):
+            return write_one(path, data, retry)
         if not fired and any(p == name or p.startswith((f".tmp-{name}-", f"{name}.")) for p in parts):
             fired = True
-            os.kill(os.getpid(), stop.signum)
+            act()
         return write_one(path, data, retry)
 
-    stores._write_one = stopping_write_one
+    stores._write_one = acting_write_one
 
     def undo() -> None:
         stores._write_one = write_one
 
     return undo
+
+
+# ---------------------------------------------------------------------------------------------
+# Storage faults at a checkpoint write: a disk that fills, a file system turned read-only
+
+FAULT_ENV = "STOKER_TEST_FAULT"
+
+
+def install_fault_from_env() -> None:
+    """Arm the storage fault the environment names (:data:`FAULT_ENV`), if any: ``full:STEP:FILE``
+    fills the file system of ``FILE`` (writing ``FILE`` until it is full) just before the first
+    file of ``ckpt-STEP`` is written; ``readonly:STEP:MOUNT`` makes ``MOUNT`` read-only there
+    (root in a private mount namespace, as tests/test_fault_matrix.py runs it). The write then
+    fails with the file system's own ENOSPC or EROFS."""
+    text = os.environ.get(FAULT_ENV)
+    if not text:
+        return
+    what, step, target = text.split(":", 2)
+    if what == "full":
+        _at_checkpoint_write(int(step), lambda: _fill(Path(target)))
+    elif what == "readonly":
+        _at_checkpoint_write(int(step), lambda: _remount_read_only(target))
+    else:
+        raise AssertionError(f"{FAULT_ENV}={text!r}: full:STEP:FILE or readonly:STEP:MOUNT")
+
+
+def _fill(path: Path) -> None:
+    """Write ``path`` until its file system has no byte left (smaller and smaller writes)."""
+    import errno
+
+    with open(path, "ab", buffering=0) as f:
+        chunk = 1 << 20
+        while chunk:
+            try:
+                f.write(b"\0" * chunk)
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                chunk //= 2
+
+
+def _remount_read_only(mount: str) -> None:
+    """Put a read-only view of ``mount`` over it (remounting the file system itself read-only is
+    refused while this process holds files open for writing; paths opened from now on resolve
+    to the view and fail with EROFS). ``umount MOUNT`` makes it writable again."""
+    subprocess.run(["mount", "--bind", mount, mount], check=True)
+    subprocess.run(["mount", "-o", "remount,bind,ro", mount], check=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,10 +279,10 @@ class Job:
     dir_flag: str = "--model_dir"
     env: tuple[tuple[str, str], ...] = ()
 
-    def command(self, model_dir: Path) -> list[str]:
+    def command(self, model_dir: str | os.PathLike[str]) -> list[str]:
         return [*self.argv, self.dir_flag, str(model_dir)]
 
-    def start(self, model_dir: Path, stop: Stops = None) -> list[subprocess.Popen[str]]:
+    def start(self, model_dir: str | os.PathLike[str], stop: Stops = None) -> list[subprocess.Popen[str]]:
         """Start the job's processes (not waited for)."""
         from helpers.processes import launch_replicas, popen, python_env
 
@@ -190,7 +292,9 @@ class Job:
         script, *args = self.command(model_dir)[1:]
         return launch_replicas(Path(script), self.processes, *args, env=env)
 
-    def run(self, model_dir: Path, stop: Stops = None, timeout: float = 300) -> list[tuple[int, str, str]]:
+    def run(
+        self, model_dir: str | os.PathLike[str], stop: Stops = None, timeout: float = 300
+    ) -> list[tuple[int, str, str]]:
         """Run the job to its end or to ``stop``; each process's exit status, stdout and stderr."""
         procs = self.start(model_dir, stop)
         outs = []
@@ -205,13 +309,15 @@ class Job:
                     p.wait()
         return outs
 
-    def run_ok(self, model_dir: Path, timeout: float = 300) -> list[tuple[int, str, str]]:
+    def run_ok(self, model_dir: str | os.PathLike[str], timeout: float = 300) -> list[tuple[int, str, str]]:
         """Run the job to its end; assert that every process exited 0."""
         outs = self.run(model_dir, timeout=timeout)
         assert [code for code, _, _ in outs] == [0] * len(outs), "\n".join(err[-3000:] for _, _, err in outs)
         return outs
 
-    def run_stopped(self, model_dir: Path, stop: Stop, timeout: float = 300) -> list[tuple[int, str, str]]:
+    def run_stopped(
+        self, model_dir: str | os.PathLike[str], stop: Stop, timeout: float = 300
+    ) -> list[tuple[int, str, str]]:
         """Run the job until ``stop``; assert that every process ended as that stop ends a run
         (a replica that did not get the signal itself exits as the one that did, having agreed)."""
         outs = self.run(model_dir, stop, timeout=timeout)
@@ -233,34 +339,54 @@ class Ending:
     best: tuple[str, float] | None  # keep_best's checkpoint and value
     best_weights: bytes | None
     evaluations: tuple[tuple[int, str, float], ...]  # (step, tag, value) of every evaluation's rows
+    recorded: tuple[tuple[int, tuple[tuple[str, float], ...]], ...]  # the index's evaluations (step, results)
 
     @property
     def evaluated_steps(self) -> list[int]:
         return sorted({step for step, _, _ in self.evaluations})
 
 
-def ending(model_dir: Path) -> Ending:
-    """The :class:`Ending` of the run in ``model_dir``."""
+def ending(model_dir: str | os.PathLike[str]) -> Ending:
+    """The :class:`Ending` of the run in ``model_dir`` (a folder, or an object store's URL)."""
+    from stoker import storage
     from stoker.checkpoint import CheckpointManager
     from stoker.summary.writer import read_metrics_csv
 
     index = CheckpointManager(model_dir, writer=False).index()
     assert index.latest is not None, f"no checkpoint in {model_dir}"
-    best = index.best
+    root = storage.location(model_dir)
+    latest, best = index.record(index.latest), index.best
+    assert latest is not None
+    best_record = None if best is None else index.record(best.name)
     rows = read_metrics_csv(model_dir)
     evaluations = tuple(sorted((r["step"], r["tag"], r["value"]) for r in rows if r["tag"].startswith("eval/")))
     return Ending(
         latest=index.latest,
-        weights=_weights(model_dir / index.latest),
+        weights=_weights(root / latest.directory),
         best=None if best is None else (best.name, best.value),
-        best_weights=None if best is None else _weights(model_dir / best.name),
+        best_weights=None if best_record is None else _weights(root / best_record.directory),
         evaluations=evaluations,
+        recorded=tuple((r.step, tuple(sorted(r.metrics.items()))) for r in index.checkpoints if r.evaluated),
     )
 
 
-def _weights(checkpoint: Path) -> bytes:
-    if (checkpoint / "model.safetensors").exists():
-        return (checkpoint / "model.safetensors").read_bytes()
+def mlflow_history(uri: str, experiment: str = "callbacks") -> dict[str, list[tuple[int, float]]]:
+    """Every metric of the one run in ``uri``'s ``experiment``, read back through MLflow's client:
+    sorted (step, value); asserts the run finished."""
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+    assert run.info.status == "FINISHED"
+    keys = sorted(run.data.metrics)
+    return {key: sorted((m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)) for key in keys}
+
+
+def _weights(checkpoint: Any) -> bytes:
+    from stoker import storage
+
+    if storage.exists(checkpoint / "model.safetensors"):
+        return storage.read_bytes(checkpoint / "model.safetensors")
     import torch
 
     from stoker.distributed.sharded import consolidate

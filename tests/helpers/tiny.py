@@ -63,10 +63,11 @@ def make_estimator(model_dir: str | os.PathLike[str] | None = None, **config: ob
     batch = int(config.pop("batch", 16))  # type: ignore[call-overload]
     opt = config.pop("opt", "adam")
     schedule = config.pop("schedule", True)
+    model = config.pop("model", None) or (lambda p: TinyNet())
     cfg = {"model_dir": model_dir, "progress_bar": False, "iterations_per_loop": 4, "log_every_n_steps": 10**6}
     cfg.update(config)
     return stoker.Estimator(
-        model=lambda p: TinyNet(),
+        model=model,
         model_fn=classifier_fn,
         optimizer=(lambda p, ps: torch.optim.Adam(ps, lr=0.01))
         if opt == "adam"
