@@ -2,7 +2,9 @@
 kind of job, then rerun with the same command, ends bitwise as the run that was never stopped.
 
 - kinds: kill -9, SIGTERM, SIGINT: real signals, sent by the process to itself at a known place
-  (helpers/stops.py), delivered by the kernel to whatever handler is installed;
+  (helpers/stops.py), delivered by the kernel to whatever handler is installed; with replicas,
+  kill -9 of one replica (a dead replica: the other names it and exits 1) and a stuck replica
+  (one hangs inside a step, alive: the other names it, every process exits 1);
 - places: inside a device loop (a step between two evaluations), during an evaluation (after its
   first batch), during a checkpoint write (its first file), during an upload (the first file of a
   checkpoint written to an object store, S3 through moto; on the background writer's thread
@@ -44,7 +46,7 @@ from helpers.processes import PYTHON
 from helpers.stops import Job, Stop, ending, expected_returncode, mlflow_history
 from stoker import storage
 
-KINDS = ("kill9", "sigterm", "sigint")
+KINDS = ("kill9", "sigterm", "sigint", "stuck")
 WHERES = ("train", "eval", "checkpoint", "upload")
 
 
@@ -100,6 +102,7 @@ class Row:
         return out
 
 
+STUCK_AFTER = ("--stuck_min_seconds", "3")  # RunConfig.stuck_replica: a stuck replica named after 3 s
 HOOKS = (
     *("--max_steps", "40", "--iterations_per_loop", "4", "--eval_every", "5", "--save_every", "6"),
     *("--log_every", "3", "--early_stopping", "accuracy:max:4:0", "--plateau", "accuracy:max:0.5:1"),
@@ -134,14 +137,14 @@ ROWS = {
     ),
     "replicas": Row(
         "callbacks_script.py",
-        HOOKS,
+        (*HOOKS, *STUCK_AFTER),
         {"train": (13, 1), "eval": (20, None), "checkpoint": (18, None), "upload": (18, None)},
         processes=2,
         trackers=True,
     ),
     "pipeline": Row(
         "callbacks_script.py",
-        (*HOOKS, "--pipeline", "2"),
+        (*HOOKS, *STUCK_AFTER, "--pipeline", "2"),
         {"train": (13, 1), "eval": (20, None), "checkpoint": (18, None), "upload": (18, None)},
         processes=2,
         trackers=True,
@@ -164,7 +167,8 @@ def cells() -> list[Any]:
     for row, spec in ROWS.items():
         for where in WHERES:
             for kind in KINDS:
-                if where in spec.stops:
+                stuck_applies = where == "train" and spec.processes > 1  # one replica of several hangs
+                if where in spec.stops and (kind != "stuck" or stuck_applies):
                     marks = () if (row, where, kind) in DEFAULT else (pytest.mark.slow,)
                     out.append(pytest.param(row, where, kind, marks=marks, id=f"{row}-{where}-{kind}"))
     return out
@@ -211,7 +215,7 @@ def test_a_stopped_job_rerun_ends_as_the_uninterrupted_run(tmp_path, tmp_path_fa
     stop = Stop(kind, step, where, rank)
     cell = (row, where, kind)
     run = job.run if cell in NOT_GRACEFUL else job.run_stopped
-    outs = run(model_dir, stop)
+    outs = run(model_dir, stop, timeout=120 if kind == "stuck" else 300)  # a stuck job ends in seconds
     if cell in NOT_GRACEFUL:
         ((code, _, err),) = outs
         assert code == NOT_GRACEFUL[cell], err[-3000:]
@@ -219,7 +223,15 @@ def test_a_stopped_job_rerun_ends_as_the_uninterrupted_run(tmp_path, tmp_path_fa
     if upload:  # the chief writes: in the background where the job writes asynchronously
         how = "an asynchronous" if spec.async_flag else "a synchronous"
         assert f"{stop} fires in {how} checkpoint write" in outs[0][2], outs[0][2][-3000:]
-    if kind != "kill9" and cell not in NOT_GRACEFUL:
+    if rank is not None and kind in ("kill9", "stuck"):  # a dead or stuck replica: the other names it
+        ((code, _, err), (lost_code, _, lost_err)) = outs
+        assert code == 1, err[-3000:]
+        if kind == "kill9":
+            assert lost_code == -signal.SIGKILL and "stopped responding" in err, err[-3000:]
+        else:
+            assert f"last seen at step {step}, in the input and model_fn" in err, err[-3000:]
+            assert lost_code == 1 and "another replica named a stuck one (stuck replica: " in lost_err, lost_err[-3000:]
+    elif kind not in ("kill9", "stuck") and cell not in NOT_GRACEFUL:
         name = signal.Signals(stop.signum).name
         for _, out, err in outs:
             assert re.search(rf"{name} at step \d+: checkpoint", out + err), (out + err)[-3000:]
@@ -246,6 +258,9 @@ def test_the_matrix_covers_every_job_and_place():
     assert all(set(spec.stops) == set(WHERES) for row, spec in ROWS.items() if row != "train")
     assert set(ROWS["train"].stops) == set(WHERES) - {"eval"}  # train evaluates nothing
     assert expected_returncode("sigterm") == 143 and expected_returncode("sigint") == 130
+    assert expected_returncode("stuck") == 1
+    stuck = [c.id for c in cells() if c.values[2] == "stuck"]
+    assert stuck == ["replicas-train-stuck", "pipeline-train-stuck"]
 
 
 # ------------------------------------------------------------------ a disk that fills, a read-only model_dir

@@ -15,6 +15,9 @@ process of that torchrun rank (default: every one) sends ``KIND`` to itself at g
 The signal is a real one (``os.kill`` of its own pid), delivered by the kernel to whatever
 handler is installed, so the run stops exactly as it would under ``kill`` from a scheduler, only
 at a known place: a test can put it mid-interval and compare with an uninterrupted run bitwise.
+``stuck@train:STEP`` is not a signal: the process hangs there (inside the input and model_fn of
+step ``STEP``, its heartbeat thread still beating) for :data:`STUCK_SECONDS`, a replica alive
+but stuck, which the others name (``RunConfig.stuck_replica``) and every process exits 1.
 Several stops, comma-separated, fire each once (``sigterm@train:13,sigterm@checkpoint:13``: a
 second signal inside the first one's checkpoint).
 
@@ -33,6 +36,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +44,8 @@ from typing import Any
 
 ENV = "STOKER_TEST_STOP"
 KINDS = {"kill9": signal.SIGKILL, "sigterm": signal.SIGTERM, "sigint": signal.SIGINT}
+STUCK = "stuck"  # not a signal: the process hangs in its step (a stuck replica)
+STUCK_SECONDS = 600.0
 WHERES = ("train", "eval", "checkpoint", "upload")
 
 
@@ -54,8 +60,9 @@ class Stop:
     rank: int | None = None
 
     def __post_init__(self) -> None:
-        assert self.kind in KINDS, f"stop kind {self.kind!r}: one of {sorted(KINDS)}"
+        assert self.kind in KINDS or self.kind == STUCK, f"stop kind {self.kind!r}: one of {sorted(KINDS)} or stuck"
         assert self.where in WHERES, f"stop place {self.where!r}: one of {WHERES}"
+        assert self.kind != STUCK or self.where == "train", "a stuck stop hangs inside a training step"
 
     def __str__(self) -> str:
         return f"{self.kind}@{self.where}:{self.step}" + ("" if self.rank is None else f"/{self.rank}")
@@ -73,8 +80,11 @@ class Stop:
 
 
 def expected_returncode(kind: str) -> int:
-    """The exit status of a run stopped by ``kind``: killed by SIGKILL, or stoker's clean exit
-    with 128 + the signal's number after its checkpoint (143 for SIGTERM, 130 for SIGINT)."""
+    """The exit status of a run stopped by ``kind``: killed by SIGKILL, stoker's clean exit with
+    128 + the signal's number after its checkpoint (143 for SIGTERM, 130 for SIGINT), or 1 for
+    every process of a job whose stuck replica was named (docs/distributed.md)."""
+    if kind == STUCK:
+        return 1
     return -signal.SIGKILL if kind == "kill9" else 128 + KINDS[kind]
 
 
@@ -129,8 +139,11 @@ def _in_device_loop(stop: Stop) -> Callable[[], None]:
 
             def step(feed: Any) -> Any:
                 nonlocal fired
+                if stop.kind == STUCK and not fired and self.run.global_step + 1 == stop.step:
+                    fired = True  # in the input and model_fn of the step: the others wait in its all-reduce
+                    time.sleep(STUCK_SECONDS)
                 out = inner(feed)
-                if not fired and self.run.global_step + 1 == stop.step:  # the step just computed
+                if stop.kind != STUCK and not fired and self.run.global_step + 1 == stop.step:  # the step just computed
                     fired = True
                     os.kill(os.getpid(), stop.signum)
                 return out

@@ -7,7 +7,8 @@ the kill -9 tests in tests/hooks/, the stop tests of tests/test_stops.py and the
 stopped run left running, else a new one; one process only), ``--nan_rollback`` poisons two
 batches of the training stream that ``NanLossHook(on_nan="rollback")`` rolls back, ``--pipeline
 SPLIT`` trains a sequential model in two pipeline stages split before unit ``SPLIT`` (one per
-process), ``--async_checkpoints`` writes checkpoints on a background thread."""
+process), ``--async_checkpoints`` writes checkpoints on a background thread,
+``--stuck_min_seconds S`` names a stuck replica after S seconds (``RunConfig.stuck_replica``)."""
 
 from __future__ import annotations
 
@@ -102,6 +103,7 @@ def main() -> None:
     p.add_argument("--nan_rollback", action="store_true", help="poisoned batches, rolled back")
     p.add_argument("--pipeline", default=None, help="pipeline stages split before this unit")
     p.add_argument("--async_checkpoints", action="store_true")
+    p.add_argument("--stuck_min_seconds", type=float, default=20.0, help="RunConfig.stuck_replica's min_seconds")
     args = p.parse_args()
     install_from_env()
     if args.slow_write:  # widens the window in which a kill lands inside a checkpoint write
@@ -123,6 +125,7 @@ def main() -> None:
         keep_best=("accuracy", "max"),
         schedule=not args.plateau,
         checkpoint_io=stoker.CheckpointIO(async_save=args.async_checkpoints),
+        stuck_replica=stoker.distributed.StuckReplica(min_seconds=args.stuck_min_seconds),
         **pipeline,
     )
     est.model_fn = slow_fn
