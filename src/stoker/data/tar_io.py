@@ -35,6 +35,7 @@ import os
 import re
 import struct
 import tarfile
+import tempfile
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -46,8 +47,10 @@ import numpy as np
 
 from .._cache import cache_dir
 from ..errors import ConfigError
+from ..storage import Location, UrlPath, upload
 from .base import DataError
-from .stream import DataFile, FileSet, StreamOptions, as_data_file
+from .stream import DataFile, FileSet, StreamOptions, as_data_file, list_files
+from .stream.listing import where
 
 log = logging.getLogger("stoker")
 
@@ -510,6 +513,40 @@ class _ShardWriter:
         self.tmp.unlink(missing_ok=True)
 
 
+class _Destination:
+    """Where finished shards go: a local folder (renamed into place) or an object-store prefix
+    (written in a local temporary folder, then uploaded whole: an object appears complete or not)."""
+
+    def __init__(self, out_dir: str | os.PathLike[str], prefix: str) -> None:
+        self.place = where(out_dir)
+        self.prefix = prefix
+        self.remote = isinstance(self.place, UrlPath)
+        self._tmp = tempfile.TemporaryDirectory(prefix="stoker-tar-shards-") if self.remote else None
+        self.folder = Path(self._tmp.name) if self._tmp is not None else Path(self.place)
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def existing(self) -> list[str]:
+        """The ``<prefix>-*.tar`` shards already there."""
+        return [n for n, _ in list_files(self.place) if n.startswith(f"{self.prefix}-") and n.endswith(".tar")]
+
+    def start(self, k: int) -> _ShardWriter:
+        return _ShardWriter(self.folder / f"{self.prefix}-{k:06d}.tar")
+
+    def keep(self, shard: _ShardWriter) -> Location:
+        """Close ``shard`` and put it in place; where it is."""
+        shard.finish()
+        if not isinstance(self.place, UrlPath):
+            return shard.path
+        target = self.place / shard.path.name
+        upload(shard.path, target)
+        shard.path.unlink()
+        return target
+
+    def close(self) -> None:
+        if self._tmp is not None:
+            self._tmp.cleanup()
+
+
 def write_tar_shards(
     out_dir: str | os.PathLike[str],
     samples: Iterable[Mapping[str, Any]],
@@ -517,16 +554,17 @@ def write_tar_shards(
     prefix: str = "shard",
     samples_per_shard: int | None = None,
     max_shard_bytes: int | None = 1 << 30,
-) -> list[Path]:
+) -> list[Location]:
     """Write ``samples`` as tar shards ``out_dir/<prefix>-000000.tar``, ``-000001.tar`` ... in the
-    WebDataset layout; returns the shard paths.
+    WebDataset layout; returns where they are (``Path`` s, or ``UrlPath`` s on an object store).
 
     Each sample is a mapping ``{"__key__": "abc", "jpg": b"...", "cls": 3, "json": {...}}``: member
     ``abc.<ext>`` per other entry, in the mapping's order; bytes are written as they are, ``str``
     as UTF-8, ``int`` as decimal text, ``dict`` / ``list`` as JSON. A shard is closed when it holds
     ``samples_per_shard`` samples or the next sample would take it over ``max_shard_bytes`` (a
     sample is never split; ``None``: no limit). Each shard is written under a hidden temporary name
-    and renamed when complete, so a reader listing ``*.tar`` never sees a half-written one. Headers
+    and renamed when complete, so a reader listing ``*.tar`` never sees a half-written one; with an
+    object-store ``out_dir`` (``s3://bucket/prefix``) each is uploaded whole once complete. Headers
     hold no time or owner: the same samples give the same bytes.
 
     Raises:
@@ -537,14 +575,14 @@ def write_tar_shards(
     for name, limit in (("samples_per_shard", samples_per_shard), ("max_shard_bytes", max_shard_bytes)):
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
             raise ConfigError(f"write_tar_shards: {name} must be a positive integer or None; got {limit!r}")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    if stale := sorted(out.glob(f"{prefix}-*.tar")):
+    out = _Destination(out_dir, prefix)
+    if stale := sorted(out.existing()):
+        out.close()
         raise ConfigError(
-            f"write_tar_shards: {out} already holds {len(stale)} {prefix}-*.tar shard(s) ({stale[0].name} ...); "
+            f"write_tar_shards: {out.place} already holds {len(stale)} {prefix}-*.tar shard(s) ({stale[0]} ...); "
             "write to an empty folder or give another prefix"
         )
-    written: list[Path] = []
+    written: list[Location] = []
     shard: _ShardWriter | None = None
     previous = None
     try:
@@ -557,19 +595,18 @@ def write_tar_shards(
                 (samples_per_shard is not None and shard.samples >= samples_per_shard)
                 or (max_shard_bytes is not None and shard.size_with(members) > max_shard_bytes)
             ):
-                shard.finish()
-                written.append(shard.path)
+                written.append(out.keep(shard))
                 shard = None
             if shard is None:
-                shard = _ShardWriter(out / f"{prefix}-{len(written):06d}.tar")
+                shard = out.start(len(written))
             shard.add(members)
         if shard is not None:
-            shard.finish()
-            written.append(shard.path)
+            written.append(out.keep(shard))
             shard = None
     finally:
         if shard is not None:
             shard.abort()
+        out.close()
     return written
 
 

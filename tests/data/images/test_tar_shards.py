@@ -22,6 +22,7 @@ from helpers.paths import SCRIPTS
 from helpers.processes import PYTHON, finished, in_background, popen, python_env, run_process
 from stoker.data import DataError, ImageOptions, ReadOptions, image_folder, tar_shards, write_tar_shards
 from stoker.data.images.tar_shards import split_of, write_image_tar_shards
+from stoker.errors import ConfigError
 
 Batches = list[tuple[torch.Tensor, torch.Tensor]]
 
@@ -193,14 +194,21 @@ def test_kill_9_mid_shard_then_rerun_is_bitwise_the_uninterrupted_run(tmp_path: 
 
 
 # ------------------------------------------------------------------ shards on S3 (moto on loopback)
-def test_shards_on_s3_read_and_resume_as_the_local_ones(s3_env: None, shards: Path, tmp_path: Path) -> None:
+def test_shards_written_to_s3_read_and_resume_as_the_local_ones(
+    s3_env: None, tree: Path, shards: Path, tmp_path: Path
+) -> None:
     import fsspec
 
     from stoker.data.stream import StreamOptions
 
+    written = write_image_tar_shards(tree, "s3://bucket/tars", samples_per_shard=5)
+    assert [str(p) for p in written] == [f"s3://bucket/tars/train-00000{k}.tar" for k in range(4)]
     fs = fsspec.filesystem("s3")
-    for p in sorted(shards.glob("*.tar")):
-        fs.put_file(str(p), f"bucket/tars/{p.name}")
+    assert [fs.cat_file(f"bucket/tars/{p.name}") for p in written] == [
+        p.read_bytes() for p in sorted(shards.glob("*.tar"))
+    ]
+    with pytest.raises(ConfigError, match="s3://bucket/tars already holds 4 train-"):
+        write_image_tar_shards(tree, "s3://bucket/tars")
     stream = StreamOptions(cache_dir=tmp_path / "cache")
 
     def make(data: str | Path, workers: int = 0) -> object:

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from ...storage import Location
 from ..base import DataError
 from ..options import ReadOptions
 from ..stream import DataFile, as_data_file, list_files
@@ -223,12 +224,12 @@ def write_image_tar_shards(
     samples_per_shard: int | None = 1000,
     max_shard_bytes: int | None = 1 << 30,
     extensions: Sequence[str] = IMAGE_EXTENSIONS,
-) -> list[Path]:
+) -> list[Location]:
     """Convert a class-per-folder image tree (:func:`~stoker.data.image_folder`'s layout) into tar
     shards ``out_dir/<prefix>-000000.tar`` ... (:func:`~stoker.data.write_tar_shards`): one sample
     per image in the folder's order, the file's bytes as they are (``class_0/img_001.jpg`` becomes
     ``class_0/img_001.jpg`` and ``class_0/img_001.cls`` holding ``0``, labels as ``image_folder``
-    numbers them). Returns the shard paths."""
+    numbers them). ``out_dir`` may be an object-store URL. Returns where the shards are."""
     return write_tar_shards(
         out_dir,
         _folder_samples(image_folder_root, extensions),
