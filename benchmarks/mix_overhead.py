@@ -5,7 +5,9 @@ Variants, interleaved round by round (the order rotating) so that machine noise 
 - ``single``: one ``stoker.data.arrays`` source (in-memory, batch 64 of 32 floats: a batch is a
   slice, microseconds, so any per-batch cost of the mixture shows at its largest);
 - ``mix2``: ``mix`` of two such sources, weights 0.7 / 0.3;
-- ``mix8``: ``mix`` of eight, equal weights.
+- ``mix8``: ``mix`` of eight, equal weights;
+- ``mix2e``: ``mix(..., per="example")`` of the two: every batch a blend, built from the
+  sources' examples (a gather per source, a concatenation and a reordering of the rows).
 
 Each is iterated for ``--batches`` batches after one warm-up batch (the loader alone, no
 model): microseconds per batch, and the ratio of batches/sec to ``single``. With ``--train``
@@ -40,10 +42,10 @@ EXAMPLES = 4096
 
 
 def make_input(variant: str, seed: int = 0) -> Callable[[dict[str, Any]], Any]:
-    """An ``input_fn`` for ``variant``: ``single``, ``mix2`` or ``mix8``."""
+    """An ``input_fn`` for ``variant``: ``single``, ``mix2``, ``mix8`` or ``mix2e``."""
     g = torch.Generator().manual_seed(seed)
     x, y = torch.randn(EXAMPLES, 32, generator=g), torch.randint(0, 10, (EXAMPLES,), generator=g)
-    count = {"single": 1, "mix2": 2, "mix8": 8}[variant]
+    count = {"single": 1, "mix2": 2, "mix8": 8, "mix2e": 2}[variant]
     weights = [0.7, 0.3] if count == 2 else [1.0] * count
 
     def input_fn(params: dict[str, Any]) -> Any:
@@ -51,7 +53,8 @@ def make_input(variant: str, seed: int = 0) -> Callable[[dict[str, Any]], Any]:
         parts = [arrays(x, y, read=read) for _ in range(count)]
         if variant == "single":
             return parts[0]
-        return mix({f"s{i}": (p, w) for i, (p, w) in enumerate(zip(parts, weights, strict=True))}, seed=1)
+        per = "example" if variant.endswith("e") else "batch"
+        return mix({f"s{i}": (p, w) for i, (p, w) in enumerate(zip(parts, weights, strict=True))}, seed=1, per=per)
 
     return input_fn
 
@@ -132,13 +135,13 @@ def checkpoint_cost() -> dict[str, float]:
 
 
 def run(rounds: int, batches: int, train: bool, steps: int) -> dict[str, Any]:
-    variants = ["single", "mix2", "mix8"]
+    variants = ["single", "mix2", "mix8", "mix2e"]
     loader: dict[str, list[float]] = {v: [] for v in variants}
     training: dict[str, list[float]] = {v: [] for v in variants}
     if train:
         time_training("single", 100)  # warm-up: the first Estimator of a process builds more
     for r in range(rounds):
-        order = variants[r % 3 :] + variants[: r % 3]
+        order = variants[r % len(variants) :] + variants[: r % len(variants)]
         for v in order:
             loader[v].append(time_loader(v, batches))
         for v in order if train else ():

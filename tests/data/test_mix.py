@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 
+import stoker
 from helpers.mixes import WEIGHTS, mixed_input
 from helpers.paths import ROOT, SCRIPTS
 from helpers.processes import PYTHON, finished, in_background, popen, python_env
@@ -109,6 +110,34 @@ def test_the_iterator_reports_what_it_drew() -> None:
     early = iter(mix(sources(), seed=3))
     take(early, 1500)
     assert early.realised_proportions(early.state_dict(), ahead=500) == realised
+
+
+def test_with_a_prefetch_thread_the_infeed_reports_what_the_loop_consumed() -> None:
+    from stoker.engine.infeed import Infeed, input_scalars
+
+    class Slow:  # 1 ms a batch: the infeed's probe starts its prefetch thread, which reads ahead
+        def __init__(self, value: float) -> None:
+            self.value, self.read = value, 0
+
+        def __next__(self) -> Any:
+            time.sleep(0.001)
+            self.read += 1
+            return torch.full((4, 2), self.value), torch.zeros(4, dtype=torch.long)
+
+        def state_dict(self) -> dict[str, Any]:
+            return {"read": self.read}
+
+        def load_state_dict(self, state: dict[str, Any]) -> None:
+            self.read = state["read"]
+
+    m = mix({"a": (Slow(0.0), 0.7), "b": (Slow(1.0), 0.3)}, seed=3)
+    with Infeed(m, device=torch.device("cpu"), prefetch_depth=4) as infeed:
+        for _ in range(40):
+            next(infeed)
+        time.sleep(0.05)  # the thread fills its queue: the mixture has drawn past 40
+        assert infeed.prefetching and m.step > 40
+        drawn = [m.source_of(g) for g in range(40)]
+        assert input_scalars(infeed) == {"mix/a": drawn.count("a") / 40, "mix/b": drawn.count("b") / 40}
 
 
 # ---------------------------------------------------------------------------- exact resume
@@ -293,6 +322,38 @@ def test_training_resumes_bitwise_and_the_summaries_report_the_proportions(tmp_p
     assert set(WEIGHTS) == {"a", "b"}
 
 
+@pytest.mark.slow  # ~3 s: importing matplotlib
+def test_stoker_plot_draws_the_proportions_in_a_panel_of_their_own(tmp_path: Path) -> None:
+    from stoker.summary.inspect import plot_run
+
+    x, y = make_data(100)
+    make_estimator(tmp_path / "m", log_every_n_steps=4).train(mixed_input(x, y), max_steps=8)
+    panels = plot_run(tmp_path / "m", tmp_path / "curves.png", dpi=40)["panels"]
+    assert panels[-1] == "Input mixture" and (tmp_path / "curves.png").stat().st_size > 1000
+
+
+@pytest.mark.slow  # ~10 s: importing MLflow
+def test_a_tracker_gets_the_proportions(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("mlflow")
+    from mlflow.tracking import MlflowClient
+
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 keeps the file store behind a flag
+    uri = (tmp_path / "mlruns").as_uri()
+    x, y = make_data(100)
+    logger = stoker.hooks.MLflowLogger(tracking_uri=uri, experiment="mix")
+    make_estimator(tmp_path / "m", log_every_n_steps=4).train(mixed_input(x, y), max_steps=8, hooks=[logger])
+    m = iter(mixed_input(x, y)({"batch_size": 16}))
+    expected = []
+    for _ in range(2):
+        take(m, 4)
+        expected.append(m.realised_proportions()["b"])
+    history = MlflowClient(tracking_uri=uri).get_metric_history(logger.run_id, "mix/b")
+    assert sorted((h.step, h.value) for h in history) == [
+        (4, pytest.approx(expected[0])),
+        (8, pytest.approx(expected[1])),
+    ]
+
+
 def test_the_log_line_shows_the_proportions(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     x, y = make_data(100)
     est = make_estimator(None, log_every_n_steps=8)
@@ -325,8 +386,9 @@ TRAIN = SCRIPTS / "train_script.py"
 
 
 @pytest.mark.slow
-def test_kill_9_mid_run_then_rerun_is_bitwise_an_uninterrupted_run(tmp_path: Path) -> None:
-    args = ["--max_steps", "60", "--mix"]
+@pytest.mark.parametrize("per", ["batch", "example"])
+def test_kill_9_mid_run_then_rerun_is_bitwise_an_uninterrupted_run(tmp_path: Path, per: str) -> None:
+    args = ["--max_steps", "60", "--mix", per]
     ref = in_background([PYTHON, str(TRAIN), "--model_dir", str(tmp_path / "ref"), *args])
     crashed = tmp_path / "crashed"
     for _ in range(2):  # killed twice, at random moments once a checkpoint exists

@@ -16,7 +16,8 @@ image sources also take what to make of each image as one :class:`ImageOptions` 
 - :func:`text_chars`: byte-level language-model streams (:func:`stdlib_corpus`: a corpus
   on every machine).
 - :func:`synthetic_images`: one random batch on the device, for benchmarks.
-- :func:`mix`: several sources mixed by weight, each batch from one drawn from a seed.
+- :func:`mix`: several sources mixed by weight, each batch (or each example) from one drawn
+  from a seed.
 
 The file-based sources take local paths or URLs (``s3://``, ``gs://``, ``az://``, ``file://``):
 object-store files are fetched whole into the machine's cache and read there
@@ -42,6 +43,7 @@ from .images import (
     write_imagenet_tfrecords,
 )
 from .mix import Mixture, mix
+from .mix_examples import ExampleMixture
 from .options import ReadOptions
 from .stream import StreamOptions
 from .synthetic import RepeatedBatch, SyntheticImages, synthetic_images
@@ -53,6 +55,7 @@ __all__ = [
     "ArraySource",
     "CifarSource",
     "DataError",
+    "ExampleMixture",
     "ImageFolderSource",
     "ImageOptions",
     "IndexedSource",

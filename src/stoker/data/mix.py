@@ -29,13 +29,16 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from ..errors import CheckpointMismatchError, ConfigError, DataError
 from .base import example_uniforms
+
+if TYPE_CHECKING:
+    from .mix_examples import ExampleMixture
 
 log = logging.getLogger("stoker")
 
@@ -188,6 +191,7 @@ class Mixture:
     def state_dict(self) -> dict[str, Any]:
         """The position ``step``, each source's own state under its name, and the counts drawn."""
         return {
+            "per": "batch",
             "step": self.step,
             "seed": self.seed,
             "weights": dict(self.weights),
@@ -229,6 +233,10 @@ class Mixture:
         return dict(first, sources=resharded)
 
     def _check_saved(self, state: dict[str, Any]) -> None:
+        if state.get("per", "batch") != "batch":
+            raise CheckpointMismatchError(
+                f"mix: the saved input was mixed per {state['per']}, this one per batch; resume with the same per="
+            )
         saved = list(state.get("sources", {}))
         if sorted(saved) != sorted(self.names):
             raise CheckpointMismatchError(
@@ -346,8 +354,10 @@ def mix(
     *,
     seed: int = 0,
     stopping_strategy: str = "first_exhausted",
-) -> Mixture:
-    """Mix several sources by weight: each batch comes from one source, drawn from the seed.
+    per: str = "batch",
+) -> Mixture | ExampleMixture:
+    """Mix several sources by weight: each batch (or each example) comes from one source, drawn
+    from the seed.
 
     Args:
         sources: ``{name: (source, weight)}``; each source a ``stoker.data`` source (or any
@@ -358,13 +368,24 @@ def mix(
             seeds for their order and augmentation.
         stopping_strategy: when a finite source runs out, ``"first_exhausted"`` ends the mixture,
             ``"all_exhausted"`` starts that source over until every source has run out once.
+        per: ``"batch"`` (a :class:`Mixture`): each batch from one source, read by the source
+            itself (its workers included); ``"example"`` (an
+            :class:`~stoker.data.mix_examples.ExampleMixture`): each example of a global batch
+            drawn on its own, so every batch is a blend, built from the sources' examples in the
+            thread that iterates (index-based sources that read any example, without workers).
 
-    The source of batch ``g`` is a pure function of ``(seed, g)`` and the weights, the same on
-    every replica and with any number of workers or replicas; the state (``state_dict``) holds
-    ``g`` and every source's own position, so a resume is exact. The training summaries report
-    each source's realised proportion as ``mix/<name>``.
+    The source of batch ``g`` (of global sample ``j``) is a pure function of ``(seed, g)`` (of
+    ``(seed, j)``) and the weights, the same on every replica and with any number of workers or
+    replicas; the state (``state_dict``) holds ``g`` and every source's position, so a resume is
+    exact. The training summaries report each source's realised proportion as ``mix/<name>``.
     """
-    return Mixture(sources, seed=seed, stopping_strategy=stopping_strategy)
+    if per == "batch":
+        return Mixture(sources, seed=seed, stopping_strategy=stopping_strategy)
+    if per == "example":
+        from .mix_examples import ExampleMixture  # it builds on this module's checks
+
+        return ExampleMixture(sources, seed=seed, stopping_strategy=stopping_strategy)
+    raise ConfigError(f"mix: per must be one of batch, example; got {per!r}")
 
 
 __all__ = ["STOPPING_STRATEGIES", "Mixture", "mix"]

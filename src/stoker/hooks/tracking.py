@@ -214,6 +214,7 @@ class TrackerHook(Hook):
         for key in ("steps_per_sec", "examples_per_sec", "input_wait_fraction"):
             if key in run.logs:
                 values[key] = run.logs[key]
+        values.update(run.input_scalars())  # a mixture's realised proportions (mix/<name>)
         self._pending += [(k, float(v), run.global_step, now) for k, v in values.items()]
 
     def _send(self) -> None:

@@ -224,6 +224,9 @@ def _plan_panels(series: dict[str, Any], spec: dict[str, Any] | None) -> list[tu
         panels.append(("Throughput", unit, [("examples_per_sec", "examples/sec (global batch)")]))
     if "learning_rate" in series:
         panels.append(("Learning rate", "learning rate", [("learning_rate", "learning rate")]))
+    mixture = sorted(t for t in series if t.startswith("mix/"))  # stoker.data.mix's realised proportions
+    if mixture:
+        panels.append(("Input mixture", "proportion of batches read", [(t, t.split("/", 1)[1]) for t in mixture]))
     return panels
 
 
@@ -236,7 +239,8 @@ def plot_run(
     dpi: int = 100,
 ) -> dict[str, Any]:
     """Draw the run's curves into a PNG: training loss (with evaluation loss), each evaluation
-    metric, throughput and the learning rate, all against the global step.
+    metric, throughput, the learning rate and a mixture's realised proportions, all against the
+    global step.
 
     Returns ``{"path", "panels" (titles), "size" (pixels: width, height)}``. Uses matplotlib's
     Agg canvas directly (no pyplot, no display, no global backend change).

@@ -32,7 +32,7 @@ def main() -> None:
     p.add_argument("--async_checkpoints", action="store_true")
     p.add_argument("--slow_write", type=float, default=0.0, help="seconds each checkpoint file write sleeps first")
     p.add_argument("--ema", type=float, default=None, help="RunConfig(ema=EMA(decay=..., start_step=5))")
-    p.add_argument("--mix", action="store_true", help="train on a weighted mixture of two sources (helpers/mixes.py)")
+    p.add_argument("--mix", choices=["batch", "example"], help="train on a mixture of two sources, mixed per ...")
     args = p.parse_args()
     install_from_env()  # a stop the test armed (helpers/stops.py)
     if args.slow_write:  # widens the window in which a kill lands inside a checkpoint write
@@ -50,7 +50,7 @@ def main() -> None:
         ema=None if args.ema is None else stoker.EMA(decay=args.ema, start_step=5),
     )
     est.model_fn = slow_fn
-    est.train(mixed_input(x, y) if args.mix else train_input(x, y), max_steps=args.max_steps)
+    est.train(mixed_input(x, y, per=args.mix) if args.mix else train_input(x, y), max_steps=args.max_steps)
     print(f"done {est.global_step}", flush=True)
     assert isinstance(est, stoker.Estimator)
 
