@@ -153,6 +153,18 @@ def test_a_state_dict_round_trip_resumes_bitwise() -> None:
     assert len(first) == 37 and state["sources"]["a"]["epoch"] >= 1
 
 
+@pytest.mark.parametrize("epochs", [None, 2])  # sources that jump; finite ones, read instead
+def test_advance_is_as_many_batches_read(epochs: int | None) -> None:
+    whole = iter(mix(sources(epochs=epochs), seed=3, stopping_strategy="all_exhausted"))
+    read = take(whole, 60)
+    jumped = iter(mix(sources(epochs=epochs), seed=3, stopping_strategy="all_exhausted"))
+    jumped.advance(45)
+    assert same(take(jumped, 15), read[45:]) and jumped.state_dict() == whole.state_dict()
+    short = iter(mix(sources(epochs=1), seed=3))
+    with pytest.raises(ConfigError, match="mix: cannot advance 100 batches: the data ends after 19"):
+        short.advance(100)
+
+
 @pytest.mark.parametrize("kind", ["thread", "process"])
 def test_sources_with_workers_give_the_batches_of_sources_without(kind: str) -> None:
     plain = take(iter(mix(sources(), seed=3)), 30)

@@ -86,6 +86,24 @@ def test_a_state_round_trip_resumes_bitwise() -> None:
     assert all(torch.equal(p[0], q[0]) and torch.equal(p[1], q[1]) for p, q in zip(rest, again, strict=True))
 
 
+def test_advance_is_as_many_batches_read_and_the_infeed_jumps_with_it() -> None:
+    from stoker.engine.infeed import Infeed
+
+    whole = blend(epochs=2, stopping_strategy="all_exhausted")
+    read = labels(whole, 30)
+    jumped = blend(epochs=2, stopping_strategy="all_exhausted")
+    jumped.advance(21)
+    assert labels(jumped, 9) == read[21:] and jumped.state_dict() == whole.state_dict()
+    start = blend()
+    state = start.state_dict()
+    labels(start, 5)
+    resumed = blend()  # a checkpoint's snapshot and 5 batches consumed after it
+    with Infeed(resumed, device=torch.device("cpu"), restore={"source": state, "skip": 5}) as infeed:
+        assert resumed.step == 5 and next(infeed).labels.tolist() == read[5]
+    with pytest.raises(ConfigError, match="mix: cannot advance 100 batches: the data ends after"):
+        blend(epochs=1).advance(100)
+
+
 def test_any_number_of_replicas_reads_the_same_global_batches_and_resumes_across_them() -> None:
     one = labels(blend(8), 20)
 

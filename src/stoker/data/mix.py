@@ -146,6 +146,25 @@ class Mixture:
         except StopIteration:
             raise DataError(f"mix: source {name!r} yields no batch, even started over") from None
 
+    def advance(self, batches: int) -> None:
+        """Move ``batches`` ahead as as many ``next()`` calls would (a resume's jump past the batches
+        a prefetch thread's snapshot lags behind): each source that repeats forever and can jump
+        (``stoker.data``'s) jumps by the batches drawn from it, building none; otherwise they are read."""
+        counts = np.bincount(self._draws.between(self.step, self.step + batches), minlength=len(self.names))
+        drawn = [(self.sources[n], int(c)) for n, c in zip(self.names, counts, strict=True) if c]
+        if all(callable(getattr(s, "advance", None)) and getattr(s, "num_epochs", 0) is None for s, _ in drawn):
+            for source, count in drawn:
+                source.advance(count)
+            for name, count in zip(self.names, counts.tolist(), strict=True):
+                self.drawn[name] += count
+            self.step += batches
+            return
+        for i in range(batches):  # a source may run out on the way: read them, as next() does
+            try:
+                next(self)
+            except StopIteration:
+                raise ConfigError(f"mix: cannot advance {batches} batches: the data ends after {i}") from None
+
     def source_of(self, g: int) -> str:
         """The name of the source batch ``g`` is drawn from (a pure function of the seed and weights)."""
         return self.names[self._draws.source_of(g)]

@@ -172,6 +172,17 @@ class ExampleMixture:
         self.step += 1
         return batch
 
+    def advance(self, batches: int) -> None:
+        """Move ``batches`` global batches ahead without building them (a resume's jump)."""
+        for i in range(batches):
+            try:
+                _, counts = self._plan(self.step)
+            except StopIteration:
+                raise ConfigError(f"mix: cannot advance {batches} batches: the data ends after {i}") from None
+            for k, name in enumerate(self.names):
+                self.taken[name] += counts[k]
+            self.step += 1
+
     def _build(self, choice: np.ndarray, rank: np.ndarray) -> Any:
         """This replica's rows: row ``k`` is sample ``rank[k]`` of those global batch takes from
         source ``choice[k]``, the next ones of its stream."""
