@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from helpers.cli import run_main
@@ -63,3 +64,30 @@ def test_bench_refuses_empty_and_mixed_folders_saying_what_it_expects(
     write_imagenet_tfrecords(folder, mixed, num_shards=1)
     code, _, err = run_main(capsys, *BENCH, f"--data_dir={mixed}")
     assert code == 2 and "holds both train-*-of-* TFRecord shards and folders of images" in err and expected in err
+
+
+def test_bench_reads_tfrecord_and_tar_shards_and_cifar_from_s3(
+    s3_env: dict[str, str], capsys: pytest.CaptureFixture[str], folder: Path, tmp_path: Path
+) -> None:
+    """``--data_dir=s3://...`` (a real S3-protocol server, moto) works as a local folder does."""
+    import fsspec
+
+    fs = fsspec.filesystem("s3")
+    for shard in write_imagenet_tfrecords(folder, tmp_path / "tfr", num_shards=2):
+        fs.put_file(str(shard), f"bucket/bench-tfr/{shard.name}")
+    code, out, err = run_main(capsys, *BENCH, "--data_dir=s3://bucket/bench-tfr", "--datasets_num_private_threads=1")
+    assert code == 0, err
+    assert "Dataset:     imagenet (TFRecord shards)" in out.splitlines() and "total images/sec:" in out
+    records = np.zeros((8, 3073), np.uint8)
+    for name in [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]:
+        fs.pipe_file(f"bucket/bench-cifar/cifar-10-batches-bin/{name}", records.tobytes())
+    code, out, err = run_main(capsys, *BENCH, "--data_dir=s3://bucket/bench-cifar")
+    assert code == 0, err
+    assert "Dataset:     cifar10" in out.splitlines() and "total images/sec:" in out
+    for shard in write_image_tar_shards(folder, tmp_path / "tar", samples_per_shard=5):
+        fs.put_file(str(shard), f"bucket/bench-tar/{shard.name}")
+    code, out, err = run_main(capsys, *BENCH, "--data_dir=s3://bucket/bench-tar")
+    assert code == 0, err
+    assert "Dataset:     imagenet (tar shards)" in out.splitlines() and "total images/sec:" in out
+    code, _, err = run_main(capsys, *BENCH, "--data_dir=s3://bucket/nothing")
+    assert code == 2 and "--data_dir=s3://bucket/nothing: no objects under this prefix" in err

@@ -4,6 +4,7 @@ changes, a sample is read where it lies, and malformed shards are named by shard
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import tarfile
@@ -158,8 +159,12 @@ def corrupt(path: Path, offset: int, data: bytes) -> None:
     path.write_bytes(bytes(raw))
 
 
-def test_a_malformed_header_is_named_by_shard_member_and_byte(tmp_path: Path) -> None:
-    (path,) = write_tar_shards(tmp_path, samples(6))
+@pytest.mark.parametrize("pax", [False, True])
+def test_a_malformed_header_is_named_by_shard_member_and_byte(tmp_path: Path, pax: bool) -> None:
+    given = samples(6)
+    if pax:  # a long name: a PAX record, so tarfile reads this shard's headers
+        given[0]["__key__"] = "long" * 30 + "/s"
+    (path,) = write_tar_shards(tmp_path, given)
     index = reader(tmp_path).indexes[0]
     m = int(index.starts[3])  # the first member of sample 3: its header is the 512 bytes before its data
     header = int(index.offsets[m]) - 512
@@ -184,3 +189,34 @@ def test_a_truncated_shard_and_a_non_tar_are_named(tmp_path: Path) -> None:
     (tmp_path / "n" / "x.tar").write_bytes(b"this is not a tar file" * 100)
     with pytest.raises(DataError, match="tar shard .*x.tar: not a tar file"):
         reader(tmp_path / "n")
+
+
+@pytest.mark.parametrize("fmt", [tarfile.USTAR_FORMAT, tarfile.GNU_FORMAT, tarfile.PAX_FORMAT])
+def test_the_fast_header_scan_indexes_as_tarfile_does(tmp_path: Path, fmt: int) -> None:
+    from stoker.data.tar_io import _scan, _scan_tarfile, _scan_ustar
+
+    path = tmp_path / "x.tar"
+    deep = "d" * 60 + "/" + "e" * 60  # over 100 bytes: ustar's prefix field, GNU's long name, PAX's path
+    with tarfile.open(path, "w", format=fmt) as tar:
+        for name, data in [("a/", None), ("a/k1.jpg", b"x" * 700), ("a/k1.cls", b"4"), (f"{deep}/k2.jpg", b"y")]:
+            info = tarfile.TarInfo(name.rstrip("/"))
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    with open(path, "rb") as f:
+        fast, slow = _scan_ustar(f.fileno(), "x"), _scan_tarfile(f, "x")
+    # ustar splits the long name into its prefix field, read here; GNU's long names and PAX
+    # records are left to tarfile.
+    assert (fast is not None) == (fmt == tarfile.USTAR_FORMAT)
+    scan, error = _scan(path, "x")
+    assert error is None and slow[1] is None and (fast is None or fast[0].__dict__ == scan.__dict__)
+    assert scan.names == slow[0].names == ["a/k1.jpg", "a/k1.cls", f"{deep}/k2.jpg"]
+    assert (scan.offsets, scan.sizes, scan.starts, scan.labels) == (
+        slow[0].offsets,
+        slow[0].sizes,
+        slow[0].starts,
+        slow[0].labels,
+    )

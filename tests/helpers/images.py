@@ -137,11 +137,8 @@ def make_estimator(model_dir: str | Path | None, sleep: float = 0.0, **config: o
 
 
 def input_fn(data: str | Path, num_workers: int = 2):  # noqa: ANN201
-    """The image folder ``data``, or its tar shards when it holds ``*.tar`` files."""
-    source = stoker.data.tar_shards if any(Path(data).glob("*.tar")) else stoker.data.image_folder
-
-    def fn(params: dict) -> stoker.data.images.EncodedImageSource:
-        return source(
+    def fn(params: dict) -> stoker.data.ImageFolderSource:
+        return stoker.data.image_folder(
             data,
             read=stoker.data.ReadOptions(num_workers=num_workers, seed=3).for_replica(params),
             image=stoker.data.ImageOptions(image_size=IMAGE_SIZE),

@@ -39,9 +39,10 @@ from ..data import (
 from ..data import images as data_images
 from ..data.images import IMAGE_EXTENSIONS
 from ..data.images.tar_shards import split_of
-from ..data.images.tfrecord import find_shards
+from ..data.images.tfrecord import shard_files
 from ..models import ModelInfo
 from ..resolve import Choice
+from ..storage import Location
 
 InputFn = Callable[[dict[str, Any]], Iterable[Any]]
 
@@ -111,9 +112,9 @@ class SyntheticImages:
 
 @dataclass(frozen=True, kw_only=True)
 class CifarBinaries:
-    """The CIFAR-10 binaries of ``data_dir``, sharded over the replicas."""
+    """The CIFAR-10 binaries of ``data_dir`` (a folder or a URL), sharded over the replicas."""
 
-    data_dir: Path
+    data_dir: Location
     train: bool
     seed: int
     num_epochs: int | None
@@ -163,9 +164,9 @@ class ImageOptions:
 @dataclass(frozen=True, kw_only=True)
 class TFRecordImages:
     """ImageNet TFRecord shards: ``train-*-of-*`` for training, ``validation-*-of-*`` for evaluation
-    when there are any (else the training shards)."""
+    when there are any (else the training shards); ``data_dir`` a folder or a URL."""
 
-    data_dir: Path
+    data_dir: Location
     num_classes: int
     options: ImageOptions
 
@@ -173,7 +174,7 @@ class TFRecordImages:
         train = self.options.train
         return imagenet_tfrecords(
             self.data_dir,
-            split="train" if train or not find_shards(self.data_dir, "validation") else "validation",
+            split="train" if train or not shard_files(self.data_dir, "validation") else "validation",
             num_classes=self.num_classes,
             **self.options.for_replica(params),
         )
@@ -184,7 +185,7 @@ class TarShardImages:
     """Tar shards (``key.jpg`` + ``key.cls``): those named ``train*`` for training and
     ``validation*`` / ``val*`` for evaluation when there are any, else all of them."""
 
-    data_dir: Path
+    data_dir: Location
     num_classes: int
     options: ImageOptions
 
@@ -220,7 +221,7 @@ class FirstBatchRepeated:
 
 
 def image_input_fn(
-    data_dir: Path, data_layout: str, num_classes: int, options: ImageOptions
+    data_dir: Location, data_layout: str, num_classes: int, options: ImageOptions
 ) -> TFRecordImages | TarShardImages | FolderImages:
     """The ``input_fn`` of ImageNet-shaped JPEG data in ``data_dir``: its TFRecord shards
     (``data_layout`` :data:`TFRECORDS`), its tar shards (:data:`TAR_SHARDS`), or the image
@@ -229,11 +230,12 @@ def image_input_fn(
         return TFRecordImages(data_dir=data_dir, num_classes=num_classes, options=options)
     if data_layout == TAR_SHARDS:
         return TarShardImages(data_dir=data_dir, num_classes=num_classes, options=options)
+    assert isinstance(data_dir, Path), "image folders are local (the workload refuses a URL)"
     train_root, eval_root = image_folder_roots(data_dir)
     return FolderImages(root=train_root if options.train else eval_root, options=options)
 
 
-def auto_decoder_choice(data_dir: Path, data_layout: str, num_classes: int, options: ImageOptions) -> Choice[str]:
+def auto_decoder_choice(data_dir: Location, data_layout: str, num_classes: int, options: ImageOptions) -> Choice[str]:
     """``--image_decoder=auto``'s measured decoder (:mod:`stoker.data.images.auto_decoder`) for
     ``options``' data: a source built here with no workers times the installed decoders on its
     own examples, then is closed; the run's sources are then given the decoder by name."""

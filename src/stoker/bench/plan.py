@@ -20,7 +20,6 @@ import dataclasses
 import math
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, cast
 
 import torch
@@ -47,6 +46,7 @@ from ..resolve import (
     spelled,
     worker_kind,
 )
+from ..storage import location
 from .config import DEFAULT_FP16_LOSS_SCALE, MODE_TRAIN, MODE_TRAIN_AND_EVAL, BenchConfig
 from .flags import FLAG_OF_FIELD, FlagNames, flag_error
 from .inputs import (
@@ -156,7 +156,7 @@ class BenchPlan:
         if workload.dataset == "cifar10":
             augment = train and cfg.distortions
             input_fn = CifarBinaries(
-                data_dir=Path(cfg.data_dir), train=train, seed=seed, num_epochs=epochs, augment=augment
+                data_dir=location(cfg.data_dir), train=train, seed=seed, num_epochs=epochs, augment=augment
             )
         else:
             options = self.image_options(
@@ -167,7 +167,7 @@ class BenchPlan:
                 # auto was measured once (stoker.data.images.auto_decoder), then named to every source
                 decoder=cfg.image_decoder if cfg.decode_on_device else self.input.decoder.value,
             )
-            input_fn = image_input_fn(Path(cfg.data_dir), workload.data_layout, workload.num_classes, options)
+            input_fn = image_input_fn(location(cfg.data_dir), workload.data_layout, workload.num_classes, options)
         return FirstBatchRepeated(input_fn) if cfg.datasets_repeat_cached_sample and train else input_fn
 
     def image_options(
@@ -497,7 +497,7 @@ def _decoder(plan: BenchPlan) -> Choice[str]:
     assert cfg.data_dir is not None
     train = plan.trains and not cfg.eval
     options = plan.image_options(train=train, epochs=None if train else 1)
-    return auto_decoder_choice(Path(cfg.data_dir), plan.workload.data_layout, plan.workload.num_classes, options)
+    return auto_decoder_choice(location(cfg.data_dir), plan.workload.data_layout, plan.workload.num_classes, options)
 
 
 __all__ = [

@@ -26,6 +26,8 @@ Data:
 
 from __future__ import annotations
 
+import fnmatch
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +36,8 @@ import torch
 from .. import resolve as rules
 from ..data.images import IMAGE_EXTENSIONS, scan_image_folder
 from ..data.images.tar_shards import find_tar_shards, split_of
-from ..data.images.tfrecord import expected_layouts, find_shards
+from ..data.images.tfrecord import expected_layouts, shard_files
+from ..data.stream import is_folder, list_files
 from ..data.tar_io import TarShards
 from ..data.tfrecord_index import RecordShards
 from ..distributed import device_choice, torchrun_world_size
@@ -42,6 +45,7 @@ from ..errors import ConfigError
 from ..models import DATASETS, DEFAULT_NUM_CLASSES, EXAMPLES_PER_EPOCH, ModelInfo, get_model_info
 from ..models.schedules import LearningRate, describe_learning_rate, learning_rate_schedule
 from ..resolve import Choice
+from ..storage import Location, location
 from .checks import gpu_indices as parse_gpu_indices
 from .config import (
     DEFAULT_LEARNING_RATE,
@@ -56,7 +60,14 @@ from .flags import flag_error
 from .inputs import IMAGE_FOLDER, TAR_SHARDS, TFRECORDS, has_class_folders, image_folder_roots
 
 _CIFAR_RECORD_BYTES = 1 + 32 * 32 * 3
-_CIFAR_MARKERS = ("data_batch_1.bin", "test_batch.bin", "cifar-10-batches-bin")
+_CIFAR_MARKERS = frozenset(("data_batch_1.bin", "test_batch.bin", "cifar-10-batches-bin"))
+
+
+def _names_in(folder: Location) -> set[str]:
+    """The names directly in a local folder or below a URL prefix (files and folders)."""
+    if isinstance(folder, Path):
+        return set(os.listdir(folder)) if folder.is_dir() else set()
+    return {name.split("/", 1)[0] for name, _ in list_files(folder, recursive=True)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -152,7 +163,7 @@ def guess_data_name(data_dir: str | None, model: str | None = None) -> str:
         homes = [d for d in DATASETS if _registered(model, d)]
         if len(homes) == 1:
             return homes[0]
-    if data_dir is not None and any((Path(data_dir) / m).exists() for m in _CIFAR_MARKERS):
+    if data_dir is not None and _CIFAR_MARKERS.intersection(_names_in(location(data_dir))):
         return "cifar10"
     return "imagenet"
 
@@ -276,9 +287,11 @@ def _data_on_disk(cfg: BenchConfig, dataset: str, num_classes: int | None) -> tu
     eval_examples = EXAMPLES_PER_EPOCH[dataset]["validation"]
     if cfg.data_dir is None:
         return train_examples, eval_examples, num_classes, ""
-    if not Path(cfg.data_dir).is_dir():
-        raise FlagError(("data_dir",), f"--data_dir={cfg.data_dir}: no such directory")
-    train_examples, eval_examples, folder_classes, layout = _count_examples(dataset, Path(cfg.data_dir))
+    data_dir = location(cfg.data_dir)
+    if not is_folder(data_dir):
+        where = "no such directory" if isinstance(data_dir, Path) else "no objects under this prefix"
+        raise FlagError(("data_dir",), f"--data_dir={cfg.data_dir}: {where}")
+    train_examples, eval_examples, folder_classes, layout = _count_examples(dataset, data_dir)
     if folder_classes is not None and num_classes is not None and folder_classes > num_classes:
         num_classes = folder_classes  # more class folders than the model's default logits
     return train_examples, eval_examples, num_classes, layout
@@ -337,12 +350,13 @@ def _model_rate(
     return None, learning_rate_schedule(defaults, global_batch, base_lr=cfg.resnet_base_lr), described
 
 
-def _count_records(data_dir: Path) -> tuple[int, int]:
+def _count_records(data_dir: Location) -> tuple[int, int]:
     """Examples in the ``train-*-of-*`` and ``validation-*-of-*`` shards (the training ones when
-    there are no validation shards); indexing them on first use."""
+    there are no validation shards); indexing them on first use (object-store shards: fetched
+    into the machine's cache, where the run's sources find them and their indexes)."""
     counts: list[int] = []
     for split in ("train", "validation"):
-        shards = find_shards(data_dir, split)
+        shards = shard_files(data_dir, split)
         try:
             counts.append(len(RecordShards(shards)) if shards else counts[0])
         except ValueError as e:
@@ -350,7 +364,7 @@ def _count_records(data_dir: Path) -> tuple[int, int]:
     return counts[0], counts[1]
 
 
-def _count_tar_samples(data_dir: Path) -> tuple[int, int, int]:
+def _count_tar_samples(data_dir: Location) -> tuple[int, int, int]:
     """Samples in the training and evaluation tar shards (:func:`~stoker.data.images.tar_shards.split_of`)
     and the classes their ``.cls`` labels need (the largest + 1); indexing them on first use."""
     counts, classes = [], 0
@@ -364,29 +378,40 @@ def _count_tar_samples(data_dir: Path) -> tuple[int, int, int]:
     return counts[0], counts[1], classes
 
 
-def _count_examples(dataset: str, data_dir: Path) -> tuple[int, int, int | None, str]:
+def _count_cifar(data_dir: Location) -> tuple[int, int]:
+    """Training and test records of the CIFAR-10 binaries of a folder or URL, from their sizes."""
+    inner = data_dir / "cifar-10-batches-bin"
+    sizes = {name: f.size for name, f in list_files(inner)} or {name: f.size for name, f in list_files(data_dir)}
+    train = sum(size for name, size in sizes.items() if fnmatch.fnmatchcase(name, "data_batch_*.bin"))
+    return train // _CIFAR_RECORD_BYTES, sizes.get("test_batch.bin", 0) // _CIFAR_RECORD_BYTES
+
+
+def _count_examples(dataset: str, data_dir: Location) -> tuple[int, int, int | None, str]:
     """Examples in the training and evaluation data, the number of class folders (image
     folders only) and the layout: TFRecord shards when ``train-*-of-*`` files are there, else
-    an image folder (CIFAR-10 binaries for ``cifar10``)."""
+    an image folder (CIFAR-10 binaries for ``cifar10``); a URL holds shards or CIFAR-10 binaries."""
     if dataset == "cifar10":
-        root = data_dir / "cifar-10-batches-bin" if (data_dir / "cifar-10-batches-bin").is_dir() else data_dir
-        train = sum(f.stat().st_size for f in root.glob("data_batch_*.bin")) // _CIFAR_RECORD_BYTES
-        test = (
-            (root / "test_batch.bin").stat().st_size // _CIFAR_RECORD_BYTES if (root / "test_batch.bin").exists() else 0
-        )
+        train, test = _count_cifar(data_dir)
         if train == 0:
             raise FlagError(("data_dir",), f"--data_dir={data_dir}: no CIFAR-10 data_batch_*.bin files")
         return int(train), int(test or train), None, ""  # the data set names the layout
     if find_tar_shards(data_dir):
         return *_count_tar_samples(data_dir), TAR_SHARDS
-    if find_shards(data_dir, "train"):
-        if has_class_folders(data_dir):
+    if shard_files(data_dir, "train"):
+        if isinstance(data_dir, Path) and has_class_folders(data_dir):
             raise FlagError(
                 ("data_dir",),
                 f"--data_dir={data_dir} holds both train-*-of-* TFRecord shards and folders of images; "
                 f"point it at one kind: {expected_layouts(data_dir)}",
             )
         return *_count_records(data_dir), None, TFRECORDS
+    if not isinstance(data_dir, Path):
+        raise FlagError(
+            ("data_dir",),
+            f"--data_dir={data_dir}: no train-*-of-* TFRecord shards or *.tar shards there; on object storage "
+            "stoker reads TFRecord shards, tar shards and CIFAR-10 binaries (copy an image folder to local "
+            "disk, or convert it with stoker.data.write_imagenet_tfrecords)",
+        )
     train_root, eval_root = image_folder_roots(data_dir)
     try:
         classes, train_paths, _ = scan_image_folder(train_root, IMAGE_EXTENSIONS)

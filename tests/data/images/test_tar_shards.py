@@ -156,13 +156,13 @@ def test_the_splits_are_found_by_name(tmp_path: Path) -> None:
     assert split_of(tmp_path / "none", False) is None
 
 
-# ------------------------------------------------------------------ kill -9 and rerun (tests/data/test_data_crash.py's)
-MAX_STEPS = 12  # 18 samples in batches of 8: 2 batches per epoch, so the runs cross epoch and shard boundaries
+# ------------------------------------------------------------------ kill -9 and rerun (test_object_store_data.py's)
+MAX_STEPS = 24  # the script's: 18 samples in batches of 8 make 2 batches an epoch, so runs cross epochs and shards
 
 
-def _command(model_dir: Path, data: Path, *extra: str) -> list[str]:
-    script = str(SCRIPTS / "data_train_script.py")
-    return [PYTHON, script, "--model_dir", str(model_dir), "--data", str(data), "--max_steps", str(MAX_STEPS), *extra]
+def _command(model_dir: Path, data: str | Path, cache: Path, *extra: str) -> list[str]:
+    script = str(SCRIPTS / "stream_train_script.py")
+    return [PYTHON, script, "--model_dir", str(model_dir), "--data", str(data), "--cache", str(cache), *extra]
 
 
 def _final_weights(model_dir: Path) -> bytes:
@@ -171,11 +171,24 @@ def _final_weights(model_dir: Path) -> bytes:
     return raw[8 + int.from_bytes(raw[:8], "little") :]
 
 
-@pytest.mark.slow  # ~10-30 s: two tiny trainings in real processes
-def test_kill_9_mid_shard_then_rerun_is_bitwise_the_uninterrupted_run(tmp_path: Path, shards: Path) -> None:
-    ref = in_background(_command(tmp_path / "ref", shards))
+@pytest.mark.slow  # ~25 s: two tiny trainings in real processes, with worker processes
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_kill_9_mid_shard_then_rerun_is_bitwise_an_uninterrupted_local_run(
+    request: pytest.FixtureRequest, shards: Path, tmp_path: Path, where: str
+) -> None:
+    data: str | Path = shards
+    if where == "s3":
+        import fsspec
+
+        request.getfixturevalue("s3_env")
+        for p in sorted(shards.glob("*.tar")):
+            fsspec.filesystem("s3").put_file(str(p), f"bucket/crash/{p.name}")
+        data = "s3://bucket/crash"
+    env = python_env()
+    ref = in_background(_command(tmp_path / "ref", shards, tmp_path / "ref-cache"), env=env)
     crashed = tmp_path / "crashed"
-    proc = popen(_command(crashed, shards, "--sleep", "0.1"), env=python_env(), stderr=subprocess.PIPE, text=True)
+    argv = _command(crashed, data, tmp_path / "cache", "--sleep", "0.1")
+    proc = popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (crashed / "checkpoint.json").exists():
         assert proc.poll() is None, proc.communicate()
@@ -186,7 +199,7 @@ def test_kill_9_mid_shard_then_rerun_is_bitwise_the_uninterrupted_run(tmp_path: 
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
     assert not (crashed / f"ckpt-{MAX_STEPS}").exists(), "the run finished before the kill; slow it down"
-    done = run_process(_command(crashed, shards), env=python_env(), capture_output=True, text=True, timeout=300)
+    done = run_process(argv[:-2], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert f"resumed from {crashed}" in done.stderr
     finished(ref)

@@ -119,3 +119,28 @@ def test_a_missing_or_changed_object_is_an_error_naming_it(s3_env, data, tmp_pat
     ):
         files.read_bytes(3)
     assert not [n for n in os.listdir(ShardCache(stream).files_dir) if ".tmp-" in n]
+
+
+def test_a_transient_fault_is_retried_with_backoff(s3_env, data, tmp_path, monkeypatch, caplog):
+    from stoker.data.stream import cache
+
+    _upload(data, "s3://bucket/flaky")
+    real, calls = cache._download, []
+
+    def flaky(file, tmp):  # noqa: ANN001, ANN202
+        calls.append(file.url)
+        if len(calls) == 1:
+            tmp.write_bytes(b"partial")  # the connection drops mid-transfer
+            raise ConnectionResetError("connection reset by peer")
+        return real(file, tmp)
+
+    monkeypatch.setattr(cache, "_download", flaky)
+    stream = StreamOptions(cache_dir=tmp_path / "c", retry=RetryPolicy(attempts=3, backoff=0.01))
+    files = FileSet(files_of("s3://bucket/flaky/part-1"), stream)
+    with caplog.at_level("WARNING", logger="stoker"):
+        assert files.read_bytes(0) == bytes([1]) * 1001
+    assert calls == ["s3://bucket/flaky/part-1"] * 2
+    assert (
+        "read s3://bucket/flaky/part-1 failed (ConnectionResetError: connection reset by peer); retry 1 of 2"
+        in caplog.text
+    )

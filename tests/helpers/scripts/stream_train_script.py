@@ -1,6 +1,7 @@
-"""A training job on ``imagenet_tfrecords`` shards read from a local folder or a URL (an S3
-bucket on moto), run as a real subprocess by tests/data/test_object_store_data.py (not a test
-module); the model and model_fn are in helpers/images.py."""
+"""A training job on ``imagenet_tfrecords`` shards, or ``tar_shards`` where the data holds
+``*.tar`` files, read from a local folder or a URL (an S3 bucket on moto), run as a real
+subprocess by tests/data/test_object_store_data.py and tests/data/images/test_tar_shards.py (not
+a test module); the model and model_fn are in helpers/images.py."""
 
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # tests/, for help
 
 import stoker  # noqa: E402
 from helpers.images import BATCH, IMAGE_SIZE, TinyConv, model_fn  # noqa: E402
+from stoker.data.images.tar_shards import find_tar_shards  # noqa: E402
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model_dir", required=True)
-    p.add_argument("--data", required=True, help="a folder or URL of train-*-of-* shards")
+    p.add_argument("--data", required=True, help="a folder or URL of train-*-of-* or *.tar shards")
     p.add_argument("--cache", required=True, help="the stream cache folder")
     p.add_argument("--max_steps", type=int, default=24)
     p.add_argument("--sleep", type=float, default=0.0)
@@ -28,9 +30,11 @@ def main() -> None:
     torch.set_num_threads(1)
     stream = stoker.data.stream.StreamOptions(cache_dir=args.cache)
 
-    def input_fn(params: dict) -> stoker.data.TFRecordImageSource:
+    source = stoker.data.tar_shards if find_tar_shards(args.data) else stoker.data.imagenet_tfrecords
+
+    def input_fn(params: dict) -> stoker.data.images.EncodedImageSource:
         read = stoker.data.ReadOptions(num_workers=args.workers, seed=3, stream=stream)
-        return stoker.data.imagenet_tfrecords(
+        return source(
             args.data,
             num_classes=4,
             read=read.for_replica(params),
