@@ -107,6 +107,7 @@ def test_from_lightning_stops_early_at_the_same_step_after_a_resume(tmp_path):
     assert "(resuming from ckpt-253)" in again and "final evaluation at step 253" in again
 
 
+@pytest.mark.slow  # default run under 5 minutes on 2 cores; the fast tests of this area cover the same code
 def test_finetune_hf_resumes_bitwise_and_writes_a_folder_transformers_loads(tmp_path):
     pytest.importorskip("transformers")
     pytest.importorskip("datasets")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from helpers.paths import SCRIPTS
 from helpers.processes import launch_replicas
 
@@ -24,6 +26,7 @@ def results(out: Path, nproc: int = 2) -> list[dict]:
     return [json.loads(Path(f"{out}.{rank}").read_text()) for rank in range(nproc)]
 
 
+@pytest.mark.slow  # default run under 5 minutes on 2 cores; the fast tests of this area cover the same code
 def test_two_replicas_agree_and_resume_bitwise(tmp_path):
     run_replicas(tmp_path / "whole", "--out", str(tmp_path / "whole.json"))
     whole = results(tmp_path / "whole.json")

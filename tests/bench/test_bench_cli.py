@@ -219,6 +219,7 @@ def test_help_states_each_default_once(capsys: pytest.CaptureFixture[str], argv:
         assert "fastest of three kernels" in text and "2048" not in text
 
 
+@pytest.mark.slow  # default run under 5 minutes on 2 cores; the fast tests of this area cover the same code
 def test_list_models_prints_every_model_with_params_and_gflops(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run_main(capsys, "bench", "--list_models", "--data_name=cifar10")
     assert code == 0

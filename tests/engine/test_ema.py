@@ -302,6 +302,7 @@ def replicas(nproc: int, *args: str) -> None:
         assert p.returncode == 0, err
 
 
+@pytest.mark.slow  # default run under 5 minutes on 2 cores; the fast tests of this area cover the same code
 def test_sharded_the_average_is_sharded_like_the_weights_and_resumes(tmp_path: Path) -> None:
     from stoker.distributed.sharded import consolidate
 

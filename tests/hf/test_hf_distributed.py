@@ -50,6 +50,7 @@ def beside_one_process(tmp_path, *args: str) -> tuple[dict, dict]:
     return json.loads((tmp_path / "two.json").read_text()), json.loads((tmp_path / "one.json").read_text())
 
 
+@pytest.mark.slow  # default run under 5 minutes on 2 cores; the fast tests of this area cover the same code
 def test_sharded_training_equals_one_process_and_its_dcp_checkpoint_saves_as_hf(tmp_path):
     model_dir = tmp_path / "run"
     two, one = beside_one_process(

@@ -154,8 +154,17 @@ SLOW_FORWARD = {
     ("imagenet", "vgg19"),
     ("imagenet", "overfeat"),
     ("imagenet", "nasnetlarge"),
-    ("librispeech", "deepspeech2"),
-}  # 3,494 frames: a teraFLOP per step; see the short tests
+    ("librispeech", "deepspeech2"),  # 3,494 frames: a teraFLOP per step; see the short tests
+    ("coco", "ssd300"),  # its multibox loss trains in tests/bench/test_bench_zoo.py
+    # the deepest of families whose shallower members run by default (blocks and heads shared)
+    ("cifar10", "densenet100_k12"),
+    ("cifar10", "densenet100_k24"),
+    ("imagenet", "resnet152"),
+    ("imagenet", "resnet152_v2"),
+    ("imagenet", "official_resnet152"),
+    ("imagenet", "official_resnet200"),
+    ("imagenet", "official_resnet200_v2"),
+}
 
 REGISTERED = [(d, n) for d in DATASETS for n in list_models(d)]
 
