@@ -19,6 +19,9 @@ Each row: the bench's figure (images/sec over the timed batches, after ``--warmu
 wall seconds of the whole command (start-up, listing, fetching, indexing included) and both as
 ratios to ``local``; target: the latency row at **>= 0.9x** the local rate.
 
+Two more rows time the cache filling: shards per second fetched from ``lat://`` into an empty
+cache on 1 and on 8 threads, against the shards per second training consumes at the local rate.
+
 ``--streaming`` adds rows for the source alone, read in order (``shuffle=False``) over shards
 whose indexes are cached but whose bytes are not (evicted): ``--stream_batches`` batches of
 ``imagenet_tfrecords(...)`` (224 px crops, no workers), images/sec, locally and from ``lat://`` with the read-ahead
@@ -164,6 +167,22 @@ def stream_row(data_dir: str, args: argparse.Namespace, read_ahead: bool) -> flo
     return n / (time.perf_counter() - start)
 
 
+def fetch_row(url: str, threads: int) -> float:
+    """Shards per second fetched into an empty cache on ``threads`` threads (what the read-ahead
+    can supply; the decoders need ``rate / examples per shard``)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from stoker.data.images.tfrecord import shard_files
+    from stoker.data.stream import FileSet
+
+    shutil.rmtree(data_cache(), ignore_errors=True)
+    files = FileSet(shard_files(url, "train"))
+    start = time.perf_counter()
+    with ThreadPoolExecutor(threads, thread_name_prefix="stoker-io-bench") as pool:
+        list(pool.map(files.fetch, range(len(files))))
+    return len(files) / (time.perf_counter() - start)
+
+
 def data_cache() -> Path:
     from stoker._cache import cache_dir
 
@@ -231,6 +250,8 @@ def main() -> None:
             "s3+30ms cold": cold(f"lat://{BUCKET}/tfr"),
             "s3+30ms warm": warm(f"lat://{BUCKET}/tfr"),
         }
+        rows["fetch s3+30ms 1 thread"] = lambda: fetch_row(f"lat://{BUCKET}/tfr", 1)
+        rows["fetch s3+30ms 8 threads"] = lambda: fetch_row(f"lat://{BUCKET}/tfr", 8)
         if args.streaming:
             rows["stream local"] = lambda: stream_row(str(records), args, read_ahead=True)
             rows["stream s3+30ms read-ahead"] = lambda: stream_row(f"lat://{BUCKET}/tfr", args, read_ahead=True)
@@ -262,6 +283,12 @@ def report(results: dict[str, list[Any]], args: argparse.Namespace) -> None:
         print(f"{name:<16}{rate:>12.1f}{rate / local:>8.2f}x{wall:>9.2f}{wall / local_wall:>8.2f}x")
     ratio = figures["s3+30ms cold"]["rate_ratio"]
     print(f"target: s3+30ms at >= 0.9x the local rate: {ratio:.2f}x ({'met' if ratio >= 0.9 else 'NOT met'})")
+    per_shard = args.examples / args.shards
+    print(f"\nshards fetched into an empty cache from s3+30ms, shards/sec (training needs {local / per_shard:.2f}):")
+    for name in ("fetch s3+30ms 1 thread", "fetch s3+30ms 8 threads"):
+        rate = statistics.median(results[name])
+        figures[name] = {"shards_per_sec": rate, "headroom": rate * per_shard / local}
+        print(f"{name:<32}{rate:>10.2f}  ({rate * per_shard / local:.0f}x what the local rate consumes)")
     stream_rows = [name for name in results if name.startswith("stream")]
     if stream_rows:
         print(f"\nthe source alone, {args.stream_batches} batches in order over shards not in the cache, images/sec:")
