@@ -85,7 +85,11 @@ def global_batches(records: Path, world: int) -> dict[int, tuple[list[int], list
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mixed", [(), ("--mix",)], ids=["one_source", "mix"])  # stoker.data.mix of two
+@pytest.mark.parametrize(
+    "mixed",
+    [(), ("--mix", "batch"), ("--mix", "example")],  # stoker.data.mix of two readings of the tree
+    ids=["one_source", "mix", "mix_per_example"],
+)
 def test_resumed_2_1_2_with_kill_9_trains_on_the_uninterrupted_global_batches(
     tmp_path: Path, mixed: tuple[str, ...]
 ) -> None:
@@ -94,7 +98,8 @@ def test_resumed_2_1_2_with_kill_9_trains_on_the_uninterrupted_global_batches(
     elastic = tmp_path / "elastic"
     slow = ("--max_steps", str(STEPS), "--sleep", "0.15", *mixed)
     kill_9_past(launch(2, elastic, data, tmp_path / "a", *slow), elastic, 4)
-    kill_9_past(launch(1, elastic, data, tmp_path / "b", *slow, "--workers", "2"), elastic, 8)
+    workers = () if "example" in mixed else ("--workers", "2")  # an example-wise blend is built inline
+    kill_9_past(launch(1, elastic, data, tmp_path / "b", *slow, *workers), elastic, 8)
     errors = finish(launch(2, elastic, data, tmp_path / "c", "--max_steps", str(STEPS), *mixed))
     assert "written by 1 replica(s) and this run has 2" in errors[0]
     finish(reference)

@@ -49,7 +49,7 @@ def main() -> None:
     p.add_argument("--max_steps", type=int, default=14)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--sleep", type=float, default=0.0)
-    p.add_argument("--mix", action="store_true", help="train on stoker.data.mix of two readings of the tree")
+    p.add_argument("--mix", choices=["batch", "example"], help="train on stoker.data.mix(per=...) of two readings")
     args = p.parse_args()
     torch.set_num_threads(1)
     rank = stoker.distributed.torchrun_rank() or 0
@@ -86,7 +86,7 @@ def main() -> None:
 
     def train_input(params):  # noqa: ANN001, ANN202
         if args.mix:  # two readings of the tree (their own orders and augmentation), mixed 0.6 / 0.4
-            return stoker.data.mix({"a": (folder(params, 5), 0.6), "b": (folder(params, 6), 0.4)}, seed=3)
+            return stoker.data.mix({"a": (folder(params, 5), 0.6), "b": (folder(params, 6), 0.4)}, seed=3, per=args.mix)
         return folder(params, 5)
 
     est.train(train_input, max_steps=args.max_steps, hooks=[recorder])
