@@ -136,6 +136,7 @@ def test_input_state_is_the_consumed_position_not_the_prefetched_one(tmp_path, m
             "epoch": 0,
             "num_examples": 100,
             "num_shards": 1,
+            "samples": 64,  # examples of the epoch's global order read: 4 batches of 16
             "seed": 0,
             "shard_index": 0,
         },
