@@ -284,7 +284,8 @@ LAYERS: dict[str, set[str]] = {
     "stoker.resolve": {"stoker.errors"},
     "stoker.flags": {"stoker.errors"},  # the flag helper every command declares its flags with
     "stoker.storage": {"stoker.errors"},
-    "stoker.data": {"stoker.errors", "stoker._cache", "stoker.resolve"},
+    # storage: URLs of data on object stores and their retries (a leaf, as for the commands)
+    "stoker.data": {"stoker.errors", "stoker._cache", "stoker.resolve", "stoker.storage"},
     # the table of commands, and the check of the directories a command names before it runs (storage: a leaf)
     "stoker.cli": {"stoker._version", "stoker.errors", "stoker.storage"},
     "stoker.run_spec": {"stoker.errors", "stoker.storage", "stoker._version", "stoker.plugins"},

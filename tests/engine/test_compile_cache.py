@@ -23,6 +23,7 @@ from helpers.paths import ROOT
 from stoker.checkpoint import CheckpointManager
 from stoker.checkpoint.compiled import COMPILED_DIR, CompiledBundle
 from stoker.engine.compile_cache import CompileCache, fingerprint, pack, unpack
+from stoker.errors import CheckpointError
 
 KERNEL = "ab/cabcdefghijklmnopqrstuvwxyz0123.main.cpp"
 
@@ -45,9 +46,9 @@ def test_a_bundle_packs_and_unpacks_and_refuses_paths_outside_the_cache():
     data = pack(b"portable", {KERNEL: b"int x;"})
     assert unpack(data) == (b"portable", {KERNEL: b"int x;"})
     for name in ("../evil.so", "ab/../../evil.so", "/tmp/evil.so", "ab/evil.py"):
-        with pytest.raises(ValueError, match="is not a kernel file"):
+        with pytest.raises(CheckpointError, match="is not a kernel file"):
             unpack(pack(b"", {name: b"x"}))
-    with pytest.raises(ValueError, match="not a stoker compiled-artifacts bundle"):
+    with pytest.raises(CheckpointError, match="not a stoker compiled-artifacts bundle"):
         unpack(b"\x80pickle")
 
 

@@ -32,18 +32,15 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from ..errors import CheckpointMismatchError, ConfigError, DataError
 from .base import example_uniforms
+from .mix_checks import STOPPING_STRATEGIES, Structure, agreed, checked_sources
 
 if TYPE_CHECKING:
     from .mix_examples import ExampleMixture
 
 log = logging.getLogger("stoker")
-
-#: What ``stopping_strategy`` may be (Hugging Face ``interleave_datasets``' names).
-STOPPING_STRATEGIES: tuple[str, ...] = ("first_exhausted", "all_exhausted")
 
 # The draws' own stream of example_uniforms: keyed (seed, _STREAM, g), apart from any source's
 # augmentation, which is keyed (seed, epoch, example index) with small epochs.
@@ -86,7 +83,7 @@ class Mixture:
     name = "mix"
 
     def __init__(self, sources: Mapping[str, tuple[Any, float]], *, seed: int, stopping_strategy: str) -> None:
-        self.names, self.sources, self.weights = _checked_sources(sources)
+        self.names, self.sources, self.weights = checked_sources(sources)
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise ConfigError(f"mix: seed must be an integer; got {seed!r}")
         if stopping_strategy not in STOPPING_STRATEGIES:
@@ -95,9 +92,9 @@ class Mixture:
             )
         self.seed = seed
         self.stopping_strategy = stopping_strategy
-        self.batch_size: int | None = _agreed(self.sources, "batch_size", "the same batch size")
-        self.num_shards: int | None = _agreed(self.sources, "num_shards", "the same replica's shard")
-        self.shard_index: int | None = _agreed(self.sources, "shard_index", "the same replica's shard")
+        self.batch_size: int | None = agreed(self.sources, "batch_size", "the same batch size")
+        self.num_shards: int | None = agreed(self.sources, "num_shards", "the same replica's shard")
+        self.shard_index: int | None = agreed(self.sources, "shard_index", "the same replica's shard")
         self._draws = _Draws(seed, [self.weights[n] for n in self.names])
         #: Batches drawn so far (all sources): the index ``g`` of the next one.
         self.step = 0
@@ -107,7 +104,7 @@ class Mixture:
         self.ended = False
         # Where "all_exhausted" starts a source over: where it stood when mixed.
         self._initial = {n: self.sources[n].state_dict() for n in self.names}
-        self._structure = _Structure(self.sources)
+        self._structure = Structure(self.sources)
 
     # ------------------------------------------------------------------ iterating
     def __iter__(self) -> Mixture:
@@ -279,93 +276,6 @@ class Mixture:
     def __repr__(self) -> str:
         weights = ", ".join(f"{n}={self.weights[n]:g}" for n in self.names)
         return f"Mixture({weights}, seed={self.seed}, step={self.step})"
-
-
-class _Structure:
-    """Checks that every source yields batches of one element structure (the same nesting, dtypes
-    and per-example shapes): at once for ``stoker.data`` sources (one batch of each is built),
-    otherwise at the first batch a source yields in this process."""
-
-    def __init__(self, sources: Mapping[str, Any]) -> None:
-        self._first: tuple[str, list[tuple[str, str, tuple[int, ...]]]] | None = None
-        self.checked: set[str] = set()
-        for name, source in sources.items():
-            batch_indices = getattr(source, "batch_indices", None)
-            load_batch = getattr(source, "load_batch", None)
-            if callable(batch_indices) and callable(load_batch) and int(getattr(source, "batches_per_epoch", 0)) > 0:
-                self.check(name, load_batch(batch_indices(0, 0), 0))
-
-    def check(self, name: str, batch: Any) -> None:
-        if name in self.checked:
-            return
-        mine = _signature(batch)
-        if self._first is None:
-            self._first = (name, mine)
-        elif mine != self._first[1]:
-            other, theirs = self._first
-            raise ConfigError(
-                f"mix: source {name!r} yields batches of another structure than {other!r} "
-                f"({_describe(mine)} vs {_describe(theirs)}); give every source the same element structure"
-            )
-        self.checked.add(name)
-
-
-def _signature(batch: Any, path: str = "") -> list[tuple[str, str, tuple[int, ...]]]:
-    """Every leaf of a batch as ``(path, dtype, shape without the batch dimension)``."""
-    if isinstance(batch, (torch.Tensor, np.ndarray)):
-        return [(path or ".", str(batch.dtype).replace("torch.", ""), tuple(batch.shape[1:]))]
-    if isinstance(batch, Mapping):
-        return [leaf for k in sorted(batch, key=str) for leaf in _signature(batch[k], f"{path}[{k!r}]")]
-    if isinstance(batch, (list, tuple)):
-        return [leaf for i, v in enumerate(batch) for leaf in _signature(v, f"{path}[{i}]")]
-    return [(path or ".", type(batch).__name__, ())]
-
-
-def _describe(signature: list[tuple[str, str, tuple[int, ...]]]) -> str:
-    return ", ".join(f"{p} {dtype} {list(shape)}" for p, dtype, shape in signature)
-
-
-def _checked_sources(sources: Any) -> tuple[list[str], dict[str, Any], dict[str, float]]:
-    """The names (in order), sources and weights of ``mix``'s argument, or a one-line ConfigError."""
-    if not isinstance(sources, Mapping) or not sources:
-        raise ConfigError(
-            f"mix: sources must be a non-empty dict of name -> (source, weight); got {type(sources).__name__}"
-        )
-    names: list[str] = []
-    out: dict[str, Any] = {}
-    weights: dict[str, float] = {}
-    seen: dict[int, str] = {}
-    for name, entry in sources.items():
-        if not isinstance(name, str) or not name:
-            raise ConfigError(f"mix: source names must be non-empty strings; got {name!r}")
-        if not isinstance(entry, tuple) or len(entry) != 2:
-            raise ConfigError(f"mix: sources[{name!r}] must be a (source, weight) pair; got {type(entry).__name__}")
-        source, weight = entry
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight) or weight <= 0:
-            raise ConfigError(f"mix: the weight of {name!r} must be a finite number > 0; got {weight!r}")
-        if not all(callable(getattr(source, a, None)) for a in ("__next__", "state_dict", "load_state_dict")):
-            raise ConfigError(
-                f"mix: sources[{name!r}] must be an iterator with state_dict() and load_state_dict() "
-                f"(a stoker.data source); got {type(source).__name__}"
-            )
-        if id(source) in seen:
-            raise ConfigError(
-                f"mix: sources {seen[id(source)]!r} and {name!r} are the same object; give each name its own source"
-            )
-        seen[id(source)] = name
-        names.append(name)
-        out[name] = source
-        weights[name] = float(weight)
-    return names, out, weights
-
-
-def _agreed(sources: Mapping[str, Any], attribute: str, what: str) -> int | None:
-    """The sources' common value of ``attribute`` (``None`` if none has it), or a ConfigError."""
-    values = {n: getattr(s, attribute) for n, s in sources.items() if isinstance(getattr(s, attribute, None), int)}
-    if len(set(values.values())) > 1:
-        listed = ", ".join(f"{n}: {v}" for n, v in values.items())
-        raise ConfigError(f"mix: the sources differ in {attribute} ({listed}); give every source {what}")
-    return next(iter(values.values()), None)
 
 
 def mix(

@@ -31,7 +31,7 @@ import torch
 from ..errors import CheckpointMismatchError, ConfigError
 from ._tree import tree_map
 from .base import example_uniforms
-from .mix import STOPPING_STRATEGIES, _checked_sources, _Structure
+from .mix_checks import STOPPING_STRATEGIES, Structure, checked_sources
 from .text import TextSource
 
 log = logging.getLogger("stoker")
@@ -81,7 +81,7 @@ class ExampleMixture:
     per = "example"
 
     def __init__(self, sources: Mapping[str, tuple[Any, float]], *, seed: int, stopping_strategy: str) -> None:
-        self.names, self.sources, self.weights = _checked_sources(sources)
+        self.names, self.sources, self.weights = checked_sources(sources)
         for name, source in self.sources.items():
             _random_access(name, source)
         if not isinstance(seed, int) or isinstance(seed, bool):
@@ -116,7 +116,7 @@ class ExampleMixture:
         self.taken = dict.fromkeys(self.names, 0)
         self.exhausted: set[str] = set()
         self.ended = False
-        _Structure(self.sources)
+        Structure(self.sources)
 
     # ------------------------------------------------------------------ the plan
     def sources_of(self, g: int) -> np.ndarray:

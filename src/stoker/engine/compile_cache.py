@@ -130,9 +130,9 @@ def pack(portable: bytes, files: dict[str, bytes]) -> bytes:
 
 
 def unpack(data: bytes) -> tuple[bytes, dict[str, bytes]]:
-    """The portable artifacts and the kernel files of a bundle (``ValueError`` when malformed)."""
+    """The portable artifacts and the kernel files of a bundle (``CheckpointError`` when malformed)."""
     if not data.startswith(MAGIC):
-        raise ValueError("not a stoker compiled-artifacts bundle")
+        raise CheckpointError("not a stoker compiled-artifacts bundle")
     at = len(MAGIC) + 8
     (length,) = struct.unpack("<Q", data[len(MAGIC) : at])
     parts = json.loads(data[at : at + length])
@@ -140,11 +140,11 @@ def unpack(data: bytes) -> tuple[bytes, dict[str, bytes]]:
     out: dict[str, bytes] = {}
     for name, size in parts:
         if name != "portable" and not KERNEL_RE.match(name) or not isinstance(size, int) or size < 0:
-            raise ValueError(f"bundle part {name!r} is not a kernel file")
+            raise CheckpointError(f"bundle part {name!r} is not a kernel file")
         out[name] = data[at : at + size]
         at += size
     if at != len(data):
-        raise ValueError("bundle size differs from its header's")
+        raise CheckpointError("bundle size differs from its header's")
     return out.pop("portable", b""), out
 
 

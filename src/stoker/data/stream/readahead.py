@@ -15,12 +15,19 @@ import os
 import threading
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from .files import FileSet
+from typing import Protocol
 
 log = logging.getLogger("stoker")
+
+
+class Fetchable(Protocol):
+    """What read-ahead needs of a set of files (a :class:`~.files.FileSet`): kept to this
+    protocol so files.py may build a ReadAhead without the two modules importing each other."""
+
+    def size(self, k: int) -> int: ...
+    def cached(self, k: int) -> bool: ...
+    def fetch(self, k: int) -> object: ...
+    def name(self, k: int) -> str: ...
 
 
 class ReadAhead:
@@ -32,7 +39,7 @@ class ReadAhead:
         budget: bytes of fetches under way at most; ``0`` turns read-ahead off.
     """
 
-    def __init__(self, files: FileSet, *, threads: int, budget: int) -> None:
+    def __init__(self, files: Fetchable, *, threads: int, budget: int) -> None:
         self.files = files
         self.threads = threads
         self.budget = budget
