@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import CheckpointMismatchError, ConfigError, DataError
+from ._mix_checks import STOPPING_STRATEGIES, Structure, agreed, checked_sources
 from .base import example_uniforms
-from .mix_checks import STOPPING_STRATEGIES, Structure, agreed, checked_sources
 
 if TYPE_CHECKING:
     from .mix_examples import ExampleMixture

@@ -29,9 +29,9 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointMismatchError, ConfigError
+from ._mix_checks import STOPPING_STRATEGIES, Structure, checked_sources
 from ._tree import tree_map
 from .base import example_uniforms
-from .mix_checks import STOPPING_STRATEGIES, Structure, checked_sources
 from .text import TextSource
 
 log = logging.getLogger("stoker")
