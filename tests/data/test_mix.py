@@ -366,6 +366,12 @@ def test_a_tracker_gets_the_proportions(tmp_path: Path, monkeypatch: pytest.Monk
     ]
 
 
+def test_a_mixture_has_no_epochs_to_count() -> None:
+    x, y = make_data(100)
+    with pytest.raises(ConfigError, match=r"train\(max_epochs=\.\.\.\) needs an input_fn .*; got a Mixture"):
+        make_estimator(None).train(mixed_input(x, y), max_epochs=2)
+
+
 def test_the_log_line_shows_the_proportions(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     x, y = make_data(100)
     est = make_estimator(None, log_every_n_steps=8)
