@@ -71,6 +71,20 @@ def test_tfrecords_from_s3_equal_local_and_are_indexed_once(s3_env, shards, tmp_
     assert _same(_batches(again, 9), expected)
 
 
+def test_a_cache_smaller_than_the_shards_is_said_and_still_reads_them(s3_env, shards, tmp_path, caplog):
+    _upload(shards, "s3://bucket/small")
+    size = sum(p.stat().st_size for p in shards.glob("train-*"))
+    stream = StreamOptions(cache_dir=tmp_path / "cache", cache_limit=size // 2)
+    read = ReadOptions(batch_size=6, seed=1, stream=stream)
+    image = stoker.data.ImageOptions(image_size=16)
+    with caplog.at_level("WARNING", logger="stoker"):
+        remote = stoker.data.imagenet_tfrecords("s3://bucket/small", read=read, image=image, num_classes=4)
+    assert "exceed the stream cache's limit" in caplog.text
+    local = stoker.data.imagenet_tfrecords(shards, read=read, image=image, num_classes=4)
+    assert _same(_batches(remote, 8), _batches(local, 8))  # evicted shards are fetched again
+    assert remote.records.files.cache.held_bytes() <= size // 2
+
+
 def test_tfrecord_shards_are_fetched_ahead_of_their_batches(s3_env, shards, tmp_path):
     _upload(shards, "s3://bucket/ahead")
     stream = StreamOptions(cache_dir=tmp_path / "cache")

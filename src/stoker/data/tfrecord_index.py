@@ -236,6 +236,7 @@ class RecordShards:
         from tqdm.auto import tqdm
 
         if self.files.remote:
+            self._warn_if_over_the_cache()
             pool = ThreadPoolExecutor(self.files.stream.fetch_threads, thread_name_prefix="stoker-io-index")
             with pool:
                 ks = range(len(self.files))
@@ -254,6 +255,18 @@ class RecordShards:
         )
         for path in bar:
             yield shard_index(path, index_dir=index_dir)
+
+    def _warn_if_over_the_cache(self) -> None:
+        total = sum(f.size for f in self.files.files)
+        if total > self.files.cache.limit:
+            log.warning(
+                "the TFRecord shards (%.1f GiB) exceed the stream cache's limit (%.1f GiB, %s): a shuffled "
+                "epoch reads every shard, so each epoch fetches them again; give StreamOptions(cache_limit=...) "
+                "room for the data set, or a cache_dir on a larger disk",
+                total / 2**30,
+                self.files.cache.limit / 2**30,
+                self.files.cache.root,
+            )
 
     def __len__(self) -> int:
         return int(self.starts[-1])
