@@ -113,7 +113,7 @@ def run(workload: str, model_dir: Path, to: int, caches: Path, args: argparse.Na
     m = LINE.search(text)
     if m is None:
         raise SystemExit(f"{workload}: no 'time to full speed' line in its log:\n{text[-4000:]}")
-    phases = dict(re.findall(r"([a-z -]+?) ([\d.]+) s", m.group(3)))
+    phases = {k.strip(", "): float(v) for k, v in re.findall(r"(?:^|, )([a-z -]+?) ([\d.]+) s", m.group(3))}
     return {"to_full_speed_s": float(m.group(1)), "wall_s": round(wall, 1), "line": m.group(0), "phases": phases}
 
 
