@@ -22,7 +22,9 @@ side by side with what they cost before they were cut or cached:
 - **TFRecord index**: indexing a shard of 10,000 records, and loading the cached index.
 
 Each case runs ``--rounds`` times, interleaved; the table gives the fastest (the machine is
-shared: the minimum is the figure least disturbed by others) and the median. Results:
+shared: the minimum is the figure least disturbed by others) and the median, of the wall time
+and of the CPU time (user + system), which a loaded machine inflates far less: on a shared
+machine compare the CPU columns. Results:
 docs/results/startup.md.
 
     PYTHONPATH=src python benchmarks/startup.py [--rounds 5] [--only imports,figures,...]
@@ -48,22 +50,24 @@ ROOT = Path(__file__).resolve().parents[1]
 ONE_STEP = """
 import time, torch
 p = torch.nn.Parameter(torch.zeros(4)); p.grad = torch.ones(4)
-t = time.perf_counter()
+t, c = time.perf_counter(), time.process_time()
 opt = torch.optim.SGD([p], lr=0.1); opt.step()
-print(time.perf_counter() - t)
+print(time.perf_counter() - t, time.process_time() - c)
 """
 PILLOW = """
 import time, torch
-t = time.perf_counter(); import PIL.Image; print(time.perf_counter() - t)
+t, c = time.perf_counter(), time.process_time()
+import PIL.Image
+print(time.perf_counter() - t, time.process_time() - c)
 """
 WRITER = """
 import time, tempfile
 from stoker.summary import ScalarWriter
 from tensorboard.compat.proto import event_pb2  # the protos: imported in both, not what differs
-t = time.perf_counter()
+t, c = time.perf_counter(), time.process_time()
 {extra}
 w = ScalarWriter(tempfile.mkdtemp()); w.write(1, {{'loss': 0.5}}); w.close()
-print(time.perf_counter() - t)
+print(time.perf_counter() - t, time.process_time() - c)
 """
 OLD_WRITER_IMPORTS = (
     "from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import CRC_TABLE; "
@@ -74,37 +78,45 @@ import time
 from stoker.data import ImageOptions, ReadOptions, image_folder
 from stoker.data.images import jpeg_crop, decoders
 jpeg_crop.available(); decoders.available_decoders()  # the libraries loaded: not the probe
-t = time.perf_counter()
+t, c = time.perf_counter(), time.process_time()
 image = ImageOptions(image_size=224, decoder={decoder!r})
 s = image_folder({data!r} + '/jpegs', read=ReadOptions(batch_size=8), image=image)
-print(time.perf_counter() - t)
+print(time.perf_counter() - t, time.process_time() - c)
 """
 FP16 = """
 import time
 from stoker.kernels.fp16_cost import fp16_cost
-t = time.perf_counter(); fp16_cost(); print(time.perf_counter() - t)
+t, c = time.perf_counter(), time.process_time()
+fp16_cost()
+print(time.perf_counter() - t, time.process_time() - c)
 """
 PEAK = """
 import time, torch
 from stoker.kernels.peak import measured_peak
-t = time.perf_counter(); measured_peak(torch.device('cpu'), 'fp32'); print(time.perf_counter() - t)
+t, c = time.perf_counter(), time.process_time()
+measured_peak(torch.device('cpu'), 'fp32')
+print(time.perf_counter() - t, time.process_time() - c)
 """
 LINEAR = """
 import time, torch
 from stoker.kernels.linear import choose
-t = time.perf_counter(); choose(256, 1024, 1024, torch.float32, True); print(time.perf_counter() - t)
+t, c = time.perf_counter(), time.process_time()
+choose(256, 1024, 1024, torch.float32, True)
+print(time.perf_counter() - t, time.process_time() - c)
 """
 NATIVE = """
 import time
 from stoker.data.images import jpeg_crop
-t = time.perf_counter()
+t, c = time.perf_counter(), time.process_time()
 assert jpeg_crop.available(), jpeg_crop.unavailable_reason()
-print(time.perf_counter() - t)
+print(time.perf_counter() - t, time.process_time() - c)
 """
 INDEX = """
 import time
 from stoker.data.tfrecord_index import shard_index
-t = time.perf_counter(); i = shard_index({data!r} + '/shard.tfrecord'); print(time.perf_counter() - t)
+t, c = time.perf_counter(), time.process_time()
+i = shard_index({data!r} + '/shard.tfrecord')
+print(time.perf_counter() - t, time.process_time() - c)
 assert len(i) == 10000
 """
 
@@ -182,15 +194,25 @@ def make_data(data: Path) -> None:
     write_tfrecords(data / "shard.tfrecord", (bytes(rng.integers(0, 256, 200, dtype=np.uint8)) for _ in range(10_000)))
 
 
-def run_case(how: str, env: dict[str, str]) -> float:
+def run_case(how: str, env: dict[str, str]) -> tuple[float, float]:
+    """(wall, CPU) seconds: of the process (``wall:``, its CPU time user + system from
+    ``wait4``) or of the part it timed (``code:``, ``perf_counter`` and ``process_time``)."""
     kind, _, what = how.partition(":")
     argv = json.loads(what) if kind == "wall" else [sys.executable, "-c", what]
-    start = time.perf_counter()
-    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    wall = time.perf_counter() - start
-    if out.returncode != 0:
-        raise SystemExit(f"{argv[-1][:200]!r} failed:\n{out.stderr[-3000:]}")
-    return wall if kind == "wall" else float(out.stdout.split()[0])
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=err, text=True, cwd=ROOT)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode != 0:
+            raise SystemExit(f"{argv[-1][:200]!r} failed:\n{err.read()[-3000:]}")
+        if kind == "wall":
+            return wall, usage.ru_utime + usage.ru_stime
+        timed_wall, timed_cpu = out.read().split()[:2]
+        return float(timed_wall), float(timed_cpu)
 
 
 def main() -> None:
@@ -211,21 +233,25 @@ def main() -> None:
         warm = work / "cache"
         for _, _, how, _ in todo:  # untimed: compiles the bytecode, fills the cache folder as a first run would
             run_case(how, {**base, "STOKER_CACHE_DIR": str(warm)})
-        times: dict[str, list[float]] = {name: [] for _, name, _, _ in todo}
+        times: dict[str, list[tuple[float, float]]] = {name: [] for _, name, _, _ in todo}
         for r in range(args.rounds):
             for i, (_, name, how, settings) in enumerate(todo):
                 cache = work / f"cache-empty-{r}-{i}" if settings["cache"] == "fresh" else warm
                 if settings.get("index") == "fresh":
                     shutil.rmtree(data / ".stoker-index", ignore_errors=True)
                 times[name].append(run_case(how, {**base, "STOKER_CACHE_DIR": str(cache)}))
-        print(f"{'':<72} {'fastest':>9} {'median':>9}  (seconds, {args.rounds} rounds)")
+        print(f"seconds, {args.rounds} rounds; wall: fastest, median; CPU (user + system): fastest, median")
+        print(f"{'':<72} {'wall':>8} {'median':>8} {'CPU':>8} {'median':>8}")
         group = None
         for g, name, _, _ in todo:
             if g != group:
                 print(f"[{g}]")
                 group = g
-            ts = times[name]
-            print(f"  {name:<70} {min(ts):9.3f} {statistics.median(ts):9.3f}")
+            walls, cpus = [t[0] for t in times[name]], [t[1] for t in times[name]]
+            print(
+                f"  {name:<70} {min(walls):8.3f} {statistics.median(walls):8.3f}"
+                f" {min(cpus):8.3f} {statistics.median(cpus):8.3f}"
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

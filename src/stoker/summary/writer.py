@@ -15,7 +15,7 @@ measurable part of the loop (benchmarks/overhead.py).
 
 Only TensorBoard's protos are imported when a run opens its writer: its record framing module
 (``tensorboard.compat.tensorflow_stub``, where the pure-Python checksum table and TensorBoard's
-file counter live) imports boto3 and fsspec for its ``gfile``, which took 0.3-0.8 s of every
+file counter live) imports boto3 and fsspec for its ``gfile``, which took 0.24 s CPU of every
 run's start (benchmarks/startup.py); it is imported only where ``google-crc32c``'s C code is
 missing.
 """
