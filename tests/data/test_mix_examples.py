@@ -152,6 +152,30 @@ def labels_until_end(m: Any) -> list[list[int]]:
     return [batch[1].tolist() for batch in m]
 
 
+def same(a: list[Any], b: list[Any]) -> bool:
+    return len(a) == len(b) and all(
+        torch.equal(p[0], q[0]) and torch.equal(p[1], q[1]) for p, q in zip(a, b, strict=True)
+    )
+
+
+@pytest.mark.parametrize("strategy", ["first_exhausted", "all_exhausted"])
+def test_threads_building_ahead_give_the_batches_built_when_asked(strategy: str) -> None:
+    def threaded() -> Any:
+        return mix(sources(epochs=2), seed=3, per="example", stopping_strategy=strategy, num_threads=2)
+
+    inline = list(blend(epochs=2, stopping_strategy=strategy))  # runs out of a, starts over, ends
+    m = threaded()
+    first = [next(m) for _ in range(10)]
+    state = json.loads(json.dumps(m.state_dict()))
+    rest = list(m)
+    resumed = threaded()
+    resumed.load_state_dict(state)
+    again = list(resumed)
+    m.close()
+    resumed.close()
+    assert len(inline) > 20 and same(first + rest, inline) and same(again, rest)
+
+
 def test_the_estimator_resumes_an_example_mixture_bitwise(tmp_path: Path) -> None:
     x, y = make_data(100)
     whole = make_estimator(tmp_path / "whole")
@@ -174,13 +198,17 @@ def test_image_sources_blend_with_their_own_augmentation(tmp_path: Path) -> None
         return image_folder(data, read=read, image=image)
 
     one = mix({"a": (folder(5), 0.5), "b": (folder(6), 0.5)}, seed=1, per="example")
+    threaded = mix({"a": (folder(5), 0.5), "b": (folder(6), 0.5)}, seed=1, per="example", num_threads=2)
     two = [mix({"a": (folder(5, 2, r), 0.5), "b": (folder(6, 2, r), 0.5)}, seed=1, per="example") for r in range(2)]
     for _ in range(3):
         images, ids = next(one)
         parts = [next(m) for m in two]
+        built_ahead = next(threaded)  # by threads, each reading through its own copy of the sources
+        assert torch.equal(images, built_ahead[0]) and torch.equal(ids, built_ahead[1])
         assert images.shape == (8, 3, 12, 12)
         assert torch.equal(images[0::2], parts[0][0]) and torch.equal(images[1::2], parts[1][0])
         assert torch.equal(ids[0::2], parts[0][1]) and torch.equal(ids[1::2], parts[1][1])
+    threaded.close()
 
 
 def test_what_cannot_be_blended_example_by_example_is_named(tmp_path: Path) -> None:
@@ -190,6 +218,10 @@ def test_what_cannot_be_blended_example_by_example_is_named(tmp_path: Path) -> N
     text = text_chars(tmp_path / "t.txt", seq_len=8, read=ReadOptions(batch_size=2))
     with pytest.raises(ConfigError, match=r"sources\['t'\] must be a stoker.data source that reads any example"):
         mix({"t": (text, 1.0)}, per="example")
+    with pytest.raises(ConfigError, match="mix: num_threads=2 builds per='example' blends; a per='batch' mixture"):
+        mix(sources(), num_threads=2)
+    with pytest.raises(ConfigError, match="mix: num_threads must be an integer >= 0; got -1"):
+        mix(sources(), per="example", num_threads=-1)
     with pytest.raises(ConfigError, match="mix: per must be one of batch, example; got 'row'"):
         mix(sources(), per="row")
     with pytest.raises(CheckpointMismatchError, match="mixed per batch, this one per example"):

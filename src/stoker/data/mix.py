@@ -284,6 +284,7 @@ def mix(
     seed: int = 0,
     stopping_strategy: str = "first_exhausted",
     per: str = "batch",
+    num_threads: int = 0,
 ) -> Mixture | ExampleMixture:
     """Mix several sources by weight: each batch (or each example) comes from one source, drawn
     from the seed.
@@ -302,6 +303,9 @@ def mix(
             :class:`~stoker.data.mix_examples.ExampleMixture`): each example of a global batch
             drawn on its own, so every batch is a blend, built from the sources' examples in the
             thread that iterates (index-based sources that read any example, without workers).
+        num_threads: with ``per="example"``, threads that build the coming batches ahead (each
+            reading through its own copy of each source; 0: built when asked). A ``per="batch"``
+            mixture's sources build ahead in their own workers.
 
     The source of batch ``g`` (of global sample ``j``) is a pure function of ``(seed, g)`` (of
     ``(seed, j)``) and the weights, the same on every replica and with any number of workers or
@@ -309,11 +313,16 @@ def mix(
     exact. The training summaries report each source's realised proportion as ``mix/<name>``.
     """
     if per == "batch":
+        if num_threads:
+            raise ConfigError(
+                f"mix: num_threads={num_threads} builds per='example' blends; a per='batch' mixture's "
+                "sources build ahead in their own workers (ReadOptions(num_workers=...))"
+            )
         return Mixture(sources, seed=seed, stopping_strategy=stopping_strategy)
     if per == "example":
         from .mix_examples import ExampleMixture  # it builds on this module's checks
 
-        return ExampleMixture(sources, seed=seed, stopping_strategy=stopping_strategy)
+        return ExampleMixture(sources, seed=seed, stopping_strategy=stopping_strategy, num_threads=num_threads)
     raise ConfigError(f"mix: per must be one of batch, example; got {per!r}")
 
 

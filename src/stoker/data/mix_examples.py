@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -55,7 +57,7 @@ def _random_access(name: str, source: Any) -> None:
     if getattr(source, "num_workers", 0):
         raise ConfigError(
             f"mix(per='example'): sources[{name!r}] has num_workers={source.num_workers}; an example-wise "
-            "blend is built in the thread that iterates: give its ReadOptions num_workers=0"
+            "blend is built by the mixture: give its ReadOptions num_workers=0 (and mix num_threads=...)"
         )
 
 
@@ -80,8 +82,17 @@ class ExampleMixture:
     name = "mix"
     per = "example"
 
-    def __init__(self, sources: Mapping[str, tuple[Any, float]], *, seed: int, stopping_strategy: str) -> None:
+    def __init__(
+        self, sources: Mapping[str, tuple[Any, float]], *, seed: int, stopping_strategy: str, num_threads: int = 0
+    ) -> None:
         self.names, self.sources, self.weights = checked_sources(sources)
+        if not isinstance(num_threads, int) or isinstance(num_threads, bool) or num_threads < 0:
+            raise ConfigError(f"mix: num_threads must be an integer >= 0; got {num_threads!r}")
+        #: Threads building the coming global batches ahead (0: built when asked, in this thread).
+        self.num_threads = num_threads
+        self._pool: ThreadPoolExecutor | None = None
+        self._ahead: dict[int, Future[tuple[Any, list[Any]]]] = {}  # global batch -> its build
+        self._local = threading.local()
         for name, source in self.sources.items():
             _random_access(name, source)
         if not isinstance(seed, int) or isinstance(seed, bool):
@@ -108,8 +119,9 @@ class ExampleMixture:
         self._lengths = {n: _length(s) for n, s in self.sources.items()}
         self._sizes = np.array([int(self.sources[n].num_examples) for n in self.names], dtype=np.int64)
         self._wraps = np.array([self._lengths[n] or 0 for n in self.names], dtype=np.int64)
-        self._block_start = -_BLOCK
-        self._block: tuple[list[list[int]], np.ndarray, np.ndarray] = ([], np.empty(0), np.empty(0))
+        # Plans of whole blocks of global batches, by the block's first batch: the current block and
+        # the next (the threads building ahead reach into it).
+        self._blocks: dict[int, tuple[list[list[int]], np.ndarray, np.ndarray]] = {}
         #: Global batches read so far: the index ``g`` of the next one.
         self.step = 0
         #: Samples (all replicas) read from each source's stream so far.
@@ -129,25 +141,26 @@ class ExampleMixture:
         u = example_uniforms(self.seed, _STREAM, np.arange(start * g, stop * g, dtype=np.int64), 1)
         return np.searchsorted(self._cumulative, u[:, 0], side="right").astype(np.int64).reshape(-1, g)
 
-    def _block_of(self, g: int) -> int:
-        """Global batch ``g``'s row in the cached block of plans (filled ``_BLOCK`` batches at a time:
+    def _block_of(self, g: int) -> tuple[list[list[int]], np.ndarray, np.ndarray]:
+        """The cached block of plans holding global batch ``g`` (filled ``_BLOCK`` batches at a time:
         numpy's cost per call, not per sample, is what a batch of a few rows pays)."""
-        if not self._block_start <= g < self._block_start + _BLOCK:
-            self._block_start = g - g % _BLOCK
-            choice = self._draws(self._block_start, self._block_start + _BLOCK)
+        start = g - g % _BLOCK
+        block = self._blocks.get(start)
+        if block is None:
+            choice = self._draws(start, start + _BLOCK)
             onehot = choice[:, :, None] == np.arange(len(self.names))
             # each sample's rank among its source's samples in its global batch
             rank = np.take_along_axis(np.cumsum(onehot, axis=1), choice[:, :, None], axis=2)[:, :, 0] - 1
             mine = slice(self.shard_index, None, self.num_shards)  # this replica's rows
-            self._block = (onehot.sum(1).tolist(), choice[:, mine], rank[:, mine])
-        return g - self._block_start
+            block = self._blocks[start] = (onehot.sum(1).tolist(), choice[:, mine], rank[:, mine])
+            for old in [s for s in self._blocks if s < start - _BLOCK or s > start + _BLOCK]:
+                del self._blocks[old]  # keep the neighbours of the block in use
+        return block
 
-    def _plan(self, g: int) -> tuple[int, list[int]]:
-        """Global batch ``g``'s row in the block and how many samples it takes of each source;
-        marks the sources it runs out of, and ends the mixture (StopIteration) as
-        ``stopping_strategy`` says."""
-        row = self._block_of(g)
-        counts = self._block[0][row]
+    def _plan(self, g: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """Global batch ``g``'s plan (:meth:`_peek`); marks the sources it runs out of, and ends
+        the mixture (StopIteration) as ``stopping_strategy`` says."""
+        choice, rank, counts = self._peek(g)
         for i, name in enumerate(self.names):
             length = self._lengths[name]
             if length is None or name in self.exhausted or self.taken[name] + counts[i] <= length:
@@ -155,8 +168,16 @@ class ExampleMixture:
             self.exhausted.add(name)  # this batch would read past the end of its stream
             if self.stopping_strategy == "first_exhausted" or len(self.exhausted) == len(self.names):
                 self.ended = True
+                self.close()
                 raise StopIteration
-        return row, counts
+        return choice, rank, counts
+
+    def _peek(self, g: int) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        """Global batch ``g``'s plan: this replica's rows' sources, their ranks among their
+        source's samples in the global batch, and the samples it takes of each source."""
+        counts, choice, rank = self._block_of(g)
+        row = g % _BLOCK
+        return choice[row], rank[row], counts[row]
 
     # ------------------------------------------------------------------ iterating
     def __iter__(self) -> ExampleMixture:
@@ -165,49 +186,77 @@ class ExampleMixture:
     def __next__(self) -> Any:
         if self.ended:
             raise StopIteration
-        row, counts = self._plan(self.step)
-        batch = self._build(self._block[1][row], self._block[2][row])
+        choice, rank, counts = self._plan(self.step)
+        taken = np.array([self.taken[n] for n in self.names], dtype=np.int64)
+        if self.num_threads:
+            built = self._ahead.pop(self.step, None)
+            self._build_ahead(self.step + 1, taken + np.asarray(counts))
+            batch, bad = built.result() if built is not None else _load(self._reads(choice, rank, taken), self.sources)
+        else:
+            batch, bad = _load(self._reads(choice, rank, taken), self.sources)
+        for name, reasons in bad:
+            self.sources[name]._report_bad(reasons)
         for i, name in enumerate(self.names):
             self.taken[name] += counts[i]
         self.step += 1
         return batch
 
+    def _build_ahead(self, first: int, taken: np.ndarray) -> None:
+        """Hand the threads the global batches ``first`` .. (``2 x num_threads`` ahead) not yet
+        handed, each a pure function of its plan and ``taken`` there."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.num_threads, thread_name_prefix="stoker-mix")
+        for g in range(first, self.step + 1 + 2 * self.num_threads):
+            # A batch past a source's end reads its stream over again, as all_exhausted does; with
+            # first_exhausted the mixture ends before it, and it is dropped unread.
+            choice, rank, counts = self._peek(g)
+            if g not in self._ahead:
+                self._ahead[g] = self._pool.submit(self._load_in_thread, self._reads(choice, rank, taken))
+            taken = taken + np.asarray(counts)
+
+    def _load_in_thread(self, reads: list[tuple[str, int, torch.Tensor, np.ndarray]]) -> tuple[Any, list[Any]]:
+        copies = getattr(self._local, "copies", None)
+        if copies is None:  # each thread reads through its own copy of each source (its own files)
+            copies = self._local.copies = {n: _copy_for_thread(s) for n, s in self.sources.items()}
+        return _load(reads, copies)
+
     def advance(self, batches: int) -> None:
         """Move ``batches`` global batches ahead without building them (a resume's jump)."""
+        self.close()
         for i in range(batches):
             try:
-                _, counts = self._plan(self.step)
+                _, _, counts = self._plan(self.step)
             except StopIteration:
                 raise ConfigError(f"mix: cannot advance {batches} batches: the data ends after {i}") from None
             for k, name in enumerate(self.names):
                 self.taken[name] += counts[k]
             self.step += 1
 
-    def _build(self, choice: np.ndarray, rank: np.ndarray) -> Any:
-        """This replica's rows: row ``k`` is sample ``rank[k]`` of those global batch takes from
-        source ``choice[k]``, the next ones of its stream."""
-        place = np.array([self.taken[n] for n in self.names])[choice] + rank  # places in the streams
+    def _reads(
+        self, choice: np.ndarray, rank: np.ndarray, taken: np.ndarray
+    ) -> list[tuple[str, int, torch.Tensor, np.ndarray]]:
+        """What this replica's rows read, ``(source, epoch, example indices, rows)`` per source and
+        epoch: row ``k`` is sample ``rank[k]`` of those the global batch takes from source
+        ``choice[k]``, the next ones of its stream after ``taken``. (The epochs' orders are looked
+        up here, on the thread that iterates: a source caches one epoch's order at a time.)"""
+        place = taken[choice] + rank  # places in the streams
         place = np.where(self._wraps[choice] > 0, place % np.maximum(self._wraps[choice], 1), place)
         epochs, at = np.divmod(place, self._sizes[choice])
         key = choice * (int(epochs.max()) + 1) + epochs  # one read per (source, epoch)
-        groups = np.unique(key)
-        parts, rows = [], []
-        for k in groups.tolist():
+        reads = []
+        for k in np.unique(key).tolist():
             sel = np.flatnonzero(key == k)
             name, epoch = self.names[int(choice[sel[0]])], int(epochs[sel[0]])
-            source = self.sources[name]
-            parts.append(source.load_batch(source.epoch_order(epoch)[torch.from_numpy(at[sel])], epoch))
-            rows.append(sel)
-            _report_bad(source)
-        if len(parts) == 1:
-            return parts[0]
-        order = torch.from_numpy(np.argsort(np.concatenate(rows), kind="stable"))
-        return tree_map(lambda t: t.index_select(0, order), _concat(parts))
+            reads.append((name, epoch, self.sources[name].epoch_order(epoch)[torch.from_numpy(at[sel])], sel))
+        return reads
 
     @property
     def prefers_inline_fetch(self) -> bool:
-        """Whether the infeed should fetch in the training thread: when every source says so."""
-        return all(bool(getattr(s, "prefers_inline_fetch", False)) for s in self.sources.values())
+        """Whether the infeed should fetch in the training thread: with threads building ahead, or
+        when every source says so."""
+        return bool(self.num_threads) or all(
+            bool(getattr(s, "prefers_inline_fetch", False)) for s in self.sources.values()
+        )
 
     @property
     def bad_examples_skipped(self) -> int:
@@ -215,7 +264,13 @@ class ExampleMixture:
         return sum(int(getattr(s, "bad_examples_skipped", 0) or 0) for s in self.sources.values())
 
     def close(self) -> None:
-        """Nothing runs in the background (the sources have no workers)."""
+        """Stop the threads building ahead, if any (they start again at the next ``next()``)."""
+        for built in self._ahead.values():
+            built.cancel()
+        self._ahead.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
     # ------------------------------------------------------------------ what the summaries show
     def realised_proportions(self, state: dict[str, Any] | None = None, ahead: int = 0) -> dict[str, float]:
@@ -253,6 +308,7 @@ class ExampleMixture:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Jump to a saved position; refuses another seed, other sources or another global batch."""
         self._check_saved(state)
+        self.close()
         self.step = int(state["step"])
         self.taken = {n: int(state["taken"][n]) for n in self.names}
         self.exhausted = set(state["exhausted"])
@@ -299,12 +355,29 @@ def _length(source: Any) -> int | None:
     return None if source.num_epochs is None else int(source.num_epochs) * int(source.num_examples)
 
 
-def _report_bad(source: Any) -> None:
-    """Count and log the examples ``source`` replaced while building (``skip_bad_examples``)."""
-    bad = getattr(source, "_bad", None)
-    if bad:
-        source._bad = []
-        source._report_bad(bad)
+def _load(
+    reads: list[tuple[str, int, torch.Tensor, np.ndarray]], sources: Mapping[str, Any]
+) -> tuple[Any, list[tuple[str, list[str]]]]:
+    """The batch ``reads`` (:meth:`ExampleMixture._reads`) make, from ``sources``, and the examples
+    each source replaced on the way (``skip_bad_examples``), for the iterating thread to report."""
+    parts, rows, bad = [], [], []
+    for name, epoch, indices, sel in reads:
+        source = sources[name]
+        parts.append(source.load_batch(indices, epoch))
+        rows.append(sel)
+        if getattr(source, "_bad", None):
+            bad.append((name, source._bad))
+            source._bad = []
+    if len(parts) == 1:
+        return parts[0], bad
+    order = torch.from_numpy(np.argsort(np.concatenate(rows), kind="stable"))
+    return tree_map(lambda t: t.index_select(0, order), _concat(parts)), bad
+
+
+def _copy_for_thread(source: Any) -> Any:
+    """The copy of ``source`` a building thread reads through (its own open files)."""
+    make = getattr(source, "_thread_copy", None)
+    return make() if callable(make) else source
 
 
 __all__ = ["ExampleMixture"]
