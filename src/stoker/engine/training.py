@@ -146,6 +146,13 @@ def evaluation_schedule(
     return max_steps, 1000 if every_n_steps is None else every_n_steps
 
 
+def _import_what_building_imports() -> None:
+    """torch imports ``torch._dynamo`` when an optimizer is built (``Optimizer.add_param_group``),
+    compiled or not, about 0.7x ``import torch``: imported before the time to full speed starts,
+    it is said as start-up and imports, not as the checkpoint load (docs/results/startup.md)."""
+    import torch._dynamo  # noqa: F401
+
+
 class TrainingRun:
     """Trains ``state`` on batches of ``input_fn`` through ``model_fn``, with hooks between loops.
 
@@ -180,6 +187,7 @@ class TrainingRun:
         if self.config.fast_dev_run:  # a quick run: that many steps whatever was asked, nothing written
             steps, max_steps, self.hooks = self.config.fast_dev_run, None, quick_run_hooks(self.hooks)
         state = self.state
+        _import_what_building_imports()
         self._clock = FullSpeedClock(enabled=self.strategy.is_chief)
         state.restore_for_training()
         self._clock.restored(state.global_step, *compile_source(state))
