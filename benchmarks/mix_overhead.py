@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import statistics
 import time
@@ -174,9 +175,10 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--batches", type=int, default=20000)
     p.add_argument("--train", action="store_true", help="also time Estimator.train on each input")
-    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--steps", type=int, default=2000)
     args = p.parse_args()
     torch.set_num_threads(1)
+    logging.getLogger("stoker").setLevel(logging.WARNING)  # each train() call's lines are not the figures
     print(f"load {os.getloadavg()}, torch {torch.__version__}, {os.cpu_count()} cores")
     report(run(args.rounds, args.batches, args.train, args.steps))
 
