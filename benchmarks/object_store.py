@@ -12,8 +12,10 @@ the work: decoding, cropping, batching) on
   fetching every shard and indexing it happen inside the command;
 - ``s3+30ms cold``: the same through a wrapping filesystem (``lat://``, :class:`LatencyS3`) that
   makes every S3 request wait 30 ms first, to stand for a real object store's latency;
-- ``s3+30ms warm``: that command again with the cache the previous one left (a restart, or the
-  second replica of a machine): nothing is fetched or indexed again.
+- ``s3+30ms warm``: that command with the shards and their indexes already in the cache (a
+  restart, or the second replica of a machine): nothing is fetched or indexed again;
+- ``s3+30ms streamed``: the indexes in the cache but not the shards' bytes (evicted): every shard
+  is fetched during the run, by the read-ahead and on demand, inside the warm-up and timed batches.
 
 Each row: the bench's figure (images/sec over the timed batches, after ``--warmup`` batches), the
 wall seconds of the whole command (start-up, listing, fetching, indexing included) and both as
@@ -244,11 +246,23 @@ def main() -> None:
 
             return run
 
+        def streamed(url: str) -> Callable[[], dict[str, float]]:
+            def run() -> dict[str, float]:
+                from stoker.data.images.tfrecord import shard_files
+                from stoker.data.tfrecord_index import RecordShards
+
+                records = RecordShards(shard_files(url, "train"), progress=False)  # indexed, not timed
+                shutil.rmtree(records.files.cache.files_dir)  # the bytes go, the indexes stay
+                return bench_row(url, args)
+
+            return run
+
         rows: dict[str, Callable[[], Any]] = {
             "local": lambda: bench_row(str(records), args),
             "s3 cold": cold(f"s3://{BUCKET}/tfr"),
             "s3+30ms cold": cold(f"lat://{BUCKET}/tfr"),
             "s3+30ms warm": warm(f"lat://{BUCKET}/tfr"),
+            "s3+30ms streamed": streamed(f"lat://{BUCKET}/tfr"),
         }
         rows["fetch s3+30ms 1 thread"] = lambda: fetch_row(f"lat://{BUCKET}/tfr", 1)
         rows["fetch s3+30ms 8 threads"] = lambda: fetch_row(f"lat://{BUCKET}/tfr", 8)
@@ -270,8 +284,8 @@ def report(results: dict[str, list[Any]], args: argparse.Namespace) -> None:
     local = statistics.median(r["rate"] for r in results["local"])
     local_wall = statistics.median(r["wall"] for r in results["local"])
     figures: dict[str, Any] = {}
-    print(f"{'':<16}{'images/sec':>12}{'x local':>9}{'wall s':>9}{'x local':>9}")
-    for name in ("local", "s3 cold", "s3+30ms cold", "s3+30ms warm"):
+    print(f"{'':<18}{'images/sec':>12}{'x local':>9}{'wall s':>9}{'x local':>9}")
+    for name in ("local", "s3 cold", "s3+30ms cold", "s3+30ms warm", "s3+30ms streamed"):
         rate = statistics.median(r["rate"] for r in results[name])
         wall = statistics.median(r["wall"] for r in results[name])
         figures[name] = {
@@ -280,7 +294,7 @@ def report(results: dict[str, list[Any]], args: argparse.Namespace) -> None:
             "rate_ratio": rate / local,
             "wall_ratio": wall / local_wall,
         }
-        print(f"{name:<16}{rate:>12.1f}{rate / local:>8.2f}x{wall:>9.2f}{wall / local_wall:>8.2f}x")
+        print(f"{name:<18}{rate:>12.1f}{rate / local:>8.2f}x{wall:>9.2f}{wall / local_wall:>8.2f}x")
     ratio = figures["s3+30ms cold"]["rate_ratio"]
     print(f"target: s3+30ms at >= 0.9x the local rate: {ratio:.2f}x ({'met' if ratio >= 0.9 else 'NOT met'})")
     per_shard = args.examples / args.shards
