@@ -28,6 +28,7 @@ samples before the break, with a warning.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import io
@@ -52,12 +53,12 @@ from ..errors import ConfigError
 from ..storage import Location, UrlPath, upload
 from .base import DataError
 from .stream import DataFile, FileSet, StreamOptions, as_data_file, list_files
+from .stream.indexes import INDEX_FOLDER, read_store_index, write_local_index, write_store_index
 from .stream.listing import where
 
 log = logging.getLogger("stoker")
 
 _INDEX_MAGIC = b"STKTARI1"
-INDEX_FOLDER = ".stoker-index"
 #: A sample's label member (WebDataset's convention: the class index as decimal text).
 LABEL_EXT = "cls"
 #: ``labels`` entries of samples with no ``.cls`` member / an unreadable one.
@@ -257,9 +258,9 @@ def index_locations(
     return [cached] if remote else [Path(folder) / INDEX_FOLDER / name, cached]
 
 
-def _load(index_path: Path, shard: DataFile) -> TarIndex | None:
+def _decode(raw: bytes, shard: DataFile, index_path: Path | None) -> TarIndex | None:
+    """The index in ``raw`` when it is one of ``shard`` as it is now; ``None`` when stale or damaged."""
     try:
-        raw = index_path.read_bytes()
         if not raw.startswith(_INDEX_MAGIC):
             return None
         (size,) = struct.unpack_from("<I", raw, len(_INDEX_MAGIC))
@@ -269,31 +270,38 @@ def _load(index_path: Path, shard: DataFile) -> TarIndex | None:
             return None  # the shard changed: stale
         m, n = len(meta["names"]), int(meta["samples"])
         arrays = np.frombuffer(raw, dtype="<i8", count=2 * m + 2 * n + 1, offset=start + size)
-    except (OSError, ValueError, KeyError):
-        return None  # missing, unreadable or damaged: rebuild
+    except (ValueError, KeyError, TypeError, struct.error):
+        return None  # damaged: rebuild
     offsets, sizes = arrays[:m].astype(np.uint64), arrays[m : 2 * m].astype(np.uint64)
     starts, labels = arrays[2 * m : 2 * m + n + 1].copy(), arrays[2 * m + n + 1 :].copy()
     return TarIndex(shard, meta["names"], offsets, sizes, starts, labels, meta["error"], index_path, built=False)
 
 
-def _store(index_path: Path, index: TarIndex) -> bool:
+def _load(index_path: Path, shard: DataFile) -> TarIndex | None:
+    try:
+        raw = index_path.read_bytes()
+    except OSError:
+        return None  # missing or unreadable: rebuild
+    return _decode(raw, shard, index_path)
+
+
+def _index_bytes(index: TarIndex) -> bytes:
     meta = {"size": index.shard.size, "version": index.shard.version, "samples": len(index), "error": index.error}
     head = json.dumps({**meta, "names": index.names}).encode()
     arrays = [index.offsets, index.sizes, index.starts, index.labels]
-    tmp = index_path.with_name(f".{index_path.name}.tmp-{os.getpid()}")
-    try:
-        index_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(_INDEX_MAGIC + struct.pack("<I", len(head)) + head)
-            f.write(b"".join(np.asarray(a).astype("<i8").tobytes() for a in arrays))
-        os.replace(tmp, index_path)  # atomic: replicas building the same index at once are harmless
-        return True
-    except OSError:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass  # its folder could not be made: nothing was written
-        return False
+    body = b"".join(np.asarray(a).astype("<i8").tobytes() for a in arrays)
+    return _INDEX_MAGIC + struct.pack("<I", len(head)) + head + body
+
+
+def _shared(shard: DataFile, stream: StreamOptions, locations: Sequence[Path]) -> TarIndex | None:
+    """The index kept beside the object-store shard ``shard`` on the store, when it matches; kept
+    at the first writable of ``locations`` too, so the next process of this machine asks nothing."""
+    raw = read_store_index(shard, ".tidx", stream.retry)
+    found = None if raw is None else _decode(raw, shard, None)
+    if found is None or raw is None:
+        return None
+    where = next((loc for loc in locations if write_local_index(loc, raw)), None)
+    return dataclasses.replace(found, index_path=where)
 
 
 def tar_index(
@@ -302,16 +310,28 @@ def tar_index(
     *,
     index_dir: str | os.PathLike[str] | None = None,
     remote_root: Path | None = None,
+    stream: StreamOptions | None = None,
 ) -> TarIndex:
     """The index of ``shard``: the cached one when it matches the shard's size and version, else
-    built from ``local()`` (a local path holding its bytes, asked for only then: a remote shard is
-    fetched only to build it) and cached at the first writable location of :func:`index_locations`."""
+    (``stream`` given: an object-store shard) the one beside it on the store
+    (:mod:`stoker.data.stream.indexes`), else built from ``local()`` (a local path holding its
+    bytes, asked for only then: a remote shard is fetched only to build it), cached at the first
+    writable location of :func:`index_locations` and (``stream.store_indexes``) put on the store."""
     locations = index_locations(shard, index_dir, remote_root=remote_root)
     for location in locations:
         cached = _load(location, shard)
         if cached is not None:
             return cached
-    scan, error = _scan(local(), shard.url)
+    if stream is not None and (shared := _shared(shard, stream, locations)) is not None:
+        return shared
+    for _ in range(2):
+        try:
+            scan, error = _scan(local(), shard.url)
+            break
+        except FileNotFoundError:
+            continue  # a cached copy evicted by another thread's fetch before it was opened: fetched again
+    else:
+        scan, error = _scan(local(), shard.url)
     starts = np.asarray([*scan.starts, len(scan.names)], dtype=np.int64)
     index = TarIndex(
         shard,
@@ -324,10 +344,13 @@ def tar_index(
         None,
         built=True,
     )
-    where = next((loc for loc in locations if _store(loc, index)), None)
+    data = _index_bytes(index)
+    where = next((loc for loc in locations if write_local_index(loc, data)), None)
+    if stream is not None and stream.store_indexes:
+        write_store_index(shard, ".tidx", data, stream.retry)
     if where is None:
         log.warning("tar index of %s could not be cached (tried %s)", shard.url, ", ".join(map(str, locations)))
-    return TarIndex(**{**index.__dict__, "index_path": where})
+    return dataclasses.replace(index, index_path=where)
 
 
 class TarShards:
@@ -374,10 +397,11 @@ class TarShards:
         from tqdm.auto import tqdm
 
         root = self.files.cache.root if self.files.remote else None
+        stream = self.files.stream if self.files.remote else None
 
         def index(k: int) -> TarIndex:
             local = functools.partial(self.files.local, k)
-            return tar_index(self.files.files[k], local, index_dir=index_dir, remote_root=root)
+            return tar_index(self.files.files[k], local, index_dir=index_dir, remote_root=root, stream=stream)
 
         ks = range(len(self.files))
         with ThreadPoolExecutor(self.files.stream.fetch_threads, thread_name_prefix="stoker-io-index") as pool:
@@ -432,12 +456,17 @@ class TarShards:
         index = self.indexes[k]
         return {split_name(index.names[m])[1]: m for m in index.members(s)}  # type: ignore[index]
 
-    def read_member(self, i: int, member: int) -> bytes:
-        """The data of member ``member`` of sample ``i``'s shard (one ``pread``)."""
+    def read_member(self, i: int, member: int, *, one: bool = False) -> bytes:
+        """The data of member ``member`` of sample ``i``'s shard (one ``pread``); ``one``: a lone
+        read (the ``decoder="auto"`` probe's), of an object-store shard the cache does not hold
+        with one ranged request, the shard not fetched."""
         k, _ = self.locate(i)
         index = self.indexes[k]
         offset, size = int(index.offsets[member]), int(index.sizes[member])
-        data = os.pread(self._fd(k), size, offset)
+        if one and not self.files.cached(k):
+            data = self.files.read_range(k, offset, offset + size)
+        else:
+            data = os.pread(self._fd(k), size, offset)
         if len(data) != size:
             raise DataError(
                 f"{self.describe(i, member)}: truncated: it needs {size} bytes, the shard holds {len(data)} "

@@ -10,13 +10,17 @@ modification time (ns); an index whose shard has changed is rebuilt, never trust
 
 Shards on an object store (``s3://``, ``gs://``, ...) are read from their copies in the machine's
 cache (:mod:`stoker.data.stream`); their indexes are kept in ``<cache>/index/`` (or ``index_dir=``),
-named and checked by the object's URL, size and version (ETag, generation), so every process of a
-machine, and every later run, reuses the index the first one built, and a replaced object is
-indexed again. Shards without an index are fetched and indexed on ``fetch_threads`` threads at once.
+named by the object's URL and checked by its size and version (ETag, generation), and beside the
+shards on the store (``<prefix>/.stoker-index/<shard>.idx``, :mod:`stoker.data.stream.indexes`):
+every process of a machine, every later run and every other machine reuses the index the first
+one built (a new machine reads the small index objects, on ``fetch_threads`` threads, and
+fetches shards only as batches need them), and a replaced object is indexed again. Shards
+without an index anywhere are fetched and indexed on ``fetch_threads`` threads at once.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -34,12 +38,12 @@ import numpy as np
 from .base import DataError
 from .stream import DataFile, FileSet, StreamOptions, as_data_file
 from .stream.cache import cache_name
-from .tfrecord_io import _FOOTER, _HEADER, _check_header, _where, read_record
+from .stream.indexes import INDEX_FOLDER, read_store_index, write_local_index, write_store_index
+from .tfrecord_io import _FOOTER, _HEADER, _check_header, _where, check_record, read_record
 
 log = logging.getLogger("stoker")
 
 _INDEX_MAGIC = b"STKTFRI1"
-INDEX_FOLDER = ".stoker-index"
 
 
 @dataclass(frozen=True)
@@ -67,30 +71,35 @@ class ShardIndex:
 
 
 def _scan(path: Path) -> tuple[np.ndarray, np.ndarray, str | None]:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return _scan_fd(fd, path)
+    finally:
+        os.close(fd)
+
+
+def _scan_fd(fd: int, path: Path | str) -> tuple[np.ndarray, np.ndarray, str | None]:
+    """The records of the open TFRecord file ``fd`` (``path``: its name in messages)."""
     offsets: list[int] = []
     lengths: list[int] = []
     error = None
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        offset = 0
-        while offset < size:
-            try:
-                length = _check_header(os.pread(fd, _HEADER.size, offset), path, len(offsets), offset)
-                end = offset + _HEADER.size + length + _FOOTER
-                if end > size:
-                    raise DataError(
-                        f"{_where(path, len(offsets), offset)}: truncated: the record needs {end - offset} bytes, "
-                        f"the file holds {size - offset} from there"
-                    )
-            except DataError as e:
-                error = str(e)  # the framing is lost: nothing after this point can be found
-                break
-            offsets.append(offset)
-            lengths.append(length)
-            offset = end
-    finally:
-        os.close(fd)
+    size = os.fstat(fd).st_size
+    offset = 0
+    while offset < size:
+        try:
+            length = _check_header(os.pread(fd, _HEADER.size, offset), path, len(offsets), offset)
+            end = offset + _HEADER.size + length + _FOOTER
+            if end > size:
+                raise DataError(
+                    f"{_where(path, len(offsets), offset)}: truncated: the record needs {end - offset} bytes, "
+                    f"the file holds {size - offset} from there"
+                )
+        except DataError as e:
+            error = str(e)  # the framing is lost: nothing after this point can be found
+            break
+        offsets.append(offset)
+        lengths.append(length)
+        offset = end
     return np.asarray(offsets, dtype=np.uint64), np.asarray(lengths, dtype=np.uint64), error
 
 
@@ -110,9 +119,15 @@ def _stamp(stat: os.stat_result) -> dict[str, Any]:
     return {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
-def _load(index_path: Path, shard: Path | str, stamp: dict[str, Any]) -> ShardIndex | None:
+def _encode(stamp: dict[str, Any], offsets: np.ndarray, lengths: np.ndarray, error: str | None) -> bytes:
+    meta = json.dumps({**stamp, "count": len(offsets), "error": error}).encode()
+    arrays = offsets.astype("<u8").tobytes() + lengths.astype("<u8").tobytes()
+    return _INDEX_MAGIC + struct.pack("<I", len(meta)) + meta + arrays
+
+
+def _decode(raw: bytes, shard: Path | str, stamp: dict[str, Any], index_path: Path | None) -> ShardIndex | None:
+    """The index in ``raw`` when it is one of a shard with ``stamp``; ``None`` when stale or damaged."""
     try:
-        raw = index_path.read_bytes()
         if not raw.startswith(_INDEX_MAGIC):
             return None
         (size,) = struct.unpack_from("<I", raw, len(_INDEX_MAGIC))
@@ -122,29 +137,23 @@ def _load(index_path: Path, shard: Path | str, stamp: dict[str, Any]) -> ShardIn
             return None  # the shard changed: stale
         n = int(meta["count"])
         arrays = np.frombuffer(raw, dtype="<u8", count=2 * n, offset=start + size)
-    except (OSError, ValueError, KeyError):
-        return None  # missing, unreadable or damaged: rebuild
+    except (ValueError, KeyError, struct.error):
+        return None  # damaged: rebuild
     return ShardIndex(shard, arrays[:n].copy(), arrays[n:].copy(), meta["error"], index_path, built=False)
+
+
+def _load(index_path: Path, shard: Path | str, stamp: dict[str, Any]) -> ShardIndex | None:
+    try:
+        raw = index_path.read_bytes()
+    except OSError:
+        return None  # missing or unreadable: rebuild
+    return _decode(raw, shard, stamp, index_path)
 
 
 def _store(
     index_path: Path, stamp: dict[str, Any], offsets: np.ndarray, lengths: np.ndarray, error: str | None
 ) -> bool:
-    meta = json.dumps({**stamp, "count": len(offsets), "error": error}).encode()
-    tmp = index_path.with_name(f".{index_path.name}.tmp-{os.getpid()}")
-    try:
-        index_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(_INDEX_MAGIC + struct.pack("<I", len(meta)) + meta)
-            f.write(offsets.astype("<u8").tobytes() + lengths.astype("<u8").tobytes())
-        os.replace(tmp, index_path)  # atomic: replicas building the same index at once are harmless
-        return True
-    except OSError:
-        try:
-            tmp.unlink(missing_ok=True)
-        except OSError:
-            pass  # its folder could not be made: nothing was written
-        return False
+    return write_local_index(index_path, _encode(stamp, offsets, lengths, error))
 
 
 def shard_index(shard: str | os.PathLike[str], *, index_dir: str | os.PathLike[str] | None = None) -> ShardIndex:
@@ -168,21 +177,31 @@ def shard_index(shard: str | os.PathLike[str], *, index_dir: str | os.PathLike[s
 
 
 def remote_shard_index(files: FileSet, k: int, *, index_dir: str | os.PathLike[str] | None = None) -> ShardIndex:
-    """The index of file ``k`` of ``files`` (an object-store shard): the cached one when its URL,
-    size and version match, else built now from the shard's copy in the cache (fetched if need be)
-    and cached in ``<cache>/index/`` (or ``index_dir``)."""
+    """The index of file ``k`` of ``files`` (an object-store shard): the one in the machine's
+    cache (``<cache>/index/``, or ``index_dir``), else the one beside the shard on the store
+    (:mod:`stoker.data.stream.indexes`), when its size and version match; else built now from
+    the shard's copy in the cache (fetched if need be) and kept in both places."""
     file = files.files[k]
-    stamp = {"url": file.url, "size": file.size, "version": file.version}
+    stamp = {"size": file.size, "version": file.version}  # the URL is in the cache name (and the store's place)
     folder = Path(index_dir) if index_dir is not None else files.cache.root / "index"
     index_path = folder / f"{cache_name(file)}.idx"
     cached = _load(index_path, file.url, stamp)
     if cached is not None:
         return cached
-    copy = files.local(k)
-    offsets, lengths, error = _scan(copy)
-    if error is not None:
-        error = error.replace(str(copy), file.url)  # name the object, not its copy
-    stored = _store(index_path, stamp, offsets, lengths, error)
+    raw = read_store_index(file, ".idx", files.stream.retry)
+    shared = None if raw is None else _decode(raw, file.url, stamp, index_path)
+    if shared is not None and raw is not None:
+        stored = write_local_index(index_path, raw)  # the next process of this machine asks nothing
+        return shared if stored else dataclasses.replace(shared, index_path=None)
+    fd = files.open_fd(k)  # fetched now; an open copy survives another thread's eviction, a path not
+    try:
+        offsets, lengths, error = _scan_fd(fd, file.url)  # messages name the object, not its copy
+    finally:
+        os.close(fd)
+    data = _encode(stamp, offsets, lengths, error)
+    stored = write_local_index(index_path, data)
+    if files.stream.store_indexes:
+        write_store_index(file, ".idx", data, files.stream.retry)
     if not stored:
         log.warning("TFRecord index of %s could not be cached in %s", file.url, folder)
     return ShardIndex(file.url, offsets, lengths, error, index_path if stored else None, built=True)
@@ -301,6 +320,17 @@ class RecordShards:
         k, j = self.locate(i)
         index = self.indexes[k]
         return read_record(self._fd(k), index.path, j, int(index.offsets[j]), int(index.lengths[j]))
+
+    def read_one(self, i: int) -> bytes:
+        """:meth:`read` for a lone record (the ``decoder="auto"`` probe's): an object-store shard
+        the cache does not hold is not fetched, the record is read with one ranged request."""
+        k, j = self.locate(i)
+        index = self.indexes[k]
+        offset, length = int(index.offsets[j]), int(index.lengths[j])
+        if self.files.cached(k):
+            return self.read(i)
+        framed = self.files.read_range(k, offset, offset + _HEADER.size + length + _FOOTER)
+        return check_record(framed, index.path, j, offset, length)
 
     def _fd(self, k: int) -> int:
         fd = self._fds.get(k)

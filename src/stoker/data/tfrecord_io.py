@@ -103,8 +103,13 @@ def _check_data(data: bytes, stored: int, path: str | os.PathLike[str], index: i
 
 def read_record(fd: int, path: str | os.PathLike[str], index: int, offset: int, length: int) -> bytes:
     """The data of record ``index`` of the open file ``fd`` (one ``pread``), both checksums checked."""
+    return check_record(os.pread(fd, _HEADER.size + length + _FOOTER, offset), path, index, offset, length)
+
+
+def check_record(buf: bytes, path: str | os.PathLike[str], index: int, offset: int, length: int) -> bytes:
+    """The data of record ``index`` from ``buf``, its framed bytes read from ``offset`` (fewer when
+    the file ends sooner), both checksums checked."""
     want = _HEADER.size + length + _FOOTER
-    buf = os.pread(fd, want, offset)
     if len(buf) < _HEADER.size:
         _check_header(buf, path, index, offset)  # raises: truncated header
     stored_length = _check_header(buf[: _HEADER.size], path, index, offset)

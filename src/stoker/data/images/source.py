@@ -87,7 +87,7 @@ class EncodedImageSource(IndexedSource):
             # The GPU decodes whole batches in this process; reading bytes is cheap.
             read = dataclasses.replace(read, num_workers=0)
         elif image.decoder == "auto":
-            self.decoder_choice = self.examples.measure(self._read, self.num_examples, type(self).__name__)
+            self.decoder_choice = self.examples.measure(self._read_one, self.num_examples, type(self).__name__)
         super().__init__(read.for_mode(self.train))
         if self.worker_kind == "thread" and self.num_workers > 0 and self._builds_by_slot() and not self.pin_memory:
             # The training thread fetches (no infeed thread), so it is the one that decodes the
@@ -134,6 +134,17 @@ class EncodedImageSource(IndexedSource):
     def _read(self, index: int) -> EncodedExample:
         try:
             return self._encoded(index)
+        except OSError as e:
+            raise DataError(f"{self.name}: cannot read example {index}: {type(e).__name__}: {e}") from e
+
+    def _encoded_one(self, index: int) -> EncodedExample:
+        """:meth:`_encoded` for a lone read (the ``decoder="auto"`` probe's); sources of object-store
+        shards read it with a ranged request instead of fetching its shard."""
+        return self._encoded(index)
+
+    def _read_one(self, index: int) -> EncodedExample:
+        try:
+            return self._encoded_one(index)
         except OSError as e:
             raise DataError(f"{self.name}: cannot read example {index}: {type(e).__name__}: {e}") from e
 

@@ -153,15 +153,21 @@ class TarShardSource(EncodedImageSource):
             )
         return label
 
-    def _encoded(self, index: int) -> EncodedExample:
-        """Sample ``index``'s image member read (one ``pread``) and its label, not decoded."""
+    def _encoded(self, index: int, *, one: bool = False) -> EncodedExample:
+        """Sample ``index``'s image member read (one ``pread``; ``one``: a lone read, see
+        :meth:`TarShards.read_member`) and its label, not decoded."""
         members = self.samples.extensions(index)
         found = next((members[k] for k in self.image_keys if k in members), None)
         if found is None:
             wanted = ", ".join(f".{k}" for k in self.image_keys)
             raise DataError(f"{self.name}: {self.samples.describe(index)}: its sample has no image member ({wanted})")
         label = self._label(index)
-        return EncodedExample(self.samples.read_member(index, found), label, None, self.samples.describe(index, found))
+        data = self.samples.read_member(index, found, one=one)
+        return EncodedExample(data, label, None, self.samples.describe(index, found))
+
+    def _encoded_one(self, index: int) -> EncodedExample:
+        """Sample ``index`` read alone: a ranged request when its shard is not in the cache."""
+        return self._encoded(index, one=True)
 
 
 def tar_shards(

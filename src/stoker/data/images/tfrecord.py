@@ -205,6 +205,10 @@ class TFRecordImageSource(EncodedImageSource):
         """Example ``index`` read (both checksums checked) and parsed, not decoded."""
         return parse_imagenet_example(self.records.read(index), self.records.describe(index), self.num_classes)
 
+    def _encoded_one(self, index: int) -> EncodedExample:
+        """Example ``index`` read alone: a ranged request when its shard is not in the cache."""
+        return parse_imagenet_example(self.records.read_one(index), self.records.describe(index), self.num_classes)
+
 
 def imagenet_tfrecords(
     data_dir: str | os.PathLike[str],

@@ -11,6 +11,7 @@ whatever the store. :func:`open_file` and :func:`local_path` do the same for one
 - :mod:`.listing`: :class:`DataFile` (url, size, version) and listing;
 - :mod:`.cache`: the cache (atomic renames, file locks, LRU eviction);
 - :mod:`.readahead`: the fetching threads;
+- :mod:`.indexes`: shard indexes kept beside the shards on the store (a new machine reads them);
 - :mod:`.files`: :class:`FileSet`.
 """
 

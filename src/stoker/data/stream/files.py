@@ -14,7 +14,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from ...storage import UrlPath, location
+from ...storage import UrlPath, filesystem, location
 from .cache import ShardCache
 from .listing import DataFile, is_remote, local_file, remote_file
 from .options import StreamOptions
@@ -98,6 +98,22 @@ class FileSet:
         """File ``k``'s bytes."""
         with self.open(k) as f:
             return f.read()
+
+    def read_range(self, k: int, start: int, end: int) -> bytes:
+        """Bytes ``start:end`` of file ``k``: read in place when it is local or cached, else one
+        ranged request to the store, the file not fetched (for a few scattered reads, such as the
+        ``decoder="auto"`` probe's: fetching whole shards for them would fetch the data set)."""
+        if self.cached(k):
+            fd = self.open_fd(k)
+            try:
+                return os.pread(fd, end - start, start)
+            finally:
+                os.close(fd)
+        url = location(self.files[k].url)
+        assert isinstance(url, UrlPath)
+        fs = filesystem(url, who="data")
+        key = fs._strip_protocol(str(url))
+        return self.stream.retry.call("read", url, lambda: bytes(fs.cat_file(key, start=start, end=end)))
 
     def ahead(self, ks: Iterable[int]) -> None:
         """Fetch the remote files among ``ks`` (the order they will be read in) ahead of their

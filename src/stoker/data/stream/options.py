@@ -41,6 +41,10 @@ class StreamOptions:
         fetch_threads: files fetched at once by the read-ahead.
         retry: how a failed request is retried (:class:`stoker.storage.RetryPolicy`: transient
             faults with backoff, then an error naming the object).
+        store_indexes: write each shard index a source builds beside its shard on the store
+            (``<prefix>/.stoker-index/``), so another machine reads it instead of fetching the
+            shard (:mod:`.indexes`); ``False``: read indexes found there, never write one. A store
+            that refuses the write is left alone either way.
     """
 
     cache_dir: str | os.PathLike[str] | None = None
@@ -48,6 +52,7 @@ class StreamOptions:
     read_ahead_bytes: int = READ_AHEAD_BYTES
     fetch_threads: int = 8
     retry: RetryPolicy = field(default=DEFAULT_RETRY)
+    store_indexes: bool = True
 
     def __post_init__(self) -> None:
         if self.cache_limit is not None and not (_nonnegative_int(self.cache_limit) and self.cache_limit > 0):
@@ -58,6 +63,8 @@ class StreamOptions:
             raise ConfigError(f"StreamOptions: read_ahead_bytes must be an integer >= 0; got {self.read_ahead_bytes!r}")
         if not (_nonnegative_int(self.fetch_threads) and self.fetch_threads >= 1):
             raise ConfigError(f"StreamOptions: fetch_threads must be a positive integer; got {self.fetch_threads!r}")
+        if not isinstance(self.store_indexes, bool):
+            raise ConfigError(f"StreamOptions: store_indexes must be True or False; got {self.store_indexes!r}")
         if not isinstance(self.retry, RetryPolicy):
             raise ConfigError(f"StreamOptions: retry must be a stoker.storage.RetryPolicy; got {self.retry!r}")
 
