@@ -29,6 +29,15 @@ whose indexes are cached but whose bytes are not (evicted): ``--stream_batches``
 ``imagenet_tfrecords(...)`` (224 px crops, no workers), images/sec, locally and from ``lat://`` with the read-ahead
 on (the default) and off (``read_ahead_bytes=0``: each shard fetched when the first read needs it).
 
+``--new_machine`` measures instead what a new machine (an empty stream cache) fetches before its
+first step: the source built (``decoder="auto"``, whose probe reads 16 examples) and its first
+batch read, the read-ahead off so that only what the batch itself needs counts, on shards
+uploaded to a fresh prefix: first with no indexes beside them on the store (every new machine
+before indexes were kept there; this machine writes them), then, on another empty cache, with
+them there. Each row counts the GET requests and the bytes they returned (whole shards, index
+objects, ranged reads), from s3fs's one request funnel, for a shuffled training read and for an
+in-order one.
+
 The machine load (``os.getloadavg()``) is printed at the start: on a shared machine the
 absolute figures are noise, the ratios of one interleaved run less so.
 """
@@ -185,6 +194,95 @@ def fetch_row(url: str, threads: int) -> float:
     return len(files) / (time.perf_counter() - start)
 
 
+class Requests:
+    """The S3 GETs of this process (s3fs's ``_call_s3``, counted while installed): whole objects,
+    ranged reads and index objects, and the bytes each kind returned."""
+
+    def __init__(self) -> None:
+        import s3fs
+
+        self.counts: dict[str, int] = {}
+        real = s3fs.S3FileSystem._call_s3
+        requests = self
+
+        async def counted(fs: Any, method: str, *args: Any, **kwargs: Any) -> Any:
+            response = await real(fs, method, *args, **kwargs)
+            if method == "get_object":
+                kind = (
+                    "index"
+                    if "/.stoker-index/" in kwargs.get("Key", "")
+                    else "ranged"
+                    if "Range" in kwargs
+                    else "whole"
+                )
+                requests.add(kind, int(response.get("ContentLength") or 0))
+            return response
+
+        s3fs.S3FileSystem._call_s3 = counted
+
+    def add(self, kind: str, size: int) -> None:
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        self.counts[f"{kind} bytes"] = self.counts.get(f"{kind} bytes", 0) + size
+
+    def take(self) -> dict[str, int]:
+        out, self.counts = self.counts, {}
+        return out
+
+
+def new_machine_row(
+    url: str, cache: Path, shuffle: bool, args: argparse.Namespace, requests: Requests
+) -> dict[str, Any]:
+    """What a machine with the empty stream cache ``cache`` fetches to build the source and read its first batch."""
+    from stoker.data import ImageOptions, ReadOptions, imagenet_tfrecords
+    from stoker.data.stream import StreamOptions
+
+    shutil.rmtree(cache, ignore_errors=True)
+    stream = StreamOptions(cache_dir=cache, read_ahead_bytes=0)
+    read = ReadOptions(batch_size=args.batch_size, shuffle=shuffle, seed=1, stream=stream)
+    requests.take()
+    start = time.perf_counter()
+    source = imagenet_tfrecords(url, read=read, image=ImageOptions(image_size=224, output="uint8"))
+    built = {**requests.take(), "seconds": time.perf_counter() - start}
+    next(iter(source))
+    batch = {**requests.take(), "seconds": time.perf_counter() - start - built["seconds"]}
+    return {"built": built, "first batch": batch, "shards fetched": source.records.files.cache.fetched}
+
+
+def new_machine_report(args: argparse.Namespace, records: Path) -> None:
+    """Before / after: a new machine with no indexes on the store, then one with them there."""
+    import fsspec
+
+    fs = fsspec.filesystem("s3")
+    if not fs.exists(BUCKET):
+        fs.mkdir(BUCKET)
+    for shard in sorted(records.glob("train-*")):
+        fs.put_file(str(shard), f"{BUCKET}/fresh/{shard.name}")
+    total = sum(f.stat().st_size for f in records.glob("train-*"))
+    requests = Requests()
+    url, base = f"s3://{BUCKET}/fresh", Path(tempfile.mkdtemp(prefix="stoker-new-machine-"))
+    rows = {
+        "no indexes on the store (before), shuffled": new_machine_row(url, base / "a", True, args, requests),
+        "indexes on the store (after), shuffled": new_machine_row(url, base / "b", True, args, requests),
+        "indexes on the store (after), in order": new_machine_row(url, base / "c", False, args, requests),
+    }
+    shutil.rmtree(base, ignore_errors=True)
+    print(
+        f"\na new machine (empty stream cache), {args.shards} shards, {total / 2**20:.1f} MiB, batch {args.batch_size}:"
+    )
+    head = ("whole shards", "MiB", "index objects", "MiB", "ranged reads", "MiB", "s")
+    print(f"{'':<58}" + "".join(f"{h:>14}" for h in head))
+    for name, row in rows.items():
+        for phase in ("built", "first batch"):
+            r = row[phase]
+            cells = [
+                f"{r.get(kind, 0):>14}{r.get(kind + ' bytes', 0) / 2**20:>14.2f}"
+                for kind in ("whole", "index", "ranged")
+            ]
+            print(f"{name + ': ' + phase:<58}{''.join(cells)}{r['seconds']:>14.2f}")
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=2))
+
+
 def data_cache() -> Path:
     from stoker._cache import cache_dir
 
@@ -215,6 +313,7 @@ def main() -> None:
     p.add_argument("--streaming", action="store_true", help="also the in-order streaming rows of the source alone")
     p.add_argument("--stream_batches", type=int, default=24, help="batches read per streaming row")
     p.add_argument("--json", type=Path, default=None, help="write the figures here")
+    p.add_argument("--new_machine", action="store_true", help="only what a new machine fetches before step 1")
     args = p.parse_args()
     print(f"load average at start: {os.getloadavg()}; {os.cpu_count()} CPUs")
     base = args.data or Path(tempfile.mkdtemp(prefix="stoker-objstore-bench-"))
@@ -225,6 +324,9 @@ def main() -> None:
     os.environ.update(env)
     os.environ.setdefault("STOKER_CACHE_DIR", str(base / "stoker-cache"))
     try:
+        if args.new_machine:
+            new_machine_report(args, records)
+            return
         upload(records)
         register_latency(LATENCY_S)
         bench_row(str(records), args)  # indexes the local shards once, measures the kernels once

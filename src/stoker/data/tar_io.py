@@ -14,7 +14,9 @@ and records every member's name, data offset and size, where each sample starts 
 ``.cls`` label, then caches that as ``<shard folder>/.stoker-index/<shard>.tidx`` (a hidden
 folder: ``*.tar`` globs never match it), or in ``<stoker's cache>/tar-index/`` when that folder
 is not writable; an object-store shard's goes to ``tar-index/`` in its stream cache
-(:mod:`stoker.data.stream`), and ``index_dir=`` puts any elsewhere. The index records
+(:mod:`stoker.data.stream`) and beside the shard on the store, ``<prefix>/.stoker-index/<shard>.tidx``
+(:mod:`stoker.data.stream.indexes`: a new machine reads it instead of fetching the shard), and
+``index_dir=`` puts the local copy elsewhere. The index records
 the shard's size and version (a local file's modification time, an object's ETag or generation):
 an index whose shard changed is rebuilt, never trusted. So a sample is one ``pread`` of each
 member it needs, wherever in the shard it lies, and an exact resume mid-shard reads nothing
