@@ -277,3 +277,7 @@ def test_tfrecord_shards_read_from_gcs_equal_local(gcs_env, tmp_path):
     remote, local = batches(url), batches(str(tmp_path / "shards"))
     assert all(torch.equal(a, b) for r, q in zip(remote, local, strict=True) for a, b in zip(r, q, strict=True))
     assert len(os.listdir(tmp_path / "cache" / "index")) == 2
+    # A new machine (another empty cache) reads the indexes kept beside the shards on the store.
+    fresh = stoker.data.StreamOptions(cache_dir=tmp_path / "new-machine")
+    records = stoker.data.tfrecord_index.RecordShards(stoker.data.stream.files_of(url), stream=fresh, progress=False)
+    assert not any(index.built for index in records.indexes) and records.files.cache.fetched == 0

@@ -20,10 +20,11 @@ from stoker.data import ReadOptions
 from stoker.data.images import auto_decoder
 from stoker.data.images.tar_shards import find_tar_shards
 from stoker.data.images.tfrecord import shard_files
-from stoker.data.stream import StreamOptions
+from stoker.data.stream import DataFile, StreamOptions
 from stoker.data.stream import indexes as store_indexes
 from stoker.data.tar_io import TarShards
 from stoker.data.tfrecord_index import RecordShards
+from stoker.storage import RetryPolicy
 
 
 def _upload(folder: Path, url: str) -> None:
@@ -150,3 +151,10 @@ def test_tar_shard_indexes_on_the_store_spare_a_new_machine_every_fetch(s3_env, 
     assert not any(index.built for index in fresh.indexes) and fresh.files.cache.fetched == 0
     assert fresh.sample(5) == first.sample(5) and fresh.files.cache.fetched == 1
     assert (fresh.labels() == first.labels()).all()
+
+
+def test_no_index_is_shared_for_an_object_without_a_version(s3_env, requests):
+    unversioned = DataFile("s3://bucket/any/train-00000-of-00001", 10, "")  # a store that gives none
+    assert store_indexes.read_store_index(unversioned, ".idx", RetryPolicy()) is None
+    assert not store_indexes.write_store_index(unversioned, ".idx", b"index", RetryPolicy())
+    assert requests == []  # a replaced object of the same size could not be told from the old one

@@ -11,7 +11,8 @@ on an object store the index is looked for, in order:
    once, to the store (``StreamOptions(store_indexes=False)``: never written there).
 
 Each index names the shard's size and version (ETag, generation): an index of a replaced shard
-does not match, is never used, and is built again and written over. A PUT is atomic on an object
+does not match, is never used, and is built again and written over (a store that gives its
+objects no version keeps no index beside them). A PUT is atomic on an object
 store (the object appears whole or not at all), so two machines building the same index at once
 write the same bytes and either one's is right. A store that refuses the write (a read-only
 bucket, a denied PUT) is said once per folder in an info line and left alone: the index stays in
@@ -52,7 +53,10 @@ def _key(url: UrlPath) -> str:
 
 def read_store_index(file: DataFile, suffix: str, retry: RetryPolicy) -> bytes | None:
     """The bytes of ``file``'s index on the store, ``None`` when there is none or it cannot be read
-    (then it is built: never an error)."""
+    (then it is built: never an error), or when the store gives ``file`` no version (an index
+    shared by every machine must tell a replaced shard of the same size from the old one)."""
+    if not file.version:
+        return None
     url = store_index_url(file, suffix)
     fs = filesystem(url, who="data")
 
@@ -71,10 +75,11 @@ def read_store_index(file: DataFile, suffix: str, retry: RetryPolicy) -> bytes |
 
 def write_store_index(file: DataFile, suffix: str, data: bytes, retry: RetryPolicy) -> bool:
     """Put ``data`` as ``file``'s index on the store (one PUT: atomic); ``False`` when the store
-    refuses it (said once per folder, at info level) or refused one before in this process."""
+    refuses it (said once per folder, at info level) or refused one before in this process, and
+    when the store gives ``file`` no version (see :func:`read_store_index`)."""
     url = store_index_url(file, suffix)
     folder = str(url.parent.parent)
-    if folder in _refused:
+    if folder in _refused or not file.version:
         return False
     fs = filesystem(url, who="data")
     try:
