@@ -151,6 +151,9 @@ def test_tar_shard_indexes_on_the_store_spare_a_new_machine_every_fetch(s3_env, 
     assert not any(index.built for index in fresh.indexes) and fresh.files.cache.fetched == 0
     assert fresh.sample(5) == first.sample(5) and fresh.files.cache.fetched == 1
     assert (fresh.labels() == first.labels()).all()
+    read = ReadOptions(batch_size=4, stream=StreamOptions(cache_dir=tmp_path / "c"))  # decoder="auto"'s probe
+    source = stoker.data.tar_shards("s3://bucket/tars", read=read, image=stoker.data.ImageOptions(image_size=8))
+    assert source.samples.files.cache.fetched == 0  # its 12 examples read by ranged requests, no shard fetched
 
 
 def test_no_index_is_shared_for_an_object_without_a_version(s3_env, requests):
