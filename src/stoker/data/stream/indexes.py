@@ -62,7 +62,8 @@ def read_store_index(file: DataFile, suffix: str, retry: RetryPolicy) -> bytes |
 
     def get() -> bytes | None:
         try:
-            return bytes(fs.cat_file(_key(url)))
+            # start=0: one ranged GET; for a whole object s3fs asks its size first (a HEAD more per shard).
+            return bytes(fs.cat_file(_key(url), start=0))
         except (FileNotFoundError, PermissionError):
             return None
 
