@@ -2,15 +2,17 @@
 
 For each workload, side by side in one run, every run a fresh process:
 
-1. **first start**: empty compiler caches, empty model_dir; trains ``--steps`` steps and saves.
+1. **first start**: empty compiler caches, empty model_dir; training to step ``--steps``, it is
+   preempted (SIGTERM: it checkpoints the step it is at and exits) once at full speed.
 2. **restart, fresh machine, no artifacts** (the baseline: what a restart cost before compiled
    artifacts travelled with the checkpoint): a copy of the model_dir without ``compiled/``,
    new empty ``TORCHINDUCTOR_CACHE_DIR``, ``TRITON_CACHE_DIR``, ``XDG_CACHE_HOME`` and
-   ``STOKER_CACHE_DIR``; trains ``--steps`` more.
+   ``STOKER_CACHE_DIR``; trains on to ``--steps``.
 3. **restart, fresh machine**: the same with the model_dir as the first start left it.
 4. **warm restart**: the first start's compiler caches, a copy of its model_dir.
-5. **uninterrupted**: empty caches, ``2 x --steps`` in one run; its final weights must be
-   bitwise those of (3).
+5. **uninterrupted**: empty caches, ``--steps`` in one run; its final weights must be bitwise
+   those of (3) (the same command: the BERT recipe's learning-rate schedule depends on
+   ``--max_steps``, so every run is given the same one).
 
 What is compared is each run's *time to full speed*, the line every training run logs
 (``stoker.engine.full_speed``): from the process's start to the end of the last step before its
@@ -23,7 +25,7 @@ Estimator in this script's ``child`` mode) and ``bert`` (``stoker train bert --c
 the recipe's model with ``--bert_layers`` layers).
 
     PYTHONPATH=src python benchmarks/restart.py                      # both, CPU
-    PYTHONPATH=src python benchmarks/restart.py --workloads resnet20 --steps 10
+    PYTHONPATH=src python benchmarks/restart.py --workloads resnet20 --steps 20
     PYTHONPATH=src python benchmarks/restart.py --device cuda --cuda_graph   # make gpu-check's row
 """
 
@@ -35,6 +37,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -97,19 +100,31 @@ def command(workload: str, model_dir: Path, to: int, args: argparse.Namespace) -
     return argv + ["--corpus_bytes", str(2**20), "--log_every_n_steps", "1000000"]
 
 
-def run(workload: str, model_dir: Path, to: int, caches: Path, args: argparse.Namespace) -> dict[str, Any]:
-    """One training process with its compiler caches under ``caches``: its time to full speed
-    (from the log line), its phases, its wall time."""
+def run(
+    workload: str, model_dir: Path, to: int, caches: Path, args: argparse.Namespace, preempt: bool = False
+) -> dict[str, Any]:
+    """One training process to global step ``to`` with its compiler caches under ``caches``: its
+    time to full speed (from the log line), its phases, its wall time. ``preempt``: send it SIGTERM
+    as soon as it is at full speed (it checkpoints the step it is at and exits)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     for var, sub in (("TORCHINDUCTOR_CACHE_DIR", "inductor"), ("TRITON_CACHE_DIR", "triton")):
         env[var] = str(caches / sub)
     env["XDG_CACHE_HOME"], env["STOKER_CACHE_DIR"] = str(caches / "xdg"), str(caches / "stoker")
     start = time.perf_counter()
-    out = subprocess.run(command(workload, model_dir, to, args), env=env, capture_output=True, text=True, check=False)
+    proc = subprocess.Popen(
+        command(workload, model_dir, to, args), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if preempt and LINE.search(line):  # at full speed: preempted (SIGTERM: a checkpoint, then exit 143)
+            proc.send_signal(signal.SIGTERM)
+    returncode = proc.wait()
     wall = time.perf_counter() - start
-    text = out.stdout + out.stderr
-    if out.returncode != 0:
-        raise SystemExit(f"{workload} to step {to} failed:\n{text[-4000:]}")
+    text = "".join(lines)
+    if returncode != (128 + signal.SIGTERM if preempt else 0):
+        raise SystemExit(f"{workload} to step {to} failed (exit {returncode}):\n{text[-4000:]}")
     m = LINE.search(text)
     if m is None:
         raise SystemExit(f"{workload}: no 'time to full speed' line in its log:\n{text[-4000:]}")
@@ -126,25 +141,30 @@ def workload_rows(workload: str, args: argparse.Namespace, scratch: Path) -> dic
     n = args.steps
     first_dir = scratch / f"{workload}-first"
     warm_caches = scratch / f"{workload}-caches-first"
-    rows = {"first start": run(workload, first_dir, n, warm_caches, args)}
+    rows = {"first start": run(workload, first_dir, n, warm_caches, args, preempt=True)}
     copies = {name: scratch / f"{workload}-{i}" for i, name in enumerate(SCENARIOS[1:])}
     for path in copies.values():
         shutil.copytree(first_dir, path)
     shutil.rmtree(copies["fresh machine, no artifacts"] / "compiled", ignore_errors=True)
     rows["fresh machine, no artifacts"] = run(
-        workload, copies["fresh machine, no artifacts"], 2 * n, scratch / f"{workload}-caches-base", args
+        workload, copies["fresh machine, no artifacts"], n, scratch / f"{workload}-caches-base", args
     )
-    rows["fresh machine"] = run(workload, copies["fresh machine"], 2 * n, scratch / f"{workload}-caches-fresh", args)
-    rows["warm restart"] = run(workload, copies["warm restart"], 2 * n, warm_caches, args)
+    rows["fresh machine"] = run(workload, copies["fresh machine"], n, scratch / f"{workload}-caches-fresh", args)
+    rows["warm restart"] = run(workload, copies["warm restart"], n, warm_caches, args)
     whole = scratch / f"{workload}-whole"
-    bitwise = None
+    bitwise = baseline_bitwise = None
     if not args.no_bitwise:
-        run(workload, whole, 2 * n, scratch / f"{workload}-caches-whole", args)
+        run(workload, whole, n, scratch / f"{workload}-caches-whole", args)
         bitwise = final_weights(whole) == final_weights(copies["fresh machine"])
+        baseline_bitwise = final_weights(whole) == final_weights(copies["fresh machine, no artifacts"])
     first = rows["first start"]["to_full_speed_s"]
     for row in rows.values():
         row["ratio"] = round(row["to_full_speed_s"] / first, 2)
-    return {"rows": rows, "bitwise_equal_to_uninterrupted": bitwise}
+    return {
+        "rows": rows,
+        "bitwise_equal_to_uninterrupted": bitwise,
+        "without_artifacts_bitwise_equal_to_uninterrupted": baseline_bitwise,
+    }
 
 
 def table(results: dict[str, Any]) -> str:
@@ -163,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("mode", nargs="?", default="bench", choices=("bench", "child"))
     p.add_argument("--workloads", nargs="+", default=["resnet20", "bert"], choices=("resnet20", "bert"))
-    p.add_argument("--steps", type=int, default=10, help="steps of the first start; the restarts train as many more")
+    p.add_argument("--steps", type=int, default=40, help="every run trains to this step (the first start: preempted)")
     p.add_argument("--bert_layers", type=int, default=4, help="encoder layers of the BERT recipe's model")
     p.add_argument("--device", default="cpu")
     p.add_argument("--cuda_graph", action="store_true", help="resnet20 with RunConfig(cuda_graph=True), not compiled")
