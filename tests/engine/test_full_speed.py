@@ -73,3 +73,11 @@ def test_the_clock_counts_compiling_steps_as_compile_and_input_waits_as_input(mo
     line = clock.line(103)
     assert "compiled artifacts 0.2 s" in line and "s from artifacts" in line and line.endswith("resumed from step 100)")
     assert process_age() is not None and 0 < process_age() < 10**6
+
+
+def test_a_run_that_ends_before_full_speed_says_so_at_its_end(tmp_path, caplog):
+    x, y = make_data(64)
+    with caplog.at_level(logging.INFO, logger="stoker"):
+        make(tmp_path / "m").train(train_input(x, y), max_steps=1)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("time to full speed")]
+    assert len(lines) == 1 and "not reached by the run's end at step 1 (" in lines[0] and "first start" in lines[0]

@@ -112,8 +112,16 @@ class FullSpeedClock:
         self._waited += waited
         return False
 
-    def line(self, step: int) -> str:
-        """The log line, at the run's first full-speed step ``step``."""
+    def finish(self, step: int) -> None:
+        """The run ended at ``step``: say where its time went if it never reached full speed
+        (a run of one or two steps), so every run says it once."""
+        if not self.done:
+            self.done = True
+            log.info("%s", self.line(step, reached=False))
+
+    def line(self, step: int, reached: bool = True) -> str:
+        """The log line, at the run's first full-speed step ``step`` (``reached=False``: at its
+        end, full speed not reached)."""
         total = self._last - self.started + (self.startup or 0.0)
         parts = [] if self.startup is None else [f"start-up and imports {self.startup:.1f} s"]
         for name, seconds in self.seconds.items():
@@ -122,7 +130,8 @@ class FullSpeedClock:
             source = f" {self.compile_source}" if name == "compile" and self.compile_source else ""
             parts.append(f"{name} {seconds:.1f} s{source}")
         where = f"resumed from step {self.resumed_from}" if self.resumed_from is not None else "first start"
-        return f"time to full speed: {total:.1f} s, at step {step} ({', '.join(parts)}; {where})"
+        at = f"at step {step}" if reached else f"not reached by the run's end at step {step}"
+        return f"time to full speed: {total:.1f} s, {at} ({', '.join(parts)}; {where})"
 
     def _say(self, step: int) -> None:
         log.info("%s", self.line(step))

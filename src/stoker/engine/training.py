@@ -209,6 +209,7 @@ class TrainingRun:
             except RollbackRequest as request:  # the same hooks go on from the restored checkpoint
                 self._roll_back(request)
         self.interrupted = run.interrupted
+        self._clock.finish(run.global_step)  # said at full speed, else now
         if run.stop_reason:
             log.info("training stopped at step %d: %s", run.global_step, run.stop_reason)
         if run.exit_code is not None:
