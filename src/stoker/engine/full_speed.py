@@ -10,10 +10,12 @@ the first step that compiled nothing and was not the run's first has run, e.g.::
     resumed from step 100)
 
 The phases: start-up and imports (from the process's start to ``train``; ``/proc``, so Linux
-only), checkpoint load (restoring the state), compiled artifacts (reading, checking and
-installing the checkpoint's bundle: ``stoker.engine.compile_cache``), input pipeline
-(building the infeed and the steps' waits for input), compile (the steps during which dynamo
-compiled a graph, less their waits for input), first steps (the other steps before full speed).
+only; said by the process's first run only: a later ``train`` in the same process, an AdaNet
+iteration, an Optuna trial or a notebook cell, started nothing), checkpoint load (restoring the
+state), compiled artifacts (reading, checking and installing the checkpoint's bundle:
+``stoker.engine.compile_cache``), input pipeline (building the infeed and the steps' waits for
+input), compile (the steps during which dynamo compiled a graph, less their waits for input),
+first steps (the other steps before full speed).
 ``benchmarks/restart.py`` reads the line.
 """
 
@@ -26,6 +28,9 @@ import time
 from typing import Any
 
 log = logging.getLogger("stoker")
+
+# Whether a clock of this process has counted the process's start already (only the first may).
+_startup_counted = False
 
 
 def process_age() -> float | None:
@@ -46,13 +51,22 @@ def _compiled_graphs() -> int:
     return 0 if utils is None else int(utils.counters["stats"]["unique_graphs"])
 
 
+def _first_startup() -> float | None:
+    """The process's age, for its first clock; ``None`` (not said) for every later one."""
+    global _startup_counted
+    if _startup_counted:
+        return None
+    _startup_counted = True
+    return process_age()
+
+
 class FullSpeedClock:
     """Times a training run's start-up phases and logs them once, at its first full-speed step."""
 
     def __init__(self, *, enabled: bool = True) -> None:
         self.enabled = enabled
         self.started = time.perf_counter()
-        self.startup = process_age()
+        self.startup = _first_startup() if enabled else None
         names = ("checkpoint load", "compiled artifacts", "input pipeline", "compile", "first steps")
         self.seconds: dict[str, float] = dict.fromkeys(names, 0.0)
         self.compile_source = ""
