@@ -58,6 +58,7 @@ def test_from_tpuestimator_trains_exports_and_resumes_bitwise(tmp_path):
     assert accuracy > 0.5  # digits after 60 steps of Adam; chance is 0.1
 
 
+@pytest.mark.slow  # the default run stays under 5 minutes on 2 cores; tests/test_tune.py covers the study
 def test_tune_digits_runs_a_study_and_reuses_its_finished_trials(tmp_path):
     example = str(ROOT / "examples" / "tune_digits.py")
     args = ["--trials", "2", "--storage", f"sqlite:///{tmp_path / 'study.db'}", "--model_dir", str(tmp_path / "trials")]

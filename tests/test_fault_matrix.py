@@ -159,7 +159,7 @@ ROWS = {
 NOT_GRACEFUL = {("adanet", "eval", "sigterm"): -signal.SIGTERM, ("adanet", "eval", "sigint"): 1}
 
 #: The cells the default run keeps (fast); the rest are slow.
-DEFAULT = {("train", "checkpoint", "sigint"), ("hooks", "eval", "sigterm")}
+DEFAULT = {("train", "checkpoint", "sigint")}  # an evaluation with every hook: test_stops.py by default
 
 
 def cells() -> list[Any]:

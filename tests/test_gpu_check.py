@@ -46,6 +46,7 @@ def dry_run() -> str:
     return proc.stdout
 
 
+@pytest.mark.slow  # the default run stays under 5 minutes on 2 cores; a collection of the whole suite
 def test_dry_run_lists_the_cuda_marked_tests(dry_run: str) -> None:
     assert f"tests: PYTHONPATH=src {shlex.join([PYTHON, *gc.PYTEST_ARGS])}" in dry_run
     listed = [line.strip() for line in dry_run.splitlines() if line.startswith("    tests/")]
@@ -73,6 +74,7 @@ def _row(rows: list, **want: object):
     return found[0]
 
 
+@pytest.mark.slow  # the default run stays under 5 minutes on 2 cores; it shares the dry run above
 def test_dry_run_plans_every_required_row(dry_run: str) -> None:
     rows = gc.plan(PYTHON)
     for row in rows:  # the dry run prints each row's name and exact command

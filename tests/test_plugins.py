@@ -111,6 +111,7 @@ def demo_run(site, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess[
     return model_dir, stoker(site, "train", "demo", "--model_dir", str(model_dir), "--max_steps", "5")
 
 
+@pytest.mark.slow  # the default run stays under 5 minutes on 2 cores; a pip install and three CLI runs
 def test_an_installed_package_adds_a_recipe_a_kind_and_they_train_export_and_evaluate(site, demo_run, tmp_path):
     (model_dir, trained), out = demo_run, tmp_path / "exported"
     listed = stoker(site, "train", "--help")
@@ -133,6 +134,7 @@ def test_an_installed_package_adds_a_recipe_a_kind_and_they_train_export_and_eva
     assert mse == pytest.approx(0.8**10, rel=1e-5)
 
 
+@pytest.mark.slow  # the default run stays under 5 minutes on 2 cores; it needs the installed run above
 def test_without_the_package_the_kind_is_unknown_and_the_error_says_how_to_add_one(demo_run, tmp_path):
     model_dir, trained = demo_run  # a model_dir the plugin wrote (kind "demo")
     assert trained.returncode == 0, trained.stderr

@@ -81,6 +81,7 @@ def test_kill_9_mid_iteration_then_rerun_is_bitwise_equal(tmp_path, reference):
     assert outcome(crashed) == reference
 
 
+@pytest.mark.slow  # the default run stays under 5 minutes on 2 cores; kill -9 mid-iteration runs by default
 def test_kill_9_between_iterations_then_rerun_is_bitwise_equal(tmp_path, reference):
     crashed = tmp_path / "crashed"
     proc = start(crashed, sleep=0.02)
@@ -92,6 +93,7 @@ def test_kill_9_between_iterations_then_rerun_is_bitwise_equal(tmp_path, referen
     assert outcome(crashed) == reference
 
 
+@pytest.mark.slow  # the default run stays under 5 minutes on 2 cores; kill -9 mid-iteration runs by default
 def test_kill_9_after_saving_the_chosen_ensemble_before_the_commit(tmp_path, reference):
     crashed = tmp_path / "crashed"
     died = run_to_end(crashed, "--die_before_commit", "1")

@@ -36,6 +36,7 @@ def _run(cmd: list[str], timeout: float = 240) -> subprocess.CompletedProcess[st
     return run_process(cmd, capture_output=True, text=True, cwd=ROOT, env=python_env(), timeout=timeout)
 
 
+@pytest.mark.slow  # the default run stays under 5 minutes on 2 cores; the killed-replica test launches two processes
 def test_num_gpus_2_is_torchrun_nproc_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     ours, theirs = tmp_path / "ours.json", tmp_path / "torchrun.json"
     flags = [*TINY, "--num_batches=4"]

@@ -218,6 +218,7 @@ def test_unsupported_combinations_are_named(tmp_path):
         )
 
 
+@pytest.mark.slow  # the default run stays under 5 minutes on 2 cores; the rounding itself is tested in-process
 def test_stoker_train_bert_with_bf16_sr_and_recompute_trains_saves_bf16_and_exports(tmp_path, capsys):
     import argparse
 

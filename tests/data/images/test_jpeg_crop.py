@@ -123,6 +123,7 @@ def test_without_a_build_it_is_not_offered_and_says_why(tmp_path: Path) -> None:
     assert not list((tmp_path / "ext").glob("*"))  # no half-built library left behind
 
 
+@pytest.mark.slow  # the default run stays under 5 minutes on 2 cores; the build itself runs in the no-build test
 def test_the_build_lands_in_the_cache_once(tmp_path: Path) -> None:
     code = "from stoker.data.images import jpeg_crop\nprint(jpeg_crop.available(), jpeg_crop.library_path())"
     first = _in_a_fresh_process(code, STOKER_CACHE_DIR=str(tmp_path))
