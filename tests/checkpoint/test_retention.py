@@ -4,6 +4,7 @@ nor the newest; the same ones are kept after the index is rebuilt from the check
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ import torch
 import stoker
 from helpers.tiny import eval_input, make_data, make_estimator, train_input
 from stoker.checkpoint import CheckpointManager
+from stoker.checkpoint.index import CheckpointIndex, CheckpointRecord
+from stoker.checkpoint.manifest import Manifest
 from stoker.errors import ConfigError
 
 X, Y = make_data(64)
@@ -70,6 +73,50 @@ def test_the_same_k_are_kept_after_the_index_is_rebuilt(tmp_path: Path) -> None:
     _save(rebuilt, 9)
     assert _folders(tmp_path) == [2, 5, 7, 9]
     assert rebuilt.index().best is not None and rebuilt.index().best.name == "ckpt-2"
+
+
+def _record(step: int, stop: bool = False, **metrics: float) -> CheckpointRecord:
+    return CheckpointRecord(f"ckpt-{step}", step, float(step), 1, {"f": "0"}, metrics, stop=stop)
+
+
+def test_a_stop_checkpoint_takes_no_slot_of_the_newest_once_a_newer_one_exists(tmp_path: Path) -> None:
+    """A run stopped at 22 (ckpt-22, off the schedule) and rerun to 25 keeps what the
+    uninterrupted run keeps: ckpt-22 is not among the newest 3 and goes, ckpt-15 stays."""
+    retain = CheckpointManager(tmp_path, keep_checkpoint_max=3, keep_best=("loss", "min", 2)).retention.retain
+    steps = [_record(5, loss=0.1), _record(10, loss=0.5), _record(15), _record(20, loss=0.4)]
+    stopped = CheckpointIndex(latest="ckpt-22", checkpoints=(*steps, _record(22, stop=True)))
+    kept, dropped = retain(stopped)
+    assert [r.step for r in kept.checkpoints] == [5, 15, 20, 22] and dropped == ["ckpt-10"]  # the newest: counted
+    rerun = CheckpointIndex(latest="ckpt-25", checkpoints=(*kept.checkpoints, _record(25)))
+    kept, dropped = retain(rerun)
+    assert [r.step for r in kept.checkpoints] == [5, 15, 20, 25] and dropped == ["ckpt-22"]
+    for best in ({"loss": 0.05}, {}):  # among the 2 best, a stop checkpoint stays; so with keep all
+        stop = replace(_record(22, stop=True), metrics=best)
+        index = CheckpointIndex(latest="ckpt-25", checkpoints=(*steps, stop, _record(25)))
+        assert [r.step for r in retain(index)[0].checkpoints] == ([5, 15, 20, 22, 25] if best else [5, 15, 20, 25])
+    keep_all = CheckpointManager(tmp_path, keep_checkpoint_max=0).retention.retain
+    assert [r.step for r in keep_all(rerun)[0].checkpoints] == [5, 15, 20, 25]  # as the uninterrupted run: no 22
+
+
+def test_a_stop_checkpoint_says_so_in_its_index_and_manifest(tmp_path: Path) -> None:
+    """``stop`` is written only when true (other records and manifests read and write as before),
+    survives a rebuild from the manifests, and a step saved again on schedule is a normal one."""
+    manager = CheckpointManager(tmp_path, keep_checkpoint_max=2)
+    _save(manager, 1)
+    manager.save(2, {"w": torch.zeros(2)}, {"global_step": 2}, stop=True)
+    records = json.loads((tmp_path / "checkpoint.json").read_bytes())["checkpoints"]
+    assert [r.get("stop") for r in records] == [None, True]
+    manifests = [json.loads((tmp_path / f"ckpt-{s}" / "manifest.json").read_bytes()) for s in (1, 2)]
+    assert [m.get("stop") for m in manifests] == [None, True]
+    assert Manifest.parse(json.dumps(manifests[1])).stop and not Manifest.parse(json.dumps(manifests[0])).stop
+    (tmp_path / "checkpoint.json").unlink()  # lost: rebuilt from manifest.json files
+    rebuilt = CheckpointManager(tmp_path, keep_checkpoint_max=2)
+    assert [r.stop for r in rebuilt.index().checkpoints] == [False, True]
+    _save(rebuilt, 2)  # the same step on schedule: a normal record
+    assert [r.stop for r in rebuilt.index().checkpoints] == [False, False]
+    rebuilt.save(3, {"w": torch.zeros(2)}, {"global_step": 3}, stop=True)
+    _save(rebuilt, 4)
+    assert _folders(tmp_path) == [2, 4]
 
 
 def test_train_and_evaluate_keeps_the_k_best_of_its_evaluations(tmp_path: Path) -> None:

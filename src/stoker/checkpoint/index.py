@@ -9,7 +9,7 @@ and its :class:`CheckpointRecord`\\ s, :class:`Best` and :class:`Coverage`.
   an index a newer stoker wrote (``format`` ``stoker-checkpoint-index/<N>``, N above
   :data:`INDEX_VERSION`) is refused with a message naming both versions.
 * :meth:`CheckpointIndex.encode` writes what stoker has always written (sorted keys, an indent
-  of 1; ``dir``, ``superseded`` and ``coverage`` only where they apply), so for any index
+  of 1; ``dir``, ``superseded``, ``stop`` and ``coverage`` only where they apply), so for any index
   :meth:`~CheckpointIndex.parse` accepts, ``encode(parse(data)) == data``: a model_dir written
   before the type existed reads and rewrites the same bytes.
 * The changes the manager and a watching evaluator make (commit a record, attach an
@@ -131,6 +131,7 @@ class CheckpointRecord:
     metrics: Mapping[str, float] = field(default_factory=dict)
     dir: str | None = None
     superseded: bool = False
+    stop: bool = False
 
     @property
     def directory(self) -> str:
@@ -148,7 +149,9 @@ class CheckpointRecord:
 
     @classmethod
     def parse(cls, obj: Any, source: str = INDEX_NAME, where: str = "record") -> CheckpointRecord:
-        f = _Fields(source, where, obj, ("name", "step", "time", "bytes", "files", "metrics", "dir", "superseded"))
+        f = _Fields(
+            source, where, obj, ("name", "step", "time", "bytes", "files", "metrics", "dir", "superseded", "stop")
+        )
         return cls(
             name=f.get("name", _is_str, "a string"),
             step=f.get("step", _is_int, "an integer"),
@@ -158,6 +161,7 @@ class CheckpointRecord:
             metrics=f.get("metrics", _map_of(_is_number), "an object of numbers"),
             dir=f.get("dir", _is_str, "a string", required=False),
             superseded=bool(f.get("superseded", lambda v: isinstance(v, bool), "a boolean", required=False)),
+            stop=bool(f.get("stop", lambda v: isinstance(v, bool), "a boolean", required=False)),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -173,6 +177,8 @@ class CheckpointRecord:
             out["dir"] = self.dir
         if self.superseded:
             out["superseded"] = True
+        if self.stop:
+            out["stop"] = True
         return out
 
 

@@ -268,6 +268,7 @@ class CheckpointManager:
         finished: bool = False,
         ema_state: Mapping[str, torch.Tensor] | None = None,
         compiled: CompiledBundle | None = None,
+        stop: bool = False,
     ) -> Location:
         """Write ``ckpt-<step>``, commit it in the index, apply retention. Returns its path.
 
@@ -276,6 +277,9 @@ class CheckpointManager:
         commit, at the cost of no fsync of its own; on an object store right after the commit.
 
         ``ema_state``: ``RunConfig.ema``'s average, written as ``ema.safetensors``.
+
+        ``stop``: written because the run was stopped (a signal), off the save schedule: its
+        record says so, and retention drops it once a newer checkpoint exists.
 
         ``compiled``: the compiler's artifacts (``stoker.checkpoint.compiled``): the bundle is
         written under ``compiled/`` unless there already, and the checkpoint references it; a
@@ -312,6 +316,7 @@ class CheckpointManager:
                 files=files,
                 metrics={},
                 dir=self.protocol.record_dir(staging),
+                stop=stop,
             )
             final, removed = self.protocol.commit(staging, record, blobs, sizes, self.retention.retain, finished)
         except BaseException as e:

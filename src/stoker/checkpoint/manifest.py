@@ -6,7 +6,7 @@ checkpoint be verified, and the index be rebuilt, without it (``stoker.checkpoin
 * ``manifest.json`` is written once, in the checkpoint's commit, with its files: its name, step
   and write time (the index record's key), every file's sha256 and size, and the checkpoint the
   index named as the latest when it was committed (``parent``: how a crash's uncommitted
-  checkpoint is told from one a stale index forgot).
+  checkpoint is told from one a stale index forgot), and ``stop`` when a stop wrote it.
 * ``evaluation.json`` holds what the index records about the checkpoint after its commit: the
   evaluation's results, whether a watching evaluator passed it over (``superseded``), and, when
   the index's ``best`` names it, the ``keep_best`` metric, mode and value. It is rewritten
@@ -69,6 +69,7 @@ class Manifest:
         sizes: ``{file name: size in bytes}`` of every file.
         parent: the key of the index's latest checkpoint when this one was committed
             (``None``: the index named none).
+        stop: written because the run was stopped (the index record's ``stop``).
     """
 
     name: str
@@ -77,6 +78,7 @@ class Manifest:
     files: Mapping[str, str]
     sizes: Mapping[str, int]
     parent: Key | None = None
+    stop: bool = False
 
     @property
     def key(self) -> Key:
@@ -97,6 +99,7 @@ class Manifest:
             files=dict(record.files),
             sizes={f: int(sizes[f]) for f in record.files},
             parent=None if latest is None else latest.key,
+            stop=record.stop,
         )
 
     def record(self, directory: str | None, evaluation: Evaluation | None = None) -> CheckpointRecord:
@@ -111,6 +114,7 @@ class Manifest:
             metrics=dict(ev.metrics) if ev else {},
             dir=directory if directory != self.name else None,
             superseded=bool(ev and ev.superseded),
+            stop=self.stop,
         )
 
     def differs_from(self, record: CheckpointRecord) -> str | None:
@@ -131,6 +135,8 @@ class Manifest:
             "step": self.step,
             "time": self.time,
         }
+        if self.stop:  # only then: a manifest of any other checkpoint reads and writes as before
+            obj["stop"] = True
         return json.dumps(obj, indent=1, sort_keys=True).encode()
 
     @classmethod
@@ -163,6 +169,7 @@ class Manifest:
             files=sha,
             sizes=sizes,
             parent=None if parent is None else (parent["name"], float(parent["time"])),
+            stop=obj.get("stop") is True,
         )
 
 

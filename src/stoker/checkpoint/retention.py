@@ -76,11 +76,18 @@ class Retention:
         there is something to drop). With an evaluator's ``coverage`` in the index, a dropped
         checkpoint that was neither evaluated nor superseded is counted as removed before
         reading.
+
+        A stop checkpoint (``CheckpointRecord.stop``: written off the save schedule because the
+        run was stopped) serves only the resume: once a newer checkpoint exists it is not among
+        the newest and is dropped, unless it is the best, top-k or leased; so a run stopped and
+        rerun keeps the checkpoints the uninterrupted run keeps.
         """
         records = index.checkpoints
-        keep = {r.name for r in records}
+        newest = max((r.step for r in records), default=0)
+        counted = [r for r in records if not (r.stop and r.step < newest)]
+        keep = {r.name for r in counted}
         if self.keep_checkpoint_max > 0:
-            keep = {r.name for r in records[-self.keep_checkpoint_max :]}
+            keep = {r.name for r in counted[-self.keep_checkpoint_max :]}
         if index.best is not None:
             keep.add(index.best.name)
         if self.keep_best is not None and len(self.keep_best) == 3:

@@ -340,10 +340,16 @@ class ModelState:
             self.strategy.barrier()
 
     def save(
-        self, hook_state: Mapping[str, Any], input_state: Any, last_checkpoint: Location | None, finished: bool = False
+        self,
+        hook_state: Mapping[str, Any],
+        input_state: Any,
+        last_checkpoint: Location | None,
+        finished: bool = False,
+        stop: bool = False,
     ) -> Location | None:
         """Write a checkpoint of ``global_step`` (collective, :class:`~stoker.engine.saving.StateWriter`);
-        ``None`` without a model_dir. ``finished``: training ends here (``max_steps``)."""
+        ``None`` without a model_dir. ``finished``: training ends here (``max_steps``); ``stop``:
+        written because the run was stopped (a signal), off the save schedule."""
         if self.saving is None:
             return None
         assert self.optimizer is not None
@@ -358,6 +364,7 @@ class ModelState:
             last_checkpoint=last_checkpoint,
             finished=finished,
             compiled=compile_cache(self).bundle if self.config.compile != "none" else None,
+            stop=stop,
         )
         self.holds = self.weights_of = path
         log.info("checkpoint %s written", path)

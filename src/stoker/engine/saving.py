@@ -63,10 +63,12 @@ class StateWriter:
         last_checkpoint: Location | None,
         finished: bool,
         compiled: Callable[[], CompiledBundle | None] | None = None,
+        stop: bool = False,
     ) -> Location:
         """Write ``ckpt-<step>`` (collective; every replica calls it) and return its path.
         ``finished``: training ends here (``max_steps``); the commit also writes ``finished.json``.
-        ``compiled``: the compiler's artifacts to carry (the chief calls it; ``stoker.checkpoint.compiled``)."""
+        ``compiled``: the compiler's artifacts to carry (the chief calls it; ``stoker.checkpoint.compiled``).
+        ``stop``: written because the run was stopped (``CheckpointManager.save``)."""
         if not _all_finite(list(model.parameters())):
             raise NanLossError(step, float("nan"), str(last_checkpoint) if last_checkpoint else None)
         strategy, checkpoints = self.strategy, self.checkpoints
@@ -90,12 +92,22 @@ class StateWriter:
                 save = checkpoints.save
                 self.writer.submit(
                     path.name,
-                    lambda: save(step, weights, state, inputs, finished=finished, ema_state=average, compiled=bundle),
+                    lambda: save(
+                        step, weights, state, inputs, finished=finished, ema_state=average, compiled=bundle, stop=stop
+                    ),
                 )
             else:
                 self.wait()  # a sharded save after an asynchronous one: in order
                 path = checkpoints.save(
-                    step, weights, state, inputs, tmp_dir=tmp, finished=finished, ema_state=average, compiled=bundle
+                    step,
+                    weights,
+                    state,
+                    inputs,
+                    tmp_dir=tmp,
+                    finished=finished,
+                    ema_state=average,
+                    compiled=bundle,
+                    stop=stop,
                 )
         # Every replica holds the chief's path, once it is written: on an object store the
         # folder has a suffix only the chief's save knows (ckpt-5.<hex>), and replicas that

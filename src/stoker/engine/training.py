@@ -237,7 +237,7 @@ class TrainingRun:
             infeed = self.inputs.infeed(input_fn, ModeKeys.TRAIN, params, restore=state.pending_input_state)
             self._clock.input_started(infeed)
             run.rollbacks = len(infeed.rollbacks)
-            run._save = lambda: self._save(run, runner, infeed, step)
+            run._save = lambda stop: self._save(run, runner, infeed, step, stop)
             run._epochs = lambda: epochs_read(infeed)
             run._input_scalars = lambda: input_scalars(infeed)
             loop = DeviceLoop(step, run, run.global_batch_size, self.strategy)
@@ -437,15 +437,15 @@ class TrainingRun:
             changed_settings=state.settings.take_changes(),
         )
 
-    def _save(self, run: RunContext, runner: HookRunner, infeed: Infeed, step: TrainStep) -> Location | None:
-        state = self.state
-        progress = self.strategy.progress
+    def _save(
+        self, run: RunContext, runner: HookRunner, infeed: Infeed, step: TrainStep, stop: bool
+    ) -> Location | None:
+        state, progress = self.state, self.strategy.progress
         if progress is not None:  # the chief writes while the others wait: left to distributed_timeout
             progress.mark("writing a checkpoint", run.global_step, exempt=True)
-        state.global_step = run.global_step
-        state.cache = step.params.get("cache")
+        state.global_step, state.cache = run.global_step, step.params.get("cache")
         finished = self._max_steps is not None and run.global_step >= self._max_steps
-        path = state.save(runner.state_dict(), infeed.state_dict(), run.last_checkpoint, finished=finished)
+        path = state.save(runner.state_dict(), infeed.state_dict(), run.last_checkpoint, finished=finished, stop=stop)
         self._finished_saved = finished and path is not None
         if path is not None:
             run.last_checkpoint, run.last_checkpoint_step = path, run.global_step

@@ -137,7 +137,7 @@ class RunContext:
     # Called with the path after each checkpoint save_checkpoint writes (e.g. SummaryHook
     # flushes its queued rows, so a resume from that checkpoint lacks none before it).
     on_checkpoint: list[Callable[[Location], None]] = field(default_factory=list)
-    _save: Callable[[], Location | None] | None = None
+    _save: Callable[[bool], Location | None] | None = None
     _on_evaluation: Callable[[RunContext, dict[str, float]], None] | None = None
     _epochs: Callable[[], float | None] | None = None
     _input_scalars: Callable[[], dict[str, float]] | None = None
@@ -197,8 +197,13 @@ class RunContext:
         if self._on_evaluation is not None:
             self._on_evaluation(self, metrics)
 
-    def save_checkpoint(self) -> Location | None:
+    def save_checkpoint(self, *, stop: bool = False) -> Location | None:
         """Write a checkpoint of the current step now (once per step; no-op without model_dir).
+
+        ``stop``: the checkpoint is written because the run stops before its end (a signal,
+        ``PreemptionHook``), off the save schedule: it only serves the resume, so retention does
+        not count it among ``keep_checkpoint_max``'s newest and drops it once a newer one exists.
+        A step already saved stays as it was.
 
         With several replicas this is collective: every replica must call it at the same step.
         """
@@ -206,7 +211,7 @@ class RunContext:
             return None
         if self.last_checkpoint_step == self.global_step and self.last_checkpoint is not None:
             return self.last_checkpoint
-        path = self._save()
+        path = self._save(stop)
         if path is not None:
             for fn in self.on_checkpoint:
                 fn(path)

@@ -70,7 +70,7 @@ class PreemptionHook(Hook):
                 self.received = next(s for s in self.signals if run.any_replica(self.received == s))
             name = signal.Signals(self.received or signal.SIGTERM).name
             run.interrupt(f"received {name}")
-            path = run.save_checkpoint()
+            path = run.save_checkpoint(stop=True)  # serves the resume: not kept once a newer one exists
             log.warning(
                 "%s at step %d: checkpoint %s written; rerun the same command to resume",
                 name,
