@@ -41,6 +41,7 @@ def same_weights(a_dir: Path, b_dir: Path, checkpoint: str) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow  # the default run stays under 5 minutes on 2 cores; the Lightning example's resume runs by default
 def test_from_tpuestimator_trains_exports_and_resumes_bitwise(tmp_path):
     split, whole = tmp_path / "split", tmp_path / "whole"
     # the uninterrupted run shares nothing with the split one: it runs beside it, on the other core
