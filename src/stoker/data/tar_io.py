@@ -30,6 +30,7 @@ samples before the break, with a warning.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -41,7 +42,6 @@ import re
 import struct
 import tarfile
 import tempfile
-from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -55,6 +55,7 @@ from ..errors import ConfigError
 from ..storage import Location, UrlPath, upload
 from .base import DataError
 from .stream import DataFile, FileSet, StreamOptions, as_data_file, list_files
+from .stream.files import OpenFiles
 from .stream.indexes import INDEX_FOLDER, read_store_index, write_local_index, write_store_index
 from .stream.listing import where
 
@@ -391,8 +392,7 @@ class TarShards:
             self.indexes.append(index)
         counts = np.array([len(i) for i in self.indexes], dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self.max_open = max_open
-        self._fds: OrderedDict[int, int] = OrderedDict()
+        self._fds = OpenFiles(self.files, max_open)
 
     def _index_all(self, index_dir: str | os.PathLike[str] | None, progress: bool) -> Iterator[TarIndex]:
         """Every shard's index, in order; object-store shards on ``fetch_threads`` threads at once."""
@@ -484,23 +484,14 @@ class TarShards:
         return {"__key__": key.encode(), **{ext: self.read_member(i, m) for ext, m in members.items()}}
 
     def _fd(self, k: int) -> int:
-        fd = self._fds.get(k)
-        if fd is not None:
-            self._fds.move_to_end(k)
-            return fd
         try:
-            fd = self.files.open_fd(k)
+            return self._fds.fd(k)
         except OSError as e:
             raise DataError(f"tar shard {self.files.name(k)}: cannot open it: {e}") from None
-        self._fds[k] = fd
-        if len(self._fds) > self.max_open:
-            os.close(self._fds.popitem(last=False)[1])
-        return fd
 
     def close(self) -> None:
         """Close the open files (reads reopen them)."""
-        while self._fds:
-            os.close(self._fds.popitem()[1])
+        self._fds.close()
 
     def __copy__(self) -> TarShards:
         view = object.__new__(TarShards)
@@ -509,14 +500,8 @@ class TarShards:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_fds"] = OrderedDict()  # file descriptors mean nothing in another process
+        state["_fds"] = copy.copy(self._fds)  # none open: descriptors mean nothing in another process
         return state
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown: os may be gone
-            pass
 
 
 # ---------------------------------------------------------------------- writing

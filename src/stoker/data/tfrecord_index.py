@@ -20,13 +20,13 @@ without an index anywhere are fetched and indexed on ``fetch_threads`` threads a
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
 import logging
 import os
 import struct
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,6 +38,7 @@ import numpy as np
 from .base import DataError
 from .stream import DataFile, FileSet, StreamOptions, as_data_file
 from .stream.cache import cache_name
+from .stream.files import OpenFiles
 from .stream.indexes import INDEX_FOLDER, read_store_index, write_local_index, write_store_index
 from .tfrecord_io import _FOOTER, _HEADER, _check_header, _where, check_record, read_record
 
@@ -247,8 +248,7 @@ class RecordShards:
             self.indexes.append(index)
         counts = np.array([len(i) for i in self.indexes], dtype=np.int64)
         self.starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self.max_open = max_open
-        self._fds: OrderedDict[int, int] = OrderedDict()
+        self._fds = OpenFiles(self.files, max_open)
 
     def _index_all(self, index_dir: str | os.PathLike[str] | None, progress: bool) -> Iterable[ShardIndex]:
         """Every shard's index, in order; object-store shards on ``fetch_threads`` threads at once."""
@@ -333,34 +333,19 @@ class RecordShards:
         return check_record(framed, index.path, j, offset, length)
 
     def _fd(self, k: int) -> int:
-        fd = self._fds.get(k)
-        if fd is not None:
-            self._fds.move_to_end(k)
-            return fd
         try:
-            fd = self.files.open_fd(k)
+            return self._fds.fd(k)
         except OSError as e:
             raise DataError(f"TFRecord file {self.paths[k]}: cannot open it: {e}") from None
-        self._fds[k] = fd
-        if len(self._fds) > self.max_open:
-            os.close(self._fds.popitem(last=False)[1])
-        return fd
 
     def close(self) -> None:
         """Close the open files (reads reopen them)."""
-        while self._fds:
-            os.close(self._fds.popitem()[1])
+        self._fds.close()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_fds"] = OrderedDict()  # file descriptors mean nothing in another process
+        state["_fds"] = copy.copy(self._fds)  # none open: descriptors mean nothing in another process
         return state
-
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001 - interpreter shutdown: os may be gone
-            pass
 
 
 __all__ = ["INDEX_FOLDER", "RecordShards", "ShardIndex", "index_locations", "remote_shard_index", "shard_index"]

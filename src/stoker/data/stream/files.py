@@ -10,6 +10,7 @@ local read, whatever the store, and the source's code never asks which kind it h
 from __future__ import annotations
 
 import os
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -131,4 +132,51 @@ class FileSet:
         return parents.pop() if len(parents) == 1 else None
 
 
-__all__ = ["FileSet", "as_data_file"]
+class OpenFiles:
+    """Read-only descriptors of a :class:`FileSet`'s files, opened at first use; the ``max_open``
+    most recently used stay open. A copy or an unpickled one holds none: descriptors mean nothing
+    in another process, and another thread's reader may close its own at any time."""
+
+    def __init__(self, files: FileSet, max_open: int = 64) -> None:
+        self.files = files
+        self.max_open = max_open
+        self._open: OrderedDict[int, int] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def fd(self, k: int) -> int:
+        """File ``k``'s descriptor (``OSError`` when it cannot be opened)."""
+        fd = self._open.get(k)
+        if fd is not None:
+            self._open.move_to_end(k)
+            return fd
+        fd = self.files.open_fd(k)
+        self._open[k] = fd
+        if len(self._open) > self.max_open:
+            os.close(self._open.popitem(last=False)[1])
+        return fd
+
+    def close(self) -> None:
+        """Close every open descriptor (reads reopen them)."""
+        while self._open:
+            os.close(self._open.popitem()[1])
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_open"] = OrderedDict()
+        return state
+
+    def __copy__(self) -> OpenFiles:
+        view = object.__new__(OpenFiles)
+        view.__dict__.update(self.__getstate__())
+        return view
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown: os may be gone
+            pass
+
+
+__all__ = ["OpenFiles", "FileSet", "as_data_file"]
