@@ -43,7 +43,6 @@ import struct
 import tarfile
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,7 +54,7 @@ from ..errors import ConfigError
 from ..storage import Location, UrlPath, upload
 from .base import DataError
 from .stream import DataFile, FileSet, StreamOptions, as_data_file, list_files
-from .stream.files import OpenFiles
+from .stream.files import OpenFiles, index_all
 from .stream.indexes import INDEX_FOLDER, read_store_index, write_local_index, write_store_index
 from .stream.listing import where
 
@@ -396,8 +395,6 @@ class TarShards:
 
     def _index_all(self, index_dir: str | os.PathLike[str] | None, progress: bool) -> Iterator[TarIndex]:
         """Every shard's index, in order; object-store shards on ``fetch_threads`` threads at once."""
-        from tqdm.auto import tqdm
-
         root = self.files.cache.root if self.files.remote else None
         stream = self.files.stream if self.files.remote else None
 
@@ -405,18 +402,7 @@ class TarShards:
             local = functools.partial(self.files.local, k)
             return tar_index(self.files.files[k], local, index_dir=index_dir, remote_root=root, stream=stream)
 
-        ks = range(len(self.files))
-        with ThreadPoolExecutor(self.files.stream.fetch_threads, thread_name_prefix="stoker-io-index") as pool:
-            # Object-store shards are fetched to be indexed: several at once. Local ones: in turn.
-            jobs = pool.map(index, ks) if self.files.remote else map(index, ks)
-            yield from tqdm(
-                jobs,
-                total=len(ks),
-                desc="indexing tar shards",
-                unit="shard",
-                delay=1.0,
-                disable=None if progress else True,
-            )
+        return index_all(self.files, index, desc="indexing tar shards", progress=progress)
 
     @property
     def remote(self) -> bool:

@@ -28,7 +28,6 @@ import logging
 import os
 import struct
 from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,7 @@ import numpy as np
 from .base import DataError
 from .stream import DataFile, FileSet, StreamOptions, as_data_file
 from .stream.cache import cache_name
-from .stream.files import OpenFiles
+from .stream.files import OpenFiles, index_all
 from .stream.indexes import INDEX_FOLDER, read_store_index, write_local_index, write_store_index
 from .tfrecord_io import _FOOTER, _HEADER, _check_header, _where, check_record, read_record
 
@@ -252,28 +251,15 @@ class RecordShards:
 
     def _index_all(self, index_dir: str | os.PathLike[str] | None, progress: bool) -> Iterable[ShardIndex]:
         """Every shard's index, in order; object-store shards on ``fetch_threads`` threads at once."""
-        from tqdm.auto import tqdm
-
         if self.files.remote:
             self._warn_if_over_the_cache()
-            pool = ThreadPoolExecutor(self.files.stream.fetch_threads, thread_name_prefix="stoker-io-index")
-            with pool:
-                ks = range(len(self.files))
-                jobs = pool.map(lambda k: remote_shard_index(self.files, k, index_dir=index_dir), ks)
-                yield from tqdm(
-                    jobs,
-                    total=len(ks),
-                    desc="indexing TFRecord shards",
-                    unit="shard",
-                    delay=1.0,
-                    disable=None if progress else True,
-                )
-            return
-        bar = tqdm(
-            self.paths, desc="indexing TFRecord shards", unit="shard", delay=1.0, disable=None if progress else True
-        )
-        for path in bar:
-            yield shard_index(path, index_dir=index_dir)
+
+        def index(k: int) -> ShardIndex:
+            if self.files.remote:
+                return remote_shard_index(self.files, k, index_dir=index_dir)
+            return shard_index(self.paths[k], index_dir=index_dir)
+
+        return index_all(self.files, index, desc="indexing TFRecord shards", progress=progress)
 
     def _warn_if_over_the_cache(self) -> None:
         total = sum(f.size for f in self.files.files)

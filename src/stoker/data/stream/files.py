@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
 from ...storage import UrlPath, filesystem, location
 from .cache import ShardCache
@@ -132,6 +133,21 @@ class FileSet:
         return parents.pop() if len(parents) == 1 else None
 
 
+T = TypeVar("T")
+
+
+def index_all(files: FileSet, index: Callable[[int], T], *, desc: str, progress: bool = True) -> Iterator[T]:
+    """``index(k)`` of every file of ``files``, in order, behind a progress bar (shown when it
+    takes over a second, ``progress=False``: never): object-store files, fetched to be indexed, on
+    ``fetch_threads`` threads at once; local ones in turn."""
+    from tqdm.auto import tqdm
+
+    ks = range(len(files))
+    with ThreadPoolExecutor(files.stream.fetch_threads, thread_name_prefix="stoker-io-index") as pool:
+        jobs = pool.map(index, ks) if files.remote else map(index, ks)
+        yield from tqdm(jobs, total=len(ks), desc=desc, unit="shard", delay=1.0, disable=None if progress else True)
+
+
 class OpenFiles:
     """Read-only descriptors of a :class:`FileSet`'s files, opened at first use; the ``max_open``
     most recently used stay open. A copy or an unpickled one holds none: descriptors mean nothing
@@ -179,4 +195,4 @@ class OpenFiles:
             pass
 
 
-__all__ = ["OpenFiles", "FileSet", "as_data_file"]
+__all__ = ["OpenFiles", "index_all", "FileSet", "as_data_file"]
